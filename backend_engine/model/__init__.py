@@ -1,0 +1,44 @@
+"""Model loading: a GGUF file or a Hugging Face folder -> forward pass, tokenizer, chat template."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from backend_engine.backend import ArrayBackend
+from backend_engine.model.chat_template import ChatTemplate
+from backend_engine.model.llama import LlamaConfig, LlamaModel, hf_tensors_to_weights
+from backend_engine.model.tokenizer import Tokenizer
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaModel
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate
+    config: LlamaConfig
+    source: str
+    load_seconds: float
+
+
+def load_model(path: str, backend: ArrayBackend) -> LoadedModel:
+    """`path` is a .gguf file or a folder with config.json, model.safetensors and tokenizer.json."""
+    t0 = time.perf_counter()
+    p = Path(path)
+    if p.is_dir():
+        from backend_engine.model.safetensors import load_safetensors_dir
+
+        cfg, tensors = load_safetensors_dir(p)
+        tok = Tokenizer.from_pretrained_dir(p)
+    elif p.suffix == ".gguf" and p.exists():
+        from backend_engine.model.gguf import load_gguf
+
+        cfg, tensors, meta = load_gguf(str(p))
+        tok = Tokenizer.from_gguf_metadata(meta)
+    else:
+        raise FileNotFoundError(f"model {path!r}: expected a .gguf file or a Hugging Face folder")
+    weights = hf_tensors_to_weights(cfg, tensors, backend)
+    model = LlamaModel(cfg, weights, backend)
+    template = ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token)
+    return LoadedModel(model, tok, template, cfg, str(p), time.perf_counter() - t0)

@@ -1,0 +1,266 @@
+"""Llama forward pass over a flat token batch that mixes prefill chunks and decode tokens.
+
+Token-wise work (norms, projections, RoPE, MLP) runs once over the whole flat batch as one
+matmul per weight, so prefill is a parallel pass and decodes are batched across sequences.
+Attention reads the paged KV cache: decode tokens are attended in one batched gather over
+their block tables; each prefill chunk is attended with its own causal mask.
+
+Weights are stored pre-transposed ([in, out], contiguous) so every projection is `x @ W`,
+and Q|K|V and gate|up are fused so a layer costs four matmuls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from backend_engine.backend import ArrayBackend
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-5
+    max_position: int = 4096
+    tie_embeddings: bool = False
+    rope_scaling: dict | None = None
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: Any      # [H]
+    wqkv: Any           # [H, (nh + 2*nkv) * hd]
+    wo: Any             # [nh*hd, H]
+    ffn_norm: Any       # [H]
+    w_gate_up: Any      # [H, 2*I]
+    w_down: Any         # [I, H]
+
+
+@dataclass
+class LlamaWeights:
+    embed: Any          # [V, H] (float32: rows are looked up, not multiplied)
+    layers: list[LayerWeights]
+    final_norm: Any     # [H]
+    lm_head: Any        # [H, V]
+
+
+@dataclass
+class PrefillSpan:
+    """One sequence's chunk of >1 new tokens inside the flat batch."""
+    start: int            # first row in the flat batch
+    num_tokens: int       # rows in this chunk
+    context_len: int      # tokens in the KV cache after this chunk (cached + computed + new)
+    block_table: np.ndarray
+
+
+@dataclass
+class ForwardBatch:
+    input_ids: np.ndarray          # [T] token ids
+    positions: np.ndarray          # [T]
+    slot_mapping: np.ndarray       # [T] flat KV slot = block * block_size + offset
+    num_decodes: int               # rows [0, num_decodes) are single-token sequences
+    decode_block_tables: np.ndarray  # [D, max_blocks] (padded)
+    decode_context_lens: np.ndarray  # [D]
+    prefills: list[PrefillSpan] = field(default_factory=list)
+    logits_indices: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+def hf_tensors_to_weights(cfg: LlamaConfig, t: dict[str, np.ndarray], be: ArrayBackend) -> LlamaWeights:
+    """Build fused, pre-transposed weights from Hugging Face-named float32 tensors ([out, in])."""
+    wd = be.weight_dtype
+    layers = []
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        q, k, v = (t.pop(p + f"self_attn.{n}_proj.weight") for n in "qkv")
+        gate, up = t.pop(p + "mlp.gate_proj.weight"), t.pop(p + "mlp.up_proj.weight")
+        layers.append(LayerWeights(
+            attn_norm=be.asarray(t.pop(p + "input_layernorm.weight"), np.float32),
+            wqkv=be.asarray(np.concatenate([q, k, v], axis=0).T, wd),
+            wo=be.asarray(t.pop(p + "self_attn.o_proj.weight").T, wd),
+            ffn_norm=be.asarray(t.pop(p + "post_attention_layernorm.weight"), np.float32),
+            w_gate_up=be.asarray(np.concatenate([gate, up], axis=0).T, wd),
+            w_down=be.asarray(t.pop(p + "mlp.down_proj.weight").T, wd),
+        ))
+    embed = t.pop("model.embed_tokens.weight")
+    head = t.pop("lm_head.weight", None)
+    if head is None:
+        head = embed
+    return LlamaWeights(
+        embed=be.asarray(embed, np.float32),
+        layers=layers,
+        final_norm=be.asarray(t.pop("model.norm.weight"), np.float32),
+        lm_head=be.asarray(head.T, wd),
+    )
+
+
+def _rope_inv_freq(cfg: LlamaConfig) -> np.ndarray:
+    """Inverse frequencies, with Llama-3 style scaling when the config asks for it."""
+    hd = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
+    rs = cfg.rope_scaling or {}
+    if rs.get("rope_type", rs.get("type")) == "llama3":
+        factor, lo, hi = rs["factor"], rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
+        old = rs.get("original_max_position_embeddings", 8192)
+        wavelen = 2 * np.pi / inv
+        smooth = (old / wavelen - lo) / (hi - lo)
+        scaled = np.where(wavelen > old / lo, inv / factor, inv)
+        mid = (wavelen <= old / lo) & (wavelen >= old / hi)
+        inv = np.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    elif rs.get("rope_type", rs.get("type")) == "linear":
+        inv = inv / rs["factor"]
+    return inv
+
+
+class LlamaModel:
+    """Weights + RoPE tables; `forward` fills the KV cache and returns logits for chosen rows."""
+
+    def __init__(self, cfg: LlamaConfig, weights: LlamaWeights, backend: ArrayBackend):
+        self.cfg = cfg
+        self.w = weights
+        self.be = backend
+        xp = backend.xp
+        inv = _rope_inv_freq(cfg)
+        ang = np.outer(np.arange(cfg.max_position, dtype=np.float64), inv)
+        self.cos = backend.asarray(np.cos(ang).astype(np.float32))
+        self.sin = backend.asarray(np.sin(ang).astype(np.float32))
+        self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
+        self.xp = xp
+
+    def weight_bytes(self) -> int:
+        n = 0
+        for lw in self.w.layers:
+            n += sum(int(a.nbytes) for a in vars(lw).values())
+        return n + int(self.w.embed.nbytes + self.w.final_norm.nbytes + self.w.lm_head.nbytes)
+
+    def kv_bytes_per_token(self) -> int:
+        itemsize = np.dtype(self.be.weight_dtype).itemsize if self.be.device == "cpu" else 2
+        return 2 * self.cfg.num_layers * self.cfg.num_kv_heads * self.cfg.head_dim * itemsize
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[Any]:
+        """One array per layer: [2 (K,V), n_kv_heads, num_blocks, block_size, head_dim].
+
+        Heads lead so a gather over block ids yields [.., blocks, block_size, hd] that reshapes to
+        a contiguous [.., tokens, hd] matrix per head without a second copy.
+        """
+        c = self.cfg
+        shape = (2, c.num_kv_heads, num_blocks, block_size, c.head_dim)
+        return [self.xp.zeros(shape, dtype=self.be.weight_dtype) for _ in range(c.num_layers)]
+
+    # --- building blocks -------------------------------------------------------------------------
+
+    def _rms(self, x: Any, w: Any) -> Any:
+        xp = self.xp
+        var = xp.mean(x * x, axis=-1, keepdims=True)
+        return x * (1.0 / xp.sqrt(var + self.cfg.rms_eps)) * w
+
+    def _mm(self, x: Any, w: Any) -> Any:
+        if x.dtype != w.dtype:
+            return (x.astype(w.dtype) @ w).astype(self.xp.float32)
+        return x @ w
+
+    def _rope(self, x: Any, cos: Any, sin: Any) -> Any:
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return self.xp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+    # --- forward -------------------------------------------------------------------------------
+
+    def forward(self, batch: ForwardBatch, kv_cache: list[Any]) -> Any:
+        """Run all layers over the flat batch; returns float32 logits [len(logits_indices), V]."""
+        xp, c, be = self.xp, self.cfg, self.be
+        nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
+        T = len(batch.input_ids)
+        ids = be.asarray(batch.input_ids.astype(np.int64))
+        pos = be.asarray(batch.positions.astype(np.int64))
+        slots = batch.slot_mapping.astype(np.int64)
+        bs = kv_cache[0].shape[3]
+        blk, off = be.asarray(slots // bs), be.asarray(slots % bs)
+        cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]
+        D = batch.num_decodes
+        dec = self._decode_plan(batch) if D else None
+
+        h = self.w.embed[ids]  # [T, H] float32
+        for li, lw in enumerate(self.w.layers):
+            x = self._rms(h, lw.attn_norm)
+            qkv = self._mm(x, lw.wqkv)
+            qk = self._rope(qkv[:, : (nh + nkv) * hd].reshape(T, nh + nkv, hd), cos, sin)
+            q = qk[:, :nh]                                   # [T, nh, hd]
+            k = qk[:, nh:]                                   # [T, nkv, hd]
+            v = qkv[:, (nh + nkv) * hd:].reshape(T, nkv, hd)
+            cache = kv_cache[li]
+            cache[0][:, blk, off] = k.transpose(1, 0, 2)
+            cache[1][:, blk, off] = v.transpose(1, 0, 2)
+            attn = xp.empty((T, nh * hd), dtype=xp.float32)
+            if D:
+                attn[:D] = self._decode_attention(q[:D], cache, dec)
+            for sp in batch.prefills:
+                attn[sp.start:sp.start + sp.num_tokens] = self._prefill_attention(
+                    q[sp.start:sp.start + sp.num_tokens], cache, sp)
+            h = h + self._mm(attn, lw.wo)
+            x = self._rms(h, lw.ffn_norm)
+            gu = self._mm(x, lw.w_gate_up)
+            inter = c.intermediate_size
+            g, u = gu[:, :inter], gu[:, inter:]
+            h = h + self._mm((g / (1.0 + xp.exp(-g))) * u, lw.w_down)
+
+        rows = h[be.asarray(batch.logits_indices.astype(np.int64))]
+        return self._mm(self._rms(rows, self.w.final_norm), self.w.lm_head).astype(xp.float32)
+
+    def _decode_plan(self, batch: ForwardBatch) -> tuple[Any, np.ndarray]:
+        """Block tables (on device) and context lengths, shared by every layer this step."""
+        return self.be.asarray(batch.decode_block_tables.astype(np.int64)), batch.decode_context_lens
+
+    def _decode_attention(self, q: Any, cache: Any, plan: tuple) -> Any:
+        """Batched single-token attention: one gather of all decode sequences' blocks."""
+        xp, c = self.xp, self.cfg
+        bt, lens = plan
+        D = q.shape[0]
+        nkv, g, hd = c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim
+        kv = xp.take(cache, bt, axis=2)                      # [2, nkv, D, nb, bs, hd]
+        L = kv.shape[3] * kv.shape[4]
+        kv = kv.reshape(2, nkv, D, L, hd)
+        qh = q.reshape(D, nkv, g, hd).transpose(1, 0, 2, 3)  # [nkv, D, g, hd]
+        if qh.dtype != kv.dtype:
+            qh = qh.astype(kv.dtype)
+        s = (qh @ kv[0].transpose(0, 1, 3, 2)).astype(xp.float32) * self.scale  # [nkv, D, g, L]
+        mask = np.arange(L)[None, :] >= np.asarray(lens)[:, None]            # [D, L]
+        if mask.any():
+            s = s + self.be.asarray(np.where(mask, np.float32(-1e30), np.float32(0)))[None, :, None, :]
+        s = s - s.max(axis=-1, keepdims=True)
+        p = xp.exp(s)
+        p /= p.sum(axis=-1, keepdims=True)
+        o = (p.astype(kv.dtype) @ kv[1]).astype(xp.float32)  # [nkv, D, g, hd]
+        return o.transpose(1, 0, 2, 3).reshape(D, nkv * g * hd)
+
+    def _prefill_attention(self, q: Any, cache: Any, sp: PrefillSpan) -> Any:
+        """Causal attention of one chunk's queries over its cached + new keys."""
+        xp, c, be = self.xp, self.cfg, self.be
+        n = q.shape[0]
+        nkv, g, hd = c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim
+        bs = cache.shape[3]
+        nblk = -(-sp.context_len // bs)
+        kv = xp.take(cache, be.asarray(sp.block_table[:nblk].astype(np.int64)), axis=2)
+        kv = kv.reshape(2, nkv, nblk * bs, hd)[:, :, : sp.context_len]
+        L = sp.context_len
+        qh = q.reshape(n, nkv, g, hd).transpose(1, 2, 0, 3)    # [nkv, g, n, hd]
+        if qh.dtype != kv.dtype:
+            qh = qh.astype(kv.dtype)
+        s = (qh @ kv[0][:, None].transpose(0, 1, 3, 2)).astype(xp.float32) * self.scale  # [nkv, g, n, L]
+        p0 = L - n
+        causal = np.arange(L)[None, :] > (p0 + np.arange(n))[:, None]          # [n, L]
+        if causal.any():
+            s = s + be.asarray(np.where(causal, np.float32(-1e30), np.float32(0)))
+        s = s - s.max(axis=-1, keepdims=True)
+        p = xp.exp(s)
+        p /= p.sum(axis=-1, keepdims=True)
+        o = (p.astype(kv.dtype) @ kv[1][:, None]).astype(xp.float32)  # [nkv, g, n, hd]
+        return o.transpose(2, 0, 1, 3).reshape(n, nkv * g * hd)
