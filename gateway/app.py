@@ -1,0 +1,195 @@
+"""The Starlette app: routes, and the lifespan that owns pools, pipeline and telemetry.
+
+Proxy routes are plain ASGI endpoints so the request's SERVER span and access-log line wrap the whole response,
+including the last byte of a stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+from opentelemetry import propagate, trace
+from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from gateway.config import GatewayConfig
+from gateway.context import RequestContext
+from gateway.errors import GatewayError
+from gateway.pipeline import Pipeline
+from gateway.routing.pool import Pool, Pools
+from gateway.stages.auth import AuthStage
+from gateway.stages.parse import ParseStage
+from gateway.stages.route import RouteStage
+from gateway.telemetry import ACCESS_LOGGER, Metrics, build_tracer_provider, trace_ids
+from gateway.upstream import Upstream
+
+log = logging.getLogger(__name__)
+access_log = logging.getLogger(ACCESS_LOGGER)
+
+PROBE_TIMEOUT = 2.0
+
+
+class Gateway:
+    """Everything one gateway process shares across requests."""
+
+    def __init__(self, config: GatewayConfig, span_exporter: SpanExporter | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.tracer_provider = build_tracer_provider(config.telemetry, span_exporter)
+        self.tracer = self.tracer_provider.get_tracer("portcullis.gateway")
+        self.pools = Pools([Pool(p, transport) for p in config.pools])
+        self.auth = AuthStage(config.auth)
+        self.pipeline = Pipeline(
+            [ParseStage(config.limits.max_body_bytes), self.auth, RouteStage(self.pools)], self.tracer, self.metrics)
+        self.upstream = Upstream(self.tracer, self.metrics)
+
+    async def aclose(self) -> None:
+        await self.pools.aclose()
+        self.tracer_provider.shutdown()
+
+    async def probe(self, pool: Pool) -> list[dict]:
+        """Ask every replica of a pool for its model list, concurrently, with a short timeout."""
+
+        async def one(url: str) -> dict:
+            headers = {"authorization": f"Bearer {pool.api_key}"} if pool.api_key else {}
+            try:
+                response = await pool.client.get(url + "/v1/models", headers=headers, timeout=PROBE_TIMEOUT)
+                models = response.json().get("data", []) if response.status_code == 200 else []
+                return {"url": url, "up": response.status_code < 500, "models": models}
+            except (httpx.HTTPError, ValueError, AttributeError):
+                return {"url": url, "up": False, "models": []}
+
+        return list(await asyncio.gather(*(one(r.url) for r in pool.replicas)))
+
+
+class ProxyEndpoint:
+    """POST /v1/chat/completions and /v1/completions: the pipeline, then the upstream call."""
+
+    def __init__(self, gateway: Gateway, route: str) -> None:
+        self.gateway = gateway
+        self.route = route
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gw = self.gateway
+        request = Request(scope, receive)
+        name = f"{request.method} {request.url.path}"
+        with gw.tracer.start_as_current_span(
+            name, context=propagate.extract(request.headers), kind=SpanKind.SERVER,
+            attributes={"http.request.method": request.method, "url.path": request.url.path,
+                        "client.address": request.client.host if request.client else ""},
+        ) as span:
+            ctx = RequestContext(request=request, route=self.route, span=span)
+            try:
+                await gw.pipeline.run(ctx)
+                response = await gw.upstream.forward(ctx)
+            except GatewayError as err:
+                ctx.status = err.status
+                response = err.response()
+                response.headers["x-request-id"] = ctx.request_id
+                span.set_attribute("error.type", err.code or err.type)
+            except Exception:
+                log.exception("unhandled error serving %s", name)
+                ctx.status = 500
+                response = GatewayError(500, "internal gateway error", type="server_error",
+                                        code="internal_error").response()
+            await response(scope, receive, send)
+            span.set_attribute("http.response.status_code", ctx.status)
+            if ctx.status >= 500 or ctx.stream_error:
+                span.set_status(Status(StatusCode.ERROR, ctx.stream_error or str(ctx.status)))
+        self._account(ctx)
+
+    def _account(self, ctx: RequestContext) -> None:
+        elapsed = time.perf_counter() - ctx.started
+        metrics = self.gateway.metrics
+        metrics.requests.labels(route=self.route, status=str(ctx.status)).inc()
+        metrics.request_duration.labels(route=self.route).observe(elapsed)
+        if not self.gateway.config.telemetry.access_log:
+            return
+        trace_id, span_id = trace_ids(ctx.span)
+        access_log.info("", extra={"access": {
+            "ts": time.time(), "request_id": ctx.request_id, "trace_id": trace_id, "span_id": span_id,
+            "method": ctx.request.method, "path": ctx.request.url.path, "status": ctx.status,
+            "duration_ms": round(elapsed * 1000, 3), "tenant": ctx.tenant, "model": ctx.model or None,
+            "stream": ctx.stream, "pool": ctx.pool.name if ctx.pool else None,
+            "upstream": ctx.replica.url if ctx.replica else None, "prompt_tokens": ctx.usage.prompt_tokens,
+            "completion_tokens": ctx.usage.completion_tokens, "cached_tokens": ctx.usage.cached_tokens,
+            "finish_reasons": ctx.usage.finish_reasons or None, "stream_error": ctx.stream_error,
+            "client": ctx.request.client.host if ctx.request.client else None,
+        }})
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own 404/405s, in the same OpenAI error shape as everything else."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    return GatewayError(exc.status_code, str(exc.detail), code=code, headers=exc.headers).response()
+
+
+def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = None,
+              transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
+    gateway = Gateway(config, span_exporter, transport)
+
+    async def list_models(request: Request) -> Response:
+        ctx = RequestContext(request=request, route="models", span=trace.INVALID_SPAN)
+        try:
+            await gateway.auth(ctx)
+        except GatewayError as err:
+            return err.response()
+        seen: dict[str, dict] = {}
+        for pool, replicas in zip(gateway.pools.pools,
+                                  await asyncio.gather(*(gateway.probe(p) for p in gateway.pools.pools))):
+            for model in pool.config.models:
+                seen.setdefault(model, {"id": model, "object": "model", "created": 0, "owned_by": pool.name})
+            for replica in replicas:
+                for model in replica["models"]:
+                    if isinstance(model, dict) and isinstance(model.get("id"), str):
+                        seen.setdefault(model["id"], model)
+        return JSONResponse({"object": "list", "data": list(seen.values())})
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        """Ready when every pool has at least one replica answering."""
+        results = await asyncio.gather(*(gateway.probe(p) for p in gateway.pools.pools))
+        pools = {p.name: [{"url": r["url"], "up": r["up"]} for r in res]
+                 for p, res in zip(gateway.pools.pools, results)}
+        ready = all(any(r["up"] for r in replicas) for replicas in pools.values())
+        return JSONResponse({"status": "ready" if ready else "not_ready", "pools": pools},
+                            status_code=200 if ready else 503)
+
+    async def metrics(request: Request) -> Response:
+        for pool in gateway.pools.pools:
+            for replica in pool.replicas:
+                gateway.metrics.upstream_outstanding.labels(pool=pool.name, replica=replica.url).set(
+                    replica.outstanding)
+        return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await gateway.aclose()
+
+    routes = [
+        Route("/v1/chat/completions", ProxyEndpoint(gateway, "chat"), methods=["POST"]),
+        Route("/v1/completions", ProxyEndpoint(gateway, "completions"), methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
+    app.state.gateway = gateway
+    return app

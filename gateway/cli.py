@@ -1,0 +1,59 @@
+"""`portcullis` command line: `serve` runs the gateway; `engine`, `bench` and more register their own subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from gateway.config import CONFIG_ENV, ConfigError, load_config
+from gateway.telemetry import ACCESS_LOGGER, JsonLineFormatter
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="portcullis", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_serve(commands)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def _add_serve(commands: argparse._SubParsersAction) -> None:
+    serve = commands.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", help=f"portcullis.yaml (default: ${CONFIG_ENV}, else embedded defaults)")
+    serve.add_argument("--host", help="override listen.host")
+    serve.add_argument("--port", type=int, help="override listen.port")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import build_app
+
+    configure_logging(args.log_level)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"portcullis: {exc}", file=sys.stderr)
+        return 2
+    host = args.host or config.listen.host
+    port = args.port if args.port is not None else config.listen.port
+    uvicorn.run(build_app(config), host=host, port=port, loop="uvloop", http="httptools", access_log=False,
+                log_config=None, lifespan="on", timeout_graceful_shutdown=10)
+    return 0
+
+
+def configure_logging(level: str) -> None:
+    """Everything to stderr as JSON lines, the access log included, so one collector parses all of it."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLineFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

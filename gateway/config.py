@@ -1,0 +1,181 @@
+"""Operator configuration (`portcullis.yaml`): listeners, upstream pools, auth keys, Redis, telemetry.
+
+Security policy (WAF, limits, guard thresholds) lives in `policies/`, not here. Every field has a default, so the
+gateway runs with no file at all; a file that is present is validated whole at start, and each error names the
+file, the key path and the problem. Secrets never live in the file: pools and keys name environment variables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+CONFIG_ENV = "PORTCULLIS_CONFIG"
+
+
+class ConfigError(Exception):
+    """A configuration file that cannot be used; the message says where and why."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ListenConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8080
+
+
+class LimitsConfig(_Strict):
+    """Protocol limits the parse stage enforces before anything else reads the body."""
+
+    max_body_bytes: Annotated[int, Field(gt=0)] = 4 * 1024 * 1024
+
+
+class TimeoutsConfig(_Strict):
+    connect: Annotated[float, Field(gt=0)] = 3.0
+    read: Annotated[float, Field(gt=0)] = 120.0
+    write: Annotated[float, Field(gt=0)] = 30.0
+    pool: Annotated[float, Field(gt=0)] = 5.0
+
+
+class ReplicaConfig(_Strict):
+    url: str
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
+
+
+class PoolConfig(_Strict):
+    """A set of interchangeable replicas serving the same models."""
+
+    name: str
+    replicas: Annotated[list[ReplicaConfig], Field(min_length=1)]
+    models: list[str] = Field(default_factory=list, description="models routed here; empty means any")
+    routing: Literal["round_robin", "least_outstanding"] = "least_outstanding"
+    api_key_env: str | None = Field(default=None, description="env var holding the upstream API key")
+    timeouts: TimeoutsConfig = TimeoutsConfig()
+    max_attempts: Annotated[int, Field(ge=1, le=10)] = 2
+    retry_on_status: list[int] = Field(default_factory=lambda: [502, 503, 504])
+    include_usage: bool = Field(default=True, description="ask streams for stream_options.include_usage")
+    max_connections: Annotated[int, Field(gt=0)] = 256
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+class ApiKeyConfig(_Strict):
+    """One client key. Give its SHA-256 hex digest, or the name of an env var holding the key itself."""
+
+    tenant: str
+    label: str = ""
+    sha256: str | None = None
+    key_env: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ApiKeyConfig":
+        if (self.sha256 is None) == (self.key_env is None):
+            raise ValueError("give exactly one of 'sha256' or 'key_env'")
+        if self.sha256 is not None and not _is_sha256_hex(self.sha256):
+            raise ValueError("'sha256' must be 64 lowercase hex characters")
+        return self
+
+    def digest(self) -> bytes:
+        if self.sha256 is not None:
+            return bytes.fromhex(self.sha256)
+        key = os.environ.get(self.key_env or "")
+        if not key:
+            raise ConfigError(f"auth key for tenant {self.tenant!r}: environment variable {self.key_env} is not set")
+        return hashlib.sha256(key.encode()).digest()
+
+
+def _is_sha256_hex(value: str) -> bool:
+    return len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+class AuthConfig(_Strict):
+    """With no keys configured, requests are served as tenant 'anonymous' (a warning is logged at start)."""
+
+    keys: list[ApiKeyConfig] = Field(default_factory=list)
+
+
+class OtlpConfig(_Strict):
+    enabled: bool = False
+    endpoint: str = "http://localhost:4318"
+    protocol: Literal["http/protobuf", "grpc"] = "http/protobuf"
+    headers_env: str | None = Field(default=None, description="env var with 'k=v,k2=v2' exporter headers")
+
+
+class TelemetryConfig(_Strict):
+    service_name: str = "portcullis-gateway"
+    otlp: OtlpConfig = OtlpConfig()
+    access_log: bool = True
+
+
+class RedisConfig(_Strict):
+    url: str | None = Field(default=None, description="redis://host:port/db; None keeps state in memory")
+
+
+def _default_pools() -> list[PoolConfig]:
+    return [
+        PoolConfig(
+            name="engine",
+            replicas=[ReplicaConfig(url="http://127.0.0.1:8001"), ReplicaConfig(url="http://127.0.0.1:8002")],
+        )
+    ]
+
+
+class GatewayConfig(_Strict):
+    listen: ListenConfig = ListenConfig()
+    limits: LimitsConfig = LimitsConfig()
+    pools: Annotated[list[PoolConfig], Field(min_length=1)] = Field(default_factory=_default_pools)
+    auth: AuthConfig = AuthConfig()
+    policy_dir: Path = Path("policies")
+    redis: RedisConfig = RedisConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
+
+    @model_validator(mode="after")
+    def _unique_pool_names(self) -> "GatewayConfig":
+        names = [pool.name for pool in self.pools]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"pool names must be unique, repeated: {', '.join(duplicates)}")
+        return self
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> GatewayConfig:
+    """Load and validate the config from `path`, else $PORTCULLIS_CONFIG, else the embedded defaults."""
+    path = path or os.environ.get(CONFIG_ENV)
+    if not path:
+        return GatewayConfig()
+    source = Path(path)
+    try:
+        data = yaml.safe_load(source.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: invalid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: top level must be a mapping, got {type(data).__name__}")
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "\n".join(f"  {source}: {_key_path(err['loc'])}: {err['msg']}" for err in exc.errors())
+        raise ConfigError(f"invalid configuration:\n{problems}") from None
+
+
+def _key_path(loc: tuple[int | str, ...]) -> str:
+    """Render a pydantic error location as `pools[0].replicas[1].url`."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"

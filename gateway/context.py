@@ -1,0 +1,61 @@
+"""RequestContext: the one object that flows through every stage, from the first byte in to the last byte out."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.trace import Span
+from starlette.requests import Request
+
+if TYPE_CHECKING:
+    from gateway.routing.pool import Pool, Replica
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    finish_reasons: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """What stages know about one request. Stages read and write it; they never call each other."""
+
+    request: Request
+    route: str  # "chat" | "completions"
+    span: Span
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    started: float = field(default_factory=time.perf_counter)
+    # parse
+    body: bytes = b""
+    payload: dict[str, Any] = field(default_factory=dict)
+    model: str = ""
+    stream: bool = False
+    # auth
+    tenant: str | None = None
+    key_label: str | None = None
+    # route
+    pool: Pool | None = None
+    candidates: list[Replica] = field(default_factory=list)
+    # upstream / response
+    replica: Replica | None = None
+    status: int = 0
+    usage: Usage = field(default_factory=Usage)
+    stream_error: str | None = None
+    annotations: dict[str, Any] = field(default_factory=dict)
+    response_headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def operation(self) -> str:
+        """GenAI semantic-convention operation name."""
+        return "chat" if self.route == "chat" else "text_completion"
+
+    def annotate(self, key: str, value: Any) -> None:
+        """Record a fact for later stages, the access log and the request span."""
+        self.annotations[key] = value
+        self.span.set_attribute(f"portcullis.{key}", value)

@@ -1,0 +1,46 @@
+"""OpenAI-style errors: every rejection a client sees is `{"error": {"message", "type", "code", "param"}}`."""
+
+from __future__ import annotations
+
+import json
+
+from starlette.responses import Response
+
+
+class GatewayError(Exception):
+    """A request the gateway refuses or cannot serve; raised by stages and the upstream call."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.code = code
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.body()).encode()
+
+    def response(self) -> Response:
+        return Response(self.to_json(), status_code=self.status, headers=self.headers, media_type="application/json")
+
+    def sse_event(self) -> bytes:
+        """The same error as a server-sent event, for streams that already started."""
+        return b"data: " + self.to_json() + b"\n\n"
+
+
+def invalid_request(message: str, *, param: str | None = None, code: str | None = None) -> GatewayError:
+    return GatewayError(400, message, param=param, code=code)

@@ -1,0 +1,1 @@
+"""Upstream pools and the policies that order their replicas for a request."""

@@ -1,0 +1,97 @@
+"""OpenTelemetry tracing and Prometheus metrics, built per app (no global providers or registries).
+
+With OTLP export off, spans are created by an always-off sampler: trace ids still exist (for the access log and the
+`traceparent` sent upstream) but nothing is recorded, so tracing costs next to nothing until an operator enables it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, ALWAYS_ON
+from opentelemetry.trace import Span, format_span_id, format_trace_id
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gateway.config import OtlpConfig, TelemetryConfig
+
+ACCESS_LOGGER = "portcullis.access"
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_STAGE_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1)
+
+
+class Metrics:
+    """The gateway's Prometheus metrics, in a registry of its own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("portcullis_requests", "Requests by route and status", ["route", "status"], registry=r)
+        self.request_duration = Histogram(
+            "portcullis_request_duration_seconds", "Whole request, first byte in to last byte out", ["route"],
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.stage_duration = Histogram(
+            "portcullis_stage_duration_seconds", "Time spent in each pipeline stage", ["stage"],
+            buckets=_STAGE_BUCKETS, registry=r)
+        self.upstream_ttft = Histogram(
+            "portcullis_upstream_ttft_seconds", "Upstream time to first response chunk", ["pool"],
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.upstream_duration = Histogram(
+            "portcullis_upstream_duration_seconds", "Upstream call, request sent to last chunk", ["pool"],
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.upstream_errors = Counter(
+            "portcullis_upstream_errors", "Failed upstream attempts by kind", ["pool", "kind"], registry=r)
+        self.upstream_outstanding = Gauge(
+            "portcullis_upstream_outstanding_requests", "Requests in flight per replica", ["pool", "replica"],
+            registry=r)
+        self.tokens = Counter("portcullis_tokens", "Tokens reported by upstreams", ["pool", "model", "kind"],
+                              registry=r)
+
+
+def build_tracer_provider(config: TelemetryConfig, exporter: SpanExporter | None = None) -> TracerProvider:
+    """A provider that exports over OTLP when enabled (or to `exporter`), else samples nothing."""
+    resource = Resource.create({"service.name": config.service_name})
+    if exporter is None and config.otlp.enabled:
+        exporter = _otlp_exporter(config.otlp)
+    if exporter is None:
+        return TracerProvider(resource=resource, sampler=ALWAYS_OFF)
+    provider = TracerProvider(resource=resource, sampler=ParentBased(ALWAYS_ON))
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
+    return provider
+
+
+def _otlp_exporter(otlp: OtlpConfig) -> SpanExporter:
+    headers = _parse_headers(os.environ.get(otlp.headers_env, "")) if otlp.headers_env else None
+    if otlp.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        endpoint = otlp.endpoint.removeprefix("http://").removeprefix("https://")
+        return GrpcExporter(endpoint=endpoint, insecure=otlp.endpoint.startswith("http://"), headers=headers)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    return HttpExporter(endpoint=otlp.endpoint.rstrip("/") + "/v1/traces", headers=headers)
+
+
+def _parse_headers(raw: str) -> dict[str, str]:
+    pairs = (item.split("=", 1) for item in raw.split(",") if "=" in item)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def trace_ids(span: Span) -> tuple[str, str]:
+    ctx = span.get_span_context()
+    return format_trace_id(ctx.trace_id), format_span_id(ctx.span_id)
+
+
+class JsonLineFormatter(logging.Formatter):
+    """Access-log records are dicts passed as `extra={"access": {...}}`; emit them as one JSON object a line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        payload = getattr(record, "access", None)
+        if payload is None:
+            payload = {"level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
+        return json.dumps(payload, separators=(",", ":"), default=str)

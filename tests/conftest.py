@@ -1,0 +1,114 @@
+"""Shared fixtures: real processes on free loopback ports (fake upstreams, the gateway), started and reaped."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Process:
+    url: str
+    proc: subprocess.Popen
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def spawn(cmd: list[str], port: int, log: Path, ready_path: str = "/healthz", timeout: float = 60.0,
+          env: dict[str, str] | None = None) -> Process:
+    """Start `cmd` and wait until GET ready_path answers; fail with its output if it dies or never answers."""
+    out = log.open("wb")
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    process = Process(url, proc, log)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{cmd} exited with {proc.returncode}:\n{process.output()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url + ready_path, timeout=1.0).status_code < 500:
+                return process
+        time.sleep(0.1)
+    process.stop()
+    raise RuntimeError(f"{cmd} did not become ready in {timeout}s:\n{process.output()}")
+
+
+@pytest.fixture
+def processes() -> Iterator[list[Process]]:
+    started: list[Process] = []
+    yield started
+    for process in reversed(started):
+        process.stop()
+
+
+@pytest.fixture
+def fake_upstream(processes: list[Process], tmp_path: Path) -> Callable[..., Process]:
+    """Start a fake OpenAI-compatible upstream: fake_upstream(name="a", fail_status=None)."""
+
+    def start(name: str = "fake", fail_status: int | None = None) -> Process:
+        port = free_port()
+        cmd = [sys.executable, str(ROOT / "tests" / "fake_upstream.py"), "--port", str(port), "--name", name]
+        if fail_status:
+            cmd += ["--fail-status", str(fail_status)]
+        process = spawn(cmd, port, tmp_path / f"upstream-{name}-{port}.log", ready_path="/_stats")
+        processes.append(process)
+        return process
+
+    return start
+
+
+@pytest.fixture
+def gateway(processes: list[Process], tmp_path: Path) -> Callable[..., Process]:
+    """Start `portcullis serve` with a config dict (listen port filled in): gateway(config, env={...})."""
+
+    def start(config: dict, env: dict[str, str] | None = None) -> Process:
+        port = free_port()
+        config = {**config, "listen": {"host": "127.0.0.1", "port": port}}
+        path = tmp_path / f"portcullis-{port}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)]
+        process = spawn(cmd, port, tmp_path / f"gateway-{port}.log", env=env)
+        processes.append(process)
+        return process
+
+    return start
+
+
+def pool(name: str, *urls: str, **options) -> dict:
+    """A pool entry for a gateway config."""
+    return {"name": name, "replicas": [{"url": u} for u in urls], **options}
+
+
+def chat_body(**extra) -> dict:
+    return {"model": "test-model", "messages": [{"role": "user", "content": "hello"}], **extra}

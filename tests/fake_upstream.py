@@ -1,0 +1,105 @@
+"""A small OpenAI-compatible upstream for gateway tests, run as a real process on a loopback port.
+
+It stands in for an LLM server where the test needs control the engine cannot give: exact chunk timing, abrupt
+connection drops, slow headers, forced error statuses. A request steers it with a `fake` object in the JSON body
+(the gateway forwards bodies unchanged): `{"chunks": 5, "delay": 0.1, "abort_after": 2, "header_delay": 1.0}`.
+`GET /_stats` reports what it saw (requests, cancelled streams, last headers and body) so tests can assert on the
+upstream side of the wire.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.requests = 0
+        self.completed_streams = 0
+        self.cancelled_streams = 0
+        self.last_headers: dict[str, str] = {}
+        self.last_body: dict = {}
+
+
+def build(name: str, fail_status: int | None) -> Starlette:
+    stats = Stats()
+
+    async def completions(request: Request) -> Response:
+        stats.requests += 1
+        stats.last_headers = dict(request.headers)
+        body = await request.json()
+        stats.last_body = body
+        fake = body.get("fake") or {}
+        if fail_status:
+            return JSONResponse({"error": {"message": f"{name} forced failure", "type": "server_error",
+                                           "code": None, "param": None}}, status_code=fail_status)
+        await asyncio.sleep(fake.get("header_delay", 0))
+        chat = request.url.path.endswith("/chat/completions")
+        words = [f"w{i} " for i in range(fake.get("chunks", 3))]
+        usage = {"prompt_tokens": 7, "completion_tokens": len(words), "total_tokens": 7 + len(words)}
+        base = {"id": f"cmpl-{name}", "created": int(time.time()), "model": body.get("model"),
+                "system_fingerprint": name}
+        if not body.get("stream"):
+            text = "".join(words)
+            choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                      if chat else {"index": 0, "text": text, "finish_reason": "stop", "logprobs": None})
+            obj = "chat.completion" if chat else "text_completion"
+            return JSONResponse({**base, "object": obj, "choices": [choice], "usage": usage})
+        include_usage = (body.get("stream_options") or {}).get("include_usage")
+        return StreamingResponse(stream(base, chat, words, fake, include_usage, usage),
+                                 media_type="text/event-stream")
+
+    async def stream(base: dict, chat: bool, words: list[str], fake: dict, include_usage: bool, usage: dict):
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        try:
+            for i, word in enumerate(words):
+                if i == fake.get("abort_after"):
+                    raise ConnectionAbortedError("fake upstream drops the connection mid-stream")
+                last = i == len(words) - 1
+                delta = {"index": 0, "delta": {"content": word}} if chat else {"index": 0, "text": word}
+                choice = {**delta, "finish_reason": "length" if last else None}
+                yield f"data: {json.dumps({**base, 'object': obj, 'choices': [choice]})}\n\n"
+                await asyncio.sleep(fake.get("delay", 0))
+            if include_usage:
+                yield f"data: {json.dumps({**base, 'object': obj, 'choices': [], 'usage': usage})}\n\n"
+            yield "data: [DONE]\n\n"
+            stats.completed_streams += 1
+        except asyncio.CancelledError:
+            stats.cancelled_streams += 1
+            raise
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": f"{name}-model", "object": "model", "created": 0,
+                                                         "owned_by": name}]})
+
+    async def get_stats(request: Request) -> Response:
+        return JSONResponse(vars(stats))
+
+    return Starlette(routes=[
+        Route("/v1/chat/completions", completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models),
+        Route("/_stats", get_stats),
+    ])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--name", default="fake")
+    parser.add_argument("--fail-status", type=int, help="answer every completion with this status")
+    args = parser.parse_args()
+    uvicorn.run(build(args.name, args.fail_status), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+"""The real gateway under uvicorn, in front of real upstream processes, over loopback sockets."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import chat_body, pool
+
+KEY = "sk-test-tenant-a"
+AUTH = {"keys": [{"tenant": "team-a", "label": "ci", "sha256": hashlib.sha256(KEY.encode()).hexdigest()}]}
+HEADERS = {"authorization": f"Bearer {KEY}"}
+
+
+def sse_data(raw: str) -> list[str]:
+    return [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
+
+
+def stats(upstream) -> dict:
+    return httpx.get(upstream.url + "/_stats").json()
+
+
+@pytest.fixture
+def one_upstream(fake_upstream, gateway):
+    upstream = fake_upstream("up")
+    gw = gateway({"pools": [pool("main", upstream.url)], "auth": AUTH})
+    return gw, upstream
+
+
+def test_non_streaming_chat_is_relayed_with_usage_recorded(one_upstream):
+    gw, upstream = one_upstream
+    response = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(fake={"chunks": 4}), headers=HEADERS)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["choices"][0]["message"]["content"] == "w0 w1 w2 w3 "
+    assert response.headers["x-request-id"]
+    metrics = httpx.get(gw.url + "/metrics").text
+    assert 'portcullis_tokens_total{kind="completion",model="test-model",pool="main"} 4.0' in metrics
+    assert 'portcullis_requests_total{route="chat",status="200"} 1.0' in metrics
+    # the client's own credential never reaches the upstream
+    assert "authorization" not in stats(upstream)["last_headers"]
+
+
+def test_stream_chunks_arrive_as_the_upstream_sends_them(one_upstream):
+    gw, upstream = one_upstream
+    body = chat_body(stream=True, fake={"chunks": 5, "delay": 0.3})
+    arrivals = []
+    started = time.perf_counter()
+    with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, headers=HEADERS, timeout=10) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                arrivals.append((time.perf_counter() - started, line[6:]))
+    payloads = [data for _, data in arrivals]
+    assert payloads[-1] == "[DONE]"
+    contents = [json.loads(p)["choices"][0]["delta"]["content"] for p in payloads[:-1]]
+    assert contents == ["w0 ", "w1 ", "w2 ", "w3 ", "w4 "]
+    total = arrivals[-1][0]
+    assert total >= 1.2  # the upstream took 5 x 0.3 s
+    assert arrivals[0][0] < total - 0.9  # the first chunk was not held back until the end
+    gaps = [b[0] - a[0] for a, b in zip(arrivals, arrivals[1:4])]
+    assert all(gap > 0.15 for gap in gaps), gaps  # chunk spacing is preserved, not batched
+
+
+def test_gateway_asks_for_usage_but_strips_it_when_the_client_did_not(one_upstream):
+    gw, upstream = one_upstream
+    response = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(stream=True, fake={"chunks": 2}),
+                          headers=HEADERS)
+    chunks = [json.loads(d) for d in sse_data(response.text) if d != "[DONE]"]
+    assert all(c["choices"] for c in chunks), "usage-only chunk leaked to a client that did not ask for it"
+    assert stats(upstream)["last_body"]["stream_options"] == {"include_usage": True}
+    metrics = httpx.get(gw.url + "/metrics").text
+    assert 'portcullis_tokens_total{kind="prompt",model="test-model",pool="main"} 7.0' in metrics
+
+    asked = httpx.post(gw.url + "/v1/chat/completions",
+                       json=chat_body(stream=True, stream_options={"include_usage": True}, fake={"chunks": 2}),
+                       headers=HEADERS)
+    last = json.loads(sse_data(asked.text)[-2])
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 2
+
+
+def test_client_disconnect_cancels_the_upstream_stream(one_upstream):
+    gw, upstream = one_upstream
+    body = chat_body(stream=True, fake={"chunks": 100, "delay": 0.1})
+    with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, headers=HEADERS) as response:
+        lines = response.iter_lines()
+        while not next(lines).startswith("data: "):
+            pass
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and stats(upstream)["cancelled_streams"] == 0:
+        time.sleep(0.1)
+    seen = stats(upstream)
+    assert seen["cancelled_streams"] == 1 and seen["completed_streams"] == 0
+    metrics = httpx.get(gw.url + "/metrics").text
+    assert 'portcullis_upstream_outstanding_requests{pool="main",replica="%s"} 0.0' % upstream.url in metrics
+
+
+def test_retry_on_another_replica_before_the_first_byte(fake_upstream, gateway):
+    broken = fake_upstream("broken", fail_status=503)
+    healthy = fake_upstream("healthy")
+    dead = "http://127.0.0.1:9"  # nothing listens on the discard port
+    gw = gateway({"pools": [pool("main", dead, broken.url, healthy.url, routing="round_robin", max_attempts=3)]})
+    for stream in (False, True):
+        for _ in range(3):  # round robin starts each request on a different replica
+            response = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(stream=stream))
+            assert response.status_code == 200, response.text
+    assert stats(healthy)["requests"] == 6
+    assert stats(broken)["requests"] >= 2
+
+
+def test_midstream_failure_ends_with_error_event_and_no_retry(fake_upstream, gateway):
+    first, second = fake_upstream("first"), fake_upstream("second")
+    gw = gateway({"pools": [pool("main", first.url, second.url, routing="round_robin")]})
+    response = httpx.post(gw.url + "/v1/chat/completions",
+                          json=chat_body(stream=True, fake={"chunks": 5, "abort_after": 2}))
+    assert response.status_code == 200
+    data = sse_data(response.text)
+    assert [json.loads(d)["choices"][0]["delta"]["content"] for d in data[:2]] == ["w0 ", "w1 "]
+    error = json.loads(data[2])["error"]
+    assert error["type"] == "upstream_error" and error["code"] == "upstream_unavailable"
+    assert data[3] == "[DONE]" and len(data) == 4
+    assert stats(first)["requests"] + stats(second)["requests"] == 1  # bytes were sent: never retried
+
+
+def test_upstream_failures_map_to_clean_gateway_errors(fake_upstream, gateway):
+    slow = fake_upstream("slow")
+    gw = gateway({"pools": [
+        pool("dead", "http://127.0.0.1:9", models=["dead-model"]),
+        pool("slow", slow.url, models=["slow-model"], timeouts={"read": 0.5}, max_attempts=1),
+    ]})
+    dead = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(model="dead-model"))
+    assert dead.status_code == 502
+    assert dead.json()["error"]["code"] == "upstream_unavailable"
+    timeout = httpx.post(gw.url + "/v1/chat/completions",
+                         json=chat_body(model="slow-model", fake={"header_delay": 2}))
+    assert timeout.status_code == 504
+    assert timeout.json()["error"]["code"] == "upstream_timeout"
+    unknown = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(model="nope"))
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize("headers, code", [
+    ({}, "missing_api_key"),
+    ({"authorization": "Bearer sk-wrong"}, "invalid_api_key"),
+    ({"authorization": f"Basic {KEY}"}, "missing_api_key"),
+])
+def test_auth_failures_are_401_with_openai_errors(one_upstream, headers, code):
+    gw, upstream = one_upstream
+    response = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=headers)
+    assert response.status_code == 401
+    assert response.json()["error"] == {"message": response.json()["error"]["message"],
+                                        "type": "authentication_error", "code": code, "param": None}
+    assert stats(upstream)["requests"] == 0
+
+
+def test_key_from_environment_maps_to_its_tenant(fake_upstream, gateway):
+    upstream = fake_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url)],
+                  "auth": {"keys": [{"tenant": "team-env", "key_env": "TEAM_ENV_KEY"}]}},
+                 env={"TEAM_ENV_KEY": "sk-from-env"})
+    ok = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers={"x-api-key": "sk-from-env"})
+    assert ok.status_code == 200
+    log = [json.loads(line) for line in gw.output().splitlines() if '"request_id"' in line]
+    assert log[-1]["tenant"] == "team-env" and log[-1]["status"] == 200
+
+
+@pytest.mark.parametrize("content, status, code", [
+    (b"x" * 2048, 413, "request_too_large"),
+    (b"{not json", 400, "invalid_json"),
+    (b"[1, 2]", 400, "invalid_json"),
+    (json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode(), 400, None),
+    (json.dumps({"model": "m", "messages": []}).encode(), 400, None),
+    (json.dumps({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}).encode(), 400, None),
+    (json.dumps({**chat_body(), "max_tokens": -1}).encode(), 400, None),
+    (json.dumps({**chat_body(), "stream": "yes"}).encode(), 400, None),
+])
+def test_bad_bodies_get_4xx_openai_errors(fake_upstream, gateway, content, status, code):
+    upstream = fake_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url)], "limits": {"max_body_bytes": 1024}})
+    response = httpx.post(gw.url + "/v1/chat/completions", content=content,
+                          headers={"content-type": "application/json"})
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"]
+    if code:
+        assert error["code"] == code
+    assert stats(upstream)["requests"] == 0
+
+
+def test_oversized_chunked_body_is_cut_off(one_upstream):
+    gw, _ = one_upstream
+
+    def body():
+        for _ in range(8):
+            yield b"x" * (1024 * 1024)
+
+    response = httpx.post(gw.url + "/v1/chat/completions", content=body(), headers=HEADERS)
+    assert response.status_code == 413
+
+
+def test_unknown_paths_and_methods_answer_in_openai_shape(one_upstream):
+    gw, _ = one_upstream
+    missing = httpx.get(gw.url + "/v1/nothing")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    wrong = httpx.get(gw.url + "/v1/chat/completions")
+    assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_openai_client_works_unchanged(one_upstream):
+    gw, _ = one_upstream
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0)
+    completion = client.chat.completions.create(model="test-model", messages=[{"role": "user", "content": "hi"}])
+    assert completion.choices[0].message.content == "w0 w1 w2 "
+    assert completion.usage.completion_tokens == 3
+    pieces = [c.choices[0].delta.content for c in client.chat.completions.create(
+        model="test-model", messages=[{"role": "user", "content": "hi"}], stream=True) if c.choices]
+    assert "".join(p or "" for p in pieces) == "w0 w1 w2 "
+    text = client.completions.create(model="test-model", prompt="once upon")
+    assert text.choices[0].text == "w0 w1 w2 "
+    streamed = [c.choices[0].text for c in client.completions.create(model="test-model", prompt=[1, 2, 3],
+                                                                      stream=True)]
+    assert "".join(streamed) == "w0 w1 w2 "
+    assert [m.id for m in client.models.list()] == ["up-model"]
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=gw.url + "/v1", api_key="sk-bad", max_retries=0).models.list()
+
+
+def test_models_are_aggregated_across_pools(fake_upstream, gateway):
+    a, b = fake_upstream("alpha"), fake_upstream("beta")
+    gw = gateway({"pools": [pool("a", a.url), pool("b", b.url, models=["pinned"])]})
+    ids = {m["id"] for m in httpx.get(gw.url + "/v1/models").json()["data"]}
+    assert ids == {"alpha-model", "beta-model", "pinned"}
+
+
+def test_readiness_follows_the_upstreams(fake_upstream, gateway):
+    upstream = fake_upstream()
+    gw = gateway({"pools": [pool("live", upstream.url), pool("gone", "http://127.0.0.1:9", models=["x"])]})
+    assert httpx.get(gw.url + "/healthz").status_code == 200
+    ready = httpx.get(gw.url + "/readyz")
+    assert ready.status_code == 503
+    assert ready.json()["pools"]["live"][0]["up"] is True and ready.json()["pools"]["gone"][0]["up"] is False
+    upstream.stop()
+    gw2 = gateway({"pools": [pool("live", fake_upstream("again").url)]})
+    assert httpx.get(gw2.url + "/readyz").status_code == 200
+
+
+def test_access_log_is_json_with_trace_ids(one_upstream):
+    gw, _ = one_upstream
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers={**HEADERS, "traceparent": traceparent})
+    entry = [json.loads(line) for line in gw.output().splitlines() if '"request_id"' in line][-1]
+    assert entry["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
+    assert entry["status"] == 200 and entry["tenant"] == "team-a" and entry["completion_tokens"] == 3
+    assert entry["upstream"].startswith("http://127.0.0.1:")
