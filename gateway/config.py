@@ -143,13 +143,14 @@ class GatewayConfig(_Strict):
     redis: RedisConfig = RedisConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
 
-    @model_validator(mode="after")
-    def _unique_pool_names(self) -> "GatewayConfig":
-        names = [pool.name for pool in self.pools]
+    @field_validator("pools")
+    @classmethod
+    def _unique_pool_names(cls, pools: list[PoolConfig]) -> list[PoolConfig]:
+        names = [pool.name for pool in pools]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"pool names must be unique, repeated: {', '.join(duplicates)}")
-        return self
+        return pools
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> GatewayConfig:

@@ -1,0 +1,155 @@
+"""One trace per request, received on the wire: an in-test OTLP receiver decodes what the gateway exports."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import grpc
+import httpx
+import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from tests.conftest import chat_body, free_port, pool
+
+
+class Received:
+    """Spans decoded from ExportTraceServiceRequest messages, flattened to dicts."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict] = []
+        self.lock = threading.Lock()
+
+    def add(self, request: trace_service_pb2.ExportTraceServiceRequest) -> None:
+        with self.lock:
+            for resource_spans in request.resource_spans:
+                service = {a.key: a.value.string_value for a in resource_spans.resource.attributes}["service.name"]
+                for scope_spans in resource_spans.scope_spans:
+                    for span in scope_spans.spans:
+                        self.spans.append({
+                            "service": service, "name": span.name, "kind": span.kind,
+                            "trace_id": span.trace_id.hex(), "span_id": span.span_id.hex(),
+                            "parent_id": span.parent_span_id.hex(),
+                            "attributes": {a.key: _value(a.value) for a in span.attributes},
+                        })
+
+    def wait_for(self, name: str, timeout: float = 10.0) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if any(s["name"] == name for s in self.spans):
+                    return list(self.spans)
+            time.sleep(0.1)
+        raise AssertionError(f"no span {name!r} exported; got {[s['name'] for s in self.spans]}")
+
+
+def _value(value):
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(v) for v in value.array_value.values]
+    return getattr(value, kind)
+
+
+@pytest.fixture
+def http_receiver() -> Iterator[tuple[str, Received]]:
+    received = Received()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["content-length"]))
+            assert self.path == "/v1/traces" and self.headers["content-type"] == "application/x-protobuf"
+            received.add(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
+            reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+            self.send_response(200)
+            self.send_header("content-type", "application/x-protobuf")
+            self.send_header("content-length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}", received
+    server.shutdown()
+
+
+@pytest.fixture
+def grpc_receiver() -> Iterator[tuple[str, Received]]:
+    received = Received()
+
+    class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request, context):
+            received.add(request)
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceService(), server)
+    port = free_port()
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    yield f"http://127.0.0.1:{port}", received
+    server.stop(grace=None)
+
+
+def _traced_gateway(gateway, upstream, endpoint: str, protocol: str):
+    return gateway({"pools": [pool("main", upstream.url)], "telemetry": {
+        "service_name": "gw-under-test", "otlp": {"enabled": True, "endpoint": endpoint, "protocol": protocol}}})
+
+
+def test_one_trace_covers_stages_upstream_span_and_upstream_traceparent(fake_upstream, gateway, http_receiver):
+    endpoint, received = http_receiver
+    upstream = fake_upstream()
+    gw = _traced_gateway(gateway, upstream, endpoint, "http/protobuf")
+    response = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(stream=True, max_tokens=5))
+    assert response.status_code == 200
+
+    spans = received.wait_for("POST /v1/chat/completions")
+    root = next(s for s in spans if s["name"] == "POST /v1/chat/completions")
+    trace = [s for s in spans if s["trace_id"] == root["trace_id"]]
+    by_name = {s["name"]: s for s in trace}
+    assert {"stage.parse", "stage.auth", "stage.route", "chat test-model"} <= set(by_name)
+    for stage in ("stage.parse", "stage.auth", "stage.route", "chat test-model"):
+        assert by_name[stage]["parent_id"] == root["span_id"]
+    assert all(s["service"] == "gw-under-test" for s in trace)
+
+    client = by_name["chat test-model"]
+    assert client["kind"] == 3  # SPAN_KIND_CLIENT
+    attrs = client["attributes"]
+    assert attrs["gen_ai.operation.name"] == "chat"
+    assert attrs["gen_ai.request.model"] == "test-model"
+    assert attrs["gen_ai.request.max_tokens"] == 5
+    assert attrs["gen_ai.usage.input_tokens"] == 7 and attrs["gen_ai.usage.output_tokens"] == 3
+    assert attrs["gen_ai.response.finish_reasons"] == ["length"]
+    assert 0 < attrs["portcullis.upstream.time_to_first_chunk"] < 5
+    assert root["attributes"]["http.response.status_code"] == 200
+
+    sent = httpx.get(upstream.url + "/_stats").json()["last_headers"]["traceparent"]
+    _, trace_id, parent_id, _ = sent.split("-")
+    assert trace_id == root["trace_id"] and parent_id == client["span_id"]
+
+
+def test_incoming_traceparent_is_continued_over_grpc_export(fake_upstream, gateway, grpc_receiver):
+    endpoint, received = grpc_receiver
+    gw = _traced_gateway(gateway, fake_upstream(), endpoint, "grpc")
+    caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers={"traceparent": caller})
+    root = next(s for s in received.wait_for("POST /v1/chat/completions")
+                if s["name"] == "POST /v1/chat/completions")
+    assert root["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert root["parent_id"] == "00f067aa0ba902b7"
+
+
+def test_rejected_request_marks_its_stage_span(fake_upstream, gateway, http_receiver):
+    endpoint, received = http_receiver
+    gw = _traced_gateway(gateway, fake_upstream(), endpoint, "http/protobuf")
+    assert httpx.post(gw.url + "/v1/chat/completions", content=b"{bad").status_code == 400
+    spans = received.wait_for("stage.parse")
+    parse = next(s for s in spans if s["name"] == "stage.parse")
+    assert parse["attributes"]["portcullis.verdict"] == "reject"
+    assert parse["attributes"]["portcullis.reject.code"] == "invalid_json"
+    assert not any(s["name"] == "stage.auth" for s in spans)
