@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from gateway import up
 from gateway.config import CONFIG_ENV, ConfigError, load_config
 from gateway.telemetry import ACCESS_LOGGER, JsonLineFormatter
 
@@ -14,6 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="portcullis", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(commands)
+    up.add_subcommand(commands)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -1,0 +1,92 @@
+"""`portcullis up`: the whole stack on one machine — bundled engine replicas plus the gateway in front of them.
+
+This is what `make run` starts: no config file, no Redis, no other service. Engines run as child processes on
+consecutive loopback ports; the gateway runs in this process and stops them when it exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import subprocess
+import sys
+import time
+
+import httpx
+
+from gateway.config import GatewayConfig, ListenConfig, PoolConfig, ReplicaConfig
+
+ENGINE_START_TIMEOUT = 300.0
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+
+
+def add_subcommand(commands: argparse._SubParsersAction) -> None:
+    up = commands.add_parser("up", help="start engine replicas and the gateway in front of them (make run)")
+    up.add_argument("--replicas", type=int, default=2, help="bundled engine replicas to start")
+    up.add_argument("--engine-port", type=int, default=8001, help="first engine port; replicas count up from it")
+    up.add_argument("--port", type=int, default=8080, help="gateway port")
+    up.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    up.set_defaults(func=run_up)
+
+
+def run_up(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import build_app
+    from gateway.cli import configure_logging
+
+    configure_logging(args.log_level)
+    ports = [args.engine_port + i for i in range(args.replicas)]
+    engines = [_start_engine(port) for port in ports]
+    try:
+        for port, engine in zip(ports, engines):
+            _wait_healthy(port, engine)
+        config = GatewayConfig(
+            listen=ListenConfig(port=args.port),
+            pools=[PoolConfig(name="engine", replicas=[ReplicaConfig(url=f"http://127.0.0.1:{p}") for p in ports])],
+        )
+        print(_banner(args.port, ports), file=sys.stderr, flush=True)
+        uvicorn.run(build_app(config), host=config.listen.host, port=args.port, loop="uvloop", http="httptools",
+                    access_log=False, log_config=None)
+    finally:
+        for engine in engines:
+            engine.terminate()
+        for engine in engines:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                engine.wait(timeout=10)
+    return 0
+
+
+def _start_engine(port: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "gateway.cli", "engine", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    return subprocess.Popen(cmd)
+
+
+def _wait_healthy(port: int, engine: subprocess.Popen) -> None:
+    deadline = time.monotonic() + ENGINE_START_TIMEOUT
+    while time.monotonic() < deadline:
+        if engine.poll() is not None:
+            raise SystemExit(f"portcullis up: engine on port {port} exited with status {engine.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0).status_code == 200:
+                return
+        time.sleep(0.25)
+    raise SystemExit(f"portcullis up: engine on port {port} not healthy after {ENGINE_START_TIMEOUT:.0f}s")
+
+
+def _banner(port: int, engine_ports: list[int]) -> str:
+    base = f"http://127.0.0.1:{port}"
+    return f"""
+Portcullis is up: gateway {base} -> engines {', '.join(f'127.0.0.1:{p}' for p in engine_ports)}
+
+  curl {base}/v1/chat/completions -H 'content-type: application/json' \\
+    -d '{{"model": "{DEFAULT_MODEL}", "messages": [{{"role": "user", "content": "Say hello"}}], "max_tokens": 32}}'
+
+  python -c 'from openai import OpenAI
+c = OpenAI(base_url="{base}/v1", api_key="unused")
+for ch in c.chat.completions.create(model="{DEFAULT_MODEL}", stream=True, max_tokens=32,
+        messages=[{{"role": "user", "content": "Say hello"}}]):
+    print(ch.choices[0].delta.content or "", end="", flush=True) if ch.choices else None'
+
+Metrics: {base}/metrics   Readiness: {base}/readyz   Stop: Ctrl-C
+"""
