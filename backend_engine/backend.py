@@ -62,3 +62,42 @@ def select_backend(device: str = "auto") -> ArrayBackend:
 
         return ArrayBackend(xp=cupy, device="cuda", weight_dtype=cupy.float16)
     return ArrayBackend(xp=np, device="cpu", weight_dtype=np.float32)
+
+
+def set_blas_threads(n: int) -> bool:
+    """Set OpenBLAS's thread count at runtime (numpy's bundled build), like threadpoolctl does.
+
+    OpenBLAS threads spin while waiting; on a small machine shared with other busy processes two
+    spinning threads can make a matmul 10x slower, so the engine lets the operator choose."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as f:
+            libs = {line.split()[-1] for line in f if "openblas" in line.lower() and line.rstrip().endswith(".so")}
+    except OSError:
+        return False
+    for path in libs:
+        lib = ctypes.CDLL(path)
+        for sym in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_", "openblas_set_num_threads"):
+            fn = getattr(lib, sym, None)
+            if fn is not None:
+                fn(ctypes.c_int(n))
+                return True
+    return False
+
+
+def get_blas_threads() -> int | None:
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as f:
+            libs = {line.split()[-1] for line in f if "openblas" in line.lower() and line.rstrip().endswith(".so")}
+    except OSError:
+        return None
+    for path in libs:
+        lib = ctypes.CDLL(path)
+        for sym in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_", "openblas_get_num_threads"):
+            fn = getattr(lib, sym, None)
+            if fn is not None:
+                return int(fn())
+    return None

@@ -38,6 +38,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_logprobs: int = 20
     seed: int | None = None
+    threads: int | None = None            # BLAS threads; None = OpenBLAS default (all cores)
 
     def resolved_model(self) -> str:
         return self.model or default_model_path()

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from backend_engine.backend import ArrayBackend, select_backend
+from backend_engine.backend import ArrayBackend, select_backend, set_blas_threads
 from backend_engine.block_manager import BlockManager
 from backend_engine.config import EngineConfig
 from backend_engine.metrics import EngineMetrics
@@ -71,6 +71,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None,
                  backend: ArrayBackend | None = None):
         self.config = config
+        if config.threads:
+            set_blas_threads(config.threads)
         self.backend = backend or select_backend(config.device)
         self.loaded = loaded or load_model(config.resolved_model(), self.backend)
         self.model = self.loaded.model

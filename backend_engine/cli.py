@@ -1,0 +1,88 @@
+"""`portcullis engine serve`: the argparse wiring the gateway's CLI mounts with add_subcommands().
+
+Standalone: python -m backend_engine.cli engine serve --port 8000
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from backend_engine.config import DEFAULT_SERVED_MODEL_NAME
+
+
+def _size(text: str) -> int:
+    """Bytes, with optional K/M/G suffix (binary): 512M, 2G, 1048576."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        return int(float(t[:-1] if mult > 1 else t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512M, 2G, 1048576)")
+
+
+def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
+    """Add `engine` with its `serve` subcommand to a parent parser's subparsers."""
+    engine = subparsers.add_parser("engine", help="the bundled inference engine")
+    sub = engine.add_subparsers(dest="engine_command", metavar="COMMAND")
+    sub.required = True
+    s = sub.add_parser("serve", help="serve a Llama-family model over an OpenAI-compatible API")
+    s.add_argument("--model", default="", help="GGUF file or Hugging Face folder (default: bundled SmolLM2-135M)")
+    s.add_argument("--served-model-name", default=DEFAULT_SERVED_MODEL_NAME)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    s.add_argument("--kv-cache-bytes", type=_size, default=None,
+                   help="KV cache budget, e.g. 512M (default: 512M on CPU, a fraction of free GPU memory on CUDA)")
+    s.add_argument("--kv-cache-memory-fraction", type=float, default=0.5,
+                   help="CUDA: fraction of free GPU memory for the KV cache when --kv-cache-bytes is unset")
+    s.add_argument("--block-size", type=int, default=16)
+    s.add_argument("--max-num-seqs", type=int, default=64)
+    s.add_argument("--max-num-batched-tokens", type=int, default=512)
+    s.add_argument("--max-model-len", type=int, default=None)
+    s.add_argument("--no-prefix-caching", action="store_true")
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--threads", type=int, default=None, help="BLAS threads (default: all cores)")
+    s.add_argument("--log-level", default="info")
+    s.set_defaults(func=serve)
+
+
+def serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvicorn
+
+    from backend_engine import tracing
+    from backend_engine.config import EngineConfig
+    from backend_engine.engine import LLMEngine
+    from backend_engine.server import build_app
+
+    cfg = EngineConfig(
+        model=args.model, served_model_name=args.served_model_name, device=args.device,
+        block_size=args.block_size, kv_cache_bytes=args.kv_cache_bytes,
+        kv_cache_memory_fraction=args.kv_cache_memory_fraction, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+        enable_prefix_caching=not args.no_prefix_caching, seed=args.seed, threads=args.threads,
+    )
+    try:
+        engine = LLMEngine(cfg)
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        print(f"portcullis engine serve: {e}", file=sys.stderr)
+        return 2
+    tracing.configure_from_env()
+    uvicorn.run(build_app(engine), host=args.host, port=args.port, log_level=args.log_level.lower(),
+                timeout_graceful_shutdown=5)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="portcullis")
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subs.required = True
+    add_subcommands(subs)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
