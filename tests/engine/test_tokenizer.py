@@ -1,0 +1,40 @@
+import pytest
+
+from .conftest import needs_model, reference
+
+pytestmark = needs_model
+
+
+def test_chat_template_renders_reference_prompt(loaded):
+    case = reference()["cases"][3]
+    text = loaded.chat_template.render([{"role": "user", "content": "What is the capital of France?"}])
+    assert loaded.tokenizer.encode(text) == case["prompt_ids"]
+
+
+def test_chat_template_is_sandboxed(loaded):
+    from backend_engine.model.chat_template import ChatTemplate, ChatTemplateError
+
+    evil = ChatTemplate("{{ messages.__class__.__mro__[1].__subclasses__() }}")
+    with pytest.raises(ChatTemplateError):
+        evil.render([{"role": "user", "content": "x"}])
+
+
+def test_special_tokens_parsed(loaded):
+    tok = loaded.tokenizer
+    assert tok.encode("<|im_start|>user") [:1] == [1]
+    assert 2 in tok.eos_ids
+    assert tok.decode([1, 4093], skip_special_tokens=True) == "user"
+    assert tok.decode([1, 4093], skip_special_tokens=False) == "<|im_start|>user"
+
+
+@pytest.mark.parametrize("text", ["héllo wörld", "日本語のテキスト", "emoji 🦀🚀 mix ✓", "tab\tand\nnewline  spaces"])
+def test_streaming_detokenizer_never_breaks_utf8(loaded, text):
+    tok = loaded.tokenizer
+    ids = tok.encode(text)
+    det = tok.detokenizer()
+    pieces = [det.push(i) for i in ids] + [det.flush()]
+    assert "\ufffd" not in "".join(pieces)
+    assert "".join(pieces) == text == tok.hf.decode(ids)
+    # At least one multi-byte character really was split across tokens in the emoji case.
+    if "🦀" in text:
+        assert any(p == "" for p in pieces[:-1])
