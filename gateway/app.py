@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
+import anyio
 import httpx
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace.export import SpanExporter
@@ -24,13 +25,20 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from gateway.client_ip import client_ip
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
 from gateway.pipeline import Pipeline
+from gateway.policy.loader import PolicySet, empty_policy_set, load_policy_dir
+from gateway.ratelimit.failover import CircuitBreaker, FailoverBackend
+from gateway.ratelimit.limiter import RateLimiter
+from gateway.ratelimit.memory import MemoryBackend
+from gateway.ratelimit.redis_backend import RedisBackend
 from gateway.routing.pool import Pool, Pools
 from gateway.stages.auth import AuthStage
 from gateway.stages.parse import ParseStage
+from gateway.stages.ratelimit import RateLimitStage
 from gateway.stages.route import RouteStage
 from gateway.telemetry import ACCESS_LOGGER, Metrics, build_tracer_provider, trace_ids
 from gateway.upstream import Upstream
@@ -51,13 +59,26 @@ class Gateway:
         self.tracer_provider = build_tracer_provider(config.telemetry, span_exporter)
         self.tracer = self.tracer_provider.get_tracer("portcullis.gateway")
         self.pools = Pools([Pool(p, transport) for p in config.pools])
+        self.policies = _load_policies(config)
         self.auth = AuthStage(config.auth)
-        self.pipeline = Pipeline(
-            [ParseStage(config.limits.max_body_bytes), self.auth, RouteStage(self.pools)], self.tracer, self.metrics)
+        self.redis = RedisBackend(config.redis.url, config.redis.timeout, config.redis.max_connections) \
+            if config.redis.url else None
+        limits = FailoverBackend(
+            self.redis or MemoryBackend(), MemoryBackend(), fail_open=config.redis.on_failure == "fail_open",
+            breaker=CircuitBreaker(config.redis.breaker_failures, config.redis.breaker_cooldown),
+            metrics=self.metrics)
+        self.pipeline = Pipeline([
+            ParseStage(config.limits.max_body_bytes),
+            self.auth,
+            RateLimitStage(lambda: self.policies, RateLimiter(limits, self.metrics)),
+            RouteStage(self.pools),
+        ], self.tracer, self.metrics)
         self.upstream = Upstream(self.tracer, self.metrics)
 
     async def aclose(self) -> None:
         await self.pools.aclose()
+        if self.redis:
+            await self.redis.aclose()
         self.tracer_provider.shutdown()
 
     async def probe(self, pool: Pool) -> list[dict]:
@@ -91,25 +112,44 @@ class ProxyEndpoint:
             attributes={"http.request.method": request.method, "url.path": request.url.path,
                         "client.address": request.client.host if request.client else ""},
         ) as span:
-            ctx = RequestContext(request=request, route=self.route, span=span)
+            peer = request.client.host if request.client else ""
+            ctx = RequestContext(request=request, route=self.route, span=span,
+                                 client_ip=client_ip(peer, request.headers.get("x-forwarded-for"),
+                                                     gw.config.trusted_proxies))
             try:
-                await gw.pipeline.run(ctx)
-                response = await gw.upstream.forward(ctx)
-            except GatewayError as err:
-                ctx.status = err.status
-                response = err.response()
-                response.headers["x-request-id"] = ctx.request_id
-                span.set_attribute("error.type", err.code or err.type)
-            except Exception:
-                log.exception("unhandled error serving %s", name)
-                ctx.status = 500
-                response = GatewayError(500, "internal gateway error", type="server_error",
-                                        code="internal_error").response()
-            await response(scope, receive, send)
+                await self._respond(ctx, scope, receive, send)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self._complete(ctx)
             span.set_attribute("http.response.status_code", ctx.status)
             if ctx.status >= 500 or ctx.stream_error:
                 span.set_status(Status(StatusCode.ERROR, ctx.stream_error or str(ctx.status)))
         self._account(ctx)
+
+    async def _respond(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.gateway.pipeline.run(ctx)
+            response = await self.gateway.upstream.forward(ctx)
+        except GatewayError as err:
+            ctx.status = err.status
+            response = err.response()
+            response.headers["x-request-id"] = ctx.request_id
+            ctx.span.set_attribute("error.type", err.code or err.type)
+        except Exception:
+            log.exception("unhandled error serving %s", ctx.request.url.path)
+            ctx.status = 500
+            response = GatewayError(500, "internal gateway error", type="server_error",
+                                    code="internal_error").response()
+        await response(scope, receive, send)
+
+    @staticmethod
+    async def _complete(ctx: RequestContext) -> None:
+        """Run end-of-request hooks even when the client vanished or a stage failed; one failure spares the rest."""
+        for hook in ctx.on_complete:
+            try:
+                await hook(ctx)
+            except Exception:
+                log.exception("end-of-request hook failed for %s", ctx.request_id)
 
     def _account(self, ctx: RequestContext) -> None:
         elapsed = time.perf_counter() - ctx.started
@@ -129,6 +169,15 @@ class ProxyEndpoint:
             "finish_reasons": ctx.usage.finish_reasons or None, "stream_error": ctx.stream_error,
             "client": ctx.request.client.host if ctx.request.client else None,
         }})
+
+
+def _load_policies(config: GatewayConfig) -> PolicySet:
+    if not config.policy_dir.is_dir():
+        log.warning("policy directory %s not found: no policy limits or rules apply", config.policy_dir)
+        return empty_policy_set()
+    policies = load_policy_dir(config.policy_dir)
+    log.info("policy %s loaded from %s", policies.version, config.policy_dir)
+    return policies
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:

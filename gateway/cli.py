@@ -7,6 +7,7 @@ import logging
 import sys
 
 from gateway import up
+from gateway.policy import cli as policy_cli
 from gateway.config import CONFIG_ENV, ConfigError, load_config
 from gateway.telemetry import ACCESS_LOGGER, JsonLineFormatter
 
@@ -16,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(commands)
     up.add_subcommand(commands)
+    policy_cli.add_subcommands(commands)
     args = parser.parse_args(argv)
     return args.func(args)
 

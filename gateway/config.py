@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, IPvAnyNetwork, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 CONFIG_ENV = "PORTCULLIS_CONFIG"
 
@@ -122,7 +122,15 @@ class TelemetryConfig(_Strict):
 
 
 class RedisConfig(_Strict):
-    url: str | None = Field(default=None, description="redis://host:port/db; None keeps state in memory")
+    """Shared state across gateway instances. Without a URL, limits are kept in this process's memory."""
+
+    url: str | None = Field(default=None, description="redis://host:port/db or rediss://…")
+    timeout: Annotated[float, Field(gt=0)] = 0.25
+    max_connections: Annotated[int, Field(gt=0)] = 64
+    on_failure: Literal["fail_open", "fail_closed"] = Field(
+        default="fail_open", description="fail_open: fall back to per-instance limits; fail_closed: refuse (503)")
+    breaker_failures: Annotated[int, Field(gt=0)] = 3
+    breaker_cooldown: Annotated[float, Field(gt=0)] = 5.0
 
 
 def _default_pools() -> list[PoolConfig]:
@@ -136,6 +144,8 @@ def _default_pools() -> list[PoolConfig]:
 
 class GatewayConfig(_Strict):
     listen: ListenConfig = ListenConfig()
+    trusted_proxies: list[IPvAnyNetwork] = Field(
+        default_factory=list, description="proxies whose X-Forwarded-For is believed when finding the client IP")
     limits: LimitsConfig = LimitsConfig()
     pools: Annotated[list[PoolConfig], Field(min_length=1)] = Field(default_factory=_default_pools)
     auth: AuthConfig = AuthConfig()
@@ -170,11 +180,11 @@ def load_config(path: str | os.PathLike[str] | None = None) -> GatewayConfig:
     try:
         return GatewayConfig.model_validate(data)
     except ValidationError as exc:
-        problems = "\n".join(f"  {source}: {_key_path(err['loc'])}: {err['msg']}" for err in exc.errors())
+        problems = "\n".join(f"  {source}: {format_key_path(err['loc'])}: {err['msg']}" for err in exc.errors())
         raise ConfigError(f"invalid configuration:\n{problems}") from None
 
 
-def _key_path(loc: tuple[int | str, ...]) -> str:
+def format_key_path(loc: tuple[int | str, ...]) -> str:
     """Render a pydantic error location as `pools[0].replicas[1].url`."""
     out = ""
     for part in loc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ class RequestContext:
     request: Request
     route: str  # "chat" | "completions"
     span: Span
+    client_ip: str = ""
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     started: float = field(default_factory=time.perf_counter)
     # parse
@@ -36,8 +38,10 @@ class RequestContext:
     payload: dict[str, Any] = field(default_factory=dict)
     model: str = ""
     stream: bool = False
+    prompt_tokens: int | None = None  # exact count, once a tokenizing stage provides it
     # auth
     tenant: str | None = None
+    key_id: str | None = None  # short digest prefix: identifies a key in limits and logs, reveals nothing
     key_label: str | None = None
     # route
     pool: Pool | None = None
@@ -49,6 +53,8 @@ class RequestContext:
     stream_error: str | None = None
     annotations: dict[str, Any] = field(default_factory=dict)
     response_headers: dict[str, str] = field(default_factory=dict)
+    # run once when the response has ended, however it ended (settle limits, free slots)
+    on_complete: list[Callable[[RequestContext], Awaitable[None]]] = field(default_factory=list)
 
     @property
     def operation(self) -> str:

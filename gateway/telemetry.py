@@ -51,6 +51,14 @@ class Metrics:
             registry=r)
         self.tokens = Counter("portcullis_tokens", "Tokens reported by upstreams", ["pool", "model", "kind"],
                               registry=r)
+        self.ratelimit_decisions = Counter(
+            "portcullis_ratelimit_decisions", "Rate-limit decisions per limit", ["limit", "result", "backend"],
+            registry=r)
+        self.ratelimit_backend_errors = Counter(
+            "portcullis_ratelimit_backend_errors", "Rate-limit store failures", ["backend"], registry=r)
+        self.ratelimit_tokens_charged = Counter(
+            "portcullis_ratelimit_tokens_charged", "Tokens charged to token limits after reconciliation", ["limit"],
+            registry=r)
 
 
 def build_tracer_provider(config: TelemetryConfig, exporter: SpanExporter | None = None) -> TracerProvider:
@@ -94,4 +102,6 @@ class JsonLineFormatter(logging.Formatter):
         payload = getattr(record, "access", None)
         if payload is None:
             payload = {"level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
+            if record.exc_info:
+                payload["exception"] = self.formatException(record.exc_info)
         return json.dumps(payload, separators=(",", ":"), default=str)

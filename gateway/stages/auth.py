@@ -39,7 +39,7 @@ class AuthStage:
         stored, tenant, label = self._keys.get(digest[:8], (b"", None, None))
         if not hmac.compare_digest(stored, digest):
             raise _unauthorized("incorrect API key provided", "invalid_api_key")
-        ctx.tenant, ctx.key_label = tenant, label
+        ctx.tenant, ctx.key_label, ctx.key_id = tenant, label, digest[:6].hex()
         ctx.span.set_attribute("portcullis.tenant", ctx.tenant)
 
 

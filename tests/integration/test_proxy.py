@@ -21,6 +21,16 @@ def sse_data(raw: str) -> list[str]:
     return [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
 
 
+def access_log(gw, count: int = 1) -> list[dict]:
+    """The gateway's JSON access-log entries; waits for `count`, since a line is written after the last byte."""
+    deadline = time.monotonic() + 5
+    while True:
+        entries = [json.loads(line) for line in gw.output().splitlines() if '"request_id"' in line]
+        if len(entries) >= count or time.monotonic() > deadline:
+            return entries
+        time.sleep(0.05)
+
+
 def stats(upstream) -> dict:
     return httpx.get(upstream.url + "/_stats").json()
 
@@ -167,8 +177,8 @@ def test_key_from_environment_maps_to_its_tenant(fake_upstream, gateway):
                  env={"TEAM_ENV_KEY": "sk-from-env"})
     ok = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers={"x-api-key": "sk-from-env"})
     assert ok.status_code == 200
-    log = [json.loads(line) for line in gw.output().splitlines() if '"request_id"' in line]
-    assert log[-1]["tenant"] == "team-env" and log[-1]["status"] == 200
+    entry = access_log(gw)[-1]
+    assert entry["tenant"] == "team-env" and entry["status"] == 200
 
 
 @pytest.mark.parametrize("content, status, code", [
@@ -255,7 +265,7 @@ def test_access_log_is_json_with_trace_ids(one_upstream):
     gw, _ = one_upstream
     traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers={**HEADERS, "traceparent": traceparent})
-    entry = [json.loads(line) for line in gw.output().splitlines() if '"request_id"' in line][-1]
+    entry = access_log(gw)[-1]
     assert entry["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
     assert entry["status"] == 200 and entry["tenant"] == "team-a" and entry["completion_tokens"] == 3
     assert entry["upstream"].startswith("http://127.0.0.1:")

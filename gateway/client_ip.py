@@ -1,0 +1,23 @@
+"""The client's IP: the socket peer, unless that peer is a trusted proxy, then walked back through X-Forwarded-For."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def client_ip(peer: str, forwarded_for: str | None, trusted: Sequence[Network]) -> str:
+    """Rightmost address not in `trusted`: the first hop a trusted proxy could not have been told by the client."""
+    hops = [peer]
+    if forwarded_for and trusted:
+        hops = [peer, *reversed([h.strip() for h in forwarded_for.split(",") if h.strip()])]
+    for hop in hops:
+        try:
+            address = ipaddress.ip_address(hop)
+        except ValueError:
+            return hop  # not an address (garbage or obfuscated): stop trusting here
+        if not any(address in net for net in trusted):
+            return str(address)
+    return hops[-1]

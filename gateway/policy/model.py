@@ -1,0 +1,144 @@
+"""The security team's policy model: one versioned document format for everything `policies/` holds.
+
+A policy directory holds one `kind: Policy` document (the base) and any number of `kind: TenantPolicy` overlays.
+Each has a `spec` with one section per concern — today `rate_limits`; WAF rules, admission defaults and guard
+thresholds are further sections of the same spec, never a second format. The JSON Schema published in
+`policies/schema.json` is generated from these classes (`portcullis policy schema`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
+
+API_VERSION = "portcullis.dev/v1"
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def _seconds(value: object) -> object:
+    """Durations as numbers of seconds or strings like '500ms', '1s', '1m', '24h', '1d'."""
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if not match:
+            raise ValueError(f"invalid duration {value!r}: use a number of seconds or e.g. '1s', '1m', '1h', '1d'")
+        return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(_seconds), Field(gt=0, json_schema_extra={
+    "anyOf": [{"type": "number", "exclusiveMinimum": 0},
+              {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*(ms|s|m|h|d)?\s*$"}]})]
+
+RuleId = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")]
+KeyPart = Literal["api_key", "tenant", "client_ip", "model", "route"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RequestRate(_Strict):
+    """Requests per period, enforced by GCRA: smooth, no burst at window edges."""
+
+    limit: Annotated[int, Field(gt=0)]
+    per: Duration
+    burst: Annotated[int | None, Field(gt=0, description="requests allowed at once; default: limit")] = None
+
+
+class TokenRate(_Strict):
+    """Tokens per period. Reserved at admission (prompt + max_tokens), reconciled with real usage at the end."""
+
+    limit: Annotated[int, Field(gt=0)]
+    per: Duration
+    count: Literal["input", "output", "total"] = "total"
+    default_max_tokens: Annotated[int, Field(gt=0, description="reserved when a request names no max_tokens")] = 256
+
+
+class Concurrency(_Strict):
+    """Requests in flight at once. A lease bounds how long a crashed gateway can hold a slot."""
+
+    limit: Annotated[int, Field(gt=0)]
+    lease: Duration = 600.0
+
+
+class Scope(_Strict):
+    """Where a rule applies; an empty list means everywhere."""
+
+    routes: list[Literal["chat", "completions"]] = Field(default_factory=list)
+    models: list[str] = Field(default_factory=list)
+
+
+class RateLimitRule(_Strict):
+    id: RuleId
+    description: str = ""
+    key: list[KeyPart] = Field(default_factory=lambda: ["tenant"],
+                               description="request parts that identify one counter; [] is one global counter")
+    match: Scope = Scope()
+    requests: RequestRate | None = None
+    tokens: TokenRate | None = None
+    concurrency: Concurrency | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "RateLimitRule":
+        kinds = [k for k in ("requests", "tokens", "concurrency") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError("give exactly one of 'requests', 'tokens' or 'concurrency'")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "requests" if self.requests else "tokens" if self.tokens else "concurrency"
+
+
+class PolicySpec(_Strict):
+    rate_limits: list[RateLimitRule] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> "PolicySpec":
+        ids = [rule.id for rule in self.rate_limits]
+        repeated = sorted({i for i in ids if ids.count(i) > 1})
+        if repeated:
+            raise ValueError(f"rate limit ids must be unique, repeated: {', '.join(repeated)}")
+        return self
+
+
+class Metadata(_Strict):
+    name: str
+    description: str = ""
+
+
+class Policy(_Strict):
+    """The base policy every tenant starts from."""
+
+    apiVersion: Literal["portcullis.dev/v1"]
+    kind: Literal["Policy"]
+    metadata: Metadata
+    spec: PolicySpec = PolicySpec()
+
+
+class TenantSpec(PolicySpec):
+    disable: list[RuleId] = Field(default_factory=list, description="base rule ids that do not apply to this tenant")
+
+
+class TenantPolicy(_Strict):
+    """An overlay for one tenant: rules with a base rule's id replace it, new ids add to it."""
+
+    apiVersion: Literal["portcullis.dev/v1"]
+    kind: Literal["TenantPolicy"]
+    metadata: Metadata
+    tenant: str
+    spec: TenantSpec = TenantSpec()
+
+
+Document = Annotated[Policy | TenantPolicy, Field(discriminator="kind")]
+
+
+def json_schema() -> dict:
+    """The published schema (`policies/schema.json`): any one policy document."""
+    schema = TypeAdapter(Document).json_schema()
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "https://portcullis.dev/policy/v1",
+            "title": "Portcullis policy document", **schema}

@@ -1,0 +1,53 @@
+"""What a backend is asked to decide: one `Check` per limit that applies to a request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.ratelimit.gcra import Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class RateCheck:
+    """Consume `cost` units from a GCRA key (requests: 1; tokens: the reservation)."""
+
+    key: str
+    interval: float  # seconds per unit
+    tolerance: float  # interval x burst
+    cost: float
+
+
+@dataclass(frozen=True, slots=True)
+class SlotCheck:
+    """Take one of `limit` concurrency slots, held by `member` until released or `lease` seconds pass."""
+
+    key: str
+    limit: int
+    lease: float
+    member: str
+
+
+Check = RateCheck | SlotCheck
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """What to undo or correct after a decision: cost deltas for rate keys, slots to free."""
+
+    adjustments: tuple[tuple[RateCheck, float], ...] = ()
+    releases: tuple[SlotCheck, ...] = ()
+
+
+class BackendError(Exception):
+    """The shared store could not answer; the limiter then fails open or closed as configured."""
+
+
+class Backend(Protocol):
+    name: str
+
+    async def acquire(self, checks: list[Check]) -> list[Outcome]:
+        """Decide each check atomically on its own key, all in one round trip."""
+
+    async def settle(self, settlement: Settlement) -> None:
+        """Apply cost corrections (negative refunds) and free slots, in one round trip."""

@@ -1,0 +1,68 @@
+"""Keep deciding when the shared store is down: a circuit breaker, then fail open (local limits) or fail closed."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from gateway.errors import GatewayError
+from gateway.ratelimit.checks import Backend, BackendError, Check
+from gateway.ratelimit.gcra import Outcome
+from gateway.telemetry import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class CircuitBreaker:
+    """Open after `failures` errors in a row; while open, callers skip the store until `cooldown` has passed."""
+
+    def __init__(self, failures: int, cooldown: float, clock=time.monotonic) -> None:
+        self.failures = failures
+        self.cooldown = cooldown
+        self._clock = clock
+        self._errors = 0
+        self._opened_at: float | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._opened_at is not None and self._clock() - self._opened_at < self.cooldown
+
+    def record(self, ok: bool) -> None:
+        if ok:
+            self._errors, self._opened_at = 0, None
+            return
+        self._errors += 1
+        if self._errors >= self.failures:
+            if self._opened_at is None:
+                log.error("rate limit store failing: circuit open for %.1fs", self.cooldown)
+            self._opened_at = self._clock()
+
+
+class FailoverBackend:
+    """The shared backend when it answers; otherwise the local fallback (fail open) or a 503 (fail closed)."""
+
+    def __init__(self, primary: Backend, fallback: Backend, fail_open: bool, breaker: CircuitBreaker,
+                 metrics: Metrics) -> None:
+        self.primary = primary
+        self.fallback = fallback
+        self.fail_open = fail_open
+        self.breaker = breaker
+        self._errors = metrics.ratelimit_backend_errors.labels(backend=primary.name)
+
+    async def acquire(self, checks: list[Check]) -> tuple[list[Outcome], Backend]:
+        """Outcomes and the backend that produced them (settle against the same one)."""
+        if not self.breaker.is_open:
+            try:
+                outcomes = await self.primary.acquire(checks)
+                self.breaker.record(True)
+                return outcomes, self.primary
+            except BackendError as exc:
+                self._errors.inc()
+                self.breaker.record(False)
+                log.warning("rate limit store error (%s): %s", "failing open" if self.fail_open else
+                            "failing closed", exc)
+        if not self.fail_open:
+            raise GatewayError(503, "rate limiting is unavailable; request refused (fail_closed)",
+                               type="server_error", code="rate_limiter_unavailable",
+                               headers={"retry-after": str(max(1, round(self.breaker.cooldown)))})
+        return await self.fallback.acquire(checks), self.fallback

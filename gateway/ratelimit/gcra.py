@@ -1,0 +1,32 @@
+"""The Generic Cell Rate Algorithm: one stored timestamp per key, smooth rates, no bursts at window edges.
+
+Each unit of cost pushes the key's theoretical arrival time (TAT) `interval` seconds into the future; a request is
+allowed while the TAT it would leave is no more than `tolerance` (= interval x burst) ahead of now. Over any span of
+time the allowed cost therefore never exceeds burst + elapsed / interval. `lua/gcra.lua` is the same arithmetic
+run inside Redis.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    allowed: bool
+    remaining: int  # units still available right now (after this request, if allowed)
+    retry_after: float  # seconds until this request would be allowed (0 when allowed)
+    reset: float  # seconds until the key is back to its full burst
+
+
+def gcra(tat: float, now: float, interval: float, tolerance: float, cost: float) -> tuple[Outcome, float]:
+    """Decide one request; returns the outcome and the TAT to store (unchanged when denied)."""
+    tat = max(tat, now)
+    new_tat = tat + interval * cost
+    allow_at = new_tat - tolerance
+    if allow_at > now:
+        remaining = math.floor((tolerance - (tat - now)) / interval)
+        return Outcome(False, max(remaining, 0), allow_at - now, tat - now), tat
+    remaining = math.floor((tolerance - (new_tat - now)) / interval)
+    return Outcome(True, remaining, 0.0, new_tat - now), new_tat

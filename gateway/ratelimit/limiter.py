@@ -1,0 +1,135 @@
+"""One decision for every limit that applies to a request, and its settlement when the response ends.
+
+Tokens are reserved up front (prompt + max_tokens) and reconciled with the usage the upstream reports: unused
+tokens are refunded, extra ones charged. If any limit denies, what the others granted is undone at once, so a
+refused request consumes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+from gateway.context import RequestContext
+from gateway.errors import GatewayError
+from gateway.policy.model import RateLimitRule, TokenRate
+from gateway.ratelimit.checks import Backend, Check, RateCheck, Settlement, SlotCheck
+from gateway.ratelimit.failover import FailoverBackend
+from gateway.ratelimit.gcra import Outcome
+from gateway.ratelimit.headers import rate_limit_headers
+from gateway.telemetry import Metrics
+
+KEY_PREFIX = "portcullis:rl:"
+
+
+@dataclass(slots=True)
+class Grant:
+    """Limits a request holds until it ends."""
+
+    backend: Backend
+    decided: list[tuple[RateLimitRule, Check, Outcome]]
+    headers: dict[str, str]
+
+
+class RateLimiter:
+    def __init__(self, backend: FailoverBackend, metrics: Metrics) -> None:
+        self.backend = backend
+        self._metrics = metrics
+
+    async def admit(self, ctx: RequestContext, rules: list[RateLimitRule]) -> Grant:
+        """Decide all rules in one round trip; raise 429 (after undoing partial grants) if any denies."""
+        checks = [_check(rule, ctx) for rule in rules]
+        outcomes, backend = await self.backend.acquire(checks)
+        decided = list(zip(rules, checks, outcomes))
+        denied = [(rule, out) for rule, _, out in decided if not out.allowed]
+        for rule, _, outcome in decided:
+            result = "allowed" if outcome.allowed else "limited"
+            self._metrics.ratelimit_decisions.labels(limit=rule.id, result=result, backend=backend.name).inc()
+        headers = rate_limit_headers([(rule, out) for rule, _, out in decided])
+        if denied:
+            await backend.settle(_undo([(c, o) for _, c, o in decided]))
+            rule, outcome = max(denied, key=lambda pair: pair[1].retry_after)
+            raise _too_many(rule, outcome, headers)
+        return Grant(backend, decided, headers)
+
+    async def settle(self, grant: Grant, ctx: RequestContext) -> None:
+        """Reconcile token reservations with real usage and free concurrency slots."""
+        adjustments, releases = [], []
+        for rule, check, _ in grant.decided:
+            if isinstance(check, SlotCheck):
+                releases.append(check)
+            elif rule.tokens:
+                used = _used_tokens(rule.tokens, ctx)
+                charged = check.cost if used is None else used  # no usage reported: keep the reservation
+                if used is not None and used != check.cost:
+                    adjustments.append((check, used - check.cost))
+                self._metrics.ratelimit_tokens_charged.labels(limit=rule.id).inc(charged)
+        await grant.backend.settle(Settlement(tuple(adjustments), tuple(releases)))
+
+
+def _check(rule: RateLimitRule, ctx: RequestContext) -> Check:
+    key = _counter_key(rule, ctx)
+    if rule.requests:
+        interval = rule.requests.per / rule.requests.limit
+        return RateCheck(key, interval, interval * (rule.requests.burst or rule.requests.limit), 1)
+    if rule.tokens:
+        interval = rule.tokens.per / rule.tokens.limit
+        return RateCheck(key, interval, interval * rule.tokens.limit, _reservation(rule.tokens, ctx))
+    assert rule.concurrency is not None
+    return SlotCheck(key, rule.concurrency.limit, rule.concurrency.lease, ctx.request_id)
+
+
+def _counter_key(rule: RateLimitRule, ctx: RequestContext) -> str:
+    """`portcullis:rl:{rule:digest}`: the braces are a Redis Cluster hash tag, one slot per counter."""
+    values = {"api_key": ctx.key_id, "tenant": ctx.tenant, "client_ip": ctx.client_ip, "model": ctx.model,
+              "route": ctx.route}
+    identity = "\x1f".join(f"{part}={values[part] or '-'}" for part in rule.key)
+    return f"{KEY_PREFIX}{{{rule.id}:{hashlib.sha256(identity.encode()).hexdigest()[:24]}}}"
+
+
+def _reservation(tokens: TokenRate, ctx: RequestContext) -> int:
+    output = ctx.payload.get("max_completion_tokens") or ctx.payload.get("max_tokens") or tokens.default_max_tokens
+    prompt = ctx.prompt_tokens if ctx.prompt_tokens is not None else estimate_prompt_tokens(ctx)
+    return {"input": prompt, "output": output, "total": prompt + output}[tokens.count]
+
+
+def estimate_prompt_tokens(ctx: RequestContext) -> int:
+    """Until exact counts come from the admission stage: about four characters a token, generously rounded up."""
+    payload = ctx.payload
+    if ctx.route == "chat":
+        messages = payload.get("messages") or []
+        chars = sum(len(m.get("content") if isinstance(m.get("content"), str) else str(m.get("content") or ""))
+                    for m in messages)
+        return math.ceil(chars / 4) + 4 * len(messages)
+    prompt = payload.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        return len(prompt)
+    return math.ceil(len(str(prompt or "")) / 4) + 1
+
+
+def _used_tokens(tokens: TokenRate, ctx: RequestContext) -> int | None:
+    prompt, completion = ctx.usage.prompt_tokens, ctx.usage.completion_tokens
+    if tokens.count == "input":
+        return prompt
+    if tokens.count == "output":
+        return completion
+    return None if prompt is None or completion is None else prompt + completion
+
+
+def _undo(decided: list[tuple[Check, Outcome]]) -> Settlement:
+    granted = [check for check, outcome in decided if outcome.allowed]
+    return Settlement(tuple((c, -c.cost) for c in granted if isinstance(c, RateCheck)),
+                      tuple(c for c in granted if isinstance(c, SlotCheck)))
+
+
+def _too_many(rule: RateLimitRule, outcome: Outcome, headers: dict[str, str]) -> GatewayError:
+    if rule.concurrency:
+        message = f"Too many concurrent requests (limit '{rule.id}': {rule.concurrency.limit} in flight)."
+    else:
+        window = rule.requests or rule.tokens
+        message = (f"Rate limit reached for {rule.kind} (limit '{rule.id}': {window.limit} per "
+                   f"{window.per:g}s). Please try again in {outcome.retry_after:.3g}s.")
+    retry_after = str(max(1, math.ceil(outcome.retry_after)))
+    return GatewayError(429, message, type=rule.kind, code="rate_limit_exceeded", param=rule.id,
+                        headers={**headers, "retry-after": retry_after})

@@ -1,0 +1,41 @@
+"""Rate-limit stage: every policy limit that applies to this request, decided at once; settled when it ends."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from opentelemetry import trace
+
+from gateway.context import RequestContext
+from gateway.policy.loader import PolicySet
+from gateway.policy.model import RateLimitRule
+from gateway.ratelimit.limiter import RateLimiter
+
+
+class RateLimitStage:
+    name = "ratelimit"
+
+    def __init__(self, policies: Callable[[], PolicySet], limiter: RateLimiter) -> None:
+        self._policies = policies
+        self._limiter = limiter
+
+    async def __call__(self, ctx: RequestContext) -> None:
+        rules = [r for r in self._policies().rate_limits_for(ctx.tenant) if _applies(r, ctx)]
+        if not rules:
+            return
+        span = trace.get_current_span()
+        span.set_attribute("portcullis.ratelimit.limits", [r.id for r in rules])
+        grant = await self._limiter.admit(ctx, rules)
+        span.set_attribute("portcullis.ratelimit.remaining", [o.remaining for _, _, o in grant.decided])
+        span.set_attribute("portcullis.ratelimit.backend", grant.backend.name)
+
+        async def settle(done: RequestContext) -> None:
+            await self._limiter.settle(grant, done)
+
+        ctx.on_complete.append(settle)
+        ctx.response_headers.update(grant.headers)
+
+
+def _applies(rule: RateLimitRule, ctx: RequestContext) -> bool:
+    scope = rule.match
+    return (not scope.routes or ctx.route in scope.routes) and (not scope.models or ctx.model in scope.models)
