@@ -156,6 +156,7 @@ class LLMEngine:
         seq.finish_reason = "abort"
         seq.finished_time = time.monotonic()
         self.metrics.request_success.labels(model_name=self.config.served_model_name, finished_reason="abort").inc()
+        self._update_gauges()
         self._publish_events()
         return True
 

@@ -42,6 +42,19 @@ class APIError(Exception):
                           "code": self.code or str(self.status)}}
 
 
+class ClosingStreamingResponse(StreamingResponse):
+    """Closes its body generator however the response ends, so a client disconnect aborts the
+    sequence immediately (instead of whenever the abandoned generator is garbage-collected)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
 def _error_response(e: APIError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
 
@@ -276,7 +289,7 @@ class EngineServer:
             finally:
                 self.kv_bus.unsubscribe(q)
 
-        return StreamingResponse(lines(), media_type="application/x-ndjson")
+        return ClosingStreamingResponse(lines(), media_type="application/x-ndjson")
 
     # --- generation ---------------------------------------------------------------------------
 
@@ -318,7 +331,7 @@ class EngineServer:
         gen = self.async_engine.generate(ids, sp, request_id=rid, cache_salt=salt, trace_context=ctx)
         headers = {"x-request-id": request.headers.get("x-request-id", rid)}
         if stream:
-            return StreamingResponse(self._sse(gen, rid, chat, include_usage), media_type="text/event-stream",
+            return ClosingStreamingResponse(self._sse(gen, rid, chat, include_usage), media_type="text/event-stream",
                                      headers=headers)
         try:
             outs = await self._collect_or_disconnect(request, gen)

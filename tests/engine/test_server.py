@@ -1,0 +1,280 @@
+"""The engine as a real process on a loopback port, driven over HTTP (and by the openai client)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from backend_engine.block_hash import hash_prompt_blocks
+
+from .conftest import needs_model, reference
+
+pytestmark = needs_model
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "SmolLM2-135M-Instruct"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _OTLPSink(http.server.BaseHTTPRequestHandler):
+    bodies: list[bytes] = []
+
+    def do_POST(self):  # noqa: N802
+        n = int(self.headers.get("content-length", 0))
+        _OTLPSink.bodies.append(self.rfile.read(n))
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.end_headers()
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture(scope="module")
+def otlp():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OTLPSink)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(otlp, tmp_path_factory):
+    port = _free_port()
+    log = tmp_path_factory.mktemp("engine") / "server.log"
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp, "OTEL_BSP_SCHEDULE_DELAY": "100",
+           "PYTHONPATH": str(ROOT)}
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "backend_engine.cli", "engine", "serve", "--port", str(port),
+                                 "--kv-cache-bytes", "64M", "--threads", "1", "--log-level", "warning"],
+                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"engine exited with {proc.returncode}:\n{log.read_text()}")
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.time() > deadline:
+                pytest.fail(f"engine did not become healthy:\n{log.read_text()}")
+            time.sleep(0.5)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _metric(base: str, name: str, **labels) -> float:
+    for line in httpx.get(base + "/metrics").text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"metric {name} {labels} not exported")
+
+
+def test_openai_client_streams_chat(server):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server + "/v1", api_key="unused")
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    stream = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=20, temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    pieces, finish, usage = [], None, None
+    for chunk in stream:
+        if chunk.choices:
+            pieces.append(chunk.choices[0].delta.content or "")
+            finish = chunk.choices[0].finish_reason or finish
+        if chunk.usage:
+            usage = chunk.usage
+    text = "".join(pieces)
+    assert text == "The capital of France is Paris."  # the reference's greedy answer
+    assert finish == "stop"
+    assert usage.prompt_tokens == 37 and usage.completion_tokens == 8
+    full = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=20, temperature=0)
+    assert full.choices[0].message.content == text
+    assert full.usage.prompt_tokens_details.cached_tokens == 32  # second time: two full blocks cached
+
+
+def test_models_and_health(server):
+    data = httpx.get(server + "/v1/models").json()["data"]
+    assert [m["id"] for m in data] == [MODEL]
+    assert httpx.get(server + "/health").json()["status"] == "ok"
+
+
+def test_completion_from_token_ids_with_logprobs(server):
+    case = reference()["cases"][1]
+    r = httpx.post(server + "/v1/completions", json={"model": MODEL, "prompt": case["prompt_ids"], "max_tokens": 4,
+                                                      "temperature": 0, "logprobs": 5}, timeout=60)
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"][0]
+    lp = ch["logprobs"]
+    assert ch["text"] == " Paris.\n\n"
+    assert lp["tokens"] == [" Paris", ".", "\n", "\n"]
+    assert abs(lp["token_logprobs"][0] - case["first_step_top5"][0]["logprob"]) < 1e-3
+    assert len(lp["top_logprobs"]) == 4 and all(isinstance(t, dict) for t in lp["top_logprobs"])
+    assert abs(lp["top_logprobs"][0][" the"] - case["first_step_top5"][1]["logprob"]) < 1e-3
+    assert r.json()["usage"]["completion_tokens"] == 4
+
+
+def test_streamed_completion_with_text_prompt(server):
+    with httpx.stream("POST", server + "/v1/completions", timeout=60, json={
+            "prompt": "Once upon a time", "max_tokens": 10, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 10
+    text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    assert text.startswith(", the city of")
+
+
+def test_shared_prefix_reports_cached_tokens(server):
+    prefix = list(range(3000, 3200))
+    body = {"model": MODEL, "max_tokens": 8, "temperature": 0}
+    cold = httpx.post(server + "/v1/completions", json={**body, "prompt": prefix + [11, 12]}, timeout=60).json()
+    warm = httpx.post(server + "/v1/completions", json={**body, "prompt": prefix + [11, 12]}, timeout=60).json()
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == 192
+    assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("path,body,status,code", [
+    ("/v1/completions", {"model": "nope", "prompt": "hi"}, 404, "model_not_found"),
+    ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400, "invalid_type"),
+    ("/v1/completions", {"prompt": "hi", "n": 2}, 400, None),
+    ("/v1/completions", {"prompt": "hi", "top_p": 0}, 400, None),
+    ("/v1/completions", {"prompt": [1] * 9000}, 400, None),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 100000}, 400, "context_length_exceeded"),
+    ("/v1/completions", {"prompt": [-1]}, 400, None),
+    ("/v1/chat/completions", {"messages": []}, 400, None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, None),
+    ("/v1/nothing", {}, 404, "not_found"),
+])
+def test_errors_are_openai_shaped(server, path, body, status, code):
+    r = httpx.post(server + path, json=body, timeout=30)
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert err["message"] and err["type"]
+    if code:
+        assert err["code"] == code
+
+
+def test_invalid_json_body(server):
+    r = httpx.post(server + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+
+
+def test_tokenize(server):
+    r = httpx.post(server + "/tokenize", json={"prompt": "Once upon a time"}).json()
+    assert r["tokens"] == [6403, 1980, 253, 655] and r["count"] == 4
+    r = httpx.post(server + "/tokenize", json={"messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    assert r.json()["tokens"] == reference()["cases"][3]["prompt_ids"]
+
+
+def test_kv_events_stream(server):
+    prompt = list(range(7000, 7040))  # two full blocks, never seen before
+    want = hash_prompt_blocks(prompt, 16)
+    seen: list[int] = []
+    seqs: list[int] = []
+    with httpx.Client(timeout=60) as client:
+        with client.stream("GET", server + "/v1/kv_events?heartbeat=1") as r:
+            lines = r.iter_lines()
+            snap = json.loads(next(lines))
+            assert snap["snapshot"] is True and snap["events"][0]["type"] == "AllBlocksCleared"
+            assert not set(want) & set(snap["events"][1]["block_hashes"])
+            threading.Thread(target=lambda: httpx.post(server + "/v1/completions", timeout=60, json={
+                "prompt": prompt, "max_tokens": 2, "temperature": 0})).start()
+            deadline = time.time() + 60
+            for line in lines:
+                batch = json.loads(line)
+                seqs.append(batch["seq"])
+                for e in batch["events"]:
+                    if e["type"] == "BlockStored":
+                        seen.extend(e["block_hashes"])
+                if set(want) <= set(seen) or time.time() > deadline:
+                    break
+    assert set(want) <= set(seen)
+    assert seqs == sorted(seqs)
+
+
+def test_client_disconnect_aborts(server):
+    before = _metric(server, "vllm:request_success_total", finished_reason="abort") if "abort" in httpx.get(
+        server + "/metrics").text else 0.0
+    with httpx.stream("POST", server + "/v1/completions", timeout=60, json={
+            "prompt": "Tell me a very long story.", "max_tokens": 4000, "temperature": 0, "ignore_eos": True,
+            "stream": True}) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i > 6:
+                break
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        if (_metric(server, "vllm:num_requests_running") == 0
+                and "abort" in httpx.get(server + "/metrics").text
+                and _metric(server, "vllm:request_success_total", finished_reason="abort") > before):
+            break
+        time.sleep(0.3)
+    assert _metric(server, "vllm:num_requests_running") == 0
+    assert _metric(server, "vllm:kv_cache_usage_perc") == 0.0
+    assert _metric(server, "vllm:request_success_total", finished_reason="abort") > before
+
+
+def test_metrics_have_vllm_names_and_memory_budget(server):
+    text = httpx.get(server + "/metrics").text
+    for name in ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total",
+                 "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket",
+                 "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket"]:
+        assert name in text, name
+    assert _metric(server, "vllm:prefix_cache_hits_total") >= 192
+    for comp in ("weights", "runtime_overhead", "kv_cache"):
+        assert _metric(server, "portcullis_engine_memory_bytes", component=comp) > 0
+    assert _metric(server, "portcullis_engine_kv_cache_tokens") > 1000
+
+
+def test_traceparent_is_continued(server):
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    httpx.post(server + "/v1/completions", headers={"traceparent": f"00-{trace_id}-{parent}-01"},
+               json={"prompt": "Hello", "max_tokens": 3, "temperature": 0}, timeout=60)
+    spans = {}
+    deadline = time.time() + 20
+    while time.time() < deadline and len(spans) < 4:
+        for body in list(_OTLPSink.bodies):
+            req = ExportTraceServiceRequest.FromString(body)
+            for rs in req.resource_spans:
+                for ss in rs.scope_spans:
+                    for sp in ss.spans:
+                        if sp.trace_id.hex() == trace_id:
+                            spans[sp.name] = sp
+        time.sleep(0.2)
+    assert set(spans) == {"engine.request", "engine.queue", "engine.prefill", "engine.decode"}
+    assert spans["engine.request"].parent_span_id.hex() == parent
+    root = spans["engine.request"].span_id
+    assert all(spans[n].parent_span_id == root for n in ("engine.queue", "engine.prefill", "engine.decode"))
+    attrs = {a.key: a.value for a in spans["engine.prefill"].attributes}
+    assert attrs["engine.prefill.tokens_computed"].int_value + attrs["engine.prefill.tokens_cached"].int_value == 1
