@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -112,3 +113,61 @@ def pool(name: str, *urls: str, **options) -> dict:
 
 def chat_body(**extra) -> dict:
     return {"model": "test-model", "messages": [{"role": "user", "content": "hello"}], **extra}
+
+
+@dataclass
+class RedisServer:
+    """A real redis-server on a free loopback port; `kill` and `restart` for fault tests."""
+
+    port: int
+    directory: Path
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.directory)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def client(self):
+        import redis
+
+        return redis.Redis.from_url(self.url)
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is not installed: `make test` installs it (apt-get install redis-server)")
+    server = RedisServer(free_port(), tmp_path)
+    server.start()
+    yield server
+    server.kill()
+
+
+def policy_dir(tmp_path: Path, rate_limits: list[dict], overlays: dict[str, list[dict]] | None = None) -> str:
+    """Write a policy directory with a base policy (and tenant overlays); returns its path for the config."""
+    directory = tmp_path / "policies"
+    (directory / "tenants").mkdir(parents=True, exist_ok=True)
+    base = {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "test"},
+            "spec": {"rate_limits": rate_limits}}
+    (directory / "base.yaml").write_text(yaml.safe_dump(base))
+    for tenant, rules in (overlays or {}).items():
+        overlay = {"apiVersion": "portcullis.dev/v1", "kind": "TenantPolicy", "metadata": {"name": tenant},
+                   "tenant": tenant, "spec": {"rate_limits": rules}}
+        (directory / "tenants" / f"{tenant}.yaml").write_text(yaml.safe_dump(overlay))
+    return str(directory)

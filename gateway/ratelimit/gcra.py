@@ -20,13 +20,18 @@ class Outcome:
     reset: float  # seconds until the key is back to its full burst
 
 
+_EPSILON = 1e-9  # seconds: float rounding must not turn an exact fit into a denial or a negative remainder
+
+
+def _units(span: float, interval: float) -> int:
+    return max(0, math.floor(span / interval + 1e-6))
+
+
 def gcra(tat: float, now: float, interval: float, tolerance: float, cost: float) -> tuple[Outcome, float]:
     """Decide one request; returns the outcome and the TAT to store (unchanged when denied)."""
     tat = max(tat, now)
     new_tat = tat + interval * cost
     allow_at = new_tat - tolerance
-    if allow_at > now:
-        remaining = math.floor((tolerance - (tat - now)) / interval)
-        return Outcome(False, max(remaining, 0), allow_at - now, tat - now), tat
-    remaining = math.floor((tolerance - (new_tat - now)) / interval)
-    return Outcome(True, remaining, 0.0, new_tat - now), new_tat
+    if allow_at > now + _EPSILON:
+        return Outcome(False, _units(tolerance - (tat - now), interval), allow_at - now, tat - now), tat
+    return Outcome(True, _units(tolerance - (new_tat - now), interval), 0.0, new_tat - now), new_tat

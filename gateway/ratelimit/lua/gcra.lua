@@ -12,10 +12,12 @@ local tat = tonumber(redis.call('GET', KEYS[1]) or now)
 if tat < now then tat = now end
 local new_tat = tat + interval * cost
 local allow_at = new_tat - tolerance
-if allow_at > now then
-  local remaining = math.floor((tolerance - (tat - now)) / interval)
-  if remaining < 0 then remaining = 0 end
-  return {0, remaining, math.ceil(allow_at - now), math.ceil(tat - now)}
+-- float rounding must not turn an exact fit into a denial or a negative remainder
+local function units(span)
+  return math.max(0, math.floor(span / interval + 1e-6))
+end
+if allow_at > now + 0.001 then
+  return {0, units(tolerance - (tat - now)), math.ceil(allow_at - now), math.ceil(tat - now)}
 end
 redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'PX', math.ceil((new_tat - now) / 1000) + 1)
-return {1, math.floor((tolerance - (new_tat - now)) / interval), 0, math.ceil(new_tat - now)}
+return {1, units(tolerance - (new_tat - now)), 0, math.ceil(new_tat - now)}

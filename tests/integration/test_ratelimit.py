@@ -1,0 +1,186 @@
+"""Rate limits through real gateways: in memory, and exact across three gateway processes sharing a real Redis."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.conftest import chat_body, policy_dir, pool
+
+KEYS = {f"sk-{t}": t for t in ("t1", "t2", "t3", "t4")}
+AUTH = {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()} for k, t in KEYS.items()]}
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def metric(gw, name: str, **labels) -> float:
+    """Sum of a Prometheus sample over series whose labels include `labels`."""
+    total = 0.0
+    for line in httpx.get(gw.url + "/metrics").text.splitlines():
+        match = re.match(rf"^{name}\{{(.*)\}} (\S+)$", line)
+        if match and all(f'{k}="{v}"' in match.group(1) for k, v in labels.items()):
+            total += float(match.group(2))
+    return total
+
+
+def start(gateway, upstream, tmp_path, rules, redis=None, **redis_options):
+    config = {"pools": [pool("main", upstream.url)], "auth": AUTH, "policy_dir": policy_dir(tmp_path, rules)}
+    if redis:
+        config["redis"] = {"url": redis.url, **redis_options}
+    return gateway(config)
+
+
+def test_requests_limit_in_memory_with_openai_and_ietf_headers(fake_upstream, gateway, tmp_path):
+    upstream = fake_upstream()
+    gw = start(gateway, upstream, tmp_path, [{"id": "key-rph", "key": ["api_key"], "requests": {"limit": 3, "per": "1h"}}])
+    remaining = []
+    for _ in range(3):
+        ok = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=bearer("sk-t1"))
+        assert ok.status_code == 200
+        remaining.append(ok.headers["x-ratelimit-remaining-requests"])
+        assert ok.headers["x-ratelimit-limit-requests"] == "3"
+        assert ok.headers["ratelimit-policy"] == '"key-rph";q=3;w=3600'
+    assert remaining == ["2", "1", "0"]
+    limited = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=bearer("sk-t1"))
+    assert limited.status_code == 429
+    error = limited.json()["error"]
+    assert error["code"] == "rate_limit_exceeded" and error["type"] == "requests" and error["param"] == "key-rph"
+    assert 1100 <= int(limited.headers["retry-after"]) <= 1200  # one request per 1200 s comes back
+    assert limited.headers["ratelimit"].startswith('"key-rph";r=0;t=')
+    assert limited.headers["x-ratelimit-reset-requests"] in ("1h0m0s", "59m59s", "59m58s")
+    # another key has its own counter; the refused request never reached the upstream
+    assert httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=bearer("sk-t2")).status_code == 200
+    assert httpx.get(upstream.url + "/_stats").json()["requests"] == 4
+    assert metric(gw, "portcullis_ratelimit_decisions_total", limit="key-rph", result="limited") == 1
+
+
+def _hammer(gateways, key: str, count: int, body: dict, workers: int = 24) -> list[httpx.Response]:
+    """`count` concurrent requests spread round-robin over the gateways."""
+    def one(i: int) -> httpx.Response:
+        return httpx.post(gateways[i % len(gateways)].url + "/v1/chat/completions", json=body, headers=bearer(key),
+                          timeout=30)
+
+    with ThreadPoolExecutor(workers) as pool_:
+        return list(pool_.map(one, range(count)))
+
+
+def test_exactly_the_limit_succeeds_across_three_gateways(fake_upstream, gateway, tmp_path, redis_server):
+    upstream = fake_upstream()
+    rules = [{"id": "tenant-100", "key": ["tenant"], "requests": {"limit": 100, "per": "2h"}}]
+    gateways = [start(gateway, upstream, tmp_path, rules, redis_server) for _ in range(3)]
+    for key in ("sk-t1", "sk-t2", "sk-t3"):  # three independent windows
+        statuses = [r.status_code for r in _hammer(gateways, key, 250, chat_body())]
+        assert statuses.count(200) == 100 and statuses.count(429) == 150, key
+    assert sum(metric(gw, "portcullis_ratelimit_decisions_total", result="allowed", backend="redis")
+               for gw in gateways) == 300
+    assert httpx.get(upstream.url + "/_stats").json()["requests"] == 300
+
+
+def test_token_limit_reservations_reconcile_to_reported_usage(fake_upstream, gateway, tmp_path, redis_server):
+    upstream = fake_upstream()
+    rules = [{"id": "tenant-tokens", "key": ["tenant"], "tokens": {"limit": 10_000, "per": "24h"}}]
+    gateways = [start(gateway, upstream, tmp_path, rules, redis_server) for _ in range(3)]
+    rng = random.Random(7)
+    bodies = []
+    for _ in range(60):
+        max_tokens = rng.randint(100, 900)
+        bodies.append(chat_body(stream=True, max_tokens=max_tokens, stream_options={"include_usage": True},
+                                fake={"chunks": rng.randint(1, max_tokens)}))
+
+    def one(i: int) -> tuple[int, int, str]:
+        response = httpx.post(gateways[i % 3].url + "/v1/chat/completions", json=bodies[i],
+                              headers=bearer("sk-t4"), timeout=30)
+        if response.status_code != 200:
+            return response.status_code, 0, response.json()["error"]["type"]
+        chunks = [json.loads(line[6:]) for line in response.text.splitlines()
+                  if line.startswith("data: {")]
+        return 200, chunks[-1]["usage"]["total_tokens"], ""
+
+    with ThreadPoolExecutor(8) as workers:
+        results = list(workers.map(one, range(len(bodies))))
+    admitted_usage = sum(used for status, used, _ in results if status == 200)
+    assert {kind for status, _, kind in results if status == 429} == {"tokens"}
+    assert sum(1 for status, *_ in results if status == 200) >= 5
+    # what the limit charged, summed over the three gateways, is exactly what the upstream reported
+    charged = sum(metric(gw, "portcullis_ratelimit_tokens_charged_total", limit="tenant-tokens") for gw in gateways)
+    assert charged == admitted_usage
+    assert admitted_usage <= 10_000 + 10  # the bucket refills by ~0.1 token/s over the test
+    tat_left = redis_server.client().keys("portcullis:rl:*")
+    assert len(tat_left) == 1  # one counter for the tenant
+
+
+def test_concurrency_slots_return_to_zero_after_clients_disconnect(fake_upstream, gateway, tmp_path, redis_server):
+    upstream = fake_upstream()
+    rules = [{"id": "two-at-once", "key": ["tenant"], "concurrency": {"limit": 2}}]
+    gw = start(gateway, upstream, tmp_path, rules, redis_server)
+    slow = chat_body(stream=True, fake={"chunks": 200, "delay": 0.05})
+    client = httpx.Client(timeout=10)
+    streams = [client.stream("POST", gw.url + "/v1/chat/completions", json=slow, headers=bearer("sk-t1"))
+               for _ in range(2)]
+    readers = []  # keep the line iterators alive: a collected iterator closes its connection
+    for stream in streams:
+        response = stream.__enter__()
+        assert response.status_code == 200
+        readers.append(response.iter_lines())
+        next(readers[-1])
+    third = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=bearer("sk-t1"))
+    assert third.status_code == 429 and third.json()["error"]["type"] == "concurrency"
+    for stream in streams:
+        stream.__exit__(None, None, None)  # the clients vanish mid-stream
+    client.close()
+    redis = redis_server.client()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and sum(redis.zcard(k) for k in redis.keys("portcullis:rl:*")) > 0:
+        time.sleep(0.05)
+    assert sum(redis.zcard(k) for k in redis.keys("portcullis:rl:*")) == 0
+    assert httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=bearer("sk-t1")).status_code == 200
+
+
+def test_scripts_are_reloaded_after_redis_forgets_them(fake_upstream, gateway, tmp_path, redis_server):
+    upstream = fake_upstream()
+    rules = [{"id": "rph", "requests": {"limit": 2, "per": "1h"}}]
+    gw = start(gateway, upstream, tmp_path, rules, redis_server)
+    assert httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=bearer("sk-t1")).status_code == 200
+    redis_server.client().script_flush()
+    assert httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=bearer("sk-t1")).status_code == 200
+    assert httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=bearer("sk-t1")).status_code == 429
+    assert metric(gw, "portcullis_ratelimit_backend_errors_total") == 0
+
+
+@pytest.mark.parametrize("mode", ["fail_open", "fail_closed"])
+def test_redis_outage_follows_the_failure_mode_and_limits_resume(fake_upstream, gateway, tmp_path, redis_server,
+                                                                   mode):
+    upstream = fake_upstream()
+    rules = [{"id": "rph", "key": ["tenant"], "requests": {"limit": 3, "per": "1h"}}]
+    gw = start(gateway, upstream, tmp_path, rules, redis_server, on_failure=mode, timeout=0.2,
+               breaker_failures=2, breaker_cooldown=1.0)
+
+    def post() -> httpx.Response:
+        return httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=bearer("sk-t1"), timeout=5)
+
+    assert [post().status_code for _ in range(2)] == [200, 200]
+    redis_server.kill()
+    started = time.monotonic()
+    during = [post() for _ in range(4)]
+    assert time.monotonic() - started < 4  # no request hangs on the dead store
+    if mode == "fail_open":  # local limits take over: a fresh local budget of 3
+        assert [r.status_code for r in during] == [200, 200, 200, 429]
+        assert metric(gw, "portcullis_ratelimit_decisions_total", backend="memory") == 4
+    else:
+        assert {r.status_code for r in during} == {503}
+        assert during[0].json()["error"]["code"] == "rate_limiter_unavailable"
+    assert metric(gw, "portcullis_ratelimit_backend_errors_total", backend="redis") >= 1
+
+    redis_server.start()  # back, empty: the shared budget starts over
+    time.sleep(1.2)  # breaker cooldown
+    assert [post().status_code for _ in range(4)] == [200, 200, 200, 429]
+    assert metric(gw, "portcullis_ratelimit_decisions_total", backend="redis", result="limited") == 1
