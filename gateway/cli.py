@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from backend_engine import cli as engine_cli
 from gateway import up
 from gateway.policy import cli as policy_cli
 from gateway.config import CONFIG_ENV, ConfigError, load_config
@@ -18,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_serve(commands)
     up.add_subcommand(commands)
     policy_cli.add_subcommands(commands)
+    engine_cli.add_subcommands(commands)
     args = parser.parse_args(argv)
     return args.func(args)
 
@@ -57,6 +59,7 @@ def configure_logging(level: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call duplicates the access log
 
 
 if __name__ == "__main__":
