@@ -186,6 +186,7 @@ class LlamaModel:
         blk, off = be.asarray(slots // bs), be.asarray(slots % bs)
         cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]
         D = batch.num_decodes
+        self._block_size = bs
         dec = self._decode_plan(batch) if D else None
 
         h = self.w.embed[ids]  # [T, H] float32
@@ -215,14 +216,18 @@ class LlamaModel:
         rows = h[be.asarray(batch.logits_indices.astype(np.int64))]
         return self._mm(self._rms(rows, self.w.final_norm), self.w.lm_head).astype(xp.float32)
 
-    def _decode_plan(self, batch: ForwardBatch) -> tuple[Any, np.ndarray]:
-        """Block tables (on device) and context lengths, shared by every layer this step."""
-        return self.be.asarray(batch.decode_block_tables.astype(np.int64)), batch.decode_context_lens
+    def _decode_plan(self, batch: ForwardBatch) -> tuple[Any, Any]:
+        """Block tables and the additive length mask, built once and shared by every layer."""
+        bt = batch.decode_block_tables
+        L = bt.shape[1] * self._block_size
+        mask = np.arange(L)[None, :] >= np.asarray(batch.decode_context_lens)[:, None]  # [D, L]
+        bias = self.be.asarray(np.where(mask, np.float32(-1e30), np.float32(0)))[None, :, None, :] if mask.any() else None
+        return self.be.asarray(bt.astype(np.int64)), bias
 
     def _decode_attention(self, q: Any, cache: Any, plan: tuple) -> Any:
         """Batched single-token attention: one gather of all decode sequences' blocks."""
         xp, c = self.xp, self.cfg
-        bt, lens = plan
+        bt, bias = plan
         D = q.shape[0]
         nkv, g, hd = c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim
         kv = xp.take(cache, bt, axis=2)                      # [2, nkv, D, nb, bs, hd]
@@ -231,14 +236,14 @@ class LlamaModel:
         qh = q.reshape(D, nkv, g, hd).transpose(1, 0, 2, 3)  # [nkv, D, g, hd]
         if qh.dtype != kv.dtype:
             qh = qh.astype(kv.dtype)
-        s = (qh @ kv[0].transpose(0, 1, 3, 2)).astype(xp.float32) * self.scale  # [nkv, D, g, L]
-        mask = np.arange(L)[None, :] >= np.asarray(lens)[:, None]            # [D, L]
-        if mask.any():
-            s = s + self.be.asarray(np.where(mask, np.float32(-1e30), np.float32(0)))[None, :, None, :]
-        s = s - s.max(axis=-1, keepdims=True)
-        p = xp.exp(s)
+        s = (qh @ kv[0].transpose(0, 1, 3, 2)).astype(xp.float32, copy=False)  # [nkv, D, g, L]
+        s *= self.scale
+        if bias is not None:
+            s += bias
+        s -= s.max(axis=-1, keepdims=True)
+        p = xp.exp(s, out=s)
         p /= p.sum(axis=-1, keepdims=True)
-        o = (p.astype(kv.dtype) @ kv[1]).astype(xp.float32)  # [nkv, D, g, hd]
+        o = (p.astype(kv.dtype, copy=False) @ kv[1]).astype(xp.float32, copy=False)  # [nkv, D, g, hd]
         return o.transpose(1, 0, 2, 3).reshape(D, nkv * g * hd)
 
     def _prefill_attention(self, q: Any, cache: Any, sp: PrefillSpan) -> Any:
