@@ -25,7 +25,7 @@ from starlette.routing import Route
 from backend_engine import tracing
 from backend_engine.engine import AsyncEngine, LLMEngine, RequestOutput
 from backend_engine.kv_events import KVEventBus
-from backend_engine.model.chat_template import ChatTemplateError
+from backend_engine.model.prompt import PromptError, PromptRenderer
 from backend_engine.sequence import SamplingParams, TokenLogprob
 
 log = logging.getLogger("portcullis.engine.server")
@@ -127,6 +127,7 @@ class EngineServer:
 
     def __init__(self, engine: LLMEngine, served_model_name: str | None = None):
         self.engine = engine
+        self.renderer = PromptRenderer(engine.tokenizer, engine.loaded.chat_template)
         self.async_engine = AsyncEngine(engine)
         self.model_name = served_model_name or engine.config.served_model_name
         self.kv_bus = KVEventBus(engine.config.block_size)
@@ -200,31 +201,12 @@ class EngineServer:
             raise APIError(404, f"The model `{model}` does not exist.", "not_found_error", "model_not_found", "model")
 
     def _render_chat(self, body: dict) -> list[int]:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise APIError(400, "'messages' must be a non-empty list", param="messages")
-        norm = []
-        for m in messages:
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise APIError(400, "each message needs a string 'role'", param="messages")
-            content = m.get("content")
-            if isinstance(content, list):  # content parts: keep the text ones
-                texts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-                if len(texts) != len(content):
-                    raise APIError(400, "only text content parts are supported", param="messages")
-                content = "".join(texts)
-            elif content is None:
-                content = ""
-            elif not isinstance(content, str):
-                raise APIError(400, "message 'content' must be a string or a list of text parts", param="messages")
-            norm.append({**m, "content": content})
         try:
-            text = self.engine.loaded.chat_template.render(
-                norm, add_generation_prompt=_field(body, "add_generation_prompt", bool, True),
+            return self.renderer.chat_ids(
+                body.get("messages"), add_generation_prompt=_field(body, "add_generation_prompt", bool, True),
                 **(_field(body, "chat_template_kwargs", dict, {}) or {}))
-        except ChatTemplateError as e:
-            raise APIError(400, str(e), param="messages")
-        return self.engine.tokenizer.encode(text, add_bos=False)
+        except PromptError as e:
+            raise APIError(400, str(e), param=e.param) from None
 
     def _prompt_ids(self, body: dict) -> list[int]:
         prompt = body.get("prompt")

@@ -9,6 +9,7 @@ from pathlib import Path
 from backend_engine.backend import ArrayBackend
 from backend_engine.model.chat_template import ChatTemplate
 from backend_engine.model.llama import LlamaConfig, LlamaModel, hf_tensors_to_weights
+from backend_engine.model.prompt import PromptRenderer
 from backend_engine.model.tokenizer import Tokenizer
 
 
@@ -20,6 +21,22 @@ class LoadedModel:
     config: LlamaConfig
     source: str
     load_seconds: float
+
+
+def load_prompt_renderer(path: str) -> PromptRenderer:
+    """Tokenizer and chat template without the weights: what a router needs to count tokens as the engine does."""
+    p = Path(path)
+    if p.is_dir():
+        tok = Tokenizer.from_pretrained_dir(p)
+    elif p.suffix == ".gguf" and p.exists():
+        from gguf import GGUFReader
+
+        from backend_engine.model.gguf import read_metadata
+
+        tok = Tokenizer.from_gguf_metadata(read_metadata(GGUFReader(str(p))))
+    else:
+        raise FileNotFoundError(f"model {path!r}: expected a .gguf file or a Hugging Face folder")
+    return PromptRenderer(tok, ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token))
 
 
 def load_model(path: str, backend: ArrayBackend) -> LoadedModel:

@@ -183,7 +183,7 @@ class LlamaModel:
         pos = be.asarray(batch.positions.astype(np.int64))
         slots = batch.slot_mapping.astype(np.int64)
         bs = kv_cache[0].shape[3]
-        blk, off = be.asarray(slots // bs), be.asarray(slots % bs)
+        slots_d = be.asarray(slots)
         cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]
         D = batch.num_decodes
         self._block_size = bs
@@ -198,8 +198,9 @@ class LlamaModel:
             k = qk[:, nh:]                                   # [T, nkv, hd]
             v = qkv[:, (nh + nkv) * hd:].reshape(T, nkv, hd)
             cache = kv_cache[li]
-            cache[0][:, blk, off] = k.transpose(1, 0, 2)
-            cache[1][:, blk, off] = v.transpose(1, 0, 2)
+            flat = cache.reshape(2, nkv, -1, hd)             # [2, nkv, num_blocks * bs, hd] view
+            flat[0][:, slots_d] = k.transpose(1, 0, 2)
+            flat[1][:, slots_d] = v.transpose(1, 0, 2)
             attn = xp.empty((T, nh * hd), dtype=xp.float32)
             if D:
                 attn[:D] = self._decode_attention(q[:D], cache, dec)

@@ -278,3 +278,14 @@ def test_traceparent_is_continued(server):
     assert all(spans[n].parent_span_id == root for n in ("engine.queue", "engine.prefill", "engine.decode"))
     attrs = {a.key: a.value for a in spans["engine.prefill"].attributes}
     assert attrs["engine.prefill.tokens_computed"].int_value + attrs["engine.prefill.tokens_cached"].int_value == 1
+
+
+def test_chat_logprobs_shape(server):
+    r = httpx.post(server + "/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 3,
+        "temperature": 0, "logprobs": True, "top_logprobs": 2})
+    assert r.status_code == 200, r.text
+    content = r.json()["choices"][0]["logprobs"]["content"]
+    assert [c["token"] for c in content] == ["The", " capital", " of"]
+    assert all(len(c["top_logprobs"]) == 2 and c["top_logprobs"][0]["token"] == c["token"] for c in content)
+    assert bytes(content[0]["bytes"]).decode() == "The"

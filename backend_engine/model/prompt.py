@@ -1,0 +1,55 @@
+"""Prompt → token ids, exactly as the engine sees them: chat messages through the model's template, or raw text.
+
+Shared by the engine's server and by the gateway's admission stage, so the gateway's token counts and prefix-block
+hashes match what the engine computes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backend_engine.model.chat_template import ChatTemplate, ChatTemplateError
+from backend_engine.model.tokenizer import Tokenizer
+
+
+class PromptError(ValueError):
+    """A prompt that cannot be rendered; `param` names the offending request field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class PromptRenderer:
+    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate) -> None:
+        self.tokenizer = tokenizer
+        self.template = template
+
+    def chat_ids(self, messages: Any, add_generation_prompt: bool = True, **template_kwargs: Any) -> list[int]:
+        if not isinstance(messages, list) or not messages:
+            raise PromptError("'messages' must be a non-empty list", "messages")
+        normalized = [_text_message(m) for m in messages]
+        try:
+            text = self.template.render(normalized, add_generation_prompt=add_generation_prompt, **template_kwargs)
+        except ChatTemplateError as exc:
+            raise PromptError(str(exc), "messages") from None
+        return self.tokenizer.encode(text, add_bos=False)
+
+    def text_ids(self, prompt: str, add_bos: bool | None = None) -> list[int]:
+        return self.tokenizer.encode(prompt, add_bos=add_bos)
+
+
+def _text_message(message: Any) -> dict[str, Any]:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise PromptError("each message needs a string 'role'", "messages")
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: keep the text ones
+        texts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if len(texts) != len(content):
+            raise PromptError("only text content parts are supported", "messages")
+        content = "".join(texts)
+    elif content is None:
+        content = ""
+    elif not isinstance(content, str):
+        raise PromptError("message 'content' must be a string or a list of text parts", "messages")
+    return {**message, "content": content}
