@@ -1,0 +1,721 @@
+#!/usr/bin/env python
+"""Gateway proxy overhead benchmark: Portcullis vs nginx vs LiteLLM in front of the same static upstream.
+
+    python tests/bench/proxy_bench.py [--duration 10] [--out results.json] [--profile-dir DIR]
+
+One run, all on 127.0.0.1 free ports:
+
+* a static upstream: nginx (1 worker) answering POST /v1/chat/completions with a fixed chat.completion (with usage),
+* nginx (1 worker) as a reverse proxy in front of it (keepalive upstream connections),
+* the Portcullis gateway (`portcullis serve`, 1 process), auth on, twice: access log on (the default, written to a
+  file) and access log off,
+* the LiteLLM proxy (1 worker, master key so auth is on) from a separate venv at .bench/litellm-venv
+  (`pip install 'litellm[proxy]'` there; skipped with a note if it is missing),
+
+then wrk against each: `-t1 -c32` for throughput and `-t1 -c1 --latency` for p50/p99, POSTing a small non-streaming
+chat request with an Authorization header. "Added" latency is a target's p50/p99 minus the direct upstream's.
+
+With --profile-dir, py-spy (from .bench/tools-venv, or $PY_SPY) records the access-log-on gateway during an extra
+32-connection run and the script prints a self-time summary grouped by package.
+
+Not a pytest module (no test_ prefix, no test functions): it needs nginx, wrk and minutes of wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+NGINX_TEMPLATES = Path(__file__).resolve().parent / "nginx"
+LITELLM_VENV = REPO / ".bench" / "litellm-venv"
+TOOLS_VENV = REPO / ".bench" / "tools-venv"
+
+API_KEY = "sk-bench-portcullis-0123456789abcdef"
+MODEL = "bench-model"
+
+CHAT_COMPLETION = {
+    "id": "chatcmpl-bench0001",
+    "object": "chat.completion",
+    "created": 1700000000,
+    "model": MODEL,
+    "system_fingerprint": "fp_bench",
+    "choices": [{
+        "index": 0,
+        "message": {"role": "assistant", "content": "Hello! This is a fixed benchmark completion."},
+        "logprobs": None,
+        "finish_reason": "stop",
+    }],
+    "usage": {"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21},
+}
+MODELS = {"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "bench"}]}
+REQUEST = {
+    "model": MODEL,
+    "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hello."}],
+    "max_tokens": 16,
+    "temperature": 0.0,
+    "stream": False,
+}
+
+WRK_LUA = r"""
+wrk.method = "POST"
+wrk.body = [==[@BODY@]==]
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer @KEY@"
+
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'WRKJSON {"requests":%d,"duration_us":%d,"bytes":%d,"err_connect":%d,"err_read":%d,"err_write":%d,' ..
+    '"err_status":%d,"err_timeout":%d,"lat_mean_us":%.3f,"lat_stdev_us":%.3f,"lat_max_us":%d,' ..
+    '"p50_us":%d,"p90_us":%d,"p99_us":%d,"p999_us":%d}\n',
+    summary.requests, summary.duration, summary.bytes, e.connect, e.read, e.write, e.status, e.timeout,
+    latency.mean, latency.stdev, latency.max,
+    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency:percentile(99.9)))
+end
+"""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# processes
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Service:
+    name: str
+    proc: subprocess.Popen
+    port: int
+    log_path: Path
+
+
+@dataclass
+class Procs:
+    services: list[Service] = field(default_factory=list)
+
+    def start(self, name: str, argv: list[str], port: int, log_path: Path, env: dict | None = None,
+              stderr_path: Path | None = None) -> Service:
+        out = open(log_path, "ab")
+        err = open(stderr_path, "ab") if stderr_path else subprocess.STDOUT
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+        service = Service(name, proc, port, log_path)
+        self.services.append(service)
+        return service
+
+    def stop(self, service: Service) -> None:
+        """SIGTERM the service's own process group (it leads one: start_new_session), then SIGKILL if it lingers."""
+        proc = service.proc
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+        else:  # the leader is gone; make sure nothing it forked is left in its group
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        if service in self.services:
+            self.services.remove(service)
+
+    def stop_all(self) -> None:
+        for service in reversed(list(self.services)):
+            try:
+                self.stop(service)
+            except Exception as exc:  # keep cleaning up the rest
+                print(f"warning: stopping {service.name}: {exc}", file=sys.stderr)
+
+
+def wait_http(service: Service, path: str, timeout: float, method: str = "GET", **kwargs) -> None:
+    import httpx
+
+    url = f"http://127.0.0.1:{service.port}{path}"
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if service.proc.poll() is not None:
+            raise RuntimeError(f"{service.name} exited with {service.proc.returncode} before it was ready; "
+                               f"see {service.log_path}:\n{tail(service.log_path)}")
+        try:
+            response = httpx.request(method, url, timeout=2.0, **kwargs)
+            if response.status_code < 500:
+                return
+            last = f"HTTP {response.status_code}"
+        except Exception as exc:  # noqa: BLE001 - anything means "not yet"
+            last = f"{type(exc).__name__}: {exc}"
+        time.sleep(0.25)
+    raise RuntimeError(f"{service.name} not ready after {timeout:.0f}s ({last}); see {service.log_path}:\n"
+                       f"{tail(service.log_path)}")
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def check_chat(port: int, key: str | None = API_KEY) -> dict:
+    """One real request: must be 200 with a chat.completion body. Also confirms a wrong key is refused (auth on)."""
+    import httpx
+
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    response = httpx.post(url, json=REQUEST, headers={"authorization": f"Bearer {key}"} if key else {}, timeout=30)
+    if response.status_code != 200:
+        raise RuntimeError(f"check of :{port} answered {response.status_code}: {response.text[:500]}")
+    body = response.json()
+    if body.get("object") != "chat.completion" or not body.get("choices"):
+        raise RuntimeError(f"check of :{port} answered an unexpected body: {response.text[:500]}")
+    refused = httpx.post(url, json=REQUEST, headers={"authorization": "Bearer sk-wrong-key"}, timeout=30)
+    return {"status": response.status_code, "wrong_key_status": refused.status_code,
+            "content": body["choices"][0]["message"]["content"]}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# targets
+
+
+def render(template: str, **values: object) -> str:
+    text = (NGINX_TEMPLATES / template).read_text()
+    for key, value in values.items():
+        text = text.replace(f"@{key}@", str(value))
+    leftover = re.findall(r"@[A-Z_]+@", text)
+    if leftover:
+        raise RuntimeError(f"{template}: unfilled placeholders {leftover}")
+    return text
+
+
+def start_nginx(procs: Procs, tmp: Path, name: str, template: str, **values: object) -> Service:
+    port = free_port()
+    conf = tmp / f"{name}.conf"
+    conf.write_text(render(template, PREFIX=tmp, PORT=port, **values))
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    service = procs.start(name, [nginx, "-c", str(conf), "-p", str(tmp), "-e", str(tmp / f"{name}-error.log")],
+                          port, tmp / f"{name}.out")
+    return service
+
+
+def start_portcullis(procs: Procs, tmp: Path, name: str, upstream_port: int, access_log: bool) -> Service:
+    port = free_port()
+    config = {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "pools": [{"name": "static", "replicas": [{"url": f"http://127.0.0.1:{upstream_port}"}]}],
+        "auth": {"keys": [{"tenant": "bench", "sha256": hashlib.sha256(API_KEY.encode()).hexdigest()}]},
+        "policy_dir": str(REPO / "policies"),
+        "telemetry": {"access_log": access_log},
+    }
+    path = tmp / f"{name}.yaml"
+    path.write_text(json.dumps(config, indent=2))  # JSON is YAML
+    exe = Path(sys.prefix) / "bin" / "portcullis"
+    if not exe.exists():
+        exe = REPO / ".venv" / "bin" / "portcullis"
+    env = {**os.environ, "PYTHONUNBUFFERED": "0"}
+    # stdout/stderr to a file, as a collector would take them: the access log is JSON lines on stderr.
+    return procs.start(name, [str(exe), "serve", "--config", str(path)], port, tmp / f"{name}.log", env=env)
+
+
+def start_litellm(procs: Procs, tmp: Path, upstream_port: int) -> Service | None:
+    exe = LITELLM_VENV / "bin" / "litellm"
+    if not exe.exists():
+        print(f"note: {exe} not found; LiteLLM row skipped (python -m venv .bench/litellm-venv && "
+              f".bench/litellm-venv/bin/pip install 'litellm[proxy]')", file=sys.stderr)
+        return None
+    port = free_port()
+    config = {
+        "model_list": [{
+            "model_name": MODEL,
+            "litellm_params": {"model": f"openai/{MODEL}", "api_base": f"http://127.0.0.1:{upstream_port}/v1",
+                               "api_key": "dummy"},
+        }],
+        "general_settings": {"master_key": API_KEY},
+        "litellm_settings": {"telemetry": False, "set_verbose": False, "json_logs": False},
+    }
+    path = tmp / "litellm.yaml"
+    path.write_text(json.dumps(config, indent=2))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
+    env.update({
+        "LITELLM_LOG": "ERROR",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # do not fetch the model cost map from GitHub
+        "LITELLM_TELEMETRY": "False",
+        "DISABLE_ADMIN_UI": "True",
+        "NO_DOCS": "True",
+        "HOME": str(tmp),  # keep any caches it writes out of the real home
+        "PATH": f"{LITELLM_VENV / 'bin'}:{os.environ.get('PATH', '')}",
+    })
+    env.pop("DATABASE_URL", None)
+    argv = [str(exe), "--config", str(path), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1",
+            "--telemetry", "False"]
+    return procs.start("litellm", argv, port, tmp / "litellm.log", env=env)
+
+
+def litellm_version() -> str | None:
+    python = LITELLM_VENV / "bin" / "python"
+    if not python.exists():
+        return None
+    out = subprocess.run([str(python), "-c", "from importlib.metadata import version; print(version('litellm'))"],
+                         capture_output=True, text=True)
+    return out.stdout.strip() or None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# load
+
+
+def pick_median(runs: list[dict]) -> dict:
+    """The median round by c32 RPS and, separately, by c1 p50 (each with its own p99 and errors)."""
+    by_rps = sorted(runs, key=lambda r: r["c32"]["rps"])
+    by_p50 = sorted(runs, key=lambda r: r["c1"]["p50_us"])
+    result = {"target": runs[0]["target"], "port": runs[0]["port"], "c32": by_rps[len(runs) // 2]["c32"],
+              "c1": by_p50[len(runs) // 2]["c1"], "rounds": len(runs)}
+    if len(runs) > 1:
+        result["all_rounds"] = [{"c32_rps": round(r["c32"]["rps"], 1), "c1_p50_us": r["c1"]["p50_us"],
+                                 "c1_p99_us": r["c1"]["p99_us"], "cpu_us_per_request": r["c32"]["cpu_us_per_request"],
+                                 "errors": r["c32"]["errors"] + r["c1"]["errors"]} for r in runs]
+    return result
+
+
+def run_wrk(port: int, lua: Path, connections: int, duration: float, latency: bool = False) -> dict:
+    argv = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s", "--timeout", "10s", "-s", str(lua)]
+    if latency:
+        argv.append("--latency")
+    argv.append(f"http://127.0.0.1:{port}/v1/chat/completions")
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60)
+    match = re.search(r"^WRKJSON (\{.*\})$", out.stdout, re.MULTILINE)
+    if out.returncode != 0 or not match:
+        raise RuntimeError(f"wrk failed ({out.returncode}): {out.stdout[-2000:]} {out.stderr[-2000:]}")
+    result = json.loads(match.group(1))
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s*(\d+)", out.stdout)
+    result["non_2xx"] = int(non2xx.group(1)) if non2xx else 0
+    result["errors"] = (result["err_connect"] + result["err_read"] + result["err_write"] + result["err_timeout"]
+                        + result["non_2xx"])
+    result["rps"] = result["requests"] / (result["duration_us"] / 1e6)
+    return result
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """User+system CPU of every live process in a process group (a service and the workers it forked)."""
+    ticks = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid:  # fields[0] is field 3 (state): pgrp is field 5, utime 14, stime 15
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def measure(name: str, service: Service, lua: Path, duration: float, warmup: float) -> dict:
+    print(f"[{time.strftime('%H:%M:%S')}] {name}: warmup {warmup:g}s, c32 {duration:g}s, c1 {duration:g}s",
+          file=sys.stderr, flush=True)
+    port = service.port
+    if warmup > 0:
+        run_wrk(port, lua, 32, warmup)
+    cpu0 = group_cpu_seconds(service.proc.pid)
+    c32 = run_wrk(port, lua, 32, duration)
+    cpu = group_cpu_seconds(service.proc.pid) - cpu0
+    # CPU the target itself spent per request (excludes the static upstream behind it): independent of how much of
+    # the shared cores it got, so it is the steadier number on a busy 2-core machine.
+    c32["cpu_s"] = round(cpu, 3)
+    c32["cpu_us_per_request"] = round(cpu / c32["requests"] * 1e6, 1) if c32["requests"] else None
+    c32["cpu_util"] = round(cpu / (c32["duration_us"] / 1e6), 3)
+    c1 = run_wrk(port, lua, 1, duration, latency=True)
+    return {"target": name, "port": port, "c32": c32, "c1": c1}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# upstream-client floor: what one Python process pays per upstream call, with nothing else around it
+
+CLIENT_MICRO = r"""
+import asyncio, json, sys, time
+client, port, conc, duration = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+body = json.dumps({"model": "bench-model", "messages": [{"role": "user", "content": "hi"}]}).encode()
+url = f"http://127.0.0.1:{port}/v1/chat/completions"
+
+async def main():
+    if client == "httpx":  # configured as gateway/routing/pool.py configures it
+        import httpx
+        c = httpx.AsyncClient(limits=httpx.Limits(max_connections=256, max_keepalive_connections=256), trust_env=False)
+        async def one():
+            r = await c.send(c.build_request("POST", url, content=body, headers={"content-type": "application/json"}),
+                             stream=True)
+            await r.aread()
+            await r.aclose()
+        close = c.aclose
+    elif client == "aiohttp":
+        import aiohttp
+        c = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256))
+        async def one():
+            async with c.post(url, data=body, headers={"content-type": "application/json"}) as r:
+                await r.read()
+        close = c.close
+    else:  # raw: a minimal keep-alive HTTP/1.1 client on asyncio streams, one connection per worker
+        conns = asyncio.Queue()
+        req = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        for _ in range(conc):
+            conns.put_nowait(await asyncio.open_connection("127.0.0.1", port))
+        async def one():
+            r, w = await conns.get()
+            w.write(req)
+            head = await r.readuntil(b"\r\n\r\n")
+            length = next(int(l.split(b":")[1]) for l in head.split(b"\r\n") if l.lower().startswith(b"content-length"))
+            await r.readexactly(length)
+            conns.put_nowait((r, w))
+        async def close():
+            while not conns.empty():
+                conns.get_nowait()[1].close()
+    count = 0
+    async def worker(until):
+        nonlocal count
+        while time.perf_counter() < until:
+            await one()
+            count += 1
+    await asyncio.gather(*(worker(time.perf_counter() + 1.0) for _ in range(conc)))  # warm up
+    count = 0
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    await asyncio.gather(*(worker(t0 + duration) for _ in range(conc)))
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+    await close()
+    print("CLIENTJSON " + json.dumps({"client": client, "connections": conc, "requests": count,
+                                      "rps": count / wall, "cpu_us_per_request": cpu / count * 1e6}))
+
+try:
+    import uvloop
+    uvloop.run(main())
+except ImportError:
+    asyncio.run(main())
+"""
+
+
+def client_floor(port: int, duration: float) -> list[dict]:
+    """Per-request CPU of the upstream call alone (httpx as the gateway uses it, aiohttp, a raw asyncio client)."""
+    seconds = max(2.0, min(duration, 5.0))
+    runs = [("httpx", sys.executable), ("raw", sys.executable)]
+    aiohttp_python = next((py for py in (sys.executable, str(LITELLM_VENV / "bin" / "python"))
+                           if Path(py).exists() and subprocess.run([py, "-c", "import aiohttp"],
+                                                                  capture_output=True).returncode == 0), None)
+    if aiohttp_python:
+        runs.insert(1, ("aiohttp", aiohttp_python))
+    out = []
+    for client, python in runs:
+        for conc in (1, 32):
+            print(f"[{time.strftime('%H:%M:%S')}] client floor: {client} x{conc}", file=sys.stderr, flush=True)
+            proc = subprocess.run([python, "-c", CLIENT_MICRO, client, str(port), str(conc), str(seconds)],
+                                  capture_output=True, text=True, timeout=seconds + 60)
+            match = re.search(r"^CLIENTJSON (\{.*\})$", proc.stdout, re.MULTILINE)
+            if not match:
+                print(f"note: client floor {client} failed: {proc.stderr[-500:]}", file=sys.stderr)
+                continue
+            row = json.loads(match.group(1))
+            if client == "aiohttp":
+                row["python"] = python
+            out.append(row)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# profile
+
+
+CATEGORIES = {  # first path component of a py-spy frame's file -> package group
+    "gateway": "gateway", "opentelemetry": "opentelemetry", "prometheus_client": "prometheus_client",
+    "logging": "logging", "json": "json", "httpx": "httpx", "httpcore": "httpcore/h11", "h11": "httpcore/h11",
+    "anyio": "anyio", "sniffio": "anyio", "starlette": "starlette", "uvicorn": "uvicorn", "httptools": "uvicorn",
+    "asyncio": "asyncio/uvloop", "contextvars": "asyncio/uvloop", "uvloop": "asyncio/uvloop", "pydantic": "pydantic",
+}
+
+
+def categorise(frame: str) -> str:
+    """`func (httpcore/_async/http11.py:283)` -> "httpcore/h11"; single-file stdlib modules -> "stdlib other"."""
+    m = re.search(r"\(([^()]*?):\d+\)$", frame) or re.search(r"\(([^()]*)\)$", frame)
+    path = m.group(1) if m else frame
+    if "/gateway/" in path and "site-packages" not in path:
+        return "gateway"
+    path = re.sub(r"^.*/(site-packages|lib/python3\.\d+)/", "", path)
+    head = path.split("/", 1)[0]
+    if head in CATEGORIES:
+        return CATEGORIES[head]
+    if "/" not in path and path.endswith(".py"):
+        return "stdlib other"
+    return "other"
+
+
+INCLUSIVE = {"opentelemetry", "prometheus_client", "logging", "json", "httpx", "httpcore/h11", "anyio", "gateway"}
+
+
+def summarise_profile(raw: Path, top: int = 15) -> dict:
+    """Self time from py-spy's collapsed (`-f raw`) output: the leaf frame of each stack gets its samples."""
+    by_func: collections.Counter[str] = collections.Counter()
+    by_cat: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = stack.split(";")
+        leaf = frames[-1]
+        by_func[_short(leaf)] += n
+        by_cat[categorise(leaf)] += n
+        cats = {categorise(f) for f in frames}
+        for cat in cats & INCLUSIVE:
+            inclusive[cat] += n
+        if cats & {"httpx", "httpcore/h11"}:
+            inclusive["upstream client (any httpx/httpcore frame)"] += n
+    pct = (lambda n: round(100.0 * n / total, 1)) if total else (lambda n: 0.0)
+    return {
+        "samples": total,
+        "self_by_function": [{"function": f, "pct": pct(n)} for f, n in by_func.most_common(top)],
+        "self_by_package": [{"package": c, "pct": pct(n)} for c, n in by_cat.most_common()],
+        "inclusive_pct": {c: pct(n) for c, n in inclusive.most_common()},
+    }
+
+
+def _short(frame: str) -> str:
+    """`func (/long/path/site-packages/pkg/mod.py:123)` -> `func (pkg/mod.py:123)`."""
+    m = re.match(r"(.*) \((.*)\)$", frame)
+    if not m:
+        return frame
+    func, where = m.groups()
+    where = re.sub(r"^.*/(site-packages|lib/python3\.\d+)/", "", where)
+    where = re.sub(r"^.*/(gateway/)", r"\1", where)
+    return f"{func} ({where})"
+
+
+def profile_gateway(service: Service, lua: Path, duration: float, out_dir: Path) -> dict | None:
+    py_spy = os.environ.get("PY_SPY") or str(TOOLS_VENV / "bin" / "py-spy")
+    if not Path(py_spy).exists() and not shutil.which(py_spy):
+        print(f"note: py-spy not found at {py_spy}; profile skipped", file=sys.stderr)
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    raw = out_dir / f"{service.name}.collapsed.txt"
+    seconds = max(3, round(duration))
+    print(f"[{time.strftime('%H:%M:%S')}] profiling {service.name} (pid {service.proc.pid}) for {seconds}s under c32",
+          file=sys.stderr, flush=True)
+    spy = subprocess.Popen([py_spy, "record", "--pid", str(service.proc.pid), "-d", str(seconds), "-r", "250",
+                            "-f", "raw", "-o", str(raw), "--nonblocking", "--full-filenames"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    load = run_wrk(service.port, lua, 32, seconds + 1)
+    _, err = spy.communicate(timeout=seconds + 30)
+    if spy.returncode != 0 or not raw.exists():
+        print(f"note: py-spy failed ({spy.returncode}): {err[-1000:]}", file=sys.stderr)
+        return None
+    summary = summarise_profile(raw)
+    summary["rps_while_profiling"] = round(load["rps"], 1)
+    summary["collapsed_stacks"] = str(raw)
+    return summary
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# report
+
+
+def machine() -> dict:
+    def cmd(*argv: str) -> str:
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+            return (out.stdout + out.stderr).strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    model = next((line.split(":", 1)[1].strip() for line in cmd("lscpu").splitlines()
+                  if line.startswith("Model name")), platform.processor())
+    mem_kb = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                   if line.startswith("MemTotal")), 0)
+    return {
+        "cpu": model, "cores": os.cpu_count(), "ram_gib": round(mem_kb / 1024 / 1024, 1),
+        "kernel": platform.release(), "python": platform.python_version(),
+        "nginx": cmd("nginx", "-v").replace("nginx version: ", ""),
+        "wrk": cmd("wrk", "--version").splitlines()[0].split(" [")[0] if cmd("wrk", "--version") else "",
+        "litellm": litellm_version(),
+        "commit": cmd("git", "-C", str(REPO), "rev-parse", "--short", "HEAD"),
+        "gateway_uncommitted": cmd("git", "-C", str(REPO), "status", "--porcelain", "--", "gateway").splitlines(),
+    }
+
+
+def loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def table(results: list[dict]) -> str:
+    direct = next((r for r in results if r["target"] == "direct"), None)
+    header = (f"{'target':<30} {'RPS c32':>9} {'err':>5} {'p50 c1 ms':>10} {'p99 c1 ms':>10} "
+              f"{'+p50 ms':>8} {'+p99 ms':>8} {'RPS c1':>8} {'CPU us/req':>10} {'CPU util':>8}")
+    lines = [header, "-" * len(header)]
+    for r in results:
+        c32, c1 = r["c32"], r["c1"]
+        p50, p99 = c1["p50_us"] / 1000, c1["p99_us"] / 1000
+        add50 = add99 = "-"
+        if direct is not None and r is not direct:
+            add50 = f"{p50 - direct['c1']['p50_us'] / 1000:.3f}"
+            add99 = f"{p99 - direct['c1']['p99_us'] / 1000:.3f}"
+        errors = sum(x["errors"] for x in r["all_rounds"]) if "all_rounds" in r else c32["errors"] + c1["errors"]
+        lines.append(f"{r['label']:<30} {c32['rps']:>9.0f} {errors:>5} {p50:>10.3f} {p99:>10.3f} "
+                     f"{add50:>8} {add99:>8} {c1['rps']:>8.0f} {c32['cpu_us_per_request']:>10} {c32['cpu_util']:>8}")
+    return "\n".join(lines)
+
+
+def add_latency_deltas(results: list[dict]) -> None:
+    direct = next((r for r in results if r["target"] == "direct"), None)
+    for r in results:
+        if direct is not None and r is not direct:
+            r["added_p50_ms"] = round((r["c1"]["p50_us"] - direct["c1"]["p50_us"]) / 1000, 3)
+            r["added_p99_ms"] = round((r["c1"]["p99_us"] - direct["c1"]["p99_us"]) / 1000, 3)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run (default 10)")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of c32 load before measuring (default 2)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rounds over all targets, interleaved; the median round is reported (default 1)")
+    parser.add_argument("--out", type=Path, help="write results as JSON here")
+    parser.add_argument("--skip-litellm", action="store_true", help="leave out the LiteLLM row")
+    parser.add_argument("--profile-dir", type=Path, help="py-spy the gateway (access log on) and write stacks here")
+    parser.add_argument("--no-client-floor", action="store_true",
+                        help="skip the upstream-client micro-benchmark (httpx vs aiohttp vs raw asyncio)")
+    parser.add_argument("--keep-tmp", action="store_true", help="keep the temp dir with configs and logs")
+    args = parser.parse_args(argv)
+
+    for tool in ("nginx", "wrk"):
+        if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
+            print(f"error: {tool} not found (apt-get install -y nginx-light wrk)", file=sys.stderr)
+            return 2
+
+    tmp = Path(tempfile.mkdtemp(prefix="portcullis-proxy-bench-"))
+    tmp.chmod(0o755)
+    procs = Procs()
+    results: list[dict] = []
+    report: dict = {"machine": machine(), "loadavg_start": loadavg(), "duration_s": args.duration,
+                    "warmup_s": args.warmup, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    try:
+        lua = tmp / "chat.lua"
+        lua.write_text(WRK_LUA.replace("@BODY@", json.dumps(REQUEST, separators=(",", ":"))).replace("@KEY@", API_KEY))
+
+        static = start_nginx(procs, tmp, "static", "static.conf.tmpl",
+                             CHAT_COMPLETION=json.dumps(CHAT_COMPLETION, separators=(",", ":")),
+                             MODELS=json.dumps(MODELS, separators=(",", ":")))
+        wait_http(static, "/v1/models", 15)
+        proxy = start_nginx(procs, tmp, "nginx-proxy", "proxy.conf.tmpl", UPSTREAM_PORT=static.port)
+        wait_http(proxy, "/v1/models", 15)
+
+        targets: list[tuple[str, str, Service, bool]] = [
+            ("direct", "direct (static nginx)", static, False),
+            ("nginx_proxy", "nginx reverse proxy", proxy, False),
+        ]
+        for key, label, access_log in (("portcullis_access_log_on", "Portcullis (access log on)", True),
+                                       ("portcullis_access_log_off", "Portcullis (access log off)", False)):
+            svc = start_portcullis(procs, tmp, key, static.port, access_log)
+            wait_http(svc, "/healthz", 60)
+            targets.append((key, label, svc, True))
+        if not args.skip_litellm:
+            litellm = start_litellm(procs, tmp, static.port)
+            if litellm is not None:
+                wait_http(litellm, "/health/liveliness", 180)
+                targets.append(("litellm", "LiteLLM proxy (1 worker)", litellm, True))
+
+        checks = {}
+        for key, label, svc, auth in targets:
+            check = check_chat(svc.port)
+            # LiteLLM without a database answers an unknown key with 400 ("No connected db"), not 401.
+            if auth and not 400 <= check["wrong_key_status"] < 500:
+                raise RuntimeError(f"{label}: a wrong key got {check['wrong_key_status']}; auth is not on")
+            check["auth_on"] = auth
+            checks[key] = check
+        # Rounds interleave the targets, so a burst of outside load lands on all of them rather than on one.
+        runs: dict[str, list[dict]] = collections.defaultdict(list)
+        for round_no in range(args.repeat):
+            for key, label, svc, auth in targets:
+                runs[key].append(measure(key, svc, lua, args.duration, args.warmup if round_no == 0 else 0))
+        for key, label, svc, auth in targets:
+            results.append(pick_median(runs[key]) | {"label": label, "check": checks[key]})
+
+        add_latency_deltas(results)
+        report["results"] = results
+        report["loadavg_end"] = loadavg()
+
+        for key, _, svc, _ in targets:
+            if key.startswith("portcullis"):
+                lines = svc.log_path.read_bytes().splitlines()
+                report.setdefault("portcullis_stderr", {})[key] = {
+                    "lines": len(lines),
+                    "httpx_request_lines": sum(1 for line in lines if b'"logger":"httpx"' in line),
+                    "access_lines": sum(1 for line in lines if b'"request_id"' in line)}
+
+        if not args.no_client_floor:
+            report["client_floor"] = client_floor(static.port, args.duration)
+
+        if args.profile_dir:
+            svc = next(s for k, _, s, _ in targets if k == "portcullis_access_log_on")
+            report["profile"] = profile_gateway(svc, lua, args.duration, args.profile_dir.resolve())
+    finally:
+        procs.stop_all()
+        if args.keep_tmp:
+            print(f"temp dir kept: {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    print(f"\nmachine: {report['machine']}")
+    print(f"load average: start {report['loadavg_start']}, end {report['loadavg_end']}")
+    print(f"wrk -t1, {args.duration:g}s per run, median of {args.repeat} interleaved round(s); "
+          f"RPS at 32 connections, latency at 1 connection; +p50/+p99 = added over direct\n")
+    print(table(results))
+    for key, info in report.get("portcullis_stderr", {}).items():
+        print(f"{key}: {info['lines']} stderr lines in all ({info['access_lines']} access-log lines, "
+              f"{info['httpx_request_lines']} httpx 'HTTP Request' lines)")
+    if report.get("client_floor"):
+        print("\nupstream client alone against the static upstream (one process, CPU per request):")
+        for row in report["client_floor"]:
+            print(f"  {row['client']:<8} x{row['connections']:<3} {row['rps']:>8.0f} req/s "
+                  f"{row['cpu_us_per_request']:>8.1f} CPU us/req")
+    if report.get("profile"):
+        prof = report["profile"]
+        print(f"\npy-spy self time, Portcullis (access log on) under c32 "
+              f"({prof['samples']} samples, {prof['rps_while_profiling']} RPS while profiled):")
+        for row in prof["self_by_package"]:
+            print(f"  {row['pct']:>5.1f}%  {row['package']}")
+        print("  top functions:")
+        for row in prof["self_by_function"]:
+            print(f"  {row['pct']:>5.1f}%  {row['function']}")
+        print(f"  inclusive: {prof['inclusive_pct']}")
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2))
+        print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
