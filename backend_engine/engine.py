@@ -82,7 +82,8 @@ class LLMEngine:
         self.kv_cache = self.model.allocate_kv_cache(self.budget.num_blocks, config.block_size)
         self.block_manager = BlockManager(self.budget.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        self.max_model_len = min(mc.max_position, config.max_model_len or mc.max_position)
+        # A sequence must always fit the KV cache on its own, or preemption could never make room for it.
+        self.max_model_len = min(mc.max_position, config.max_model_len or mc.max_position, self.budget.kv_tokens)
         self.metrics = EngineMetrics(config.served_model_name)
         self.metrics.set_budget(self.budget.weights_bytes, self.budget.runtime_bytes, self.budget.kv_cache_bytes,
                                 self.budget.kv_tokens, self.budget.num_blocks, config.block_size)
@@ -128,10 +129,10 @@ class LLMEngine:
         vs = self.loaded.config.vocab_size
         if any((not isinstance(t, int)) or t < 0 or t >= vs for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vs})")
-        cap = min(self.max_model_len, self.budget.kv_tokens)
-        if len(prompt_token_ids) >= cap:
-            raise ValueError(f"prompt is {len(prompt_token_ids)} tokens; this engine's limit is {cap - 1} "
-                             f"(max_model_len {self.max_model_len}, KV cache {self.budget.kv_tokens} tokens)")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(f"prompt is {len(prompt_token_ids)} tokens; this engine's limit is "
+                             f"{self.max_model_len - 1} (max_model_len {self.max_model_len}, "
+                             f"KV cache {self.budget.kv_tokens} tokens)")
 
     def add_request(self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams,
                     cache_salt: str | None = None, trace_context: Any = None) -> Sequence:

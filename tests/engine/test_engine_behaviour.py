@@ -135,3 +135,11 @@ def test_abort_frees_blocks(make_engine):
     assert eng.block_manager.usage() > 0
     assert eng.abort("x")
     assert eng.block_manager.usage() == 0.0 and not eng.has_unfinished()
+
+
+def test_sequence_longer_than_cache_stops_at_length(make_engine, loaded):
+    bpt = loaded.model.kv_bytes_per_token()
+    eng = make_engine(kv_cache_bytes=bpt * 16 * 4)  # 64 tokens in all
+    assert eng.max_model_len == 64
+    s = eng.generate([list(range(300, 340))], SamplingParams(max_tokens=100, temperature=0, ignore_eos=True))[0]
+    assert s.finish_reason == "length" and s.num_tokens == 64
