@@ -93,7 +93,8 @@ async def _first_model(client: httpx.AsyncClient, url: str, headers: dict[str, s
     return resp.json()["data"][0]["id"]
 
 
-async def run_benchmark_async(config: BenchConfig) -> dict:
+async def run_benchmark_async(config: BenchConfig, *, transport: httpx.AsyncBaseTransport | None = None) -> dict:
+    """run_benchmark inside a running event loop; `transport` replaces the network (tests)."""
     plan = build_plan(config.workload_spec())
     plan_by_turn = {(p.conversation, p.turn): p for p in plan}
     url = chat_url(config.base_url)
@@ -111,7 +112,7 @@ async def run_benchmark_async(config: BenchConfig) -> dict:
     timeout = httpx.Timeout(config.request_timeout_s, connect=min(30.0, config.request_timeout_s))
     started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
-    async with httpx.AsyncClient(timeout=timeout, trust_env=False,
+    async with httpx.AsyncClient(timeout=timeout, trust_env=False, transport=transport,
                                  limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit)) as client:
         model = config.model or await _first_model(client, url, headers_for(0))
         t0 = time.perf_counter()

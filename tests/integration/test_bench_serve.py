@@ -1,0 +1,62 @@
+"""`portcullis bench serve` as a subprocess against real fake upstreams: JSON, table, PNG, failures, --runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import ROOT
+
+FAKE = json.dumps({"fake": {"chunks": 4, "delay": 0.005, "header_delay": 0.03}})
+
+
+def bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gateway.cli", "bench", "serve", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_bench_serve_writes_json_table_and_ttft_plot(fake_upstream, tmp_path: Path):
+    upstream = fake_upstream("a")
+    out, png = tmp_path / "out.json", tmp_path / "ttft.png"
+    proc = bench("--base-url", upstream.url, "--model", "test-model", "--workload", "shared-prefix",
+                 "--tenants", "3", "--system-prompt-len", "100", "--conversations", "4", "--turns", "3",
+                 "--num-requests", "14", "--concurrency", "4", "--output-len", "4", "--seed", "1",
+                 "--api-keys", "ka,kb", "--extra-body", FAKE, "--slo-ttft-ms", "10000", "--slo-tpot-ms", "10000",
+                 "--json", str(out), "--plot", str(png))
+    assert proc.returncode == 0, proc.stderr
+    run = json.loads(out.read_text())["runs"]["run"]
+    assert run["plan"]["num_requests"] == run["plan"]["sent"] == 14
+    assert (run["completed"], run["failed"], run["cancelled"]) == (14, 0, 0)
+    assert len(run["requests"]) == 14
+    assert run["ttft_ms"]["p50"] >= 25 and run["ttft_ms"]["mean"] > 0  # header_delay 30 ms
+    assert run["tpot_ms"]["mean"] > 0 and run["itl_ms"]["mean"] > 0 and run["e2el_ms"]["p99"] >= run["ttft_ms"]["p99"]
+    assert run["total_output_tokens"] == 14 * 4 and run["output_throughput"] > 0
+    assert run["goodput"]["good_requests"] == 14
+    assert run["replica_share"] is None and run["prefix_cache"]["measured_hit_rate"] is None
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert "TTFT p99 (ms)" in proc.stdout and "Replica share" in proc.stdout and "n/a" in proc.stdout
+    stats = httpx.get(upstream.url + "/_stats").json()
+    assert stats["requests"] == 14 and stats["completed_streams"] == 14
+    last = stats["last_body"]
+    assert last["stream"] is True and last["max_tokens"] == 4 and last["fake"]["chunks"] == 4
+    assert stats["last_headers"]["authorization"] in ("Bearer ka", "Bearer kb")
+
+
+def test_bench_serve_runs_the_same_sequence_against_each_target_and_counts_failures(fake_upstream, tmp_path: Path):
+    good, bad = fake_upstream("good"), fake_upstream("bad", fail_status=503)
+    out = tmp_path / "runs.json"
+    proc = bench("--runs", f"good={good.url}", f"bad={bad.url}", "--model", "m", "--workload", "random",
+                 "--num-requests", "6", "--input-len", "20", "--request-rate", "50", "--extra-body", FAKE,
+                 "--json", str(out), "--no-request-rows")
+    assert proc.returncode == 1, proc.stderr  # a target with no completed request fails the command
+    runs = json.loads(out.read_text())["runs"]
+    assert list(runs) == ["good", "bad"]
+    assert runs["good"]["completed"] == 6 and runs["bad"]["completed"] == 0 and runs["bad"]["failed"] == 6
+    assert list(runs["bad"]["errors"]) == ["HTTP 503: bad forced failure"]
+    assert runs["good"]["plan"]["fingerprint"] == runs["bad"]["plan"]["fingerprint"]
+    assert "requests" not in runs["good"]
+    assert "6x HTTP 503: bad forced failure" in proc.stdout
