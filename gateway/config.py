@@ -55,13 +55,48 @@ class ReplicaConfig(_Strict):
         return value.rstrip("/")
 
 
+class HealthConfig(_Strict):
+    """Active checks come with each metrics scrape; passive ejection counts failed upstream attempts."""
+
+    failures_to_eject: Annotated[int, Field(gt=0)] = 3
+    eject_seconds: Annotated[float, Field(gt=0)] = 10.0
+
+
+class AffinityConfig(_Strict):
+    """Cache-aware scoring: cost = overlap_weight x uncached prefill blocks + active KV blocks on the replica.
+
+    When in-flight load is imbalanced beyond both thresholds (max > min + abs and max > rel x min), cache affinity
+    is ignored and the least-loaded replica wins, so a hot prefix cannot pile onto one replica.
+    """
+
+    overlap_weight: Annotated[float, Field(ge=0)] = 1.0
+    balance_abs_threshold: Annotated[int, Field(ge=0)] = 4
+    balance_rel_threshold: Annotated[float, Field(ge=1)] = 1.5
+    index_capacity: Annotated[int, Field(gt=0)] = 200_000
+
+
+class AdmissionConfig(_Strict):
+    """KV-budget admission: a request enters only where its blocks fit, otherwise it waits in a fair queue."""
+
+    enabled: bool = False
+    max_queue: Annotated[int, Field(gt=0)] = 256
+    queue_timeout: Annotated[float, Field(gt=0)] = 30.0
+
+
 class PoolConfig(_Strict):
     """A set of interchangeable replicas serving the same models."""
 
     name: str
     replicas: Annotated[list[ReplicaConfig], Field(min_length=1)]
     models: list[str] = Field(default_factory=list, description="models routed here; empty means any")
-    routing: Literal["round_robin", "least_outstanding"] = "least_outstanding"
+    routing: Literal["round_robin", "least_outstanding", "least_load", "prefix_affinity", "kv_events"] = \
+        "least_outstanding"
+    block_size: Annotated[int, Field(gt=0)] = Field(default=16, description="the engines' KV block size")
+    scrape_interval: Annotated[float, Field(gt=0)] = Field(
+        default=0.5, description="seconds between /metrics scrapes (load, KV usage, health)")
+    health: HealthConfig = HealthConfig()
+    affinity: AffinityConfig = AffinityConfig()
+    admission: AdmissionConfig = AdmissionConfig()
     api_key_env: str | None = Field(default=None, description="env var holding the upstream API key")
     timeouts: TimeoutsConfig = TimeoutsConfig()
     max_attempts: Annotated[int, Field(ge=1, le=10)] = 2
@@ -119,6 +154,8 @@ class TelemetryConfig(_Strict):
     service_name: str = "portcullis-gateway"
     otlp: OtlpConfig = OtlpConfig()
     access_log: bool = True
+    replica_header: bool = Field(default=False, description="tell clients which replica served them "
+                                 "(x-portcullis-replica), for load tests; leaks upstream addresses")
 
 
 class RedisConfig(_Strict):
@@ -131,6 +168,28 @@ class RedisConfig(_Strict):
         default="fail_open", description="fail_open: fall back to per-instance limits; fail_closed: refuse (503)")
     breaker_failures: Annotated[int, Field(gt=0)] = 3
     breaker_cooldown: Annotated[float, Field(gt=0)] = 5.0
+
+
+class ModelConfig(_Strict):
+    """What the gateway must know of a model to count its tokens and bound its requests."""
+
+    name: str
+    tokenizer: str | None = Field(default=None, description=(
+        "'bundled' (the engine's SmolLM2 GGUF), 'gguf:PATH', 'hf:DIR' (tokenizer.json + tokenizer_config.json), "
+        "'tiktoken:o200k_base' or 'tiktoken:cl100k_base'; None estimates"))
+    context_window: Annotated[int | None, Field(gt=0)] = None
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _known_tokenizer(cls, value: str | None) -> str | None:
+        kind = (value or "").partition(":")[0]
+        if value is not None and value != "bundled" and kind not in ("gguf", "hf", "tiktoken"):
+            raise ValueError("use 'bundled', 'gguf:PATH', 'hf:DIR' or 'tiktoken:ENCODING'")
+        return value
+
+
+def _default_models() -> list[ModelConfig]:
+    return [ModelConfig(name="SmolLM2-135M-Instruct", tokenizer="bundled", context_window=8192)]
 
 
 def _default_pools() -> list[PoolConfig]:
@@ -148,6 +207,7 @@ class GatewayConfig(_Strict):
         default_factory=list, description="proxies whose X-Forwarded-For is believed when finding the client IP")
     limits: LimitsConfig = LimitsConfig()
     pools: Annotated[list[PoolConfig], Field(min_length=1)] = Field(default_factory=_default_pools)
+    models: list[ModelConfig] = Field(default_factory=_default_models)
     auth: AuthConfig = AuthConfig()
     policy_dir: Path = Path("policies")
     redis: RedisConfig = RedisConfig()

@@ -12,7 +12,9 @@ from opentelemetry.trace import Span
 from starlette.requests import Request
 
 if TYPE_CHECKING:
-    from gateway.routing.pool import Pool, Replica
+    from gateway.routing.policies import RouteRequest
+    from gateway.routing.pool import Pool
+    from gateway.routing.replica import Replica
 
 
 @dataclass(slots=True)
@@ -38,13 +40,17 @@ class RequestContext:
     payload: dict[str, Any] = field(default_factory=dict)
     model: str = ""
     stream: bool = False
-    prompt_tokens: int | None = None  # exact count, once a tokenizing stage provides it
+    # tokenize
+    prompt_tokens: int | None = None
+    prompt_token_ids: list[int] | None = None  # only when exactly the upstream's ids (prefix-cache prediction)
+    max_tokens: int | None = None  # requested, or filled from policy
     # auth
     tenant: str | None = None
     key_id: str | None = None  # short digest prefix: identifies a key in limits and logs, reveals nothing
     key_label: str | None = None
-    # route
+    # admission / route
     pool: Pool | None = None
+    route_request: RouteRequest | None = None
     candidates: list[Replica] = field(default_factory=list)
     # upstream / response
     replica: Replica | None = None

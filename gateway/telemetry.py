@@ -51,6 +51,9 @@ class Metrics:
             registry=r)
         self.tokens = Counter("portcullis_tokens", "Tokens reported by upstreams", ["pool", "model", "kind"],
                               registry=r)
+        self.admission_queue_wait = Histogram(
+            "portcullis_admission_queue_wait_seconds", "Time requests waited for KV capacity", ["pool"],
+            buckets=_LATENCY_BUCKETS, registry=r)
         self.ratelimit_decisions = Counter(
             "portcullis_ratelimit_decisions", "Rate-limit decisions per limit", ["limit", "result", "backend"],
             registry=r)

@@ -22,7 +22,8 @@ from starlette.responses import Response, StreamingResponse
 
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
-from gateway.routing.pool import Pool, Replica
+from gateway.routing.pool import Pool
+from gateway.routing.replica import Replica
 from gateway.sse import DONE, EventFramer, event_data
 from gateway.telemetry import Metrics
 
@@ -45,9 +46,10 @@ class _Attempt:
 
 
 class Upstream:
-    def __init__(self, tracer: Tracer, metrics: Metrics) -> None:
+    def __init__(self, tracer: Tracer, metrics: Metrics, replica_header: bool = False) -> None:
         self._tracer = tracer
         self._metrics = metrics
+        self._replica_header = replica_header
 
     async def forward(self, ctx: RequestContext) -> Response:
         body, strip_usage = _request_body(ctx)
@@ -55,6 +57,8 @@ class Upstream:
         ctx.replica = attempt.replica
         ctx.status = attempt.response.status_code
         headers = {"x-request-id": ctx.request_id, **ctx.response_headers}
+        if self._replica_header:
+            headers["x-portcullis-replica"] = attempt.replica.url
         if attempt.chunks is None:
             try:
                 content = attempt.response.content
@@ -90,9 +94,11 @@ class Upstream:
                 else:
                     await attempt.response.aread()
                 self._first_chunk_arrived(ctx, attempt)
+                pool.record(replica, ok=status < 500)
                 return attempt
             except (httpx.HTTPError, GatewayError) as exc:
                 failure = _as_gateway_error(exc)
+                pool.record(replica, ok=False)
                 self._metrics.upstream_errors.labels(pool=pool.name, kind=failure.code).inc()
                 log.warning("upstream %s attempt %d failed: %s", replica.url, number, failure.message)
                 span.set_status(Status(StatusCode.ERROR, failure.message))

@@ -89,23 +89,9 @@ def _counter_key(rule: RateLimitRule, ctx: RequestContext) -> str:
 
 
 def _reservation(tokens: TokenRate, ctx: RequestContext) -> int:
-    output = ctx.payload.get("max_completion_tokens") or ctx.payload.get("max_tokens") or tokens.default_max_tokens
-    prompt = ctx.prompt_tokens if ctx.prompt_tokens is not None else estimate_prompt_tokens(ctx)
+    """Prompt tokens as counted by the tokenize stage, plus the max_tokens it settled on."""
+    prompt, output = ctx.prompt_tokens or 0, ctx.max_tokens or 0
     return {"input": prompt, "output": output, "total": prompt + output}[tokens.count]
-
-
-def estimate_prompt_tokens(ctx: RequestContext) -> int:
-    """Until exact counts come from the admission stage: about four characters a token, generously rounded up."""
-    payload = ctx.payload
-    if ctx.route == "chat":
-        messages = payload.get("messages") or []
-        chars = sum(len(m.get("content") if isinstance(m.get("content"), str) else str(m.get("content") or ""))
-                    for m in messages)
-        return math.ceil(chars / 4) + 4 * len(messages)
-    prompt = payload.get("prompt")
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
-        return len(prompt)
-    return math.ceil(len(str(prompt or "")) / 4) + 1
 
 
 def _used_tokens(tokens: TokenRate, ctx: RequestContext) -> int | None:

@@ -1,53 +1,37 @@
-"""A pool of interchangeable upstream replicas behind one pooled httpx client."""
+"""A pool of interchangeable upstream replicas: one pooled httpx client, a routing policy, and the background work
+that keeps the policy informed (metrics scrapes, KV-event streams)."""
 
 from __future__ import annotations
 
-import itertools
+import asyncio
+import contextlib
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 import httpx
 
+from backend_engine.block_hash import hash_prompt_blocks
 from gateway.config import PoolConfig
+from gateway.routing import kv_events, scraper
+from gateway.routing.policies import (
+    LeastLoad,
+    LeastOutstanding,
+    PrefixAffinity,
+    Ranked,
+    RoundRobin,
+    RouteRequest,
+)
+from gateway.routing.prefix_index import PrefixIndex
+from gateway.routing.replica import Replica
+
+_SCRAPED_POLICIES = {"least_load", "prefix_affinity", "kv_events"}
 
 
-@dataclass(slots=True, eq=False)
-class Replica:
-    url: str
-    outstanding: int = 0  # requests in flight from this gateway
-
-    @property
-    def address(self) -> tuple[str, int]:
-        parts = urlsplit(self.url)
-        return parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
-
-
-Ordering = Callable[[list[Replica]], list[Replica]]
-
-
-def round_robin() -> Ordering:
-    """Rotate the starting replica on every request; the rest follow as retry candidates."""
-    counter = itertools.count()
-
-    def order(replicas: list[Replica]) -> list[Replica]:
-        start = next(counter) % len(replicas)
-        return replicas[start:] + replicas[:start]
-
-    return order
-
-
-def least_outstanding() -> Ordering:
-    """Fewest in-flight requests first; ties broken round-robin so idle pools still spread load."""
-    rotate = round_robin()
-
-    def order(replicas: list[Replica]) -> list[Replica]:
-        return sorted(rotate(replicas), key=lambda r: r.outstanding)
-
-    return order
-
-
-POLICIES: dict[str, Callable[[], Ordering]] = {"round_robin": round_robin, "least_outstanding": least_outstanding}
+def _policy(config: PoolConfig, index: PrefixIndex) -> RoundRobin:
+    if config.routing in ("prefix_affinity", "kv_events"):
+        return PrefixAffinity(index, config.affinity, learns=config.routing == "prefix_affinity")
+    return {"round_robin": RoundRobin, "least_outstanding": LeastOutstanding, "least_load": LeastLoad}[
+        config.routing]()
 
 
 class Pool:
@@ -56,7 +40,9 @@ class Pool:
         self.name = config.name
         self.replicas = [Replica(url=r.url) for r in config.replicas]
         self.api_key = config.api_key()  # read once at start; the file never holds it
-        self._order = POLICIES[config.routing]()
+        self.index = PrefixIndex(config.affinity.index_capacity)
+        self.policy = _policy(config, self.index)
+        self.on_change: list[Callable[[], None]] = []  # capacity may have freed (admission re-dispatches)
         t = config.timeouts
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
@@ -65,12 +51,45 @@ class Pool:
             transport=transport,
             trust_env=False,
         )
+        self._tasks: list[asyncio.Task] = []
 
-    def candidates(self) -> list[Replica]:
-        """Replicas in the order this request should try them."""
-        return self._order(self.replicas)
+    @property
+    def scraped(self) -> bool:
+        return self.config.routing in _SCRAPED_POLICIES or self.config.admission.enabled
+
+    def start(self) -> None:
+        """Background work for policies that need it; call from a running event loop."""
+        if self.scraped:
+            self._tasks.append(asyncio.create_task(scraper.scrape_forever(self, self.changed)))
+        if self.config.routing == "kv_events":
+            self._tasks += [asyncio.create_task(kv_events.follow(self.client, r, self.index)) for r in self.replicas]
+
+    def changed(self) -> None:
+        for callback in self.on_change:
+            callback()
+
+    def request_shape(self, prompt_tokens: int, max_tokens: int, token_ids: list[int] | None) -> RouteRequest:
+        """A request in KV blocks; prompt block hashes only where the exact token ids are known."""
+        size = self.config.block_size
+        hashes = hash_prompt_blocks(token_ids, size) if token_ids and self.config.routing in (
+            "prefix_affinity", "kv_events") else []
+        return RouteRequest(hashes, math.ceil(prompt_tokens / size), math.ceil(max_tokens / size))
+
+    def rank(self, request: RouteRequest) -> Ranked:
+        """Replicas in the order to try them; ejected ones last (still tried if nothing else is left)."""
+        ranked = self.policy.rank(self.replicas, request)
+        ranked.replicas.sort(key=lambda r: not r.available())
+        return ranked
+
+    def record(self, replica: Replica, ok: bool) -> None:
+        replica.record(ok, self.config.health.failures_to_eject, self.config.health.eject_seconds)
 
     async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await self.client.aclose()
 
 
@@ -83,6 +102,10 @@ class Pools:
     def for_model(self, model: str) -> Pool | None:
         explicit = next((p for p in self.pools if model in p.config.models), None)
         return explicit or next((p for p in self.pools if not p.config.models), None)
+
+    def start(self) -> None:
+        for pool in self.pools:
+            pool.start()
 
     async def aclose(self) -> None:
         for pool in self.pools:

@@ -1,23 +1,35 @@
-"""Route stage: pick the pool serving the requested model and the order its replicas will be tried in."""
+"""Route stage: rank the pool's replicas for this request (its policy decides how) and hold its KV blocks on the
+chosen one until the response ends, so the next decision sees them before the next scrape does."""
 
 from __future__ import annotations
 
 from gateway.context import RequestContext
-from gateway.errors import GatewayError
-from gateway.routing.pool import Pools
 
 
 class RouteStage:
     name = "route"
 
-    def __init__(self, pools: Pools) -> None:
-        self.pools = pools
-
     async def __call__(self, ctx: RequestContext) -> None:
-        pool = self.pools.for_model(ctx.model)
-        if pool is None:
-            raise GatewayError(404, f"the model '{ctx.model}' does not exist or is not served here",
-                               code="model_not_found", param="model")
-        ctx.pool = pool
-        ctx.candidates = pool.candidates()
-        ctx.span.set_attribute("portcullis.pool", pool.name)
+        pool, request = ctx.pool, ctx.route_request
+        assert pool is not None and request is not None, "admission resolves the pool before routing"
+        ranked = pool.rank(request)
+        ctx.candidates = ranked.replicas
+        chosen = ranked.replicas[0]
+        blocks = ranked.blocks_needed(chosen, request)
+        chosen.reserved_blocks += blocks
+        pool.policy.learn(request, chosen)
+        cached = ranked.cached_blocks.get(chosen.url, 0)
+        ctx.span.set_attributes({
+            "portcullis.route.policy": pool.config.routing,
+            "portcullis.route.replica": chosen.url,
+            "portcullis.route.replica_state": chosen.state,
+            "portcullis.route.replica_load": chosen.load,
+            "portcullis.route.replica_kv_usage": chosen.kv_usage,
+            "portcullis.route.predicted_cached_tokens": cached * pool.config.block_size,
+        })
+
+        async def release(done: RequestContext) -> None:
+            chosen.reserved_blocks -= blocks
+            pool.changed()
+
+        ctx.on_complete.append(release)

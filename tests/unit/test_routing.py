@@ -1,27 +1,154 @@
-"""Replica ordering policies and model-to-pool selection."""
+"""Routing: replica ordering policies, the prefix index, cache-aware scoring and its balance rule, health."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
-from gateway.config import PoolConfig
-from gateway.routing.pool import Pool, Pools, Replica, least_outstanding, round_robin
+from backend_engine.block_hash import hash_prompt_blocks
+from gateway.config import AffinityConfig, PoolConfig
+from gateway.routing.kv_events import apply_batch
+from gateway.routing.policies import LeastLoad, LeastOutstanding, PrefixAffinity, RoundRobin, RouteRequest
+from gateway.routing.pool import Pool, Pools
+from gateway.routing.prefix_index import PrefixIndex
+from gateway.routing.replica import Replica
+from gateway.routing.scraper import engine_load
+
+NO_REQUEST = RouteRequest()
+
+
+def replicas(n: int) -> list[Replica]:
+    return [Replica(url=f"http://r{i}") for i in range(n)]
 
 
 def test_round_robin_rotates_the_first_choice_and_keeps_the_rest_as_fallbacks():
-    replicas = [Replica(url=f"http://r{i}") for i in range(3)]
-    order = round_robin()
-    firsts = [order(replicas)[0].url for _ in range(6)]
+    pool, policy = replicas(3), RoundRobin()
+    firsts = [policy.rank(pool, NO_REQUEST).replicas[0].url for _ in range(6)]
     assert firsts == ["http://r0", "http://r1", "http://r2"] * 2
-    assert sorted(r.url for r in order(replicas)) == [r.url for r in replicas]
+    assert sorted(r.url for r in policy.rank(pool, NO_REQUEST).replicas) == [r.url for r in pool]
 
 
 def test_least_outstanding_prefers_idle_replicas_and_spreads_ties():
-    replicas = [Replica(url="http://busy", outstanding=5), Replica(url="http://a"), Replica(url="http://b")]
-    order = least_outstanding()
-    firsts = {order(replicas)[0].url for _ in range(4)}
-    assert firsts == {"http://a", "http://b"}
-    assert all(order(replicas)[-1].url == "http://busy" for _ in range(3))
+    pool = [Replica(url="http://busy", outstanding=5), Replica(url="http://a"), Replica(url="http://b")]
+    policy = LeastOutstanding()
+    assert {policy.rank(pool, NO_REQUEST).replicas[0].url for _ in range(4)} == {"http://a", "http://b"}
+    assert all(policy.rank(pool, NO_REQUEST).replicas[-1].url == "http://busy" for _ in range(3))
+
+
+def test_least_load_uses_scraped_load_corrected_by_local_sends():
+    a, b = replicas(2)
+    a.observe(running=4, waiting=2, kv_usage=0.5, total_blocks=100)
+    b.observe(running=1, waiting=0, kv_usage=0.1, total_blocks=100)
+    assert LeastLoad().rank([a, b], NO_REQUEST).replicas[0] is b
+    b.outstanding += 7  # sent since b's scrape: b is now the busier one
+    assert b.load == 8 and LeastLoad().rank([a, b], NO_REQUEST).replicas[0] is a
+
+
+def test_prefix_index_matches_leading_blocks_per_replica_and_evicts_lru():
+    index = PrefixIndex(capacity=6)
+    prompt = hash_prompt_blocks(list(range(64)), 16)  # 4 blocks
+    index.add(prompt, "A")
+    index.add(prompt[:2], "B")
+    assert index.matched_blocks(prompt) == {"A": 4, "B": 2}
+    other = hash_prompt_blocks(list(range(100, 164)), 16)
+    index.add(other, "C")  # 4 more hashes over capacity 6: the least recently used go
+    assert len(index) == 6
+    assert index.matched_blocks(other) == {"C": 4}
+    index.remove(prompt[1:2], "A")  # an evicted middle block breaks the chain
+    assert index.matched_blocks(prompt).get("A", 0) <= 1
+
+
+def test_kv_event_batches_feed_and_clear_the_index():
+    index = PrefixIndex(100)
+    hashes = hash_prompt_blocks(list(range(48)), 16)
+    apply_batch(index, "E", {"seq": 1, "events": [{"type": "BlockStored", "block_hashes": hashes}]})
+    assert index.matched_blocks(hashes) == {"E": 3}
+    apply_batch(index, "E", {"seq": 2, "events": [{"type": "BlockRemoved", "block_hashes": hashes[2:]}]})
+    assert index.matched_blocks(hashes) == {"E": 2}
+    apply_batch(index, "E", {"seq": 3, "events": [{"type": "AllBlocksCleared"}]})
+    assert index.matched_blocks(hashes) == {}
+
+
+def _affinity(**overrides) -> tuple[PrefixAffinity, PrefixIndex]:
+    index = PrefixIndex(1000)
+    return PrefixAffinity(index, AffinityConfig(**overrides), learns=True), index
+
+
+def test_affinity_routes_to_the_replica_holding_the_prefix_and_learns():
+    policy, index = _affinity()
+    pool = replicas(3)
+    tokens = list(range(320))
+    request = RouteRequest(hash_prompt_blocks(tokens, 16), prompt_blocks=20, decode_blocks=2)
+    first = policy.rank(pool, request).replicas[0]
+    policy.learn(request, first)
+    for _ in range(5):
+        ranked = policy.rank(pool, request)
+        assert ranked.replicas[0] is first
+        assert ranked.cached_blocks == {first.url: 20}
+        assert ranked.blocks_needed(first, request) == 2  # only decode blocks left to allocate
+
+
+def test_affinity_gives_way_to_load_so_a_hot_prefix_cannot_pile_up():
+    policy, index = _affinity(balance_abs_threshold=4, balance_rel_threshold=1.5)
+    hot, cold = replicas(2)
+    request = RouteRequest(hash_prompt_blocks(list(range(160)), 16), prompt_blocks=10, decode_blocks=1)
+    index.add(request.block_hashes, hot.url)
+    hot.outstanding = 4
+    assert policy.rank([hot, cold], request).replicas[0] is hot  # within thresholds: the cache wins
+    hot.outstanding = 9
+    assert policy.rank([hot, cold], request).replicas[0] is cold  # 9 > 0 + 4 and 9 > 1.5 x 0
+    hot.outstanding, cold.outstanding = 3, 0
+    hot.observe(running=0, waiting=0, kv_usage=0.9, total_blocks=100)  # 90 blocks busy outweigh 10 cached
+    assert policy.rank([hot, cold], request).replicas[0] is cold
+
+
+def test_passive_ejection_and_readmission():
+    replica = Replica(url="http://r")
+    for _ in range(2):
+        replica.record(False, failures_to_eject=3, eject_seconds=0.2)
+    assert replica.available()
+    replica.record(False, failures_to_eject=3, eject_seconds=0.2)
+    assert not replica.available() and replica.state == "ejected"
+    time.sleep(0.25)
+    assert replica.available()
+    replica.record(True, 3, 0.2)
+    assert replica.failures == 0
+
+
+def test_ejected_replicas_are_ranked_last_but_not_dropped():
+    pool = Pool(PoolConfig(name="p", replicas=[{"url": "http://a"}, {"url": "http://b"}], routing="round_robin",
+                           health={"failures_to_eject": 1, "eject_seconds": 60}))
+    try:
+        pool.record(pool.replicas[0], ok=False)
+        for _ in range(3):
+            assert [r.url for r in pool.rank(NO_REQUEST).replicas] == ["http://b", "http://a"]
+    finally:
+        asyncio.run(pool.aclose())
+
+
+def test_request_shape_hashes_exactly_like_the_engine():
+    pool = Pool(PoolConfig(name="p", replicas=[{"url": "http://a"}], routing="prefix_affinity", block_size=16))
+    try:
+        ids = list(range(1000, 1040))
+        shape = pool.request_shape(40, 100, ids)
+        assert shape.block_hashes == hash_prompt_blocks(ids, 16) and len(shape.block_hashes) == 2
+        assert (shape.prompt_blocks, shape.decode_blocks) == (3, 7)
+        assert pool.request_shape(40, 100, None).block_hashes == []
+    finally:
+        asyncio.run(pool.aclose())
+
+
+def test_engine_metrics_are_parsed_into_load():
+    text = """# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 3.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 2.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="m"} 0.25
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",num_gpu_blocks="4096"} 1.0
+"""
+    assert engine_load(text) == (3, 2, 0.25, 4096)
 
 
 def _pool(name: str, models: list[str]) -> Pool:

