@@ -47,6 +47,8 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     target.add_argument("--extra-body", type=_json_object, default={}, metavar="JSON",
                         help="merged into every request body, e.g. '{\"top_p\": 0.9}'")
     target.add_argument("--request-timeout", type=float, default=600.0, metavar="S")
+    target.add_argument("--reset-prefix-cache", nargs="+", default=[], metavar="ENGINE_URL",
+                        help="POST /reset_prefix_cache to these engines before each run (cold caches)")
     w = s.add_argument_group("workload")
     w.add_argument("--workload", choices=WORKLOADS, default="random")
     w.add_argument("--num-requests", type=int, help="default: 100 (random), conversations x turns (shared-prefix)")
@@ -100,8 +102,8 @@ def serve(args: argparse.Namespace) -> int:
             concurrency=concurrency, output_len=args.output_len, temperature=args.temperature,
             ignore_eos=args.ignore_eos, api_keys=keys, extra_body=args.extra_body, slo_ttft_ms=args.slo_ttft_ms,
             slo_tpot_ms=args.slo_tpot_ms, max_duration_s=args.max_duration, request_timeout_s=args.request_timeout,
-            tokenizer=args.tokenizer, block_size=args.block_size, keep_requests=bool(args.plot) or not
-            args.no_request_rows)
+            tokenizer=args.tokenizer, block_size=args.block_size, reset_prefix_cache=tuple(args.reset_prefix_cache),
+            keep_requests=bool(args.plot) or not args.no_request_rows)
     except ValueError as exc:
         print(f"portcullis bench serve: {exc}", file=sys.stderr)
         return 2
@@ -110,6 +112,9 @@ def serve(args: argparse.Namespace) -> int:
         print(f"bench: {name} -> {url} ({base.workload}, {base.total_requests} requests)", file=sys.stderr)
         try:
             results[name] = run_benchmark(dataclasses.replace(base, name=name, base_url=url))
+            for engine, outcome in (results[name]["reset_prefix_cache"] or {}).items():
+                if outcome != "ok":
+                    print(f"bench: {name}: could not reset {engine}'s prefix cache: {outcome}", file=sys.stderr)
         except Exception as exc:  # the target is down or /v1/models failed: report, go on with the next
             print(f"bench: {name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
     if results:

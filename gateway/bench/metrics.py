@@ -41,6 +41,8 @@ class RequestResult:
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     replica: str | None = None
+    oracle_prompt_tokens: int | None = None   # with a tokenizer: the prompt as tokenized for the oracle
+    oracle_cached_tokens: int | None = None
 
     @property
     def output_tokens(self) -> int:
@@ -63,6 +65,7 @@ class RequestResult:
             "tpot_ms": ms(self.tpot_s) if self.success else None, "e2el_ms": ms(self.e2el_s),
             "output_tokens": self.output_tokens, "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens, "replica": self.replica,
+            "oracle_prompt_tokens": self.oracle_prompt_tokens, "oracle_cached_tokens": self.oracle_cached_tokens,
         }
 
 
@@ -135,27 +138,31 @@ def measured_hit_rate(results: Sequence[RequestResult]) -> tuple[float | None, i
     return (cached / prompt if prompt else None), cached, prompt
 
 
-def oracle_hits(prompts: Iterable[Sequence[int]], block_size: int = 16) -> list[int]:
+def oracle_hits(prompts: Sequence[Sequence[int]], block_size: int = 16,
+                cached: Sequence[Sequence[int]] | None = None) -> list[int]:
     """Per prompt, in order: tokens an ideal, unbounded prefix cache would serve from earlier prompts.
 
     That is the longest common prefix with any earlier prompt, in whole blocks, of the first len - 1 tokens (the
     last prompt token is always computed, as in the engine and vLLM). A trie of blocks makes it exact and linear.
+    `cached[i]`, when given, is what request i leaves in the cache instead of its prompt: prompt + output tokens
+    for a cache that also keeps decoded blocks (the bundled engine, vLLM), which multi-turn conversations reuse.
     """
     trie: dict[tuple[int, tuple[int, ...]], int] = {}
     hits = []
-    for tokens in prompts:
+    for i, tokens in enumerate(prompts):
         full = max(len(tokens) - 1, 0) // block_size
-        node, hit, matching = 0, 0, True
-        for b in range(len(tokens) // block_size):
-            key = (node, tuple(tokens[b * block_size:(b + 1) * block_size]))
-            child = trie.get(key)
+        node, hit = 0, 0
+        for b in range(full):
+            child = trie.get((node, tuple(tokens[b * block_size:(b + 1) * block_size])))
             if child is None:
-                matching = False
-                child = trie[key] = len(trie) + 1
-            elif matching and b < full:
-                hit += block_size
-            node = child
+                break
+            hit, node = hit + block_size, child
         hits.append(hit)
+        stored = tokens if cached is None else cached[i]
+        node = 0
+        for b in range(len(stored) // block_size):
+            key = (node, tuple(stored[b * block_size:(b + 1) * block_size]))
+            node = trie.get(key) or trie.setdefault(key, len(trie) + 1)
     return hits
 
 

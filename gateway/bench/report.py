@@ -40,6 +40,7 @@ def _rows(result: Mapping[str, Any]) -> list[tuple[str, str]]:
     cache = result["prefix_cache"]
     rows.append(("Prefix cache hit rate (measured)", _pct(cache["measured_hit_rate"])))
     rows.append(("Prefix cache hit rate (oracle)", _pct(cache["oracle_hit_rate"])))
+    rows.append(("  oracle, outputs cached too", _pct(cache.get("oracle_hit_rate_with_outputs"))))
     share = result.get("replica_share")
     if share:
         for name, row in share.items():

@@ -42,6 +42,7 @@ class BenchConfig(WorkloadSpec):
     tokenizer: str | None = None          # "bundled" or a tokenizer.json path, for the oracle hit rate
     block_size: int = 16                  # oracle granularity (the engine's KV block size)
     keep_requests: bool = True            # per-request rows in the result
+    reset_prefix_cache: tuple[str, ...] = ()  # engine base URLs to POST /reset_prefix_cache to before the run
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -93,6 +94,15 @@ async def _first_model(client: httpx.AsyncClient, url: str, headers: dict[str, s
     return resp.json()["data"][0]["id"]
 
 
+async def _reset_prefix_cache(client: httpx.AsyncClient, engine_url: str) -> str:
+    """Empty an engine's prefix cache (the bundled engine and vLLM serve POST /reset_prefix_cache): "ok" or why not."""
+    try:
+        resp = await client.post(engine_url.rstrip("/").removesuffix("/v1") + "/reset_prefix_cache", timeout=30.0)
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc}"[:200]
+    return "ok" if resp.status_code < 300 else f"HTTP {resp.status_code}: {resp.text[:150]}"
+
+
 async def run_benchmark_async(config: BenchConfig, *, transport: httpx.AsyncBaseTransport | None = None) -> dict:
     """run_benchmark inside a running event loop; `transport` replaces the network (tests)."""
     plan = build_plan(config.workload_spec())
@@ -114,6 +124,7 @@ async def run_benchmark_async(config: BenchConfig, *, transport: httpx.AsyncBase
 
     async with httpx.AsyncClient(timeout=timeout, trust_env=False, transport=transport,
                                  limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit)) as client:
+        resets = {engine: await _reset_prefix_cache(client, engine) for engine in config.reset_prefix_cache}
         model = config.model or await _first_model(client, url, headers_for(0))
         t0 = time.perf_counter()
         deadline = t0 + config.max_duration_s if config.max_duration_s else None
@@ -170,6 +181,7 @@ async def run_benchmark_async(config: BenchConfig, *, transport: httpx.AsyncBase
         "name": config.name, "base_url": config.base_url, "model": model, "started_at": started_at,
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(config).items()
                    if k != "api_keys"} | {"api_keys": len(config.api_keys)},
+        "reset_prefix_cache": resets or None,
         "plan": {"num_requests": len(plan), "sent": len(results), "fingerprint": plan_fingerprint(plan)},
         **summary,
         "prefix_cache": _prefix_cache(config, ordered, sent_messages),
@@ -184,15 +196,20 @@ def _prefix_cache(config: BenchConfig, ordered: list[RequestResult],
     measured, cached, prompt = measured_hit_rate(ordered)
     out = {"measured_hit_rate": measured, "cached_tokens": cached, "prompt_tokens": prompt,
            "oracle_hit_rate": None, "oracle_cached_tokens": None, "oracle_prompt_tokens": None,
-           "tokenizer": config.tokenizer, "block_size": config.block_size}
+           "oracle_hit_rate_with_outputs": None, "tokenizer": config.tokenizer, "block_size": config.block_size}
     if config.tokenizer:
         ok = sorted((r for r in ordered if r.success), key=lambda r: r.start_s)
         tok = _tokenizer(config.tokenizer)
         prompts = [tok.encode(sent_messages[r.index]) for r in ok]
         hits = oracle_hits(prompts, config.block_size)
+        for r, prompt, hit in zip(ok, prompts, hits):
+            r.oracle_prompt_tokens, r.oracle_cached_tokens = len(prompt), hit
         total = sum(len(p) for p in prompts)
+        with_outputs = oracle_hits(prompts, config.block_size,
+                                   cached=[p + tok.encode_text(r.text) for p, r in zip(prompts, ok)])
         out.update(oracle_hit_rate=sum(hits) / total if total else None, oracle_cached_tokens=sum(hits),
-                   oracle_prompt_tokens=total)
+                   oracle_prompt_tokens=total,
+                   oracle_hit_rate_with_outputs=sum(with_outputs) / total if total else None)
     return out
 
 

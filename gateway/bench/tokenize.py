@@ -21,6 +21,10 @@ class MessageTokenizer:
     def encode(self, messages: list[dict[str, str]]) -> list[int]:
         return self.renderer.chat_ids(messages)
 
+    def encode_text(self, text: str) -> list[int]:
+        """Output text as the tokens a server generated (approximately: re-tokenization may merge differently)."""
+        return self.renderer.tokenizer.encode(text, add_bos=False) if text else []
+
 
 def load_tokenizer(spec: str) -> MessageTokenizer:
     from backend_engine.model.chat_template import ChatTemplate

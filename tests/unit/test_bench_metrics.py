@@ -120,3 +120,11 @@ def _brute_force(prompts: list[list[int]], block: int) -> list[int]:
 def test_oracle_hits_equal_the_brute_force_longest_common_prefix(prompts, block):
     """Longest common prefix with any earlier prompt, in whole blocks of the earlier prompt, len - 1 cap."""
     assert oracle_hits(prompts, block) == _brute_force(prompts, block)
+
+
+def test_oracle_with_cached_outputs_lets_the_next_turn_hit_the_reply():
+    turn1 = list(range(1, 9))                       # prompt of turn 1: 2 blocks of 4
+    reply = [9, 10, 11, 12, 13]                     # its output: one more full block once appended
+    turn2 = turn1 + reply + [0, 0, 0]               # next turn = history + reply + new user message
+    assert oracle_hits([turn1, turn2], 4) == [0, 8]
+    assert oracle_hits([turn1, turn2], 4, cached=[turn1 + reply, turn2]) == [0, 12]

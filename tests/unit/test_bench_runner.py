@@ -22,8 +22,12 @@ class Target:
         self.delay, self.fail_every, self.hang_every = delay, fail_every, hang_every
         self.requests: list[dict] = []   # body, headers, received, finished, reply
         self.in_flight = self.max_in_flight = 0
+        self.resets: list[tuple[str, int]] = []
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/reset_prefix_cache":
+            self.resets.append((str(request.url), len(self.requests)))
+            return httpx.Response(200 if request.url.host == "engine-a" else 404)
         n = len(self.requests)
         entry = {"body": json.loads(request.content), "headers": dict(request.headers),
                  "received": time.perf_counter(), "finished": None, "reply": f"reply-{n} "}
@@ -131,9 +135,25 @@ def test_oracle_hit_rate_with_the_bundled_tokenizer():
     assert cache["tokenizer"] == "bundled" and cache["block_size"] == 16
     assert 0.6 < cache["oracle_hit_rate"] < 0.95
     assert cache["oracle_cached_tokens"] % 16 == 0
+    # second turns also find their first turn's reply ("reply-N ") cached, once it completes a block
+    assert cache["oracle_hit_rate_with_outputs"] >= cache["oracle_hit_rate"]
+    rows = result["requests"]
+    assert sum(r["oracle_cached_tokens"] for r in rows) == cache["oracle_cached_tokens"]
+    assert all(r["oracle_prompt_tokens"] > 160 for r in rows)
     random_run = bench(Target(), workload="random", num_requests=8, input_len=100, concurrency=1, tokenizer="bundled")
     # random prompts share only the chat template's default system prompt: one 16-token block each, after the first
     assert random_run["prefix_cache"]["oracle_cached_tokens"] == 7 * 16
+
+
+def test_prefix_caches_are_reset_before_the_first_request():
+    target = Target()
+    result = bench(target, workload="random", num_requests=2, input_len=8,
+                   reset_prefix_cache=("http://engine-a:8000", "http://engine-b:8000/v1"))
+    assert target.resets == [("http://engine-a:8000/reset_prefix_cache", 0),
+                             ("http://engine-b:8000/reset_prefix_cache", 0)]
+    assert result["reset_prefix_cache"] == {"http://engine-a:8000": "ok", "http://engine-b:8000/v1": "HTTP 404: "}
+    assert result["completed"] == 2
+    assert bench(Target(), workload="random", num_requests=1, input_len=8)["reset_prefix_cache"] is None
 
 
 def test_bench_config_validation():
