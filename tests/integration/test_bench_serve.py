@@ -60,3 +60,19 @@ def test_bench_serve_runs_the_same_sequence_against_each_target_and_counts_failu
     assert runs["good"]["plan"]["fingerprint"] == runs["bad"]["plan"]["fingerprint"]
     assert "requests" not in runs["good"]
     assert "6x HTTP 503: bad forced failure" in proc.stdout
+
+
+def test_bench_through_the_gateway_reports_the_replica_share(fake_upstream, gateway, tmp_path: Path):
+    from tests.conftest import pool
+
+    a, b = fake_upstream("a"), fake_upstream("b")
+    gw = gateway({"pools": [pool("main", a.url, b.url, routing="round_robin")],
+                  "telemetry": {"replica_header": True}})
+    out = tmp_path / "gw.json"
+    proc = bench("--base-url", gw.url + "/v1", "--model", "test-model", "--workload", "random", "--num-requests", "8",
+                 "--input-len", "16", "--concurrency", "2", "--extra-body", FAKE, "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    run = json.loads(out.read_text())["runs"]["run"]
+    assert run["completed"] == 8
+    assert run["replica_share"] == {a.url: {"requests": 4, "share": 0.5}, b.url: {"requests": 4, "share": 0.5}}
+    assert f"Replica {a.url} share" in proc.stdout
