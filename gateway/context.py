@@ -14,7 +14,7 @@ from starlette.requests import Request
 if TYPE_CHECKING:
     from gateway.routing.policies import RouteRequest
     from gateway.routing.pool import Pool
-    from gateway.routing.replica import Replica
+    from gateway.routing.replica import KvHold, Replica
 
 
 @dataclass(slots=True)
@@ -51,6 +51,8 @@ class RequestContext:
     # admission / route
     pool: Pool | None = None
     route_request: RouteRequest | None = None
+    predicted_cached_tokens: int | None = None  # what routing expected the replica to have cached
+    kv_hold: KvHold | None = None  # KV blocks counted against a replica while this request runs
     candidates: list[Replica] = field(default_factory=list)
     # upstream / response
     replica: Replica | None = None

@@ -24,7 +24,7 @@ OUTPUT_WEIGHT = 2.0
 class Waiter:
     tenant: str
     cost: float
-    fits: Callable[[], bool]
+    take: Callable[[], bool]
     granted: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     enqueued: float = field(default_factory=time.monotonic)
 
@@ -41,13 +41,17 @@ class FairQueue:
     def charge(self, tenant: str, prompt_tokens: int, output_tokens: int) -> None:
         self.counters[tenant] = self.counters.get(tenant, 0.0) + prompt_tokens + OUTPUT_WEIGHT * output_tokens
 
-    async def admit(self, tenant: str, prompt_tokens: int, max_tokens: int, fits: Callable[[], bool],
+    async def admit(self, tenant: str, prompt_tokens: int, max_tokens: int, take: Callable[[], bool],
                     timeout: float) -> float:
-        """Return once admitted (charging the tenant); the seconds spent waiting. Raises 429/503 when shed."""
-        if not self._backlog and fits():
+        """Return once admitted (charging the tenant); the seconds spent waiting. Raises 429/503 when shed.
+
+        `take()` checks for capacity and, if there is some, claims it in the same call: dispatch admits several
+        waiters in one pass, so the claim cannot wait for the admitted request to run.
+        """
+        if not self._backlog and take():
             self.charge(tenant, prompt_tokens, max_tokens)
             return 0.0
-        waiter = Waiter(tenant, prompt_tokens + OUTPUT_WEIGHT * max_tokens, fits)
+        waiter = Waiter(tenant, prompt_tokens + OUTPUT_WEIGHT * max_tokens, take)
         self._enqueue(waiter)
         self.dispatch()
         try:
@@ -68,7 +72,7 @@ class FairQueue:
         while self._backlog:
             tenant = min(self._backlog, key=lambda t: self.counters.get(t, 0.0))
             head = self._backlog[tenant][0]
-            if not head.fits():
+            if not head.take():
                 return
             self._backlog[tenant].popleft()
             if not self._backlog[tenant]:

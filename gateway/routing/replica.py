@@ -67,3 +67,25 @@ class Replica:
     @property
     def state(self) -> str:
         return "healthy" if self.available() else "ejected"
+
+
+@dataclass(slots=True)
+class KvHold:
+    """KV blocks a request is expected to occupy on one replica, counted there until the response ends.
+
+    Admission claims blocks where they fit; routing may then move them to the replica it prefers. Either way
+    the replica's `reserved_blocks` stays right, and `release` is safe to call more than once.
+    """
+
+    replica: Replica | None = None
+    blocks: int = 0
+
+    def move(self, replica: Replica, blocks: int) -> None:
+        self.release()
+        replica.reserved_blocks += blocks
+        self.replica, self.blocks = replica, blocks
+
+    def release(self) -> None:
+        if self.replica is not None:
+            self.replica.reserved_blocks -= self.blocks
+            self.replica, self.blocks = None, 0

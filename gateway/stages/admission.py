@@ -13,6 +13,7 @@ from gateway.admission.fair_queue import FairQueue
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
 from gateway.routing.pool import Pool, Pools
+from gateway.routing.replica import KvHold
 from gateway.telemetry import Metrics
 
 
@@ -37,6 +38,13 @@ class AdmissionStage:
         ctx.pool = pool
         ctx.route_request = pool.request_shape(ctx.prompt_tokens or 0, ctx.max_tokens or 0, ctx.prompt_token_ids)
         ctx.span.set_attribute("portcullis.pool", pool.name)
+        ctx.kv_hold = KvHold()
+
+        async def release(done: RequestContext) -> None:
+            done.kv_hold.release()
+            pool.changed()
+
+        ctx.on_complete.append(release)
         queue = self.queues.get(pool.name)
         if queue is not None:
             await self._admit(ctx, pool, queue)
@@ -45,18 +53,20 @@ class AdmissionStage:
         request = ctx.route_request
         cached = pool.index.matched_blocks(request.block_hashes) if request.block_hashes else {}
 
-        def fits() -> bool:
+        def take() -> bool:
+            """Claim blocks on the first available replica where they fit (routing may move them)."""
             for replica in pool.replicas:
                 free = replica.free_blocks
                 need = request.prompt_blocks - cached.get(replica.url, 0) + request.decode_blocks
                 if replica.available() and (free is None or need <= free):
+                    ctx.kv_hold.move(replica, need)
                     return True
             return False
 
         tenant = ctx.tenant or "anonymous"
         prompt, output = ctx.prompt_tokens or 0, ctx.max_tokens or 0
         with self._tracer.start_as_current_span("admission.queue") as span:
-            waited = await queue.admit(tenant, prompt, output, fits, pool.config.admission.queue_timeout)
+            waited = await queue.admit(tenant, prompt, output, take, pool.config.admission.queue_timeout)
             span.set_attribute("portcullis.queue.wait_seconds", waited)
             span.set_attribute("portcullis.queue.length", len(queue))
         self._metrics.admission_queue_wait.labels(pool=pool.name).observe(waited)

@@ -1,5 +1,5 @@
-"""Route stage: rank the pool's replicas for this request (its policy decides how) and hold its KV blocks on the
-chosen one until the response ends, so the next decision sees them before the next scrape does."""
+"""Route stage: rank the pool's replicas for this request (its policy decides how) and move its KV hold to the
+chosen one, so the next decision sees those blocks before the next scrape does (admission releases the hold)."""
 
 from __future__ import annotations
 
@@ -11,25 +11,19 @@ class RouteStage:
 
     async def __call__(self, ctx: RequestContext) -> None:
         pool, request = ctx.pool, ctx.route_request
-        assert pool is not None and request is not None, "admission resolves the pool before routing"
+        assert pool is not None and request is not None and ctx.kv_hold is not None, \
+            "admission resolves the pool before routing"
         ranked = pool.rank(request)
         ctx.candidates = ranked.replicas
         chosen = ranked.replicas[0]
-        blocks = ranked.blocks_needed(chosen, request)
-        chosen.reserved_blocks += blocks
+        ctx.kv_hold.move(chosen, ranked.blocks_needed(chosen, request))
         pool.policy.learn(request, chosen)
-        cached = ranked.cached_blocks.get(chosen.url, 0)
+        ctx.predicted_cached_tokens = ranked.cached_blocks.get(chosen.url, 0) * pool.config.block_size
         ctx.span.set_attributes({
             "portcullis.route.policy": pool.config.routing,
             "portcullis.route.replica": chosen.url,
             "portcullis.route.replica_state": chosen.state,
             "portcullis.route.replica_load": chosen.load,
             "portcullis.route.replica_kv_usage": chosen.kv_usage,
-            "portcullis.route.predicted_cached_tokens": cached * pool.config.block_size,
+            "portcullis.route.predicted_cached_tokens": ctx.predicted_cached_tokens,
         })
-
-        async def release(done: RequestContext) -> None:
-            chosen.reserved_blocks -= blocks
-            pool.changed()
-
-        ctx.on_complete.append(release)

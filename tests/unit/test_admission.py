@@ -1,0 +1,150 @@
+"""Admission: the fair queue sheds with the right status and serves tenants fairly; token counting and the
+context window through the tokenize stage."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from opentelemetry import trace
+from starlette.requests import Request
+
+from gateway.admission.counting import EngineCounter, EstimateCounter
+from gateway.admission.fair_queue import FairQueue
+from gateway.config import ModelConfig
+from gateway.context import RequestContext
+from gateway.errors import GatewayError
+from gateway.policy.loader import empty_policy_set
+from gateway.stages.tokenize import TokenizeStage
+
+
+class Gate:
+    """Capacity the test opens one admission at a time; `take` claims it, in the order the queue grants."""
+
+    def __init__(self, order: list[str]) -> None:
+        self.slots = 0
+        self.order = order
+
+    def taker(self, tenant: str):
+        def take() -> bool:
+            if self.slots <= 0:
+                return False
+            self.slots -= 1
+            self.order.append(tenant)
+            return True
+
+        return take
+
+
+async def _admit(queue: FairQueue, gate: Gate, tenant: str, timeout: float = 5.0) -> None:
+    await queue.admit(tenant, 100, 100, gate.taker(tenant), timeout)
+
+
+def test_a_flooding_tenant_does_not_starve_a_light_one():
+    async def scenario() -> list[str]:
+        order: list[str] = []
+        queue, gate = FairQueue(max_queue=64), Gate(order)
+        flood = [asyncio.create_task(_admit(queue, gate, "flood")) for _ in range(20)]
+        await asyncio.sleep(0)
+        for _ in range(5):  # the flood is served alone for a while
+            gate.slots += 1
+            queue.dispatch()
+            await asyncio.sleep(0)
+        light = [asyncio.create_task(_admit(queue, gate, "light")) for _ in range(3)]
+        await asyncio.sleep(0)
+        while len(order) < 23:
+            gate.slots += 1
+            queue.dispatch()
+            await asyncio.sleep(0)
+        await asyncio.gather(*flood, *light)
+        return order
+
+    order = asyncio.run(scenario())
+    assert order[:5] == ["flood"] * 5
+    # the light tenant is lifted to the flood's counter (the tie goes to the flood, queued first), then alternates
+    # with it instead of waiting behind the 15 flood requests still queued
+    assert [i for i, t in enumerate(order) if t == "light"] == [6, 8, 10]
+
+
+def test_full_queue_sheds_the_tenant_over_its_share_with_429_else_503():
+    async def scenario() -> None:
+        queue, gate = FairQueue(max_queue=4), Gate([])
+        hogs = [asyncio.create_task(_admit(queue, gate, "hog")) for _ in range(4)]
+        await asyncio.sleep(0)
+        newcomer = asyncio.create_task(_admit(queue, gate, "new"))
+        await asyncio.sleep(0)
+        # the hog's newest waiter made room for the newcomer
+        with pytest.raises(GatewayError) as dropped:
+            await hogs[-1]
+        assert dropped.value.status == 429 and dropped.value.code == "tenant_queue_share_exceeded"
+        assert dropped.value.headers["retry-after"] == "1"
+        with pytest.raises(GatewayError) as again:  # hog holds 3 > share of 2: refused at the door
+            await _admit(queue, gate, "hog")
+        assert again.value.status == 429
+        for task in (*hogs[:3], newcomer):
+            task.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_deadline_expiry_is_503_with_retry_after_and_leaves_no_waiter():
+    async def scenario() -> FairQueue:
+        queue = FairQueue(max_queue=8)
+        with pytest.raises(GatewayError) as info:
+            await queue.admit("t", 10, 10, lambda: False, timeout=0.05)
+        assert info.value.status == 503 and info.value.code == "cluster_saturated"
+        assert int(info.value.headers["retry-after"]) >= 1
+        return queue
+
+    assert len(asyncio.run(scenario())) == 0
+
+
+def test_admitted_immediately_when_it_fits_and_nobody_waits():
+    async def scenario() -> float:
+        return await FairQueue(max_queue=1).admit("t", 10, 10, lambda: True, timeout=1)
+
+    assert asyncio.run(scenario()) == 0.0
+
+
+def _ctx(route: str, payload: dict) -> RequestContext:
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": [], "query_string": b""}
+    ctx = RequestContext(request=Request(scope), route=route, span=trace.INVALID_SPAN)
+    ctx.payload, ctx.model = payload, payload["model"]
+    return ctx
+
+
+def test_bundled_tokenizer_counts_like_the_engine_and_the_window_is_enforced():
+    stage = TokenizeStage([ModelConfig(name="m", tokenizer="bundled", context_window=64)], empty_policy_set)
+    ok = _ctx("chat", {"model": "m", "messages": [{"role": "user", "content": "Say hello"}]})
+    asyncio.run(stage(ok))
+    assert ok.prompt_tokens == 32 == len(ok.prompt_token_ids)  # the engine reports 32 for this prompt
+    assert ok.max_tokens == 32 and ok.payload["max_tokens"] == 32  # filled: the window's remainder < 1024
+    too_long = _ctx("chat", {"model": "m", "max_tokens": 40, "messages": [{"role": "user", "content": "Say hello"}]})
+    with pytest.raises(GatewayError) as info:
+        asyncio.run(stage(too_long))
+    assert info.value.code == "context_length_exceeded" and "72 tokens (32 in the messages, 40" in info.value.message
+    ids = _ctx("completions", {"model": "m", "prompt": [1, 2, 3], "max_tokens": 5})
+    asyncio.run(stage(ids))
+    assert ids.prompt_tokens == 3 and ids.prompt_token_ids == [1, 2, 3]
+
+
+def test_tiktoken_counts_offline_and_unknown_models_are_estimated():
+    counter_stage = TokenizeStage([ModelConfig(name="gpt", tokenizer="tiktoken:cl100k_base")], empty_policy_set)
+    ctx = _ctx("completions", {"model": "gpt", "prompt": "hello world", "max_tokens": 3})
+    asyncio.run(counter_stage(ctx))
+    assert ctx.prompt_tokens == 2 and ctx.prompt_token_ids is None
+    chat = _ctx("chat", {"model": "gpt", "max_tokens": 3, "messages": [{"role": "user", "content": "hello world"}]})
+    asyncio.run(counter_stage(chat))
+    assert chat.prompt_tokens == 3 + 3 + 1 + 2  # priming + per-message + "user" + "hello world"
+    unknown = _ctx("chat", {"model": "other", "max_tokens": 3, "messages": [{"role": "user", "content": "x" * 40}]})
+    asyncio.run(counter_stage(unknown))
+    assert unknown.prompt_tokens == EstimateCounter().count("chat", unknown.payload).tokens == 14
+
+
+def test_engine_counter_rejects_unrenderable_prompts_as_400():
+    from backend_engine.config import default_model_path
+
+    counter = EngineCounter(default_model_path())
+    with pytest.raises(GatewayError) as info:
+        counter.count("chat", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
+    assert info.value.status == 400 and info.value.param == "messages"
