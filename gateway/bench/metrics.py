@@ -97,6 +97,19 @@ def replica_share(results: Sequence[RequestResult]) -> dict[str, dict] | None:
     return {name: {"requests": n, "share": n / total} for name, n in sorted(counts.items())}
 
 
+def per_tenant(results: Sequence[RequestResult]) -> dict[str, dict]:
+    """Requests, failures, TTFT p50/p99 and measured hit rate per tenant (fairness under a hot-tenant skew)."""
+    out = {}
+    for tenant in sorted({r.tenant for r in results}):
+        rows = [r for r in results if r.tenant == tenant and not r.cancelled]
+        ok = [r for r in rows if r.success]
+        ttft = stats_ms(r.ttft_s for r in ok if r.ttft_s is not None)
+        out[str(tenant)] = {"requests": len(rows), "completed": len(ok), "failed": len(rows) - len(ok),
+                            "ttft_p50_ms": ttft["p50"], "ttft_p99_ms": ttft["p99"],
+                            "measured_hit_rate": measured_hit_rate(ok)[0]}
+    return out
+
+
 def summarize(results: Sequence[RequestResult], duration_s: float, slo_ttft_ms: float | None = None,
               slo_tpot_ms: float | None = None) -> dict:
     ok = [r for r in results if r.success]
@@ -119,6 +132,7 @@ def summarize(results: Sequence[RequestResult], duration_s: float, slo_ttft_ms: 
         "e2el_ms": stats_ms(r.e2el_s for r in ok if r.e2el_s is not None),
         "goodput": None,
         "replica_share": replica_share([r for r in results if not r.cancelled]),
+        "per_tenant": per_tenant(results),
     }
     if slo_ttft_ms is not None or slo_tpot_ms is not None:
         good = sum(meets_slo(r, slo_ttft_ms, slo_tpot_ms) for r in results)

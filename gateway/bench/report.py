@@ -41,6 +41,11 @@ def _rows(result: Mapping[str, Any]) -> list[tuple[str, str]]:
     rows.append(("Prefix cache hit rate (measured)", _pct(cache["measured_hit_rate"])))
     rows.append(("Prefix cache hit rate (oracle)", _pct(cache["oracle_hit_rate"])))
     rows.append(("  oracle, outputs cached too", _pct(cache.get("oracle_hit_rate_with_outputs"))))
+    tenants = result.get("per_tenant") or {}
+    if 1 < len(tenants) <= 16:
+        for tenant, row in tenants.items():
+            rows.append((f"Tenant {tenant}: requests, TTFT p50/p99 (ms)",
+                         f"{row['requests']}, {_num(row['ttft_p50_ms'], '{:.0f}')}/{_num(row['ttft_p99_ms'], '{:.0f}')}"))
     share = result.get("replica_share")
     if share:
         for name, row in share.items():
@@ -87,6 +92,9 @@ def plot_ttft(results: Mapping[str, Mapping[str, Any]], path: str | Path) -> Pat
     for name, values in series.items():
         xs = np.sort(values)
         cdf.step(xs, np.arange(1, xs.size + 1) / max(xs.size, 1), where="post", label=label(name, values))
+    values = np.concatenate([v for v in series.values() if v.size] or [np.array([1.0])])
+    if values.min() > 0 and values.max() / values.min() > 50:  # long tails: a log axis keeps the body readable
+        cdf.set_xscale("log")
     cdf.set_xlabel("TTFT (ms)")
     cdf.set_ylabel("fraction of requests")
     cdf.set_title("TTFT, empirical CDF")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import ROOT
 
@@ -76,3 +77,28 @@ def test_bench_through_the_gateway_reports_the_replica_share(fake_upstream, gate
     assert run["completed"] == 8
     assert run["replica_share"] == {a.url: {"requests": 4, "share": 0.5}, b.url: {"requests": 4, "share": 0.5}}
     assert f"Replica {a.url} share" in proc.stdout
+
+
+def test_oracle_matches_a_real_engine_prefix_cache(processes, tmp_path: Path):
+    """Against the bundled engine from a cold cache, one request at a time: the oracle tokenizes prompts exactly as
+    the engine does, and the engine's measured hits equal the oracle that counts cached outputs too."""
+    from tests.conftest import free_port, spawn
+
+    port = free_port()
+    engine = spawn([sys.executable, "-m", "gateway.cli", "engine", "serve", "--port", str(port), "--threads", "1",
+                    "--kv-cache-bytes", "64M"], port, tmp_path / "engine.log", ready_path="/health", timeout=300)
+    processes.append(engine)
+    out = tmp_path / "engine.json"
+    proc = bench("--base-url", engine.url, "--workload", "shared-prefix", "--tenants", "2", "--system-prompt-len",
+                 "120", "--conversations", "3", "--turns", "2", "--user-len", "12", "--concurrency", "1",
+                 "--output-len", "6", "--seed", "4", "--tokenizer", "bundled", "--reset-prefix-cache", engine.url,
+                 "--json", str(out))
+    assert proc.returncode == 0, proc.stderr + engine.output()[-2000:]
+    run = json.loads(out.read_text())["runs"]["run"]
+    assert run["model"] == "SmolLM2-135M-Instruct" and run["completed"] == 6
+    assert run["reset_prefix_cache"] == {engine.url: "ok"}
+    assert all(r["prompt_tokens"] == r["oracle_prompt_tokens"] for r in run["requests"])
+    cache = run["prefix_cache"]
+    assert cache["prompt_tokens"] == cache["oracle_prompt_tokens"]
+    assert 0 < cache["oracle_hit_rate"] <= cache["measured_hit_rate"]
+    assert cache["measured_hit_rate"] == pytest.approx(cache["oracle_hit_rate_with_outputs"], abs=0.02)

@@ -128,3 +128,15 @@ def test_oracle_with_cached_outputs_lets_the_next_turn_hit_the_reply():
     turn2 = turn1 + reply + [0, 0, 0]               # next turn = history + reply + new user message
     assert oracle_hits([turn1, turn2], 4) == [0, 8]
     assert oracle_hits([turn1, turn2], 4, cached=[turn1 + reply, turn2]) == [0, 12]
+
+
+def test_per_tenant_breakdown():
+    rows = [RequestResult(0, 0, 0, 0, success=True, ttft_s=0.1, e2el_s=0.2, prompt_tokens=100, cached_tokens=50),
+            RequestResult(1, 0, 1, 0, success=True, ttft_s=0.3, e2el_s=0.4, prompt_tokens=100, cached_tokens=0),
+            RequestResult(2, 1, 2, 0, status=429, error="limited"),
+            RequestResult(3, 1, 3, 0, cancelled=True)]
+    tenants = summarize(rows, 1.0)["per_tenant"]
+    assert tenants["0"] == {"requests": 2, "completed": 2, "failed": 0, "ttft_p50_ms": pytest.approx(200.0),
+                            "ttft_p99_ms": pytest.approx(298.0), "measured_hit_rate": pytest.approx(0.25)}
+    assert tenants["1"] == {"requests": 1, "completed": 0, "failed": 1, "ttft_p50_ms": None, "ttft_p99_ms": None,
+                            "measured_hit_rate": None}
