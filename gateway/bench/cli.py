@@ -91,6 +91,9 @@ def serve(args: argparse.Namespace) -> int:
     if len({name for name, _ in targets}) != len(targets):
         print("portcullis bench serve: --runs names must differ", file=sys.stderr)
         return 2
+    if args.api_key and args.api_keys:
+        print("portcullis bench serve: --api-key or --api-keys, not both", file=sys.stderr)
+        return 2
     keys = tuple(k for k in (args.api_keys or "").split(",") if k) or ((args.api_key,) if args.api_key else ())
     concurrency = args.concurrency if args.concurrency is not None else (None if args.request_rate else 16)
     try:

@@ -38,6 +38,7 @@ async def stream_chat(client: httpx.AsyncClient, url: str, body: dict[str, Any],
     start = time.perf_counter()
     result.start_s = start - t0
     last = prev = start
+    events = 0
     text: list[str] = []
     try:
         async with client.stream("POST", url, json=body, headers=headers) as resp:
@@ -65,6 +66,7 @@ async def stream_chat(client: httpx.AsyncClient, url: str, body: dict[str, Any],
                     result.error = "stream error: " + str(err.get("message") if isinstance(err, dict) else err)
                     return
                 last = now
+                events += 1
                 for choice in event.get("choices") or []:
                     delta = choice.get("delta") or {}
                     piece = delta.get("content") or delta.get("reasoning_content") or choice.get("text") or ""
@@ -85,6 +87,9 @@ async def stream_chat(client: httpx.AsyncClient, url: str, body: dict[str, Any],
                     if isinstance(details, dict) and details.get("cached_tokens") is not None:
                         result.cached_tokens = int(details["cached_tokens"])
         result.text = "".join(text)  # no text at all (an immediate stop) still succeeds, without a TTFT
+        if not events:
+            result.error = "no SSE events in the response (does the target stream?)"
+            return
         result.e2el_s = last - start
         result.success = True
     except httpx.HTTPError as exc:

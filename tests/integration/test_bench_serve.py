@@ -50,12 +50,14 @@ def test_bench_serve_writes_json_table_and_ttft_plot(fake_upstream, tmp_path: Pa
 def test_bench_serve_runs_the_same_sequence_against_each_target_and_counts_failures(fake_upstream, tmp_path: Path):
     good, bad = fake_upstream("good"), fake_upstream("bad", fail_status=503)
     out = tmp_path / "runs.json"
-    proc = bench("--runs", f"good={good.url}", f"bad={bad.url}", "--model", "m", "--workload", "random",
+    proc = bench("--runs", f"good={good.url}", f"bad={bad.url}", "down=http://127.0.0.1:9", "--model", "m",
+                 "--workload", "random",
                  "--num-requests", "6", "--input-len", "20", "--request-rate", "50", "--extra-body", FAKE,
                  "--json", str(out), "--no-request-rows")
     assert proc.returncode == 1, proc.stderr  # a target with no completed request fails the command
     runs = json.loads(out.read_text())["runs"]
-    assert list(runs) == ["good", "bad"]
+    assert list(runs) == ["good", "bad", "down"]
+    assert runs["down"]["failed"] == 6 and list(runs["down"]["errors"])[0].startswith("ConnectError")
     assert runs["good"]["completed"] == 6 and runs["bad"]["completed"] == 0 and runs["bad"]["failed"] == 6
     assert list(runs["bad"]["errors"]) == ["HTTP 503: bad forced failure"]
     assert runs["good"]["plan"]["fingerprint"] == runs["bad"]["plan"]["fingerprint"]

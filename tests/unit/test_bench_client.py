@@ -96,3 +96,13 @@ def test_dropped_connection_fails_the_request_without_raising():
 @pytest.mark.parametrize("base", ["http://h:1", "http://h:1/", "http://h:1/v1", "http://h:1/v1/chat/completions"])
 def test_chat_url(base):
     assert chat_url(base) == "http://h:1/v1/chat/completions"
+
+
+def test_a_response_without_events_is_a_failure():
+    r = run([json.dumps({"choices": [{"message": {"content": "not streamed"}}]}).encode()])
+    assert not r.success and r.error.startswith("no SSE events")
+
+
+def test_an_immediate_stop_succeeds_without_a_ttft():
+    r = run([sse({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}), sse("[DONE]")])
+    assert r.success and r.ttft_s is None and r.e2el_s is not None and r.tpot_s is None
