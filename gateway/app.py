@@ -26,6 +26,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from gateway.client_ip import client_ip
+from gateway.keys import KeyStore
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
@@ -40,8 +41,10 @@ from gateway.stages.auth import AuthStage
 from gateway.stages.parse import ParseStage
 from gateway.stages.ratelimit import RateLimitStage
 from gateway.stages.route import RouteStage
+from gateway.stages.waf import WafStage
 from gateway.telemetry import ACCESS_LOGGER, Metrics, build_tracer_provider, trace_ids
 from gateway.upstream import Upstream
+from gateway.waf.reload import PolicyReloader
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger(ACCESS_LOGGER)
@@ -69,6 +72,7 @@ class Gateway:
             metrics=self.metrics)
         self.pipeline = Pipeline([
             ParseStage(config.limits.max_body_bytes),
+            WafStage(lambda: self.policies, KeyStore(config.auth)),
             self.auth,
             RateLimitStage(lambda: self.policies, RateLimiter(limits, self.metrics)),
             RouteStage(self.pools),
@@ -228,8 +232,27 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        reloader.start()
         yield
+        await reloader.stop()
         await gateway.aclose()
+
+    def install(policies: PolicySet) -> None:
+        gateway.policies = policies  # one assignment: each request reads one whole policy set
+
+    reloader = PolicyReloader(config.policy_dir, install, lambda: gateway.policies)
+
+    async def admin_policy(request: Request) -> Response:
+        policies = gateway.policies
+        waf = policies.waf_for(None)
+        return JSONResponse({
+            "version": policies.version, **reloader.status(),
+            "tenants": sorted(policies.overlays),
+            "waf": {"mode": waf.mode, "paranoia_level": waf.spec.paranoia_level,
+                    "packs": [r.model_dump() for r in waf.spec.pack_refs()], "rules": len(waf.rules),
+                    "inbound_threshold": waf.threshold,
+                    "tenant_overrides": sorted(policies.waf.tenants)},
+        })
 
     routes = [
         Route("/v1/chat/completions", ProxyEndpoint(gateway, "chat"), methods=["POST"]),
@@ -238,6 +261,7 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/admin/policy", admin_policy, methods=["GET"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
     app.state.gateway = gateway

@@ -15,6 +15,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from gateway.config import format_key_path
 from gateway.policy.model import Document, Policy, PolicySpec, RateLimitRule, TenantPolicy
+from gateway.waf.model import RulePack
+from gateway.waf.packs import WafSet, build_waf_set, builtin_packs, check_packs, known_rule_ids, pack_rules
 
 _DOCUMENT = TypeAdapter(Document)
 
@@ -29,9 +31,14 @@ class PolicySet:
     overlays: dict[str, TenantPolicy]
     version: str
     _rate_limits: dict[str, tuple[RateLimitRule, ...]] = field(default_factory=dict, repr=False)
+    waf: WafSet = field(default_factory=WafSet.empty, repr=False)  # compiled once here, per tenant
 
     def __post_init__(self) -> None:
         self._rate_limits.update({t: _merge(self.base.spec.rate_limits, o) for t, o in self.overlays.items()})
+
+    def waf_for(self, tenant: str | None):
+        """The tenant's compiled WAF (gateway.waf.engine.CompiledWaf)."""
+        return self.waf.for_tenant(tenant)
 
     def rate_limits_for(self, tenant: str | None) -> tuple[RateLimitRule, ...]:
         if tenant in self._rate_limits:
@@ -58,12 +65,15 @@ def load_policy_dir(directory: Path) -> PolicySet:
     problems: list[str] = []
     bases: list[tuple[Path, Policy]] = []
     overlays: dict[str, tuple[Path, TenantPolicy]] = {}
+    packs: list[tuple[Path, RulePack]] = []
     for path in files:
         text = path.read_bytes()
         digest.update(str(path.relative_to(directory)).encode() + b"\0" + text + b"\0")
         for document in _documents(path, text, problems):
             if isinstance(document, Policy):
                 bases.append((path, document))
+            elif isinstance(document, RulePack):
+                packs.append((path, document))
             elif document.tenant in overlays:
                 problems.append(f"{path}: tenant {document.tenant!r} already has an overlay in "
                                 f"{overlays[document.tenant][0]}")
@@ -74,13 +84,23 @@ def load_policy_dir(directory: Path) -> PolicySet:
         problems.append(f"{directory}: exactly one 'kind: Policy' document is required (found: {found})")
     if bases:
         base_ids = {rule.id for rule in bases[0][1].spec.rate_limits}
+        problems.extend(check_packs(bases[0][1].spec.waf, {t: o.spec.waf for t, (_, o) in overlays.items()}, packs))
+        base_ids |= known_rule_ids(bases[0][1].spec.waf, pack_rules({p.metadata.name: p for _, p in packs}))
         for path, overlay in overlays.values():
             for rule_id in sorted(set(overlay.spec.disable) - base_ids):
                 problems.append(f"{path}: tenant {overlay.tenant!r} disables unknown rule id {rule_id!r}")
     if problems:
         raise PolicyError("invalid policy:\n" + "\n".join(f"  {p}" for p in problems))
-    return PolicySet(base=bases[0][1], overlays={t: o for t, (_, o) in overlays.items()},
-                     version="sha256:" + digest.hexdigest()[:16])
+    digest.update(b"builtin-packs\0" + builtin_packs()[1].encode())
+    version = "sha256:" + digest.hexdigest()[:16]
+    base = bases[0][1]
+    try:
+        waf = build_waf_set(base.spec.waf, {t: (o.spec.waf if "waf" in o.spec.model_fields_set else None,
+                                                o.spec.disable) for t, (_, o) in overlays.items()},
+                            {p.metadata.name: p for _, p in packs}, version)
+    except Exception as exc:  # e.g. an RE2 set over its memory budget
+        raise PolicyError(f"invalid policy:\n  {directory}: WAF rules do not compile: {exc}") from exc
+    return PolicySet(base=base, overlays={t: o for t, (_, o) in overlays.items()}, version=version, waf=waf)
 
 
 def _documents(path: Path, text: bytes, problems: list[str]) -> list[Policy | TenantPolicy]:
@@ -100,7 +120,7 @@ def _documents(path: Path, text: bytes, problems: list[str]) -> list[Policy | Te
         except ValidationError as exc:
             for err in exc.errors():
                 loc = tuple(err["loc"])
-                if loc and loc[0] in ("Policy", "TenantPolicy"):
+                if loc and loc[0] in ("Policy", "TenantPolicy", "RulePack"):
                     loc = loc[1:]  # the discriminator's tag is not a key in the file
                 line = _line_of(node, loc)
                 problems.append(f"{path}:{line}: {format_key_path(loc)}{_rule_hint(data, loc)}: {err['msg']}")
@@ -123,6 +143,10 @@ def _line_of(node: yaml.Node, loc: tuple) -> int:
 
 def _rule_hint(data: object, loc: tuple) -> str:
     """' (rule id X)' when the error sits inside a rule that has an id."""
+    if isinstance(data, dict) and len(loc) >= 2 and loc[0] == "rules" and isinstance(loc[1], int):  # RulePack
+        loc, data = ("spec", "rules", *loc[1:]), {"spec": data}
+    if isinstance(data, dict) and len(loc) >= 4 and loc[:2] == ("spec", "waf") and isinstance(data.get("spec"), dict):
+        loc, data = loc[1:], {"spec": data["spec"].get("waf") or {}}
     if len(loc) >= 3 and loc[0] == "spec" and isinstance(loc[2], int) and isinstance(data, dict):
         rules = (data.get("spec") or {}).get(loc[1])
         if isinstance(rules, list) and loc[2] < len(rules) and isinstance(rules[loc[2]], dict):

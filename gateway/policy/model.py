@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 
+from gateway.waf.model import RulePack, WafSpec
+
 API_VERSION = "portcullis.dev/v1"
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -96,6 +98,8 @@ class RateLimitRule(_Strict):
 
 class PolicySpec(_Strict):
     rate_limits: list[RateLimitRule] = Field(default_factory=list)
+    waf: WafSpec = Field(default_factory=WafSpec, description=(
+        "web application firewall; in an overlay, the fields given replace the base's, rules merge by id"))
 
     @model_validator(mode="after")
     def _unique_ids(self) -> "PolicySpec":
@@ -134,7 +138,7 @@ class TenantPolicy(_Strict):
     spec: TenantSpec = TenantSpec()
 
 
-Document = Annotated[Policy | TenantPolicy, Field(discriminator="kind")]
+Document = Annotated[Policy | TenantPolicy | RulePack, Field(discriminator="kind")]
 
 
 def json_schema() -> dict:

@@ -1,0 +1,76 @@
+"""WAF stage: the policy's compiled rules against the raw HTTP parts and the parsed body, before auth.
+
+Runs after parse (it reads ctx.payload) and before auth, so attacks are refused before any per-tenant work. The
+tenant and key label that overlays, exclusions and conditions may need come from the shared `KeyStore` (lookup
+only; auth still decides). Blocks are OpenAI-shaped 403s with `code: waf_blocked` and the rule ids in `param`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from opentelemetry import trace
+
+from gateway.context import RequestContext
+from gateway.errors import GatewayError
+from gateway.keys import KeyStore
+from gateway.policy.loader import PolicySet
+from gateway.telemetry import trace_ids
+from gateway.waf import audit
+from gateway.waf.parts import RequestView
+
+
+class WafStage:
+    name = "waf"
+
+    def __init__(self, policies: Callable[[], PolicySet], keys: KeyStore) -> None:
+        self._policies = policies
+        self._keys = keys
+
+    async def __call__(self, ctx: RequestContext) -> None:
+        request = ctx.request
+        identity = self._keys.lookup(request.headers)
+        tenant = identity.tenant if identity else None
+        waf = self._policies().waf_for(tenant)
+        span = trace.get_current_span()
+        span.set_attribute("portcullis.waf.policy_version", waf.version)
+        if not waf.enabled:
+            span.set_attribute("portcullis.waf.action", "off")
+            return
+        view = view_of(ctx, tenant, identity.label if identity else None)
+        verdict = waf.evaluate(view)
+        span.set_attribute("portcullis.waf.action", verdict.action)
+        span.set_attribute("portcullis.waf.score", verdict.score)
+        if not verdict.matches:
+            return
+        span.set_attribute("portcullis.waf.rules", verdict.rule_ids)
+        if verdict.tags:
+            ctx.annotations["waf_tags"] = verdict.tags
+        if verdict.redactions and not verdict.blocked:
+            if waf.redact(view, verdict, ctx.payload):
+                ctx.body = json.dumps(ctx.payload).encode()
+                span.set_attribute("portcullis.waf.redacted", [m.rule.id for m in verdict.redactions])
+        trace_id, span_id = trace_ids(ctx.span)
+        audit.emit(audit.record(verdict, waf, request_id=ctx.request_id, trace_id=trace_id, span_id=span_id,
+                                tenant=tenant, method=request.method, path=request.url.path,
+                                client=ctx.client_ip or None, route=ctx.route))
+        if verdict.blocked:
+            rule = verdict.blocking_rule
+            ids = ",".join(m.rule.id for m in verdict.matches if m.points or m.rule is rule)
+            status, message = ((rule.status, rule.message or waf.spec.block.message) if rule.action == "block"
+                               else (waf.spec.block.status, waf.spec.block.message))
+            raise GatewayError(status, f"{message} (rules: {ids}; request id {ctx.request_id})",
+                               type="invalid_request_error", code="waf_blocked", param=ids)
+
+
+def view_of(ctx: RequestContext, tenant: str | None, label: str | None) -> RequestView:
+    scope = ctx.request.scope
+    raw_path = scope.get("raw_path") or scope.get("path", "/").encode()
+    return RequestView(
+        method=scope.get("method", "POST"),
+        path=raw_path.decode("latin-1"),
+        query=(scope.get("query_string") or b"").decode("latin-1"),
+        headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", ())],
+        body=ctx.body, payload=ctx.payload, route=ctx.route, client_ip=ctx.client_ip, tenant=tenant,
+        key_label=label, model=ctx.model)

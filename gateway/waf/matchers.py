@@ -1,0 +1,118 @@
+"""Operators, compiled once at policy load: RE2 regexes (grouped into RE2 sets), Aho-Corasick phrase lists,
+libinjection SQLi/XSS, equality, numbers, lengths and CIDR lists."""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+from collections.abc import Callable, Sequence
+
+import ahocorasick
+import libinjection
+import re2
+
+# One RE2 DFA budget per compiled regex/set; RE2 never backtracks, so time stays linear in the input whatever the
+# pattern.
+_OPTIONS = re2.Options()
+_OPTIONS.max_mem = 64 << 20
+
+
+def compile_regex(pattern: str):
+    return re2.compile(pattern, options=_OPTIONS)
+
+
+class RegexSet:
+    """Many regexes over the same (targets, transforms): one RE2 set scan tells which can match at all; only those
+    are then searched value by value to find the matching value and span."""
+
+    def __init__(self) -> None:
+        self._set = re2.Set.SearchSet(_OPTIONS)
+        self.members: list[int] = []  # leaf index per set index
+
+    def add(self, pattern: str, leaf: int) -> None:
+        # (?m): the set scans all values joined by newlines, so ^ and $ must also hold at value boundaries.
+        self._set.Add("(?m)" + pattern)
+        self.members.append(leaf)
+
+    def compile(self) -> None:
+        self._set.Compile()
+
+    def candidates(self, joined: bytes) -> list[int]:
+        return [self.members[i] for i in (self._set.Match(joined) or ())]
+
+
+def needs_own_scan(pattern: str) -> bool:
+    """Patterns anchored to the whole text cannot be decided on joined values."""
+    return "\\A" in pattern or "\\z" in pattern
+
+
+def phrase_matcher(phrases: Sequence[str]) -> Callable[[str], tuple[int, int] | None]:
+    automaton = ahocorasick.Automaton()
+    for phrase in phrases:
+        automaton.add_word(phrase, len(phrase))
+    automaton.make_automaton()
+
+    def find(text: str) -> tuple[int, int] | None:
+        for end, length in automaton.iter(text):
+            return end - length + 1, end + 1
+        return None
+
+    return find
+
+
+@functools.lru_cache(maxsize=16384)
+def _sqli(text: str) -> int:
+    """Tokens in libinjection's SQLi fingerprint, 0 when it is not SQLi."""
+    result = libinjection.is_sql_injection(text)
+    return len(result["fingerprint"]) if result["is_sqli"] else 0
+
+
+@functools.lru_cache(maxsize=16384)
+def _xss(text: str) -> bool:
+    return bool(libinjection.is_xss(text)["is_xss"])
+
+
+def sqli_tokens(text: str) -> int:
+    # Short, repeated values (roles, model names) hit the cache; long ones are not worth keeping.
+    return _sqli(text) if len(text) <= 256 else _sqli.__wrapped__(text)
+
+
+def is_xss(text: str) -> bool:
+    if "<" not in text and "=" not in text and ":" not in text and "`" not in text and "(" not in text:
+        return False  # libinjection's HTML5 tokenizer needs a tag, an attribute, a URL scheme or a call
+    return _xss(text) if len(text) <= 256 else bool(libinjection.is_xss(text)["is_xss"])
+
+
+def numeric_test(spec) -> Callable[[float], bool]:
+    checks = []
+    if spec.gt is not None:
+        checks.append(lambda x, v=spec.gt: x > v)
+    if spec.ge is not None:
+        checks.append(lambda x, v=spec.ge: x >= v)
+    if spec.lt is not None:
+        checks.append(lambda x, v=spec.lt: x < v)
+    if spec.le is not None:
+        checks.append(lambda x, v=spec.le: x <= v)
+    if spec.eq is not None:
+        checks.append(lambda x, v=spec.eq: x == v)
+    return lambda x: all(c(x) for c in checks)
+
+
+def as_number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def cidr_test(networks: Sequence[str]) -> Callable[[str], bool]:
+    nets = [ipaddress.ip_network(n, strict=False) for n in networks]
+
+    def test(text: str) -> bool:
+        try:
+            address = ipaddress.ip_address(text)
+        except ValueError:
+            return False
+        return any(address in net for net in nets if net.version == address.version)
+
+    return test

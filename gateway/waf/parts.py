@@ -1,0 +1,317 @@
+"""The request as the WAF sees it: named parts, each a list of values, extracted once and cached per request.
+
+A `RequestView` is built from raw HTTP parts (method, raw path, raw query, headers, body) plus what the gateway
+knows (parsed JSON, tenant, API key label, client IP). The same view serves the gateway stage, the CLI and the
+corpus harness, so all three decide alike.
+
+Which parts hold what:
+- `args`: query and form arguments (URL-decoded once), and every JSON string/number *outside the prompt text*;
+  `args_names`: their names (JSON keys included). The prompt — message contents, completions prompts — is its own
+  part, `prompt`, because a prompt may legitimately talk about SQL, shell or HTML; LLM packs read it, web-attack
+  packs do not.
+- `json:PATH` reads the parsed body by dotted path (`*` is any key or index), `prompt:ROLE` one role's messages.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, unquote_to_bytes
+
+# A value and where it came from (for explanations, and for redaction inside the JSON body).
+Value = tuple[str, str, tuple | None]  # (part name, text, location in the payload or None)
+
+_PROMPT_KEYS = ("messages", "prompt")
+
+
+@dataclass
+class RequestView:
+    method: str = "GET"
+    path: str = "/"
+    query: str = ""  # raw, as sent
+    headers: list[tuple[str, str]] = field(default_factory=list)  # (lowercased name, value), in order
+    body: bytes = b""
+    payload: Any = None  # parsed JSON body, when there is one
+    route: str = ""
+    client_ip: str = ""
+    tenant: str | None = None
+    key_label: str | None = None
+    model: str = ""
+    _cache: dict[str, list[Value]] = field(default_factory=dict, repr=False)
+    transformed: dict[tuple, list[tuple[str, str, tuple | None]]] = field(default_factory=dict, repr=False)
+
+    # -- raw pieces -------------------------------------------------------------------------------------------
+    def header(self, name: str) -> list[str]:
+        return [v for k, v in self.headers if k == name]
+
+    def content_type(self) -> str:
+        values = self.header("content-type")
+        return values[0].split(";", 1)[0].strip().lower() if values else ""
+
+    def _query_args(self) -> list[tuple[str, str]]:
+        return parse_qsl(self.query, keep_blank_values=True) if self.query else []
+
+    def _form_args(self) -> list[tuple[str, str]]:
+        """Body arguments of a non-JSON body: form fields, multipart fields, XML attribute values and text, or the
+        whole body as one argument named 'body' for any other type."""
+        cached = self._cache.get("\0form")
+        if cached is not None:
+            return cached  # type: ignore[return-value]
+        out: list[tuple[str, str]] = []
+        if self.payload is None and self.body:
+            ctype = self.content_type()
+            text = self.body.decode("utf-8", errors="replace")
+            if ctype in ("", "application/x-www-form-urlencoded"):
+                out = parse_qsl(text, keep_blank_values=True)
+            elif ctype.startswith("multipart/"):
+                out = _multipart(text, self.header("content-type")[0])
+            elif ctype.endswith("xml"):
+                out = [("xml", html.unescape(a or b)) for a, b in _XML_VALUES.findall(text) if (a or b).strip()]
+            else:
+                out = [("body", text)]
+        self._cache["\0form"] = out  # type: ignore[assignment]
+        return out
+
+    def _cookies(self) -> list[tuple[str, str]]:
+        out = []
+        for header in self.header("cookie"):
+            for pair in header.split(";"):
+                name, sep, value = pair.strip().partition("=")
+                if name or value:
+                    out.append((name, value) if sep else ("", name))
+        return out
+
+    # -- parts ------------------------------------------------------------------------------------------------
+    def values(self, target: str) -> list[Value]:
+        cached = self._cache.get(target)
+        if cached is None:
+            cached = self._cache[target] = self._extract(target)
+        return cached
+
+    def _extract(self, target: str) -> list[Value]:
+        kind, _, param = target.partition(":")
+        if param:
+            return self._param(kind, param, target)
+        simple = _SIMPLE.get(target)
+        if simple is not None:
+            value = simple(self)
+            return [] if value is None else [(target, str(value), None)]
+        if target == "args":
+            out = [(f"arg:{k}", v, None) for k, v in self._query_args() + self._form_args()]
+            return out + [(f"json:{_dotted(loc)}", text, loc) for loc, text in _json_leaves(self.payload, True)]
+        if target == "args_names":
+            out = [("args_names", k, None) for k, _ in self._query_args() + self._form_args()]
+            return out + [("args_names", k, None) for k in _json_keys(self.payload)]
+        if target == "json_strings":
+            return [(f"json:{_dotted(loc)}", text, loc) for loc, text in _json_leaves(self.payload, False)]
+        if target == "headers":
+            return [(f"header:{k}", v, None) for k, v in self.headers]
+        if target == "header_names":
+            return [("header_names", k, None) for k, _ in self.headers]
+        if target == "cookies":
+            return [(f"cookie:{k}", v, None) for k, v in self._cookies()]
+        if target == "cookie_names":
+            return [("cookie_names", k, None) for k, _ in self._cookies() if k]
+        if target == "prompt":
+            return _prompt(self.payload, None)
+        raise KeyError(target)
+
+    def _param(self, kind: str, param: str, target: str) -> list[Value]:
+        if kind == "header":
+            name = param.lower()
+            return [(target, v, None) for k, v in self.headers if k == name]
+        if kind == "cookie":
+            return [(target, v, None) for k, v in self._cookies() if k == param]
+        if kind == "arg":
+            return [(target, v, None) for k, v in self._query_args() + self._form_args() if k == param]
+        if kind == "json":
+            return [(target, text, loc) for loc, text in _json_path(self.payload, param.split("."))]
+        if kind == "prompt":
+            return _prompt(self.payload, param)
+        raise KeyError(target)
+
+    def raw(self, target: str) -> list[Value]:
+        return self.values(target)
+
+
+_XML_VALUES = re.compile(r'(?<==)"([^"]*)"|>([^<]+)<')
+
+
+def _multipart(text: str, content_type: str) -> list[tuple[str, str]]:
+    boundary = content_type.partition("boundary=")[2].strip().strip('"')
+    if not boundary:
+        return [("body", text)]
+    out = []
+    for chunk in text.split("--" + boundary):
+        head, sep, body = chunk.replace("\r\n", "\n").partition("\n\n")
+        if not sep:
+            continue
+        name = re.search(r'name="([^"]*)"', head)
+        filename = re.search(r'filename="([^"]*)"', head)
+        if filename:
+            out.append(("filename", filename.group(1)))
+        out.append((name.group(1) if name else "", body.rstrip("\n")))
+    return out
+
+
+def _invalid_utf8(view: RequestView) -> int:
+    count = 0
+    for text in [view.path, view.query]:
+        if "%" in text:
+            try:
+                unquote_to_bytes(text).decode("utf-8")
+            except UnicodeDecodeError:
+                count += 1
+    if view.body and view.payload is None:
+        try:
+            view.body.decode("utf-8")
+        except UnicodeDecodeError:
+            count += 1
+    return count
+
+
+def _prompt_size(view: RequestView) -> int:
+    return sum(len(text) for _, text, _ in view.values("prompt"))
+
+
+_SIMPLE = {
+    "method": lambda v: v.method,
+    "path": lambda v: v.path,
+    "uri": lambda v: v.path + ("?" + v.query if v.query else ""),
+    "query": lambda v: v.query or None,
+    "body": lambda v: v.body.decode("utf-8", errors="replace") if v.body else None,
+    "model": lambda v: v.model or None,
+    "tenant": lambda v: v.tenant,
+    "key_label": lambda v: v.key_label or None,
+    "route": lambda v: v.route or None,
+    "client_ip": lambda v: v.client_ip or None,
+    "content_type": lambda v: v.content_type() or None,
+    "body_size": lambda v: len(v.body),
+    "header_count": lambda v: len(v.headers),
+    "arg_count": lambda v: len(v._query_args()) + len(v._form_args()),
+    "json_depth": lambda v: _depth(v.payload),
+    "json_keys": lambda v: sum(1 for _ in _json_keys(v.payload)),
+    "invalid_utf8": _invalid_utf8,
+    "prompt_size": _prompt_size,
+}
+
+
+def _scalar(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return json.dumps(value)
+    return None
+
+
+def _is_prompt(loc: tuple) -> bool:
+    return bool(loc) and loc[0] in _PROMPT_KEYS and (loc[0] == "prompt" or (len(loc) >= 3 and loc[2] in (
+        "content",)))
+
+
+def _json_leaves(payload: Any, skip_prompt: bool) -> list[tuple[tuple, str]]:
+    out: list[tuple[tuple, str]] = []
+    stack: list[tuple[tuple, Any]] = [((), payload)]
+    while stack:
+        loc, node = stack.pop()
+        if skip_prompt and _is_prompt(loc):
+            continue
+        if isinstance(node, dict):
+            stack.extend(((*loc, k), v) for k, v in reversed(node.items()))
+        elif isinstance(node, list):
+            stack.extend(((*loc, i), v) for i, v in reversed(list(enumerate(node))))
+        else:
+            text = _scalar(node)
+            if text is not None and loc:
+                out.append((loc, text))
+    return out
+
+
+def _json_keys(payload: Any):
+    stack = [payload]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            yield from (k for k in node if isinstance(k, str))
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+def _depth(payload: Any) -> int:
+    if payload is None:
+        return 0
+    deepest, stack = 0, [(payload, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
+def _json_path(payload: Any, steps: list[str]) -> list[tuple[tuple, str]]:
+    frontier: list[tuple[tuple, Any]] = [((), payload)]
+    for step in steps:
+        nxt = []
+        for loc, node in frontier:
+            if isinstance(node, dict):
+                items = node.items() if step == "*" else ([(step, node[step])] if step in node else [])
+                nxt.extend(((*loc, k), v) for k, v in items)
+            elif isinstance(node, list):
+                if step == "*":
+                    nxt.extend(((*loc, i), v) for i, v in enumerate(node))
+                elif step.lstrip("-").isdigit() and -len(node) <= int(step) < len(node):
+                    i = int(step) % len(node)
+                    nxt.append(((*loc, i), node[i]))
+        frontier = nxt
+    return [(loc, text) for loc, node in frontier if (text := _scalar(node)) is not None]
+
+
+def _prompt(payload: Any, role: str | None) -> list[Value]:
+    """Text of every message (string content and text parts), or of one role's; completions prompts as 'user'."""
+    if not isinstance(payload, dict):
+        return []
+    name = f"prompt:{role}" if role else "prompt"
+    out: list[Value] = []
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or (role and message.get("role") != role):
+                continue
+            content = message.get("content")
+            if isinstance(content, str):
+                out.append((name, content, ("messages", i, "content")))
+            elif isinstance(content, list):
+                for j, part in enumerate(content):
+                    if isinstance(part, dict) and isinstance(part.get("text"), str):
+                        out.append((name, part["text"], ("messages", i, "content", j, "text")))
+    prompt = payload.get("prompt")
+    if role in (None, "user"):
+        if isinstance(prompt, str):
+            out.append((name, prompt, ("prompt",)))
+        elif isinstance(prompt, list):
+            out.extend((name, p, ("prompt", i)) for i, p in enumerate(prompt) if isinstance(p, str))
+    return out
+
+
+def _dotted(loc: tuple) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+def from_raw_http(method: str, uri: str, headers: list[tuple[str, str]], body: bytes, **known: Any) -> RequestView:
+    """A view of a raw HTTP request (the corpus harness, `portcullis policy test`); JSON bodies are parsed."""
+    path, _, query = uri.partition("?")
+    lowered = [(k.lower(), v) for k, v in headers]
+    view = RequestView(method=method.upper(), path=path or "/", query=query, headers=lowered, body=body, **known)
+    if body and "payload" not in known and "json" in view.content_type():
+        try:
+            view.payload = json.loads(body)
+        except (UnicodeDecodeError, ValueError):
+            pass
+    return view

@@ -1,0 +1,92 @@
+"""Transformations applied to a request part before matching. Each is linear in its input."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import html
+import re
+import unicodedata
+from collections.abc import Callable
+from urllib.parse import unquote
+
+_PERCENT_U = re.compile(r"%u([0-9a-fA-F]{4})")
+_WS = re.compile(r"\s+")
+_SQL_COMMENT = re.compile(r"/\*.*?(?:\*/|$)", re.S)
+_JS_ESCAPE = re.compile(r"\\(?:x([0-9a-fA-F]{2})|u\{?([0-9a-fA-F]{4})\}?|([0-7]{1,3}))")
+_CMD_DROP = re.compile(r"[\\\"'^]")
+_CMD_SPACE_BEFORE = re.compile(r"\s+(?=[/(])")
+_CMD_SEP = re.compile(r",")
+_SLASHES = re.compile(r"[\\/]+")
+_DOT_SEGMENT = re.compile(r"(?:(?<=/)|^)\./")
+_B64 = re.compile(r"^[A-Za-z0-9+/_-]+={0,2}$")
+
+
+def url_decode(value: str) -> str:
+    """%XX (as UTF-8, invalid bytes kept as U+FFFD), %uXXXX, and '+' as space."""
+    if "%" not in value and "+" not in value:
+        return value
+    value = _PERCENT_U.sub(lambda m: chr(int(m.group(1), 16)), value.replace("+", " "))
+    return unquote(value, errors="replace")
+
+
+def js_decode(value: str) -> str:
+    if "\\" not in value:
+        return value
+
+    def one(m: re.Match) -> str:
+        code = m.group(1) or m.group(2)
+        return chr(int(code, 16)) if code else chr(int(m.group(3), 8) & 0xFF)
+
+    return _JS_ESCAPE.sub(one, value)
+
+
+def base64_decode(value: str) -> str:
+    """The decoded text when the whole value is base64 (standard or URL-safe), else the value unchanged."""
+    stripped = value.strip()
+    if len(stripped) < 8 or not _B64.match(stripped):
+        return value
+    try:
+        raw = base64.b64decode(stripped + "=" * (-len(stripped) % 4), altchars=b"-_" if "-" in stripped or
+                               "_" in stripped else None)
+    except (binascii.Error, ValueError):
+        return value
+    return raw.decode("utf-8", errors="replace")
+
+
+def cmd_line(value: str) -> str:
+    """Shell-evasion normalisation: drop \\ " ' ^, commas to spaces, no space before / or (, lowercase,
+    whitespace compressed."""
+    value = _CMD_DROP.sub("", value)
+    value = _CMD_SEP.sub(" ", value)
+    value = _WS.sub(" ", value)
+    value = _CMD_SPACE_BEFORE.sub("", value)
+    return value.lower()
+
+
+def normalize_path(value: str) -> str:
+    value = _SLASHES.sub("/", value)
+    return _DOT_SEGMENT.sub("", value)
+
+
+TRANSFORMS: dict[str, Callable[[str], str]] = {
+    "lowercase": str.lower,
+    "url_decode": url_decode,
+    "html_entity_decode": lambda v: html.unescape(v) if "&" in v else v,
+    "nfkc": lambda v: v if v.isascii() else unicodedata.normalize("NFKC", v),
+    "remove_nulls": lambda v: v.replace("\x00", "") if "\x00" in v else v,
+    "compress_whitespace": lambda v: _WS.sub(" ", v),
+    "remove_whitespace": lambda v: _WS.sub("", v),
+    "base64_decode": base64_decode,
+    "js_decode": js_decode,
+    "remove_comments": lambda v: _SQL_COMMENT.sub(" ", v) if "/*" in v else v,
+    "cmd_line": cmd_line,
+    "normalize_path": normalize_path,
+    "trim": str.strip,
+}
+
+
+def apply(chain: tuple[str, ...], value: str) -> str:
+    for name in chain:
+        value = TRANSFORMS[name](value)
+    return value
