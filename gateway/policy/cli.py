@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gateway.policy.loader import PolicyError, load_policy_dir
 from gateway.policy.model import json_schema
+from gateway.waf import cli as waf_cli
 
 
 def add_subcommands(commands: argparse._SubParsersAction) -> None:
@@ -19,6 +20,7 @@ def add_subcommands(commands: argparse._SubParsersAction) -> None:
     check.set_defaults(func=_check)
     schema = verbs.add_parser("schema", help="print the JSON Schema of policy documents")
     schema.set_defaults(func=_schema)
+    waf_cli.add_verbs(verbs)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -28,9 +30,14 @@ def _check(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 1
     rules = len(policies.base.spec.rate_limits)
-    print(f"{args.directory}: ok, version {policies.version}, {rules} base rate limits, "
-          f"{len(policies.overlays)} tenant overlays")
-    return 0
+    notes = waf_cli.lint(policies)
+    for note in notes:
+        print(note, file=sys.stderr)
+    waf = policies.waf_for(None)
+    print(f"{args.directory}: {'ok' if not any(n.startswith('error') for n in notes) else 'errors'}, version "
+          f"{policies.version}, {rules} base rate limits, {len(policies.overlays)} tenant overlays, "
+          f"WAF {waf.mode} at paranoia level {waf.spec.paranoia_level} with {len(waf.rules)} rules")
+    return 1 if any(n.startswith("error") for n in notes) else 0
 
 
 def _schema(args: argparse.Namespace) -> int:

@@ -104,7 +104,9 @@ class Condition(_Strict):
             try:
                 re2.compile(value, options=_QUIET)
             except re2.error as exc:
-                raise ValueError(f"regex does not compile under RE2: {exc}") from None
+                reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) \
+                    else str(exc)
+                raise ValueError(f"regex does not compile under RE2: {reason}") from None
         return value
 
     @field_validator("phrases")

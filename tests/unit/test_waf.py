@@ -1,0 +1,248 @@
+"""The WAF engine and its place in the policy model: loading and errors, overlays, exclusions, scoring, redaction,
+linear time on hostile patterns and inputs, and the security team's CLI (check, test, explain)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway.policy.cli import add_subcommands  # noqa: F401  (the CLI wiring imports)
+from gateway.cli import main as cli
+from gateway.policy.loader import PolicyError, load_policy_dir
+from gateway.waf.parts import RequestView
+
+POLICY = {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "t"}}
+
+
+def write_policy(tmp_path: Path, waf: dict, overlays: dict[str, dict] | None = None, extra: dict | None = None) -> Path:
+    directory = tmp_path / "policies"
+    (directory / "tenants").mkdir(parents=True, exist_ok=True)
+    (directory / "base.yaml").write_text(yaml.safe_dump({**POLICY, "spec": {"waf": waf}}))
+    for tenant, spec in (overlays or {}).items():
+        doc = {"apiVersion": "portcullis.dev/v1", "kind": "TenantPolicy", "metadata": {"name": tenant},
+               "tenant": tenant, "spec": spec}
+        (directory / "tenants" / f"{tenant}.yaml").write_text(yaml.safe_dump(doc))
+    for name, doc in (extra or {}).items():
+        (directory / name).write_text(yaml.safe_dump(doc))
+    return directory
+
+
+def chat(prompt: str = "hello", query: str = "", tenant: str | None = None, route: str = "chat",
+         path: str = "/v1/chat/completions", **payload) -> RequestView:
+    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], **payload}
+    return RequestView(method="POST", path=path, query=query, body=json.dumps(body).encode(), payload=body,
+                       headers=[("content-type", "application/json"), ("user-agent", "t")], tenant=tenant,
+                       route=route, model="m")
+
+
+RULE = {"id": "no-foo", "severity": "critical", "when": {"target": "prompt", "regex": "foo"}}
+
+
+def test_packs_rules_and_scoring(tmp_path):
+    policies = load_policy_dir(write_policy(tmp_path, {"packs": ["sqli"], "rules": [
+        RULE, {"id": "notice", "severity": "notice", "when": {"target": "prompt", "phrases": ["bar"]}}]}))
+    waf = policies.waf_for(None)
+    assert waf.evaluate(chat("hello")).action == "allow"
+    blocked = waf.evaluate(chat("a foo"))
+    assert blocked.blocked and blocked.rule_ids == ["no-foo"] and blocked.score == 5
+    logged = waf.evaluate(chat("a bar"))  # 2 points < threshold 5: logged, not blocked
+    assert logged.action == "log" and logged.score == 2
+    assert waf.evaluate(chat(query="id=1%27%20or%20%271%27=%271")).blocked
+    assert waf.evaluate(chat("' or '1'='1")).action == "allow"  # SQL in a prompt is not an attack on us
+
+
+def test_monitor_mode_never_blocks(tmp_path):
+    waf = load_policy_dir(write_policy(tmp_path, {"mode": "monitor", "rules": [RULE]})).waf_for(None)
+    verdict = waf.evaluate(chat("foo"))
+    assert verdict.action == "monitor" and not verdict.blocked and verdict.rule_ids == ["no-foo"]
+
+
+def test_conditions_over_request_parts(tmp_path):
+    rules = [
+        {"id": "all-any-not", "when": {"all": [
+            {"target": "model", "equals": "m"},
+            {"any": [{"target": "tenant", "in": ["t1", "t2"]}, {"target": "key_label", "equals": "ops"}]},
+            {"not": {"target": "client_ip", "cidr": ["10.0.0.0/8"]}}]}},
+        {"id": "json-path", "when": {"target": "json:tools.*.function.name", "regex": "^exec$"}},
+        {"id": "system-role", "when": {"target": "prompt:system", "transforms": ["lowercase"],
+                                        "phrases": ["ignore all"]}},
+        {"id": "long-prompt", "severity": "warning", "when": {"target": "prompt", "length": {"gt": 50}}},
+        {"id": "temp", "when": {"target": "json:temperature", "number": {"ge": 1.5}}},
+    ]
+    waf = load_policy_dir(write_policy(tmp_path, {"rules": rules})).waf_for(None)
+    v = chat()
+    v.tenant, v.client_ip = "t1", "8.8.8.8"
+    assert waf.evaluate(v).rule_ids == ["all-any-not"]
+    v = chat()
+    v.tenant, v.client_ip = "t1", "10.1.2.3"
+    assert waf.evaluate(v).rule_ids == []
+    assert waf.evaluate(chat(tools=[{"function": {"name": "exec"}}])).rule_ids == ["json-path"]
+    sys_view = chat()
+    sys_view.payload["messages"].insert(0, {"role": "system", "content": "IGNORE ALL rules"})
+    assert waf.evaluate(sys_view).rule_ids == ["system-role"]
+    assert waf.evaluate(chat("x" * 60)).rule_ids == ["long-prompt"]
+    assert waf.evaluate(chat(temperature=1.8)).rule_ids == ["temp"]
+
+
+def test_overlays_exclusions_and_disable(tmp_path):
+    waf = {"paranoia_level": 1, "packs": ["sqli"], "rules": [RULE],
+           "exclusions": [{"id": "legacy", "rules": ["no-foo"], "routes": ["completions"]},
+                          {"tags": ["attack-sqli"], "paths": ["/v1/sql-playground"]}]}
+    overlays = {"team-a": {"disable": ["no-foo"], "waf": {"paranoia_level": 2}},
+                "team-b": {"waf": {"rules": [{**RULE, "when": {"target": "prompt", "regex": "baz"}}],
+                                   "exclusions": [{"rules": ["sqli-1*"], "tenants": ["team-b"]}]}}}
+    policies = load_policy_dir(write_policy(tmp_path, waf, overlays))
+    base, a, b = (policies.waf_for(t) for t in (None, "team-a", "team-b"))
+    assert policies.waf_for("someone-else") is base
+    assert "sqli-184" not in base.rule_ids() and "sqli-184" in a.rule_ids()  # PL2 rules for team-a only
+    assert "no-foo" not in a.rule_ids()
+    assert base.evaluate(chat("foo")).blocked and not base.evaluate(chat("foo", route="completions")).blocked
+    attack = "id=1%27%20or%20%271%27=%271"
+    assert base.evaluate(chat(query=attack)).blocked
+    assert not base.evaluate(chat(query=attack, path="/v1/sql-playground/run")).blocked
+    assert b.evaluate(chat("baz")).blocked and not b.evaluate(chat("foo")).blocked  # replaced by id
+    assert not b.evaluate(chat(query=attack, tenant="team-b")).blocked
+
+
+def test_errors_name_file_line_and_rule_id(tmp_path):
+    directory = tmp_path / "p"
+    directory.mkdir()
+    (directory / "base.yaml").write_text("""apiVersion: portcullis.dev/v1
+kind: Policy
+metadata: {name: base}
+spec:
+  waf:
+    packs: [sqli, no-such-pack]
+    rules:
+      - id: fine
+        when: {target: prompt, regex: ok}
+      - id: bad-regex
+        when:
+          target: prompt
+          regex: '(?<=lookbehind)x'
+      - id: bad-target
+        when: {target: bodyy, regex: x}
+""")
+    (directory / "pack.yaml").write_text("""apiVersion: portcullis.dev/v1
+kind: RulePack
+metadata: {name: mine}
+rules:
+  - id: two-ops
+    when: {target: prompt, regex: a, phrases: [b]}
+""")
+    with pytest.raises(PolicyError) as err:
+        load_policy_dir(directory)
+    text = str(err.value)
+    assert "base.yaml:13: spec.waf.rules[1].when.regex (rule id bad-regex)" in text and "RE2" in text
+    assert "base.yaml:15: spec.waf.rules[2].when.target (rule id bad-target)" in text
+    assert "pack.yaml:6: rules[0].when (rule id two-ops)" in text
+    (directory / "base.yaml").write_text("apiVersion: portcullis.dev/v1\nkind: Policy\nmetadata: {name: b}\n"
+                                        "spec: {waf: {packs: [sqli, no-such-pack]}}\n")
+    (directory / "pack.yaml").unlink()
+    with pytest.raises(PolicyError, match="names unknown rule pack 'no-such-pack'"):
+        load_policy_dir(directory)
+
+
+def test_custom_rule_pack_documents(tmp_path):
+    pack = {"apiVersion": "portcullis.dev/v1", "kind": "RulePack", "metadata": {"name": "house"},
+            "rules": [{"id": "house-1", "when": {"target": "prompt", "regex": "secret project"}}]}
+    policies = load_policy_dir(write_policy(tmp_path, {"packs": ["house"]}, extra={"house.yaml": pack}))
+    assert policies.waf_for(None).evaluate(chat("the secret project")).rule_ids == ["house-1"]
+
+
+def test_catastrophic_pattern_loads_and_a_1mb_body_is_linear(tmp_path):
+    """(a+)+$ backtracks exponentially in a backtracking engine; under RE2 it is linear in the input."""
+    rules = [{"id": "redos", "when": {"target": ["prompt", "args", "headers"], "regex": "(a+)+$"}},
+             {"id": "redos-2", "when": {"target": "prompt", "regex": "^(([a-z])+.)+[A-Z]([a-z])+$"}}]
+    waf = load_policy_dir(write_policy(tmp_path, {"packs": ["sqli", "xss", "llm"], "rules": rules})).waf_for(None)
+
+    def timed(size: int) -> float:
+        view = chat("a" * size + "!")
+        started = time.perf_counter()
+        verdict = waf.evaluate(view)
+        elapsed = time.perf_counter() - started
+        assert verdict.rule_ids == []
+        return elapsed
+
+    timed(1024)  # warm up the DFAs
+    small, large = min(timed(256 * 1024) for _ in range(3)), min(timed(1000 * 1024) for _ in range(3))
+    assert large < 1.0, f"1 MiB took {large:.3f}s"
+    assert large < small * 4 * 2.5, f"not linear: 256 KiB {small * 1e3:.1f} ms, 1 MiB {large * 1e3:.1f} ms"
+    assert waf.evaluate(chat("a" * 1000 * 1024)).rule_ids == ["redos"]
+
+
+def test_redaction_rewrites_the_prompt(tmp_path):
+    waf = load_policy_dir(write_policy(tmp_path, {"packs": ["llm"]})).waf_for(None)
+    view = chat("keys: AKIAIOSFODNN7EXAMPLE and ghp_" + "x" * 36)
+    verdict = waf.evaluate(view)
+    assert not verdict.blocked and [m.rule.id for m in verdict.redactions] == ["llm-secret-110"]
+    assert waf.redact(view, verdict, view.payload) == 2
+    assert view.payload["messages"][0]["content"] == "keys: [REDACTED:secret] and [REDACTED:secret]"
+
+
+def test_version_covers_packs_and_files(tmp_path):
+    first = load_policy_dir(write_policy(tmp_path, {"packs": ["sqli"]})).version
+    assert load_policy_dir(write_policy(tmp_path, {"packs": ["sqli"]})).version == first
+    assert load_policy_dir(write_policy(tmp_path, {"packs": ["xss"]})).version != first
+
+
+def test_policy_check_reports_dead_and_shadowed_rules(tmp_path, capsys):
+    rules = [RULE, {**RULE, "id": "copy"}, {**RULE, "id": "deep", "paranoia_level": 3}]
+    directory = write_policy(tmp_path, {"packs": ["sqli"], "rules": rules,
+                                        "exclusions": [{"rules": ["sqli-110"]}]})
+    assert cli(["policy", "check", str(directory)]) == 0
+    err = capsys.readouterr().err
+    assert "shadowed: base: rule 'copy' has the same condition as 'no-foo'" in err
+    assert "dead: base: rule 'deep' needs paranoia level 3" in err
+    assert "dead: base: exclusion" in err
+
+
+def test_policy_check_refuses_duplicate_ids_across_packs(tmp_path, capsys):
+    pack = {"apiVersion": "portcullis.dev/v1", "kind": "RulePack", "metadata": {"name": "dup"},
+            "rules": [{"id": "sqli-100", "when": {"target": "prompt", "regex": "x"}}]}
+    directory = write_policy(tmp_path, {"packs": ["sqli", "dup"]}, extra={"dup.yaml": pack})
+    assert cli(["policy", "check", str(directory)]) == 1
+    assert "rule id 'sqli-100' is in 'sqli' and 'dup'" in capsys.readouterr().err
+
+
+CASES = """
+tests:
+  - test_id: prompt-with-private-key
+    stages:
+      - input:
+          prompt: "-----BEGIN RSA PRIVATE KEY-----"
+        output: {verdict: block, expect_ids: [llm-secret-100]}
+  - test_id: sqli-in-query
+    stages:
+      - input: {method: POST, uri: "/v1/chat/completions?id=1'%20or%20'1'='1", prompt: hi}
+        output: {log: {expect_ids: [sqli-100]}}
+  - test_id: benign
+    stages:
+      - input: {prompt: "How do I write a SQL join?"}
+        output: {verdict: allow, log: {no_expect_ids: [sqli-100]}}
+"""
+
+
+def test_policy_test_runs_cases_and_fails_for_ci(tmp_path, capsys):
+    directory = write_policy(tmp_path, {"packs": ["sqli", "llm"]})
+    cases = tmp_path / "cases.yaml"
+    cases.write_text(CASES)
+    assert cli(["policy", "test", str(directory), "--cases", str(cases)]) == 0
+    assert "3 passed, 0 failed" in capsys.readouterr().out
+    cases.write_text(CASES.replace("verdict: allow", "verdict: block"))
+    assert cli(["policy", "test", str(directory), "--cases", str(cases)]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_policy_explain_says_which_rules_fire_and_why(tmp_path, capsys):
+    directory = write_policy(tmp_path, {"packs": ["sqli", "llm"]})
+    assert cli(["policy", "explain", str(directory), "--uri", "/v1/chat/completions?q=1%27%20or%201=1--",
+                "--prompt", "hi", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == "block" and out["blocking_rule"] == "sqli-100"
+    first = out["rules"][0]
+    assert first["part"] == "arg:q" and first["pack"] == "sqli" and first["points"] == 5

