@@ -146,7 +146,7 @@ def _rule_hint(data: object, loc: tuple) -> str:
     if isinstance(data, dict) and len(loc) >= 2 and loc[0] == "rules" and isinstance(loc[1], int):  # RulePack
         loc, data = ("spec", "rules", *loc[1:]), {"spec": data}
     if isinstance(data, dict) and len(loc) >= 4 and loc[:2] == ("spec", "waf") and isinstance(data.get("spec"), dict):
-        loc, data = loc[1:], {"spec": data["spec"].get("waf") or {}}
+        loc, data = ("spec", *loc[2:]), {"spec": data["spec"].get("waf") or {}}
     if len(loc) >= 3 and loc[0] == "spec" and isinstance(loc[2], int) and isinstance(data, dict):
         rules = (data.get("spec") or {}).get(loc[1])
         if isinstance(rules, list) and loc[2] < len(rules) and isinstance(rules[loc[2]], dict):
