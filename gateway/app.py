@@ -12,8 +12,8 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
+import aiohttp
 import anyio
-import httpx
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -39,8 +39,10 @@ from gateway.ratelimit.redis_backend import RedisBackend
 from gateway.routing.pool import Pool, Pools
 from gateway.stages.auth import AuthStage
 from gateway.stages.parse import ParseStage
+from gateway.stages.admission import AdmissionStage
 from gateway.stages.ratelimit import RateLimitStage
 from gateway.stages.route import RouteStage
+from gateway.stages.tokenize import TokenizeStage
 from gateway.stages.waf import WafStage
 from gateway.telemetry import ACCESS_LOGGER, Metrics, build_tracer_provider, trace_ids
 from gateway.upstream import Upstream
@@ -55,15 +57,15 @@ PROBE_TIMEOUT = 2.0
 class Gateway:
     """Everything one gateway process shares across requests."""
 
-    def __init__(self, config: GatewayConfig, span_exporter: SpanExporter | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(self, config: GatewayConfig, span_exporter: SpanExporter | None = None) -> None:
         self.config = config
         self.metrics = Metrics()
         self.tracer_provider = build_tracer_provider(config.telemetry, span_exporter)
         self.tracer = self.tracer_provider.get_tracer("portcullis.gateway")
-        self.pools = Pools([Pool(p, transport) for p in config.pools])
+        self.pools = Pools([Pool(p) for p in config.pools])
         self.policies = _load_policies(config)
         self.auth = AuthStage(config.auth)
+        self.tokenize = TokenizeStage(config.models, lambda: self.policies)
         self.redis = RedisBackend(config.redis.url, config.redis.timeout, config.redis.max_connections) \
             if config.redis.url else None
         limits = FailoverBackend(
@@ -74,10 +76,12 @@ class Gateway:
             ParseStage(config.limits.max_body_bytes),
             WafStage(lambda: self.policies, KeyStore(config.auth)),
             self.auth,
+            self.tokenize,
             RateLimitStage(lambda: self.policies, RateLimiter(limits, self.metrics)),
-            RouteStage(self.pools),
+            AdmissionStage(self.pools, self.tracer, self.metrics),
+            RouteStage(),
         ], self.tracer, self.metrics)
-        self.upstream = Upstream(self.tracer, self.metrics)
+        self.upstream = Upstream(self.tracer, self.metrics, config.telemetry.replica_header)
 
     async def aclose(self) -> None:
         await self.pools.aclose()
@@ -91,10 +95,11 @@ class Gateway:
         async def one(url: str) -> dict:
             headers = {"authorization": f"Bearer {pool.api_key}"} if pool.api_key else {}
             try:
-                response = await pool.client.get(url + "/v1/models", headers=headers, timeout=PROBE_TIMEOUT)
-                models = response.json().get("data", []) if response.status_code == 200 else []
-                return {"url": url, "up": response.status_code < 500, "models": models}
-            except (httpx.HTTPError, ValueError, AttributeError):
+                async with pool.session.get(url + "/v1/models", headers=headers,
+                                            timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT)) as response:
+                    models = (await response.json()).get("data", []) if response.status == 200 else []
+                    return {"url": url, "up": response.status < 500, "models": models}
+            except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
                 return {"url": url, "up": False, "models": []}
 
         return list(await asyncio.gather(*(one(r.url) for r in pool.replicas)))
@@ -170,6 +175,7 @@ class ProxyEndpoint:
             "stream": ctx.stream, "pool": ctx.pool.name if ctx.pool else None,
             "upstream": ctx.replica.url if ctx.replica else None, "prompt_tokens": ctx.usage.prompt_tokens,
             "completion_tokens": ctx.usage.completion_tokens, "cached_tokens": ctx.usage.cached_tokens,
+            "predicted_cached_tokens": ctx.predicted_cached_tokens,
             "finish_reasons": ctx.usage.finish_reasons or None, "stream_error": ctx.stream_error,
             "client": ctx.request.client.host if ctx.request.client else None,
         }})
@@ -190,9 +196,8 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
     return GatewayError(exc.status_code, str(exc.detail), code=code, headers=exc.headers).response()
 
 
-def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = None,
-              transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
-    gateway = Gateway(config, span_exporter, transport)
+def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = None) -> Starlette:
+    gateway = Gateway(config, span_exporter)
 
     async def list_models(request: Request) -> Response:
         ctx = RequestContext(request=request, route="models", span=trace.INVALID_SPAN)
@@ -232,8 +237,11 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        gateway.pools.start()
         reloader.start()
+        warming = asyncio.create_task(asyncio.to_thread(gateway.tokenize.warm))
         yield
+        await warming
         await reloader.stop()
         await gateway.aclose()
 

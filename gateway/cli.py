@@ -61,7 +61,6 @@ def configure_logging(level: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call duplicates the access log
 
 
 if __name__ == "__main__":

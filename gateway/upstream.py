@@ -1,4 +1,4 @@
-"""The upstream call: httpx to a replica, retried on the next candidate only before the client got a byte.
+"""The upstream call: aiohttp to a replica, retried on the next candidate only before the client got a byte.
 
 Streams are relayed event by event as they arrive (no buffering of the whole stream). A client disconnect cancels the
 relay, which closes the upstream connection. An upstream that breaks mid-stream ends the client's stream with an
@@ -14,8 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
-import httpx
+import aiohttp
 from opentelemetry import propagate
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
 from starlette.responses import Response, StreamingResponse
@@ -40,7 +39,8 @@ class _Attempt:
     replica: Replica
     span: Span
     sent_at: float
-    response: httpx.Response | None = None
+    response: aiohttp.ClientResponse | None = None
+    content: bytes = b""  # the whole body of a non-streaming answer
     first_chunk: bytes = b""
     chunks: AsyncIterator[bytes] | None = None
 
@@ -55,19 +55,18 @@ class Upstream:
         body, strip_usage = _request_body(ctx)
         attempt = await self._attempts(ctx, body)
         ctx.replica = attempt.replica
-        ctx.status = attempt.response.status_code
+        ctx.status = attempt.response.status
         headers = {"x-request-id": ctx.request_id, **ctx.response_headers}
         if self._replica_header:
             headers["x-portcullis-replica"] = attempt.replica.url
         if attempt.chunks is None:
             try:
-                content = attempt.response.content
                 if ctx.status == 200:
-                    self._record_usage(ctx, _json_or_none(content))
+                    self._record_usage(ctx, _json_or_none(attempt.content))
             finally:
                 self._finish(ctx, attempt)
             media_type = attempt.response.headers.get("content-type", "application/json")
-            return Response(content, status_code=ctx.status, headers=headers, media_type=media_type)
+            return Response(attempt.content, status_code=ctx.status, headers=headers, media_type=media_type)
         return StreamingResponse(self._relay(ctx, attempt, strip_usage), headers={**_SSE_HEADERS, **headers},
                                  media_type="text/event-stream")
 
@@ -84,19 +83,20 @@ class Upstream:
             attempt = _Attempt(replica=replica, span=span, sent_at=time.perf_counter())
             try:
                 attempt.response = await self._send(pool, ctx, replica, span, body)
-                status = attempt.response.status_code
+                status = attempt.response.status
                 if status in pool.config.retry_on_status and not is_last:
                     raise GatewayError(502, f"upstream answered {status}", type="upstream_error",
                                        code="upstream_status")
                 if ctx.stream and status == 200:
-                    attempt.chunks = attempt.response.aiter_raw()
+                    attempt.chunks = attempt.response.content.iter_any()
                     attempt.first_chunk = await anext(attempt.chunks, b"")
                 else:
-                    await attempt.response.aread()
+                    attempt.content = await attempt.response.read()
+                    attempt.response.release()
                 self._first_chunk_arrived(ctx, attempt)
                 pool.record(replica, ok=status < 500)
                 return attempt
-            except (httpx.HTTPError, GatewayError) as exc:
+            except (aiohttp.ClientError, TimeoutError, GatewayError) as exc:
                 failure = _as_gateway_error(exc)
                 pool.record(replica, ok=False)
                 self._metrics.upstream_errors.labels(pool=pool.name, kind=failure.code).inc()
@@ -104,13 +104,13 @@ class Upstream:
                 span.set_status(Status(StatusCode.ERROR, failure.message))
                 span.set_attribute("error.type", failure.code or "upstream_error")
                 if attempt.response is not None:
-                    await attempt.response.aclose()
+                    attempt.response.close()
                 self._finish(ctx, attempt)
         assert failure is not None
         raise failure
 
     async def _send(self, pool: Pool, ctx: RequestContext, replica: Replica, span: Span,
-                    body: bytes) -> httpx.Response:
+                    body: bytes) -> aiohttp.ClientResponse:
         headers = {
             "content-type": "application/json",
             "accept": "text/event-stream" if ctx.stream else "application/json",
@@ -120,8 +120,7 @@ class Upstream:
         if pool.api_key:
             headers["authorization"] = f"Bearer {pool.api_key}"
         propagate.inject(headers, context=set_span_in_context(span))
-        request = pool.client.build_request("POST", replica.url + _PATHS[ctx.route], content=body, headers=headers)
-        return await pool.client.send(request, stream=True)
+        return await pool.session.post(replica.url + _PATHS[ctx.route], data=body, headers=headers)
 
     def _start_span(self, ctx: RequestContext, replica: Replica, number: int) -> Span:
         host, port = replica.address
@@ -141,7 +140,7 @@ class Upstream:
 
     def _first_chunk_arrived(self, ctx: RequestContext, attempt: _Attempt) -> None:
         ttft = time.perf_counter() - attempt.sent_at
-        attempt.span.set_attribute("http.response.status_code", attempt.response.status_code)
+        attempt.span.set_attribute("http.response.status_code", attempt.response.status)
         attempt.span.set_attribute("portcullis.upstream.time_to_first_chunk", ttft)
         self._metrics.upstream_ttft.labels(pool=ctx.pool.name).observe(ttft)
 
@@ -165,7 +164,7 @@ class Upstream:
             if not saw_done:
                 raise GatewayError(502, "upstream closed the stream before it was complete", type="upstream_error",
                                    code="upstream_stream_truncated")
-        except (httpx.HTTPError, GatewayError) as exc:
+        except (aiohttp.ClientError, TimeoutError, GatewayError) as exc:
             error = _as_gateway_error(exc)
             ctx.stream_error = error.code
             attempt.span.set_status(Status(StatusCode.ERROR, error.message))
@@ -175,8 +174,10 @@ class Upstream:
             ctx.stream_error = ctx.stream_error or "client_disconnected"
             raise
         finally:
-            with anyio.CancelScope(shield=True):
-                await attempt.response.aclose()
+            if saw_done:
+                attempt.response.release()  # complete: the connection goes back to the pool
+            else:
+                attempt.response.close()  # broken or abandoned: drop the connection, so the upstream stops
             self._finish(ctx, attempt)
 
     def _inspect_event(self, ctx: RequestContext, data: bytes, strip_usage: bool) -> bool:
@@ -244,10 +245,7 @@ def _json_or_none(data: bytes) -> dict | None:
 def _as_gateway_error(exc: Exception) -> GatewayError:
     if isinstance(exc, GatewayError):
         return exc
-    if isinstance(exc, httpx.PoolTimeout):
-        return GatewayError(503, "upstream connection pool exhausted", type="upstream_error",
-                            code="upstream_saturated")
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, TimeoutError):  # aiohttp's connect and read timeouts are TimeoutErrors too
         return GatewayError(504, f"upstream timed out ({type(exc).__name__})", type="upstream_error",
                             code="upstream_timeout")
     return GatewayError(502, f"upstream unreachable or failed ({type(exc).__name__})", type="upstream_error",

@@ -14,7 +14,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from gateway.config import format_key_path
-from gateway.policy.model import Document, Policy, PolicySpec, RateLimitRule, TenantPolicy
+from gateway.policy.model import AdmissionPolicy, Document, Policy, PolicySpec, RateLimitRule, TenantPolicy
 from gateway.waf.model import RulePack
 from gateway.waf.packs import WafSet, build_waf_set, builtin_packs, check_packs, known_rule_ids, pack_rules
 
@@ -35,6 +35,10 @@ class PolicySet:
 
     def __post_init__(self) -> None:
         self._rate_limits.update({t: _merge(self.base.spec.rate_limits, o) for t, o in self.overlays.items()})
+
+    def admission_for(self, tenant: str | None) -> AdmissionPolicy:
+        overlay = self.overlays.get(tenant) if tenant else None
+        return (overlay and overlay.spec.admission) or self.base.spec.admission or AdmissionPolicy()
 
     def waf_for(self, tenant: str | None):
         """The tenant's compiled WAF (gateway.waf.engine.CompiledWaf)."""

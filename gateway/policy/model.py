@@ -57,7 +57,6 @@ class TokenRate(_Strict):
     limit: Annotated[int, Field(gt=0)]
     per: Duration
     count: Literal["input", "output", "total"] = "total"
-    default_max_tokens: Annotated[int, Field(gt=0, description="reserved when a request names no max_tokens")] = 256
 
 
 class Concurrency(_Strict):
@@ -96,8 +95,15 @@ class RateLimitRule(_Strict):
         return "requests" if self.requests else "tokens" if self.tokens else "concurrency"
 
 
+class AdmissionPolicy(_Strict):
+    """Defaults the admission stage applies before a request may enter."""
+
+    default_max_tokens: Annotated[int, Field(gt=0, description="filled into requests that name no max_tokens")] = 1024
+
+
 class PolicySpec(_Strict):
     rate_limits: list[RateLimitRule] = Field(default_factory=list)
+    admission: AdmissionPolicy | None = Field(default=None, description="in an overlay, replaces the base's whole")
     waf: WafSpec = Field(default_factory=WafSpec, description=(
         "web application firewall; in an overlay, the fields given replace the base's, rules merge by id"))
 

@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 
-import httpx
+import aiohttp
 
 from gateway.routing.prefix_index import PrefixIndex
 from gateway.routing.replica import Replica
@@ -32,24 +32,23 @@ def apply_batch(index: PrefixIndex, replica: str, batch: dict) -> None:
             index.clear(replica)
 
 
-async def follow(client: httpx.AsyncClient, replica: Replica, index: PrefixIndex) -> None:
+async def follow(session: aiohttp.ClientSession, replica: Replica, index: PrefixIndex) -> None:
     """Runs until cancelled, resubscribing after every break."""
     while True:
         try:
-            await _follow_once(client, replica, index)
-        except (httpx.HTTPError, ValueError) as exc:
+            await _follow_once(session, replica, index)
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
             log.info("kv events from %s interrupted: %s", replica.url, exc)
         index.clear(replica.url)
         await asyncio.sleep(RETRY_SECONDS)
 
 
-async def _follow_once(client: httpx.AsyncClient, replica: Replica, index: PrefixIndex) -> None:
-    timeout = httpx.Timeout(connect=2.0, read=30.0, write=2.0, pool=2.0)
-    async with client.stream("GET", replica.url + "/v1/kv_events", params={"heartbeat": 5},
-                             timeout=timeout) as response:
-        response.raise_for_status()
+async def _follow_once(session: aiohttp.ClientSession, replica: Replica, index: PrefixIndex) -> None:
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=2.0, sock_read=30.0)  # heartbeats every 5 s
+    async with session.get(replica.url + "/v1/kv_events", params={"heartbeat": 5}, timeout=timeout,
+                           raise_for_status=True) as response:
         last: int | None = None
-        async for line in response.aiter_lines():
+        async for line in response.content:
             if not line.strip():
                 continue
             batch = json.loads(line)

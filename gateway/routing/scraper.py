@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 
-import httpx
+import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.routing.replica import Replica
@@ -28,13 +28,13 @@ def engine_load(text: str) -> tuple[int, int, float, int]:
             values["vllm:kv_cache_usage_perc"], total_blocks)
 
 
-async def scrape(client: httpx.AsyncClient, replica: Replica, timeout: float) -> bool:
+async def scrape(session: aiohttp.ClientSession, replica: Replica, timeout: float) -> bool:
     try:
-        response = await client.get(replica.url + "/metrics", timeout=timeout)
-        response.raise_for_status()
-        replica.observe(*engine_load(response.text))
+        async with session.get(replica.url + "/metrics", timeout=aiohttp.ClientTimeout(total=timeout),
+                               raise_for_status=True) as response:
+            replica.observe(*engine_load(await response.text()))
         return True
-    except (httpx.HTTPError, ValueError) as exc:
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         log.debug("scrape of %s failed: %s", replica.url, exc)
         return False
 
@@ -43,7 +43,7 @@ async def scrape_forever(pool, on_change) -> None:
     """Scrape every replica of `pool` each interval; health follows; `on_change()` after each round."""
     config = pool.config
     while True:
-        results = await asyncio.gather(*(scrape(pool.client, r, config.scrape_interval * 2)
+        results = await asyncio.gather(*(scrape(pool.session, r, config.scrape_interval * 2)
                                          for r in pool.replicas))
         for replica, ok in zip(pool.replicas, results):
             replica.record(ok, config.health.failures_to_eject, config.health.eject_seconds)

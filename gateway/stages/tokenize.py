@@ -7,6 +7,7 @@ request in KV-cache blocks and hash its prompt blocks to predict cache hits.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 
 from gateway.admission.counting import EstimateCounter, PromptCounter, build_counter
@@ -21,12 +22,28 @@ class TokenizeStage:
 
     def __init__(self, models: list[ModelConfig], policies: Callable[[], PolicySet]) -> None:
         self._models = {m.name: m for m in models}
-        self._counters: dict[str, PromptCounter] = {m.name: build_counter(m.tokenizer) for m in models}
+        self._counters: dict[str, PromptCounter] = {}  # loaded on first use or by warm(): loading takes seconds
+        self._loading = threading.Lock()
         self._estimate = EstimateCounter()
         self._policies = policies
 
+    def warm(self) -> None:
+        """Load every configured tokenizer (run in a thread at start, so the first requests need not wait)."""
+        for name in self._models:
+            self._counter(name)
+
+    def _counter(self, model: str) -> PromptCounter:
+        if model not in self._models:
+            return self._estimate
+        counter = self._counters.get(model)
+        if counter is None:
+            with self._loading:
+                counter = self._counters.get(model) or build_counter(self._models[model].tokenizer)
+                self._counters[model] = counter
+        return counter
+
     async def __call__(self, ctx: RequestContext) -> None:
-        count = self._counters.get(ctx.model, self._estimate).count(ctx.route, ctx.payload)
+        count = self._counter(ctx.model).count(ctx.route, ctx.payload)
         ctx.prompt_tokens, ctx.prompt_token_ids = count.tokens, count.token_ids
         ctx.span.set_attribute("gen_ai.usage.input_tokens", count.tokens)
         requested = ctx.payload.get("max_completion_tokens") or ctx.payload.get("max_tokens")
