@@ -9,6 +9,7 @@ values once, and rule conditions short-circuit over those cached results.
 from __future__ import annotations
 
 import fnmatch
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -78,14 +79,27 @@ class _State:
         self.sets: dict[int, frozenset[int]] = {}
 
     def get(self, key: tuple) -> list:
-        """[(part, transformed text, location)] for key = (targets, transforms)."""
+        """[(part, transformed text, location)] for key = (targets, transforms); each target is transformed once
+        per chain, and short values (headers, names, small arguments) come from a process-wide cache."""
         out = self.values.get(key)
         if out is None:
             targets, chain = key
-            raw = [v for t in targets for v in self.view.values(t)]
+            if len(targets) == 1:
+                out = self._one(targets[0], chain)
+            else:
+                out = [v for t in targets for v in self._one(t, chain)]
+            self.values[key] = out
+        return out
+
+    def _one(self, target: str, chain: tuple) -> list:
+        key = (target, chain)
+        out = self.values.get(key)
+        if out is None:
+            raw = self.view.values(target)
             if chain:
-                apply = transforms.apply
-                out = [(part, apply(chain, text), loc) for part, text, loc in raw]
+                cached, apply = _cached_apply, transforms.apply
+                out = [(part, cached(chain, text) if len(text) <= 512 else apply(chain, text), loc)
+                       for part, text, loc in raw]
             else:
                 out = raw
             self.values[key] = out
@@ -99,6 +113,11 @@ class _State:
 
 
 Node = Callable[[_State], "Hit | None"]
+
+
+@functools.lru_cache(maxsize=65536)
+def _cached_apply(chain: tuple, text: str) -> str:
+    return transforms.apply(chain, text)
 
 
 class _Compiler:

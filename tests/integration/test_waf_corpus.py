@@ -1,0 +1,52 @@
+"""The WAF against ../shared/corpora/waf (OWASP CRS regression tests, libinjection lists) at paranoia levels 1 and 2.
+
+Floors are what the packs measure today (docs/benchmarks.md has every family); a rule change that loses detection
+or adds false positives fails here. Where the issue's targets are met they are asserted as such.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.waf_corpus.harness import CRS, LIBINJECTION, crs_families, libinjection_lists, web_waf
+
+pytestmark = pytest.mark.shared
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[int, dict]:
+    if not CRS.is_dir() or not LIBINJECTION.is_dir():
+        pytest.skip(f"WAF corpora not found under {CRS.parent} (../shared is absent on this checkout)")
+    out = {}
+    for level in (1, 2):
+        waf = web_waf(level)
+        out[level] = {**crs_families(waf), **{f"libinjection {k}": v for k, v in libinjection_lists(waf).items()}}
+    return out
+
+
+def test_libinjection_false_positive_list_passes_at_pl1(results):
+    assert results[1]["libinjection false_positives"].pass_rate >= 0.98  # the issue's target
+
+
+def test_libinjection_attack_lists_are_caught(results):
+    assert results[1]["libinjection sqli"].catch_rate >= 0.97
+    assert results[1]["libinjection xss"].catch_rate >= 0.99
+    assert results[2]["libinjection sqli"].catch_rate >= 0.99
+
+
+@pytest.mark.parametrize("family, level, catch, passed", [
+    ("REQUEST-930-APPLICATION-ATTACK-LFI", 2, 0.90, 0.80),   # catch target met; no-match 81% (target 95%)
+    ("REQUEST-930-APPLICATION-ATTACK-LFI", 1, 0.90, 0.80),
+    # below the issue's 90% / 95% targets at PL2: regression floors, see docs/benchmarks.md
+    ("REQUEST-942-APPLICATION-ATTACK-SQLI", 2, 0.72, 0.86),
+    ("REQUEST-941-APPLICATION-ATTACK-XSS", 2, 0.80, 0.75),
+    ("REQUEST-932-APPLICATION-ATTACK-RCE", 2, 0.51, 0.80),
+    ("REQUEST-942-APPLICATION-ATTACK-SQLI", 1, 0.29, 0.93),
+    ("REQUEST-941-APPLICATION-ATTACK-XSS", 1, 0.49, 0.89),
+    ("REQUEST-932-APPLICATION-ATTACK-RCE", 1, 0.34, 0.85),
+    ("REQUEST-913-SCANNER-DETECTION", 1, 1.0, 0.0),
+])
+def test_crs_family_floors(results, family, level, catch, passed):
+    tally = results[level][family]
+    assert tally.catch_rate >= catch, f"{family} PL{level}: caught {tally.caught}/{tally.attacks}"
+    assert tally.pass_rate >= passed, f"{family} PL{level}: passed {tally.passed}/{tally.benign}"
