@@ -37,13 +37,13 @@ def test_libinjection_attack_lists_are_caught(results):
 @pytest.mark.parametrize("family, level, catch, passed", [
     ("REQUEST-930-APPLICATION-ATTACK-LFI", 2, 0.90, 0.80),   # catch target met; no-match 81% (target 95%)
     ("REQUEST-930-APPLICATION-ATTACK-LFI", 1, 0.90, 0.80),
-    # below the 90% / 95% targets at PL2: regression floors, see docs/benchmarks.md
-    ("REQUEST-942-APPLICATION-ATTACK-SQLI", 2, 0.72, 0.86),
-    ("REQUEST-941-APPLICATION-ATTACK-XSS", 2, 0.80, 0.75),
-    ("REQUEST-932-APPLICATION-ATTACK-RCE", 2, 0.51, 0.80),
+    # XSS catch target met at PL2; the rest are below the 90% / 95% targets: regression floors (docs/benchmarks.md)
+    ("REQUEST-942-APPLICATION-ATTACK-SQLI", 2, 0.77, 0.85),
+    ("REQUEST-941-APPLICATION-ATTACK-XSS", 2, 0.90, 0.74),
+    ("REQUEST-932-APPLICATION-ATTACK-RCE", 2, 0.59, 0.80),
     ("REQUEST-942-APPLICATION-ATTACK-SQLI", 1, 0.29, 0.93),
-    ("REQUEST-941-APPLICATION-ATTACK-XSS", 1, 0.49, 0.89),
-    ("REQUEST-932-APPLICATION-ATTACK-RCE", 1, 0.34, 0.85),
+    ("REQUEST-941-APPLICATION-ATTACK-XSS", 1, 0.52, 0.89),
+    ("REQUEST-932-APPLICATION-ATTACK-RCE", 1, 0.44, 0.85),
     ("REQUEST-913-SCANNER-DETECTION", 1, 1.0, 0.0),
 ])
 def test_crs_family_floors(results, family, level, catch, passed):

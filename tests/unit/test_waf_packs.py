@@ -92,6 +92,7 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "sqli-186": ([("q", "1 as x from users")], [("q", "as far from here")]),
     "sqli-187": ([("q", "'1'='1")], [("q", "it's")]),
     "sqli-188": ([("q", "xp_cmdshell")], [("q", "xp points")]),
+    "sqli-189": ([("qname", "user[$ne]"), ("qname", "id[$regex]")], [("qname", "user[name]")]),
     "sqli-190": ([("q", "');(--#\"=);<>|&*');(--#\"=);<>")], [("q", "hello (world) = fine")]),
     "sqli-191": ([("q", "'abc")], [("q", "abc")]),
     # xss
@@ -101,6 +102,8 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "xss-121": ([("q", "\" onmouseover=alert(1) x=\"")], [("q", "\"quoted\" words")]),
     "xss-122": ([("q", " onload=alert(1)")], [("q", "going onwards = good")]),
     "xss-130": ([("q", "jav&#x09;ascript:alert(1)")], [("q", "see the javascript docs")]),
+    "xss-131": ([("q", "ja&tab;vascript&colon;alert(1)")], [("q", "java script tutorial")]),
+    "xss-192": ([("q", "(![]+[])[+!+[]]")], [("q", "a[0] + b[1]")]),
     "xss-140": ([("q", "<iframe src=//evil>")], [("q", "an iframe is an element")]),
     "xss-150": ([("q", "document.cookie")], [("q", "the cookie document")]),
     "xss-160": ([("q", "<a href=x>")], [("q", "a < b")]),
@@ -125,6 +128,9 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "rce-150": ([("q", "/b?n/c?t /etc/passwd"), ("q", "c''at x")], [("q", "what? why?")]),
     "rce-160": ([("q", "x; nc -lvp 4444"), ("q", "x 2>&1")], [("q", "x - y")]),
     "rce-170": ([("q", "& dir C:\\"), ("q", "%COMSPEC%")], [("q", "the directory")]),
+    "rce-180": ([("q", "time curl evil.example"), ("q", "x; nohup ifconfig")], [("q", "time flies like an arrow")]),
+    "rce-190": ([("h:x-filename", "shell.php"), ("h:x-file-name", ".htaccess")], [("h:x-filename", "report.pdf")]),
+    "rce-200": ([("q", "env --version")], [("q", "version 2 --final")]),
     # scanners, protocol attacks
     "scanner-100": ([("h:user-agent", "sqlmap/1.7")], [("h:user-agent", "curl/8.0")]),
     "scanner-110": ([("h:x-callback", "abc.oast.pro")], [("h:x-callback", "example.com")]),
