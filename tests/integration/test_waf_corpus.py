@@ -35,12 +35,12 @@ def test_libinjection_attack_lists_are_caught(results):
 
 
 @pytest.mark.parametrize("family, level, catch, passed", [
-    ("REQUEST-930-APPLICATION-ATTACK-LFI", 2, 0.90, 0.80),   # catch target met; no-match 81% (target 95%)
-    ("REQUEST-930-APPLICATION-ATTACK-LFI", 1, 0.90, 0.80),
+    ("REQUEST-930-APPLICATION-ATTACK-LFI", 2, 0.90, 0.95),   # both targets met
+    ("REQUEST-930-APPLICATION-ATTACK-LFI", 1, 0.90, 0.95),
     # XSS catch target met at PL2; the rest are below the 90% / 95% targets: regression floors (docs/benchmarks.md)
-    ("REQUEST-942-APPLICATION-ATTACK-SQLI", 2, 0.77, 0.85),
-    ("REQUEST-941-APPLICATION-ATTACK-XSS", 2, 0.90, 0.74),
-    ("REQUEST-932-APPLICATION-ATTACK-RCE", 2, 0.59, 0.80),
+    ("REQUEST-942-APPLICATION-ATTACK-SQLI", 2, 0.76, 0.86),
+    ("REQUEST-941-APPLICATION-ATTACK-XSS", 2, 0.90, 0.77),
+    ("REQUEST-932-APPLICATION-ATTACK-RCE", 2, 0.56, 0.83),
     ("REQUEST-942-APPLICATION-ATTACK-SQLI", 1, 0.29, 0.93),
     ("REQUEST-941-APPLICATION-ATTACK-XSS", 1, 0.52, 0.89),
     ("REQUEST-932-APPLICATION-ATTACK-RCE", 1, 0.44, 0.85),

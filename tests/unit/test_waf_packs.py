@@ -118,6 +118,7 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "lfi-130": ([("path", "/.git/config"), ("path", "/.env")], [("path", "/.well-known/security.txt")]),
     "lfi-140": ([("path", "/backup.sql"), ("q", "db.sql.gz")], [("path", "/v1/chat/completions")]),
     "lfi-150": ([("q", "/etc/shadow"), ("q", "file:///etc/x")], [("q", "etc/ is a folder")]),
+    "lfi-160": ([("path", "/v1/x/proc/self/environ")], [("path", "/v1/processes/1")]),
     # rce
     "rce-100": ([("q", "x; cat /etc/passwd"), ("q", "a | id")], [("q", "cats; dogs")]),
     "rce-110": ([("q", "$(whoami)"), ("q", "cat${IFS}x")], [("q", "it costs $5 (approx)")]),
