@@ -1,41 +1,58 @@
-"""The whole path with nothing faked: the gateway in front of two real engine replicas serving the bundled model."""
+"""The whole path with nothing faked: gateways in front of two real engine replicas serving the bundled model.
+
+Tests run in file order and share the engines; the last one kills a replica.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 
 import httpx
 import openai
 import pytest
+import yaml
 
+from backend_engine.block_hash import hash_prompt_blocks
+from gateway.admission.counting import EngineCounter
 from tests.conftest import ROOT, Process, free_port, pool, spawn
 
 MODEL = "SmolLM2-135M-Instruct"
+SYSTEM = " ".join(f"Rule {i}: answer politely and briefly, citing rule {i}." for i in range(30))  # ~400 tokens
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    """Two engine replicas (one BLAS thread each) and a round-robin gateway; shared by this module's tests."""
-    import yaml
-
+    """Two engine replicas (one BLAS thread each); `stack.gateway(policy)` starts a gateway in front of them."""
     logs = tmp_path_factory.mktemp("stack")
     started: list[Process] = []
+
+    class Stack:
+        engines: list[Process] = []
+
+        def gateway(self, routing: str, **pool_options) -> Process:
+            port = free_port()
+            config = logs / f"portcullis-{routing}-{port}.yaml"
+            config.write_text(yaml.safe_dump({
+                "listen": {"port": port}, "policy_dir": str(ROOT / "policies"),
+                "telemetry": {"replica_header": True},
+                "pools": [pool("engine", *(e.url for e in self.engines), routing=routing, scrape_interval=0.2,
+                               **pool_options)]}))
+            process = spawn([sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)], port,
+                            logs / f"gateway-{routing}-{port}.log")
+            started.append(process)
+            return process
+
+    stack = Stack()
     try:
         for i in range(2):
             port = free_port()
             cmd = [sys.executable, "-m", "gateway.cli", "engine", "serve", "--port", str(port), "--threads", "1",
-                   "--kv-cache-bytes", "64M"]
-            started.append(spawn(cmd, port, logs / f"engine-{i}.log", ready_path="/health", timeout=300))
-        port = free_port()
-        config = logs / "portcullis.yaml"
-        config.write_text(yaml.safe_dump({
-            "listen": {"port": port}, "policy_dir": str(ROOT / "policies"),
-            "pools": [pool("engine", *(e.url for e in started), routing="round_robin")]}))
-        gateway = spawn([sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)], port,
-                        logs / "gateway.log")
-        yield gateway, started
-        started.append(gateway)
+                   "--kv-cache-bytes", "128M"]
+            stack.engines.append(spawn(cmd, port, logs / f"engine-{i}.log", ready_path="/health", timeout=300))
+        started.extend(stack.engines)
+        yield stack
     finally:
         for process in started:
             process.stop()
@@ -48,10 +65,27 @@ def served_requests(engine: Process) -> float:
                if line.startswith("vllm:request_success_total"))
 
 
+def access_log(gateway: Process, request_id: str) -> dict:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        for line in gateway.output().splitlines():
+            if request_id in line and '"trace_id"' in line:
+                return json.loads(line)
+        time.sleep(0.05)
+    raise AssertionError(f"no access-log line for {request_id}")
+
+
+def chat(gateway: Process, messages: list[dict], max_tokens: int = 8) -> httpx.Response:
+    response = httpx.post(gateway.url + "/v1/chat/completions", timeout=120, json={
+        "model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0})
+    assert response.status_code == 200, response.text
+    return response
+
+
 def test_openai_client_streams_through_the_gateway_from_both_replicas(stack):
-    gateway, engines = stack
+    gateway = stack.gateway("round_robin")
     client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
-    before = [served_requests(e) for e in engines]
+    before = [served_requests(e) for e in stack.engines]
     texts = []
     for _ in range(2):  # round robin: one request lands on each replica
         pieces, usage = [], None
@@ -65,25 +99,72 @@ def test_openai_client_streams_through_the_gateway_from_both_replicas(stack):
         texts.append("".join(pieces))
         assert usage is not None and usage.completion_tokens >= 1 and usage.prompt_tokens > 5
     assert texts[0] and texts[0] == texts[1]  # greedy decoding: both replicas agree
-    after = [served_requests(e) for e in engines]
+    after = [served_requests(e) for e in stack.engines]
     assert [a - b for a, b in zip(after, before)] == [1, 1]
 
-
-def test_non_streaming_completion_and_models_through_the_gateway(stack):
-    gateway, _ = stack
     response = httpx.post(gateway.url + "/v1/completions", timeout=60, json={
         "model": MODEL, "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0})
-    assert response.status_code == 200
-    body = response.json()
-    assert body["usage"]["completion_tokens"] == 4 and body["choices"][0]["text"]
+    assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 4
     assert [m["id"] for m in httpx.get(gateway.url + "/v1/models").json()["data"]] == [MODEL]
-    metrics = httpx.get(gateway.url + "/metrics").text
-    assert f'portcullis_tokens_total{{kind="completion",model="{MODEL}",pool="engine"}}' in metrics
-
-
-def test_engine_errors_pass_through_in_openai_shape(stack):
-    gateway, _ = stack
-    response = httpx.post(gateway.url + "/v1/chat/completions", timeout=30, json={
+    bad = httpx.post(gateway.url + "/v1/chat/completions", timeout=30, json={
         "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "top_k": "many"})
-    assert response.status_code == 400
-    assert set(json.loads(response.content)["error"]) >= {"message", "type", "code"}
+    assert bad.status_code == 400 and set(bad.json()["error"]) >= {"message", "type", "code"}
+
+
+def test_gateway_block_hashes_are_the_engines(stack):
+    """The gateway tokenizes and hashes a prompt itself; the engine's KV events must name the same blocks."""
+    engine = stack.engines[0]
+    messages = [{"role": "system", "content": SYSTEM + " (hash check)"}, {"role": "user", "content": "Hi!"}]
+    ids = EngineCounter(_bundled()).count("chat", {"messages": messages}).token_ids
+    predicted = hash_prompt_blocks(ids, 16)
+    assert len(predicted) >= 20
+    httpx.post(engine.url + "/v1/chat/completions", timeout=120,
+               json={"model": MODEL, "messages": messages, "max_tokens": 1}).raise_for_status()
+    with httpx.stream("GET", engine.url + "/v1/kv_events", timeout=10) as events:
+        snapshot = json.loads(next(events.iter_lines()))
+    stored = {h for e in snapshot["events"] if e["type"] == "BlockStored" for h in e["block_hashes"]}
+    assert set(predicted) <= stored
+
+
+@pytest.mark.parametrize("routing", ["kv_events", "prefix_affinity"])
+def test_next_turn_goes_where_its_prefix_is_cached_and_predictions_match(stack, routing):
+    gateway = stack.gateway(routing)
+    time.sleep(0.5)  # first scrape and KV-event snapshots
+    for conversation in range(3):
+        history = [{"role": "system", "content": f"{SYSTEM} (conversation {conversation} via {routing})"},
+                   {"role": "user", "content": "What is rule 3?"}]
+        first = chat(gateway, history)
+        replica = first.headers["x-portcullis-replica"]
+        history += [first.json()["choices"][0]["message"], {"role": "user", "content": "And rule 7?"}]
+        time.sleep(1.5)  # the engine's KV events for the first turn reach the gateway
+        second = chat(gateway, history)
+        assert second.headers["x-portcullis-replica"] == replica
+        cached = second.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached >= 25 * 16  # the system prompt and the first turn came from the cache
+        entry = access_log(gateway, second.headers["x-request-id"])
+        assert entry["cached_tokens"] == cached
+        if routing == "kv_events":  # precise: the engine's own events, generated blocks included
+            assert entry["predicted_cached_tokens"] == cached
+        else:  # learned from routing: knows the first prompt's blocks, not the blocks the reply filled
+            assert 0 <= cached - entry["predicted_cached_tokens"] <= 32
+
+
+def test_killing_the_replica_that_holds_a_prefix_reroutes_cleanly(stack):
+    gateway = stack.gateway("kv_events", health={"failures_to_eject": 1, "eject_seconds": 60})
+    time.sleep(0.5)
+    history = [{"role": "system", "content": SYSTEM + " (failover)"}, {"role": "user", "content": "Rule 1?"}]
+    first = chat(gateway, history)
+    holder = first.headers["x-portcullis-replica"]
+    next(e for e in stack.engines if e.url == holder).stop()
+    history += [first.json()["choices"][0]["message"], {"role": "user", "content": "Rule 2?"}]
+    for _ in range(3):
+        again = chat(gateway, history)
+        assert again.headers["x-portcullis-replica"] != holder
+    state = httpx.get(gateway.url + "/readyz").json()["pools"]["engine"]
+    assert {r["url"]: r["up"] for r in state}[holder] is False
+
+
+def _bundled() -> str:
+    from backend_engine.config import default_model_path
+
+    return default_model_path()
