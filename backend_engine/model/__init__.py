@@ -22,6 +22,26 @@ class LoadedModel:
     source: str
     load_seconds: float
 
+    @property
+    def renderer(self) -> PromptRenderer:
+        return PromptRenderer(self.tokenizer, self.chat_template)
+
+
+def load_prompt_renderer(path: str) -> PromptRenderer:
+    """Tokenizer and chat template only (no weights): what a gateway needs to predict prompt ids."""
+    p = Path(path)
+    if p.is_dir():
+        tok = Tokenizer.from_pretrained_dir(p)
+    elif p.suffix == ".gguf" and p.exists():
+        from gguf import GGUFReader
+
+        from backend_engine.model.gguf import read_metadata
+
+        tok = Tokenizer.from_gguf_metadata(read_metadata(GGUFReader(str(p))))
+    else:
+        raise FileNotFoundError(f"model {path!r}: expected a .gguf file or a Hugging Face folder")
+    return PromptRenderer(tok, ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token))
+
 
 def load_prompt_renderer(path: str) -> PromptRenderer:
     """Tokenizer and chat template without the weights: what a router needs to count tokens as the engine does."""

@@ -225,7 +225,7 @@ def test_client_disconnect_aborts(server):
     before = _metric(server, "vllm:request_success_total", finished_reason="abort") if "abort" in httpx.get(
         server + "/metrics").text else 0.0
     with httpx.stream("POST", server + "/v1/completions", timeout=60, json={
-            "prompt": "Tell me a very long story.", "max_tokens": 4000, "temperature": 0, "ignore_eos": True,
+            "prompt": "Tell me a very long story.", "max_tokens": 1000, "temperature": 0, "ignore_eos": True,
             "stream": True}) as r:
         for i, _ in enumerate(r.iter_lines()):
             if i > 6:

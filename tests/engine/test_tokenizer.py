@@ -38,3 +38,18 @@ def test_streaming_detokenizer_never_breaks_utf8(loaded, text):
     # At least one multi-byte character really was split across tokens in the emoji case.
     if "🦀" in text:
         assert any(p == "" for p in pieces[:-1])
+
+
+def test_prompt_renderer_without_weights_matches_engine(loaded):
+    from backend_engine.config import default_model_path
+    from backend_engine.model import load_prompt_renderer
+    from backend_engine.model.prompt import PromptError
+
+    r = load_prompt_renderer(default_model_path())
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "What is the capital of France?"}]}]
+    assert r.chat_ids(msgs) == reference()["cases"][3]["prompt_ids"] == loaded.renderer.chat_ids(msgs)
+    assert r.text_ids("Once upon a time") == [6403, 1980, 253, 655]
+    assert r.text_ids("Once", add_bos=True) == [1, 6403]
+    with pytest.raises(PromptError) as e:
+        r.chat_ids([{"role": "user", "content": 5}])
+    assert e.value.param == "messages"
