@@ -289,3 +289,30 @@ def test_chat_logprobs_shape(server):
     assert [c["token"] for c in content] == ["The", " capital", " of"]
     assert all(len(c["top_logprobs"]) == 2 and c["top_logprobs"][0]["token"] == c["token"] for c in content)
     assert bytes(content[0]["bytes"]).decode() == "The"
+
+
+def test_concurrent_streams_match_their_solo_outputs(server):
+    """Eight streams at once through HTTP are batched together and each still gets its own answer."""
+    import asyncio
+
+    prompts = [f"Count from {i} to {i + 5}:" for i in range(8)]
+
+    async def one(client, p):
+        body = {"prompt": p, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "stream": True}
+        text = []
+        async with client.stream("POST", server + "/v1/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    text.append(json.loads(line[6:])["choices"][0]["text"])
+        return "".join(text)
+
+    async def run_all():
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(*(one(client, p) for p in prompts))
+
+    together = asyncio.run(run_all())
+    solo = [httpx.post(server + "/v1/completions", timeout=60, json={
+        "prompt": p, "max_tokens": 12, "temperature": 0, "ignore_eos": True}).json()["choices"][0]["text"]
+        for p in prompts[:3]]
+    assert together[:3] == solo
+    assert all(t for t in together)
