@@ -115,10 +115,10 @@ class ProxyEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw = self.gateway
         request = Request(scope, receive)
-        name = f"{request.method} {request.url.path}"
+        name = f"{request.method} {request.scope["path"]}"
         with gw.tracer.start_as_current_span(
             name, context=propagate.extract(request.headers), kind=SpanKind.SERVER,
-            attributes={"http.request.method": request.method, "url.path": request.url.path,
+            attributes={"http.request.method": request.method, "url.path": request.scope["path"],
                         "client.address": request.client.host if request.client else ""},
         ) as span:
             peer = request.client.host if request.client else ""
@@ -145,7 +145,7 @@ class ProxyEndpoint:
             response.headers["x-request-id"] = ctx.request_id
             ctx.span.set_attribute("error.type", err.code or err.type)
         except Exception:
-            log.exception("unhandled error serving %s", ctx.request.url.path)
+            log.exception("unhandled error serving %s", ctx.request.scope["path"])
             ctx.status = 500
             response = GatewayError(500, "internal gateway error", type="server_error",
                                     code="internal_error").response()
@@ -170,7 +170,7 @@ class ProxyEndpoint:
         trace_id, span_id = trace_ids(ctx.span)
         access_log.info("", extra={"access": {
             "ts": time.time(), "request_id": ctx.request_id, "trace_id": trace_id, "span_id": span_id,
-            "method": ctx.request.method, "path": ctx.request.url.path, "status": ctx.status,
+            "method": ctx.request.method, "path": ctx.request.scope["path"], "status": ctx.status,
             "duration_ms": round(elapsed * 1000, 3), "tenant": ctx.tenant, "model": ctx.model or None,
             "stream": ctx.stream, "pool": ctx.pool.name if ctx.pool else None,
             "upstream": ctx.replica.url if ctx.replica else None, "prompt_tokens": ctx.usage.prompt_tokens,

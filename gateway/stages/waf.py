@@ -53,7 +53,7 @@ class WafStage:
                 span.set_attribute("portcullis.waf.redacted", [m.rule.id for m in verdict.redactions])
         trace_id, span_id = trace_ids(ctx.span)
         audit.emit(audit.record(verdict, waf, request_id=ctx.request_id, trace_id=trace_id, span_id=span_id,
-                                tenant=tenant, method=request.method, path=request.url.path,
+                                tenant=tenant, method=request.method, path=request.scope["path"],
                                 client=ctx.client_ip or None, route=ctx.route))
         if verdict.blocked:
             rule = verdict.blocking_rule

@@ -218,15 +218,36 @@ def start_nginx(procs: Procs, tmp: Path, name: str, template: str, **values: obj
     return service
 
 
-def start_portcullis(procs: Procs, tmp: Path, name: str, upstream_port: int, access_log: bool) -> Service:
+# Rate limits as a typical policy sets them (requests per key, tokens per tenant, concurrency per tenant), with
+# quotas no benchmark reaches: every request pays for a full decision and its settlement, none is refused.
+LIMITS_POLICY = {
+    "apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "bench-limits"},
+    "spec": {"rate_limits": [
+        {"id": "key-rpm", "key": ["api_key"], "requests": {"limit": 10**9, "per": "1m"}},
+        {"id": "tenant-tpm", "key": ["tenant"], "tokens": {"limit": 10**12, "per": "1m"}},
+        {"id": "tenant-slots", "key": ["tenant"], "concurrency": {"limit": 10**6}},
+    ]},
+}
+
+
+def start_portcullis(procs: Procs, tmp: Path, name: str, upstream_port: int, access_log: bool,
+                     limits_redis: str | None = None, limits: bool = False) -> Service:
+    """One gateway worker; with `limits`, the LIMITS_POLICY in memory, or in Redis at `limits_redis`."""
     port = free_port()
+    policy_dir = REPO / "policies"
+    if limits:
+        policy_dir = tmp / f"{name}-policies"
+        policy_dir.mkdir()
+        (policy_dir / "base.yaml").write_text(json.dumps(LIMITS_POLICY))
     config = {
         "listen": {"host": "127.0.0.1", "port": port},
         "pools": [{"name": "static", "replicas": [{"url": f"http://127.0.0.1:{upstream_port}"}]}],
         "auth": {"keys": [{"tenant": "bench", "sha256": hashlib.sha256(API_KEY.encode()).hexdigest()}]},
-        "policy_dir": str(REPO / "policies"),
+        "policy_dir": str(policy_dir),
         "telemetry": {"access_log": access_log},
     }
+    if limits_redis:
+        config["redis"] = {"url": limits_redis, "on_failure": "fail_closed", "timeout": 2.0}
     path = tmp / f"{name}.yaml"
     path.write_text(json.dumps(config, indent=2))  # JSON is YAML
     exe = Path(sys.prefix) / "bin" / "portcullis"
@@ -608,6 +629,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-client-floor", action="store_true",
                         help="skip the upstream-client micro-benchmark (httpx vs aiohttp vs raw asyncio)")
     parser.add_argument("--keep-tmp", action="store_true", help="keep the temp dir with configs and logs")
+    parser.add_argument("--limits", action="store_true",
+                        help="add rows with rate limits on (memory and a local redis-server), access log off")
     args = parser.parse_args(argv)
 
     for tool in ("nginx", "wrk"):
@@ -641,6 +664,18 @@ def main(argv: list[str] | None = None) -> int:
             svc = start_portcullis(procs, tmp, key, static.port, access_log)
             wait_http(svc, "/healthz", 60)
             targets.append((key, label, svc, True))
+        if args.limits:
+            redis_port = free_port()
+            redis = procs.start("redis", [shutil.which("redis-server") or "redis-server", "--port", str(redis_port),
+                                          "--save", "", "--appendonly", "no", "--dir", str(tmp)],
+                                redis_port, tmp / "redis.log")
+            time.sleep(0.5)
+            for key, label, url in (("portcullis_limits_memory", "Portcullis + limits in memory", None),
+                                    ("portcullis_limits_redis", "Portcullis + limits in Redis",
+                                     f"redis://127.0.0.1:{redis.port}/0")):
+                svc = start_portcullis(procs, tmp, key, static.port, False, limits_redis=url, limits=True)
+                wait_http(svc, "/healthz", 60)
+                targets.append((key, label, svc, True))
         if not args.skip_litellm:
             litellm = start_litellm(procs, tmp, static.port)
             if litellm is not None:
