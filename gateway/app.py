@@ -115,10 +115,11 @@ class ProxyEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw = self.gateway
         request = Request(scope, receive)
-        name = f"{request.method} {request.scope["path"]}"
+        path = scope["path"]  # request.url would parse the Host header on every request
+        name = f"{request.method} {path}"
         with gw.tracer.start_as_current_span(
             name, context=propagate.extract(request.headers), kind=SpanKind.SERVER,
-            attributes={"http.request.method": request.method, "url.path": request.scope["path"],
+            attributes={"http.request.method": request.method, "url.path": path,
                         "client.address": request.client.host if request.client else ""},
         ) as span:
             peer = request.client.host if request.client else ""
