@@ -195,7 +195,7 @@ def _default_models() -> list[ModelConfig]:
 def _default_pools() -> list[PoolConfig]:
     return [
         PoolConfig(
-            name="engine",
+            name="engine", routing="kv_events",
             replicas=[ReplicaConfig(url="http://127.0.0.1:8001"), ReplicaConfig(url="http://127.0.0.1:8002")],
         )
     ]

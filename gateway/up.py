@@ -43,7 +43,8 @@ def run_up(args: argparse.Namespace) -> int:
             _wait_healthy(port, engine)
         config = GatewayConfig(
             listen=ListenConfig(port=args.port),
-            pools=[PoolConfig(name="engine", replicas=[ReplicaConfig(url=f"http://127.0.0.1:{p}") for p in ports])],
+            pools=[PoolConfig(name="engine", routing="kv_events",
+                              replicas=[ReplicaConfig(url=f"http://127.0.0.1:{p}") for p in ports])],
         )
         print(_banner(args.port, ports), file=sys.stderr, flush=True)
         uvicorn.run(build_app(config), host=config.listen.host, port=args.port, loop="uvloop", http="httptools",
