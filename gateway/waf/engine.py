@@ -96,28 +96,63 @@ class _State:
         out = self.values.get(key)
         if out is None:
             raw = self.view.values(target)
-            if chain:
-                cached, apply = _cached_apply, transforms.apply
-                out = [(part, cached(chain, text) if len(text) <= 512 else apply(chain, text), loc)
-                       for part, text, loc in raw]
+            if chain and raw:
+                cache = _TRANSFORMED.get(chain)
+                if cache is None or len(cache) > _CACHE_ENTRIES:
+                    cache = _TRANSFORMED[chain] = {}
+                apply = transforms.apply
+                out = []
+                for part, text, loc in raw:
+                    done = cache.get(text)
+                    if done is None:
+                        done = apply(chain, text)
+                        if len(text) <= 512:
+                            cache[text] = done
+                    out.append((part, done, loc))
             else:
                 out = raw
             self.values[key] = out
         return out
 
-    def joined_bytes(self, key: tuple) -> bytes:
-        out = self.joined.get(key)
-        if out is None:
-            out = self.joined[key] = "\n".join(text for _, text, _ in self.get(key)).encode("utf-8", "surrogatepass")
-        return out
+    def candidates(self, pair: tuple, group: matchers.RegexSet) -> frozenset[int]:
+        """Leaves of `group` that can match some value of the part; empty parts cost nothing. Short values repeat
+        across requests (header values, JSON keys, roles, model names), so each one's answer is remembered; the
+        rest are joined by newlines and scanned once."""
+        target, chain = pair
+        raw = self.view.values(target)
+        if not raw:
+            return _NONE
+        seen = group.seen  # keyed by the raw text: a hit skips the transforms too
+        found: set[int] | None = None
+        long: list[str] = []
+        apply = transforms.apply
+        for _, text, _ in raw:
+            if len(text) > 256:
+                long.append(apply(chain, text) if chain else text)
+                continue
+            hit = seen.get(text)
+            if hit is None:
+                if len(seen) > _CACHE_ENTRIES:
+                    seen.clear()
+                done = apply(chain, text) if chain else text
+                hit = seen[text] = frozenset(group.candidates(done.encode("utf-8", "surrogatepass")))
+            if hit:
+                found = set(hit) if found is None else found | hit
+        if long:
+            joined = "\n".join(long).encode("utf-8", "surrogatepass")
+            hits = group.candidates(joined)
+            if hits:
+                found = set(hits) if found is None else found.union(hits)
+        return frozenset(found) if found else _NONE
 
 
 Node = Callable[[_State], "Hit | None"]
+_NONE: frozenset[int] = frozenset()
 
 
-@functools.lru_cache(maxsize=65536)
-def _cached_apply(chain: tuple, text: str) -> str:
-    return transforms.apply(chain, text)
+# Process-wide caches of pure functions of short strings (bounded; cleared when full).
+_CACHE_ENTRIES = 4096  # per RE2 set and per transform chain; a full cache starts over
+_TRANSFORMED: dict[tuple, dict[str, str]] = {}
 
 
 class _Compiler:
@@ -204,18 +239,28 @@ class _Compiler:
         scan = _scan(key, "regex", search)
         if matchers.needs_own_scan(pattern) or any(t in _NUMERIC_TARGETS for t in key[0]):
             return scan
-        group = self.groups.get(key)
-        if group is None:
-            group = self.groups[key] = matchers.RegexSet()
-            self.group_ids[key] = len(self.group_ids)
-        group.add(pattern, leaf)
-        group_id = self.group_ids[key]
+        # One RE2 set per (part, transforms): every regex reading that part through those transforms is decided
+        # by a single scan of it, shared by all rules whatever other parts they also read.
+        chain = key[1]
+        pairs = []
+        for target in key[0]:
+            pair = (target, chain)
+            group = self.groups.get(pair)
+            if group is None:
+                group = self.groups[pair] = matchers.RegexSet()
+                self.group_ids[pair] = len(self.group_ids)
+            group.add(pattern, leaf)
+            pairs.append((self.group_ids[pair], pair, group))
 
         def regex_leaf(state: _State) -> Hit | None:
-            found = state.sets.get(group_id)
-            if found is None:
-                found = state.sets[group_id] = frozenset(group.candidates(state.joined_bytes(key)))
-            return scan(state) if leaf in found else None
+            sets = state.sets
+            for group_id, pair, group in pairs:
+                found = sets.get(group_id)
+                if found is None:
+                    found = sets[group_id] = state.candidates(pair, group)
+                if leaf in found:
+                    return scan(state)
+            return None
 
         return regex_leaf
 

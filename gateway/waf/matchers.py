@@ -28,6 +28,7 @@ class RegexSet:
     def __init__(self) -> None:
         self._set = re2.Set.SearchSet(_OPTIONS)
         self.members: list[int] = []  # leaf index per set index
+        self.seen: dict[str, frozenset[int]] = {}  # small inputs already decided (see engine._State.candidates)
 
     def add(self, pattern: str, leaf: int) -> None:
         # (?m): the set scans all values joined by newlines, so ^ and $ must also hold at value boundaries.
@@ -36,9 +37,11 @@ class RegexSet:
 
     def compile(self) -> None:
         self._set.Compile()
+        self._match = self._set._set.Match  # the binding itself: bytes in, indices out
 
     def candidates(self, joined: bytes) -> list[int]:
-        return [self.members[i] for i in (self._set.Match(joined) or ())]
+        members = self.members
+        return [members[i] for i in self._match(joined)]
 
 
 def needs_own_scan(pattern: str) -> bool:

@@ -2,9 +2,15 @@
 of bodies of 16, 64 and 256 KB (prompt text), on this machine; plus the cost of a request with nothing to match.
 
     python -m tests.bench.waf_bench [--iterations 2000]
+    python -m tests.bench.waf_bench --proxy [--duration 10 --repeat 3]   # needs nginx and wrk, like proxy_bench.py
 
 Each figure is the median (and p99) of single `CompiledWaf.evaluate` + `RequestView` construction calls, the work
-the stage does per request (span attributes and the audit line aside).
+the stage does per request (span attributes and the audit line aside), in thread CPU time (steadier than wall time on
+a shared machine) and wall time.
+
+--proxy runs two gateways (access log off) in front of proxy_bench.py's static nginx upstream, one with no WAF and one
+with every built-in pack at PL2, and loads each with wrk -c32 (throughput, gateway CPU per request) and -c1 (p50/p99),
+interleaved over --repeat rounds; the median round is reported.
 """
 
 from __future__ import annotations
@@ -23,8 +29,8 @@ from gateway.waf.parts import RequestView
 HEADERS = [("host", "gateway.internal:8080"), ("user-agent", "OpenAI/Python 1.40.0"),
            ("content-type", "application/json"), ("accept", "application/json"),
            ("authorization", "Bearer sk-0123456789abcdef0123456789abcdef"), ("x-stainless-lang", "python"),
-           ("x-stainless-package-version", "1.40.0"), ("x-request-id", "a3f1c2d4e5"),
-           ("accept-encoding", "gzip, deflate"), ("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")]
+           ("x-stainless-package-version", "1.40.0"), ("accept-encoding", "gzip, deflate"),
+           ("x-request-id", "a3f1c2d4e5"), ("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")]
 
 
 def prose(size: int, rng: random.Random) -> str:
@@ -55,26 +61,98 @@ def chat_view(body_bytes: int, rng: random.Random) -> RequestView:
 def measure(waf, body_bytes: int, iterations: int) -> dict:
     rng = random.Random(body_bytes)
     views = [chat_view(body_bytes, rng) for _ in range(8)]
-    samples = []
+    cpu, wall = [], []
+    for view in views:  # warm up: compiled sets' DFAs and the per-value caches
+        waf.evaluate(view)
     for i in range(iterations):
         source = views[i % len(views)]
-        started = time.perf_counter()
-        view = RequestView(method=source.method, path=source.path, headers=source.headers, body=source.body,
+        started, started_cpu = time.perf_counter(), time.thread_time()
+        # what differs between real requests even from one client: request id and trace context
+        headers = source.headers[:-2] + [("x-request-id", f"{i:010x}"),
+                                         ("traceparent", f"00-{i:032x}-{i * 7919:016x}-01")]
+        view = RequestView(method=source.method, path=source.path, headers=headers, body=source.body,
                            payload=source.payload, route=source.route, client_ip=source.client_ip,
                            tenant=source.tenant, key_label=source.key_label, model=source.model)
         verdict = waf.evaluate(view)
-        samples.append(time.perf_counter() - started)
+        cpu.append(time.thread_time() - started_cpu)
+        wall.append(time.perf_counter() - started)
         assert not verdict.blocked, verdict.rule_ids
-    samples.sort()
-    return {"body_bytes": len(views[0].body), "p50_us": round(statistics.median(samples) * 1e6, 1),
-            "p99_us": round(samples[int(len(samples) * 0.99)] * 1e6, 1), "iterations": iterations}
+    cpu.sort()
+    wall.sort()
+    return {"body_bytes": len(views[0].body), "p50_us": round(statistics.median(cpu) * 1e6, 1),
+            "p99_us": round(cpu[int(len(cpu) * 0.99)] * 1e6, 1), "wall_p50_us": round(statistics.median(wall) * 1e6, 1),
+            "iterations": iterations}
+
+
+def proxy(duration: float, repeat: int) -> int:
+    """Gateway throughput and latency with the WAF off and on (all packs, PL2), same upstream, interleaved rounds."""
+    import collections
+    import hashlib
+    import os
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from tests.bench import proxy_bench as pb
+
+    tmp = Path(tempfile.mkdtemp(prefix="portcullis-waf-bench-"))
+    tmp.chmod(0o755)
+    procs = pb.Procs()
+    try:
+        lua = tmp / "chat.lua"
+        lua.write_text(pb.WRK_LUA.replace("@BODY@", json.dumps(pb.REQUEST, separators=(",", ":")))
+                       .replace("@KEY@", pb.API_KEY))
+        static = pb.start_nginx(procs, tmp, "static", "static.conf.tmpl",
+                                CHAT_COMPLETION=json.dumps(pb.CHAT_COMPLETION, separators=(",", ":")),
+                                MODELS=json.dumps(pb.MODELS, separators=(",", ":")))
+        pb.wait_http(static, "/v1/models", 15)
+        targets = {}
+        for name, waf in (("waf_off", {}), ("waf_on_all_packs_pl2", {"paranoia_level": 2,
+                                                                     "packs": sorted(builtin_packs()[0])})):
+            policies = tmp / f"{name}-policies"
+            policies.mkdir()
+            (policies / "base.yaml").write_text(json.dumps({
+                "apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": name},
+                "spec": {"waf": waf}}))
+            port = pb.free_port()
+            config = {"listen": {"host": "127.0.0.1", "port": port},
+                      "pools": [{"name": "static", "replicas": [{"url": f"http://127.0.0.1:{static.port}"}]}],
+                      "auth": {"keys": [{"tenant": "bench",
+                                         "sha256": hashlib.sha256(pb.API_KEY.encode()).hexdigest()}]},
+                      "policy_dir": str(policies), "telemetry": {"access_log": False}}
+            path = tmp / f"{name}.yaml"
+            path.write_text(json.dumps(config))
+            exe = Path(sys.prefix) / "bin" / "portcullis"
+            svc = procs.start(name, [str(exe), "serve", "--config", str(path)], port, tmp / f"{name}.log",
+                              env=dict(os.environ))
+            pb.wait_http(svc, "/healthz", 60)
+            pb.check_chat(svc.port)
+            targets[name] = svc
+        runs = collections.defaultdict(list)
+        for round_no in range(repeat):
+            for name, svc in targets.items():
+                runs[name].append(pb.measure(name, svc, lua, duration, 2.0 if round_no == 0 else 0))
+        print(f"machine: {pb.machine()}  load: {pb.loadavg()}")
+        for name in targets:
+            best = pb.pick_median(runs[name])
+            print(f"{name:24} c32 {best['c32']['rps']:8.0f} rps  cpu {best['c32']['cpu_us_per_request']} us/req  "
+                  f"c1 p50 {best['c1']['p50_us']} us  p99 {best['c1']['p99_us']} us  "
+                  f"errors {best['c32']['errors'] + best['c1']['errors']}")
+    finally:
+        procs.stop_all()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--level", type=int, default=2)
+    parser.add_argument("--proxy", action="store_true", help="gateway RPS and latency with the WAF off and on")
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args(argv)
+    if args.proxy:
+        return proxy(args.duration, args.repeat)
     packs = sorted(builtin_packs()[0])
     waf = compile_waf(WafSpec(paranoia_level=args.level, packs=packs), pack_rules({}), "bench")
     print(f"{len(waf.rules)} rules from packs {', '.join(packs)} at paranoia level {args.level}")
@@ -82,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         iterations = args.iterations if size <= 16 * 1024 else max(args.iterations // 10, 50)
         result = measure(waf, size, iterations)
         per_kb = result["p50_us"] / (result["body_bytes"] / 1024)
-        print(f"body {result['body_bytes']:>7} B: p50 {result['p50_us']:>8.1f} us  p99 {result['p99_us']:>8.1f} us"
-              f"  ({per_kb:.1f} us/KB)")
+        print(f"body {result['body_bytes']:>7} B: CPU p50 {result['p50_us']:>8.1f} us  p99 {result['p99_us']:>8.1f} us"
+              f"  ({per_kb:.1f} us/KB)  wall p50 {result['wall_p50_us']:>8.1f} us")
     return 0
 
 
