@@ -25,7 +25,7 @@ from starlette.routing import Route
 from backend_engine import tracing
 from backend_engine.engine import AsyncEngine, LLMEngine, RequestOutput
 from backend_engine.kv_events import KVEventBus
-from backend_engine.model.prompt import PromptError, PromptRenderer
+from backend_engine.model.prompt import PromptError
 from backend_engine.sequence import SamplingParams, TokenLogprob
 
 log = logging.getLogger("portcullis.engine.server")
@@ -127,7 +127,7 @@ class EngineServer:
 
     def __init__(self, engine: LLMEngine, served_model_name: str | None = None):
         self.engine = engine
-        self.renderer = PromptRenderer(engine.tokenizer, engine.loaded.chat_template)
+        self.renderer = engine.loaded.renderer
         self.async_engine = AsyncEngine(engine)
         self.model_name = served_model_name or engine.config.served_model_name
         self.kv_bus = KVEventBus(engine.config.block_size)

@@ -27,55 +27,44 @@ class LoadedModel:
         return PromptRenderer(self.tokenizer, self.chat_template)
 
 
-def load_prompt_renderer(path: str) -> PromptRenderer:
-    """Tokenizer and chat template only (no weights): what a gateway needs to predict prompt ids."""
+def _checked(path: str) -> Path:
     p = Path(path)
-    if p.is_dir():
-        tok = Tokenizer.from_pretrained_dir(p)
-    elif p.suffix == ".gguf" and p.exists():
-        from gguf import GGUFReader
-
-        from backend_engine.model.gguf import read_metadata
-
-        tok = Tokenizer.from_gguf_metadata(read_metadata(GGUFReader(str(p))))
-    else:
+    if not (p.is_dir() or (p.suffix == ".gguf" and p.exists())):
         raise FileNotFoundError(f"model {path!r}: expected a .gguf file or a Hugging Face folder")
-    return PromptRenderer(tok, ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token))
+    return p
+
+
+def _template(tok: Tokenizer) -> ChatTemplate:
+    return ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token)
 
 
 def load_prompt_renderer(path: str) -> PromptRenderer:
     """Tokenizer and chat template without the weights: what a router needs to count tokens as the engine does."""
-    p = Path(path)
+    p = _checked(path)
     if p.is_dir():
-        tok = Tokenizer.from_pretrained_dir(p)
-    elif p.suffix == ".gguf" and p.exists():
-        from gguf import GGUFReader
+        return PromptRenderer(tok := Tokenizer.from_pretrained_dir(p), _template(tok))
+    from gguf import GGUFReader
 
-        from backend_engine.model.gguf import read_metadata
+    from backend_engine.model.gguf import read_metadata
 
-        tok = Tokenizer.from_gguf_metadata(read_metadata(GGUFReader(str(p))))
-    else:
-        raise FileNotFoundError(f"model {path!r}: expected a .gguf file or a Hugging Face folder")
-    return PromptRenderer(tok, ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token))
+    tok = Tokenizer.from_gguf_metadata(read_metadata(GGUFReader(str(p))))
+    return PromptRenderer(tok, _template(tok))
 
 
 def load_model(path: str, backend: ArrayBackend) -> LoadedModel:
     """`path` is a .gguf file or a folder with config.json, model.safetensors and tokenizer.json."""
     t0 = time.perf_counter()
-    p = Path(path)
+    p = _checked(path)
     if p.is_dir():
         from backend_engine.model.safetensors import load_safetensors_dir
 
         cfg, tensors = load_safetensors_dir(p)
         tok = Tokenizer.from_pretrained_dir(p)
-    elif p.suffix == ".gguf" and p.exists():
+    else:
         from backend_engine.model.gguf import load_gguf
 
         cfg, tensors, meta = load_gguf(str(p))
         tok = Tokenizer.from_gguf_metadata(meta)
-    else:
-        raise FileNotFoundError(f"model {path!r}: expected a .gguf file or a Hugging Face folder")
     weights = hf_tensors_to_weights(cfg, tensors, backend)
     model = LlamaModel(cfg, weights, backend)
-    template = ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token)
-    return LoadedModel(model, tok, template, cfg, str(p), time.perf_counter() - t0)
+    return LoadedModel(model, tok, _template(tok), cfg, str(p), time.perf_counter() - t0)

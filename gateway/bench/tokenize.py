@@ -12,10 +12,8 @@ from typing import Any
 
 
 class MessageTokenizer:
-    def __init__(self, tokenizer: Any, template: Any, name: str) -> None:
-        from backend_engine.model.prompt import PromptRenderer
-
-        self.renderer = PromptRenderer(tokenizer, template)
+    def __init__(self, renderer: Any, name: str) -> None:
+        self.renderer = renderer  # backend_engine.model.prompt.PromptRenderer
         self.name = name
 
     def encode(self, messages: list[dict[str, str]]) -> list[int]:
@@ -27,20 +25,14 @@ class MessageTokenizer:
 
 
 def load_tokenizer(spec: str) -> MessageTokenizer:
-    from backend_engine.model.chat_template import ChatTemplate
-    from backend_engine.model.tokenizer import Tokenizer
+    from backend_engine.model import load_prompt_renderer
 
     if spec == "bundled":
-        from gguf import GGUFReader
-
         from backend_engine.config import default_model_path
-        from backend_engine.model.gguf import read_metadata
 
-        tok = Tokenizer.from_gguf_metadata(read_metadata(GGUFReader(default_model_path())))
-    else:
-        path = Path(spec)
-        folder = path.parent if path.is_file() else path
-        if not (folder / "tokenizer.json").exists():
-            raise FileNotFoundError(f"--tokenizer {spec!r}: no tokenizer.json there (or pass 'bundled')")
-        tok = Tokenizer.from_pretrained_dir(folder)
-    return MessageTokenizer(tok, ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token), spec)
+        return MessageTokenizer(load_prompt_renderer(default_model_path()), spec)
+    path = Path(spec)
+    folder = path.parent if path.is_file() else path
+    if not (folder / "tokenizer.json").exists():
+        raise FileNotFoundError(f"--tokenizer {spec!r}: no tokenizer.json there (or pass 'bundled')")
+    return MessageTokenizer(load_prompt_renderer(str(folder)), spec)
