@@ -13,6 +13,7 @@ import json
 import logging
 import time
 import uuid
+from dataclasses import replace
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -29,6 +30,8 @@ from backend_engine.model.prompt import PromptError
 from backend_engine.sequence import SamplingParams, TokenLogprob
 
 log = logging.getLogger("portcullis.engine.server")
+MAX_N = 16          # choices per prompt
+MAX_CHOICES = 64    # prompts x n per request
 
 
 class APIError(Exception):
@@ -77,8 +80,6 @@ def _field(body: dict, key: str, types: type | tuple, default: Any = None) -> An
 
 
 def _sampling_params(body: dict, max_tokens_default: int, chat: bool) -> SamplingParams:
-    if _field(body, "n", int, 1) != 1:
-        raise APIError(400, "only n=1 is supported", param="n")
     if _field(body, "best_of", int, 1) not in (1,):
         raise APIError(400, "best_of is not supported", param="best_of")
     for k in ("presence_penalty", "frequency_penalty"):
@@ -208,17 +209,20 @@ class EngineServer:
         except PromptError as e:
             raise APIError(400, str(e), param=e.param) from None
 
-    def _prompt_ids(self, body: dict) -> list[int]:
+    def _prompt_list(self, body: dict) -> list[list[int]]:
+        """A completions prompt: text, token ids, or a batch (list) of either."""
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            return self.engine.tokenizer.encode(prompt)
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return list(prompt)
-        if isinstance(prompt, list) and len(prompt) > 1:
-            raise APIError(400, "only one prompt per request is supported", param="prompt")
-        raise APIError(400, "'prompt' must be a string or a list of token ids", param="prompt")
+
+        def one(p: Any) -> list[int]:
+            if isinstance(p, str):
+                return self.engine.tokenizer.encode(p)
+            if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+                return list(p)
+            raise APIError(400, "'prompt' must be text, token ids, or a list of either", param="prompt")
+
+        if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+            return [one(p) for p in prompt]
+        return [one(prompt)]
 
     async def tokenize(self, request: Request) -> Response:
         try:
@@ -275,22 +279,32 @@ class EngineServer:
 
     # --- generation ---------------------------------------------------------------------------
 
-    def _prepare(self, body: dict, chat: bool) -> tuple[list[int], SamplingParams]:
+    def _prepare(self, body: dict, chat: bool) -> list[tuple[list[int], SamplingParams]]:
+        """One (prompt ids, params) job per choice: prompts x n, in OpenAI's choice order."""
         self._check_model(body)
-        ids = self._render_chat(body) if chat else self._prompt_ids(body)
-        room = self.engine.max_model_len - len(ids)
-        sp = _sampling_params(body, max(room, 1) if chat else 16, chat)
-        if len(ids) + sp.max_tokens > self.engine.max_model_len and (body.get("max_tokens") is not None
-                                                                    or body.get("max_completion_tokens") is not None):
-            raise APIError(400, f"This model's maximum context length is {self.engine.max_model_len} tokens. "
-                                f"However, you requested {len(ids) + sp.max_tokens} tokens ({len(ids)} in the "
-                                f"prompt, {sp.max_tokens} for the completion).", param="max_tokens",
-                           code="context_length_exceeded")
-        try:
-            self.engine.validate(ids, sp)
-        except ValueError as e:
-            raise APIError(400, str(e))
-        return ids, sp
+        prompts = [self._render_chat(body)] if chat else self._prompt_list(body)
+        n = _field(body, "n", int, 1)
+        if not 1 <= n <= MAX_N:
+            raise APIError(400, f"n must be between 1 and {MAX_N}", param="n")
+        if len(prompts) * n > MAX_CHOICES:
+            raise APIError(400, f"at most {MAX_CHOICES} choices (prompts x n) per request", param="prompt")
+        jobs = []
+        for ids in prompts:
+            room = self.engine.max_model_len - len(ids)
+            sp = _sampling_params(body, max(room, 1) if chat else 16, chat)
+            if len(ids) + sp.max_tokens > self.engine.max_model_len and (
+                    body.get("max_tokens") is not None or body.get("max_completion_tokens") is not None):
+                raise APIError(400, f"This model's maximum context length is {self.engine.max_model_len} tokens. "
+                                    f"However, you requested {len(ids) + sp.max_tokens} tokens ({len(ids)} in the "
+                                    f"prompt, {sp.max_tokens} for the completion).", param="max_tokens",
+                               code="context_length_exceeded")
+            try:
+                self.engine.validate(ids, sp)
+            except ValueError as e:
+                raise APIError(400, str(e))
+            for j in range(n):  # distinct seeds so seeded n>1 samples differ but stay reproducible
+                jobs.append((ids, replace(sp, seed=sp.seed + j if sp.seed is not None else None)))
+        return jobs
 
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, chat=False)
@@ -301,7 +315,7 @@ class EngineServer:
     async def _generate(self, request: Request, chat: bool) -> Response:
         try:
             body = await self._json(request)
-            ids, sp = self._prepare(body, chat)
+            jobs = self._prepare(body, chat)
             stream = _field(body, "stream", bool, False)
             so = _field(body, "stream_options", dict, {}) or {}
             include_usage = bool(so.get("include_usage", False))
@@ -310,28 +324,71 @@ class EngineServer:
             return _error_response(e)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         ctx = tracing.extract_context(request.headers)
-        gen = self.async_engine.generate(ids, sp, request_id=rid, cache_salt=salt, trace_context=ctx)
+        gens = [self.async_engine.generate(ids, sp, request_id=f"{rid}-{k}" if len(jobs) > 1 else rid,
+                                           cache_salt=salt, trace_context=ctx) for k, (ids, sp) in enumerate(jobs)]
+        n = _field(body, "n", int, 1)
         headers = {"x-request-id": request.headers.get("x-request-id", rid)}
         if stream:
-            return ClosingStreamingResponse(self._sse(gen, rid, chat, include_usage), media_type="text/event-stream",
-                                     headers=headers)
+            return ClosingStreamingResponse(self._sse(gens, n, rid, chat, include_usage),
+                                            media_type="text/event-stream", headers=headers)
         try:
-            outs = await self._collect_or_disconnect(request, gen)
+            outs = await self._collect_or_disconnect(request, gens)
         except APIError as e:
             return _error_response(e)
-        if outs is None:  # client went away: the sequence was aborted
+        if outs is None:  # client went away: the sequences were aborted
             return Response(status_code=499)
-        return JSONResponse(self._final_body(outs, rid, chat), headers=headers)
+        return JSONResponse(self._final_body(outs, n, rid, chat), headers=headers)
 
-    async def _collect_or_disconnect(self, request: Request, gen: AsyncIterator[RequestOutput]
-                                     ) -> list[RequestOutput] | None:
-        async def collect() -> list[RequestOutput]:
+    @staticmethod
+    async def _merge(gens: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Interleave several choices' outputs as they arrive; closing this aborts the rest."""
+        if len(gens) == 1:
             try:
-                return [o async for o in gen]
+                async for o in gens[0]:
+                    yield 0, o
+            finally:
+                await gens[0].aclose()  # a closed stream must abort its sequence now, not at GC
+            return
+        q: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, g: AsyncIterator[RequestOutput]) -> None:
+            try:
+                async for o in g:
+                    await q.put((i, o))
+                await q.put((i, None))
+            except Exception as e:  # noqa: BLE001 - handed to the consumer
+                await q.put((i, e))
+
+        tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
+        try:
+            remaining = len(gens)
+            while remaining:
+                i, item = await q.get()
+                if item is None:
+                    remaining -= 1
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    yield i, item
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _collect_or_disconnect(self, request: Request, gens: list[AsyncIterator[RequestOutput]]
+                                     ) -> list[list[RequestOutput]] | None:
+        merged = self._merge(gens)
+
+        async def collect() -> list[list[RequestOutput]]:
+            per: list[list[RequestOutput]] = [[] for _ in gens]
+            try:
+                async for i, o in merged:
+                    per[i].append(o)
             except ValueError as e:
                 raise APIError(400, str(e))
             except Exception as e:  # noqa: BLE001
                 raise APIError(500, f"generation failed: {e}", "server_error", "internal_error")
+            return per
 
         async def disconnected() -> None:
             while True:
@@ -350,15 +407,19 @@ class EngineServer:
             await work
         except (asyncio.CancelledError, APIError):
             pass
-        await gen.aclose()
+        await merged.aclose()
         return None
 
     # --- response shapes ----------------------------------------------------------------------
 
-    def _usage(self, o: RequestOutput) -> dict[str, Any]:
-        return {"prompt_tokens": o.num_prompt_tokens, "completion_tokens": o.num_output_tokens,
-                "total_tokens": o.num_prompt_tokens + o.num_output_tokens,
-                "prompt_tokens_details": {"cached_tokens": o.num_cached_tokens}}
+    @staticmethod
+    def _usage(lasts: list[RequestOutput | None], n: int) -> dict[str, Any]:
+        """Prompt tokens once per prompt (not per n), completion tokens summed over choices."""
+        firsts = [o for k, o in enumerate(lasts) if k % n == 0 and o is not None]
+        prompt = sum(o.num_prompt_tokens for o in firsts)
+        completion = sum(o.num_output_tokens for o in lasts if o is not None)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in firsts)}}
 
     def _completion_logprobs(self, lps: list[TokenLogprob], offset0: int) -> dict[str, Any]:
         tok = self.engine.tokenizer
@@ -385,22 +446,24 @@ class EngineServer:
         return {"content": [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(i, v) for i, v in lp.top]}
                             for lp in lps]}
 
-    def _final_body(self, outs: list[RequestOutput], rid: str, chat: bool) -> dict[str, Any]:
-        last = outs[-1]
-        text = "".join(o.new_text for o in outs)
-        lps = [lp for o in outs for lp in o.logprobs]
-        want_lp = bool(lps)
-        base = {"id": rid, "created": int(time.time()), "model": self.model_name, "usage": self._usage(last)}
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": self._chat_logprobs(lps) if want_lp else None,
-                      "finish_reason": last.finish_reason, "stop_reason": last.stop_reason}
-            return {**base, "object": "chat.completion", "choices": [choice]}
-        choice = {"index": 0, "text": text, "logprobs": self._completion_logprobs(lps, 0) if want_lp else None,
-                  "finish_reason": last.finish_reason, "stop_reason": last.stop_reason}
-        return {**base, "object": "text_completion", "choices": [choice]}
+    def _final_body(self, per: list[list[RequestOutput]], n: int, rid: str, chat: bool) -> dict[str, Any]:
+        choices = []
+        for idx, outs in enumerate(per):
+            last = outs[-1]
+            text = "".join(o.new_text for o in outs)
+            lps = [lp for o in outs for lp in o.logprobs]
+            if chat:
+                choices.append({"index": idx, "message": {"role": "assistant", "content": text},
+                                "logprobs": self._chat_logprobs(lps) if lps else None,
+                                "finish_reason": last.finish_reason, "stop_reason": last.stop_reason})
+            else:
+                choices.append({"index": idx, "text": text,
+                                "logprobs": self._completion_logprobs(lps, 0) if lps else None,
+                                "finish_reason": last.finish_reason, "stop_reason": last.stop_reason})
+        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+                "model": self.model_name, "choices": choices, "usage": self._usage([o[-1] for o in per], n)}
 
-    async def _sse(self, gen: AsyncIterator[RequestOutput], rid: str, chat: bool,
+    async def _sse(self, gens: list[AsyncIterator[RequestOutput]], n: int, rid: str, chat: bool,
                    include_usage: bool) -> AsyncIterator[bytes]:
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -412,32 +475,34 @@ class EngineServer:
                 d["usage"] = usage
             return b"data: " + json.dumps(d).encode() + b"\n\n"
 
-        last: RequestOutput | None = None
-        text_off = 0
+        lasts: list[RequestOutput | None] = [None] * len(gens)
+        text_off = [0] * len(gens)
+        merged = self._merge(gens)
         try:
             if chat:
-                yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                              "finish_reason": None}])
-            async for o in gen:
-                last = o
+                for idx in range(len(gens)):
+                    yield event([{"index": idx, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                  "finish_reason": None}])
+            async for idx, o in merged:
+                lasts[idx] = o
                 if not o.new_text and not o.finished and not o.logprobs:
                     continue
                 fin = o.finish_reason if o.finished else None
                 if chat:
                     delta = {"content": o.new_text} if o.new_text else {}
-                    choice = {"index": 0, "delta": delta,
+                    choice = {"index": idx, "delta": delta,
                               "logprobs": self._chat_logprobs(o.logprobs) if o.logprobs else None,
                               "finish_reason": fin}
                 else:
-                    choice = {"index": 0, "text": o.new_text,
-                              "logprobs": self._completion_logprobs(o.logprobs, text_off) if o.logprobs else None,
+                    choice = {"index": idx, "text": o.new_text,
+                              "logprobs": self._completion_logprobs(o.logprobs, text_off[idx]) if o.logprobs else None,
                               "finish_reason": fin}
                 if fin is not None:
                     choice["stop_reason"] = o.stop_reason
-                text_off += len(o.new_text)
+                text_off[idx] += len(o.new_text)
                 yield event([choice])
-            if include_usage and last is not None:
-                yield event([], self._usage(last))
+            if include_usage:
+                yield event([], self._usage(lasts, n))
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - report, never end silently
@@ -445,6 +510,8 @@ class EngineServer:
             err = APIError(400 if isinstance(e, ValueError) else 500, str(e),
                            "invalid_request_error" if isinstance(e, ValueError) else "server_error")
             yield b"data: " + json.dumps(err.body()).encode() + b"\n\n"
+        finally:
+            await merged.aclose()
         yield b"data: [DONE]\n\n"
 
 

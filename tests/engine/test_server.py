@@ -165,7 +165,7 @@ def test_shared_prefix_reports_cached_tokens(server):
 @pytest.mark.parametrize("path,body,status,code", [
     ("/v1/completions", {"model": "nope", "prompt": "hi"}, 404, "model_not_found"),
     ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400, "invalid_type"),
-    ("/v1/completions", {"prompt": "hi", "n": 2}, 400, None),
+    ("/v1/completions", {"prompt": "hi", "n": 17}, 400, None),
     ("/v1/completions", {"prompt": "hi", "top_p": 0}, 400, None),
     ("/v1/completions", {"prompt": [1] * 9000}, 400, None),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 100000}, 400, "context_length_exceeded"),
@@ -316,3 +316,25 @@ def test_concurrent_streams_match_their_solo_outputs(server):
         for p in prompts[:3]]
     assert together[:3] == solo
     assert all(t for t in together)
+
+
+def test_batch_prompts_and_n(server):
+    case = reference()["cases"][1]
+    body = {"prompt": [case["prompt"], case["prompt_ids"]], "max_tokens": 3, "temperature": 0}
+    r = httpx.post(server + "/v1/completions", json=body, timeout=60).json()
+    assert [c["index"] for c in r["choices"]] == [0, 1]
+    assert r["choices"][0]["text"] == r["choices"][1]["text"] == " Paris.\n"
+    assert r["usage"]["prompt_tokens"] == 10 and r["usage"]["completion_tokens"] == 6
+    body = {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 1.0, "seed": 3, "n": 3, "stream": True,
+            "stream_options": {"include_usage": True}}
+    texts = {0: "", 1: "", 2: ""}
+    usage = None
+    with httpx.stream("POST", server + "/v1/completions", json=body, timeout=60) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: {"):
+                d = json.loads(line[6:])
+                for c in d["choices"]:
+                    texts[c["index"]] += c["text"]
+                usage = d.get("usage") or usage
+    assert usage["prompt_tokens"] == 4 and usage["completion_tokens"] == 18
+    assert len(set(texts.values())) > 1  # different seeds per choice
