@@ -51,6 +51,8 @@ class WafStage:
             if waf.redact(view, verdict, ctx.payload):
                 ctx.body = json.dumps(ctx.payload).encode()
                 span.set_attribute("portcullis.waf.redacted", [m.rule.id for m in verdict.redactions])
+        if verdict.action not in ("block", "monitor") and not any(m.rule.action == "monitor" for m in verdict.matches):
+            return  # scored below the threshold (or tagged/redacted only): on the span, not in the audit log
         trace_id, span_id = trace_ids(ctx.span)
         audit.emit(audit.record(verdict, waf, request_id=ctx.request_id, trace_id=trace_id, span_id=span_id,
                                 tenant=tenant, method=request.method, path=request.scope["path"],

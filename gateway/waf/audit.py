@@ -1,4 +1,5 @@
-"""The WAF audit log: one JSON line per request the WAF blocked, would have blocked (monitor) or flagged.
+"""The WAF audit log: one JSON line per request the WAF blocked, would have blocked (mode monitor), or on which a
+`monitor` rule fired. Scores below the threshold, tags and redactions stay on the request's span.
 
 Records go to the `portcullis.audit` logger (JSON lines on stderr with everything else; route that logger to a
 file or collector to keep it apart). Matched text is never logged whole: a few leading characters and the length.

@@ -101,7 +101,8 @@ def proxy(duration: float, repeat: int) -> int:
     try:
         lua = tmp / "chat.lua"
         lua.write_text(pb.WRK_LUA.replace("@BODY@", json.dumps(pb.REQUEST, separators=(",", ":")))
-                       .replace("@KEY@", pb.API_KEY))
+                       .replace("@KEY@", pb.API_KEY)
+                       .replace('wrk.method = "POST"', 'wrk.method = "POST"\nwrk.headers["User-Agent"] = "OpenAI/Python 1.40.0"'))
         static = pb.start_nginx(procs, tmp, "static", "static.conf.tmpl",
                                 CHAT_COMPLETION=json.dumps(pb.CHAT_COMPLETION, separators=(",", ":")),
                                 MODELS=json.dumps(pb.MODELS, separators=(",", ":")))

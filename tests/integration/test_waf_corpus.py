@@ -44,7 +44,8 @@ def test_libinjection_attack_lists_are_caught(results):
     ("REQUEST-942-APPLICATION-ATTACK-SQLI", 1, 0.29, 0.93),
     ("REQUEST-941-APPLICATION-ATTACK-XSS", 1, 0.52, 0.89),
     ("REQUEST-932-APPLICATION-ATTACK-RCE", 1, 0.44, 0.85),
-    ("REQUEST-913-SCANNER-DETECTION", 1, 1.0, 0.0),
+    ("REQUEST-913-SCANNER-DETECTION", 1, 1.0, 1.0),
+    ("REQUEST-913-SCANNER-DETECTION", 2, 1.0, 1.0),
 ])
 def test_crs_family_floors(results, family, level, catch, passed):
     tally = results[level][family]

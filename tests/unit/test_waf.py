@@ -246,3 +246,16 @@ def test_policy_explain_says_which_rules_fire_and_why(tmp_path, capsys):
     assert out["verdict"] == "block" and out["blocking_rule"] == "sqli-100"
     first = out["rules"][0]
     assert first["part"] == "arg:q" and first["pack"] == "sqli" and first["points"] == 5
+
+
+def test_shipped_example_policy_passes_the_shipped_cases(tmp_path, capsys):
+    from tests.conftest import ROOT
+
+    directory = tmp_path / "example"
+    directory.mkdir()
+    (directory / "base.yaml").write_text((ROOT / "policies" / "examples" / "waf.yaml").read_text())
+    assert cli(["policy", "check", str(directory)]) == 0
+    code = cli(["policy", "test", str(directory), "--cases", str(ROOT / "tests" / "waf_corpus" / "cases")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert " 0 failed" in out
