@@ -30,6 +30,7 @@ from gateway.keys import KeyStore
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
+from gateway.guard.runtime import Guard
 from gateway.pipeline import Pipeline
 from gateway.policy.loader import PolicySet, empty_policy_set, load_policy_dir
 from gateway.ratelimit.failover import CircuitBreaker, FailoverBackend
@@ -38,6 +39,7 @@ from gateway.ratelimit.memory import MemoryBackend
 from gateway.ratelimit.redis_backend import RedisBackend
 from gateway.routing.pool import Pool, Pools
 from gateway.stages.auth import AuthStage
+from gateway.stages.guard import GuardStage
 from gateway.stages.parse import ParseStage
 from gateway.stages.admission import AdmissionStage
 from gateway.stages.ratelimit import RateLimitStage
@@ -72,6 +74,7 @@ class Gateway:
             self.redis or MemoryBackend(), MemoryBackend(), fail_open=config.redis.on_failure == "fail_open",
             breaker=CircuitBreaker(config.redis.breaker_failures, config.redis.breaker_cooldown),
             metrics=self.metrics)
+        self.guard = GuardStage(lambda: self.policies, Guard(self.metrics.registry))
         self.pipeline = Pipeline([
             ParseStage(config.limits.max_body_bytes),
             WafStage(lambda: self.policies, KeyStore(config.auth)),
@@ -79,12 +82,14 @@ class Gateway:
             self.tokenize,
             RateLimitStage(lambda: self.policies, RateLimiter(limits, self.metrics)),
             AdmissionStage(self.pools, self.tracer, self.metrics),
+            self.guard,
             RouteStage(),
         ], self.tracer, self.metrics)
         self.upstream = Upstream(self.tracer, self.metrics, config.telemetry.replica_header)
 
     async def aclose(self) -> None:
         await self.pools.aclose()
+        await self.guard.guard.aclose()
         if self.redis:
             await self.redis.aclose()
         self.tracer_provider.shutdown()
@@ -241,6 +246,7 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
         gateway.pools.start()
         reloader.start()
         warming = asyncio.create_task(asyncio.to_thread(gateway.tokenize.warm))
+        await asyncio.to_thread(gateway.guard.warm)  # before serving: the first guarded request must not wait
         yield
         await warming
         await reloader.stop()

@@ -9,6 +9,7 @@ import sys
 from backend_engine import cli as engine_cli
 from gateway import up
 from gateway.bench import cli as bench_cli
+from gateway.guard import cli as guard_cli
 from gateway.policy import cli as policy_cli
 from gateway.config import CONFIG_ENV, ConfigError, load_config
 from gateway.telemetry import ACCESS_LOGGER, JsonLineFormatter
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     policy_cli.add_subcommands(commands)
     engine_cli.add_subcommands(commands)
     bench_cli.add_subcommands(commands)
+    guard_cli.add_subcommands(commands)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -54,6 +54,8 @@ class RequestContext:
     predicted_cached_tokens: int | None = None  # what routing expected the replica to have cached
     kv_hold: KvHold | None = None  # KV blocks counted against a replica while this request runs
     candidates: list[Replica] = field(default_factory=list)
+    # guard: set when the policy turns the output guard on (gateway.guard.output.OutputGuard)
+    output_guard: Any = None
     # upstream / response
     replica: Replica | None = None
     status: int = 0

@@ -63,6 +63,8 @@ class Upstream:
             try:
                 if ctx.status == 200:
                     self._record_usage(ctx, _json_or_none(attempt.content))
+                    if ctx.output_guard is not None:  # raises GuardBlocked (a GatewayError) on a block
+                        attempt.content = await ctx.output_guard.check_body(attempt.content)
             finally:
                 self._finish(ctx, attempt)
             media_type = attempt.response.headers.get("content-type", "application/json")
@@ -158,6 +160,8 @@ class Upstream:
                     elif data is not None and not self._inspect_event(ctx, data, strip_usage):
                         continue
                     out.append(event)
+                if ctx.output_guard is not None:  # holds events back until scanned; raises GuardBlocked
+                    out = await ctx.output_guard.feed(out)
                 if out:
                     yield b"".join(out)
                 chunk = await anext(attempt.chunks, b"")

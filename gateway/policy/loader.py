@@ -14,6 +14,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from gateway.config import format_key_path
+from gateway.guard.spec import GuardSpec, overlay as guard_overlay
 from gateway.policy.model import AdmissionPolicy, Document, Policy, PolicySpec, RateLimitRule, TenantPolicy
 from gateway.waf.model import RulePack
 from gateway.waf.packs import WafSet, build_waf_set, builtin_packs, check_packs, known_rule_ids, pack_rules
@@ -32,6 +33,7 @@ class PolicySet:
     version: str
     _rate_limits: dict[str, tuple[RateLimitRule, ...]] = field(default_factory=dict, repr=False)
     waf: WafSet = field(default_factory=WafSet.empty, repr=False)  # compiled once here, per tenant
+    _guards: dict[str | None, GuardSpec] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._rate_limits.update({t: _merge(self.base.spec.rate_limits, o) for t, o in self.overlays.items()})
@@ -39,6 +41,17 @@ class PolicySet:
     def admission_for(self, tenant: str | None) -> AdmissionPolicy:
         overlay = self.overlays.get(tenant) if tenant else None
         return (overlay and overlay.spec.admission) or self.base.spec.admission or AdmissionPolicy()
+
+    def guard_for(self, tenant: str | None) -> GuardSpec:
+        """The tenant's guard spec: the base's, with the fields its overlay gives (computed once per tenant)."""
+        cache = self._guards
+        spec = cache.get(tenant)
+        if spec is None:
+            overlay = self.overlays.get(tenant) if tenant else None
+            given = overlay.spec.guard.model_dump(exclude_unset=True) if overlay and "guard" in \
+                overlay.spec.model_fields_set else None
+            spec = cache[tenant] = guard_overlay(self.base.spec.guard, overlay and overlay.spec.guard, given)
+        return spec
 
     def waf_for(self, tenant: str | None):
         """The tenant's compiled WAF (gateway.waf.engine.CompiledWaf)."""

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 
+from gateway.guard.spec import GuardSpec
 from gateway.waf.model import RulePack, WafSpec
 
 API_VERSION = "portcullis.dev/v1"
@@ -106,6 +107,9 @@ class PolicySpec(_Strict):
     admission: AdmissionPolicy | None = Field(default=None, description="in an overlay, replaces the base's whole")
     waf: WafSpec = Field(default_factory=WafSpec, description=(
         "web application firewall; in an overlay, the fields given replace the base's, rules merge by id"))
+    guard: GuardSpec = Field(default_factory=GuardSpec, description=(
+        "guardrails: injection classifier, PII/secrets, output guard; in an overlay, the fields given replace "
+        "the base's"))
 
     @model_validator(mode="after")
     def _unique_ids(self) -> "PolicySpec":

@@ -1,0 +1,121 @@
+"""A dynamic micro-batcher shared by concurrent requests.
+
+Requests submit their windows and await their own scores. One worker drains the queue: it waits at most
+`max_wait_us` after the first window arrives (or until `max_batch` windows are waiting), sorts what it took by length
+into buckets so a short prompt is not padded to a long one's width, and runs each bucket as one ONNX call in a
+worker thread. While a batch runs, new windows queue up and ride the next one, so batches grow with load by
+themselves. Each window carries its own future: every request gets exactly its own scores back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+BUCKETS = (16, 32, 64, 128, 256, 512)
+
+
+@dataclass(slots=True)
+class _Item:
+    ids: list[int]
+    future: asyncio.Future
+
+
+@dataclass
+class BatchStats:
+    batches: int = 0
+    windows: int = 0
+    largest: int = 0
+
+
+class MicroBatcher:
+    def __init__(self, score: Callable[[list[list[int]]], np.ndarray], *, max_batch: int = 32,
+                 max_wait_us: int = 1000, on_batch: Callable[[int, int, float], None] | None = None) -> None:
+        self._score = score
+        self.max_batch = max_batch
+        self.max_wait = max_wait_us / 1e6
+        self._on_batch = on_batch
+        self._queue: list[_Item] = []
+        self._wakeup: asyncio.Event | None = None
+        self._worker: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.stats = BatchStats()
+
+    async def score(self, windows: Sequence[list[int]]) -> list[float]:
+        """Scores of these windows, in order, batched with whatever else is waiting."""
+        if not windows:
+            return []
+        self._ensure_worker()
+        loop = asyncio.get_running_loop()
+        items = [_Item(list(ids), loop.create_future()) for ids in windows]
+        self._queue.extend(items)
+        self._wakeup.set()
+        return list(await asyncio.gather(*(i.future for i in items)))
+
+    def _ensure_worker(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._worker is None or self._worker.done() or self._loop is not loop:
+            self._loop = loop
+            self._wakeup = asyncio.Event()
+            self._worker = loop.create_task(self._run())
+
+    async def aclose(self) -> None:
+        if self._worker:
+            self._worker.cancel()
+            try:
+                await self._worker
+            except asyncio.CancelledError:
+                pass
+            self._worker = None
+
+    async def _run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            if len(self._queue) < self.max_batch and self.max_wait > 0:
+                deadline = time.perf_counter() + self.max_wait
+                while len(self._queue) < self.max_batch:
+                    left = deadline - time.perf_counter()
+                    if left <= 0:
+                        break
+                    self._wakeup.clear()
+                    try:
+                        await asyncio.wait_for(self._wakeup.wait(), left)
+                    except TimeoutError:
+                        break
+            taken, self._queue = self._queue[:self.max_batch], self._queue[self.max_batch:]
+            if not self._queue:
+                self._wakeup.clear()
+            taken = [i for i in taken if not i.future.done()]  # a cancelled request's windows are skipped
+            if not taken:
+                continue
+            for bucket in buckets(taken):
+                started = time.perf_counter()
+                try:
+                    scores = await asyncio.to_thread(self._score, [i.ids for i in bucket])
+                except Exception as exc:
+                    for item in bucket:
+                        if not item.future.done():
+                            item.future.set_exception(exc)
+                    continue
+                for item, s in zip(bucket, scores):
+                    if not item.future.done():
+                        item.future.set_result(float(s))
+                self.stats.batches += 1
+                self.stats.windows += len(bucket)
+                self.stats.largest = max(self.stats.largest, len(bucket))
+                if self._on_batch:
+                    self._on_batch(len(bucket), max(len(i.ids) for i in bucket), time.perf_counter() - started)
+
+
+def buckets(items: list[_Item]) -> list[list[_Item]]:
+    """Group by length bucket (≤16, ≤32, ≤64, ... tokens); each group is padded only to its own longest."""
+    groups: dict[int, list[_Item]] = {}
+    for item in items:
+        n = len(item.ids)
+        bucket = next((b for b in BUCKETS if n <= b), n)
+        groups.setdefault(bucket, []).append(item)
+    return [groups[b] for b in sorted(groups)]

@@ -1,0 +1,147 @@
+"""`portcullis guard …`: judge a classifier on your own traffic before deploying it.
+
+    portcullis guard score < prompts.jsonl            # {"text": ...} per line -> {"score", "label"} per line
+    portcullis guard score traffic.csv --text-column prompt
+    portcullis guard eval labelled.jsonl              # + F1, precision, recall, FPR, ROC-AUC (label column: 1 = malicious)
+
+The model, threshold and windows are the policy's (`--policy`, default policies/), exactly as the gateway scans;
+`--model` and `--threshold` override them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+from gateway.guard.evaluation import metrics
+
+
+def add_subcommands(commands: argparse._SubParsersAction) -> None:
+    guard = commands.add_parser("guard", help="score or evaluate the guard classifier on your own data")
+    verbs = guard.add_subparsers(dest="verb", required=True, metavar="VERB")
+    score = verbs.add_parser("score", help="score JSON lines from stdin (or a CSV/JSONL file): one JSON line each")
+    score.add_argument("file", nargs="?", type=Path, help="CSV or JSONL with a text column (default: stdin JSONL)")
+    _common(score)
+    score.set_defaults(func=_score)
+    evaluate = verbs.add_parser("eval", help="score a labelled CSV/JSONL file and print metrics")
+    evaluate.add_argument("file", type=Path)
+    evaluate.add_argument("--label-column", default="label", help="1/true/malicious = malicious (default: label)")
+    evaluate.add_argument("--group-column", help="also report metrics per value of this column (e.g. source)")
+    evaluate.add_argument("--scores", type=Path, help="also write the per-row JSON lines here")
+    _common(evaluate)
+    evaluate.set_defaults(func=_eval)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--text-column", default="text")
+    parser.add_argument("--policy", type=Path, default=Path("policies"), help="policy directory (default: policies)")
+    parser.add_argument("--model", type=Path, help="model folder (default: the policy's, else the bundled model)")
+    parser.add_argument("--threshold", type=float, help="default: the policy's, else the model card's")
+    parser.add_argument("--device", choices=["auto", "cuda", "cpu"], help="default: the policy's")
+    parser.add_argument("--batch-size", type=int, default=32)
+
+
+def _setup(args: argparse.Namespace):
+    from gateway.guard.model import load_model
+    from gateway.guard.spec import GuardSpec
+    from gateway.policy.loader import PolicyError, load_policy_dir
+
+    spec = GuardSpec()
+    if args.policy.is_dir():
+        try:
+            spec = load_policy_dir(args.policy).guard_for(None)
+        except PolicyError as exc:
+            raise SystemExit(f"portcullis guard: {exc}")
+    runtime = spec.runtime
+    model = load_model(args.model or runtime.model, device=args.device or runtime.device,
+                       precision=runtime.precision, threads=runtime.threads)
+    threshold = args.threshold if args.threshold is not None else (
+        spec.injection.threshold if spec.injection.threshold is not None else (model.threshold or 0.5))
+    return model, spec.injection, threshold
+
+
+def read_rows(path: Path | None, text_column: str) -> list[dict]:
+    if path is None:
+        lines = sys.stdin
+    elif path.suffix.lower() in (".csv", ".tsv"):
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f, delimiter="\t" if path.suffix.lower() == ".tsv" else ","))
+        _require(rows, text_column, path)
+        return rows
+    else:
+        lines = path.open()
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise SystemExit(f"portcullis guard: {path or 'stdin'}:{number}: not JSON ({exc})")
+        rows.append(row if isinstance(row, dict) else {text_column: row})
+    _require(rows, text_column, path)
+    return rows
+
+
+def _require(rows: list[dict], column: str, path: Path | None) -> None:
+    for number, row in enumerate(rows, start=1):
+        if not isinstance(row.get(column), str):
+            raise SystemExit(f"portcullis guard: {path or 'stdin'}: row {number} has no string {column!r} column")
+
+
+def _scored(args: argparse.Namespace, rows: list[dict]) -> tuple[list[float], float, object]:
+    model, policy, threshold = _setup(args)
+    texts = [row[args.text_column] for row in rows]
+    scores: list[float] = []
+    for start in range(0, len(texts), 256):
+        scores += model.score_texts(texts[start:start + 256], policy.window, policy.overlap, args.batch_size)
+    return scores, threshold, model
+
+
+def _label(model, score: float, threshold: float) -> str:
+    malicious = model.labels[model.malicious[0]]
+    benign = next(name for i, name in model.labels.items() if i not in model.malicious)
+    return malicious if score >= threshold else benign
+
+
+def _score(args: argparse.Namespace) -> int:
+    rows = read_rows(args.file, args.text_column)
+    scores, threshold, model = _scored(args, rows)
+    out = sys.stdout
+    for row, score in zip(rows, scores):
+        out.write(json.dumps({**({"id": row["id"]} if "id" in row else {}), "score": round(score, 6),
+                              "label": _label(model, score, threshold), "malicious": score >= threshold}) + "\n")
+    return 0
+
+
+def _truthy(value: object) -> int:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)):
+        return int(value != 0)
+    return int(str(value).strip().lower() in ("1", "true", "yes", "malicious", "injection", "jailbreak", "unsafe"))
+
+
+def _eval(args: argparse.Namespace) -> int:
+    rows = read_rows(args.file, args.text_column)
+    if any(args.label_column not in row for row in rows):
+        raise SystemExit(f"portcullis guard: {args.file}: every row needs a {args.label_column!r} column")
+    scores, threshold, model = _scored(args, rows)
+    labels = [_truthy(row[args.label_column]) for row in rows]
+    if args.scores:
+        with args.scores.open("w") as f:
+            for row, score in zip(rows, scores):
+                f.write(json.dumps({"score": round(score, 6), "label": _label(model, score, threshold),
+                                    "truth": _truthy(row[args.label_column])}) + "\n")
+    report = {"model": str(model.path), "device": model.device, **metrics(labels, scores, threshold)}
+    if args.group_column:
+        groups: dict[str, list[int]] = {}
+        for i, row in enumerate(rows):
+            groups.setdefault(str(row.get(args.group_column)), []).append(i)
+        report["groups"] = {g: metrics([labels[i] for i in idx], [scores[i] for i in idx], threshold)
+                            for g, idx in sorted(groups.items())}
+    print(json.dumps(report, indent=2))
+    return 0

@@ -1,0 +1,216 @@
+"""The guard classifier: any Hugging Face style ONNX sequence-classification folder, run by ONNX Runtime.
+
+A model folder holds `model.onnx` (or `model_int8.onnx` / `model_fp16.onnx`), `tokenizer.json` and `config.json`
+with `id2label`. Llama Prompt Guard 2 and ProtectAI's ONNX exports load the same way as our own model: the score
+is the probability mass of the labels that are not benign (`BENIGN`, `SAFE`, `LABEL_0`, ...), unless the folder's
+`config.json` names its malicious labels in `portcullis.malicious_labels`.
+
+Execution providers are chosen once, at load: CUDA when a GPU and CUDA's runtime are really there, else CPU. No
+per-request warnings: a missing CUDA is a fact logged once, not an error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+BENIGN_NAMES = {"benign", "safe", "label_0", "legit", "legitimate", "negative", "clean", "0"}
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "guard_models" / "minilm-pi"
+
+
+class GuardModelError(Exception):
+    """A model folder that cannot be loaded; the message says what is missing."""
+
+
+def cuda_device_count() -> int:
+    """GPUs the CUDA driver sees (0 without a driver); cheap and silent, unlike a failed CUDA session."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
+
+
+def choose_file(folder: Path, device: str, precision: str = "auto") -> Path:
+    """Pick the ONNX file: int8 on CPU, fp16 on GPU when present, else model.onnx; an explicit precision wins."""
+    names = {"int8": ["model_int8.onnx", "model_quantized.onnx"], "fp16": ["model_fp16.onnx"],
+             "fp32": ["model.onnx"]}
+    if precision != "auto":
+        order = names[precision]
+    elif device == "cuda":
+        order = names["fp16"] + names["fp32"] + names["int8"]
+    else:
+        order = names["int8"] + names["fp32"] + names["fp16"]
+    for name in order:
+        for candidate in (folder / name, folder / "onnx" / name):
+            if candidate.is_file():
+                return candidate
+    raise GuardModelError(f"{folder}: no ONNX model ({', '.join(order)})")
+
+
+@dataclass
+class GuardModel:
+    """One loaded classifier. `score(batch)` is thread-safe; ONNX Runtime sessions allow concurrent runs."""
+
+    folder: Path
+    path: Path
+    session: object  # onnxruntime.InferenceSession
+    tokenizer: object  # tokenizers.Tokenizer, no padding, no truncation
+    labels: dict[int, str]
+    malicious: list[int]
+    max_length: int
+    pad_id: int
+    input_names: list[str]
+    providers: list[str]
+    threshold: float | None = None  # the model card's validation-chosen threshold, if the folder has one
+    name: str = ""
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.providers and self.providers[0] == "CUDAExecutionProvider" else "cpu"
+
+    def encode_windows(self, text: str, window: int | None = None, stride: int = 64) -> list[list[int]]:
+        """Token ids of `text` in overlapping windows of at most `window` tokens (special tokens included).
+
+        Consecutive windows share `stride` tokens, so an attack split across a boundary is whole in one of them, and
+        the end of a long prompt is always scanned.
+        """
+        window = min(window or self.max_length, self.max_length)
+        encoding = self._windowed(window, stride).encode(text)
+        return [encoding.ids] + [o.ids for o in encoding.overflowing]
+
+    def encode_windows_batch(self, texts: list[str], window: int | None = None,
+                             stride: int = 64) -> list[list[list[int]]]:
+        window = min(window or self.max_length, self.max_length)
+        encodings = self._windowed(window, stride).encode_batch(texts)
+        return [[e.ids] + [o.ids for o in e.overflowing] for e in encodings]
+
+    def _windowed(self, window: int, stride: int):
+        stride = max(0, min(stride, window // 2))
+        key = (window, stride)
+        cache = self.__dict__.setdefault("_tokenizers", {})
+        tok = cache.get(key)
+        if tok is None:
+            from tokenizers import Tokenizer
+
+            with self._lock:
+                tok = Tokenizer.from_str(self.tokenizer.to_str())
+                tok.no_padding()
+                tok.enable_truncation(window, stride=stride)
+                cache[key] = tok
+        return tok
+
+    def score(self, batch: list[list[int]]) -> np.ndarray:
+        """Malicious probability for each window of one padded batch (pads to the longest window)."""
+        if not batch:
+            return np.zeros(0, dtype=np.float32)
+        width = max(len(ids) for ids in batch)
+        input_ids = np.full((len(batch), width), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(batch), width), dtype=np.int64)
+        for row, ids in enumerate(batch):
+            input_ids[row, :len(ids)] = ids
+            mask[row, :len(ids)] = 1
+        feeds = {"input_ids": input_ids, "attention_mask": mask}
+        if "token_type_ids" in self.input_names:
+            feeds["token_type_ids"] = np.zeros_like(input_ids)
+        feeds = {k: v for k, v in feeds.items() if k in self.input_names}
+        logits = self.session.run(None, feeds)[0].astype(np.float32)
+        logits -= logits.max(axis=1, keepdims=True)
+        probs = np.exp(logits)
+        probs /= probs.sum(axis=1, keepdims=True)
+        return probs[:, self.malicious].sum(axis=1)
+
+    def score_texts(self, texts: list[str], window: int | None = None, stride: int = 64,
+                    batch_size: int = 32) -> list[float]:
+        """Max window score per text, without the batcher (CLI, evaluation): same windows as the gateway."""
+        per_text = self.encode_windows_batch(texts, window, stride)
+        flat = [(i, ids) for i, windows in enumerate(per_text) for ids in windows]
+        order = sorted(range(len(flat)), key=lambda k: len(flat[k][1]))
+        scores = [0.0] * len(texts)
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            for k, s in zip(chunk, self.score([flat[k][1] for k in chunk])):
+                i = flat[k][0]
+                scores[i] = max(scores[i], float(s))
+        return scores
+
+
+def load_model(folder: str | Path | None = None, *, device: str = "auto", precision: str = "auto",
+               threads: int = 0) -> GuardModel:
+    """Load a model folder. device: auto | cuda | cpu; threads: ONNX intra-op threads (0: ONNX's default)."""
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    folder = Path(folder) if folder else DEFAULT_MODEL_DIR
+    for name in ("tokenizer.json", "config.json"):
+        if not (folder / name).is_file():
+            raise GuardModelError(f"{folder}: {name} is missing (a guard model folder needs model*.onnx, "
+                                  "tokenizer.json and config.json with id2label)")
+    config = json.loads((folder / "config.json").read_text())
+    labels = {int(k): str(v) for k, v in (config.get("id2label") or {}).items()}
+    if len(labels) < 2:
+        raise GuardModelError(f"{folder}/config.json: id2label must name at least two labels")
+    extra = config.get("portcullis") or {}
+    wanted = {str(x).lower() for x in extra.get("malicious_labels", [])}
+    malicious = sorted(i for i, name in labels.items()
+                       if (name.lower() in wanted if wanted else name.lower() not in BENIGN_NAMES))
+    if not malicious or len(malicious) == len(labels):
+        raise GuardModelError(f"{folder}/config.json: cannot tell malicious from benign labels in {labels}; "
+                              "set portcullis.malicious_labels")
+
+    gpus = cuda_device_count() if device in ("auto", "cuda") else 0
+    use_cuda = gpus > 0 and "CUDAExecutionProvider" in ort.get_available_providers()
+    if device == "cuda" and not use_cuda:
+        raise GuardModelError("device cuda asked for, but no GPU or no CUDA provider is available")
+    path = choose_file(folder, "cuda" if use_cuda else "cpu", precision)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if use_cuda else ["CPUExecutionProvider"]
+    try:
+        session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
+    except Exception as exc:
+        if not use_cuda:
+            raise GuardModelError(f"{path}: ONNX Runtime cannot load it: {exc}") from exc
+        log.warning("guard: CUDA session failed (%s); using the CPU", exc)
+        path = choose_file(folder, "cpu", precision)
+        session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    active = session.get_providers()
+    if use_cuda and active[0] != "CUDAExecutionProvider":
+        log.warning("guard: CUDA provider did not start; running on %s", active[0])
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    max_length = int(extra.get("max_length") or config.get("max_position_embeddings") or 512)
+    tok_config = folder / "tokenizer_config.json"
+    if tok_config.is_file():
+        limit = json.loads(tok_config.read_text()).get("model_max_length")
+        if isinstance(limit, int) and 0 < limit < max_length:
+            max_length = limit
+    pad_id = config.get("pad_token_id")
+    if pad_id is None:
+        pad_id = tokenizer.token_to_id("[PAD]") or tokenizer.token_to_id("<pad>") or 0
+    model = GuardModel(folder=folder, path=path, session=session, tokenizer=tokenizer, labels=labels,
+                       malicious=malicious, max_length=max_length, pad_id=int(pad_id),
+                       input_names=[i.name for i in session.get_inputs()], providers=active,
+                       threshold=extra.get("threshold"), name=str(extra.get("name") or folder.name))
+    log.info("guard model %s (%s) on %s, max length %d, threads %s", model.name, path.name, active[0], max_length,
+             threads or os.cpu_count())
+    return model

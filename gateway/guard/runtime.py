@@ -1,0 +1,181 @@
+"""The process's guard: one loaded classifier and its micro-batcher, verdicts, telemetry.
+
+Loaded once (at startup when the base policy enables the guard, else on first use) and reloaded only when the
+policy's `runtime` section changes. Verdicts are recorded on the current span as the GenAI guardrail convention
+has them (a `gen_ai.guardrail` event with gen_ai.guardrail.* attributes: policy id, rule, result, score, category)
+and as Prometheus metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from opentelemetry import trace
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from gateway.errors import GatewayError
+from gateway.guard.batcher import MicroBatcher
+from gateway.guard.spec import GuardRuntime as RuntimeSettings, InjectionPolicy
+
+log = logging.getLogger(__name__)
+
+HEADER = "x-portcullis-guard"
+DEFAULT_THRESHOLD = 0.5
+
+
+@dataclass(slots=True)
+class Verdict:
+    """One guard decision about one request or response."""
+
+    target: str  # "input" | "output"
+    category: str  # "prompt_injection" | "pii" | "secret"
+    rule: str  # the policy rule id, e.g. "guard.injection", "guard.secret.aws_access_key"
+    result: str  # "block" | "flag" | "monitor" | "redact" | "pass"
+    score: float | None = None
+    threshold: float | None = None
+    types: list[str] = field(default_factory=list)
+    where: str | None = None  # e.g. "messages[2]"
+
+    def as_dict(self) -> dict:
+        out = {"target": self.target, "category": self.category, "rule": self.rule, "result": self.result}
+        if self.score is not None:
+            out["score"] = round(self.score, 4)
+            out["threshold"] = self.threshold
+        if self.types:
+            out["types"] = self.types
+        if self.where:
+            out["where"] = self.where
+        return out
+
+    def header(self) -> str:
+        parts = [f"category={self.category}", f"rule={self.rule}", f"result={self.result}"]
+        if self.score is not None:
+            parts.append(f"score={self.score:.4f}")
+        return "; ".join(parts)
+
+
+class GuardBlocked(GatewayError):
+    """A refusal that carries the guard's verdict; OpenAI-shaped, with a `guard` object beside `error`'s fields."""
+
+    def __init__(self, verdict: Verdict, policy_version: str, request_id: str) -> None:
+        what = "prompt" if verdict.target == "input" else "response"
+        score = f", score {verdict.score:.3f} >= {verdict.threshold}" if verdict.score is not None else ""
+        types = f" ({', '.join(verdict.types)})" if verdict.types else ""
+        super().__init__(400 if verdict.target == "input" else 502,
+                         f"{what} blocked by the guard: {verdict.category}{types}{score}; rule {verdict.rule} "
+                         f"(request id {request_id})",
+                         type="invalid_request_error" if verdict.target == "input" else "guard_error",
+                         code="prompt_blocked" if verdict.target == "input" else "response_blocked",
+                         param=verdict.rule)
+        self.verdict = verdict
+        self.policy_version = policy_version
+
+    def body(self) -> dict:
+        body = super().body()
+        body["error"]["guard"] = {**self.verdict.as_dict(), "policy": self.policy_version}
+        return body
+
+
+class Guard:
+    """The classifier (lazily loaded), its batcher and the guard's metrics."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        registry = registry or CollectorRegistry()
+        self.verdicts = Counter("portcullis_guard_verdicts", "Guard decisions by target, category and result",
+                                ["target", "category", "result"], registry=registry)
+        self.scores = Histogram("portcullis_guard_score", "Classifier score (max over windows) per scanned text",
+                                ["target"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0),
+                                registry=registry)
+        self.batch_size = Histogram("portcullis_guard_batch_size", "Windows per classifier call",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=registry)
+        self.batch_seconds = Histogram("portcullis_guard_batch_seconds", "Classifier call duration",
+                                       buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
+                                       registry=registry)
+        self._model = None
+        self._batcher: MicroBatcher | None = None
+        self._settings: RuntimeSettings | None = None
+        self._load_lock = threading.Lock()
+
+    @property
+    def model(self):
+        return self._model
+
+    def load(self, settings: RuntimeSettings):
+        """Load (or reload, when the settings changed) the model; blocking, so call it off the event loop."""
+        with self._load_lock:
+            if self._model is not None and self._settings == settings:
+                return self._model
+            from gateway.guard.model import load_model
+
+            started = time.perf_counter()
+            model = load_model(settings.model, device=settings.device, precision=settings.precision,
+                               threads=settings.threads)
+            model.score([model.encode_windows("warm up")[0]])  # first run allocates; not a request's cost
+            self._batcher = MicroBatcher(model.score, max_batch=settings.max_batch,
+                                         max_wait_us=settings.max_wait_us, on_batch=self._observe_batch)
+            self._model, self._settings = model, settings
+            log.info("guard model ready in %.2fs on %s", time.perf_counter() - started, model.providers[0])
+            return model
+
+    async def ensure(self, settings: RuntimeSettings):
+        if self._model is not None and self._settings == settings:
+            return self._model
+        return await asyncio.to_thread(self.load, settings)
+
+    def _observe_batch(self, size: int, width: int, seconds: float) -> None:
+        self.batch_size.observe(size)
+        self.batch_seconds.observe(seconds)
+
+    def threshold(self, policy: InjectionPolicy) -> float:
+        if policy.threshold is not None:
+            return policy.threshold
+        model_threshold = self._model.threshold if self._model else None
+        return float(model_threshold) if model_threshold is not None else DEFAULT_THRESHOLD
+
+    def windows(self, texts: list[str], policy: InjectionPolicy) -> list[tuple[int, list[int]]]:
+        """(text index, window ids) for each window to scan; past max_windows, the first and the last ones."""
+        model = self._model
+        per_text = model.encode_windows_batch(texts, policy.window, policy.overlap)
+        flat = [(i, ids) for i, ws in enumerate(per_text) for ids in ws]
+        if len(flat) > policy.max_windows:
+            head = policy.max_windows // 2
+            flat = flat[:head] + flat[len(flat) - (policy.max_windows - head):]
+        return flat
+
+    async def classify(self, texts: list[str], policy: InjectionPolicy, settings: RuntimeSettings,
+                       target: str = "input") -> tuple[float, int]:
+        """(max score, index of the text that has it) over every window of every text; (0, -1) for no text."""
+        await self.ensure(settings)
+        texts = [t for t in texts]
+        if not any(texts):
+            return 0.0, -1
+        windows = self.windows(texts, policy)
+        scores = await self._batcher.score([ids for _, ids in windows])
+        best = max(range(len(scores)), key=scores.__getitem__)
+        self.scores.labels(target=target).observe(scores[best])
+        return float(scores[best]), windows[best][0]
+
+    def record(self, verdict: Verdict, policy_version: str) -> None:
+        """The GenAI guardrail event on the current span, and the verdict counter."""
+        self.verdicts.labels(target=verdict.target, category=verdict.category, result=verdict.result).inc()
+        span = trace.get_current_span()
+        if not span.is_recording():
+            return
+        attributes = {"gen_ai.guardrail.policy.id": policy_version, "gen_ai.guardrail.rule.id": verdict.rule,
+                      "gen_ai.guardrail.result": verdict.result, "gen_ai.guardrail.category": verdict.category,
+                      "gen_ai.guardrail.target": verdict.target}
+        if verdict.score is not None:
+            attributes["gen_ai.guardrail.score"] = verdict.score
+        if verdict.types:
+            attributes["gen_ai.guardrail.types"] = verdict.types
+        span.add_event("gen_ai.guardrail", attributes)
+        for key, value in attributes.items():
+            span.set_attribute(key, value)
+
+    async def aclose(self) -> None:
+        if self._batcher:
+            await self._batcher.aclose()

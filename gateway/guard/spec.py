@@ -1,0 +1,99 @@
+"""The `guard` section of the policy model (spec.guard): classifier thresholds and actions, scanned roles, windows,
+PII/secret actions, the streaming output guard, and the runtime (model folder, device, micro-batcher).
+
+In a TenantPolicy overlay the fields given replace the base's, section by section (`injection.threshold` alone
+changes only the threshold); `runtime` is read from the base only, since one process loads one model.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Action = Literal["block", "flag", "monitor"]
+PiiAction = Literal["off", "monitor", "flag", "redact", "block"]
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InjectionPolicy(_Strict):
+    """The prompt-injection / jailbreak classifier on the request's messages."""
+
+    enabled: bool = True
+    threshold: Annotated[float | None, Field(ge=0, le=1, description=(
+        "probability of malicious at or above which a window is flagged; default: the model card's "
+        "validation-chosen threshold"))] = None
+    action: Action = Field("block", description="block: refuse with 400 prompt_blocked; flag: serve it, with an "
+                           "x-portcullis-guard response header; monitor: record only")
+    roles: list[Role] = Field(default_factory=lambda: ["user", "tool"], description=(
+        "message roles scanned in chat requests (completions prompts are always scanned)"))
+    window: Annotated[int, Field(ge=16, le=4096, description="tokens per scanning window (capped at the model's)")] \
+        = 512
+    overlap: Annotated[int, Field(ge=0, le=1024, description="tokens shared by consecutive windows")] = 64
+    max_windows: Annotated[int, Field(ge=1, description=(
+        "windows scanned per request; a longer input scans its first and its last windows"))] = 64
+
+
+class PiiPolicy(_Strict):
+    """Regex + validator detectors: `pii` (emails, phones, cards, IBANs, SSNs, IPs) and `secrets` (keys, tokens)."""
+
+    pii: PiiAction = "off"
+    secrets: PiiAction = "off"
+    types: list[str] = Field(default_factory=list, description="detector types to run; [] runs all")
+    roles: list[Role] = Field(default_factory=lambda: ["system", "developer", "user", "assistant", "tool"])
+
+
+class OutputPolicy(_Strict):
+    """The output guard: generated text scanned as it streams, in windows, behind a hold-back buffer."""
+
+    enabled: bool = False
+    injection: Literal["off", "block", "flag", "monitor"] = Field("off", description=(
+        "the classifier on generated text (e.g. a model repeating injected instructions)"))
+    pii: PiiAction = "off"
+    secrets: PiiAction = "block"
+    hold_back: Annotated[int, Field(ge=0, le=65536, description=(
+        "characters of generated text held back from the client until scanned with what follows them"))] = 64
+    scan_every: Annotated[int, Field(ge=1, le=65536, description=(
+        "scan when this many new characters have arrived since the last scan"))] = 128
+
+
+class GuardRuntime(_Strict):
+    """How the process runs the classifier (base policy only)."""
+
+    model: str | None = Field(None, description=(
+        "a Hugging Face style ONNX sequence-classification folder (model*.onnx, tokenizer.json, config.json); "
+        "default: the bundled guard_models/minilm-pi"))
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    precision: Literal["auto", "int8", "fp16", "fp32"] = Field("auto", description="auto: int8 on CPU, fp16 on GPU")
+    threads: Annotated[int, Field(ge=0, description="ONNX intra-op threads; 0: ONNX's default")] = 0
+    max_batch: Annotated[int, Field(ge=1, le=1024)] = 32
+    max_wait_us: Annotated[int, Field(ge=0, le=1_000_000)] = 1000
+
+
+class GuardSpec(_Strict):
+    enabled: bool = Field(False, description="off: the stage costs one attribute lookup per request")
+    injection: InjectionPolicy = InjectionPolicy()
+    pii: PiiPolicy = PiiPolicy()
+    output: OutputPolicy = OutputPolicy()
+    runtime: GuardRuntime = GuardRuntime()
+
+
+def overlay(base: GuardSpec, tenant: GuardSpec | None, given: dict | None) -> GuardSpec:
+    """The tenant's effective guard spec: the base with the fields the overlay gave (nested), runtime from base."""
+    if tenant is None or not given:
+        return base
+    merged = _deep_merge(base.model_dump(), given)
+    merged["runtime"] = base.runtime.model_dump()
+    return GuardSpec.model_validate(merged)
+
+
+def _deep_merge(base: dict, given: dict) -> dict:
+    out = dict(base)
+    for key, value in given.items():
+        out[key] = _deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) \
+            else value
+    return out

@@ -1,0 +1,109 @@
+"""The micro-batcher: concurrent callers share batches, each gets its own scores, buckets bound padding."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from gateway.guard.batcher import MicroBatcher, _Item, buckets
+
+
+class Recorder:
+    """A scorer whose score is a function of the window (its first id / 1000), recording each batch."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.batches: list[list[list[int]]] = []
+        self.delay = delay
+        self.threads: set[int] = set()
+
+    def __call__(self, batch: list[list[int]]) -> np.ndarray:
+        self.batches.append(batch)
+        self.threads.add(threading.get_ident())
+        time.sleep(self.delay)
+        return np.array([ids[0] / 1000 for ids in batch])
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_each_caller_gets_its_own_scores_in_order() -> None:
+    scorer = Recorder(delay=0.005)
+    batcher = MicroBatcher(scorer, max_batch=16, max_wait_us=5000)
+
+    async def main():
+        calls = [[[i, 1, 2]] if i % 3 else [[i, 1], [i + 500, 1, 2, 3]] for i in range(1, 60)]
+        results = await asyncio.gather(*(batcher.score(c) for c in calls))
+        for call, result in zip(calls, results):
+            assert result == pytest.approx([w[0] / 1000 for w in call])
+        await batcher.aclose()
+
+    run(main())
+    assert len(scorer.batches) < 59, "concurrent requests must share batches"
+    assert max(len(b) for b in scorer.batches) <= 16
+
+
+def test_a_lone_request_waits_at_most_max_wait() -> None:
+    batcher = MicroBatcher(Recorder(), max_batch=64, max_wait_us=2000)
+
+    async def main():
+        started = time.perf_counter()
+        assert await batcher.score([[250, 1]]) == [0.25]
+        return time.perf_counter() - started
+
+    assert run(main()) < 0.5
+
+
+def test_full_batch_does_not_wait() -> None:
+    scorer = Recorder()
+    batcher = MicroBatcher(scorer, max_batch=4, max_wait_us=10_000_000)
+
+    async def main():
+        return await asyncio.wait_for(batcher.score([[1], [2], [3], [4]]), 2.0)
+
+    assert run(main()) == pytest.approx([0.001, 0.002, 0.003, 0.004])
+
+
+def test_length_buckets_bound_padding() -> None:
+    loop = asyncio.new_event_loop()
+    items = [_Item([1] * n, loop.create_future()) for n in (5, 300, 12, 40, 17, 500, 31)]
+    groups = buckets(items)
+    assert [sorted(len(i.ids) for i in g) for g in groups] == [[5, 12], [17, 31], [40], [300, 500]]
+    loop.close()
+
+
+def test_scorer_failure_reaches_every_caller_and_the_batcher_recovers() -> None:
+    calls = {"n": 0}
+
+    def flaky(batch):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("boom")
+        return np.zeros(len(batch))
+
+    batcher = MicroBatcher(flaky, max_batch=8, max_wait_us=1000)
+
+    async def main():
+        with pytest.raises(RuntimeError):
+            await batcher.score([[1], [2]])
+        assert await batcher.score([[3]]) == [0.0]
+
+    run(main())
+
+
+def test_cancelled_caller_does_not_break_others() -> None:
+    batcher = MicroBatcher(Recorder(delay=0.02), max_batch=2, max_wait_us=0)
+
+    async def main():
+        first = asyncio.create_task(batcher.score([[100]]))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(batcher.score([[200], [300], [400]]))
+        await asyncio.sleep(0)
+        first.cancel()
+        assert await second == pytest.approx([0.2, 0.3, 0.4])
+
+    run(main())

@@ -1,0 +1,130 @@
+"""The streaming output guard's bookkeeping: hold-back, release order, redaction across events, blocks.
+
+The classifier here is a stand-in keyed on a marker word, so these tests are about the buffer logic; the real model
+through the gateway is in tests/integration/test_guard_gateway.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from gateway.guard.output import OutputGuard
+from gateway.guard.runtime import GuardBlocked, Verdict
+from gateway.guard.spec import GuardSpec
+
+
+class MarkerGuard:
+    def __init__(self) -> None:
+        self.scanned: list[str] = []
+        self.recorded: list[Verdict] = []
+
+    async def classify(self, texts, policy, settings, target="input"):
+        self.scanned.append(texts[0])
+        return (0.99 if "EVILMARK" in texts[0] else 0.01), 0
+
+    def threshold(self, policy):
+        return 0.5
+
+    def record(self, verdict, version):
+        self.recorded.append(verdict)
+
+
+def spec(**output) -> GuardSpec:
+    return GuardSpec.model_validate({"enabled": True, "output": {"enabled": True, **output}})
+
+
+def event(text: str, finish: str | None = None, chat: bool = True) -> bytes:
+    choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
+    choice["finish_reason"] = finish
+    return b"data: " + json.dumps({"id": "x", "choices": [choice]}).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def texts(events: list[bytes]) -> str:
+    out = []
+    for e in events:
+        if e == DONE:
+            continue
+        choice = json.loads(e[6:])["choices"][0]
+        out.append(choice.get("delta", {}).get("content") or choice.get("text") or "")
+    return "".join(out)
+
+
+def feed_all(guard: OutputGuard, chunks: list[list[bytes]]) -> list[list[bytes]]:
+    async def main():
+        return [await guard.feed(c) for c in chunks]
+
+    return asyncio.run(main())
+
+
+def test_text_is_held_back_until_scanned_then_all_released_at_done() -> None:
+    g = OutputGuard(MarkerGuard(), spec(injection="block", hold_back=10, scan_every=20), "v1", "r", "chat")
+    words = [event(f"word{i:02d} ") for i in range(10)]  # 7 chars each
+    released = feed_all(g, [[w] for w in words] + [[event("", "stop"), DONE]])
+    assert released[0] == [] and released[1] == []  # 14 chars: no scan yet, nothing out
+    assert sum(len(r) for r in released[:-1]) < 10  # something is always held back
+    assert texts([e for r in released for e in r]) == "".join(f"word{i:02d} " for i in range(10))
+    assert released[-1][-1] == DONE
+
+
+def test_block_raises_before_the_flagged_text_is_released() -> None:
+    fake = MarkerGuard()
+    g = OutputGuard(fake, spec(injection="block", hold_back=16, scan_every=8), "v1", "r", "chat")
+    out: list[bytes] = []
+
+    async def main():
+        for chunk in ["Sure, here ", "it is: ", "EVILMARK ", "do it now"]:
+            out.extend(await g.feed([event(chunk)]))
+
+    with pytest.raises(GuardBlocked) as caught:
+        asyncio.run(main())
+    assert "EVILMARK" not in texts(out)
+    error = json.loads(caught.value.sse_event()[6:])
+    assert error["error"]["code"] == "response_blocked"
+    assert error["error"]["guard"]["rule"] == "guard.output.injection"
+    assert error["error"]["guard"]["result"] == "block" and error["error"]["guard"]["score"] > 0.5
+
+
+def test_secret_split_across_events_is_redacted_in_place() -> None:
+    g = OutputGuard(MarkerGuard(), spec(secrets="redact", hold_back=64, scan_every=16), "v1", "r", "chat")
+    pieces = ["Your key is AKIA", "IOSFODNN7", "EXAMPLE and more ", "text follows here."]
+    released = feed_all(g, [[event(p)] for p in pieces] + [[event("", "stop"), DONE]])
+    text = texts([e for r in released for e in r])
+    assert "AKIA" not in text and "EXAMPLE" not in text
+    assert text == "Your key is [REDACTED:AWS_ACCESS_KEY] and more text follows here."
+
+
+def test_secret_block_on_completions_stream() -> None:
+    g = OutputGuard(MarkerGuard(), spec(secrets="block", hold_back=8, scan_every=8), "v1", "r", "completions")
+
+    async def main():
+        await g.feed([event("token: ghp_" + "a" * 36, chat=False)])
+
+    with pytest.raises(GuardBlocked) as caught:
+        asyncio.run(main())
+    assert caught.value.verdict.types == ["github_token"]
+
+
+def test_non_text_events_keep_their_order() -> None:
+    g = OutputGuard(MarkerGuard(), spec(injection="block", hold_back=4, scan_every=4), "v1", "r", "chat")
+    role = b'data: {"choices": [{"index": 0, "delta": {"role": "assistant"}}]}\n\n'
+    usage = b'data: {"choices": [], "usage": {"total_tokens": 3}}\n\n'
+    released = feed_all(g, [[role, event("hello world, ")], [event("bye", "stop"), usage, DONE]])
+    flat = [e for r in released for e in r]
+    assert flat[0] == role and flat[-2] == usage and flat[-1] == DONE
+
+
+def test_whole_answer_redaction_and_block() -> None:
+    body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "mail bob@example.com now"}}]}
+    g = OutputGuard(MarkerGuard(), spec(pii="redact"), "v1", "r", "chat")
+    out = json.loads(asyncio.run(g.check_body(json.dumps(body).encode())))
+    assert out["choices"][0]["message"]["content"] == "mail [REDACTED:EMAIL] now"
+    g = OutputGuard(MarkerGuard(), spec(injection="block"), "v1", "r", "chat")
+    body["choices"][0]["message"]["content"] = "EVILMARK"
+    with pytest.raises(GuardBlocked):
+        asyncio.run(g.check_body(json.dumps(body).encode()))
