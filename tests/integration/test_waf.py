@@ -147,3 +147,18 @@ def _wait(gw, ready, timeout: float = 10.0) -> dict:
         if ready(status) or time.monotonic() > deadline:
             return status
         time.sleep(0.1)
+
+
+def test_sighup_reloads_and_never_kills_the_gateway(fake_upstream, gateway, tmp_path):
+    import signal
+
+    upstream = fake_upstream()
+    directory = tmp_path / "p"
+    write(directory, {"rules": [{"id": "no-foo", "when": {"target": "prompt", "regex": "foo"}}]})
+    gw = start(gateway, upstream, directory)
+    gw.proc.send_signal(signal.SIGHUP)  # nothing changed: a reload that keeps the same version
+    time.sleep(0.5)
+    assert gw.proc.poll() is None
+    status = httpx.get(gw.url + "/admin/policy").json()
+    assert status["last_error"] is None and status["reloads"] == 0
+    assert post(gw, messages=[{"role": "user", "content": "foo"}]).status_code == 403
