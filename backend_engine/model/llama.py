@@ -199,8 +199,8 @@ class LlamaModel:
             v = qkv[:, (nh + nkv) * hd:].reshape(T, nkv, hd)
             cache = kv_cache[li]
             flat = cache.reshape(2, nkv, -1, hd)             # [2, nkv, num_blocks * bs, hd] view
-            flat[0][:, slots_d] = k.transpose(1, 0, 2)
-            flat[1][:, slots_d] = v.transpose(1, 0, 2)
+            flat[0][:, slots_d] = k.transpose(1, 0, 2).astype(cache.dtype, copy=False)
+            flat[1][:, slots_d] = v.transpose(1, 0, 2).astype(cache.dtype, copy=False)
             attn = xp.empty((T, nh * hd), dtype=xp.float32)
             if D:
                 attn[:D] = self._decode_attention(q[:D], cache, dec)
