@@ -40,10 +40,10 @@ def test_libinjection_attack_lists_are_caught(results):
     # XSS catch target met at PL2; the rest are below the 90% / 95% targets: regression floors (docs/benchmarks.md)
     ("REQUEST-942-APPLICATION-ATTACK-SQLI", 2, 0.76, 0.86),
     ("REQUEST-941-APPLICATION-ATTACK-XSS", 2, 0.90, 0.77),
-    ("REQUEST-932-APPLICATION-ATTACK-RCE", 2, 0.56, 0.83),
+    ("REQUEST-932-APPLICATION-ATTACK-RCE", 2, 0.62, 0.83),
     ("REQUEST-942-APPLICATION-ATTACK-SQLI", 1, 0.29, 0.93),
     ("REQUEST-941-APPLICATION-ATTACK-XSS", 1, 0.52, 0.89),
-    ("REQUEST-932-APPLICATION-ATTACK-RCE", 1, 0.44, 0.85),
+    ("REQUEST-932-APPLICATION-ATTACK-RCE", 1, 0.50, 0.85),
     ("REQUEST-913-SCANNER-DETECTION", 1, 1.0, 1.0),
     ("REQUEST-913-SCANNER-DETECTION", 2, 1.0, 1.0),
 ])

