@@ -135,6 +135,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=13)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--layers", type=int, default=3, help="encoder layers kept from the pretrained 6")
+    ap.add_argument("--init", type=Path, help="continue from this checkpoint (a second stage)")
+    ap.add_argument("--oversample-neuralchemy", type=int, default=1, help="repeat neuralchemy train rows N times")
     args = ap.parse_args()
 
     import torch
@@ -159,6 +161,7 @@ def main() -> None:
     tok.enable_truncation(args.max_len)
     train = load_split("train")
     train += synthesize_long(train, args.synthetic, rng)
+    train += [r for r in train if r["source"] == "neuralchemy"] * (args.oversample_neuralchemy - 1)
     val = load_split("validation")
     say(f"train {len(train)} rows ({sum(r['label'] for r in train)} malicious), validation {len(val)}")
 
@@ -167,7 +170,7 @@ def main() -> None:
 
     enc_train, enc_val = encode(train), encode(val)
     model = BertForSequenceClassification.from_pretrained(
-        str(base), num_labels=2, id2label=LABELS, label2id={v: k for k, v in LABELS.items()},
+        str(args.init or base), num_labels=2, id2label=LABELS, label2id={v: k for k, v in LABELS.items()},
         attn_implementation="eager")
     if args.layers < model.config.num_hidden_layers:  # keep the bottom layers: half the cost on this CPU
         model.bert.encoder.layer = model.bert.encoder.layer[:args.layers]

@@ -40,16 +40,16 @@ def roc_auc(labels: list[int], scores: list[float]) -> float:
     return (sum(r for r, y in zip(ranks, labels) if y == 1) - pos * (pos + 1) / 2) / (pos * neg)
 
 
-def choose_threshold(groups: dict[str, tuple[list[int], list[float]]], max_fpr: dict[str, float]) -> float:
-    """The threshold that maximises the worst group's F1 while every group's FPR stays within its cap
-    (falls back to the lowest threshold meeting the caps, then 0.5)."""
-    candidates = sorted({round(s, 4) for _, scores in groups.values() for s in scores} | {0.5})
-    best, best_f1 = None, -1.0
+def choose_threshold(groups: dict[str, tuple[list[int], list[float]]], max_fpr: dict[str, float],
+                     penalty: float = 10.0) -> float:
+    """The threshold that maximises the worst group's F1 minus `penalty` x each group's false-positive rate above
+    its cap: within the caps it is the best worst-group F1; past them, the least excess."""
+    candidates = sorted({round(s, 3) for _, scores in groups.values() for s in scores} | {0.5})
+    best, best_value = 0.5, -math.inf
     for t in candidates:
         ms = {g: metrics(y, s, t) for g, (y, s) in groups.items()}
-        if any(ms[g]["fpr"] > max_fpr.get(g, 1.0) for g in ms):
-            continue
-        worst = min(m["f1"] for m in ms.values())
-        if worst > best_f1:
-            best, best_f1 = t, worst
-    return best if best is not None else 0.5
+        excess = sum(max(0.0, ms[g]["fpr"] - max_fpr.get(g, 1.0)) for g in ms)
+        value = min(m["f1"] for m in ms.values()) - penalty * excess
+        if value > best_value:
+            best, best_value = t, value
+    return best

@@ -82,7 +82,7 @@ class GuardModel:
     def device(self) -> str:
         return "cuda" if self.providers and self.providers[0] == "CUDAExecutionProvider" else "cpu"
 
-    def encode_windows(self, text: str, window: int | None = None, stride: int = 64) -> list[list[int]]:
+    def encode_windows(self, text: str, window: int | None = None, stride: int = 32) -> list[list[int]]:
         """Token ids of `text` in overlapping windows of at most `window` tokens (special tokens included).
 
         Consecutive windows share `stride` tokens, so an attack split across a boundary is whole in one of them, and
@@ -93,7 +93,7 @@ class GuardModel:
         return [encoding.ids] + [o.ids for o in encoding.overflowing]
 
     def encode_windows_batch(self, texts: list[str], window: int | None = None,
-                             stride: int = 64) -> list[list[list[int]]]:
+                             stride: int = 32) -> list[list[list[int]]]:
         window = min(window or self.max_length, self.max_length)
         encodings = self._windowed(window, stride).encode_batch(texts)
         return [[e.ids] + [o.ids for o in e.overflowing] for e in encodings]
@@ -133,7 +133,7 @@ class GuardModel:
         probs /= probs.sum(axis=1, keepdims=True)
         return probs[:, self.malicious].sum(axis=1)
 
-    def score_texts(self, texts: list[str], window: int | None = None, stride: int = 64,
+    def score_texts(self, texts: list[str], window: int | None = None, stride: int = 32,
                     batch_size: int = 32) -> list[float]:
         """Max window score per text, without the batcher (CLI, evaluation): same windows as the gateway."""
         per_text = self.encode_windows_batch(texts, window, stride)

@@ -33,7 +33,8 @@ class InjectionPolicy(_Strict):
         "message roles scanned in chat requests (completions prompts are always scanned)"))
     window: Annotated[int, Field(ge=16, le=4096, description="tokens per scanning window (capped at the model's)")] \
         = 512
-    overlap: Annotated[int, Field(ge=0, le=1024, description="tokens shared by consecutive windows")] = 64
+    overlap: Annotated[int, Field(ge=0, le=1024, description=(
+        "tokens shared by consecutive windows (at most half a window)"))] = 32
     max_windows: Annotated[int, Field(ge=1, description=(
         "windows scanned per request; a longer input scans its first and its last windows"))] = 64
 
@@ -71,7 +72,8 @@ class GuardRuntime(_Strict):
     precision: Literal["auto", "int8", "fp16", "fp32"] = Field("auto", description="auto: int8 on CPU, fp16 on GPU")
     threads: Annotated[int, Field(ge=0, description="ONNX intra-op threads; 0: ONNX's default")] = 0
     max_batch: Annotated[int, Field(ge=1, le=1024)] = 32
-    max_wait_us: Annotated[int, Field(ge=0, le=1_000_000)] = 1000
+    max_wait_us: Annotated[int, Field(ge=0, le=1_000_000, description=(
+        "how long the first window waits for others to share its batch"))] = 500
 
 
 class GuardSpec(_Strict):

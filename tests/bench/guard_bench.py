@@ -1,0 +1,171 @@
+"""Guard cost on this machine: classifier latency per request and batched throughput, and gateway RPS guard off/on.
+
+    python -m tests.bench.guard_bench [--requests 200] [--json out.json]      # the classifier through its batcher
+    python -m tests.bench.guard_bench --proxy [--duration 10 --repeat 3]      # needs nginx and wrk (proxy_bench.py)
+
+Stage figures: wall time of one `Guard.classify` call (tokenize + windows + micro-batcher + ONNX Runtime) for prompts
+of 32, 128 and 512 tokens, at concurrency 1 (sequential callers) and 32 (32 callers in one event loop, sharing
+batches), p50/p99 per request; throughput is prompts/s at concurrency 32 and 64. Model: the bundled int8 model on
+the CPU (or what `--device`/`--model` pick). --proxy runs two gateways in front of proxy_bench.py's static nginx
+upstream, guard off and guard on (injection classifier, block), loaded with wrk -c32 and -c1 like waf_bench.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+
+from gateway.guard.runtime import Guard
+from gateway.guard.spec import GuardRuntime, InjectionPolicy
+
+TEXT = ("Our team is preparing the annual planning document and needs a clear overview of the project milestones, "
+        "the budget for each quarter, the hiring plan for engineering and support, and the risks we see in the "
+        "supply chain. Please write it in plain language for the board, with a short summary first, then one "
+        "section per topic, and finish with the three decisions we need from them this month. ") * 8
+
+
+def prompt_of(guard: Guard, tokens: int) -> str:
+    tok = guard.model.tokenizer
+    ids = tok.encode(TEXT, add_special_tokens=False).ids[: tokens - 2]
+    return tok.decode(ids)
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+async def latency(guard: Guard, text: str, policy, settings, concurrency: int, requests: int) -> dict:
+    lat: list[float] = []
+    per_worker = max(1, requests // concurrency)
+
+    async def worker():
+        for _ in range(per_worker):
+            started = time.perf_counter()
+            await guard.classify([text], policy, settings)
+            lat.append(time.perf_counter() - started)
+
+    await guard.classify([text], policy, settings)  # warm this shape
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    return {"p50_ms": round(pct(lat, 0.5) * 1e3, 2), "p99_ms": round(pct(lat, 0.99) * 1e3, 2),
+            "prompts_per_s": round(len(lat) / elapsed, 1), "n": len(lat)}
+
+
+async def stage(args: argparse.Namespace) -> dict:
+    settings = GuardRuntime(model=args.model, device=args.device, threads=args.threads, max_batch=args.max_batch,
+                            max_wait_us=args.max_wait_us)
+    guard = Guard()
+    guard.load(settings)
+    policy = InjectionPolicy()
+    windows = {n: len(guard.windows([prompt_of(guard, n)], policy)) for n in (32, 128, 512)}
+    out = {"model": str(guard.model.path), "provider": guard.model.providers[0],
+           "window_tokens": guard.model.max_length, "windows_per_prompt": windows, "max_batch": args.max_batch,
+           "max_wait_us": args.max_wait_us, "latency": {}, "throughput": {}}
+    for tokens in (32, 128, 512):
+        text = prompt_of(guard, tokens)
+        for concurrency in (1, 32):
+            n = args.requests if concurrency == 1 else max(args.requests, 8 * concurrency)
+            if tokens == 512:
+                n = max(concurrency, n // 4)
+            r = await latency(guard, text, policy, settings, concurrency, n)
+            out["latency"][f"{tokens}tok_c{concurrency}"] = r
+            print(f"{tokens:4} tokens  c{concurrency:<3} p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  "
+                  f"{r['prompts_per_s']:7.1f} prompts/s", flush=True)
+    for tokens in (32, 128):
+        text = prompt_of(guard, tokens)
+        r = await latency(guard, text, policy, settings, 64, 64 * 8)
+        out["throughput"][f"{tokens}tok_c64"] = r["prompts_per_s"]
+        print(f"throughput {tokens} tokens c64: {r['prompts_per_s']:.1f} prompts/s "
+              f"(batches: {guard._batcher.stats.largest} largest)", flush=True)
+    await guard.aclose()
+    return out
+
+
+def proxy(duration: float, repeat: int) -> int:
+    """Gateway throughput and latency with the guard off and on, same upstream, interleaved rounds."""
+    import collections
+    import hashlib
+    import os
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from tests.bench import proxy_bench as pb
+
+    tmp = Path(tempfile.mkdtemp(prefix="portcullis-guard-bench-"))
+    tmp.chmod(0o755)
+    procs = pb.Procs()
+    try:
+        lua = tmp / "chat.lua"
+        lua.write_text(pb.WRK_LUA.replace("@BODY@", json.dumps(pb.REQUEST, separators=(",", ":")))
+                       .replace("@KEY@", pb.API_KEY))
+        static = pb.start_nginx(procs, tmp, "static", "static.conf.tmpl",
+                                CHAT_COMPLETION=json.dumps(pb.CHAT_COMPLETION, separators=(",", ":")),
+                                MODELS=json.dumps(pb.MODELS, separators=(",", ":")))
+        pb.wait_http(static, "/v1/models", 15)
+        targets = {}
+        for name, guard in (("guard_off", {}), ("guard_on_injection_block", {"enabled": True})):
+            policies = tmp / f"{name}-policies"
+            policies.mkdir()
+            (policies / "base.yaml").write_text(json.dumps({
+                "apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": name},
+                "spec": {"guard": guard}}))
+            port = pb.free_port()
+            config = {"listen": {"host": "127.0.0.1", "port": port},
+                      "pools": [{"name": "static", "replicas": [{"url": f"http://127.0.0.1:{static.port}"}]}],
+                      "auth": {"keys": [{"tenant": "bench",
+                                         "sha256": hashlib.sha256(pb.API_KEY.encode()).hexdigest()}]},
+                      "policy_dir": str(policies), "telemetry": {"access_log": False}}
+            path = tmp / f"{name}.yaml"
+            path.write_text(json.dumps(config))
+            exe = Path(sys.prefix) / "bin" / "portcullis"
+            svc = procs.start(name, [str(exe), "serve", "--config", str(path)], port, tmp / f"{name}.log",
+                              env=dict(os.environ))
+            pb.wait_http(svc, "/healthz", 60)
+            pb.check_chat(svc.port)
+            targets[name] = svc
+        runs = collections.defaultdict(list)
+        for round_no in range(repeat):
+            for name, svc in targets.items():
+                runs[name].append(pb.measure(name, svc, lua, duration, 2.0 if round_no == 0 else 0))
+        print(f"machine: {pb.machine()}  load: {pb.loadavg()}")
+        for name in targets:
+            best = pb.pick_median(runs[name])
+            print(f"{name:26} c32 {best['c32']['rps']:8.0f} rps  cpu {best['c32']['cpu_us_per_request']} us/req  "
+                  f"c1 p50 {best['c1']['p50_us']} us  p99 {best['c1']['p99_us']} us  "
+                  f"errors {best['c32']['errors'] + best['c1']['errors']}")
+    finally:
+        procs.stop_all()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--model")
+    parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--max-wait-us", type=int, default=500)
+    parser.add_argument("--json", help="write the stage results here")
+    parser.add_argument("--proxy", action="store_true")
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args(argv)
+    if args.proxy:
+        return proxy(args.duration, args.repeat)
+    out = asyncio.run(stage(args))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
