@@ -104,10 +104,14 @@ def build_waf_set(base: WafSpec, overlays: dict[str, tuple[WafSpec | None, list[
     compiled = compile_waf(base, packs, version)
     ids = known_rule_ids(base, packs)
     tenants = {}
+    shared: dict[str, CompiledWaf] = {}  # tenants whose effective WAF is identical share one compilation
     for tenant, (overlay, disabled) in overlays.items():
         waf_disabled = [d for d in disabled if d in ids or (overlay and d in known_rule_ids(overlay, packs))]
         if overlay is None and not waf_disabled:
             continue
         spec = merge_overlay(base, overlay) if overlay is not None else base
-        tenants[tenant] = compile_waf(spec, packs, version, waf_disabled)
+        key = spec.model_dump_json() + "\0" + ",".join(sorted(waf_disabled))
+        if key not in shared:
+            shared[key] = compile_waf(spec, packs, version, waf_disabled)
+        tenants[tenant] = shared[key]
     return WafSet(compiled, tenants)
