@@ -70,13 +70,14 @@ class Verdict:
 class _State:
     """Per-request caches: transformed values per (targets, transforms) and RE2 set results per group."""
 
-    __slots__ = ("view", "values", "joined", "sets")
+    __slots__ = ("view", "values", "joined", "sets", "texts")
 
     def __init__(self, view: RequestView) -> None:
         self.view = view
         self.values: dict[tuple, list] = {}
         self.joined: dict[tuple, bytes] = {}
         self.sets: dict[int, frozenset[int]] = {}
+        self.texts: dict[str, tuple[str, ...] | None] = {}
 
     def get(self, key: tuple) -> list:
         """[(part, transformed text, location)] for key = (targets, transforms); each target is transformed once
@@ -122,6 +123,15 @@ class _State:
         raw = self.view.values(target)
         if not raw:
             return _NONE
+        # A whole part often repeats verbatim (the same JSON keys, the same arguments): one lookup decides it.
+        texts = self.texts.get(target, _UNSET)
+        if texts is _UNSET:
+            texts = self.texts[target] = tuple(t for _, t, _ in raw) if all(len(t) <= 256 for _, t, _ in raw) \
+                else None
+        if texts is not None:
+            whole = group.seen_parts.get(texts)
+            if whole is not None:
+                return whole
         seen = group.seen  # keyed by the raw text: a hit skips the transforms too
         found: set[int] | None = None
         long: list[str] = []
@@ -143,11 +153,17 @@ class _State:
             hits = group.candidates(joined)
             if hits:
                 found = set(hits) if found is None else found.union(hits)
-        return frozenset(found) if found else _NONE
+        result = frozenset(found) if found else _NONE
+        if texts is not None:
+            if len(group.seen_parts) > _CACHE_ENTRIES:
+                group.seen_parts.clear()
+            group.seen_parts[texts] = result
+        return result
 
 
 Node = Callable[[_State], "Hit | None"]
 _NONE: frozenset[int] = frozenset()
+_UNSET = object()
 
 
 # Process-wide caches of pure functions of short strings (bounded; cleared when full).
