@@ -66,7 +66,8 @@ class Gateway:
         self.tracer = self.tracer_provider.get_tracer("portcullis.gateway")
         self.pools = Pools([Pool(p) for p in config.pools])
         self.policies = _load_policies(config)
-        self.auth = AuthStage(config.auth)
+        keys = KeyStore(config.auth)  # shared: the WAF looks callers up, auth refuses them
+        self.auth = AuthStage(keys)
         self.tokenize = TokenizeStage(config.models, lambda: self.policies)
         self.redis = RedisBackend(config.redis.url, config.redis.timeout, config.redis.max_connections) \
             if config.redis.url else None
@@ -77,7 +78,7 @@ class Gateway:
         self.guard = GuardStage(lambda: self.policies, Guard(self.metrics.registry))
         self.pipeline = Pipeline([
             ParseStage(config.limits.max_body_bytes),
-            WafStage(lambda: self.policies, KeyStore(config.auth)),
+            WafStage(lambda: self.policies, keys),
             self.auth,
             self.tokenize,
             RateLimitStage(lambda: self.policies, RateLimiter(limits, self.metrics)),
