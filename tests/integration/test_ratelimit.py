@@ -78,7 +78,7 @@ def test_exactly_the_limit_succeeds_across_three_gateways(fake_upstream, gateway
     rules = [{"id": "tenant-100", "key": ["tenant"], "requests": {"limit": 100, "per": "2h"}}]
     # fail_closed with a generous timeout: on a loaded machine a slow Redis must not silently fall back to
     # per-gateway limits, which would (correctly, by design) admit more than the shared limit
-    gateways = [start(gateway, upstream, tmp_path, rules, redis_server, timeout=2.0, on_failure="fail_closed")
+    gateways = [start(gateway, upstream, tmp_path, rules, redis_server, timeout=5.0, on_failure="fail_closed")
                 for _ in range(3)]
     for key in ("sk-t1", "sk-t2", "sk-t3"):  # three independent windows
         statuses = [r.status_code for r in _hammer(gateways, key, 250, chat_body())]
@@ -91,7 +91,7 @@ def test_exactly_the_limit_succeeds_across_three_gateways(fake_upstream, gateway
 def test_token_limit_reservations_reconcile_to_reported_usage(fake_upstream, gateway, tmp_path, redis_server):
     upstream = fake_upstream()
     rules = [{"id": "tenant-tokens", "key": ["tenant"], "tokens": {"limit": 10_000, "per": "24h"}}]
-    gateways = [start(gateway, upstream, tmp_path, rules, redis_server, timeout=2.0, on_failure="fail_closed")
+    gateways = [start(gateway, upstream, tmp_path, rules, redis_server, timeout=5.0, on_failure="fail_closed")
                 for _ in range(3)]
     rng = random.Random(7)
     bodies = []
