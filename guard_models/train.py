@@ -67,6 +67,17 @@ def synthesize_long(rows: list[dict], n: int, rng: random.Random, min_chars: int
     return out
 
 
+def benign_fragments(rows: list[dict], n: int, rng: random.Random) -> list[dict]:
+    """The first 1-4 words of benign train rows, labelled benign: almost every train text of three words or fewer is
+    an attack, which teaches "short means malicious" (greetings, "thanks", "summarize this") unless countered."""
+    benign = [r["text"] for r in rows if r["label"] == 0]
+    out = []
+    for _ in range(n):
+        words = rng.choice(benign).split()
+        out.append({"text": " ".join(words[:rng.randint(1, 4)]), "label": 0, "source": "fragment"})
+    return out
+
+
 def metrics(labels: list[int], scores: list[float], threshold: float = 0.5) -> dict:
     tp = sum(1 for y, s in zip(labels, scores) if y == 1 and s >= threshold)
     fp = sum(1 for y, s in zip(labels, scores) if y == 0 and s >= threshold)
@@ -137,6 +148,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=3, help="encoder layers kept from the pretrained 6")
     ap.add_argument("--init", type=Path, help="continue from this checkpoint (a second stage)")
     ap.add_argument("--oversample-neuralchemy", type=int, default=1, help="repeat neuralchemy train rows N times")
+    ap.add_argument("--subsample", type=int, default=0, help="train on N random rows (a short stage); 0: all")
+    ap.add_argument("--fragments", type=int, default=0, help="benign 1-4 word prefixes of benign train rows")
     args = ap.parse_args()
 
     import torch
@@ -162,6 +175,9 @@ def main() -> None:
     train = load_split("train")
     train += synthesize_long(train, args.synthetic, rng)
     train += [r for r in train if r["source"] == "neuralchemy"] * (args.oversample_neuralchemy - 1)
+    if args.subsample:
+        train = rng.sample(train, min(args.subsample, len(train)))
+    train += benign_fragments(load_split("train"), args.fragments, rng)
     val = load_split("validation")
     say(f"train {len(train)} rows ({sum(r['label'] for r in train)} malicious), validation {len(val)}")
 

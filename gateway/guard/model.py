@@ -179,6 +179,9 @@ def load_model(folder: str | Path | None = None, *, device: str = "auto", precis
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # no busy-waiting between runs: the gateway's event loop shares these cores, and spinning threads starve it
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
