@@ -92,6 +92,9 @@ class PoolConfig(_Strict):
     routing: Literal["round_robin", "least_outstanding", "least_load", "prefix_affinity", "kv_events"] = \
         "least_outstanding"
     block_size: Annotated[int, Field(gt=0)] = Field(default=16, description="the engines' KV block size")
+    cache_isolation: Literal["shared", "tenant"] = Field(default="shared", description=(
+        "prefix-cache sharing between tenants: 'shared' strips any client-sent cache_salt; 'tenant' sets a "
+        "per-tenant cache_salt, so one tenant can never hit (or time) another's cached prefixes"))
     scrape_interval: Annotated[float, Field(gt=0)] = Field(
         default=0.5, description="seconds between /metrics scrapes (load, KV usage, health)")
     health: HealthConfig = HealthConfig()

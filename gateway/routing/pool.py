@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import math
 from collections.abc import Callable
 
@@ -78,10 +79,17 @@ class Pool:
         for callback in self.on_change:
             callback()
 
-    def request_shape(self, prompt_tokens: int, max_tokens: int, token_ids: list[int] | None) -> RouteRequest:
+    def cache_salt(self, tenant: str | None) -> str | None:
+        """The cache_salt this pool's upstreams get for a tenant (never one a client chose)."""
+        if self.config.cache_isolation == "shared":
+            return None
+        return hashlib.sha256(f"portcullis-tenant:{tenant or ''}".encode()).hexdigest()[:16]
+
+    def request_shape(self, prompt_tokens: int, max_tokens: int, token_ids: list[int] | None,
+                      salt: str | None = None) -> RouteRequest:
         """A request in KV blocks; prompt block hashes only where the exact token ids are known."""
         size = self.config.block_size
-        hashes = hash_prompt_blocks(token_ids, size) if token_ids and self.config.routing in (
+        hashes = hash_prompt_blocks(token_ids, size, salt) if token_ids and self.config.routing in (
             "prefix_affinity", "kv_events") else []
         return RouteRequest(hashes, math.ceil(prompt_tokens / size), math.ceil(max_tokens / size))
 

@@ -7,6 +7,8 @@ fair queue until capacity frees or its deadline passes.
 
 from __future__ import annotations
 
+import json
+
 from opentelemetry.trace import Tracer
 
 from gateway.admission.fair_queue import FairQueue
@@ -36,7 +38,14 @@ class AdmissionStage:
             raise GatewayError(404, f"the model '{ctx.model}' does not exist or is not served here",
                                code="model_not_found", param="model")
         ctx.pool = pool
-        ctx.route_request = pool.request_shape(ctx.prompt_tokens or 0, ctx.max_tokens or 0, ctx.prompt_token_ids)
+        salt = pool.cache_salt(ctx.tenant)
+        if salt is not None or "cache_salt" in ctx.payload:  # a client never picks whose cache it shares
+            ctx.payload.pop("cache_salt", None)
+            if salt is not None:
+                ctx.payload["cache_salt"] = salt
+            ctx.body = json.dumps(ctx.payload).encode()
+        ctx.route_request = pool.request_shape(ctx.prompt_tokens or 0, ctx.max_tokens or 0, ctx.prompt_token_ids,
+                                               salt)
         ctx.span.set_attribute("portcullis.pool", pool.name)
         ctx.kv_hold = KvHold()
 

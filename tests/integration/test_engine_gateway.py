@@ -5,6 +5,7 @@ Tests run in file order and share the engines; the last one kills a replica.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
@@ -31,11 +32,11 @@ def stack(tmp_path_factory):
     class Stack:
         engines: list[Process] = []
 
-        def gateway(self, routing: str, **pool_options) -> Process:
+        def gateway(self, routing: str, auth: dict | None = None, **pool_options) -> Process:
             port = free_port()
             config = logs / f"portcullis-{routing}-{port}.yaml"
             config.write_text(yaml.safe_dump({
-                "listen": {"port": port}, "policy_dir": str(ROOT / "policies"),
+                "listen": {"port": port}, "policy_dir": str(ROOT / "policies"), "auth": auth or {},
                 "telemetry": {"replica_header": True},
                 "pools": [pool("engine", *(e.url for e in self.engines), routing=routing, scrape_interval=0.2,
                                **pool_options)]}))
@@ -75,9 +76,11 @@ def access_log(gateway: Process, request_id: str) -> dict:
     raise AssertionError(f"no access-log line for {request_id}")
 
 
-def chat(gateway: Process, messages: list[dict], max_tokens: int = 8) -> httpx.Response:
-    response = httpx.post(gateway.url + "/v1/chat/completions", timeout=120, json={
-        "model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0})
+def chat(gateway: Process, messages: list[dict], max_tokens: int = 8, key: str | None = None,
+         **extra) -> httpx.Response:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    response = httpx.post(gateway.url + "/v1/chat/completions", timeout=120, headers=headers, json={
+        "model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0, **extra})
     assert response.status_code == 200, response.text
     return response
 
@@ -147,6 +150,22 @@ def test_next_turn_goes_where_its_prefix_is_cached_and_predictions_match(stack, 
             assert entry["predicted_cached_tokens"] == cached
         else:  # learned from routing: knows the first prompt's blocks, not the blocks the reply filled
             assert 0 <= cached - entry["predicted_cached_tokens"] <= 32
+
+
+def test_tenant_cache_isolation_keeps_prefixes_apart_and_routing_still_predicts_them(stack):
+    keys = {"sk-iso-a": "tenant-a", "sk-iso-b": "tenant-b"}
+    auth = {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()} for k, t in keys.items()]}
+    gateway = stack.gateway("kv_events", auth=auth, cache_isolation="tenant")
+    time.sleep(0.5)
+    prompt = [{"role": "system", "content": SYSTEM + " (isolation)"}, {"role": "user", "content": "Rule 9?"}]
+    chat(gateway, prompt, key="sk-iso-a", cache_salt="guess")  # a client-sent salt is replaced, not used
+    time.sleep(1.5)
+    other = chat(gateway, prompt, key="sk-iso-b")
+    assert other.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # b never sees a's blocks
+    again = chat(gateway, prompt, key="sk-iso-a")
+    cached = again.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 25 * 16
+    assert access_log(gateway, again.headers["x-request-id"])["predicted_cached_tokens"] == cached
 
 
 def test_killing_the_replica_that_holds_a_prefix_reroutes_cleanly(stack):

@@ -269,3 +269,10 @@ def test_access_log_is_json_with_trace_ids(one_upstream):
     assert entry["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
     assert entry["status"] == 200 and entry["tenant"] == "team-a" and entry["completion_tokens"] == 3
     assert entry["upstream"].startswith("http://127.0.0.1:")
+
+
+def test_a_client_cannot_choose_a_cache_salt(one_upstream):
+    gw, upstream = one_upstream
+    assert httpx.post(gw.url + "/v1/chat/completions", json=chat_body(cache_salt="tenant-b"),
+                      headers=HEADERS).status_code == 200
+    assert "cache_salt" not in stats(upstream)["last_body"]  # shared cache: no salt reaches the upstream
