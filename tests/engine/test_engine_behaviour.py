@@ -6,9 +6,8 @@ import pytest
 from backend_engine.block_hash import hash_prompt_blocks
 from backend_engine.sequence import SamplingParams
 
-from .conftest import needs_model, reference
+from .conftest import reference
 
-pytestmark = needs_model
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
 

@@ -5,9 +5,9 @@ import pytest
 from backend_engine.backend import cuda_available
 from backend_engine.sequence import SamplingParams
 
-from .conftest import needs_model, reference
+from .conftest import reference
 
-pytestmark = [pytest.mark.gpu, needs_model,
+pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_available(), reason="needs CuPy and a CUDA GPU")]
 CASES = reference()["cases"]
 

@@ -6,9 +6,8 @@ import pytest
 from backend_engine.sampling import log_softmax
 from backend_engine.sequence import SamplingParams
 
-from .conftest import needs_model, reference
+from .conftest import reference
 
-pytestmark = needs_model
 CASES = reference()["cases"]
 
 

@@ -9,7 +9,7 @@ from backend_engine.model import load_model
 from backend_engine.model.safetensors import read_safetensors, write_safetensors
 from backend_engine.sequence import SamplingParams
 
-from .conftest import needs_model, reference
+from .conftest import reference
 
 
 def _export_hf(loaded, folder):
@@ -39,7 +39,6 @@ def _export_hf(loaded, folder):
         "add_bos_token": False}))
 
 
-@needs_model
 def test_hf_folder_matches_gguf(loaded, cpu_backend, make_engine, tmp_path):
     from backend_engine.config import EngineConfig
     from backend_engine.engine import LLMEngine

@@ -17,9 +17,8 @@ import pytest
 
 from backend_engine.block_hash import hash_prompt_blocks
 
-from .conftest import needs_model, reference
+from .conftest import reference
 
-pytestmark = needs_model
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "SmolLM2-135M-Instruct"
 

@@ -1,8 +1,7 @@
 import pytest
 
-from .conftest import needs_model, reference
+from .conftest import reference
 
-pytestmark = needs_model
 
 
 def test_chat_template_renders_reference_prompt(loaded):
