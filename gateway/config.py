@@ -42,6 +42,9 @@ class TimeoutsConfig(_Strict):
     read: Annotated[float, Field(gt=0)] = 120.0
     write: Annotated[float, Field(gt=0)] = 30.0
     pool: Annotated[float, Field(gt=0)] = 5.0
+    keepalive: Annotated[float, Field(gt=0, description=(
+        "seconds an idle upstream connection is kept; below the upstream's own idle timeout (uvicorn: 5 s), so "
+        "the gateway never reuses a connection the upstream already closed"))] = 4.0
 
 
 class ReplicaConfig(_Strict):
@@ -63,13 +66,13 @@ class HealthConfig(_Strict):
 
 
 class AffinityConfig(_Strict):
-    """Cache-aware scoring: cost = overlap_weight x uncached prefill blocks + active KV blocks on the replica.
-
-    When in-flight load is imbalanced beyond both thresholds (max > min + abs and max > rel x min), cache affinity
-    is ignored and the least-loaded replica wins, so a hot prefix cannot pile onto one replica.
+    """Cache-aware routing (see gateway/routing/policies.py): the replica holding the longest cached prefix wins when
+    that prefix covers at least `match_threshold` of the prompt and the replica has room for the rest; otherwise the
+    replica with the least work and KV in use. When in-flight load is imbalanced beyond both thresholds
+    (max > min + abs and max > rel x min), the least-loaded replica wins, so a hot prefix cannot pile onto one.
     """
 
-    overlap_weight: Annotated[float, Field(ge=0)] = 1.0
+    match_threshold: Annotated[float, Field(ge=0, le=1)] = 0.5
     balance_abs_threshold: Annotated[int, Field(ge=0)] = 4
     balance_rel_threshold: Annotated[float, Field(ge=1)] = 1.5
     index_capacity: Annotated[int, Field(gt=0)] = 200_000

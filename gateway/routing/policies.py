@@ -4,11 +4,17 @@
 - `least_outstanding`: fewest requests in flight from this gateway (needs no scraping).
 - `least_load`: fewest requests running + waiting on the replica (scraped, corrected locally between scrapes),
   KV usage breaking near-ties.
-- `prefix_affinity` / `kv_events`: cost = overlap_weight x uncached prefill blocks + active KV blocks, lowest wins
-  (the Dynamo KV-router cost), unless in-flight load is imbalanced past both balance thresholds, in which case the
-  least-loaded replica wins (SGLang's cache-aware balance rule). The two differ only in how the prefix index
-  learns: from this gateway's own routing decisions, or from the engines' KV-event streams (which also see
-  evictions).
+- `prefix_affinity` / `kv_events`: cache first, load as the guard (SGLang's cache-aware rule, priced in blocks):
+  1. if in-flight load is imbalanced past both thresholds, the least-loaded replica wins;
+  2. else, if some replica holds at least `match_threshold` of the prompt's blocks and has free KV blocks for the
+     rest of the request, the longest match wins (ties: least loaded);
+  3. else (a new prefix) cost = requests in flight + KV blocks in use / blocks per request, so cold prompts
+     spread over the least busy replicas.
+  Measured here (docs/benchmarks.md), the Dynamo-style additive cost (uncached prefill blocks + active blocks)
+  sent most follow-up turns to idle cold replicas: one in-flight 1,000-token request holds more blocks than a
+  cached system prompt saves, while on a CPU engine the cold prefill costs ~7x the warm one.
+  The two policies differ only in how the prefix index learns: from this gateway's own routing decisions, or from
+  the engines' KV-event streams (which also see evictions).
 """
 
 from __future__ import annotations
@@ -30,13 +36,18 @@ class RouteRequest:
     decode_blocks: int = 0
 
 
+def blocks_needed(request: RouteRequest, cached_blocks: int) -> int:
+    """New KV blocks the request takes on a replica already holding `cached_blocks` of its prompt."""
+    return max(0, request.prompt_blocks - cached_blocks) + request.decode_blocks
+
+
 @dataclass(slots=True)
 class Ranked:
     replicas: list[Replica]
     cached_blocks: dict[str, int]  # predicted, per replica url
 
     def blocks_needed(self, replica: Replica, request: RouteRequest) -> int:
-        return max(0, request.prompt_blocks - self.cached_blocks.get(replica.url, 0)) + request.decode_blocks
+        return blocks_needed(request, self.cached_blocks.get(replica.url, 0))
 
 
 class RoundRobin:
@@ -79,11 +90,22 @@ class PrefixAffinity(RoundRobin):
                 heaviest > self.config.balance_rel_threshold * lightest:
             return Ranked(sorted(rotated, key=lambda r: r.load), cached)
 
-        def cost(replica: Replica) -> float:
-            uncached = request.prompt_blocks - cached.get(replica.url, 0)
-            return self.config.overlap_weight * uncached + replica.active_blocks + replica.load
+        size = max(1, request.prompt_blocks + request.decode_blocks)
 
-        return Ranked(sorted(rotated, key=cost), cached)
+        def busy(replica: Replica) -> float:
+            return replica.load + replica.active_blocks / size
+
+        def fits(replica: Replica) -> bool:
+            free = replica.free_blocks
+            return free is None or blocks_needed(request, cached.get(replica.url, 0)) <= free
+
+        best = max(cached.values(), default=0)
+        if best and best >= self.config.match_threshold * request.prompt_blocks:
+            holders = sorted((r for r in rotated if cached.get(r.url, 0) == best and fits(r)), key=busy)
+            if holders:
+                rest = sorted((r for r in rotated if r not in holders), key=busy)
+                return Ranked(holders + rest, cached)
+        return Ranked(sorted(rotated, key=busy), cached)
 
     def learn(self, request: RouteRequest, replica: Replica) -> None:
         if self._learns:

@@ -58,7 +58,8 @@ class Pool:
         if self._session is None:
             t = self.config.timeouts
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.config.max_connections, limit_per_host=0),
+                connector=aiohttp.TCPConnector(limit=self.config.max_connections, limit_per_host=0,
+                                               keepalive_timeout=t.keepalive),
                 timeout=aiohttp.ClientTimeout(total=None, connect=t.pool + t.connect, sock_connect=t.connect,
                                               sock_read=t.read),
                 auto_decompress=False, trust_env=False, skip_auto_headers=("user-agent",))

@@ -14,6 +14,7 @@ from opentelemetry.trace import Tracer
 from gateway.admission.fair_queue import FairQueue
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
+from gateway.routing.policies import blocks_needed
 from gateway.routing.pool import Pool, Pools
 from gateway.routing.replica import KvHold
 from gateway.telemetry import Metrics
@@ -66,7 +67,7 @@ class AdmissionStage:
             """Claim blocks on the first available replica where they fit (routing may move them)."""
             for replica in pool.replicas:
                 free = replica.free_blocks
-                need = request.prompt_blocks - cached.get(replica.url, 0) + request.decode_blocks
+                need = blocks_needed(request, cached.get(replica.url, 0))
                 if replica.available() and (free is None or need <= free):
                     ctx.kv_hold.move(replica, need)
                     return True

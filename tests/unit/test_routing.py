@@ -97,9 +97,21 @@ def test_affinity_gives_way_to_load_so_a_hot_prefix_cannot_pile_up():
     assert policy.rank([hot, cold], request).replicas[0] is hot  # within thresholds: the cache wins
     hot.outstanding = 9
     assert policy.rank([hot, cold], request).replicas[0] is cold  # 9 > 0 + 4 and 9 > 1.5 x 0
-    hot.outstanding, cold.outstanding = 3, 0
-    hot.observe(running=0, waiting=0, kv_usage=0.9, total_blocks=100)  # 90 blocks busy outweigh 10 cached
+
+
+def test_affinity_needs_room_for_the_rest_and_a_real_share_of_the_prompt():
+    policy, index = _affinity(match_threshold=0.5)
+    hot, cold = replicas(2)
+    request = RouteRequest(hash_prompt_blocks(list(range(160)), 16), prompt_blocks=10, decode_blocks=4)
+    index.add(request.block_hashes, hot.url)
+    hot.observe(running=1, waiting=0, kv_usage=0.98, total_blocks=100)  # 2 free blocks < 4 needed
+    cold.observe(running=1, waiting=0, kv_usage=0.10, total_blocks=100)
     assert policy.rank([hot, cold], request).replicas[0] is cold
+    hot.observe(running=1, waiting=0, kv_usage=0.50, total_blocks=100)
+    assert policy.rank([hot, cold], request).replicas[0] is hot
+    index.clear(hot.url)
+    index.add(request.block_hashes[:4], hot.url)  # 4 of 10 blocks: under the threshold, treated as cold
+    assert policy.rank([hot, cold], request).replicas[0] is cold  # cold is less busy (10 vs 50 blocks in use)
 
 
 def test_passive_ejection_and_readmission():
