@@ -24,7 +24,9 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 BENIGN_NAMES = {"benign", "safe", "label_0", "legit", "legitimate", "negative", "clean", "0"}
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "guard_models" / "minilm-pi"
+# The repository's guard_models/ (editable installs), or wherever PORTCULLIS_GUARD_MODELS points (the image).
+DEFAULT_MODEL_DIR = Path(os.environ.get("PORTCULLIS_GUARD_MODELS",
+                                        Path(__file__).resolve().parents[2] / "guard_models")) / "minilm-pi"
 
 
 class GuardModelError(Exception):
