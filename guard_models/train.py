@@ -23,6 +23,8 @@ import random
 import time
 from pathlib import Path
 
+from gateway.guard.evaluation import metrics  # the same metrics the model card and `guard eval` report
+
 DATA = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "prompt_injection"
 LABELS = {0: "BENIGN", 1: "INJECTION"}
 
@@ -76,38 +78,6 @@ def benign_fragments(rows: list[dict], n: int, rng: random.Random) -> list[dict]
         words = rng.choice(benign).split()
         out.append({"text": " ".join(words[:rng.randint(1, 4)]), "label": 0, "source": "fragment"})
     return out
-
-
-def metrics(labels: list[int], scores: list[float], threshold: float = 0.5) -> dict:
-    tp = sum(1 for y, s in zip(labels, scores) if y == 1 and s >= threshold)
-    fp = sum(1 for y, s in zip(labels, scores) if y == 0 and s >= threshold)
-    fn = sum(1 for y, s in zip(labels, scores) if y == 1 and s < threshold)
-    tn = sum(1 for y, s in zip(labels, scores) if y == 0 and s < threshold)
-    precision = tp / (tp + fp) if tp + fp else 0.0
-    recall = tp / (tp + fn) if tp + fn else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    return {"n": len(labels), "f1": f1, "precision": precision, "recall": recall,
-            "fpr": fp / (fp + tn) if fp + tn else 0.0, "accuracy": (tp + tn) / max(1, len(labels)),
-            "roc_auc": roc_auc(labels, scores)}
-
-
-def roc_auc(labels: list[int], scores: list[float]) -> float:
-    """Mann-Whitney U with average ranks for ties."""
-    order = sorted(range(len(scores)), key=lambda i: scores[i])
-    ranks = [0.0] * len(scores)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and scores[order[j + 1]] == scores[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    pos = sum(labels)
-    neg = len(labels) - pos
-    if not pos or not neg:
-        return float("nan")
-    return (sum(r for r, y in zip(ranks, labels) if y == 1) - pos * (pos + 1) / 2) / (pos * neg)
 
 
 def batches(encoded: list[tuple[list[int], int]], batch_size: int, rng: random.Random) -> list[list[int]]:
