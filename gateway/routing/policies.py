@@ -13,8 +13,8 @@
   Measured here (docs/benchmarks.md), the Dynamo-style additive cost (uncached prefill blocks + active blocks)
   sent most follow-up turns to idle cold replicas: one in-flight 1,000-token request holds more blocks than a
   cached system prompt saves, while on a CPU engine the cold prefill costs ~7x the warm one.
-  The two policies differ only in how the prefix index learns: from this gateway's own routing decisions, or from
-  the engines' KV-event streams (which also see evictions).
+  Both learn from this gateway's own routing decisions; `kv_events` also follows the engines' KV-event streams,
+  which add the blocks replies fill and remove evicted ones.
 """
 
 from __future__ import annotations
@@ -75,11 +75,10 @@ class LeastLoad(RoundRobin):
 
 
 class PrefixAffinity(RoundRobin):
-    def __init__(self, index: PrefixIndex, config: AffinityConfig, learns: bool) -> None:
+    def __init__(self, index: PrefixIndex, config: AffinityConfig) -> None:
         super().__init__()
         self.index = index
         self.config = config
-        self._learns = learns
 
     def rank(self, replicas: list[Replica], request: RouteRequest) -> Ranked:
         rotated = super().rank(replicas, request).replicas
@@ -108,5 +107,4 @@ class PrefixAffinity(RoundRobin):
         return Ranked(sorted(rotated, key=busy), cached)
 
     def learn(self, request: RouteRequest, replica: Replica) -> None:
-        if self._learns:
-            self.index.add(request.block_hashes, replica.url)
+        self.index.add(request.block_hashes, replica.url)

@@ -35,7 +35,9 @@ _SCRAPED_POLICIES = {"least_load", "prefix_affinity", "kv_events"}
 
 def _policy(config: PoolConfig, index: PrefixIndex) -> RoundRobin:
     if config.routing in ("prefix_affinity", "kv_events"):
-        return PrefixAffinity(index, config.affinity, learns=config.routing == "prefix_affinity")
+        # kv_events learns from its own decisions too: a follow-up turn often arrives before the engine's event
+        # for the first turn's blocks does; the events then confirm them, or remove them on eviction.
+        return PrefixAffinity(index, config.affinity)
     return {"round_robin": RoundRobin, "least_outstanding": LeastOutstanding, "least_load": LeastLoad}[
         config.routing]()
 

@@ -71,7 +71,7 @@ def test_kv_event_batches_feed_and_clear_the_index():
 
 def _affinity(**overrides) -> tuple[PrefixAffinity, PrefixIndex]:
     index = PrefixIndex(1000)
-    return PrefixAffinity(index, AffinityConfig(**overrides), learns=True), index
+    return PrefixAffinity(index, AffinityConfig(**overrides)), index
 
 
 def test_affinity_routes_to_the_replica_holding_the_prefix_and_learns():
