@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from gateway.policy.loader import PolicyError, PolicySet, load_policy_dir
-from gateway.waf.cases import check, load_cases, request_of, run_cases
+from gateway.waf.cases import load_cases, request_of, run_cases
 from gateway.waf.engine import CompiledWaf
 from gateway.waf.model import WafSpec
 from gateway.waf.packs import builtin_packs, merge_overlay

@@ -9,7 +9,6 @@ values once, and rule conditions short-circuit over those cached results.
 from __future__ import annotations
 
 import fnmatch
-import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import time
 
 from gateway.guard.runtime import Guard
@@ -88,63 +87,14 @@ async def stage(args: argparse.Namespace) -> dict:
 
 def proxy(duration: float, repeat: int) -> int:
     """Gateway throughput and latency with the guard off and on, same upstream, interleaved rounds."""
-    import collections
-    import hashlib
-    import os
-    import sys
-    import tempfile
-    from pathlib import Path
-
     from tests.bench import proxy_bench as pb
 
-    tmp = Path(tempfile.mkdtemp(prefix="portcullis-guard-bench-"))
-    tmp.chmod(0o755)
-    procs = pb.Procs()
-    try:
-        lua = tmp / "chat.lua"
-        request = {**pb.REQUEST, "messages": [{"role": "system", "content": "You are terse."},
-                                              {"role": "user", "content": "What is the capital of France?"}]}
-        pb.REQUEST = request  # check_chat's request too ("Say hello." is a false positive of the bundled model)
-        lua.write_text(pb.WRK_LUA.replace("@BODY@", json.dumps(request, separators=(",", ":")))
-                       .replace("@KEY@", pb.API_KEY))
-        static = pb.start_nginx(procs, tmp, "static", "static.conf.tmpl",
-                                CHAT_COMPLETION=json.dumps(pb.CHAT_COMPLETION, separators=(",", ":")),
-                                MODELS=json.dumps(pb.MODELS, separators=(",", ":")))
-        pb.wait_http(static, "/v1/models", 15)
-        targets = {}
-        for name, guard in (("guard_off", {}), ("guard_on_injection_block", {"enabled": True})):
-            policies = tmp / f"{name}-policies"
-            policies.mkdir()
-            (policies / "base.yaml").write_text(json.dumps({
-                "apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": name},
-                "spec": {"guard": guard}}))
-            port = pb.free_port()
-            config = {"listen": {"host": "127.0.0.1", "port": port},
-                      "pools": [{"name": "static", "replicas": [{"url": f"http://127.0.0.1:{static.port}"}]}],
-                      "auth": {"keys": [{"tenant": "bench",
-                                         "sha256": hashlib.sha256(pb.API_KEY.encode()).hexdigest()}]},
-                      "policy_dir": str(policies), "telemetry": {"access_log": False}}
-            path = tmp / f"{name}.yaml"
-            path.write_text(json.dumps(config))
-            exe = Path(sys.prefix) / "bin" / "portcullis"
-            svc = procs.start(name, [str(exe), "serve", "--config", str(path)], port, tmp / f"{name}.log",
-                              env=dict(os.environ))
-            pb.wait_http(svc, "/healthz", 60)
-            pb.check_chat(svc.port)
-            targets[name] = svc
-        runs = collections.defaultdict(list)
-        for round_no in range(repeat):
-            for name, svc in targets.items():
-                runs[name].append(pb.measure(name, svc, lua, duration, 2.0 if round_no == 0 else 0))
-        print(f"machine: {pb.machine()}  load: {pb.loadavg()}")
-        for name in targets:
-            best = pb.pick_median(runs[name])
-            print(f"{name:26} c32 {best['c32']['rps']:8.0f} rps  cpu {best['c32']['cpu_us_per_request']} us/req  "
-                  f"c1 p50 {best['c1']['p50_us']} us  p99 {best['c1']['p99_us']} us  "
-                  f"errors {best['c32']['errors'] + best['c1']['errors']}")
-    finally:
-        procs.stop_all()
-    return 0
+    # "Say hello." (the proxy benchmark's prompt) is a false positive of the bundled model: ask something else
+    request = {**pb.REQUEST, "messages": [{"role": "system", "content": "You are terse."},
+                                          {"role": "user", "content": "What is the capital of France?"}]}
+    return pb.compare_policies("guard", {"guard_off": {"guard": {}},
+                                         "guard_on_injection_block": {"guard": {"enabled": True}}},
+                               duration, repeat, request=request)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -178,18 +178,19 @@ def tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
-def check_chat(port: int, key: str | None = API_KEY) -> dict:
+def check_chat(port: int, key: str | None = API_KEY, request: dict | None = None) -> dict:
     """One real request: must be 200 with a chat.completion body. Also confirms a wrong key is refused (auth on)."""
     import httpx
 
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
-    response = httpx.post(url, json=REQUEST, headers={"authorization": f"Bearer {key}"} if key else {}, timeout=30)
+    request = request or REQUEST
+    response = httpx.post(url, json=request, headers={"authorization": f"Bearer {key}"} if key else {}, timeout=30)
     if response.status_code != 200:
         raise RuntimeError(f"check of :{port} answered {response.status_code}: {response.text[:500]}")
     body = response.json()
     if body.get("object") != "chat.completion" or not body.get("choices"):
         raise RuntimeError(f"check of :{port} answered an unexpected body: {response.text[:500]}")
-    refused = httpx.post(url, json=REQUEST, headers={"authorization": "Bearer sk-wrong-key"}, timeout=30)
+    refused = httpx.post(url, json=request, headers={"authorization": "Bearer sk-wrong-key"}, timeout=30)
     return {"status": response.status_code, "wrong_key_status": refused.status_code,
             "content": body["choices"][0]["message"]["content"]}
 
@@ -559,6 +560,58 @@ def profile_gateway(service: Service, lua: Path, duration: float, out_dir: Path)
 
 # --------------------------------------------------------------------------------------------------------------------
 # report
+
+
+def compare_policies(name: str, specs: dict[str, dict], duration: float, repeat: int, request: dict | None = None,
+                     headers: dict[str, str] | None = None) -> int:
+    """One static upstream and one gateway per policy `spec` variant (e.g. a stage off and on), measured side by side
+    with wrk like the proxy benchmark; used by the WAF and guard benchmarks' --proxy mode."""
+    request = request or REQUEST
+    tmp = Path(tempfile.mkdtemp(prefix=f"portcullis-{name}-bench-"))
+    tmp.chmod(0o755)
+    procs = Procs()
+    try:
+        lua = tmp / "chat.lua"
+        script = WRK_LUA.replace("@BODY@", json.dumps(request, separators=(",", ":"))).replace("@KEY@", API_KEY)
+        for header, value in (headers or {}).items():
+            script = script.replace('wrk.method = "POST"', f'wrk.method = "POST"\nwrk.headers["{header}"] = "{value}"')
+        lua.write_text(script)
+        static = start_nginx(procs, tmp, "static", "static.conf.tmpl",
+                             CHAT_COMPLETION=json.dumps(CHAT_COMPLETION, separators=(",", ":")),
+                             MODELS=json.dumps(MODELS, separators=(",", ":")))
+        wait_http(static, "/v1/models", 15)
+        targets = {}
+        for variant, spec in specs.items():
+            policies = tmp / f"{variant}-policies"
+            policies.mkdir()
+            (policies / "base.yaml").write_text(json.dumps({
+                "apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": variant}, "spec": spec}))
+            port = free_port()
+            config = {"listen": {"host": "127.0.0.1", "port": port},
+                      "pools": [{"name": "static", "replicas": [{"url": f"http://127.0.0.1:{static.port}"}]}],
+                      "auth": {"keys": [{"tenant": "bench", "sha256": hashlib.sha256(API_KEY.encode()).hexdigest()}]},
+                      "policy_dir": str(policies), "telemetry": {"access_log": False}}
+            path = tmp / f"{variant}.yaml"
+            path.write_text(json.dumps(config))
+            exe = Path(sys.prefix) / "bin" / "portcullis"
+            svc = procs.start(variant, [str(exe), "serve", "--config", str(path)], port, tmp / f"{variant}.log",
+                              env=dict(os.environ))
+            wait_http(svc, "/healthz", 60)
+            check_chat(svc.port, request=request)
+            targets[variant] = svc
+        runs = collections.defaultdict(list)
+        for round_no in range(repeat):
+            for variant, svc in targets.items():
+                runs[variant].append(measure(variant, svc, lua, duration, 2.0 if round_no == 0 else 0))
+        print(f"machine: {machine()}  load: {loadavg()}")
+        for variant in targets:
+            best = pick_median(runs[variant])
+            print(f"{variant:26} c32 {best['c32']['rps']:8.0f} rps  cpu {best['c32']['cpu_us_per_request']} us/req  "
+                  f"c1 p50 {best['c1']['p50_us']} us  p99 {best['c1']['p99_us']} us  "
+                  f"errors {best['c32']['errors'] + best['c1']['errors']}")
+    finally:
+        procs.stop_all()
+    return 0
 
 
 def machine() -> dict:

@@ -86,62 +86,11 @@ def measure(waf, body_bytes: int, iterations: int) -> dict:
 
 def proxy(duration: float, repeat: int) -> int:
     """Gateway throughput and latency with the WAF off and on (all packs, PL2), same upstream, interleaved rounds."""
-    import collections
-    import hashlib
-    import os
-    import sys
-    import tempfile
-    from pathlib import Path
-
     from tests.bench import proxy_bench as pb
 
-    tmp = Path(tempfile.mkdtemp(prefix="portcullis-waf-bench-"))
-    tmp.chmod(0o755)
-    procs = pb.Procs()
-    try:
-        lua = tmp / "chat.lua"
-        lua.write_text(pb.WRK_LUA.replace("@BODY@", json.dumps(pb.REQUEST, separators=(",", ":")))
-                       .replace("@KEY@", pb.API_KEY)
-                       .replace('wrk.method = "POST"', 'wrk.method = "POST"\nwrk.headers["User-Agent"] = "OpenAI/Python 1.40.0"'))
-        static = pb.start_nginx(procs, tmp, "static", "static.conf.tmpl",
-                                CHAT_COMPLETION=json.dumps(pb.CHAT_COMPLETION, separators=(",", ":")),
-                                MODELS=json.dumps(pb.MODELS, separators=(",", ":")))
-        pb.wait_http(static, "/v1/models", 15)
-        targets = {}
-        for name, waf in (("waf_off", {}), ("waf_on_all_packs_pl2", {"paranoia_level": 2,
-                                                                     "packs": sorted(builtin_packs()[0])})):
-            policies = tmp / f"{name}-policies"
-            policies.mkdir()
-            (policies / "base.yaml").write_text(json.dumps({
-                "apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": name},
-                "spec": {"waf": waf}}))
-            port = pb.free_port()
-            config = {"listen": {"host": "127.0.0.1", "port": port},
-                      "pools": [{"name": "static", "replicas": [{"url": f"http://127.0.0.1:{static.port}"}]}],
-                      "auth": {"keys": [{"tenant": "bench",
-                                         "sha256": hashlib.sha256(pb.API_KEY.encode()).hexdigest()}]},
-                      "policy_dir": str(policies), "telemetry": {"access_log": False}}
-            path = tmp / f"{name}.yaml"
-            path.write_text(json.dumps(config))
-            exe = Path(sys.prefix) / "bin" / "portcullis"
-            svc = procs.start(name, [str(exe), "serve", "--config", str(path)], port, tmp / f"{name}.log",
-                              env=dict(os.environ))
-            pb.wait_http(svc, "/healthz", 60)
-            pb.check_chat(svc.port)
-            targets[name] = svc
-        runs = collections.defaultdict(list)
-        for round_no in range(repeat):
-            for name, svc in targets.items():
-                runs[name].append(pb.measure(name, svc, lua, duration, 2.0 if round_no == 0 else 0))
-        print(f"machine: {pb.machine()}  load: {pb.loadavg()}")
-        for name in targets:
-            best = pb.pick_median(runs[name])
-            print(f"{name:24} c32 {best['c32']['rps']:8.0f} rps  cpu {best['c32']['cpu_us_per_request']} us/req  "
-                  f"c1 p50 {best['c1']['p50_us']} us  p99 {best['c1']['p99_us']} us  "
-                  f"errors {best['c32']['errors'] + best['c1']['errors']}")
-    finally:
-        procs.stop_all()
-    return 0
+    all_packs = {"paranoia_level": 2, "packs": sorted(builtin_packs()[0])}
+    return pb.compare_policies("waf", {"waf_off": {"waf": {}}, "waf_on_all_packs_pl2": {"waf": all_packs}},
+                               duration, repeat, headers={"User-Agent": "OpenAI/Python 1.40.0"})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.policy.cli import add_subcommands  # noqa: F401  (the CLI wiring imports)
 from gateway.cli import main as cli
 from gateway.policy.loader import PolicyError, load_policy_dir
 from gateway.waf.parts import RequestView
