@@ -29,11 +29,16 @@ class WafStage:
         self._keys = keys
 
     async def __call__(self, ctx: RequestContext) -> None:
+        policies = self._policies()
+        span = trace.get_current_span()
+        if not policies.waf.enabled_anywhere:  # no tenant has rules: not even the caller lookup
+            span.set_attributes({"portcullis.waf.policy_version": policies.waf.base.version,
+                                 "portcullis.waf.action": "off"})
+            return
         request = ctx.request
         identity = self._keys.lookup(request.headers)
         tenant = identity.tenant if identity else None
-        waf = self._policies().waf_for(tenant)
-        span = trace.get_current_span()
+        waf = policies.waf_for(tenant)
         span.set_attribute("portcullis.waf.policy_version", waf.version)
         if not waf.enabled:
             span.set_attribute("portcullis.waf.action", "off")

@@ -75,6 +75,11 @@ class WafSet:
     def for_tenant(self, tenant: str | None) -> CompiledWaf:
         return self.tenants.get(tenant, self.base) if tenant else self.base
 
+    @property
+    def enabled_anywhere(self) -> bool:
+        """False when no tenant has a rule to run: the stage then skips even the caller lookup."""
+        return self.base.enabled or any(waf.enabled for waf in self.tenants.values())
+
 
 def check_packs(base: WafSpec, overlays: dict[str, WafSpec], custom: list[tuple[Path, RulePack]]) -> list[str]:
     """Problems with pack names: custom packs named twice or like a built-in one, unknown packs enabled."""
