@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
+import logging.handlers
+import queue
 import sys
 
 from backend_engine import cli as engine_cli
@@ -56,11 +59,19 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def configure_logging(level: str) -> None:
-    """Everything to stderr as JSON lines, the access log included, so one collector parses all of it."""
+    """Everything to stderr as JSON lines, the access log included, so one collector parses all of it.
+
+    Records are formatted and written by a listener thread: the event loop only enqueues them (formatting and a
+    write per access-log line on the loop cost ~150 µs a request in the proxy benchmark).
+    """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLineFormatter())
+    records: queue.SimpleQueue = queue.SimpleQueue()
+    listener = logging.handlers.QueueListener(records, handler)
+    listener.start()
+    atexit.register(listener.stop)  # drains what is queued
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [logging.handlers.QueueHandler(records)]
     root.setLevel(level.upper())
     logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO)
 
