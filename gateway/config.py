@@ -40,7 +40,6 @@ class LimitsConfig(_Strict):
 class TimeoutsConfig(_Strict):
     connect: Annotated[float, Field(gt=0)] = 3.0
     read: Annotated[float, Field(gt=0)] = 120.0
-    write: Annotated[float, Field(gt=0)] = 30.0
     pool: Annotated[float, Field(gt=0)] = 5.0
     keepalive: Annotated[float, Field(gt=0, description=(
         "seconds an idle upstream connection is kept; below the upstream's own idle timeout (uvicorn: 5 s), so "

@@ -70,8 +70,3 @@ class RequestContext:
     def operation(self) -> str:
         """GenAI semantic-convention operation name."""
         return "chat" if self.route == "chat" else "text_completion"
-
-    def annotate(self, key: str, value: Any) -> None:
-        """Record a fact for later stages, the access log and the request span."""
-        self.annotations[key] = value
-        self.span.set_attribute(f"portcullis.{key}", value)

@@ -18,7 +18,6 @@ class Replica:
     waiting: int = 0
     kv_usage: float = 0.0  # fraction of KV blocks in use
     total_blocks: int = 0  # 0 until a scrape says
-    scraped_at: float = 0.0
     outstanding_at_scrape: int = 0
     reserved_at_scrape: int = 0
     # health: active (scrapes) and passive (upstream attempts)
@@ -52,7 +51,6 @@ class Replica:
         self.running, self.waiting, self.kv_usage = running, waiting, kv_usage
         if total_blocks:
             self.total_blocks = total_blocks
-        self.scraped_at = time.monotonic()
         self.outstanding_at_scrape, self.reserved_at_scrape = self.outstanding, self.reserved_blocks
 
     def record(self, ok: bool, failures_to_eject: int, eject_seconds: float) -> None:
