@@ -69,11 +69,16 @@ class AffinityConfig(_Strict):
     that prefix covers at least `match_threshold` of the prompt and the replica has room for the rest; otherwise the
     replica with the least work and KV in use. When in-flight load is imbalanced beyond both thresholds
     (max > min + abs and max > rel x min), the least-loaded replica wins, so a hot prefix cannot pile onto one.
+    Over time, a replica that already took more than `max_share` x its fair share of the last `share_window`
+    routing decisions is passed over while others are not (bounded loads): a hot prefix is copied to a second
+    replica instead of making its holder the pool's hot spot.
     """
 
     match_threshold: Annotated[float, Field(ge=0, le=1)] = 0.5
     balance_abs_threshold: Annotated[int, Field(ge=0)] = 4
     balance_rel_threshold: Annotated[float, Field(ge=1)] = 1.5
+    max_share: Annotated[float, Field(ge=1)] = 1.25
+    share_window: Annotated[int, Field(gt=0)] = 256
     index_capacity: Annotated[int, Field(gt=0)] = 200_000
 
 

@@ -6,9 +6,10 @@
   KV usage breaking near-ties.
 - `prefix_affinity` / `kv_events`: cache first, load as the guard (SGLang's cache-aware rule, priced in blocks):
   1. if in-flight load is imbalanced past both thresholds, the least-loaded replica wins;
-  2. else, if some replica holds at least `match_threshold` of the prompt's blocks and has free KV blocks for the
-     rest of the request, the longest match wins (ties: least loaded);
-  3. else (a new prefix) cost = requests in flight + KV blocks in use / blocks per request, so cold prompts
+  2. replicas that took more than `max_share` x their fair share of recent decisions step aside (unless all did);
+  3. among the rest, if some replica holds at least `match_threshold` of the prompt's blocks and has free KV
+     blocks for the rest of the request, the longest match wins (ties: least loaded);
+  4. else (a new prefix) cost = requests in flight + KV blocks in use / blocks per request, so cold prompts
      spread over the least busy replicas.
   Measured here (docs/benchmarks.md), the Dynamo-style additive cost (uncached prefill blocks + active blocks)
   sent most follow-up turns to idle cold replicas: one in-flight 1,000-token request holds more blocks than a
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 
 from gateway.config import AffinityConfig
 from gateway.routing.prefix_index import PrefixIndex
+from gateway.routing.recent_share import RecentShare
 from gateway.routing.replica import Replica
 
 
@@ -79,6 +81,7 @@ class PrefixAffinity(RoundRobin):
         super().__init__()
         self.index = index
         self.config = config
+        self.recent = RecentShare(config.share_window)
 
     def rank(self, replicas: list[Replica], request: RouteRequest) -> Ranked:
         rotated = super().rank(replicas, request).replicas
@@ -98,13 +101,17 @@ class PrefixAffinity(RoundRobin):
             free = replica.free_blocks
             return free is None or blocks_needed(request, cached.get(replica.url, 0)) <= free
 
-        best = max(cached.values(), default=0)
+        within_share = [r for r in rotated
+                        if not self.recent.over(r.url, len(rotated), self.config.max_share)] or rotated
+        best = max((cached.get(r.url, 0) for r in within_share), default=0)
         if best and best >= self.config.match_threshold * request.prompt_blocks:
-            holders = sorted((r for r in rotated if cached.get(r.url, 0) == best and fits(r)), key=busy)
+            holders = sorted((r for r in within_share if cached.get(r.url, 0) == best and fits(r)), key=busy)
             if holders:
                 rest = sorted((r for r in rotated if r not in holders), key=busy)
                 return Ranked(holders + rest, cached)
-        return Ranked(sorted(rotated, key=busy), cached)
+        order = sorted(within_share, key=busy)
+        return Ranked(order + sorted((r for r in rotated if r not in order), key=busy), cached)
 
     def learn(self, request: RouteRequest, replica: Replica) -> None:
         self.index.add(request.block_hashes, replica.url)
+        self.recent.add(replica.url)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 
 from backend_engine.block_hash import hash_prompt_blocks
 from gateway.config import AffinityConfig, PoolConfig
@@ -11,6 +12,7 @@ from gateway.routing.kv_events import apply_batch
 from gateway.routing.policies import LeastLoad, LeastOutstanding, PrefixAffinity, RoundRobin, RouteRequest
 from gateway.routing.pool import Pool, Pools
 from gateway.routing.prefix_index import PrefixIndex
+from gateway.routing.recent_share import RecentShare
 from gateway.routing.replica import Replica
 from gateway.routing.scraper import engine_load
 
@@ -97,6 +99,35 @@ def test_affinity_gives_way_to_load_so_a_hot_prefix_cannot_pile_up():
     assert policy.rank([hot, cold], request).replicas[0] is hot  # within thresholds: the cache wins
     hot.outstanding = 9
     assert policy.rank([hot, cold], request).replicas[0] is cold  # 9 > 0 + 4 and 9 > 1.5 x 0
+
+
+def test_affinity_copies_a_hot_prefix_instead_of_piling_onto_its_holder():
+    """Every request shares one prefix and finishes at once (no in-flight load): the holder takes its bounded
+    share, then the prefix spreads, and over many decisions no replica exceeds max_share x the mean."""
+    policy, index = _affinity(max_share=1.25, share_window=40)
+    pool = replicas(4)
+    request = RouteRequest(hash_prompt_blocks(list(range(320)), 16), prompt_blocks=20, decode_blocks=1)
+    chosen = []
+    for _ in range(200):
+        replica = policy.rank(pool, request).replicas[0]
+        policy.learn(request, replica)
+        chosen.append(replica.url)
+    first = chosen[0]
+    assert chosen[:4] == [first] * 4  # the holder keeps it until it is past its share
+    for end in range(40, 201, 10):  # every full window
+        counts = Counter(chosen[end - 40:end])
+        assert len(counts) == 4 and max(counts.values()) <= 1.25 * 40 / 4 + 1, counts
+
+
+def test_recent_share_forgets_decisions_older_than_its_window():
+    share = RecentShare(window=8)
+    for url in "aaaaaabb":
+        share.add(url)
+    assert share.over("a", replicas=2, max_share=1.25)  # 6 + 1 of 9 > ceil(1.25 x 4.5)
+    assert not share.over("b", replicas=2, max_share=1.25)
+    for url in "bbbb":
+        share.add(url)  # the window is now a, a and six b
+    assert not share.over("a", replicas=2, max_share=1.25) and share.over("b", replicas=2, max_share=1.25)
 
 
 def test_affinity_needs_room_for_the_rest_and_a_real_share_of_the_prompt():
