@@ -67,16 +67,31 @@ class Verdict:
 
 
 class _State:
-    """Per-request caches: transformed values per (targets, transforms) and RE2 set results per group."""
+    """Per-request caches: transformed values per (targets, transforms), and the regex leaves that can match."""
 
-    __slots__ = ("view", "values", "joined", "sets", "texts")
+    __slots__ = ("view", "values", "texts", "found")
 
-    def __init__(self, view: RequestView) -> None:
+    def __init__(self, view: RequestView, scans: list[_PartScan]) -> None:
         self.view = view
         self.values: dict[tuple, list] = {}
-        self.joined: dict[tuple, bytes] = {}
-        self.sets: dict[int, frozenset[int]] = {}
-        self.texts: dict[str, tuple[str, ...] | None] = {}
+        self.texts: dict[tuple[str, ...], tuple[str, ...] | None] = {}
+        found: set[int] = set()
+        for scan in scans:
+            hits = scan.candidates(view.values(scan.target))
+            if hits:
+                found |= hits
+        self.found = found
+
+    def short_texts(self, targets: tuple[str, ...]) -> tuple[str, ...] | None:
+        """The raw texts of these parts, in order, when none is longer than _SHORT (a key for remembering)."""
+        out = self.texts.get(targets, _UNSET)
+        if out is _UNSET:
+            values = self.view.values
+            out = tuple(text for target in targets for _, text, _ in values(target))
+            if any(len(text) > _SHORT for text in out):
+                out = None
+            self.texts[targets] = out
+        return out
 
     def get(self, key: tuple) -> list:
         """[(part, transformed text, location)] for key = (targets, transforms); each target is transformed once
@@ -114,54 +129,62 @@ class _State:
             self.values[key] = out
         return out
 
-    def candidates(self, pair: tuple, group: matchers.RegexSet) -> frozenset[int]:
-        """Leaves of `group` that can match some value of the part; empty parts cost nothing. Short values repeat
-        across requests (header values, JSON keys, roles, model names), so each one's answer is remembered; the
-        rest are joined by newlines and scanned once."""
-        target, chain = pair
-        raw = self.view.values(target)
+
+class _PartScan:
+    """Every grouped regex that reads one request part: one RE2 set per transform chain. `candidates` tells which
+    regex leaves can match some value of the part, scanning each chain's set once over the values joined by
+    newlines. Short values repeat across requests (header values, JSON keys, roles, model names), so each one's
+    answer is remembered, keyed by the raw text (a hit skips the transforms too), and so is a whole part made of
+    them (the same JSON keys, the same arguments)."""
+
+    __slots__ = ("target", "sets", "seen", "seen_parts")
+
+    def __init__(self, target: str, sets: list[tuple[tuple, matchers.RegexSet]]) -> None:
+        self.target = target
+        self.sets = sets
+        self.seen: dict[str, frozenset[int]] = {}
+        self.seen_parts: dict[tuple[str, ...], frozenset[int]] = {}
+
+    def candidates(self, raw: list) -> frozenset[int]:
         if not raw:
             return _NONE
-        # A whole part often repeats verbatim (the same JSON keys, the same arguments): one lookup decides it.
-        texts = self.texts.get(target, _UNSET)
-        if texts is _UNSET:
-            texts = self.texts[target] = tuple(t for _, t, _ in raw) if all(len(t) <= 256 for _, t, _ in raw) \
-                else None
-        if texts is not None:
-            whole = group.seen_parts.get(texts)
+        texts = tuple(t for _, t, _ in raw)
+        short = all(len(t) <= _SHORT for t in texts)
+        if short:
+            whole = self.seen_parts.get(texts)
             if whole is not None:
                 return whole
-        seen = group.seen  # keyed by the raw text: a hit skips the transforms too
-        found: set[int] | None = None
+        seen = self.seen
+        found: set[int] = set()
         long: list[str] = []
-        apply = transforms.apply
-        for _, text, _ in raw:
-            if len(text) > 256:
-                long.append(apply(chain, text) if chain else text)
+        for text in texts:
+            if len(text) > _SHORT:
+                long.append(text)
                 continue
             hit = seen.get(text)
             if hit is None:
-                if len(seen) > _CACHE_ENTRIES:
-                    seen.clear()
-                done = apply(chain, text) if chain else text
-                hit = seen[text] = frozenset(group.candidates(done.encode("utf-8", "surrogatepass")))
-            if hit:
-                found = set(hit) if found is None else found | hit
+                hit = self._scan([text])
+                _remember(seen, text, hit)
+            found |= hit
         if long:
-            joined = "\n".join(long).encode("utf-8", "surrogatepass")
-            hits = group.candidates(joined)
-            if hits:
-                found = set(hits) if found is None else found.union(hits)
+            found |= self._scan(long)
         result = frozenset(found) if found else _NONE
-        if texts is not None:
-            if len(group.seen_parts) > _CACHE_ENTRIES:
-                group.seen_parts.clear()
-            group.seen_parts[texts] = result
+        if short:
+            _remember(self.seen_parts, texts, result)
         return result
+
+    def _scan(self, texts: list[str]) -> frozenset[int]:
+        found: list[int] = []
+        apply = transforms.apply
+        for chain, group in self.sets:
+            done = [apply(chain, t) for t in texts] if chain else texts
+            found.extend(group.candidates("\n".join(done).encode("utf-8", "surrogatepass")))
+        return frozenset(found)
 
 
 Node = Callable[[_State], "Hit | None"]
 _NONE: frozenset[int] = frozenset()
+_SHORT = 256  # values up to this many characters are decided once and remembered
 _UNSET = object()
 
 
@@ -171,14 +194,19 @@ _TRANSFORMED: dict[tuple, dict[str, str]] = {}
 
 
 class _Compiler:
+    """Builds each rule's condition tree into a `Node`, and with it the regex leaves the rule cannot match without:
+    when none of them is among a request's candidates, the rule is skipped without evaluating it."""
+
     def __init__(self) -> None:
-        self.groups: dict[tuple, matchers.RegexSet] = {}
-        self.group_ids: dict[tuple, int] = {}
+        self.groups: dict[str, dict[tuple, matchers.RegexSet]] = {}  # target -> chain -> set
         self.leaf_count = 0
 
-    def node(self, cond: Condition) -> Node:
+    def node(self, cond: Condition) -> tuple[Node, frozenset[int] | None]:
+        """The node, and the leaves one of which must be a candidate for it to hold (None: no such set)."""
         if cond.all is not None:
-            children = [self.node(c) for c in cond.all]
+            built = [self.node(c) for c in cond.all]
+            children = [n for n, _ in built]
+            needs = min((k for _, k in built if k is not None), key=len, default=None)
 
             def all_(state: _State) -> Hit | None:
                 first = None
@@ -190,9 +218,11 @@ class _Compiler:
                         first = hit
                 return first
 
-            return all_
+            return all_, needs
         if cond.any is not None:
-            children = [self.node(c) for c in cond.any]
+            built = [self.node(c) for c in cond.any]
+            children = [n for n, _ in built]
+            needs = None if any(k is None for _, k in built) else frozenset().union(*(k for _, k in built))
 
             def any_(state: _State) -> Hit | None:
                 for child in children:
@@ -201,17 +231,17 @@ class _Compiler:
                         return hit
                 return None
 
-            return any_
+            return any_, needs
         if cond.not_ is not None:
-            child = self.node(cond.not_)
-            return lambda state: _NOT_HIT if child(state) is None else None
-        return self.leaf(cond)
+            child, _ = self.node(cond.not_)
+            return (lambda state: _NOT_HIT if child(state) is None else None), None
+        if cond.regex is not None:
+            return self._regex(cond.regex, (tuple(cond.target or ()), tuple(cond.transforms)))
+        return self.leaf(cond), None
 
     def leaf(self, cond: Condition) -> Node:
         key = (tuple(cond.target or ()), tuple(cond.transforms))
         op = cond.operator
-        if op == "regex":
-            return self._regex(cond.regex, key)
         if op == "phrases":
             find = matchers.phrase_matcher(cond.phrases)
             return _scan(key, op, find)
@@ -242,10 +272,8 @@ class _Compiler:
             return _scan(key, op, lambda text: (0, len(text)) if test(text) else None)
         raise AssertionError(op)
 
-    def _regex(self, pattern: str, key: tuple) -> Node:
+    def _regex(self, pattern: str, key: tuple) -> tuple[Node, frozenset[int] | None]:
         regex = matchers.compile_regex(pattern)
-        leaf = self.leaf_count
-        self.leaf_count += 1
 
         def search(text: str) -> tuple[int, int] | None:
             match = regex.search(text)
@@ -253,35 +281,29 @@ class _Compiler:
 
         scan = _scan(key, "regex", search)
         if matchers.needs_own_scan(pattern) or any(t in _NUMERIC_TARGETS for t in key[0]):
-            return scan
+            return scan, None
         # One RE2 set per (part, transforms): every regex reading that part through those transforms is decided
-        # by a single scan of it, shared by all rules whatever other parts they also read.
-        chain = key[1]
-        pairs = []
+        # by a single scan of it, shared by all rules whatever other parts they also read. Only a leaf the sets
+        # found is searched value by value (for the matching value and span).
+        leaf = self.leaf_count
+        self.leaf_count += 1
         for target in key[0]:
-            pair = (target, chain)
-            group = self.groups.get(pair)
+            chains = self.groups.setdefault(target, {})
+            group = chains.get(key[1])
             if group is None:
-                group = self.groups[pair] = matchers.RegexSet()
-                self.group_ids[pair] = len(self.group_ids)
+                group = chains[key[1]] = matchers.RegexSet()
             group.add(pattern, leaf)
-            pairs.append((self.group_ids[pair], pair, group))
 
         def regex_leaf(state: _State) -> Hit | None:
-            sets = state.sets
-            for group_id, pair, group in pairs:
-                found = sets.get(group_id)
-                if found is None:
-                    found = sets[group_id] = state.candidates(pair, group)
-                if leaf in found:
-                    return scan(state)
-            return None
+            return scan(state) if leaf in state.found else None
 
-        return regex_leaf
+        return regex_leaf, frozenset((leaf,))
 
-    def finish(self) -> None:
-        for group in self.groups.values():
-            group.compile()
+    def finish(self) -> list[_PartScan]:
+        for chains in self.groups.values():
+            for group in chains.values():
+                group.compile()
+        return [_PartScan(target, list(chains.items())) for target, chains in self.groups.items()]
 
 
 def _text(value: object) -> str:
@@ -291,14 +313,38 @@ def _text(value: object) -> str:
 
 
 def _scan(key: tuple, operator: str, find: Callable[[str], tuple[int, int] | None]) -> Node:
+    """A leaf that tries `find` on each transformed value. Every operator is a pure function of the text, so when
+    the parts read are all short their outcome (which value, which span) is remembered by their raw texts: the
+    same arguments, keys and headers on the next request cost one lookup."""
+    targets = key[0]
+    memo: dict[tuple[str, ...], tuple[int, int, int] | None] = {}
+
     def scan(state: _State) -> Hit | None:
-        for part, text, loc in state.get(key):
+        texts = state.short_texts(targets)
+        if texts is not None:
+            known = memo.get(texts, _UNSET)
+            if known is None:
+                return None
+            if known is not _UNSET:
+                part, text, loc = state.get(key)[known[0]]
+                return Hit(part, text, known[1], known[2], operator, loc)
+        for i, (part, text, loc) in enumerate(state.get(key)):
             span = find(text)
             if span is not None:
+                if texts is not None:
+                    _remember(memo, texts, (i, span[0], span[1]))
                 return Hit(part, text, span[0], span[1], operator, loc)
+        if texts is not None:
+            _remember(memo, texts, None)
         return None
 
     return scan
+
+
+def _remember(cache: dict, key: object, value: object) -> None:
+    if len(cache) > _CACHE_ENTRIES:
+        cache.clear()
+    cache[key] = value
 
 
 @dataclass(frozen=True)
@@ -307,6 +353,7 @@ class CompiledRule:
     node: Node
     points: int
     pack: str | None
+    needs: frozenset[int] | None  # regex leaves one of which must be a candidate for the rule to hold
     redactors: tuple = ()  # (targets, compiled regex) for action: redact
 
 
@@ -331,8 +378,9 @@ class CompiledWaf:
             points = rule.score if rule.score is not None else spec.anomaly.points.get(rule.severity, 0)
             redactors = tuple((targets, matchers.compile_regex(pattern)) for targets, pattern in
                               _regex_leaves(rule.when)) if rule.action == "redact" else ()
-            self.rules.append(CompiledRule(rule, compiler.node(rule.when), points, pack, redactors))
-        compiler.finish()
+            node, needs = compiler.node(rule.when)
+            self.rules.append(CompiledRule(rule, node, points, pack, needs, redactors))
+        self._scans = compiler.finish()
         self.exclusions: list[tuple[Exclusion, frozenset[str]]] = [
             (exc, frozenset(r.rule.id for r in self.rules if _excluded(exc, r.rule))) for exc in spec.exclusions]
 
@@ -349,11 +397,15 @@ class CompiledWaf:
         if not self.enabled:
             return verdict
         skip = self._excluded_ids(view)
-        state = _State(view)
+        state = _State(view, self._scans)
+        found = state.found
         score = 0
         for compiled in self.rules:
             rule = compiled.rule
             if skip and rule.id in skip:
+                continue
+            needs = compiled.needs
+            if needs is not None and needs.isdisjoint(found):
                 continue
             hit = compiled.node(state)
             if hit is None:

@@ -28,8 +28,6 @@ class RegexSet:
     def __init__(self) -> None:
         self._set = re2.Set.SearchSet(_OPTIONS)
         self.members: list[int] = []  # leaf index per set index
-        self.seen: dict[str, frozenset[int]] = {}  # small inputs already decided (see engine._State.candidates)
-        self.seen_parts: dict[tuple[str, ...], frozenset[int]] = {}  # whole parts already decided
 
     def add(self, pattern: str, leaf: int) -> None:
         # (?m): the set scans all values joined by newlines, so ^ and $ must also hold at value boundaries.

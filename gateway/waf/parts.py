@@ -41,7 +41,6 @@ class RequestView:
     key_label: str | None = None
     model: str = ""
     _cache: dict[str, list[Value]] = field(default_factory=dict, repr=False)
-    transformed: dict[tuple, list[tuple[str, str, tuple | None]]] = field(default_factory=dict, repr=False)
 
     # -- raw pieces -------------------------------------------------------------------------------------------
     def header(self, name: str) -> list[str]:
@@ -101,12 +100,12 @@ class RequestView:
             return [] if value is None else [(target, str(value), None)]
         if target == "args":
             out = [(f"arg:{k}", v, None) for k, v in self._query_args() + self._form_args()]
-            return out + [(f"json:{_dotted(loc)}", text, loc) for loc, text in _json_leaves(self.payload, True)]
+            return out + [(f"json:{_dotted(loc)}", text, loc) for loc, text in self.json_shape().leaves]
         if target == "args_names":
             out = [("args_names", k, None) for k, _ in self._query_args() + self._form_args()]
-            return out + [("args_names", k, None) for k in _json_keys(self.payload)]
+            return out + [("args_names", k, None) for k in self.json_shape().keys]
         if target == "json_strings":
-            return [(f"json:{_dotted(loc)}", text, loc) for loc, text in _json_leaves(self.payload, False)]
+            return [(f"json:{_dotted(loc)}", text, loc) for loc, text in _walk(self.payload, False).leaves]
         if target == "headers":
             return [(f"header:{k}", v, None) for k, v in self.headers]
         if target == "header_names":
@@ -133,8 +132,11 @@ class RequestView:
             return _prompt(self.payload, param)
         raise KeyError(target)
 
-    def raw(self, target: str) -> list[Value]:
-        return self.values(target)
+    def json_shape(self) -> _JsonShape:
+        shape = self._cache.get("\0json")
+        if shape is None:
+            shape = self._cache["\0json"] = _walk(self.payload, True)  # type: ignore[assignment]
+        return shape  # type: ignore[return-value]
 
 
 _XML_VALUES = re.compile(r'(?<==)"([^"]*)"|>([^<]+)<')
@@ -192,8 +194,8 @@ _SIMPLE = {
     "body_size": lambda v: len(v.body),
     "header_count": lambda v: len(v.headers),
     "arg_count": lambda v: len(v._query_args()) + len(v._form_args()),
-    "json_depth": lambda v: _depth(v.payload),
-    "json_keys": lambda v: sum(1 for _ in _json_keys(v.payload)),
+    "json_depth": lambda v: v.json_shape().depth,
+    "json_keys": lambda v: len(v.json_shape().keys),
     "invalid_utf8": _invalid_utf8,
     "prompt_size": _prompt_size,
 }
@@ -204,7 +206,9 @@ def _scalar(value: Any) -> str | None:
         return value
     if isinstance(value, bool) or value is None:
         return None
-    if isinstance(value, (int, float)):
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
         return json.dumps(value)
     return None
 
@@ -214,45 +218,34 @@ def _is_prompt(loc: tuple) -> bool:
         "content",)))
 
 
-def _json_leaves(payload: Any, skip_prompt: bool) -> list[tuple[tuple, str]]:
-    out: list[tuple[tuple, str]] = []
-    stack: list[tuple[tuple, Any]] = [((), payload)]
+@dataclass(frozen=True, slots=True)
+class _JsonShape:
+    leaves: list[tuple[tuple, str]]  # (location, text) of every string and number, in document order
+    keys: list[str]  # every key, wherever it is (the prompt's message dicts included)
+    depth: int  # containers nested, 0 for no JSON body
+
+
+def _walk(payload: Any, skip_prompt: bool) -> _JsonShape:
+    """One pass over the parsed body for its leaves, keys and depth (three parts read per request)."""
+    leaves: list[tuple[tuple, str]] = []
+    keys: list[str] = []
+    deepest = 0
+    stack: list[tuple[tuple, Any, int, bool]] = [((), payload, 1, False)]
     while stack:
-        loc, node = stack.pop()
-        if skip_prompt and _is_prompt(loc):
-            continue
+        loc, node, depth, hidden = stack.pop()
+        hidden = hidden or (skip_prompt and _is_prompt(loc))
         if isinstance(node, dict):
-            stack.extend(((*loc, k), v) for k, v in reversed(node.items()))
-        elif isinstance(node, list):
-            stack.extend(((*loc, i), v) for i, v in reversed(list(enumerate(node))))
-        else:
-            text = _scalar(node)
-            if text is not None and loc:
-                out.append((loc, text))
-    return out
-
-
-def _json_keys(payload: Any):
-    stack = [payload]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            yield from (k for k in node if isinstance(k, str))
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-
-
-def _depth(payload: Any) -> int:
-    if payload is None:
-        return 0
-    deepest, stack = 0, [(payload, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, (dict, list)):
             deepest = max(deepest, depth)
-            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
-    return deepest
+            keys.extend(k for k in node if isinstance(k, str))
+            stack.extend(((*loc, k), v, depth + 1, hidden) for k, v in reversed(node.items()))
+        elif isinstance(node, list):
+            deepest = max(deepest, depth)
+            stack.extend(((*loc, i), node[i], depth + 1, hidden) for i in range(len(node) - 1, -1, -1))
+        elif not hidden and loc:
+            text = _scalar(node)
+            if text is not None:
+                leaves.append((loc, text))
+    return _JsonShape(leaves, keys, deepest)
 
 
 def _json_path(payload: Any, steps: list[str]) -> list[tuple[tuple, str]]:
