@@ -173,7 +173,6 @@ class RedisConfig(_Strict):
 
     url: str | None = Field(default=None, description="redis://host:port/db or rediss://…")
     timeout: Annotated[float, Field(gt=0)] = 0.25
-    max_connections: Annotated[int, Field(gt=0)] = 64
     on_failure: Literal["fail_open", "fail_closed"] = Field(
         default="fail_open", description="fail_open: fall back to per-instance limits; fail_closed: refuse (503)")
     breaker_failures: Annotated[int, Field(gt=0)] = 3

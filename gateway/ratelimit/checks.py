@@ -47,7 +47,7 @@ class Backend(Protocol):
     name: str
 
     async def acquire(self, checks: list[Check]) -> list[Outcome]:
-        """Decide each check atomically on its own key, all in one round trip."""
+        """Decide one request's checks (each on its own key) atomically: if any is denied, none consumes anything."""
 
     async def settle(self, settlement: Settlement) -> None:
-        """Apply cost corrections (negative refunds) and free slots, in one round trip."""
+        """Apply cost corrections (negative refunds) and free slots; may return before the store has applied them."""

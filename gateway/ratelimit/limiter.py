@@ -1,8 +1,8 @@
 """One decision for every limit that applies to a request, and its settlement when the response ends.
 
 Tokens are reserved up front (prompt + max_tokens) and reconciled with the usage the upstream reports: unused
-tokens are refunded, extra ones charged. If any limit denies, what the others granted is undone at once, so a
-refused request consumes nothing.
+tokens are refunded, extra ones charged. A backend decides all of a request's limits at once and consumes nothing
+when any of them denies.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class RateLimiter:
         self._metrics = metrics
 
     async def admit(self, ctx: RequestContext, rules: list[RateLimitRule]) -> Grant:
-        """Decide all rules in one round trip; raise 429 (after undoing partial grants) if any denies."""
+        """Decide all rules in one round trip; raise 429 if any denies."""
         checks = [_check(rule, ctx) for rule in rules]
         outcomes, backend = await self.backend.acquire(checks)
         decided = list(zip(rules, checks, outcomes))
@@ -48,7 +48,6 @@ class RateLimiter:
             self._metrics.ratelimit_decisions.labels(limit=rule.id, result=result, backend=backend.name).inc()
         headers = rate_limit_headers([(rule, out) for rule, _, out in decided])
         if denied:
-            await backend.settle(_undo([(c, o) for _, c, o in decided]))
             rule, outcome = max(denied, key=lambda pair: pair[1].retry_after)
             raise _too_many(rule, outcome, headers)
         return Grant(backend, decided, headers)
@@ -101,12 +100,6 @@ def _used_tokens(tokens: TokenRate, ctx: RequestContext) -> int | None:
     if tokens.count == "output":
         return completion
     return None if prompt is None or completion is None else prompt + completion
-
-
-def _undo(decided: list[tuple[Check, Outcome]]) -> Settlement:
-    granted = [check for check, outcome in decided if outcome.allowed]
-    return Settlement(tuple((c, -c.cost) for c in granted if isinstance(c, RateCheck)),
-                      tuple(c for c in granted if isinstance(c, SlotCheck)))
 
 
 def _too_many(rule: RateLimitRule, outcome: Outcome, headers: dict[str, str]) -> GatewayError:

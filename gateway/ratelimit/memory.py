@@ -22,7 +22,14 @@ class MemoryBackend:
     async def acquire(self, checks: list[Check]) -> list[Outcome]:
         now = self._clock()
         self._maybe_sweep(now)
-        return [self._rate(c, now) if isinstance(c, RateCheck) else self._slot(c, now) for c in checks]
+        decided = [self._rate(c, now) if isinstance(c, RateCheck) else self._slot(c, now) for c in checks]
+        if all(outcome.allowed for outcome, _ in decided):
+            for check, (_, stored) in zip(checks, decided):
+                if isinstance(check, RateCheck):
+                    self._tats[check.key] = stored
+                else:
+                    self._slots[check.key][check.member] = stored
+        return [outcome for outcome, _ in decided]
 
     async def settle(self, settlement: Settlement) -> None:
         now = self._clock()
@@ -35,20 +42,19 @@ class MemoryBackend:
         for check in settlement.releases:
             self._slots.get(check.key, {}).pop(check.member, None)
 
-    def _rate(self, check: RateCheck, now: float) -> Outcome:
-        outcome, tat = gcra(self._tats.get(check.key, now), now, check.interval, check.tolerance, check.cost)
-        if outcome.allowed:
-            self._tats[check.key] = tat
-        return outcome
+    # Each check returns its outcome and what to store if all of the request's checks are allowed: a TAT or a lease end.
 
-    def _slot(self, check: SlotCheck, now: float) -> Outcome:
+    def _rate(self, check: RateCheck, now: float) -> tuple[Outcome, float]:
+        return gcra(self._tats.get(check.key, now), now, check.interval, check.tolerance, check.cost)
+
+    def _slot(self, check: SlotCheck, now: float) -> tuple[Outcome, float]:
         holders = self._slots.setdefault(check.key, {})
         for member in [m for m, expiry in holders.items() if expiry <= now]:
             del holders[member]
         if len(holders) >= check.limit:
-            return Outcome(False, 0, min(holders.values()) - now, min(holders.values()) - now)
-        holders[check.member] = now + check.lease
-        return Outcome(True, check.limit - len(holders), 0.0, 0.0)
+            wait = min(holders.values()) - now
+            return Outcome(False, 0, wait, wait), now
+        return Outcome(True, check.limit - len(holders) - 1, 0.0, 0.0), now + check.lease
 
     def _maybe_sweep(self, now: float) -> None:
         """Drop keys that are back at full capacity so memory stays bounded by active keys."""

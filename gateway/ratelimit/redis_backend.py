@@ -1,84 +1,122 @@
-"""Redis backend: limits shared exactly across gateway instances, one pipelined round trip per decision.
+"""Redis backend: limits shared exactly across gateway instances, many requests' decisions per round trip.
 
-Each limit is one key, decided atomically by a Lua script run with EVALSHA (reloaded on NOSCRIPT after a Redis
-restart). Keys carry a hash tag per limit key, so each script touches one slot and Redis Cluster can place it.
-Scripts read Redis's own clock, so gateway clocks never disagree about a window.
+Admissions and settlements from concurrent requests are coalesced (gateway/ratelimit/coalesce.py) and sent as one
+EVALSHA of `lua/batch.lua`, which decides each admission atomically (all of its limits or none) and applies
+settlements in arrival order; the script is reloaded on NOSCRIPT after a Redis restart. It reads Redis's own clock,
+so gateway clocks never disagree about a window. One connection carries every batch: the client does little more
+per batch than pack a command and read its reply.
+
+A batch names keys of many limits, so it needs one Redis node (or a primary and its replicas): on Redis Cluster the
+counters' hash tags (`portcullis:rl:{rule:digest}`) would let batches be split per slot.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 
 from redis import exceptions as redis_errors
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.connection import Connection, parse_url
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from gateway.ratelimit.checks import BackendError, Check, RateCheck, Settlement
+from gateway.ratelimit.coalesce import Coalescer
 from gateway.ratelimit.gcra import Outcome
 
-_LUA = Path(__file__).parent / "lua"
+_SCRIPT = (Path(__file__).parent / "lua" / "batch.lua").read_text()
+_SHA = hashlib.sha1(_SCRIPT.encode()).hexdigest()
 _US = 1_000_000
 
-
-class _Script:
-    def __init__(self, name: str) -> None:
-        self.source = (_LUA / f"{name}.lua").read_text()
-        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+Operation = list[Check] | Settlement  # an admission's checks, or a settlement
 
 
 class RedisBackend:
     name = "redis"
 
-    def __init__(self, url: str, timeout: float, max_connections: int = 64) -> None:
-        pool = BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=timeout, socket_timeout=timeout,
-            socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0))
-        self._redis = Redis(connection_pool=pool)
-        self._gcra = _Script("gcra")
-        self._adjust = _Script("gcra_adjust")
-        self._slot = _Script("slot_acquire")
+    def __init__(self, url: str, timeout: float) -> None:
+        options = parse_url(url)
+        connection_class = options.pop("connection_class", Connection)
+        # no per-read timeout: the whole round trip runs under `timeout` (see _send)
+        self._connection = connection_class(**options, socket_timeout=None, socket_connect_timeout=timeout,
+                                            retry=Retry(NoBackoff(), 0))
+        self._timeout = timeout
+        self._batches: Coalescer[Operation, list[Outcome] | None] = Coalescer(self._send)
 
     async def acquire(self, checks: list[Check]) -> list[Outcome]:
-        def commands(pipe) -> None:
-            for check in checks:
-                if isinstance(check, RateCheck):
-                    pipe.evalsha(self._gcra.sha, 1, check.key, check.interval * _US, check.tolerance * _US,
-                                 check.cost)
-                else:
-                    pipe.evalsha(self._slot.sha, 1, check.key, check.limit, int(check.lease * 1000), check.member)
-
-        replies = await self._run(commands)
-        return [Outcome(bool(a), int(r), retry / _US, reset / _US) for a, r, retry, reset in replies]
+        return await self._batches.submit(checks)
 
     async def settle(self, settlement: Settlement) -> None:
-        def commands(pipe) -> None:
-            for check, delta in settlement.adjustments:
-                pipe.evalsha(self._adjust.sha, 1, check.key, check.interval * _US, delta)
-            for slot in settlement.releases:
-                pipe.zrem(slot.key, slot.member)
-
+        """Queued, not awaited: the response has ended and no answer changes anything."""
         if settlement.adjustments or settlement.releases:
-            await self._run(commands)
+            self._batches.post(settlement)
 
     async def aclose(self) -> None:
-        await self._redis.aclose()
+        await self._batches.aclose()
+        await self._connection.disconnect()
 
-    async def _run(self, commands) -> list:
-        """Send a pipeline; if Redis forgot our scripts (restart, SCRIPT FLUSH), load them and send it again."""
+    async def _send(self, operations: Sequence[Operation]) -> list[list[Outcome] | None]:
+        keys, args = _encode(operations)
         try:
-            for attempt in range(2):
-                pipe = self._redis.pipeline(transaction=False)
-                commands(pipe)
-                replies = await pipe.execute(raise_on_error=False)
-                if not any(isinstance(r, redis_errors.NoScriptError) for r in replies) or attempt:
-                    break
-                for script in (self._gcra, self._adjust, self._slot):
-                    await self._redis.script_load(script.source)
-            errors = [r for r in replies if isinstance(r, Exception)]
-            if errors:
-                raise errors[0]
-            return replies
-        except (redis_errors.RedisError, OSError) as exc:
+            async with asyncio.timeout(self._timeout):
+                replies = await self._evalsha(keys, args)
+        except (redis_errors.RedisError, OSError) as exc:  # TimeoutError is an OSError
+            # a reply still on its way must not be read as the answer to the next batch
+            await self._connection.disconnect(nowait=True)
             raise BackendError(f"redis: {type(exc).__name__}: {exc}") from exc
+        return _decode(operations, replies)
+
+    async def _evalsha(self, keys: list[str], args: list) -> list[int]:
+        """Run the batch script; if Redis forgot it (restart, SCRIPT FLUSH), load it and run it again."""
+        try:
+            return await self._call("EVALSHA", _SHA, len(keys), *keys, *args)
+        except redis_errors.NoScriptError:
+            await self._call("SCRIPT", "LOAD", _SCRIPT)
+            return await self._call("EVALSHA", _SHA, len(keys), *keys, *args)
+
+    async def _call(self, *command):
+        connection = self._connection
+        await connection.send_packed_command(connection.pack_command(*command), check_health=False)
+        return await connection.read_response()
+
+
+def _encode(operations: Sequence[Operation]) -> tuple[list[str], list]:
+    """KEYS and ARGV for lua/batch.lua."""
+    keys: list[str] = []
+    args: list = []
+    for operation in operations:
+        if isinstance(operation, Settlement):
+            for check, delta in operation.adjustments:
+                keys.append(check.key)
+                args += ("J", check.interval * _US, delta)
+            for slot in operation.releases:
+                keys.append(slot.key)
+                args += ("Z", slot.member)
+            continue
+        args += ("A", len(operation))
+        for check in operation:
+            keys.append(check.key)
+            if isinstance(check, RateCheck):
+                args += ("R", check.interval * _US, check.tolerance * _US, check.cost)
+            else:
+                args += ("S", check.limit, int(check.lease * 1000), check.member)
+    return keys, args
+
+
+def _decode(operations: Sequence[Operation], replies: list[int]) -> list[list[Outcome] | None]:
+    """Four numbers per check of each admission; settlements answer nothing."""
+    results: list[list[Outcome] | None] = []
+    at = 0
+    for operation in operations:
+        if isinstance(operation, Settlement):
+            results.append(None)
+            continue
+        outcomes = []
+        for _ in operation:
+            allowed, remaining, retry_after, reset = replies[at:at + 4]
+            outcomes.append(Outcome(bool(allowed), remaining, retry_after / _US, reset / _US))
+            at += 4
+        results.append(outcomes)
+    return results

@@ -70,14 +70,25 @@ def test_memory_slots_are_leased_and_released():
     clock = Clock()
     backend = MemoryBackend(clock)
     checks = [SlotCheck("k", 2, lease=30, member=f"r{i}") for i in range(3)]
-    outcomes = asyncio.run(backend.acquire(checks))
+    outcomes = [asyncio.run(backend.acquire([check]))[0] for check in checks]
     assert [o.allowed for o in outcomes] == [True, True, False]
     assert outcomes[2].retry_after == pytest.approx(30)
     asyncio.run(backend.settle(Settlement(releases=(checks[0],))))
     assert asyncio.run(backend.acquire([checks[2]]))[0].allowed
     clock.now += 31  # a holder that never released (crashed gateway) loses its slot with its lease
-    assert asyncio.run(backend.acquire([SlotCheck("k", 2, 30, "r9"), SlotCheck("k", 2, 30, "r10")])) \
-        [1].allowed
+    assert [asyncio.run(backend.acquire([SlotCheck("k", 2, 30, f"r{i}")]))[0].allowed for i in (9, 10, 11)] == \
+        [True, True, False]
+
+
+def test_memory_admission_is_all_or_nothing():
+    backend = MemoryBackend(Clock())
+    requests = RateCheck("rpm", interval=1.0, tolerance=5.0, cost=1)
+    full = SlotCheck("slots", 1, lease=30, member="holder")
+    assert asyncio.run(backend.acquire([full]))[0].allowed
+    outcomes = asyncio.run(backend.acquire([requests, SlotCheck("slots", 1, 30, "r1")]))
+    assert [o.allowed for o in outcomes] == [True, False]
+    # the refused request took none of the requests limit: a whole burst of 5 is still there
+    assert [asyncio.run(backend.acquire([requests]))[0].allowed for _ in range(6)] == [True] * 5 + [False]
 
 
 def test_memory_token_reservation_is_refunded_and_overcharged():

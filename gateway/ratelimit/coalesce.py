@@ -1,0 +1,73 @@
+"""Coalesce many callers' store operations into one round trip per batch.
+
+Under load, a round trip per request costs more than the decision itself (a client call, a Redis command and a
+script run each). Callers queue their items here; one sender task takes everything queued — what arrived in the same
+event-loop tick, and what arrived while the previous batch was in flight — and sends it as one batch. A lone request
+waits for nothing extra; a busy gateway sends fewer, larger batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+log = logging.getLogger(__name__)
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+MAX_BATCH = 256  # items per round trip: bounds how long one script call holds Redis
+
+
+class Coalescer(Generic[Item, Result]):
+    """`send(items)` answers one result per item, in order, or raises for the whole batch."""
+
+    def __init__(self, send: Callable[[Sequence[Item]], Awaitable[Sequence[Result]]]) -> None:
+        self._send = send
+        self._queue: list[tuple[Item, asyncio.Future[Result] | None]] = []
+        self._queued = asyncio.Event()
+        self._sender: asyncio.Task[None] | None = None
+
+    def submit(self, item: Item) -> asyncio.Future[Result]:
+        """Queue an item; the future resolves to its result when its batch comes back."""
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self._enqueue(item, future)
+        return future
+
+    def post(self, item: Item) -> None:
+        """Queue an item nobody waits for; a failed batch logs what it lost."""
+        self._enqueue(item, None)
+
+    async def aclose(self) -> None:
+        if self._sender is not None:
+            self._sender.cancel()
+            await asyncio.gather(self._sender, return_exceptions=True)
+            self._sender = None
+
+    def _enqueue(self, item: Item, future: asyncio.Future[Result] | None) -> None:
+        self._queue.append((item, future))
+        self._queued.set()
+        if self._sender is None:
+            self._sender = asyncio.get_running_loop().create_task(self._run(), name="ratelimit-coalescer")
+
+    async def _run(self) -> None:
+        while True:
+            await self._queued.wait()
+            batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+            if not self._queue:
+                self._queued.clear()
+            try:
+                results = await self._send([item for item, _ in batch])
+            except Exception as exc:  # the batch's callers decide what a failure means (fail open or closed)
+                lost = sum(1 for _, future in batch if future is None)
+                if lost:
+                    log.warning("rate limit store: %d settlement(s) lost: %s", lost, exc)
+                for _, future in batch:
+                    if future is not None and not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, future), result in zip(batch, results):
+                if future is not None and not future.done():  # done: its caller was cancelled
+                    future.set_result(result)

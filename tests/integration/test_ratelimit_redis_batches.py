@@ -1,0 +1,110 @@
+"""The Redis backend on a real redis-server: concurrent decisions travel as one batch, admissions stay all-or-nothing
+and exact, settlements apply without being awaited, and a stalled store fails the batch within its timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from gateway.ratelimit.checks import BackendError, RateCheck, Settlement, SlotCheck
+from gateway.ratelimit.redis_backend import RedisBackend
+
+
+def script_calls(redis_server) -> int:
+    return redis_server.client().info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+
+
+async def settled(backend: RedisBackend) -> None:
+    """Settlements are fire-and-forget: a later admission rides in the same batch or a later one, after them."""
+    await backend.acquire([])
+
+
+def test_concurrent_admissions_share_one_round_trip_and_stay_exact(redis_server):
+    async def main() -> list[bool]:
+        backend = RedisBackend(redis_server.url, timeout=5.0)
+        await backend.acquire([RateCheck("warm", 1.0, 1.0, 0)])  # connect and load the script
+        redis_server.client().config_resetstat()
+        check = RateCheck("portcullis:rl:{hundred:x}", interval=60.0, tolerance=60.0 * 100, cost=1)
+        outcomes = await asyncio.gather(*(backend.acquire([check]) for _ in range(250)))
+        await backend.aclose()
+        return [o[0].allowed for o in outcomes]
+
+    allowed = asyncio.run(main())
+    assert allowed.count(True) == 100 and allowed[:100] == [True] * 100  # decided in arrival order
+    assert script_calls(redis_server) == 1
+
+
+def test_an_admission_denied_by_one_limit_consumes_none_of_the_others(redis_server):
+    async def main() -> None:
+        backend = RedisBackend(redis_server.url, timeout=5.0)
+        requests = RateCheck("portcullis:rl:{rpm:x}", interval=1.0, tolerance=5.0, cost=1)
+        assert (await backend.acquire([SlotCheck("portcullis:rl:{slots:x}", 1, 30, "holder")]))[0].allowed
+        outcomes = await backend.acquire([requests, SlotCheck("portcullis:rl:{slots:x}", 1, 30, "r1")])
+        assert [o.allowed for o in outcomes] == [True, False]
+        assert 29 < outcomes[1].retry_after <= 30
+        burst = [(await backend.acquire([requests]))[0].allowed for _ in range(6)]
+        assert burst == [True] * 5 + [False]  # the whole burst of 5 was still there
+        await backend.aclose()
+
+    asyncio.run(main())
+
+
+def test_settlements_apply_without_being_awaited(redis_server):
+    async def main() -> None:
+        backend = RedisBackend(redis_server.url, timeout=5.0)
+        slot = SlotCheck("portcullis:rl:{one:x}", 1, 30, "r1")
+        tokens = RateCheck("portcullis:rl:{tpm:x}", interval=0.01, tolerance=1.0, cost=80)  # 100-token burst
+        assert all(o.allowed for o in await backend.acquire([slot, tokens]))
+        await backend.settle(Settlement(adjustments=((tokens, -50),), releases=(slot,)))  # used 30 of 80
+        outcomes = await backend.acquire([SlotCheck(slot.key, 1, 30, "r2"), RateCheck(tokens.key, 0.01, 1.0, 70)])
+        assert [o.allowed for o in outcomes] == [True, True]
+        assert outcomes[1].remaining == 0
+        await backend.aclose()
+
+    asyncio.run(main())
+    assert redis_server.client().zrange("portcullis:rl:{one:x}", 0, -1) == [b"r2"]
+
+
+def test_a_stalled_store_fails_the_batch_within_the_timeout_then_recovers(redis_server):
+    async def main() -> None:
+        backend = RedisBackend(redis_server.url, timeout=0.3)
+        check = RateCheck("portcullis:rl:{rpm:y}", interval=100.0, tolerance=1000.0, cost=1)  # burst 10
+        assert (await backend.acquire([check]))[0].allowed
+        redis_server.client().execute_command("CLIENT", "PAUSE", 1000, "ALL")
+        started = time.monotonic()
+        results = await asyncio.gather(*(backend.acquire([check]) for _ in range(5)), return_exceptions=True)
+        assert time.monotonic() - started < 0.9
+        assert all(isinstance(r, BackendError) for r in results)
+        await asyncio.sleep(1.0)  # the pause ends; the late reply must not be taken for the next batch's
+        outcome = (await backend.acquire([check]))[0]
+        # 1 before and this one; Redis may still have run the abandoned batch of 5 when the pause ended
+        assert outcome.allowed and outcome.remaining in (8, 3)
+        await backend.aclose()
+
+    asyncio.run(main())
+
+
+def test_script_is_reloaded_after_redis_forgets_it(redis_server):
+    async def main() -> None:
+        backend = RedisBackend(redis_server.url, timeout=5.0)
+        check = RateCheck("portcullis:rl:{rph:z}", interval=1800.0, tolerance=3600.0, cost=1)
+        assert (await backend.acquire([check]))[0].allowed
+        redis_server.client().script_flush()
+        assert [(await backend.acquire([check]))[0].allowed for _ in range(2)] == [True, False]
+        await backend.aclose()
+
+    asyncio.run(main())
+
+
+def test_an_unreachable_store_raises_backend_error(redis_server):
+    redis_server.kill()
+
+    async def main() -> None:
+        backend = RedisBackend(redis_server.url, timeout=0.5)
+        with pytest.raises(BackendError):
+            await backend.acquire([RateCheck("k", 1.0, 1.0, 1)])
+        await backend.aclose()
+
+    asyncio.run(main())
