@@ -10,29 +10,27 @@ from gateway.ratelimit.gcra import Outcome
 
 
 def rate_limit_headers(decided: list[tuple[RateLimitRule, Outcome]]) -> dict[str, str]:
+    """One pass over the decided limits (this runs on every limited request)."""
+    tightest: dict[str, tuple[float, int, Outcome]] = {}  # per kind: the smallest share left
+    policy, state = [], []
+    for rule, outcome in decided:
+        window = rule.requests or rule.tokens
+        quota = (window or rule.concurrency).limit
+        policy.append(f'"{rule.id}";q={quota};w={math.ceil(window.per)}' if window else f'"{rule.id}";q={quota}')
+        state.append(f'"{rule.id}";r={max(outcome.remaining, 0)};t={math.ceil(outcome.reset)}')
+        if window:
+            kind = "requests" if rule.requests else "tokens"
+            share = outcome.remaining / quota
+            if kind not in tightest or share < tightest[kind][0]:
+                tightest[kind] = (share, quota, outcome)
     headers: dict[str, str] = {}
-    for kind in ("requests", "tokens"):
-        of_kind = [(rule, out) for rule, out in decided if rule.kind == kind]
-        if not of_kind:
-            continue
-        rule, outcome = min(of_kind, key=lambda pair: pair[1].remaining / _quota(pair[0]))  # the tightest
-        headers[f"x-ratelimit-limit-{kind}"] = str(_quota(rule))
+    for kind, (_, quota, outcome) in tightest.items():
+        headers[f"x-ratelimit-limit-{kind}"] = str(quota)
         headers[f"x-ratelimit-remaining-{kind}"] = str(max(outcome.remaining, 0))
         headers[f"x-ratelimit-reset-{kind}"] = go_duration(outcome.reset)
-    headers["ratelimit-policy"] = ", ".join(_policy_item(rule) for rule, _ in decided)
-    headers["ratelimit"] = ", ".join(
-        f'"{rule.id}";r={max(out.remaining, 0)};t={math.ceil(out.reset)}' for rule, out in decided)
+    headers["ratelimit-policy"] = ", ".join(policy)
+    headers["ratelimit"] = ", ".join(state)
     return headers
-
-
-def _quota(rule: RateLimitRule) -> int:
-    limit = rule.requests or rule.tokens or rule.concurrency
-    return limit.limit
-
-
-def _policy_item(rule: RateLimitRule) -> str:
-    window = rule.requests or rule.tokens
-    return f'"{rule.id}";q={_quota(rule)}' + (f";w={math.ceil(window.per)}" if window else "")
 
 
 def go_duration(seconds: float) -> str:

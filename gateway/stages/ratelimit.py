@@ -24,10 +24,13 @@ class RateLimitStage:
         if not rules:
             return
         span = trace.get_current_span()
-        span.set_attribute("portcullis.ratelimit.limits", [r.id for r in rules])
+        traced = span.is_recording()  # unsampled: skip building the attribute lists
+        if traced:
+            span.set_attribute("portcullis.ratelimit.limits", [r.id for r in rules])
         grant = await self._limiter.admit(ctx, rules)
-        span.set_attribute("portcullis.ratelimit.remaining", [o.remaining for _, _, o in grant.decided])
-        span.set_attribute("portcullis.ratelimit.backend", grant.backend.name)
+        if traced:
+            span.set_attribute("portcullis.ratelimit.remaining", [o.remaining for _, _, o in grant.decided])
+            span.set_attribute("portcullis.ratelimit.backend", grant.backend.name)
 
         async def settle(done: RequestContext) -> None:
             await self._limiter.settle(grant, done)
