@@ -353,6 +353,19 @@ def group_cpu_seconds(pgid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def wait_idle(services: list[Service], timeout: float = 60.0) -> None:
+    """Wait until just-started gateways stop using CPU: each warms its tokenizer in a background thread for seconds,
+    which would otherwise steal CPU from (or be counted in) the first runs."""
+    deadline = time.monotonic() + timeout
+    before = [group_cpu_seconds(s.proc.pid) for s in services]
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        after = [group_cpu_seconds(s.proc.pid) for s in services]
+        if all(b - a < 0.05 for a, b in zip(before, after)):
+            return
+        before = after
+
+
 def measure(name: str, service: Service, lua: Path, duration: float, warmup: float) -> dict:
     print(f"[{time.strftime('%H:%M:%S')}] {name}: warmup {warmup:g}s, c32 {duration:g}s, c1 {duration:g}s",
           file=sys.stderr, flush=True)
@@ -599,6 +612,7 @@ def compare_policies(name: str, specs: dict[str, dict], duration: float, repeat:
             wait_http(svc, "/healthz", 60)
             check_chat(svc.port, request=request)
             targets[variant] = svc
+        wait_idle(list(targets.values()))
         runs = collections.defaultdict(list)
         for round_no in range(repeat):
             for variant, svc in targets.items():
@@ -735,6 +749,7 @@ def main(argv: list[str] | None = None) -> int:
                 wait_http(litellm, "/health/liveliness", 180)
                 targets.append(("litellm", "LiteLLM proxy (1 worker)", litellm, True))
 
+        wait_idle([svc for key, _, svc, _ in targets if key.startswith("portcullis")])
         checks = {}
         for key, label, svc, auth in targets:
             check = check_chat(svc.port)
