@@ -25,6 +25,7 @@ from backend_engine.block_manager import BlockManager
 from backend_engine.config import EngineConfig
 from backend_engine.metrics import EngineMetrics
 from backend_engine.model import LoadedModel, load_model
+from backend_engine.model.int8_matmul import configure_threads
 from backend_engine.model.llama import ForwardBatch, PrefillSpan
 from backend_engine.sampling import sample_token, token_logprob
 from backend_engine.scheduler import Scheduler
@@ -73,8 +74,10 @@ class LLMEngine:
         self.config = config
         if config.threads:
             set_blas_threads(config.threads)
+        if config.compute == "int8":
+            configure_threads(config.threads)
         self.backend = backend or select_backend(config.device)
-        self.loaded = loaded or load_model(config.resolved_model(), self.backend)
+        self.loaded = loaded or load_model(config.resolved_model(), self.backend, config.compute)
         self.model = self.loaded.model
         self.tokenizer = self.loaded.tokenizer
         mc = self.loaded.config

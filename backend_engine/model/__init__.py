@@ -51,10 +51,16 @@ def load_prompt_renderer(path: str) -> PromptRenderer:
     return PromptRenderer(tok, _template(tok))
 
 
-def load_model(path: str, backend: ArrayBackend) -> LoadedModel:
-    """`path` is a .gguf file or a folder with config.json, model.safetensors and tokenizer.json."""
+def load_model(path: str, backend: ArrayBackend, compute: str = "float32") -> LoadedModel:
+    """`path` is a .gguf file or a folder with config.json, model.safetensors and tokenizer.json.
+
+    `compute="int8"` keeps a GGUF's Q4_0/Q4_1/Q8_0 matrices quantized (CPU only; see `int8_matmul.py`)."""
     t0 = time.perf_counter()
     p = _checked(path)
+    if compute not in ("float32", "int8"):
+        raise ValueError(f"--compute must be float32 or int8, not {compute!r}")
+    if compute == "int8" and (backend.device != "cpu" or p.is_dir()):
+        raise ValueError("--compute int8 needs the CPU device and a GGUF model with Q4_0/Q4_1/Q8_0 weights")
     if p.is_dir():
         from backend_engine.model.safetensors import load_safetensors_dir
 
@@ -63,7 +69,7 @@ def load_model(path: str, backend: ArrayBackend) -> LoadedModel:
     else:
         from backend_engine.model.gguf import load_gguf
 
-        cfg, tensors, meta = load_gguf(str(p))
+        cfg, tensors, meta = load_gguf(str(p), keep_blocks=compute == "int8")
         tok = Tokenizer.from_gguf_metadata(meta)
     weights = hf_tensors_to_weights(cfg, tensors, backend)
     model = LlamaModel(cfg, weights, backend)

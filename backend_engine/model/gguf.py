@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from backend_engine.model import quant_blocks
 from backend_engine.model.llama import LlamaConfig
 
 _SUPPORTED_ARCH = {"llama"}
@@ -50,6 +51,14 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, out // n_head // 2, 2, inp).swapaxes(1, 2).reshape(out, inp)
 
 
+def _unpermuted(w: np.ndarray | quant_blocks.BlockQuantized, n_head: int) -> Any:
+    """The permutation only moves whole rows, so blocks (which run along a row) move with them."""
+    if isinstance(w, np.ndarray):
+        return unpermute_qk(w, n_head)
+    rows = unpermute_qk(np.arange(w.shape[0])[:, None], n_head)[:, 0]
+    return w.take_rows(rows)
+
+
 def config_from_metadata(meta: dict[str, Any]) -> LlamaConfig:
     arch = meta.get("general.architecture", "llama")
     if arch not in _SUPPORTED_ARCH:
@@ -76,8 +85,9 @@ def config_from_metadata(meta: dict[str, Any]) -> LlamaConfig:
     )
 
 
-def load_gguf(path: str) -> tuple[LlamaConfig, dict[str, np.ndarray], dict[str, Any]]:
-    """Returns (config, HF-named float32 tensors [out, in], raw metadata)."""
+def load_gguf(path: str, keep_blocks: bool = False) -> tuple[LlamaConfig, dict[str, Any], dict[str, Any]]:
+    """Returns (config, HF-named tensors [out, in], raw metadata). Tensors are float32, except that with
+    `keep_blocks` the Q4_0/Q4_1/Q8_0 matrices stay in their blocks (`BlockQuantized`) for `--compute int8`."""
     import gguf
 
     reader = gguf.GGUFReader(path)
@@ -95,12 +105,15 @@ def load_gguf(path: str) -> tuple[LlamaConfig, dict[str, np.ndarray], dict[str, 
             hf = _GLOBAL_NAMES[name]
         else:
             continue
-        arr = gguf.quants.dequantize(t.data, t.tensor_type)
-        arr = np.asarray(arr, dtype=np.float32).reshape([int(d) for d in reversed(t.shape)])
+        shape = [int(d) for d in reversed(t.shape)]
+        if keep_blocks and t.tensor_type.name in quant_blocks.SUPPORTED and len(shape) == 2:
+            arr = quant_blocks.from_gguf(t.data, t.tensor_type.name, *shape)
+        else:
+            arr = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
         if kind_is(name, "attn_q"):
-            arr = unpermute_qk(arr, cfg.num_heads)
+            arr = _unpermuted(arr, cfg.num_heads)
         elif kind_is(name, "attn_k"):
-            arr = unpermute_qk(arr, cfg.num_kv_heads)
+            arr = _unpermuted(arr, cfg.num_kv_heads)
         tensors[hf] = arr
     cfg.tie_embeddings = "lm_head.weight" not in tensors
     return cfg, tensors, meta

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 
 from backend_engine.backend import ArrayBackend
+from backend_engine.model.int8_matmul import Int8Matmul
+from backend_engine.model.quant_blocks import BlockQuantized
 
 
 @dataclass
@@ -74,31 +76,42 @@ class ForwardBatch:
     logits_indices: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
-def hf_tensors_to_weights(cfg: LlamaConfig, t: dict[str, np.ndarray], be: ArrayBackend) -> LlamaWeights:
-    """Build fused, pre-transposed weights from Hugging Face-named float32 tensors ([out, in])."""
-    wd = be.weight_dtype
+def _matrix(parts: list[Any], be: ArrayBackend) -> Any:
+    """One stored weight from HF-layout parts ([out, in] each, fused along out): an `Int8Matmul` when every part
+    kept its quantized blocks (`--compute int8`), else pre-transposed [in, out] in the backend's dtype."""
+    if all(isinstance(p, BlockQuantized) for p in parts):
+        stacked = BlockQuantized.stack_rows(parts)
+        if stacked is not None:
+            return Int8Matmul(stacked)
+    dense = [p.dequantize() if isinstance(p, BlockQuantized) else p for p in parts]
+    return be.asarray(np.concatenate(dense, axis=0).T, be.weight_dtype)
+
+
+def _dense(t: Any) -> np.ndarray:
+    return t.dequantize() if isinstance(t, BlockQuantized) else t
+
+
+def hf_tensors_to_weights(cfg: LlamaConfig, t: dict[str, Any], be: ArrayBackend) -> LlamaWeights:
+    """Build fused, pre-transposed weights from Hugging Face-named tensors ([out, in]): float32 arrays, or
+    `BlockQuantized` matrices that `--compute int8` multiplies without dequantizing."""
     layers = []
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        q, k, v = (t.pop(p + f"self_attn.{n}_proj.weight") for n in "qkv")
-        gate, up = t.pop(p + "mlp.gate_proj.weight"), t.pop(p + "mlp.up_proj.weight")
         layers.append(LayerWeights(
             attn_norm=be.asarray(t.pop(p + "input_layernorm.weight"), np.float32),
-            wqkv=be.asarray(np.concatenate([q, k, v], axis=0).T, wd),
-            wo=be.asarray(t.pop(p + "self_attn.o_proj.weight").T, wd),
+            wqkv=_matrix([t.pop(p + f"self_attn.{n}_proj.weight") for n in "qkv"], be),
+            wo=_matrix([t.pop(p + "self_attn.o_proj.weight")], be),
             ffn_norm=be.asarray(t.pop(p + "post_attention_layernorm.weight"), np.float32),
-            w_gate_up=be.asarray(np.concatenate([gate, up], axis=0).T, wd),
-            w_down=be.asarray(t.pop(p + "mlp.down_proj.weight").T, wd),
+            w_gate_up=_matrix([t.pop(p + "mlp.gate_proj.weight"), t.pop(p + "mlp.up_proj.weight")], be),
+            w_down=_matrix([t.pop(p + "mlp.down_proj.weight")], be),
         ))
     embed = t.pop("model.embed_tokens.weight")
     head = t.pop("lm_head.weight", None)
-    if head is None:
-        head = embed
     return LlamaWeights(
-        embed=be.asarray(embed, np.float32),
+        embed=be.asarray(_dense(embed), np.float32),
         layers=layers,
         final_norm=be.asarray(t.pop("model.norm.weight"), np.float32),
-        lm_head=be.asarray(head.T, wd),
+        lm_head=_matrix([embed if head is None else head], be),
     )
 
 
@@ -163,6 +176,8 @@ class LlamaModel:
         return x * (1.0 / xp.sqrt(var + self.cfg.rms_eps)) * w
 
     def _mm(self, x: Any, w: Any) -> Any:
+        if isinstance(w, Int8Matmul):
+            return w(x)
         if x.dtype != w.dtype:
             return (x.astype(w.dtype) @ w).astype(self.xp.float32)
         return x @ w

@@ -2,8 +2,8 @@
 
     # both, side by side (llama.cpp from its own venv, see docs/benchmarks.md):
     .venv/bin/python tests/bench/engine_bench.py --compare --llamacpp-python .bench/llamacpp-venv/bin/python
-    # one side only, JSON to stdout:
-    .venv/bin/python tests/bench/engine_bench.py --backend portcullis --threads 2
+    # one side only, JSON to stdout (--compute int8: quantized weights x int8 activations):
+    .venv/bin/python tests/bench/engine_bench.py --backend portcullis --threads 2 --compute int8
 
 Measures, with greedy decoding and ignore-EOS so every run produces the same token counts:
   * single-stream decode tok/s (128 tokens after a short prompt; TTFT excluded),
@@ -60,20 +60,18 @@ SHORT = [6403, 1980, 253, 655]  # "Once upon a time"
 
 # --- this engine ------------------------------------------------------------------------------------
 
-def bench_portcullis(threads: int) -> dict:
+def bench_portcullis(threads: int, compute: str) -> dict:
     sys.path.insert(0, str(ROOT))
-    from backend_engine.backend import set_blas_threads
     from backend_engine.config import EngineConfig
     from backend_engine.engine import LLMEngine
     from backend_engine.sequence import SamplingParams
 
-    set_blas_threads(threads)
-    eng = LLMEngine(EngineConfig(device="cpu", kv_cache_bytes=1 << 30, max_num_seqs=64,
-                                 max_num_batched_tokens=512, model=model_path()))
+    eng = LLMEngine(EngineConfig(device="cpu", compute=compute, threads=threads, kv_cache_bytes=1 << 30,
+                                 max_num_seqs=64, max_num_batched_tokens=512, model=model_path()))
     greedy = lambda n: SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)  # noqa: E731
     eng.generate([SHORT], greedy(4))  # warm-up
 
-    res: dict = {"backend": "portcullis", "threads": threads}
+    res: dict = {"backend": f"portcullis engine ({compute})", "threads": threads}
     seq = eng.generate([SHORT], greedy(DECODE_TOKENS))[0]
     res["single_stream_decode_tok_s"] = (DECODE_TOKENS - 1) / (seq.last_token_time - seq.first_token_time)
 
@@ -184,12 +182,12 @@ def bench_llamacpp(threads: int) -> dict:
 
 def compare(args: argparse.Namespace) -> dict:
     out = {"machine": machine(), "model": "SmolLM2-135M-Instruct.Q4_1.gguf", "results": []}
-    runs = [(sys.executable, "portcullis")]
+    runs = [(sys.executable, "portcullis", compute) for compute in args.compute]
     if args.llamacpp_python:
-        runs.insert(0, (args.llamacpp_python, "llamacpp"))
-    for py, backend in runs:
+        runs.insert(0, (args.llamacpp_python, "llamacpp", "int8"))
+    for py, backend, compute in runs:
         load0 = os.getloadavg()[0]
-        p = subprocess.run([py, __file__, "--backend", backend, "--threads", str(args.threads)],
+        p = subprocess.run([py, __file__, "--backend", backend, "--threads", str(args.threads), "--compute", compute],
                            capture_output=True, text=True, cwd=ROOT)
         if p.returncode != 0:
             raise SystemExit(f"{backend} failed:\n{p.stderr[-3000:]}")
@@ -232,6 +230,8 @@ def main() -> int:
     ap.add_argument("--compare", action="store_true")
     ap.add_argument("--llamacpp-python", default=None, help="python of the venv with llama-cpp-python")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--compute", nargs="+", choices=["float32", "int8"], default=["float32", "int8"],
+                    help="this engine's matmul modes to run (--backend takes the first)")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
     if args.compare:
@@ -241,7 +241,8 @@ def main() -> int:
         return 0
     if args.backend is None:
         ap.error("--backend or --compare")
-    res = bench_portcullis(args.threads) if args.backend == "portcullis" else bench_llamacpp(args.threads)
+    res = bench_portcullis(args.threads, args.compute[0]) if args.backend == "portcullis" \
+        else bench_llamacpp(args.threads)
     print(json.dumps(res))
     return 0
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from backend_engine.model.gguf import load_gguf, unpermute_qk
+from backend_engine.model.quant_blocks import BlockQuantized
 
 H, I, NH, NKV, HD, V = 64, 128, 4, 2, 16, 96
 
@@ -78,3 +79,13 @@ def test_tiny_model_roundtrip(tmp_path, qtype, tol):
         got = tensors[k]
         assert got.shape == want.shape, k
         assert np.abs(got - want).max() <= tol * max(1.0, np.abs(want).max()), k
+
+    # --compute int8 keeps the quantized matrices in blocks (Q/K rows un-permuted with them): same values
+    _, blocks, _ = load_gguf(str(path), keep_blocks=True)
+    for k, dense in tensors.items():
+        kept = blocks[k]
+        if qtype in ("Q8_0", "Q4_0", "Q4_1") and dense.ndim == 2:
+            assert isinstance(kept, BlockQuantized), k
+            np.testing.assert_array_equal(kept.dequantize(), dense, err_msg=k)
+        else:
+            np.testing.assert_array_equal(kept, dense, err_msg=k)

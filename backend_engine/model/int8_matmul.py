@@ -1,0 +1,92 @@
+"""`x @ W` with W kept in 4- or 8-bit blocks and x quantized to int8 per row and block: llama.cpp's way of running
+a quantized model on a CPU, here through onnxruntime's MatMulNBits kernel (MLAS) instead of a kernel of our own.
+
+Why: float32 numpy matmuls are compute-bound once decode is batched (docs/benchmarks.md, Engine). Integer dot
+products do about twice the work per cycle and read 4-8x fewer weight bytes. The price is precision: outputs
+differ from float32 by ~0.5 % relative, so this is the opt-in `--compute int8`, and the float32 path stays
+the reference one. Activations are quantized per row, so a row's result never depends on the rest of the batch.
+
+MatMulNBits computes scale * (code - zero) per block; Q4_1's per-block offset (see `quant_blocks.py`) is added
+by a second, 32x smaller product in the same graph: the row sums of x over each block times the offsets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from backend_engine.model.quant_blocks import BLOCK, BlockQuantized
+
+_ACCURACY_INT8 = 4  # MatMulNBits accuracy_level: int8 activations, int32 accumulation
+
+
+_shared_pool = False
+
+
+def configure_threads(threads: int | None) -> None:
+    """One process-wide onnxruntime thread pool shared by every weight's session (per-session pools would start
+    a pool per weight matrix); call before the first session is created."""
+    import onnxruntime as ort
+    from onnxruntime.capi import _pybind_state
+
+    global _shared_pool
+    _pybind_state.set_global_thread_pool_sizes(threads or 0, 1)  # 0: onnxruntime's default, a thread per core
+    ort.set_default_logger_severity(3)
+    _shared_pool = True
+
+
+def _session(model: bytes) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if _shared_pool:
+        options.use_per_session_threads = False
+        try:
+            return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+        except RuntimeError:  # this process's onnxruntime environment predates configure_threads
+            options = ort.SessionOptions()
+    options.intra_op_num_threads = 1  # the caller's thread only
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def _graph(w: BlockQuantized) -> bytes:
+    from onnx import TensorProto, helper
+
+    rows, cols = w.shape
+    nb = cols // BLOCK
+    codes = w.codes.reshape(rows, nb, BLOCK)
+    if w.bits == 4:
+        codes = codes[..., 0::2] | (codes[..., 1::2] << 4)  # MatMulNBits packs element 2i low, 2i + 1 high
+
+    def const(name: str, array: np.ndarray, kind: int) -> TensorProto:
+        return helper.make_tensor(name, kind, array.shape, np.ascontiguousarray(array).tobytes(), raw=True)
+
+    inits = [const("codes", codes, TensorProto.UINT8), const("scale", w.scale.reshape(-1), TensorProto.FLOAT)]
+    nodes = [helper.make_node("MatMulNBits", ["x", "codes", "scale"], ["y" if w.offset is None else "y_q"],
+                              domain="com.microsoft", K=cols, N=rows, bits=w.bits, block_size=BLOCK,
+                              accuracy_level=_ACCURACY_INT8)]
+    if w.offset is not None:
+        inits += [const("offset", w.offset.T, TensorProto.FLOAT),  # [blocks, out]
+                  const("blocked", np.array([0, nb, BLOCK], np.int64), TensorProto.INT64),
+                  const("last", np.array([2], np.int64), TensorProto.INT64)]
+        nodes += [helper.make_node("Reshape", ["x", "blocked"], ["x_blocks"]),
+                  helper.make_node("ReduceSum", ["x_blocks", "last"], ["x_sums"], keepdims=0),
+                  helper.make_node("MatMul", ["x_sums", "offset"], ["y_offset"]),
+                  helper.make_node("Add", ["y_q", "y_offset"], ["y"])]
+    graph = helper.make_graph(nodes, "int8_matmul", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", cols])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", rows])], inits)
+    model = helper.make_model(graph, ir_version=9,  # what onnxruntime >= 1.15 reads, whatever `onnx` writes
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    return model.SerializeToString()
+
+
+class Int8Matmul:
+    """One weight matrix [out, in] as a callable: `m(x)` = x [T, in] @ W.T, float32 in and out."""
+
+    def __init__(self, w: BlockQuantized) -> None:
+        self.nbytes = w.codes.nbytes * w.bits // 8 + w.scale.nbytes + (0 if w.offset is None else w.offset.nbytes)
+        self._session = _session(_graph(w))
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self._session.run(None, {"x": np.ascontiguousarray(x, dtype=np.float32)})[0]
