@@ -58,10 +58,13 @@ class ReplicaConfig(_Strict):
 
 
 class HealthConfig(_Strict):
-    """Active checks come with each metrics scrape; passive ejection counts failed upstream attempts."""
+    """Passive ejection counts failed upstream attempts. Active checks come with each metrics scrape where the
+    routing policy scrapes; other pools probe `path` (e.g. /health, /v1/models) every `interval` when it is set."""
 
     failures_to_eject: Annotated[int, Field(gt=0)] = 3
     eject_seconds: Annotated[float, Field(gt=0)] = 10.0
+    path: Annotated[str, Field(pattern=r"^/")] | None = None
+    interval: Annotated[float, Field(gt=0)] = 5.0
 
 
 class AffinityConfig(_Strict):

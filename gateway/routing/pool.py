@@ -75,6 +75,8 @@ class Pool:
         """Background work for policies that need it; call from a running event loop."""
         if self.scraped:
             self._tasks.append(asyncio.create_task(scraper.scrape_forever(self, self.changed)))
+        elif self.config.health.path:
+            self._tasks.append(asyncio.create_task(scraper.probe_forever(self)))
         if self.config.routing == "kv_events":
             self._tasks += [asyncio.create_task(kv_events.follow(self.session, r, self.index)) for r in self.replicas]
 

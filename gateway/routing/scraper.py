@@ -1,10 +1,12 @@
-"""Active health and load: scrape each replica's Prometheus `/metrics` (vLLM names) on a short interval."""
+"""Active health and load: scrape each replica's Prometheus `/metrics` (vLLM names) on a short interval, or, for
+pools whose policy needs no load figures, probe a health path."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -39,14 +41,39 @@ async def scrape(session: aiohttp.ClientSession, replica: Replica, timeout: floa
         return False
 
 
-async def scrape_forever(pool, on_change) -> None:
-    """Scrape every replica of `pool` each interval; health follows; `on_change()` after each round."""
-    config = pool.config
+async def probe(session: aiohttp.ClientSession, replica: Replica, path: str, timeout: float,
+                headers: dict[str, str]) -> bool:
+    """A plain health check: any 2xx answer to GET `path` within `timeout` is healthy."""
+    try:
+        async with session.get(replica.url + path, timeout=aiohttp.ClientTimeout(total=timeout), headers=headers,
+                               raise_for_status=True):
+            return True
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        log.debug("health probe of %s failed: %s", replica.url, exc)
+        return False
+
+
+async def check_forever(pool, check: Callable[[Replica], Awaitable[bool]], interval: float,
+                        on_change: Callable[[], None] | None = None) -> None:
+    """Check every replica of `pool` each interval; health follows; `on_change()` after each round."""
+    health = pool.config.health
     while True:
-        results = await asyncio.gather(*(scrape(pool.session, r, config.scrape_interval * 2)
-                                         for r in pool.replicas))
+        results = await asyncio.gather(*(check(r) for r in pool.replicas))
         for replica, ok in zip(pool.replicas, results):
-            replica.record(ok, config.health.failures_to_eject, config.health.eject_seconds)
-        with contextlib.suppress(Exception):
-            on_change()
-        await asyncio.sleep(config.scrape_interval)
+            replica.record(ok, health.failures_to_eject, health.eject_seconds)
+        if on_change is not None:
+            with contextlib.suppress(Exception):
+                on_change()
+        await asyncio.sleep(interval)
+
+
+def scrape_forever(pool, on_change: Callable[[], None]) -> Awaitable[None]:
+    interval = pool.config.scrape_interval
+    return check_forever(pool, lambda r: scrape(pool.session, r, interval * 2), interval, on_change)
+
+
+def probe_forever(pool) -> Awaitable[None]:
+    health = pool.config.health
+    headers = {"Authorization": f"Bearer {pool.api_key}"} if pool.api_key else {}
+    return check_forever(pool, lambda r: probe(pool.session, r, health.path, health.interval, headers),
+                         health.interval)

@@ -6,6 +6,8 @@ import asyncio
 import time
 from collections import Counter
 
+from aiohttp import web
+
 from backend_engine.block_hash import hash_prompt_blocks
 from gateway.config import AffinityConfig, PoolConfig
 from gateway.routing.kv_events import apply_batch
@@ -167,6 +169,51 @@ def test_ejected_replicas_are_ranked_last_but_not_dropped():
             assert [r.url for r in pool.rank(NO_REQUEST).replicas] == ["http://b", "http://a"]
     finally:
         asyncio.run(pool.aclose())
+
+
+def test_pools_without_scraping_probe_their_health_path():
+    """A real HTTP server on loopback answers /health with 200, then 503, then 200 again: the replica is ejected
+    after `failures_to_eject` failed probes, before any request finds it down, and re-admitted on the next good one."""
+
+    async def scenario() -> None:
+        status = {"code": 200, "probes": 0}
+
+        async def health(request: web.Request) -> web.Response:
+            status["probes"] += 1
+            return web.Response(status=status["code"])
+
+        app = web.Application()
+        app.router.add_get("/health", health)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        pool = Pool(PoolConfig(name="p", replicas=[{"url": f"http://127.0.0.1:{port}"}], routing="round_robin",
+                               health={"path": "/health", "interval": 0.05, "failures_to_eject": 2,
+                                       "eject_seconds": 60}))
+        replica = pool.replicas[0]
+
+        async def until(condition) -> None:
+            for _ in range(200):
+                if condition():
+                    return
+                await asyncio.sleep(0.025)
+            raise AssertionError("timed out")
+
+        try:
+            pool.start()
+            await until(lambda: status["probes"] >= 2)
+            assert replica.available()
+            status["code"] = 503
+            await until(lambda: not replica.available())
+            status["code"] = 200
+            await until(replica.available)
+        finally:
+            await pool.aclose()
+            await runner.cleanup()
+
+    asyncio.run(scenario())
 
 
 def test_request_shape_hashes_exactly_like_the_engine():
