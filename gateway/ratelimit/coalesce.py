@@ -41,10 +41,15 @@ class Coalescer(Generic[Item, Result]):
         self._enqueue(item, None)
 
     async def aclose(self) -> None:
+        """Stop sending; nobody is left waiting on an item that will never go."""
         if self._sender is not None:
             self._sender.cancel()
             await asyncio.gather(self._sender, return_exceptions=True)
             self._sender = None
+        for _, future in self._queue:
+            if future is not None:
+                future.cancel()
+        self._queue.clear()
 
     def _enqueue(self, item: Item, future: asyncio.Future[Result] | None) -> None:
         self._queue.append((item, future))
@@ -60,6 +65,11 @@ class Coalescer(Generic[Item, Result]):
                 self._queued.clear()
             try:
                 results = await self._send([item for item, _ in batch])
+            except asyncio.CancelledError:  # closing: the batch's callers are cancelled with it
+                for _, future in batch:
+                    if future is not None:
+                        future.cancel()
+                raise
             except Exception as exc:  # the batch's callers decide what a failure means (fail open or closed)
                 lost = sum(1 for _, future in batch if future is None)
                 if lost:

@@ -108,3 +108,18 @@ def test_an_unreachable_store_raises_backend_error(redis_server):
         await backend.aclose()
 
     asyncio.run(main())
+
+
+def test_closing_leaves_no_caller_waiting(redis_server):
+    async def main() -> None:
+        backend = RedisBackend(redis_server.url, timeout=5.0)
+        check = RateCheck("portcullis:rl:{rpm:w}", interval=1.0, tolerance=10.0, cost=1)
+        assert (await backend.acquire([check]))[0].allowed
+        redis_server.client().execute_command("CLIENT", "PAUSE", 1000, "ALL")
+        waiting = asyncio.ensure_future(backend.acquire([check]))  # in flight, Redis not answering
+        await asyncio.sleep(0.1)
+        await backend.aclose()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(waiting, 1.0)
+
+    asyncio.run(main())
