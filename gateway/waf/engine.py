@@ -74,23 +74,31 @@ class _State:
     def __init__(self, view: RequestView, scans: list[_PartScan]) -> None:
         self.view = view
         self.values: dict[tuple, list] = {}
-        self.texts: dict[tuple[str, ...], tuple[str, ...] | None] = {}
+        self.texts: dict = {}  # target -> (raw texts, all short); targets tuple -> key for remembering or None
         found: set[int] = set()
         for scan in scans:
-            hits = scan.candidates(view.values(scan.target))
-            if hits:
-                found |= hits
+            texts, short = self.part(scan.target)
+            if texts:
+                hits = scan.candidates(texts, short)
+                if hits:
+                    found |= hits
         self.found = found
 
-    def short_texts(self, targets: tuple[str, ...]) -> tuple[str, ...] | None:
-        """The raw texts of these parts, in order, when none is longer than _SHORT (a key for remembering)."""
+    def part(self, target: str) -> tuple[tuple[str, ...], bool]:
+        """The raw texts of one part, and whether none is longer than _SHORT."""
+        out = self.texts.get(target)
+        if out is None:
+            texts = tuple(text for _, text, _ in self.view.values(target))
+            out = self.texts[target] = (texts, all(len(text) <= _SHORT for text in texts))
+        return out
+
+    def short_texts(self, targets: tuple[str, ...]) -> tuple | None:
+        """The raw texts of these parts when none is longer than _SHORT (a key for remembering), else None."""
         out = self.texts.get(targets, _UNSET)
         if out is _UNSET:
-            values = self.view.values
-            out = tuple(text for target in targets for _, text, _ in values(target))
-            if any(len(text) > _SHORT for text in out):
-                out = None
-            self.texts[targets] = out
+            parts = [self.part(target) for target in targets]
+            out = self.texts[targets] = tuple(texts for texts, _ in parts) if all(short for _, short in parts) \
+                else None
         return out
 
     def get(self, key: tuple) -> list:
@@ -145,11 +153,7 @@ class _PartScan:
         self.seen: dict[str, frozenset[int]] = {}
         self.seen_parts: dict[tuple[str, ...], frozenset[int]] = {}
 
-    def candidates(self, raw: list) -> frozenset[int]:
-        if not raw:
-            return _NONE
-        texts = tuple(t for _, t, _ in raw)
-        short = all(len(t) <= _SHORT for t in texts)
+    def candidates(self, texts: tuple[str, ...], short: bool) -> frozenset[int]:
         if short:
             whole = self.seen_parts.get(texts)
             if whole is not None:
@@ -317,7 +321,7 @@ def _scan(key: tuple, operator: str, find: Callable[[str], tuple[int, int] | Non
     the parts read are all short their outcome (which value, which span) is remembered by their raw texts: the
     same arguments, keys and headers on the next request cost one lookup."""
     targets = key[0]
-    memo: dict[tuple[str, ...], tuple[int, int, int] | None] = {}
+    memo: dict[tuple, tuple[int, int, int] | None] = {}
 
     def scan(state: _State) -> Hit | None:
         texts = state.short_texts(targets)
