@@ -385,6 +385,12 @@ class CompiledWaf:
             node, needs = compiler.node(rule.when)
             self.rules.append(CompiledRule(rule, node, points, pack, needs, redactors))
         self._scans = compiler.finish()
+        # Which rules a request must evaluate: those that need no regex candidate, plus those a candidate wakes.
+        self._always = tuple(i for i, r in enumerate(self.rules) if r.needs is None)
+        self._woken: dict[int, tuple[int, ...]] = {}
+        for i, r in enumerate(self.rules):
+            for leaf in r.needs or ():
+                self._woken[leaf] = (*self._woken.get(leaf, ()), i)
         self.exclusions: list[tuple[Exclusion, frozenset[str]]] = [
             (exc, frozenset(r.rule.id for r in self.rules if _excluded(exc, r.rule))) for exc in spec.exclusions]
 
@@ -402,14 +408,16 @@ class CompiledWaf:
             return verdict
         skip = self._excluded_ids(view)
         state = _State(view, self._scans)
-        found = state.found
+        order = self._always
+        if state.found:
+            woken = self._woken
+            order = sorted({*order, *(i for leaf in state.found for i in woken.get(leaf, ()))})
+        rules = self.rules
         score = 0
-        for compiled in self.rules:
+        for index in order:
+            compiled = rules[index]
             rule = compiled.rule
             if skip and rule.id in skip:
-                continue
-            needs = compiled.needs
-            if needs is not None and needs.isdisjoint(found):
                 continue
             hit = compiled.node(state)
             if hit is None:
