@@ -35,15 +35,17 @@ def test_libinjection_attack_lists_are_caught(results):
 
 
 @pytest.mark.parametrize("family, level, catch, passed", [
-    ("REQUEST-930-APPLICATION-ATTACK-LFI", 2, 0.90, 0.95),   # both targets met
+    # the targets at PL2 (>= 90% caught, >= 95% of no-match stages pass), asserted where met
+    ("REQUEST-930-APPLICATION-ATTACK-LFI", 2, 0.90, 0.95),
+    ("REQUEST-941-APPLICATION-ATTACK-XSS", 2, 0.90, 0.95),
+    # catch target met; the no-match stages left failing are mostly attack payloads CRS labels only for a sibling
+    # rule: regression floors (docs/benchmarks.md)
+    ("REQUEST-942-APPLICATION-ATTACK-SQLI", 2, 0.90, 0.88),
+    ("REQUEST-932-APPLICATION-ATTACK-RCE", 2, 0.90, 0.85),
     ("REQUEST-930-APPLICATION-ATTACK-LFI", 1, 0.90, 0.95),
-    # XSS catch target met at PL2; the rest are below the 90% / 95% targets: regression floors (docs/benchmarks.md)
-    ("REQUEST-942-APPLICATION-ATTACK-SQLI", 2, 0.76, 0.86),
-    ("REQUEST-941-APPLICATION-ATTACK-XSS", 2, 0.90, 0.77),
-    ("REQUEST-932-APPLICATION-ATTACK-RCE", 2, 0.62, 0.83),
-    ("REQUEST-942-APPLICATION-ATTACK-SQLI", 1, 0.29, 0.93),
-    ("REQUEST-941-APPLICATION-ATTACK-XSS", 1, 0.52, 0.89),
-    ("REQUEST-932-APPLICATION-ATTACK-RCE", 1, 0.50, 0.85),
+    ("REQUEST-942-APPLICATION-ATTACK-SQLI", 1, 0.31, 0.94),
+    ("REQUEST-941-APPLICATION-ATTACK-XSS", 1, 0.52, 0.96),
+    ("REQUEST-932-APPLICATION-ATTACK-RCE", 1, 0.54, 0.86),
     ("REQUEST-913-SCANNER-DETECTION", 1, 1.0, 1.0),
     ("REQUEST-913-SCANNER-DETECTION", 2, 1.0, 1.0),
 ])
