@@ -36,6 +36,30 @@ def test_concurrent_admissions_share_one_round_trip_and_stay_exact(redis_server)
     assert script_calls(redis_server) == 1
 
 
+def test_one_batch_decides_as_if_one_request_came_after_another(redis_server):
+    async def main() -> None:
+        backend = RedisBackend(redis_server.url, timeout=5.0)
+        await backend.acquire([RateCheck("warm", 1.0, 1.0, 0)])
+        redis_server.client().config_resetstat()
+        slots = [SlotCheck("portcullis:rl:{three:x}", 3, 30, f"r{i}") for i in range(5)]
+        tokens = RateCheck("portcullis:rl:{tpm:y}", interval=0.01, tolerance=1.0, cost=60)  # 100-token burst
+        first = await asyncio.gather(*(backend.acquire([check, tokens]) for check in slots[:2]))
+        # the second request would need 120 of 100 tokens: refused, so it takes no slot either
+        assert [[o.allowed for o in pair] for pair in first] == [[True, True], [True, False]]
+        # a release and a refund, then admissions that need what they gave back
+        await backend.settle(Settlement(adjustments=((tokens, -60),), releases=(slots[0],)))
+        second = await asyncio.gather(*(backend.acquire([check]) for check in slots[1:]))
+        assert [o[0].allowed for o in second] == [True, True, True, False]
+        assert [o[0].remaining for o in second] == [2, 1, 0, 0]
+        assert 29 < second[3][0].retry_after <= 30
+        assert (await backend.acquire([tokens]))[0].remaining == 40  # the refund came back
+        await backend.aclose()
+
+    asyncio.run(main())
+    assert script_calls(redis_server) == 4
+    assert sorted(redis_server.client().zrange("portcullis:rl:{three:x}", 0, -1)) == [b"r1", b"r2", b"r3"]
+
+
 def test_an_admission_denied_by_one_limit_consumes_none_of_the_others(redis_server):
     async def main() -> None:
         backend = RedisBackend(redis_server.url, timeout=5.0)

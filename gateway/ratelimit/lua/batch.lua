@@ -1,6 +1,8 @@
 -- A batch of rate-limit operations from one gateway, applied in order in one script call (one round trip for many
 -- requests). GCRA is the arithmetic of gateway/ratelimit/gcra.py with Redis server time as the clock, so every
 -- gateway instance agrees on "now"; GCRA times are microseconds since the epoch, slot leases milliseconds.
+-- Requests of one tenant share keys, so each GCRA key is read once and written once per batch, and each slot key is
+-- swept and counted once: the work per request is a few table lookups, not a few Redis commands.
 -- KEYS: one per check, correction and release, in the order ARGV names them.
 -- ARGV, a sequence of operations:
 --   'A' n                         an admission: its next n checks are all granted, or none consumes anything
@@ -14,24 +16,36 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now / 1000)
 
+local tats, changed, writes = {}, {}, {}  -- GCRA key -> TAT in this batch; keys to write back, and their order
+local held, leases = {}, {}   -- slot key -> holders within this batch; lease to extend the key's expiry to
+
+local function tat_of(key)
+  if tats[key] == nil then tats[key] = tonumber(redis.call('GET', key) or now) end
+  return math.max(tats[key], now)
+end
+
+local function set_tat(key, tat)
+  if not changed[key] then
+    changed[key] = true
+    writes[#writes + 1] = key
+  end
+  tats[key] = tat
+end
+
+local function held_of(key)
+  if held[key] == nil then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms)
+    held[key] = redis.call('ZCARD', key)
+  end
+  return held[key]
+end
+
 -- float rounding must not turn an exact fit into a denial or a negative remainder
 local function units(span, interval)
   return math.max(0, math.floor(span / interval + 1e-6))
 end
 
-local function tat_of(key)
-  return math.max(tonumber(redis.call('GET', key) or now), now)
-end
-
-local function store_tat(key, tat)
-  if tat <= now then
-    redis.call('DEL', key)
-  else
-    redis.call('SET', key, string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
-  end
-end
-
--- A check answers its outcome and, when it allows, what to store once the whole admission is granted.
+-- A check answers its outcome and, when it allows, how to take what it allowed once the whole admission is granted.
 local function rate(key, interval, tolerance, cost)
   local tat = tat_of(key)
   local new_tat = tat + interval * cost
@@ -39,26 +53,21 @@ local function rate(key, interval, tolerance, cost)
   if allow_at > now + 0.001 then
     return {0, units(tolerance - (tat - now), interval), math.ceil(allow_at - now), math.ceil(tat - now)}
   end
-  return {1, units(tolerance - (new_tat - now), interval), 0, math.ceil(new_tat - now)}, {key = key, tat = new_tat}
+  return {1, units(tolerance - (new_tat - now), interval), 0, math.ceil(new_tat - now)},
+    function() set_tat(key, new_tat) end
 end
 
 local function slot(key, limit, lease, member)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms)
-  local held = redis.call('ZCARD', key)
-  if held >= limit then
+  local n = held_of(key)
+  if n >= limit then
     local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
     local wait = (tonumber(first[2]) - now_ms) * 1000
     return {0, 0, wait, wait}
   end
-  return {1, limit - held - 1, 0, 0}, {key = key, lease = lease, member = member}
-end
-
-local function commit(grant)
-  if grant.tat then
-    store_tat(grant.key, grant.tat)
-  else
-    redis.call('ZADD', grant.key, now_ms + grant.lease, grant.member)
-    redis.call('PEXPIRE', grant.key, grant.lease)
+  return {1, limit - n - 1, 0, 0}, function()
+    redis.call('ZADD', key, now_ms + lease, member)
+    held[key] = n + 1
+    leases[key] = math.max(leases[key] or 0, lease)
   end
 end
 
@@ -69,27 +78,40 @@ while a <= #ARGV do
   if op == 'A' then
     local n = tonumber(ARGV[a + 1])
     a = a + 2
-    local grants, granted = {}, true
+    local takes, granted = {}, true
     for i = 1, n do
-      local outcome, grant
+      local outcome, take
       if ARGV[a] == 'R' then
-        outcome, grant = rate(KEYS[k], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]))
+        outcome, take = rate(KEYS[k], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]))
       else
-        outcome, grant = slot(KEYS[k], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3])
+        outcome, take = slot(KEYS[k], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3])
       end
       for _, v in ipairs(outcome) do out[#out + 1] = v end
-      if grant then grants[i] = grant else granted = false end
+      if take then takes[i] = take else granted = false end
       a, k = a + 4, k + 1
     end
     if granted then
-      for _, grant in ipairs(grants) do commit(grant) end
+      for _, take in ipairs(takes) do take() end
     end
   elseif op == 'J' then
-    store_tat(KEYS[k], tat_of(KEYS[k]) + tonumber(ARGV[a + 1]) * tonumber(ARGV[a + 2]))
+    set_tat(KEYS[k], tat_of(KEYS[k]) + tonumber(ARGV[a + 1]) * tonumber(ARGV[a + 2]))
     a, k = a + 3, k + 1
   else -- 'Z'
-    redis.call('ZREM', KEYS[k], ARGV[a + 1])
+    local removed = redis.call('ZREM', KEYS[k], ARGV[a + 1])
+    if held[KEYS[k]] then held[KEYS[k]] = held[KEYS[k]] - removed end
     a, k = a + 2, k + 1
   end
+end
+
+for _, key in ipairs(writes) do
+  local tat = tats[key]
+  if tat <= now then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
+  end
+end
+for key, lease in pairs(leases) do
+  redis.call('PEXPIRE', key, lease)
 end
 return out
