@@ -216,3 +216,36 @@ def test_rule_fires_on_its_positives_and_not_on_its_negatives(waf, rule_id):
     for where, text in negatives:
         fired = waf.evaluate(request(where, text), all_matches=True).rule_ids
         assert rule_id not in fired, f"{rule_id} fired on {where}={text[:80]!r}"
+
+
+# What real clients send: SDK and browser User-Agents, tool definitions, structured-output schemas, metadata.
+CLIENT_AGENTS = ["OpenAI/Python 1.40.0", "AsyncOpenAI/Python 1.40.0", "openai-node/4.52.0", "curl/8.4.0",
+                 "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/126.0",
+                 "python-requests/2.31.0", "aiohttp/3.9 Python/3.11", "Wget/1.21.4", "langchain/0.2 python/3.11"]
+CHAT_FIELDS = [
+    {"tools": [{"type": "function", "function": {
+        "name": "run_python", "description": "Run Python code in a sandbox and return stdout (python 3.11)",
+        "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}}]},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": {
+        "type": "object", "properties": {"answer": {"type": "string"}, "confidence": {"type": "number"}}}}}},
+    {"metadata": {"user_id": "u-123", "source": "web app (beta)", "lang": "python 3.12"}, "stop": ["\n\n", "###"]},
+    {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": "{\"location\": \"Paris, FR\", \"unit\": \"celsius\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21}"}]},
+]
+
+
+@pytest.fixture(scope="module")
+def waf_pl2():
+    return compile_waf(WafSpec(paranoia_level=2, packs=sorted(builtin_packs()[0])), pack_rules({}), "test")
+
+
+@pytest.mark.parametrize("agent", CLIENT_AGENTS)
+@pytest.mark.parametrize("fields", CHAT_FIELDS, ids=["tools", "response_format", "metadata", "tool_calls"])
+def test_typical_chat_requests_pass_every_pack_at_pl2(waf_pl2, agent, fields):
+    payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+    view = RequestView(method="POST", path=CHAT, headers=[*BASE_HEADERS[:1], ("user-agent", agent), *BASE_HEADERS[2:]],
+                       body=json.dumps(payload).encode(), payload=payload, route="chat", model="m")
+    verdict = waf_pl2.evaluate(view, all_matches=True)
+    assert not verdict.blocked, [(m.rule.id, m.hit.matched) for m in verdict.matches]
