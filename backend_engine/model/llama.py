@@ -275,13 +275,15 @@ class LlamaModel:
         qh = q.reshape(n, nkv, g, hd).transpose(1, 2, 0, 3)    # [nkv, g, n, hd]
         if qh.dtype != kv.dtype:
             qh = qh.astype(kv.dtype)
-        s = (qh @ kv[0][:, None].transpose(0, 1, 3, 2)).astype(xp.float32) * self.scale  # [nkv, g, n, L]
+        # in place from here on: at 512 x 1,000 the scores are 18 MB a layer, and copies cost more than math
+        s = (qh @ kv[0][:, None].transpose(0, 1, 3, 2)).astype(xp.float32, copy=False)  # [nkv, g, n, L]
+        s *= self.scale
         p0 = L - n
         causal = np.arange(L)[None, :] > (p0 + np.arange(n))[:, None]          # [n, L]
         if causal.any():
-            s = s + be.asarray(np.where(causal, np.float32(-1e30), np.float32(0)))
-        s = s - s.max(axis=-1, keepdims=True)
-        p = xp.exp(s)
+            s += be.asarray(np.where(causal, np.float32(-1e30), np.float32(0)))
+        s -= s.max(axis=-1, keepdims=True)
+        p = xp.exp(s, out=s)
         p /= p.sum(axis=-1, keepdims=True)
-        o = (p.astype(kv.dtype) @ kv[1][:, None]).astype(xp.float32)  # [nkv, g, n, hd]
+        o = (p.astype(kv.dtype, copy=False) @ kv[1][:, None]).astype(xp.float32, copy=False)  # [nkv, g, n, hd]
         return o.transpose(2, 0, 1, 3).reshape(n, nkv * g * hd)
