@@ -69,9 +69,11 @@ def _sqli(text: str) -> int:
     return len(result["fingerprint"]) if result["is_sqli"] else 0
 
 
-@functools.lru_cache(maxsize=16384)
-def _xss(text: str) -> bool:
-    return bool(libinjection.is_xss(text)["is_xss"])
+def _xss_uncached(text: str) -> bool:
+    return not _PLAIN_STYLE.search(text) and bool(libinjection.is_xss(text)["is_xss"])
+
+
+_xss = functools.lru_cache(maxsize=16384)(_xss_uncached)
 
 
 def sqli_tokens(text: str) -> int:
@@ -87,9 +89,7 @@ _PLAIN_STYLE = compile_regex(r'(?i)^\s*style\s*=\s*[^<>"\'`\\]*$')
 def is_xss(text: str) -> bool:
     if "<" not in text and "=" not in text and ":" not in text and "`" not in text and "(" not in text:
         return False  # libinjection's HTML5 tokenizer needs a tag, an attribute, a URL scheme or a call
-    if _PLAIN_STYLE.search(text):
-        return False
-    return _xss(text) if len(text) <= 256 else bool(libinjection.is_xss(text)["is_xss"])
+    return _xss(text) if len(text) <= 256 else _xss_uncached(text)
 
 
 def numeric_test(spec) -> Callable[[float], bool]:

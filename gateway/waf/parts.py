@@ -75,12 +75,16 @@ class RequestView:
         return out
 
     def _cookies(self) -> list[tuple[str, str]]:
+        cached = self._cache.get("\0cookies")
+        if cached is not None:
+            return cached  # type: ignore[return-value]
         out = []
         for header in self.header("cookie"):
             for pair in header.split(";"):
                 name, sep, value = pair.strip().partition("=")
                 if name or value:
                     out.append((name, value) if sep else ("", name))
+        self._cache["\0cookies"] = out  # type: ignore[assignment]
         return out
 
     # -- parts ------------------------------------------------------------------------------------------------
@@ -233,16 +237,19 @@ def _walk(payload: Any, skip_prompt: bool) -> _JsonShape:
     stack: list[tuple[tuple, Any, int, bool]] = [((), payload, 1, False)]
     while stack:
         loc, node, depth, hidden = stack.pop()
-        hidden = hidden or (skip_prompt and _is_prompt(loc))
+        if not hidden and skip_prompt and 0 < len(loc) <= 3:
+            hidden = _is_prompt(loc)
         if isinstance(node, dict):
-            deepest = max(deepest, depth)
+            if depth > deepest:
+                deepest = depth
             keys.extend(k for k in node if isinstance(k, str))
-            stack.extend(((*loc, k), v, depth + 1, hidden) for k, v in reversed(node.items()))
+            stack.extend([((*loc, k), v, depth + 1, hidden) for k, v in reversed(node.items())])
         elif isinstance(node, list):
-            deepest = max(deepest, depth)
-            stack.extend(((*loc, i), node[i], depth + 1, hidden) for i in range(len(node) - 1, -1, -1))
+            if depth > deepest:
+                deepest = depth
+            stack.extend([((*loc, i), node[i], depth + 1, hidden) for i in range(len(node) - 1, -1, -1)])
         elif not hidden and loc:
-            text = _scalar(node)
+            text = node if type(node) is str else _scalar(node)
             if text is not None:
                 leaves.append((loc, text))
     return _JsonShape(leaves, keys, deepest)
