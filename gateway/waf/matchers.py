@@ -104,6 +104,8 @@ def numeric_test(spec) -> Callable[[float], bool]:
         checks.append(lambda x, v=spec.le: x <= v)
     if spec.eq is not None:
         checks.append(lambda x, v=spec.eq: x == v)
+    if len(checks) == 1:
+        return checks[0]
     return lambda x: all(c(x) for c in checks)
 
 

@@ -44,7 +44,13 @@ class RequestView:
 
     # -- raw pieces -------------------------------------------------------------------------------------------
     def header(self, name: str) -> list[str]:
-        return [v for k, v in self.headers if k == name]
+        by_name = self._cache.get("\0headers")
+        if by_name is None:
+            by_name = {}
+            for k, v in self.headers:
+                by_name.setdefault(k, []).append(v)
+            self._cache["\0headers"] = by_name  # type: ignore[assignment]
+        return by_name.get(name, [])  # type: ignore[return-value, union-attr]
 
     def content_type(self) -> str:
         values = self.header("content-type")
@@ -124,8 +130,7 @@ class RequestView:
 
     def _param(self, kind: str, param: str, target: str) -> list[Value]:
         if kind == "header":
-            name = param.lower()
-            return [(target, v, None) for k, v in self.headers if k == name]
+            return [(target, v, None) for v in self.header(param.lower())]
         if kind == "cookie":
             return [(target, v, None) for k, v in self._cookies() if k == param]
         if kind == "arg":
