@@ -222,15 +222,19 @@ class LlamaModel:
             for sp in batch.prefills:
                 attn[sp.start:sp.start + sp.num_tokens] = self._prefill_attention(
                     q[sp.start:sp.start + sp.num_tokens], cache, sp)
-            h = h + self._mm(attn, lw.wo)
+            h += self._mm(attn, lw.wo)
             x = self._rms(h, lw.ffn_norm)
             gu = self._mm(x, lw.w_gate_up)
             inter = c.intermediate_size
             g, u = gu[:, :inter], gu[:, inter:]
-            h = h + self._mm((g / (1.0 + xp.exp(-g))) * u, lw.w_down)
+            act = xp.exp(-g)  # SiLU(g) * u in one buffer: at decode sizes allocation costs as much as the math
+            act += 1.0
+            xp.divide(g, act, out=act)
+            act *= u
+            h += self._mm(act, lw.w_down)
 
         rows = h[be.asarray(batch.logits_indices.astype(np.int64))]
-        return self._mm(self._rms(rows, self.w.final_norm), self.w.lm_head).astype(xp.float32)
+        return self._mm(self._rms(rows, self.w.final_norm), self.w.lm_head).astype(xp.float32, copy=False)
 
     def _decode_plan(self, batch: ForwardBatch) -> tuple[Any, Any]:
         """Block tables and the additive length mask, built once and shared by every layer."""
