@@ -1,9 +1,9 @@
 """Coalesce many callers' store operations into one round trip per batch.
 
 Under load, a round trip per request costs more than the decision itself (a client call, a Redis command and a
-script run each). Callers queue their items here; one sender task takes everything queued — what arrived in the same
-event-loop tick, and what arrived while the previous batch was in flight — and sends it as one batch. A lone request
-waits for nothing extra; a busy gateway sends fewer, larger batches.
+script run each, and on each side a wake-up). Callers queue their items here; one sender task takes everything
+queued — what arrived in the same event-loop turn or the next, and what arrived while the previous batch was in
+flight — and sends it as one batch. A lone request waits one loop turn; a busy gateway sends fewer, larger batches.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ class Coalescer(Generic[Item, Result]):
     async def _run(self) -> None:
         while True:
             await self._queued.wait()
+            await asyncio.sleep(0)  # one more loop turn, for requests read in the same poll: half as many batches
             batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
             if not self._queue:
                 self._queued.clear()
