@@ -366,15 +366,21 @@ def wait_idle(services: list[Service], timeout: float = 60.0) -> None:
         before = after
 
 
-def measure(name: str, service: Service, lua: Path, duration: float, warmup: float) -> dict:
+def measure(name: str, service: Service, lua: Path, duration: float, warmup: float,
+            store: Service | None = None) -> dict:
+    """wrk at 32 connections (RPS, CPU) and at 1 (latency); `store`: a process whose CPU the target also costs."""
     print(f"[{time.strftime('%H:%M:%S')}] {name}: warmup {warmup:g}s, c32 {duration:g}s, c1 {duration:g}s",
           file=sys.stderr, flush=True)
     port = service.port
     if warmup > 0:
         run_wrk(port, lua, 32, warmup)
     cpu0 = group_cpu_seconds(service.proc.pid)
+    store_cpu0 = group_cpu_seconds(store.proc.pid) if store else 0.0
     c32 = run_wrk(port, lua, 32, duration)
     cpu = group_cpu_seconds(service.proc.pid) - cpu0
+    if store and c32["requests"]:
+        store_cpu = group_cpu_seconds(store.proc.pid) - store_cpu0
+        c32["store_cpu_us_per_request"] = round(store_cpu / c32["requests"] * 1e6, 1)
     # CPU the target itself spent per request (excludes the static upstream behind it): independent of how much of
     # the shared cores it got, so it is the steadier number on a busy 2-core machine.
     c32["cpu_s"] = round(cpu, 3)
@@ -731,11 +737,13 @@ def main(argv: list[str] | None = None) -> int:
             svc = start_portcullis(procs, tmp, key, static.port, access_log)
             wait_http(svc, "/healthz", 60)
             targets.append((key, label, svc, True))
+        stores: dict[str, Service] = {}  # target -> the store whose CPU its requests cost too
         if args.limits:
             redis_port = free_port()
             redis = procs.start("redis", [shutil.which("redis-server") or "redis-server", "--port", str(redis_port),
                                           "--save", "", "--appendonly", "no", "--dir", str(tmp)],
                                 redis_port, tmp / "redis.log")
+            stores["portcullis_limits_redis"] = redis
             time.sleep(0.5)
             for key, label, url in (("portcullis_limits_memory", "Portcullis + limits in memory", None),
                                     ("portcullis_limits_redis", "Portcullis + limits in Redis",
@@ -762,7 +770,8 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[dict]] = collections.defaultdict(list)
         for round_no in range(args.repeat):
             for key, label, svc, auth in targets:
-                runs[key].append(measure(key, svc, lua, args.duration, args.warmup if round_no == 0 else 0))
+                runs[key].append(measure(key, svc, lua, args.duration, args.warmup if round_no == 0 else 0,
+                                         stores.get(key)))
         for key, label, svc, auth in targets:
             results.append(pick_median(runs[key]) | {"label": label, "check": checks[key]})
 
@@ -796,6 +805,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrk -t1, {args.duration:g}s per run, median of {args.repeat} interleaved round(s); "
           f"RPS at 32 connections, latency at 1 connection; +p50/+p99 = added over direct\n")
     print(table(results))
+    for r in results:
+        if "store_cpu_us_per_request" in r["c32"]:
+            print(f"{r['label']}: redis-server CPU {r['c32']['store_cpu_us_per_request']} us/req on top (c32 run)")
     for key, info in report.get("portcullis_stderr", {}).items():
         print(f"{key}: {info['lines']} stderr lines in all ({info['access_lines']} access-log lines, "
               f"{info['httpx_request_lines']} httpx 'HTTP Request' lines)")
