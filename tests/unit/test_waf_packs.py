@@ -99,7 +99,7 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
                   ("q", "1 except select 2")],
                  [("q", "as far from here"), ("q", "user'collate foo"), ("q", "what's up? 'a'")]),
     "sqli-187": ([("q", "'1'='1")], [("q", "it's"), ("cookie", '[["AKsRol96","x=="]]')]),
-    "sqli-188": ([("q", "xp_cmdshell")], [("q", "xp points")]),
+    "sqli-188": ([("q", "xp_cmdshell"), ("q", "`users`")], [("q", "xp points"), ("q", "use `git log` here")]),
     "sqli-189": ([("qname", "user[$ne]"), ("qname", "id[$regex]")], [("qname", "user[name]")]),
     "sqli-190": ([("q", "');(--#\"=);<>|&*');(--#\"=);<>")], [("q", "hello (world) = fine")]),
     "sqli-191": ([("q", "'abc")], [("q", "abc")]),
@@ -135,7 +135,7 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "lfi-160": ([("path", "/v1/x/proc/self/environ")], [("path", "/v1/processes/1")]),
     # rce
     "rce-100": ([("q", "x; cat /etc/passwd"), ("q", "a | id")], [("q", "cats; dogs")]),
-    "rce-110": ([("q", "$(whoami)"), ("q", "cat${IFS}x")], [("q", "it costs $5 (approx)")]),
+    "rce-110": ([("q", "$(whoami)"), ("q", "cat${IFS}x")], [("q", "it costs $5 (approx)"), ("json", "Call `search` first")]),
     "rce-120": ([("h:user-agent", "() { :; }; /bin/bash -c id")], [("h:user-agent", "Mozilla/5.0 (X11)")]),
     "rce-130": ([("q", "/bin/sh -i"), ("q", "powershell -enc AAA"), ("q", "for %i in (*) do echo")],
                 [("q", "the bin is full")]),
