@@ -143,15 +143,19 @@ class _PartScan:
     regex leaves can match some value of the part, scanning each chain's set once over the values joined by
     newlines. Short values repeat across requests (header values, JSON keys, roles, model names), so each one's
     answer is remembered, keyed by the raw text (a hit skips the transforms too), and so is a whole part made of
-    them (the same JSON keys, the same arguments)."""
+    them (the same JSON keys, the same arguments). A new short value that every transform of the part leaves as
+    it is (request ids, trace context, tokens) reads the same through every chain: one scan of a set holding all
+    the part's regexes decides it."""
 
-    __slots__ = ("target", "sets", "seen", "seen_parts")
+    __slots__ = ("target", "sets", "seen", "seen_parts", "every", "steps")
 
     def __init__(self, target: str, sets: list[tuple[tuple, matchers.RegexSet]]) -> None:
         self.target = target
         self.sets = sets
         self.seen: dict[str, frozenset[int]] = {}
         self.seen_parts: dict[tuple[str, ...], frozenset[int]] = {}
+        self.every = matchers.RegexSet.union([group for _, group in sets]) if len(sets) > 1 else None
+        self.steps = tuple(transforms.TRANSFORMS[name] for name in sorted({n for chain, _ in sets for n in chain}))
 
     def candidates(self, texts: tuple[str, ...], short: bool) -> frozenset[int]:
         if short:
@@ -167,7 +171,10 @@ class _PartScan:
                 continue
             hit = seen.get(text)
             if hit is None:
-                hit = self._scan([text])
+                if self.every is not None and all(step(text) == text for step in self.steps):
+                    hit = frozenset(self.every.candidates(text.encode("utf-8", "surrogatepass")))
+                else:
+                    hit = self._scan([text])
                 _remember(seen, text, hit)
             found |= hit
         if long:

@@ -28,11 +28,23 @@ class RegexSet:
     def __init__(self) -> None:
         self._set = re2.Set.SearchSet(_OPTIONS)
         self.members: list[int] = []  # leaf index per set index
+        self.patterns: list[str] = []
 
     def add(self, pattern: str, leaf: int) -> None:
         # (?m): the set scans all values joined by newlines, so ^ and $ must also hold at value boundaries.
         self._set.Add("(?m)" + pattern)
         self.members.append(leaf)
+        self.patterns.append(pattern)
+
+    @classmethod
+    def union(cls, sets: list["RegexSet"]) -> "RegexSet":
+        """One set holding every member of these (compiled)."""
+        out = cls()
+        for one in sets:
+            for pattern, leaf in zip(one.patterns, one.members):
+                out.add(pattern, leaf)
+        out.compile()
+        return out
 
     def compile(self) -> None:
         self._set.Compile()
