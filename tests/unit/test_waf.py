@@ -87,6 +87,30 @@ def test_conditions_over_request_parts(tmp_path):
     assert waf.evaluate(chat(temperature=1.8)).rule_ids == ["temp"]
 
 
+def test_regexes_over_one_part_through_different_transforms(tmp_path):
+    """A part read through several transform chains: values they all leave unchanged are scanned once for every
+    chain's regexes, values they change are scanned chain by chain; both must find each rule's match, fresh or
+    remembered."""
+    rules = [
+        {"id": "raw", "when": {"target": "headers", "regex": "evil-[0-9]+"}},
+        {"id": "decoded", "when": {"target": "headers", "transforms": ["url_decode"], "regex": "<x>"}},
+        {"id": "lowered", "when": {"target": "headers", "transforms": ["lowercase"], "regex": "^shout$"}},
+    ]
+    waf = load_policy_dir(write_policy(tmp_path, {"rules": rules})).waf_for(None)
+
+    def fired(value: str) -> list[str]:
+        view = chat()
+        view.headers = [*view.headers, ("x-id", value)]
+        return waf.evaluate(view, all_matches=True).rule_ids
+
+    for _ in range(2):  # the second round answers from the remembered values
+        assert fired("id-evil-42") == ["raw"]  # unchanged by every transform
+        assert fired("%3Cx%3E") == ["decoded"]
+        assert fired("SHOUT") == ["lowered"]
+        assert fired("evil-7%3Cx%3E") == ["raw", "decoded"]
+        assert fired("quiet-value") == []
+
+
 def test_overlays_exclusions_and_disable(tmp_path):
     waf = {"paranoia_level": 1, "packs": ["sqli"], "rules": [RULE],
            "exclusions": [{"id": "legacy", "rules": ["no-foo"], "routes": ["completions"]},
