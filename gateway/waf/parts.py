@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,12 +111,12 @@ class RequestView:
             return [] if value is None else [(target, str(value), None)]
         if target == "args":
             out = [(f"arg:{k}", v, None) for k, v in self._query_args() + self._form_args()]
-            return out + [(f"json:{_dotted(loc)}", text, loc) for loc, text in self.json_shape().leaves]
+            return out + [(_json_part(loc), text, loc) for loc, text in self.json_shape().leaves]
         if target == "args_names":
             out = [("args_names", k, None) for k, _ in self._query_args() + self._form_args()]
             return out + [("args_names", k, None) for k in self.json_shape().keys]
         if target == "json_strings":
-            return [(f"json:{_dotted(loc)}", text, loc) for loc, text in _walk(self.payload, False).leaves]
+            return [(_json_part(loc), text, loc) for loc, text in _walk(self.payload, False).leaves]
         if target == "headers":
             return [(f"header:{k}", v, None) for k, v in self.headers]
         if target == "header_names":
@@ -218,7 +219,7 @@ def _scalar(value: Any) -> str | None:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return json.dumps(value)
+        return repr(value) if math.isfinite(value) else json.dumps(value)  # the same text, without the encoder
     return None
 
 
@@ -303,6 +304,18 @@ def _prompt(payload: Any, role: str | None) -> list[Value]:
         elif isinstance(prompt, list):
             out.extend((name, p, ("prompt", i)) for i, p in enumerate(prompt) if isinstance(p, str))
     return out
+
+
+_PART_NAMES: dict[tuple, str] = {}  # the same locations recur request after request (model, messages.0.role)
+
+
+def _json_part(loc: tuple) -> str:
+    name = _PART_NAMES.get(loc)
+    if name is None:
+        if len(_PART_NAMES) > 4096:
+            _PART_NAMES.clear()
+        name = _PART_NAMES[loc] = f"json:{_dotted(loc)}"
+    return name
 
 
 def _dotted(loc: tuple) -> str:

@@ -16,6 +16,7 @@ interleaved over --repeat rounds; the median round is reported.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import statistics
@@ -58,6 +59,9 @@ def chat_view(body_bytes: int, rng: random.Random) -> RequestView:
                        route="chat", client_ip="10.0.0.7", tenant="team-a", key_label="ops", model=payload["model"])
 
 
+_REQUEST_IDS = itertools.count()  # every measured request gets ids no earlier request had, whatever the body size
+
+
 def measure(waf, body_bytes: int, iterations: int) -> dict:
     rng = random.Random(body_bytes)
     views = [chat_view(body_bytes, rng) for _ in range(8)]
@@ -66,10 +70,11 @@ def measure(waf, body_bytes: int, iterations: int) -> dict:
         waf.evaluate(view)
     for i in range(iterations):
         source = views[i % len(views)]
+        rid = next(_REQUEST_IDS)
         started, started_cpu = time.perf_counter(), time.thread_time()
         # what differs between real requests even from one client: request id and trace context
-        headers = source.headers[:-2] + [("x-request-id", f"{i:010x}"),
-                                         ("traceparent", f"00-{i:032x}-{i * 7919:016x}-01")]
+        headers = source.headers[:-2] + [("x-request-id", f"{rid:010x}"),
+                                         ("traceparent", f"00-{rid:032x}-{rid * 7919:016x}-01")]
         view = RequestView(method=source.method, path=source.path, headers=headers, body=source.body,
                            payload=source.payload, route=source.route, client_ip=source.client_ip,
                            tenant=source.tenant, key_label=source.key_label, model=source.model)
