@@ -134,16 +134,19 @@ def test_an_unreachable_store_raises_backend_error(redis_server):
     asyncio.run(main())
 
 
-def test_closing_leaves_no_caller_waiting(redis_server):
+def test_a_lone_settlement_goes_within_the_linger_and_closing_sends_what_is_queued(redis_server):
+    slots = "portcullis:rl:{two:x}"
+    held = redis_server.client().zcard
+
     async def main() -> None:
         backend = RedisBackend(redis_server.url, timeout=5.0)
-        check = RateCheck("portcullis:rl:{rpm:w}", interval=1.0, tolerance=10.0, cost=1)
-        assert (await backend.acquire([check]))[0].allowed
-        redis_server.client().execute_command("CLIENT", "PAUSE", 1000, "ALL")
-        waiting = asyncio.ensure_future(backend.acquire([check]))  # in flight, Redis not answering
+        first, second = SlotCheck(slots, 2, 30, "r1"), SlotCheck(slots, 2, 30, "r2")
+        assert all(o[0].allowed for o in await asyncio.gather(backend.acquire([first]), backend.acquire([second])))
+        await backend.settle(Settlement(releases=(first,)))  # nothing else comes to ride with
         await asyncio.sleep(0.1)
-        await backend.aclose()
-        with pytest.raises(asyncio.CancelledError):
-            await asyncio.wait_for(waiting, 1.0)
+        assert held(slots) == 1
+        await backend.settle(Settlement(releases=(second,)))
+        await backend.aclose()  # at once: the release is still queued
 
     asyncio.run(main())
+    assert held(slots) == 0
