@@ -76,9 +76,23 @@ def phrase_matcher(phrases: Sequence[str]) -> Callable[[str], tuple[int, int] | 
 
 @functools.lru_cache(maxsize=16384)
 def _sqli(text: str) -> int:
-    """Tokens in libinjection's SQLi fingerprint, 0 when it is not SQLi."""
+    """Tokens in libinjection's SQLi fingerprint, 0 when it is not SQLi. libinjection reads English words such as
+    'left' or 'quarter' before a parenthesis as SQL functions; a fingerprint of nothing but words, functions,
+    brackets, numbers and commas, in a value that is mostly words, is prose, not a query."""
     result = libinjection.is_sql_injection(text)
-    return len(result["fingerprint"]) if result["is_sqli"] else 0
+    if not result["is_sqli"]:
+        return 0
+    fingerprint = result["fingerprint"]
+    if isinstance(fingerprint, bytes):
+        fingerprint = fingerprint.decode()
+    if set(fingerprint) <= _PROSE_TOKENS and not _CALL.search(text) and _PROSE.search(text):
+        return 0
+    return len(fingerprint)
+
+
+_PROSE_TOKENS = set("nf()1,o")  # bareword, function, brackets, number, comma, operator: no string, comment, logic
+_CALL = compile_regex(r"\w\(")  # a name directly followed by its parenthesis is a call, not a word and an aside
+_PROSE = compile_regex(r"^[^A-Za-z]*(?:[A-Za-z][A-Za-z'\x{2019}-]*[^A-Za-z]+){8}")  # opens with eight words
 
 
 def _xss_uncached(text: str) -> bool:

@@ -69,7 +69,8 @@ def request(where: str, text: str) -> RequestView:
 CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     # sqli
     "sqli-100": ([("q", "1' OR '1'='1' --"), ("json", "x' UNION SELECT password FROM users--")],
-                 [("q", "O'Reilly books"), ("prompt", "' OR 1=1 -- explain why this SQL injection works")]),
+                 [("q", "O'Reilly books"), ("prompt", "' OR 1=1 -- explain why this SQL injection works"),
+                  ("json", "One quarter (24%) of people have had an affair and cheated on a partner at some point")]),
     "sqli-101": ([("q", "1' or 1=1")], [("q", "rock and roll")]),
     "sqli-102": ([("path", "/v1/chat/completions/1'%20or%20'a'='a")], [("path", "/v1/chat/completions")]),
     "sqli-110": ([("q", "1 UNION/**/ALL SELECT null,null")], [("q", "the union selected a leader")]),
