@@ -160,6 +160,8 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "rce-260": ([("q", "\r\nMAIL FROM:<a@b.com>"), ("q", "\r\na001 EXAMINE INBOX"), ("q", "\r\nRETR 1")],
                 [("q", "mail from: me"), ("q", "line one\nline two")]),
     "rce-270": ([("q", "$[2+2]"), ("q", "{l,-lh}s"), ("q", "!-1")], [("q", "{\"a\": 1}"), ("q", "wow!")]),
+    "rce-280": ([("q", "$_SERVER['test'];"), ("q", 'process["env"]'), ("q", "@{[system 'id']}")],
+                [("cookie", '[["AKsRol96","x=="]]'), ("q", "pick ['a'] or ['b']")]),
     "rce-195": ([("h:x-filename", "wp-config.php.bak"), ("h:x-filename", "settings. php"), ("h:x-filename", ".boto")],
                 [("h:x-filename", "report.pdf"), ("h:x-filename", "my-settings-photo.png")]),
     # scanners, protocol attacks
