@@ -150,3 +150,27 @@ def test_a_lone_settlement_goes_within_the_linger_and_closing_sends_what_is_queu
 
     asyncio.run(main())
     assert held(slots) == 0
+
+
+def test_a_key_left_of_another_kind_fails_no_batch(redis_server):
+    """A rule that changed kind under the same id finds its counter of the old type: it starts over, and the other
+    requests of the batch are decided as usual."""
+    client = redis_server.client()
+    client.set("portcullis:rl:{changed:x}", "123")  # was a GCRA TAT, now a concurrency rule
+    client.zadd("portcullis:rl:{changed:y}", {"r0": 1})  # was a slot set, now a requests rule
+
+    async def main() -> list:
+        backend = RedisBackend(redis_server.url, timeout=5.0)
+        other = RateCheck("portcullis:rl:{other:x}", interval=1.0, tolerance=5.0, cost=1)
+        outcomes = await asyncio.gather(
+            backend.acquire([SlotCheck("portcullis:rl:{changed:x}", 1, 30, "r1")]),
+            backend.acquire([RateCheck("portcullis:rl:{changed:y}", interval=1.0, tolerance=5.0, cost=1)]),
+            backend.acquire([other]))
+        await backend.settle(Settlement(releases=(SlotCheck("portcullis:rl:{changed:y}", 1, 30, "r9"),)))
+        await backend.aclose()
+        return [o[0] for o in outcomes]
+
+    slot, rate, other = asyncio.run(main())
+    assert slot.allowed and slot.remaining == 0 and rate.allowed and rate.remaining == 4 and other.allowed
+    assert client.zrange("portcullis:rl:{changed:x}", 0, -1) == [b"r1"] and client.type("portcullis:rl:{changed:y}") \
+        == b"string"

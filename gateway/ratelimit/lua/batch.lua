@@ -19,8 +19,13 @@ local now_ms = math.floor(now / 1000)
 local tats, changed, writes = {}, {}, {}  -- GCRA key -> TAT in this batch; keys to write back, and their order
 local held, leases = {}, {}   -- slot key -> holders within this batch; lease to extend the key's expiry to
 
+-- A key left of another type (a rule that changed kind, same id) is read as empty and overwritten: with one
+-- script per batch, a raised error would fail every request of the batch, not just that rule's.
 local function tat_of(key)
-  if tats[key] == nil then tats[key] = tonumber(redis.call('GET', key) or now) end
+  if tats[key] == nil then
+    local stored = redis.pcall('GET', key)
+    tats[key] = type(stored) == 'string' and tonumber(stored) or now
+  end
   return math.max(tats[key], now)
 end
 
@@ -34,7 +39,7 @@ end
 
 local function held_of(key)
   if held[key] == nil then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms)
+    if type(redis.pcall('ZREMRANGEBYSCORE', key, '-inf', now_ms)) == 'table' then redis.call('DEL', key) end
     held[key] = redis.call('ZCARD', key)
   end
   return held[key]
@@ -97,8 +102,8 @@ while a <= #ARGV do
     set_tat(KEYS[k], tat_of(KEYS[k]) + tonumber(ARGV[a + 1]) * tonumber(ARGV[a + 2]))
     a, k = a + 3, k + 1
   else -- 'Z'
-    local removed = redis.call('ZREM', KEYS[k], ARGV[a + 1])
-    if held[KEYS[k]] then held[KEYS[k]] = held[KEYS[k]] - removed end
+    local removed = redis.pcall('ZREM', KEYS[k], ARGV[a + 1])
+    if held[KEYS[k]] and type(removed) == 'number' then held[KEYS[k]] = held[KEYS[k]] - removed end
     a, k = a + 2, k + 1
   end
 end
