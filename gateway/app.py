@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -248,6 +249,7 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
         reloader.start()
         warming = asyncio.create_task(asyncio.to_thread(gateway.tokenize.warm))
         await asyncio.to_thread(gateway.guard.warm)  # before serving: the first guarded request must not wait
+        gc.freeze()  # what start-up built lives as long as the process: the collector need not rescan it per request
         yield
         await warming
         await reloader.stop()
