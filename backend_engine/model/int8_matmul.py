@@ -12,6 +12,7 @@ by a second, 32x smaller product in the same graph: the row sums of x over each 
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -38,20 +39,15 @@ def configure_threads(threads: int | None) -> None:
     _threads = threads or os.cpu_count() or 1
 
 
-_env_arena = False
-
-
+@functools.cache
 def _shared_arena() -> None:
     """One CPU memory arena for every weight's session: per-session arenas each grow to the largest batch seen,
     ~120 of them, and first-touching all that memory cost more than the matmuls (measured: 140k page faults in
     one 1,000-token prefill)."""
     import onnxruntime as ort
 
-    global _env_arena
-    if not _env_arena:
-        info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
-        ort.create_and_register_allocator(info, None)
-        _env_arena = True
+    info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+    ort.create_and_register_allocator(info, None)
 
 
 def _session(model: bytes) -> Any:

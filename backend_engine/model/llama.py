@@ -76,6 +76,10 @@ class ForwardBatch:
     logits_indices: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
+def _dense(t: Any) -> np.ndarray:
+    return t.dequantize() if isinstance(t, BlockQuantized) else t
+
+
 def _matrix(parts: list[Any], be: ArrayBackend) -> Any:
     """One stored weight from HF-layout parts ([out, in] each, fused along out): an `Int8Matmul` when every part
     kept its quantized blocks (`--compute int8`), else pre-transposed [in, out] in the backend's dtype."""
@@ -83,12 +87,7 @@ def _matrix(parts: list[Any], be: ArrayBackend) -> Any:
         stacked = BlockQuantized.stack_rows(parts)
         if stacked is not None:
             return Int8Matmul(stacked)
-    dense = [p.dequantize() if isinstance(p, BlockQuantized) else p for p in parts]
-    return be.asarray(np.concatenate(dense, axis=0).T, be.weight_dtype)
-
-
-def _dense(t: Any) -> np.ndarray:
-    return t.dequantize() if isinstance(t, BlockQuantized) else t
+    return be.asarray(np.concatenate([_dense(p) for p in parts], axis=0).T, be.weight_dtype)
 
 
 def hf_tensors_to_weights(cfg: LlamaConfig, t: dict[str, Any], be: ArrayBackend) -> LlamaWeights:
