@@ -6,9 +6,11 @@ corpus harness, so all three decide alike.
 
 Which parts hold what:
 - `args`: query and form arguments (URL-decoded once), and every JSON string/number *outside the prompt text*;
-  `args_names`: their names (JSON keys included). The prompt — message contents, completions prompts — is its own
-  part, `prompt`, because a prompt may legitimately talk about SQL, shell or HTML; LLM packs read it, web-attack
-  packs do not.
+  `args_names`: their names (JSON keys included). The prompt — message contents, completions prompts, and the other
+  natural-language or model-written text of a request: tool (function) and parameter descriptions, the arguments
+  of the assistant's earlier tool calls — is its own part, `prompt`, because it may legitimately talk about SQL,
+  shell or HTML (a `run_sql` tool's description, the query the model passed it); LLM packs read it, web-attack
+  packs do not. Tool descriptions count as the `system` role's text, tool-call arguments as the `assistant`'s.
 - `json:PATH` reads the parsed body by dotted path (`*` is any key or index), `prompt:ROLE` one role's messages.
 """
 
@@ -25,7 +27,7 @@ from urllib.parse import parse_qsl, unquote_to_bytes
 # A value and where it came from (for explanations, and for redaction inside the JSON body).
 Value = tuple[str, str, tuple | None]  # (part name, text, location in the payload or None)
 
-_PROMPT_KEYS = ("messages", "prompt")
+_PROMPT_KEYS = frozenset(("messages", "prompt", "tools", "functions"))
 
 
 @dataclass
@@ -224,8 +226,14 @@ def _scalar(value: Any) -> str | None:
 
 
 def _is_prompt(loc: tuple) -> bool:
-    return bool(loc) and loc[0] in _PROMPT_KEYS and (loc[0] == "prompt" or (len(loc) >= 3 and loc[2] in (
-        "content",)))
+    """Whether a body location holds prompt text (see the module docstring) rather than an application field."""
+    head = loc[0]
+    if head == "prompt":
+        return True
+    if head == "messages":  # messages[i].content..., messages[i].tool_calls[j].function.arguments
+        return len(loc) >= 3 and (loc[2] == "content" or (
+            len(loc) == 6 and loc[2] == "tool_calls" and loc[4] == "function" and loc[5] == "arguments"))
+    return len(loc) >= 3 and loc[-1] == "description"  # tools[i].function..., functions[i]...: any description
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +251,7 @@ def _walk(payload: Any, skip_prompt: bool) -> _JsonShape:
     stack: list[tuple[tuple, Any, int, bool]] = [((), payload, 1, False)]
     while stack:
         loc, node, depth, hidden = stack.pop()
-        if not hidden and skip_prompt and 0 < len(loc) <= 3:
+        if not hidden and skip_prompt and loc and loc[0] in _PROMPT_KEYS:
             hidden = _is_prompt(loc)
         if isinstance(node, dict):
             if depth > deepest:
@@ -280,7 +288,8 @@ def _json_path(payload: Any, steps: list[str]) -> list[tuple[tuple, str]]:
 
 
 def _prompt(payload: Any, role: str | None) -> list[Value]:
-    """Text of every message (string content and text parts), or of one role's; completions prompts as 'user'."""
+    """Text of every message (string content, text parts, tool-call arguments), or of one role's; completions prompts
+    as 'user', tool and parameter descriptions as 'system'."""
     if not isinstance(payload, dict):
         return []
     name = f"prompt:{role}" if role else "prompt"
@@ -297,13 +306,33 @@ def _prompt(payload: Any, role: str | None) -> list[Value]:
                 for j, part in enumerate(content):
                     if isinstance(part, dict) and isinstance(part.get("text"), str):
                         out.append((name, part["text"], ("messages", i, "content", j, "text")))
+            calls = message.get("tool_calls")
+            for j, call in enumerate(calls if isinstance(calls, list) else ()):
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+                    out.append((name, function["arguments"], ("messages", i, "tool_calls", j, "function", "arguments")))
     prompt = payload.get("prompt")
     if role in (None, "user"):
         if isinstance(prompt, str):
             out.append((name, prompt, ("prompt",)))
         elif isinstance(prompt, list):
             out.extend((name, p, ("prompt", i)) for i, p in enumerate(prompt) if isinstance(p, str))
+    if role in (None, "system"):
+        for key in ("tools", "functions"):
+            out.extend((name, text, loc) for loc, text in _descriptions(payload.get(key), (key,)))
     return out
+
+
+def _descriptions(node: Any, loc: tuple) -> list[tuple[tuple, str]]:
+    """Every string under a "description" key: tool descriptions and their parameters' (JSON Schema) descriptions."""
+    found: list[tuple[tuple, str]] = []
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        if key == "description" and isinstance(value, str):
+            found.append(((*loc, key), value))
+        else:
+            found.extend(_descriptions(value, (*loc, key)))
+    return found
 
 
 _PART_NAMES: dict[tuple, str] = {}  # the same locations recur request after request (model, messages.0.role)

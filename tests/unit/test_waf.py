@@ -54,6 +54,30 @@ def test_packs_rules_and_scoring(tmp_path):
     assert waf.evaluate(chat("' or '1'='1")).action == "allow"  # SQL in a prompt is not an attack on us
 
 
+SQL_TOOL = [{"type": "function", "function": {
+    "name": "run_sql", "description": "Run a query such as SELECT name FROM users WHERE id = 1 OR 1=1; -- and return rows",
+    "parameters": {"type": "object", "properties": {"query": {
+        "type": "string", "description": "e.g. SELECT * FROM t WHERE a != 'x' UNION SELECT * FROM u"}}}}}]
+SQL_CALL = [{"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+    "name": "run_sql", "arguments": json.dumps({"query": "SELECT * FROM users WHERE name = '' OR '1'='1' --"})}}]}]
+
+
+def test_tool_descriptions_and_call_arguments_are_prompt_text(tmp_path):
+    """SQL in a tool's description or in the model's earlier tool-call arguments is what an agent legitimately sends:
+    the web-attack packs leave it alone (the same text in an application field is blocked) and the LLM packs read it
+    as the system's and the assistant's prompt text."""
+    waf = load_policy_dir(write_policy(tmp_path, {"packs": ["sqli", "llm"], "paranoia_level": 2})).waf_for(None)
+    assert waf.evaluate(chat("list users", tools=SQL_TOOL)).action == "allow"
+    view = chat("list users", messages=[{"role": "user", "content": "list users"}, *SQL_CALL])
+    assert waf.evaluate(view).action == "allow"
+    assert waf.evaluate(chat("list users", metadata={"note": "' OR '1'='1' --"})).blocked
+    tools = [{"type": "function", "function": {"name": "t", "description": "key AKIAIOSFODNN7EXAMPLE"}}]
+    secret = chat("hi", tools=tools)
+    assert [v[2] for v in secret.values("prompt:system")] == [("tools", 0, "function", "description")]
+    assert "llm-secret-110" in waf.evaluate(secret, all_matches=True).rule_ids
+    assert [v[1] for v in view.values("prompt:assistant")] == [SQL_CALL[0]["tool_calls"][0]["function"]["arguments"]]
+
+
 def test_monitor_mode_never_blocks(tmp_path):
     waf = load_policy_dir(write_policy(tmp_path, {"mode": "monitor", "rules": [RULE]})).waf_for(None)
     verdict = waf.evaluate(chat("foo"))
