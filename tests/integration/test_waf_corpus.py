@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.waf_corpus.harness import CRS, LIBINJECTION, crs_families, libinjection_lists, web_waf
+from tests.waf_corpus.harness import (CRS, LIBINJECTION, contested_stages, crs_cases, crs_families,
+                                     libinjection_lists, web_waf)
 
 pytestmark = pytest.mark.shared
 
@@ -53,3 +54,23 @@ def test_crs_family_floors(results, family, level, catch, passed):
     tally = results[level][family]
     assert tally.catch_rate >= catch, f"{family} PL{level}: caught {tally.caught}/{tally.attacks}"
     assert tally.pass_rate >= passed, f"{family} PL{level}: passed {tally.passed}/{tally.benign}"
+
+
+def test_rce_no_match_stages_pass_at_pl2_once_contested_ones_are_set_aside(results):
+    """The 95% pass target holds for RCE over the no-match stages whose payload no attack stage of the corpus sends
+    (of the 42 blocked, 30 are another stage's attack, e.g. 932230's `;cat /path/file.gz` is 932236's)."""
+    tally = results[2]["REQUEST-932-APPLICATION-ATTACK-RCE"]
+    assert tally.uncontested_pass_rate >= 0.95, f"passed {tally.uncontested_passed}/{tally.uncontested}"
+    assert tally.benign - tally.uncontested >= 30  # the twins are found: a broken comparison would contest nothing
+
+
+def test_contested_stages_are_exact_attack_payloads():
+    """A no-match stage is contested only by a value an attack stage sends, never by shared filler."""
+    if not CRS.is_dir():
+        pytest.skip(f"WAF corpora not found under {CRS.parent} (../shared is absent on this checkout)")
+    families = crs_cases()
+    contested = contested_stages(families)
+    names = {c.name.rpartition("/")[2] for cases in families.values() for c in cases if c.name in contested}
+    assert "932230.yaml#46" in names  # `;cat /path/file.gz`: 932236's attack
+    assert "942521.yaml#16" not in names  # the Wikipedia article on SQLi: no attack stage sends it
+    assert "932390.yaml#15" not in names  # shares only the test User-Agent with attack stages

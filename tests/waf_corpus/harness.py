@@ -9,6 +9,11 @@ stage (go-ftw `expect_ids`) counts as caught when the WAF blocks it (anomaly sco
 match (`no_expect_ids`) counts as passed when the WAF does not block it. libinjection lines are URL-encoded query
 values: `GET /?x=<line>`.
 
+A no-match stage only says that *its* CRS rule must stay quiet, so some carry the very payload another stage of the
+corpus expects to be caught (932230's `;cat /path/file.gz` is 932236's attack). Such a stage is *contested*: no WAF
+can pass it and catch its twin. The pass rate is reported over all no-match stages and, separately, over the
+uncontested ones.
+
     python -m tests.waf_corpus.harness [--level 1 2] [--json FILE]
 """
 
@@ -18,15 +23,15 @@ import argparse
 import json
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.waf.cases import load_cases
+from gateway.waf.cases import Case, load_cases
 from gateway.waf.engine import CompiledWaf
 from gateway.waf.model import WafSpec
 from gateway.waf.packs import compile_waf, pack_rules
-from gateway.waf.parts import from_raw_http
+from gateway.waf.parts import RequestView, from_raw_http
 
 CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpora" / "waf"
 CRS = CORPUS / "crs-regression-tests"
@@ -40,6 +45,8 @@ class Tally:
     caught: int = 0
     benign: int = 0
     passed: int = 0
+    uncontested: int = 0  # no-match stages whose payload is no attack stage's
+    uncontested_passed: int = 0
 
     @property
     def catch_rate(self) -> float:
@@ -49,30 +56,62 @@ class Tally:
     def pass_rate(self) -> float:
         return self.passed / self.benign if self.benign else float("nan")
 
+    @property
+    def uncontested_pass_rate(self) -> float:
+        return self.uncontested_passed / self.uncontested if self.uncontested else float("nan")
+
 
 def web_waf(level: int) -> CompiledWaf:
     spec = WafSpec(paranoia_level=level, packs=WEB_PACKS)
     return compile_waf(spec, pack_rules({}), "harness")
 
 
+def crs_cases() -> dict[str, list[Case]]:
+    """The stages that say something about detection, by family (status-only or log-regex stages are left out)."""
+    return {family.name: [c for c in load_cases(family) if c.expect_ids or c.no_expect_ids]
+            for family in sorted(p for p in CRS.iterdir() if p.is_dir() and p.name.startswith("REQUEST-"))}
+
+
+def payload_values(view: RequestView) -> set[str]:
+    """What a stage sends that could carry an attack: arguments and their names, cookies, Referer, User-Agent, path."""
+    values = {text.strip() for target in ("args", "args_names", "cookies") for _, text, _ in view.values(target)}
+    values |= {text.strip() for part, text, _ in view.values("headers")
+               if part in ("header:referer", "header:user-agent")}
+    values.add(view.path)
+    return {v for v in values if len(v) >= 6}
+
+
+def contested_stages(families: dict[str, list[Case]], boilerplate: int = 5) -> set[str]:
+    """No-match stages that send a value an attack stage sends. A value seen in `boilerplate` or more stages is
+    shared filler (the test User-Agent, a form's other field), not a payload, and contests nothing."""
+    stages = [c for cases in families.values() for c in cases]
+    values = {c.name: payload_values(c.view) for c in stages}
+    seen = Counter(v for vs in values.values() for v in vs)
+    attacks = {v for c in stages if c.expect_ids for v in values[c.name] if seen[v] < boilerplate}
+    return {c.name for c in stages if not c.expect_ids and values[c.name] & attacks}
+
+
 def crs_families(waf: CompiledWaf, misses: dict | None = None) -> dict[str, Tally]:
     out: dict[str, Tally] = {}
-    for family in sorted(p for p in CRS.iterdir() if p.is_dir() and p.name.startswith("REQUEST-")):
-        tally = out[family.name] = Tally()
-        for case in load_cases(family):
-            if not case.expect_ids and not case.no_expect_ids:
-                continue  # status-only or log-regex stages: nothing about detection to compare
+    families = crs_cases()
+    contested = contested_stages(families)
+    for family, cases in families.items():
+        tally = out[family] = Tally()
+        for case in cases:
             blocked = waf.evaluate(case.view).blocked
             if case.expect_ids:
                 tally.attacks += 1
                 tally.caught += blocked
                 if not blocked and misses is not None:
-                    misses.setdefault(family.name, []).append(("miss", case))
+                    misses.setdefault(family, []).append(("miss", case))
             else:
                 tally.benign += 1
                 tally.passed += not blocked
+                if case.name not in contested:
+                    tally.uncontested += 1
+                    tally.uncontested_passed += not blocked
                 if blocked and misses is not None:
-                    misses.setdefault(family.name, []).append(("fp", case))
+                    misses.setdefault(family, []).append(("fp", case))
     return out
 
 
@@ -118,10 +157,11 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.perf_counter() - started
         results[level] = {k: vars(v) for k, v in tallies.items()}
         print(f"\nparanoia level {level}: {len(waf.rules)} rules, {elapsed:.1f}s")
-        print(f"{'family':48} {'attacks':>8} {'caught':>8} {'rate':>7} {'benign':>7} {'passed':>7} {'rate':>7}")
+        print(f"{'family':48} {'attacks':>8} {'caught':>8} {'rate':>7} {'benign':>7} {'passed':>7} {'rate':>7} "
+              f"{'uncont.':>7} {'rate':>7}")
         for name, t in tallies.items():
             print(f"{name:48} {t.attacks:8} {t.caught:8} {t.catch_rate:7.1%} {t.benign:7} {t.passed:7} "
-                  f"{t.pass_rate:7.1%}")
+                  f"{t.pass_rate:7.1%} {t.uncontested:7} {t.uncontested_pass_rate:7.1%}")
         if args.misses:
             for family, items in misses.items():
                 if args.misses in family:
