@@ -12,7 +12,7 @@ import fnmatch
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from gateway.waf import matchers, transforms
+from gateway.waf import matchers, tautology, transforms
 from gateway.waf.model import Condition, Exclusion, WafRule, WafSpec
 from gateway.waf.parts import RequestView
 
@@ -261,6 +261,8 @@ class _Compiler:
             return _scan(key, op, lambda text: (0, len(text)) if matchers.sqli_tokens(text) >= least else None)
         if op == "xss":
             return _scan(key, op, lambda text: (0, len(text)) if matchers.is_xss(text) else None)
+        if op == "tautology":
+            return _scan(key, op, tautology.find)
         if op == "equals":
             wanted = _text(cond.equals)
             return _scan(key, op, lambda text: (0, len(text)) if text == wanted else None)

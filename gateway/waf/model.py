@@ -61,7 +61,7 @@ class SqliOptions(_Strict):
     min_tokens: Annotated[int, Field(ge=1, le=5)] = 1
 
 
-_OPERATORS = ("regex", "phrases", "equals", "in_", "number", "length", "sqli", "xss", "cidr")
+_OPERATORS = ("regex", "phrases", "equals", "in_", "number", "length", "sqli", "xss", "tautology", "cidr")
 
 
 class Condition(_Strict):
@@ -82,6 +82,9 @@ class Condition(_Strict):
     sqli: bool | SqliOptions | None = Field(default=None, description=(
         "libinjection SQL-injection detection; {min_tokens: N} keeps only fingerprints of N tokens or more"))
     xss: bool | None = Field(default=None, description="libinjection XSS detection")
+    tautology: bool | None = Field(default=None, description=(
+        "a comparison between two SQL literals that holds (1=1, 'a'='a', 42 LIKE 42, 2>1), evaluated as a database "
+        "would; a false one (11!=11) does not match"))
     cidr: list[str] | None = Field(default=None, description="client IP in one of these networks")
 
     @field_validator("target", mode="before")
@@ -133,7 +136,7 @@ class Condition(_Strict):
         if len(combos) + len(ops) != 1:
             given = ", ".join(k.rstrip("_") for k in combos + ops) or "none"
             raise ValueError("give exactly one of all, any, not, or one operator (regex, phrases, equals, in, "
-                             f"number, length, sqli, xss, cidr); given: {given}")
+                             f"number, length, sqli, xss, tautology, cidr); given: {given}")
         if ops and not self.target:
             raise ValueError(f"'{ops[0].rstrip('_')}' needs a 'target'")
         if combos and (self.target or self.transforms):
