@@ -97,6 +97,8 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "sqli-182": ([("q", "1 order by 3--")], [("q", "in order to buy")]),
     "sqli-183": ([("q", "1 /*!50000union*/ select")], [("q", "a /* comment */ b")]),
     "sqli-184": ([("q", "a<>b"), ("q", "x rlike y"), ("q", "id != 3")], [("q", "likely yes"), ("q", "11!=11")]),
+    "sqli-193": ([("q", "1’ OR ’1’=’x’#"), ("q", "admin‘--"), ("q", "x´ union select 1"), ("q", "a＇;drop table t")],
+                 [("q", "it’s fine"), ("q", "the ‘best’ one"), ("q", "5′ tall")]),
     "sqli-192": ([("q", "1=1"), ("q", "' or 'a'='a"), ("q", "x' or 2>1--"), ("q", "42 like 42"), ("q", "1 is not 2"),
                   ("q", "11!=1"), ("q", "' or 'abc'=0 -- "), ("q", "'x' like 'X%'"), ("q", "1 or 1 /*c*/=/**/ 1")],
                  [("q", "11!=11"), ("q", "123<456"), ("q", "x1=1"), ("q", "'a' = 'b'"), ("q", "'1' not regexp '1'"),
