@@ -97,7 +97,13 @@ def _regexp(text: str, pattern: str) -> bool:
 
 @functools.lru_cache(maxsize=256)
 def _compiled(pattern: str):
+    """A pattern the request wrote: compiled quietly (no log line per bad pattern) and in a small memory budget."""
     try:
-        return compile_regex(pattern)
+        return re2.compile(pattern, options=_REQUEST_PATTERN)
     except re2.error:
         return None
+
+
+_REQUEST_PATTERN = re2.Options()
+_REQUEST_PATTERN.log_errors = False
+_REQUEST_PATTERN.max_mem = 1 << 20
