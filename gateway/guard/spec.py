@@ -13,7 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Action = Literal["block", "flag", "monitor"]
 PiiAction = Literal["off", "monitor", "flag", "redact", "block"]
-Role = Literal["system", "developer", "user", "assistant", "tool"]
+# Message roles, plus `tool_definitions`: the descriptions of the request's tools and their parameters, where a
+# poisoned third-party tool hides instructions for the model.
+Role = Literal["system", "developer", "user", "assistant", "tool", "tool_definitions"]
 
 
 class _Strict(BaseModel):
@@ -30,7 +32,8 @@ class InjectionPolicy(_Strict):
     action: Action = Field("block", description="block: refuse with 400 prompt_blocked; flag: serve it, with an "
                            "x-portcullis-guard response header; monitor: record only")
     roles: list[Role] = Field(default_factory=lambda: ["user", "tool"], description=(
-        "message roles scanned in chat requests (completions prompts are always scanned)"))
+        "message roles scanned in chat requests (completions prompts are always scanned); tool_definitions adds "
+        "the descriptions of the request's tools and their parameters"))
     window: Annotated[int, Field(ge=16, le=4096, description="tokens per scanning window (capped at the model's)")] \
         = 512
     overlap: Annotated[int, Field(ge=0, le=1024, description=(

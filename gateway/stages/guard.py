@@ -20,6 +20,7 @@ from gateway.guard.output import OutputGuard
 from gateway.guard.runtime import HEADER, Guard, GuardBlocked, Verdict
 from gateway.guard.spec import GuardSpec
 from gateway.policy.loader import PolicySet
+from gateway.tool_text import dotted, tool_descriptions
 
 
 class GuardStage:
@@ -103,7 +104,8 @@ def texts_of(ctx: RequestContext, roles: list[str]) -> tuple[list[str], list[str
 
 
 def _text_slots(ctx: RequestContext, roles: list[str]):
-    """(container, key, where) for every string the roles select: message content, content parts, prompts."""
+    """(container, key, where) for every string the roles select: message content, content parts, prompts, and
+    with `tool_definitions` the descriptions of the request's tools and their parameters."""
     payload = ctx.payload
     if ctx.route == "completions":
         prompt = payload.get("prompt")
@@ -124,3 +126,6 @@ def _text_slots(ctx: RequestContext, roles: list[str]):
             for j, part in enumerate(content):
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
                     yield part, "text", f"messages[{i}].content[{j}]"
+    if "tool_definitions" in roles:
+        for holder, key, loc in tool_descriptions(payload):
+            yield holder, key, dotted(loc)

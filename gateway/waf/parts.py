@@ -24,10 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
 
+from gateway.tool_text import TOOL_KEYS, tool_descriptions
+
 # A value and where it came from (for explanations, and for redaction inside the JSON body).
 Value = tuple[str, str, tuple | None]  # (part name, text, location in the payload or None)
 
-_PROMPT_KEYS = frozenset(("messages", "prompt", "tools", "functions"))
+_PROMPT_KEYS = frozenset(("messages", "prompt", *TOOL_KEYS))
 
 
 @dataclass
@@ -318,21 +320,8 @@ def _prompt(payload: Any, role: str | None) -> list[Value]:
         elif isinstance(prompt, list):
             out.extend((name, p, ("prompt", i)) for i, p in enumerate(prompt) if isinstance(p, str))
     if role in (None, "system"):
-        for key in ("tools", "functions"):
-            out.extend((name, text, loc) for loc, text in _descriptions(payload.get(key), (key,)))
+        out.extend((name, holder[key], loc) for holder, key, loc in tool_descriptions(payload))
     return out
-
-
-def _descriptions(node: Any, loc: tuple) -> list[tuple[tuple, str]]:
-    """Every string under a "description" key: tool descriptions and their parameters' (JSON Schema) descriptions."""
-    found: list[tuple[tuple, str]] = []
-    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-    for key, value in items:
-        if key == "description" and isinstance(value, str):
-            found.append(((*loc, key), value))
-        else:
-            found.extend(_descriptions(value, (*loc, key)))
-    return found
 
 
 _PART_NAMES: dict[tuple, str] = {}  # the same locations recur request after request (model, messages.0.role)

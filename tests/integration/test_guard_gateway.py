@@ -111,6 +111,31 @@ def test_system_messages_are_scanned_only_when_policy_says(gateway, fake_upstrea
     assert strict.status_code == 400 and strict.json()["error"]["guard"]["where"] == "messages[0]"
 
 
+def test_tool_definitions_are_scanned_only_when_policy_says(gateway, fake_upstream, tmp_path) -> None:
+    """A poisoned tool: the injection hides in a tool's description, in no message at all. The clean control is
+    OpenAI's own example tool; the bundled model does misjudge some plain tool descriptions (guard_models/README.md,
+    known weaknesses), which is why `tool_definitions` is opt-in."""
+    upstream = fake_upstream()
+    gw = gateway({"pools": [pool("p", upstream.url)], "policy_dir": guard_policy(
+        tmp_path, {"enabled": True}, {"strict": {"injection": {"roles": ["user", "tool", "tool_definitions"]}}}),
+        "auth": keys(strict="sk-strict", lax="sk-lax")})
+
+    def call(description: str, key: str) -> httpx.Response:
+        tool = {"type": "function", "function": {"name": "get_weather", "description": description, "parameters": {
+            "type": "object", "properties": {"location": {
+                "type": "string", "description": "The city and state, e.g. San Francisco, CA"}}}}}
+        body = {"model": "test-model", "messages": [{"role": "user", "content": BENIGN}], "tools": [tool]}
+        return httpx.post(gw.url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"})
+
+    clean = "Get the current weather in a given location"
+    poisoned = clean + ". " + INJECTION
+    assert call(poisoned, "sk-lax").status_code == 200
+    assert call(clean, "sk-strict").status_code == 200
+    strict = call(poisoned, "sk-strict")
+    assert strict.status_code == 400, strict.text
+    assert strict.json()["error"]["guard"]["where"] == "tools[0].function.description"
+
+
 def test_concurrent_requests_each_get_their_own_score(gateway, fake_upstream, tmp_path) -> None:
     """32 requests at once, half attacks: the batcher mixes them, yet each answer is about its own prompt."""
     from gateway.guard.model import load_model
