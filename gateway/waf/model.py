@@ -22,7 +22,7 @@ Severity = Literal["critical", "error", "warning", "notice"]
 Level = Annotated[int, Field(ge=1, le=4)]
 Transform = Literal["lowercase", "url_decode", "html_entity_decode", "nfkc", "remove_nulls", "compress_whitespace",
                     "remove_whitespace", "base64_decode", "js_decode", "remove_comments", "cmd_line",
-                    "normalize_path", "trim"]
+                    "quote_split_words", "normalize_path", "trim"]
 
 # Request parts a condition can read. Plain names, or `name:PARAM` for the parameterised ones.
 PLAIN_TARGETS = (

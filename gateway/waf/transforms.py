@@ -20,6 +20,7 @@ _CMD_SEP = re.compile(r",")
 _SLASHES = re.compile(r"[\\/]+")
 _DOT_SEGMENT = re.compile(r"(?:(?<=/)|^)\./")
 _B64 = re.compile(r"^[A-Za-z0-9+/_-]+={0,2}$")
+_QUOTE_SPLIT_WORD = re.compile(r"""[^\s;|&`()<>]*\w['"]+\w[^\s;|&`()<>]*""")
 
 
 def url_decode(value: str) -> str:
@@ -64,6 +65,15 @@ def cmd_line(value: str) -> str:
     return value.lower()
 
 
+def quote_split_words(value: str) -> str:
+    """The words a quote splits from inside (wh'o'ami, "w"get), quotes removed, space-separated; every other word
+    is dropped. The shell joins quoted and bare pieces into one word, so this is the word it runs; a word merely
+    in quotes ("ip") is not split and does not appear."""
+    if "'" not in value and '"' not in value:
+        return ""
+    return " ".join(w.replace("'", "").replace('"', "") for w in _QUOTE_SPLIT_WORD.findall(value))
+
+
 def normalize_path(value: str) -> str:
     value = _SLASHES.sub("/", value)
     return _DOT_SEGMENT.sub("", value)
@@ -81,6 +91,7 @@ TRANSFORMS: dict[str, Callable[[str], str]] = {
     "js_decode": js_decode,
     "remove_comments": lambda v: _SQL_COMMENT.sub(" ", v) if "/*" in v else v,
     "cmd_line": cmd_line,
+    "quote_split_words": quote_split_words,
     "normalize_path": normalize_path,
     "trim": str.strip,
 }
