@@ -152,6 +152,7 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "rce-151": ([("q", "'wh'oami"), ("q", '"w"get localhost'), ("q", "x; c'a't /etc/passwd"), ("q", "'i'p a")],
                 [("q", "O'Keefe's cat"), ("q", 'the "ip" field'), ("q", "That's two \"O\"s in goose"),
                  ("q", "don't ping me")]),
+    "rce-153": ([("q", "~+"), ("q", "~-1"), ("q", "~+/.ssh/id_rsa")], [("q", "~5"), ("q", "~+ about ten"), ("q", "a~-b")]),
     "rce-152": ([("q", "garb=adduse[r];$garb pizza"), ("q", "v='u';cu$v\\r\\l google.com"), ("q", "a=b; ${a} x")],
                 [("q", "x=1; y=2"), ("q", "total=5; costs $5")]),
     "rce-110": ([("q", "$(whoami)"), ("q", "cat${IFS}x")], [("q", "it costs $5 (approx)"), ("json", "Call `search` first")]),
