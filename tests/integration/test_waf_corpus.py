@@ -42,11 +42,11 @@ def test_libinjection_attack_lists_are_caught(results):
     # catch target met; the no-match stages left failing are mostly attack payloads CRS labels only for a sibling
     # rule: regression floors (docs/benchmarks.md)
     ("REQUEST-942-APPLICATION-ATTACK-SQLI", 2, 0.92, 0.91),
-    ("REQUEST-932-APPLICATION-ATTACK-RCE", 2, 0.90, 0.85),
+    ("REQUEST-932-APPLICATION-ATTACK-RCE", 2, 0.94, 0.85),
     ("REQUEST-930-APPLICATION-ATTACK-LFI", 1, 0.90, 0.95),
     ("REQUEST-942-APPLICATION-ATTACK-SQLI", 1, 0.31, 0.96),
     ("REQUEST-941-APPLICATION-ATTACK-XSS", 1, 0.52, 0.96),
-    ("REQUEST-932-APPLICATION-ATTACK-RCE", 1, 0.54, 0.86),
+    ("REQUEST-932-APPLICATION-ATTACK-RCE", 1, 0.55, 0.86),
     ("REQUEST-913-SCANNER-DETECTION", 1, 1.0, 1.0),
     ("REQUEST-913-SCANNER-DETECTION", 2, 1.0, 1.0),
 ])
@@ -58,7 +58,7 @@ def test_crs_family_floors(results, family, level, catch, passed):
 
 def test_rce_no_match_stages_pass_at_pl2_once_contested_ones_are_set_aside(results):
     """The 95% pass target holds for RCE over the no-match stages whose payload no attack stage of the corpus sends
-    (of the 42 blocked, 30 are another stage's attack, e.g. 932230's `;cat /path/file.gz` is 932236's)."""
+    (of the 44 blocked, 32 are another stage's attack, e.g. 932230's `;cat /path/file.gz` is 932236's)."""
     tally = results[2]["REQUEST-932-APPLICATION-ATTACK-RCE"]
     assert tally.uncontested_pass_rate >= 0.95, f"passed {tally.uncontested_passed}/{tally.uncontested}"
     assert tally.benign - tally.uncontested >= 30  # the twins are found: a broken comparison would contest nothing
