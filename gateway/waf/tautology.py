@@ -11,6 +11,7 @@ be left open at the end of the value ('1'='1), as an injection leaves it for the
 from __future__ import annotations
 
 import functools
+from operator import ge, gt, le, lt
 
 import re2
 
@@ -27,7 +28,7 @@ _COMPARISON = compile_regex(
 _MAX_COMPARISONS = 256
 _NEGATED = frozenset(("!=", "<>", "is not", "not like", "not rlike", "not regexp"))
 # "3 < 5" is everyday text; an ordering is a tautology only as a condition (OR 2>1, AND 3>=3, WHERE 1<2).
-_ORDERING = frozenset(("<", ">", "<=", ">="))
+_ORDERING = {"<": lt, ">": gt, "<=": le, ">=": ge}
 _LOGIC_BEFORE = compile_regex(r"(?i)(?:\bor|\band|\bxor|\bwhere|\bhaving|\bwhen|\bnot|\|\||&&)\s*\(?\s*$")
 
 
@@ -63,7 +64,7 @@ def _holds(a: float | str, operator: str, b: float | str) -> bool:
         return a == b
     if negated:
         return a != b
-    return {"<": a < b, ">": a > b, "<=": a <= b, ">=": a >= b}[operator]
+    return _ORDERING[operator](a, b)
 
 
 def _value(literal: str) -> float | str:
