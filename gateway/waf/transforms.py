@@ -20,7 +20,8 @@ _CMD_SEP = re.compile(r",")
 _SLASHES = re.compile(r"[\\/]+")
 _DOT_SEGMENT = re.compile(r"(?:(?<=/)|^)\./")
 _B64 = re.compile(r"^[A-Za-z0-9+/_-]+={0,2}$")
-_QUOTE_SPLIT_WORD = re.compile(r"""[^\s;|&`()<>]*\w['"]+\w[^\s;|&`()<>]*""")
+_SHELL_WORD_BREAK = re.compile(r"[\s;|&`()<>]+")
+_QUOTE_INSIDE_WORD = re.compile(r"""\w['"]+\w""")
 
 
 def url_decode(value: str) -> str:
@@ -71,7 +72,10 @@ def quote_split_words(value: str) -> str:
     in quotes ("ip") is not split and does not appear."""
     if "'" not in value and '"' not in value:
         return ""
-    return " ".join(w.replace("'", "").replace('"', "") for w in _QUOTE_SPLIT_WORD.findall(value))
+    # Split first, then test each word: one pattern spanning a whole word would backtrack quadratically on a long
+    # word that holds a quote but is not split by it.
+    return " ".join(w.replace("'", "").replace('"', "") for w in _SHELL_WORD_BREAK.split(value)
+                    if _QUOTE_INSIDE_WORD.search(w))
 
 
 def normalize_path(value: str) -> str:

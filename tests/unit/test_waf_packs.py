@@ -16,6 +16,7 @@ from gateway.waf import tautology
 from gateway.waf.model import WafSpec
 from gateway.waf.packs import builtin_packs, compile_waf, pack_rules
 from gateway.waf.parts import RequestView
+from gateway.waf.transforms import quote_split_words
 
 CHAT = "/v1/chat/completions"
 BASE_HEADERS = [("host", "gw"), ("user-agent", "openai-python/1.40"), ("content-type", "application/json"),
@@ -286,3 +287,11 @@ def test_tautology_compiles_request_patterns_quietly(capfd):
     """A REGEXP operand is the request's: a broken one is a false comparison, not a log line per request."""
     assert tautology.find("'a' regexp '[[[' or 'b' regexp '(x'") is None
     assert "Error parsing" not in capfd.readouterr().err
+
+
+def test_quote_split_words_is_linear_on_a_long_word_with_a_stray_quote():
+    """rce-151 reads arguments through this transform: a 1 MB word ending in a quote must not backtrack."""
+    started = time.perf_counter()
+    assert quote_split_words("a" * 1_000_000 + "' x") == ""
+    assert time.perf_counter() - started < 0.5
+    assert quote_split_words("x; 'wh'oami and O'Keefe") == "whoami OKeefe"
