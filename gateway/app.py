@@ -49,7 +49,7 @@ from gateway.stages.tokenize import TokenizeStage
 from gateway.stages.waf import WafStage
 from gateway.telemetry import ACCESS_LOGGER, Metrics, build_tracer_provider, trace_ids
 from gateway.upstream import Upstream
-from gateway.waf.reload import PolicyReloader
+from gateway.waf.reload import PolicyReloader, log_policy_warnings
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger(ACCESS_LOGGER)
@@ -195,6 +195,7 @@ def _load_policies(config: GatewayConfig) -> PolicySet:
         return empty_policy_set()
     policies = load_policy_dir(config.policy_dir)
     log.info("policy %s loaded from %s", policies.version, config.policy_dir)
+    log_policy_warnings(policies)
     return policies
 
 

@@ -16,6 +16,7 @@ from pydantic import TypeAdapter, ValidationError
 from gateway.config import format_key_path
 from gateway.guard.spec import GuardSpec, overlay as guard_overlay
 from gateway.policy.model import AdmissionPolicy, Document, Policy, PolicySpec, RateLimitRule, TenantPolicy
+from gateway.waf import match_all
 from gateway.waf.model import RulePack
 from gateway.waf.packs import WafSet, build_waf_set, builtin_packs, check_packs, known_rule_ids, pack_rules
 
@@ -34,6 +35,7 @@ class PolicySet:
     _rate_limits: dict[str, tuple[RateLimitRule, ...]] = field(default_factory=dict, repr=False)
     waf: WafSet = field(default_factory=WafSet.empty, repr=False)  # compiled once here, per tenant
     _guards: dict[str | None, GuardSpec] = field(default_factory=dict, repr=False, compare=False)
+    warnings: tuple[str, ...] = ()  # rules that match every request (gateway.waf.match_all); logged, not fatal
 
     def __post_init__(self) -> None:
         self._rate_limits.update({t: _merge(self.base.spec.rate_limits, o) for t, o in self.overlays.items()})
@@ -117,7 +119,11 @@ def load_policy_dir(directory: Path) -> PolicySet:
                             {p.metadata.name: p for _, p in packs}, version)
     except Exception as exc:  # e.g. an RE2 set over its memory budget
         raise PolicyError(f"invalid policy:\n  {directory}: WAF rules do not compile: {exc}") from exc
-    return PolicySet(base=base, overlays={t: o for t, (_, o) in overlays.items()}, version=version, waf=waf)
+    findings = match_all.inspect(waf)
+    if findings.blanket_blocks:
+        raise PolicyError("invalid policy:\n" + "\n".join(f"  {directory}: {b}" for b in findings.blanket_blocks))
+    return PolicySet(base=base, overlays={t: o for t, (_, o) in overlays.items()}, version=version, waf=waf,
+                     warnings=findings.warnings)
 
 
 def _documents(path: Path, text: bytes, problems: list[str]) -> list[Policy | TenantPolicy]:

@@ -1,6 +1,7 @@
 """`portcullis policy test` and `portcullis policy explain`, and the WAF checks `portcullis policy check` adds:
-duplicate rule ids across enabled packs, dead rules (never active at any tenant's paranoia level, or excluded
-everywhere) and shadowed rules (the same condition as an earlier rule)."""
+rules that match every request (gateway/waf/match_all.py), duplicate rule ids across enabled packs, dead rules
+(never active at any tenant's paranoia level, or excluded everywhere) and shadowed rules (the same condition as an
+earlier rule)."""
 
 from __future__ import annotations
 
@@ -121,8 +122,9 @@ def _leaves(cond):
 
 
 def lint(policies: PolicySet) -> list[str]:
-    """Warnings about rules that can never act or that repeat another's condition; duplicate ids across packs."""
-    notes: list[str] = []
+    """Warnings about rules that match every request (found at load), that can never act or that repeat another's
+    condition; duplicate ids across packs."""
+    notes: list[str] = list(policies.warnings)
     specs: dict[str, WafSpec] = {"base": policies.base.spec.waf}
     for tenant, overlay in policies.overlays.items():
         if "waf" in overlay.spec.model_fields_set:

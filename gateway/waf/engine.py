@@ -459,14 +459,13 @@ class CompiledWaf:
         count = 0
         for match in verdict.redactions:
             compiled = by_id[match.rule.id]
-            replacement = compiled.rule.replacement.replace("\\", "\\\\")
             for targets, regex in compiled.redactors:
                 for target in targets:
                     for _, _, loc in view.values(target):
                         text = _get_at(payload, loc) if loc else None
                         if not isinstance(text, str):
                             continue
-                        new, n = regex.subn(replacement, text)
+                        new, n = _redact_text(regex, compiled.rule.replacement, text)
                         if n:
                             _set_at(payload, loc, new)
                             count += n
@@ -481,6 +480,22 @@ class CompiledWaf:
                     and (not exc.paths or any(view.path.startswith(p) for p in exc.paths))):
                 out |= ids
         return out
+
+
+def _redact_text(regex, replacement: str, text: str) -> tuple[str, int]:
+    """`text` with every non-empty match replaced, and how many were. An empty match hides nothing, and replacing
+    it would put the replacement between every two characters of the prompt (`[0-9]*` matches empty everywhere)."""
+    replaced = 0
+
+    def swap(found) -> str:
+        nonlocal replaced
+        if found.start() == found.end():
+            return ""
+        replaced += 1
+        return replacement
+
+    new, _ = regex.subn(swap, text)
+    return new, replaced
 
 
 def _excluded(exc: Exclusion, rule: WafRule) -> bool:

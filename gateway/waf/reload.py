@@ -1,6 +1,7 @@
 """Hot reload of the policy directory: on file changes (watchfiles) or SIGHUP the whole set is re-read and
 re-validated off the event loop, then swapped in with one assignment. An invalid edit leaves the running policy in
-place; the error (file, line, rule id) is logged and shown by /admin/policy."""
+place; the error (file, line, rule id) is logged and shown by /admin/policy. A WAF that would block every request is
+such an error (gateway/waf/match_all.py); rules that merely match every request are logged as warnings."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ class PolicyReloader:
                 self.reloads += 1
                 self.loaded_at = time.time()
                 log.info("policy reloaded (%s): %s -> %s", reason, previous, policies.version)
+                log_policy_warnings(policies)
             return True
 
     def start(self) -> None:
@@ -82,3 +84,10 @@ class PolicyReloader:
     def status(self) -> dict:
         return {"loaded_at": self.loaded_at, "reloads": self.reloads, "last_error": self.last_error,
                 "last_error_at": self.last_error_at, "directory": str(self.directory)}
+
+
+def log_policy_warnings(policies: PolicySet) -> None:
+    """What `portcullis policy check` would warn about (rules that match every request), in the log of the gateway
+    that now runs the policy."""
+    for warning in policies.warnings:
+        log.warning("policy %s: %s", policies.version, warning)
