@@ -11,8 +11,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.yaml_bools import Switch
+
 Action = Literal["block", "flag", "monitor"]
-PiiAction = Literal["off", "monitor", "flag", "redact", "block"]
+PiiAction = Switch[Literal["off", "monitor", "flag", "redact", "block"]]
 # Message roles, plus `tool_definitions`: the descriptions of the request's tools and their parameters, where a
 # poisoned third-party tool hides instructions for the model.
 Role = Literal["system", "developer", "user", "assistant", "tool", "tool_definitions"]
@@ -55,7 +57,7 @@ class OutputPolicy(_Strict):
     """The output guard: generated text scanned as it streams, in windows, behind a hold-back buffer."""
 
     enabled: bool = False
-    injection: Literal["off", "block", "flag", "monitor"] = Field("off", description=(
+    injection: Switch[Literal["off", "block", "flag", "monitor"]] = Field("off", description=(
         "the classifier on generated text (e.g. a model repeating injected instructions)"))
     pii: PiiAction = "off"
     secrets: PiiAction = "block"

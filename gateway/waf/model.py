@@ -14,6 +14,8 @@ from typing import Annotated, Literal, Union
 import re2
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gateway.yaml_bools import Switch
+
 _QUIET = re2.Options()
 _QUIET.log_errors = False
 
@@ -223,7 +225,7 @@ class BlockResponse(_Strict):
 class WafSpec(_Strict):
     """The WAF: built-in or custom rule packs at a paranoia level, the policy's own rules, scoring, exclusions."""
 
-    mode: Literal["block", "monitor", "off"] = Field(
+    mode: Switch[Literal["block", "monitor", "off"]] = Field(
         default="block", description="monitor: decide and log, never refuse; off: skip the WAF")
     paranoia_level: Level = 1
     packs: list[Union[str, PackRef]] = Field(default_factory=list, description="rule packs enabled by name")
