@@ -47,7 +47,7 @@ from gateway.stages.ratelimit import RateLimitStage
 from gateway.stages.route import RouteStage
 from gateway.stages.tokenize import TokenizeStage
 from gateway.stages.waf import WafStage
-from gateway.telemetry import ACCESS_LOGGER, Metrics, build_tracer_provider, trace_ids
+from gateway.telemetry import ACCESS_LOGGER, Metrics, build_tracer_provider, configured_models, trace_ids
 from gateway.upstream import Upstream
 from gateway.waf.reload import PolicyReloader, log_policy_warnings
 
@@ -62,7 +62,7 @@ class Gateway:
 
     def __init__(self, config: GatewayConfig, span_exporter: SpanExporter | None = None) -> None:
         self.config = config
-        self.metrics = Metrics()
+        self.metrics = Metrics(configured_models(config))
         self.tracer_provider = build_tracer_provider(config.telemetry, span_exporter)
         self.tracer = self.tracer_provider.get_tracer("portcullis.gateway")
         self.pools = Pools([Pool(p) for p in config.pools])

@@ -17,18 +17,24 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, ALWAYS_ON
 from opentelemetry.trace import Span, format_span_id, format_trace_id
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gateway.config import OtlpConfig, TelemetryConfig
+from gateway.config import GatewayConfig, OtlpConfig, TelemetryConfig
 
 ACCESS_LOGGER = "portcullis.access"
+OTHER_MODEL = "other"  # the model label of every model the config does not name
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _STAGE_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1)
 
 
 class Metrics:
-    """The gateway's Prometheus metrics, in a registry of its own."""
+    """The gateway's Prometheus metrics, in a registry of its own.
 
-    def __init__(self) -> None:
+    Every label value is the gateway's own (routes, stages, pools, replicas, policy rule ids, error codes, status
+    codes) except the model, which the client names: `model_label` keeps that one to the configured models.
+    """
+
+    def __init__(self, known_models: frozenset[str] = frozenset()) -> None:
+        self.known_models = known_models
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("portcullis_requests", "Requests by route and status", ["route", "status"], registry=r)
@@ -62,6 +68,16 @@ class Metrics:
         self.ratelimit_tokens_charged = Counter(
             "portcullis_ratelimit_tokens_charged", "Tokens charged to token limits after reconciliation", ["limit"],
             registry=r)
+
+    def model_label(self, model: str) -> str:
+        """The model as a label value: a configured model's name, else `other`. A label per name a client sends
+        would let any client grow /metrics (and Prometheus) without bound: 3,000 made-up names made it 3.5 MB."""
+        return model if model in self.known_models else OTHER_MODEL
+
+
+def configured_models(config: GatewayConfig) -> frozenset[str]:
+    """The models the operator named: `models` and every pool's `models`."""
+    return frozenset(m.name for m in config.models) | frozenset(n for p in config.pools for n in p.models)
 
 
 def build_tracer_provider(config: TelemetryConfig, exporter: SpanExporter | None = None) -> TracerProvider:

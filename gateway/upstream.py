@@ -219,10 +219,11 @@ class Upstream:
         if ctx.replica is attempt.replica:
             if usage.prompt_tokens is not None:
                 span.set_attribute("gen_ai.usage.input_tokens", usage.prompt_tokens)
-                self._metrics.tokens.labels(pool=pool_name, model=ctx.model, kind="prompt").inc(usage.prompt_tokens)
+                self._metrics.tokens.labels(pool=pool_name, model=self._metrics.model_label(ctx.model),
+                                            kind="prompt").inc(usage.prompt_tokens)
             if usage.completion_tokens is not None:
                 span.set_attribute("gen_ai.usage.output_tokens", usage.completion_tokens)
-                self._metrics.tokens.labels(pool=pool_name, model=ctx.model,
+                self._metrics.tokens.labels(pool=pool_name, model=self._metrics.model_label(ctx.model),
                                             kind="completion").inc(usage.completion_tokens)
             if usage.finish_reasons:
                 span.set_attribute("gen_ai.response.finish_reasons", usage.finish_reasons)
