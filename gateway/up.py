@@ -1,15 +1,20 @@
 """`portcullis up`: the whole stack on one machine — bundled engine replicas plus the gateway in front of them.
 
 This is what `make run` starts: no config file, no Redis, no other service. Engines run as child processes on
-consecutive loopback ports; the gateway runs in this process and stops them when it exits.
+consecutive loopback ports; the gateway runs in this process and stops them whenever it exits: SIGTERM, SIGINT,
+a gateway that fails to start or stops, an engine that never becomes healthy. An engine that dies while the
+gateway runs is logged at once (its pool goes on with the other replicas). Only SIGKILL leaves them running.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -17,6 +22,8 @@ import httpx
 from gateway.config import GatewayConfig, ListenConfig, PoolConfig, ReplicaConfig
 
 ENGINE_START_TIMEOUT = 300.0
+ENGINE_STOP_TIMEOUT = 10.0  # after SIGTERM, then SIGKILL
+log = logging.getLogger(__name__)
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
 
@@ -37,10 +44,17 @@ def run_up(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_level)
     ports = [args.engine_port + i for i in range(args.replicas)]
-    engines = [_start_engine(port) for port in ports]
+    engines: list[subprocess.Popen] = []
+    stopping = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _exit_on_signal)
     try:
+        for port in ports:
+            engines.append(_start_engine(port))
         for port, engine in zip(ports, engines):
             _wait_healthy(port, engine)
+        for port, engine in zip(ports, engines):
+            _report_exit(port, engine, stopping)
         config = GatewayConfig(
             listen=ListenConfig(port=args.port),
             pools=[PoolConfig(name="engine", routing="kv_events",
@@ -50,12 +64,46 @@ def run_up(args: argparse.Namespace) -> int:
         uvicorn.run(build_app(config), host=config.listen.host, port=args.port, loop="uvloop", http="httptools",
                     access_log=False, log_config=None)
     finally:
-        for engine in engines:
-            engine.terminate()
-        for engine in engines:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                engine.wait(timeout=10)
+        stopping.set()
+        _stop_engines(engines)
     return 0
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    """Leave through `run_up`'s `finally`. SIGTERM's default action ends the process on the spot, engines left
+    running; and once the gateway has shut down, uvicorn raises the signal it caught again, which lands here."""
+    raise SystemExit(128 + signum)
+
+
+def _stop_engines(engines: list[subprocess.Popen]) -> None:
+    """SIGTERM every engine, then SIGKILL those not gone within ENGINE_STOP_TIMEOUT. A second Ctrl-C or SIGTERM
+    meanwhile is ignored, so it cannot cut this short."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
+    for engine in engines:
+        if engine.poll() is None:
+            engine.terminate()
+    deadline = time.monotonic() + ENGINE_STOP_TIMEOUT
+    for engine in engines:
+        try:
+            engine.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("engine pid %d did not stop within %.0fs of SIGTERM: killing it", engine.pid,
+                        ENGINE_STOP_TIMEOUT)
+            engine.kill()
+            engine.wait()
+
+
+def _report_exit(port: int, engine: subprocess.Popen, stopping: threading.Event) -> None:
+    """Log an engine's death as it happens, not when someone wonders why half the requests fail."""
+
+    def watch() -> None:
+        status = engine.wait()
+        if not stopping.is_set():
+            log.error("engine on port %d (pid %d) exited with status %d; the gateway goes on without it",
+                      port, engine.pid, status)
+
+    threading.Thread(target=watch, name=f"engine-{port}", daemon=True).start()
 
 
 def _start_engine(port: int) -> subprocess.Popen:
