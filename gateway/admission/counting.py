@@ -26,6 +26,10 @@ class PromptCount:
 class PromptCounter(Protocol):
     def count(self, route: str, payload: dict[str, Any]) -> PromptCount: ...
 
+    def decode(self, ids: list[int]) -> str | None:
+        """Token ids back to the text the model reads (special tokens included), for the guard to scan; None when
+        the tokenizer is unknown. Raises a 400 for ids outside the vocabulary."""
+
 
 class EngineCounter:
     """The bundled engine's tokenizer and chat template, from the same GGUF or Hugging Face folder."""
@@ -46,6 +50,15 @@ class EngineCounter:
         except PromptError as exc:
             raise invalid_request(str(exc), param=exc.param) from None
         return PromptCount(len(ids), ids)
+
+    def decode(self, ids: list[int]) -> str:
+        tokenizer = self._renderer.tokenizer
+        size = len(tokenizer.token_bytes)
+        bad = next((t for t in ids if not 0 <= t < size), None)
+        if bad is not None:  # a negative id would index from the end of the table
+            raise invalid_request(f"token id {bad} is not in the model's vocabulary (0 to {size - 1})",
+                                  param="prompt")
+        return tokenizer.decode(ids, skip_special_tokens=False)
 
 
 class TiktokenCounter:
@@ -75,6 +88,12 @@ class TiktokenCounter:
                 total += sum(len(encode(p.get("text", ""))) for p in content if isinstance(p, dict))
         return PromptCount(total, None)
 
+    def decode(self, ids: list[int]) -> str:
+        try:
+            return self._encoding.decode(ids)
+        except (KeyError, OverflowError) as exc:  # an id in no vocabulary slot (there are gaps), or negative
+            raise invalid_request(f"token ids outside the model's vocabulary: {exc}", param="prompt") from None
+
 
 class EstimateCounter:
     """No tokenizer known: about four characters a token, rounded up, so limits err on the safe side."""
@@ -89,6 +108,9 @@ class EstimateCounter:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
             return PromptCount(len(prompt), None)
         return PromptCount(math.ceil(len(str(prompt or "")) / 4) + 1, None)
+
+    def decode(self, ids: list[int]) -> None:
+        return None
 
 
 def _completion_ids(prompt: Any, encode) -> list[int]:

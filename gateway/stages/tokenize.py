@@ -42,6 +42,11 @@ class TokenizeStage:
                 self._counters[model] = counter
         return counter
 
+    def decode(self, model: str, ids: list[int]) -> str | None:
+        """Token ids as the model's tokenizer reads them, for the guard; None when no tokenizer is known for it.
+        Blocking (may load the tokenizer), so call it off the event loop."""
+        return self._counter(model).decode(ids)
+
     async def __call__(self, ctx: RequestContext) -> None:
         count = self._counter(ctx.model).count(ctx.route, ctx.payload)
         ctx.prompt_tokens, ctx.prompt_token_ids = count.tokens, count.token_ids
