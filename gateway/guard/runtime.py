@@ -80,6 +80,16 @@ class GuardBlocked(GatewayError):
         return body
 
 
+class ScanTooLong(GatewayError):
+    """Input longer than the policy lets the classifier scan: refused whole, since scanning part of it would let an
+    attack hide in the part left out."""
+
+    def __init__(self, windows: int, limit: int, window: int) -> None:
+        super().__init__(413, f"the guard scans at most {limit} windows of {window} tokens per request, and this "
+                              f"request's scanned text needs {windows}: send less text",
+                         code="prompt_too_long_to_scan", param="guard.injection.max_windows")
+
+
 class Guard:
     """The classifier (lazily loaded), its batcher and the guard's metrics."""
 
@@ -136,28 +146,33 @@ class Guard:
         model_threshold = self._model.threshold if self._model else None
         return float(model_threshold) if model_threshold is not None else DEFAULT_THRESHOLD
 
-    def windows(self, texts: list[str], policy: InjectionPolicy) -> list[tuple[int, list[int]]]:
-        """(text index, window ids) for each window to scan; past max_windows, the first and the last ones."""
-        model = self._model
-        per_text = model.encode_windows_batch(texts, policy.window, policy.overlap)
+    def windows(self, texts: list[str], policy: InjectionPolicy,
+                max_windows: int | None = None) -> list[tuple[int, list[int]]]:
+        """(text index, window ids) for every window of every text; blocking (tokenizing), so big inputs belong on
+        a worker thread. More than `max_windows` raises ScanTooLong: a text is scanned whole or not served."""
+        per_text = self._model.encode_windows_batch(texts, policy.window, policy.overlap)
         flat = [(i, ids) for i, ws in enumerate(per_text) for ids in ws]
-        if len(flat) > policy.max_windows:
-            head = policy.max_windows // 2
-            flat = flat[:head] + flat[len(flat) - (policy.max_windows - head):]
+        if max_windows is not None and len(flat) > max_windows:
+            raise ScanTooLong(len(flat), max_windows, min(policy.window, self._model.max_length))
         return flat
 
-    async def classify(self, texts: list[str], policy: InjectionPolicy, settings: RuntimeSettings,
-                       target: str = "input") -> tuple[float, int]:
-        """(max score, index of the text that has it) over every window of every text; (0, -1) for no text."""
-        await self.ensure(settings)
-        texts = [t for t in texts]
-        if not any(texts):
+    async def score(self, windows: list[tuple[int, list[int]]], target: str = "input") -> tuple[float, int]:
+        """(max score, index of the text that has it) over these windows, through the micro-batcher; (0, -1) for
+        none."""
+        if not windows:
             return 0.0, -1
-        windows = self.windows(texts, policy)
         scores = await self._batcher.score([ids for _, ids in windows])
         best = max(range(len(scores)), key=scores.__getitem__)
         self.scores.labels(target=target).observe(scores[best])
         return float(scores[best]), windows[best][0]
+
+    async def classify(self, texts: list[str], policy: InjectionPolicy, settings: RuntimeSettings,
+                       target: str = "input") -> tuple[float, int]:
+        """Every window of these texts scored (tokenized on a worker thread); see `score`."""
+        await self.ensure(settings)
+        if not any(texts):
+            return 0.0, -1
+        return await self.score(await asyncio.to_thread(self.windows, texts, policy), target)
 
     def record(self, verdict: Verdict, policy_version: str) -> None:
         """The GenAI guardrail event on the current span, and the verdict counter."""

@@ -34,14 +34,15 @@ class InjectionPolicy(_Strict):
     action: Action = Field("block", description="block: refuse with 400 prompt_blocked; flag: serve it, with an "
                            "x-portcullis-guard response header; monitor: record only")
     roles: list[Role] = Field(default_factory=lambda: ["user", "tool"], description=(
-        "message roles scanned in chat requests (completions prompts are always scanned); tool_definitions adds "
-        "the descriptions of the request's tools and their parameters"))
+        "message roles scanned in chat requests (completions prompts are always scanned); tool also scans the "
+        "legacy function role; tool_definitions adds the descriptions of the request's tools and their parameters"))
     window: Annotated[int, Field(ge=16, le=4096, description="tokens per scanning window (capped at the model's)")] \
         = 512
     overlap: Annotated[int, Field(ge=0, le=1024, description=(
         "tokens shared by consecutive windows (at most half a window)"))] = 32
     max_windows: Annotated[int, Field(ge=1, description=(
-        "windows scanned per request; a longer input scans its first and its last windows"))] = 64
+        "windows a request's scanned text may need (each costs one classifier row); a longer input is refused with "
+        "413 prompt_too_long_to_scan, never scanned in part"))] = 64
 
 
 class PiiPolicy(_Strict):
@@ -50,7 +51,8 @@ class PiiPolicy(_Strict):
     pii: PiiAction = "off"
     secrets: PiiAction = "off"
     types: list[str] = Field(default_factory=list, description="detector types to run; [] runs all")
-    roles: list[Role] = Field(default_factory=lambda: ["system", "developer", "user", "assistant", "tool"])
+    roles: list[Role] = Field(default_factory=lambda: ["system", "developer", "user", "assistant", "tool"],
+                              description="message roles scanned; tool also scans the legacy function role")
 
 
 class OutputPolicy(_Strict):
@@ -83,6 +85,10 @@ class GuardRuntime(_Strict):
 
 class GuardSpec(_Strict):
     enabled: bool = Field(False, description="off: the stage costs one attribute lookup per request")
+    unknown_tokenizer: Literal["refuse", "pass"] = Field("refuse", description=(
+        "completions prompts sent as token ids are decoded with the model's tokenizer and scanned as text; for a "
+        "model whose tokenizer the gateway does not know, refuse them (400 prompt_unscannable) or pass them "
+        "unscanned. Applies while the injection classifier or the PII/secret detectors scan prompts"))
     injection: InjectionPolicy = InjectionPolicy()
     pii: PiiPolicy = PiiPolicy()
     output: OutputPolicy = OutputPolicy()
