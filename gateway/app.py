@@ -70,7 +70,7 @@ class Gateway:
         keys = KeyStore(config.auth)  # shared: the WAF looks callers up, auth refuses them
         self.auth = AuthStage(keys)
         self.tokenize = TokenizeStage(config.models, lambda: self.policies)
-        self.redis = RedisBackend(config.redis.url, config.redis.timeout) \
+        self.redis = RedisBackend(config.redis.url, config.redis.timeout, config.redis.max_pending_settlements) \
             if config.redis.url else None
         limits = FailoverBackend(
             self.redis or MemoryBackend(), MemoryBackend(), fail_open=config.redis.on_failure == "fail_open",

@@ -180,6 +180,9 @@ class RedisConfig(_Strict):
         default="fail_open", description="fail_open: fall back to per-instance limits; fail_closed: refuse (503)")
     breaker_failures: Annotated[int, Field(gt=0)] = 3
     breaker_cooldown: Annotated[float, Field(gt=0)] = 5.0
+    max_pending_settlements: Annotated[int, Field(gt=0, description=(
+        "settlements (slot releases, token corrections) kept for Redis while it is unreachable, each a few hundred "
+        "bytes; beyond it the oldest is dropped and its slot frees when its lease runs out"))] = 100_000
 
 
 class ModelConfig(_Strict):

@@ -40,7 +40,15 @@ class Settlement:
 
 
 class BackendError(Exception):
-    """The shared store could not answer; the limiter then fails open or closed as configured."""
+    """The shared store could not answer; the limiter then fails open or closed as configured.
+
+    `maybe_applied`: the operations were sent whole and no answer came back, so the store may have applied them
+    (a timeout, a connection lost while waiting); otherwise they certainly were not applied.
+    """
+
+    def __init__(self, message: str, *, maybe_applied: bool = False) -> None:
+        super().__init__(message)
+        self.maybe_applied = maybe_applied
 
 
 class Backend(Protocol):
@@ -50,4 +58,5 @@ class Backend(Protocol):
         """Decide one request's checks (each on its own key) atomically: if any is denied, none consumes anything."""
 
     async def settle(self, settlement: Settlement) -> None:
-        """Apply cost corrections (negative refunds) and free slots; may return before the store has applied them."""
+        """Apply cost corrections (negative refunds) and free slots; may return before the store has applied them,
+        and then delivers them later (a store that is down gets them when it is back)."""

@@ -6,7 +6,7 @@ import logging
 import time
 
 from gateway.errors import GatewayError
-from gateway.ratelimit.checks import Backend, BackendError, Check
+from gateway.ratelimit.checks import Backend, BackendError, Check, Settlement, SlotCheck
 from gateway.ratelimit.gcra import Outcome
 from gateway.telemetry import Metrics
 
@@ -61,8 +61,17 @@ class FailoverBackend:
                 self.breaker.record(False)
                 log.warning("rate limit store error (%s): %s", "failing open" if self.fail_open else
                             "failing closed", exc)
+                if exc.maybe_applied:  # the store may have granted slots this request never learned of
+                    await self._give_back_slots(checks)
         if not self.fail_open:
             raise GatewayError(503, "rate limiting is unavailable; request refused (fail_closed)",
                                type="server_error", code="rate_limiter_unavailable",
                                headers={"retry-after": str(max(1, round(self.breaker.cooldown)))})
         return await self.fallback.acquire(checks), self.fallback
+
+    async def _give_back_slots(self, checks: list[Check]) -> None:
+        """Release (once the store answers again) what a lost admission may have taken. Only the slots: freeing one
+        that was never taken is harmless, while refunding tokens that were never charged would grant extra."""
+        slots = tuple(check for check in checks if isinstance(check, SlotCheck))
+        if slots:
+            await self.primary.settle(Settlement(releases=slots))

@@ -4,7 +4,8 @@ Admissions and settlements from concurrent requests are coalesced (gateway/ratel
 EVALSHA of `lua/batch.lua`, which decides each admission atomically (all of its limits or none) and applies
 settlements in arrival order; the script is reloaded on NOSCRIPT after a Redis restart. It reads Redis's own clock,
 so gateway clocks never disagree about a window. One connection carries every batch: the client does little more
-per batch than pack a command and read its reply.
+per batch than pack a command and read its reply. Settlements go through an outbox (gateway/ratelimit/outbox.py)
+that keeps them until Redis has them, so an outage cannot leave slots held and tokens charged.
 
 A batch names keys of many limits, so it needs one Redis node (or a primary and its replicas): on Redis Cluster the
 counters' hash tags (`portcullis:rl:{rule:digest}`) would let batches be split per slot.
@@ -25,6 +26,7 @@ from redis.backoff import NoBackoff
 from gateway.ratelimit.checks import BackendError, Check, RateCheck, Settlement
 from gateway.ratelimit.coalesce import Coalescer
 from gateway.ratelimit.gcra import Outcome
+from gateway.ratelimit.outbox import SettlementOutbox
 
 _SCRIPT = (Path(__file__).parent / "lua" / "batch.lua").read_text()
 _SHA = hashlib.sha1(_SCRIPT.encode()).hexdigest()
@@ -36,7 +38,7 @@ Operation = list[Check] | Settlement  # an admission's checks, or a settlement
 class RedisBackend:
     name = "redis"
 
-    def __init__(self, url: str, timeout: float) -> None:
+    def __init__(self, url: str, timeout: float, max_pending_settlements: int = 100_000) -> None:
         options = parse_url(url)
         connection_class = options.pop("connection_class", Connection)
         # no per-read timeout: the whole round trip runs under `timeout` (see _send)
@@ -44,37 +46,51 @@ class RedisBackend:
                                             retry=Retry(NoBackoff(), 0))
         self._timeout = timeout
         self._batches: Coalescer[Operation, list[Outcome] | None] = Coalescer(self._send)
+        self.settlements = SettlementOutbox(lambda s: self._batches.submit(s, can_wait=True), max_pending_settlements)
+        self._maybe_ran = False  # the batch in flight was sent whole: a failure now leaves unknown whether it ran
 
     async def acquire(self, checks: list[Check]) -> list[Outcome]:
         return await self._batches.submit(checks)
 
     async def settle(self, settlement: Settlement) -> None:
-        """Queued, not awaited: the response has ended and no answer changes anything."""
+        """Handed to the outbox, not awaited: the response has ended, and the outbox delivers it whenever it can."""
         if settlement.adjustments or settlement.releases:
-            self._batches.post(settlement)
+            self.settlements.add(settlement)
 
     async def aclose(self) -> None:
+        await self.settlements.aclose()
         await self._batches.aclose()
         await self._connection.disconnect()
 
     async def _send(self, operations: Sequence[Operation]) -> list[list[Outcome] | None]:
         keys, args = _encode(operations)
+        self._maybe_ran = False
         try:
             async with asyncio.timeout(self._timeout):
                 replies = await self._evalsha(keys, args)
         except (redis_errors.RedisError, OSError) as exc:  # TimeoutError is an OSError
             # a reply still on its way must not be read as the answer to the next batch
             await self._connection.disconnect(nowait=True)
-            raise BackendError(f"redis: {type(exc).__name__}: {exc}") from exc
+            raise BackendError(f"redis: {type(exc).__name__}: {exc}", maybe_applied=self._maybe_ran) from exc
         return _decode(operations, replies)
 
     async def _evalsha(self, keys: list[str], args: list) -> list[int]:
         """Run the batch script; if Redis forgot it (restart, SCRIPT FLUSH), load it and run it again."""
         try:
-            return await self._call("EVALSHA", _SHA, len(keys), *keys, *args)
+            return await self._run_script(keys, args)
         except redis_errors.NoScriptError:
             await self._call("SCRIPT", "LOAD", _SCRIPT)
-            return await self._call("EVALSHA", _SHA, len(keys), *keys, *args)
+            return await self._run_script(keys, args)
+
+    async def _run_script(self, keys: list[str], args: list) -> list[int]:
+        await self._connection.send_packed_command(_pack(("EVALSHA", _SHA, len(keys), *keys, *args)),
+                                                   check_health=False)
+        self._maybe_ran = True
+        try:
+            return await self._connection.read_response()
+        except redis_errors.NoScriptError:  # an answer: Redis ran nothing
+            self._maybe_ran = False
+            raise
 
     async def _call(self, *command):
         await self._connection.send_packed_command(_pack(command), check_health=False)

@@ -174,3 +174,26 @@ def test_a_key_left_of_another_kind_fails_no_batch(redis_server):
     assert slot.allowed and slot.remaining == 0 and rate.allowed and rate.remaining == 4 and other.allowed
     assert client.zrange("portcullis:rl:{changed:x}", 0, -1) == [b"r1"] and client.type("portcullis:rl:{changed:y}") \
         == b"string"
+
+
+def test_a_settlement_the_store_may_have_applied_is_retried_for_its_release_only(redis_server):
+    """A batch that timed out after it was sent whole may have run: its slot release is sent again (freeing a slot
+    twice is harmless), its token refund is not (twice would grant tokens nobody gave back)."""
+    slot = SlotCheck("portcullis:rl:{one:p}", 1, 30, "r1")
+    tokens = RateCheck("portcullis:rl:{tpm:p}", interval=10.0, tolerance=1000.0, cost=80)  # 100-token burst
+
+    async def main() -> tuple[int, dict]:
+        backend = RedisBackend(redis_server.url, timeout=0.3)
+        assert all(o.allowed for o in await backend.acquire([slot, tokens]))
+        redis_server.client().execute_command("CLIENT", "PAUSE", 1000, "ALL")
+        await backend.settle(Settlement(adjustments=((tokens, -50),), releases=(slot,)))
+        await asyncio.sleep(1.5)  # the settlement times out, the pause ends, the retry goes through
+        outcome = (await backend.acquire([RateCheck(tokens.key, 10.0, 1000.0, 0)]))[0]
+        dropped = dict(backend.settlements.dropped)
+        await backend.aclose()
+        return outcome.remaining, dropped
+
+    remaining, dropped = asyncio.run(main())
+    assert remaining in (20, 70)  # refunded once (Redis ran the timed-out batch) or not at all; never twice (100)
+    assert dropped == {"token correction maybe applied": 1}
+    assert redis_server.client().zcard(slot.key) == 0
