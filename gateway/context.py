@@ -23,6 +23,7 @@ class Usage:
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     finish_reasons: list[str] = field(default_factory=list)
+    generated: bool = False  # output (text, content, a tool call) came back: completion tokens were spent
 
 
 @dataclass(slots=True)

@@ -202,6 +202,7 @@ class Upstream:
             reason = choice.get("finish_reason") if isinstance(choice, dict) else None
             if reason:
                 ctx.usage.finish_reasons.append(reason)
+            ctx.usage.generated = ctx.usage.generated or _carries_output(choice)
         usage = body.get("usage")
         if isinstance(usage, dict):
             ctx.usage.prompt_tokens = usage.get("prompt_tokens")
@@ -237,6 +238,17 @@ def _request_body(ctx: RequestContext) -> tuple[bytes, bool]:
         return ctx.body, False
     payload = {**ctx.payload, "stream_options": {**options, "include_usage": True}}
     return json.dumps(payload).encode(), True
+
+
+def _carries_output(choice: object) -> bool:
+    """Whether a choice holds generated output (text, content, a tool call, reasoning), not just its role: token
+    limits charge an unreported completion only once output was seen."""
+    if not isinstance(choice, dict):
+        return False
+    if choice.get("text"):
+        return True
+    part = choice.get("delta") or choice.get("message")
+    return isinstance(part, dict) and any(value for key, value in part.items() if key != "role")
 
 
 def _json_or_none(data: bytes) -> dict | None:

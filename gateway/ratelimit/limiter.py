@@ -1,8 +1,8 @@
 """One decision for every limit that applies to a request, and its settlement when the response ends.
 
-Tokens are reserved up front (prompt + max_tokens) and reconciled with the usage the upstream reports: unused
-tokens are refunded, extra ones charged. A backend decides all of a request's limits at once and consumes nothing
-when any of them denies.
+Tokens are reserved up front (prompt + the output budget the tokenize stage settled on: max_tokens x n) and
+reconciled when the request ends (see `charged_tokens`). A backend decides all of a request's limits at once and
+consumes nothing when any of them denies.
 """
 
 from __future__ import annotations
@@ -55,16 +55,16 @@ class RateLimiter:
         return Grant(backend, decided, headers)
 
     async def settle(self, grant: Grant, ctx: RequestContext) -> None:
-        """Reconcile token reservations with real usage and free concurrency slots."""
+        """Reconcile token reservations with what the request cost and free concurrency slots."""
         adjustments, releases = [], []
+        prompt, completion = charged_tokens(ctx)
         for rule, check, _ in grant.decided:
             if isinstance(check, SlotCheck):
                 releases.append(check)
             elif rule.tokens:
-                used = _used_tokens(rule.tokens, ctx)
-                charged = check.cost if used is None else used  # no usage reported: keep the reservation
-                if used is not None and used != check.cost:
-                    adjustments.append((check, used - check.cost))
+                charged = {"input": prompt, "output": completion, "total": prompt + completion}[rule.tokens.count]
+                if charged != check.cost:
+                    adjustments.append((check, charged - check.cost))
                 self._tokens_charged(rule.id).inc(charged)
         await grant.backend.settle(Settlement(tuple(adjustments), tuple(releases)))
 
@@ -96,18 +96,37 @@ def _key(rule_id: str, identity: str) -> str:
 
 
 def _reservation(tokens: TokenRate, ctx: RequestContext) -> int:
-    """Prompt tokens as counted by the tokenize stage, plus the max_tokens it settled on."""
+    """Prompt tokens as counted by the tokenize stage, plus the output budget it settled on."""
     prompt, output = ctx.prompt_tokens or 0, ctx.max_tokens or 0
     return {"input": prompt, "output": output, "total": prompt + output}[tokens.count]
 
 
-def _used_tokens(tokens: TokenRate, ctx: RequestContext) -> int | None:
-    prompt, completion = ctx.usage.prompt_tokens, ctx.usage.completion_tokens
-    if tokens.count == "input":
-        return prompt
-    if tokens.count == "output":
-        return completion
-    return None if prompt is None or completion is None else prompt + completion
+def charged_tokens(ctx: RequestContext) -> tuple[int, int]:
+    """Prompt and completion tokens a finished request is charged.
+
+    What the upstream reports is charged exactly, each part on its own. A part it did not report is inferred:
+    - the upstream never accepted the request (it answered an error status such as 502/503/504, could not be
+      reached, timed out before answering, or a later stage refused the request): nothing. An upstream that failed
+      a request has not served its prompt (OpenAI and vLLM bill nothing for an error), and a client must not pay
+      for the upstream's failure; the slot and the request rate still bound how often it can try;
+    - the upstream accepted it (200) and so read the prompt: the prompt as counted by the tokenize stage. The
+      completion costs nothing when no output reached the gateway (the stream ended or broke, or the client left,
+      before any token); once output was seen, an unreported completion keeps its whole reservation, since how
+      much more the upstream generated is unknown and a client must not skip the bill by hanging up.
+    """
+    usage = ctx.usage
+    accepted = ctx.replica is not None and ctx.status == 200
+    prompt, completion = _count(usage.prompt_tokens), _count(usage.completion_tokens)
+    if prompt is None:
+        prompt = (ctx.prompt_tokens or 0) if accepted else 0
+    if completion is None:
+        completion = (ctx.max_tokens or 0) if accepted and usage.generated else 0
+    return prompt, completion
+
+
+def _count(reported: object) -> int | None:
+    """A token count as an upstream reported it, if it is one."""
+    return reported if isinstance(reported, int) and not isinstance(reported, bool) and reported >= 0 else None
 
 
 def _too_many(rule: RateLimitRule, outcome: Outcome, headers: dict[str, str]) -> GatewayError:
