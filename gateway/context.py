@@ -44,7 +44,9 @@ class RequestContext:
     # tokenize
     prompt_tokens: int | None = None
     prompt_token_ids: list[int] | None = None  # only when exactly the upstream's ids (prefix-cache prediction)
-    max_tokens: int | None = None  # requested, or filled from policy
+    # what the request may generate over all its choices: the larger of max_tokens and max_completion_tokens (or
+    # the policy's default), times n
+    max_tokens: int | None = None
     # auth
     tenant: str | None = None
     key_id: str | None = None  # short digest prefix: identifies a key in limits and logs, reveals nothing

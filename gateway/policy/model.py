@@ -100,6 +100,9 @@ class AdmissionPolicy(_Strict):
     """Defaults the admission stage applies before a request may enter."""
 
     default_max_tokens: Annotated[int, Field(gt=0, description="filled into requests that name no max_tokens")] = 1024
+    max_n: Annotated[int, Field(gt=0, description=(
+        "most choices one request may ask for (n, or best_of for completions): each multiplies what it may "
+        "generate and what its token limits reserve; above it, 400"))] = 8
 
 
 class PolicySpec(_Strict):

@@ -48,22 +48,60 @@ class TokenizeStage:
         return self._counter(model).decode(ids)
 
     async def __call__(self, ctx: RequestContext) -> None:
+        admission = self._policies().admission_for(ctx.tenant)
+        choices = _choices(ctx.payload, admission.max_n)  # before counting: refusing costs nothing
         count = self._counter(ctx.model).count(ctx.route, ctx.payload)
         ctx.prompt_tokens, ctx.prompt_token_ids = count.tokens, count.token_ids
         ctx.span.set_attribute("gen_ai.usage.input_tokens", count.tokens)
-        requested = ctx.payload.get("max_completion_tokens") or ctx.payload.get("max_tokens")
         window = self._models[ctx.model].context_window if ctx.model in self._models else None
-        if requested is not None:
-            if window and count.tokens + requested > window:
-                raise _too_long(window, count.tokens, requested)
-            ctx.max_tokens = requested
-            return
-        if window and count.tokens >= window:
-            raise _too_long(window, count.tokens, 0)
-        default = self._policies().admission_for(ctx.tenant).default_max_tokens
-        ctx.max_tokens = min(default, window - count.tokens) if window else default
-        ctx.payload["max_tokens"] = ctx.max_tokens
+        ctx.max_tokens = _per_choice(ctx, count.tokens, window, admission.default_max_tokens) * choices
+
+
+def _per_choice(ctx: RequestContext, prompt: int, window: int | None, default: int) -> int:
+    """The most tokens one choice may generate, which token limits reserve (times the choices).
+
+    OpenAI and vLLM honour max_completion_tokens when a request names both fields, another upstream may honour
+    max_tokens: the larger one is reserved, and it must fit the context window too. A request whose two fields
+    disagree beyond the window is refused (400), not checked with the one it names first and reserved with the
+    other: what a request reserves is always something it could really generate. Naming neither, it gets the
+    policy's default, cut to what the window leaves, written into the body the upstream sees.
+    """
+    # in the order upstreams honour them
+    named = {f: ctx.payload[f] for f in ("max_completion_tokens", "max_tokens") if ctx.payload.get(f) is not None}
+    if not named:
+        if window and prompt >= window:
+            raise _too_long(window, prompt, 0)
+        ctx.payload["max_tokens"] = min(default, window - prompt) if window else default
         ctx.body = json.dumps(ctx.payload).encode()
+        return ctx.payload["max_tokens"]
+    honoured_field, honoured = next(iter(named.items()))
+    largest_field, largest = max(named.items(), key=lambda item: item[1])
+    if window and prompt + honoured > window:
+        raise _too_long(window, prompt, honoured)
+    if window and prompt + largest > window:
+        raise GatewayError(
+            400, f"{largest_field} ({largest}) exceeds what this model's context window of {window} tokens leaves "
+                 f"after the prompt's {prompt} tokens, while {honoured_field} is {honoured}: the two fields "
+                 "disagree; send one of them, or both within the window.",
+            code="context_length_exceeded", param=largest_field)
+    return largest
+
+
+def _choices(payload: dict, most: int) -> int:
+    """How many completions the request asks for (n, or best_of for completions), at most `most` (else 400)."""
+    choices = 1
+    for field in ("n", "best_of"):
+        value = payload.get(field)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise GatewayError(400, f"Invalid '{field}': expected a positive integer.", code="invalid_type",
+                               param=field)
+        if value > most:
+            raise GatewayError(400, f"Invalid '{field}': integer above maximum value. Expected a value <= {most}, "
+                                    f"but got {value} instead.", code="integer_above_max_value", param=field)
+        choices = max(choices, value)
+    return choices
 
 
 def _too_long(window: int, prompt: int, completion: int) -> GatewayError:
