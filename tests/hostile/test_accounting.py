@@ -1,0 +1,193 @@
+"""Exact accounting under faults: a Redis outage leaves no slot held once Redis is back, a request the upstream failed
+costs no tokens, and a reservation covers what a request may really generate (the larger of max_tokens and
+max_completion_tokens, times n).
+
+Token budgets are read from `x-ratelimit-remaining-tokens`: a fresh key answers `limit - reservation`, and a later
+request shows what the earlier ones were charged. Token limits here run per week, so the refill over a test is far
+below one token."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+
+import httpx
+import pytest
+
+from gateway.ratelimit.checks import Settlement, SlotCheck
+from gateway.ratelimit.redis_backend import RedisBackend
+from tests.conftest import chat_body, free_port, policy_dir, pool
+
+KEYS = {f"sk-acct-{t}": t for t in ("t1", "t2", "t3", "t4", "t5", "t6")}
+AUTH = {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()} for k, t in KEYS.items()]}
+CHAT = "/v1/chat/completions"
+TOKENS = [{"id": "tenant-tokens", "key": ["tenant"], "tokens": {"limit": 100_000, "per": "7d"}}]
+USED = 7 + 3  # what the fake upstream reports for a three-chunk answer
+
+
+def post(gw, tenant: str, **fields) -> httpx.Response:
+    return httpx.post(gw.url + CHAT, json=chat_body(**fields), headers={"authorization": f"Bearer sk-acct-{tenant}"},
+                      timeout=30)
+
+
+def remaining(response: httpx.Response) -> int:
+    assert response.status_code == 200, response.text
+    return int(response.headers["x-ratelimit-remaining-tokens"])
+
+
+def settled() -> None:
+    """Settlements run once the response has gone out: give them a moment before the next admission reads them."""
+    time.sleep(0.3)
+
+
+def test_slots_held_in_redis_are_freed_within_seconds_of_it_coming_back(fake_upstream, gateway, tmp_path,
+                                                                          redis_server):
+    """Redis restarts from its snapshot while two streams hold the tenant's only slots; they end during the outage.
+    Their releases must reach Redis once it is back, not wait for the slots' ten-minute lease."""
+    upstream = fake_upstream()
+    rules = [{"id": "two-at-once", "key": ["tenant"], "concurrency": {"limit": 2}}]
+    gw = gateway({"pools": [pool("main", upstream.url)], "auth": AUTH, "policy_dir": policy_dir(tmp_path, rules),
+                  "redis": {"url": redis_server.url, "timeout": 0.3, "on_failure": "fail_closed",
+                            "breaker_failures": 1, "breaker_cooldown": 0.5}})
+    slow = chat_body(stream=True, fake={"chunks": 20, "delay": 0.1})
+    client = httpx.Client(timeout=30)
+    streams = [client.stream("POST", gw.url + CHAT, json=slow, headers={"authorization": "Bearer sk-acct-t1"})
+               for _ in range(2)]
+    responses = [stream.__enter__() for stream in streams]
+    assert [r.status_code for r in responses] == [200, 200]
+    assert post(gw, "t1").status_code == 429  # both slots held, in Redis
+
+    redis = redis_server.client()
+    assert redis.save()  # the slots survive the restart, as with any persistent Redis
+    redis_server.kill()
+    for response, stream in zip(responses, streams):
+        assert b"[DONE]" in response.read()  # the streams end while Redis is down: their releases cannot go
+        stream.__exit__(None, None, None)
+    client.close()
+    time.sleep(1.0)
+    redis_server.start()
+
+    back = time.monotonic()
+    statuses = []
+    while time.monotonic() - back < 8:
+        statuses.append(post(gw, "t1").status_code)  # 503 while the breaker is open, 429 while the slots are held
+        if statuses[-1] == 200:
+            break
+        time.sleep(0.2)
+    assert statuses[-1] == 200, f"still refused {time.monotonic() - back:.1f}s after Redis came back: {statuses}"
+    settled()
+    assert sum(redis.zcard(key) for key in redis.keys("portcullis:rl:*")) == 0
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_a_request_the_upstream_failed_costs_no_tokens(fake_upstream, gateway, tmp_path, request, store):
+    """A 502 from the upstream, an upstream nobody answers at, and one that times out: no tokens charged. A served
+    request is charged exactly what the upstream reported."""
+    good, failing, slow = fake_upstream("good"), fake_upstream("failing", fail_status=502), fake_upstream("slow")
+    config = {"pools": [pool("failing", failing.url, models=["failing-model"]),
+                        pool("dead", f"http://127.0.0.1:{free_port()}", models=["dead-model"]),
+                        pool("slow", slow.url, models=["slow-model"], timeouts={"connect": 3, "read": 0.5}),
+                        pool("good", good.url)],
+              "auth": AUTH, "policy_dir": policy_dir(tmp_path, TOKENS)}
+    if store == "redis":
+        config["redis"] = {"url": request.getfixturevalue("redis_server").url, "timeout": 5.0,
+                           "on_failure": "fail_closed"}
+    gw = gateway(config)
+
+    before = remaining(post(gw, "t1", max_tokens=500))
+    settled()
+    assert post(gw, "t1", model="failing-model", max_tokens=5000).status_code == 502
+    assert post(gw, "t1", model="dead-model", max_tokens=5000).status_code in (502, 503)
+    assert post(gw, "t1", model="slow-model", max_tokens=5000, fake={"header_delay": 3}).status_code == 504
+    settled()
+    after = remaining(post(gw, "t1", max_tokens=500))
+    assert before - after == USED  # the first request's usage; the failed ones cost nothing
+
+
+def test_a_stream_that_ends_before_any_token_is_charged_its_prompt_only(fake_upstream, gateway, tmp_path):
+    """Accepted (200) but cut before any output: the upstream read the prompt, generated nothing. Cut after output
+    with no usage reported: the whole reservation stays charged, so hanging up early never skips the bill."""
+    upstream = fake_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url)], "auth": AUTH, "policy_dir": policy_dir(tmp_path, TOKENS)})
+    first = remaining(post(gw, "t1", max_tokens=100))
+    prompt = 100_000 - first - 100  # what the gateway counted for the prompt
+    settled()
+    reservation_left = remaining(post(gw, "t1", max_tokens=100))
+    assert first - reservation_left == USED
+
+    cut = post(gw, "t1", max_tokens=100, stream=True, fake={"chunks": 3, "abort_after": 0})
+    assert cut.status_code == 200 and "error" in cut.text
+    settled()
+    after_cut = remaining(post(gw, "t1", max_tokens=100))
+    assert reservation_left - after_cut == USED + prompt
+
+    late = post(gw, "t1", max_tokens=100, stream=True, fake={"chunks": 3, "abort_after": 2, "delay": 0.1})
+    assert late.status_code == 200 and "w1" in late.text
+    settled()
+    assert after_cut - remaining(post(gw, "t1", max_tokens=100)) == USED + prompt + 100
+
+
+def test_reservations_cover_every_choice_and_the_larger_token_field(fake_upstream, gateway, tmp_path):
+    """Fresh tenants answer `limit - reservation`: the difference between two of them is the difference between
+    their reservations."""
+    upstream = fake_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url)], "auth": AUTH, "policy_dir": policy_dir(tmp_path, TOKENS),
+                  "models": [{"name": "test-model", "context_window": 4096}]})
+    single = remaining(post(gw, "t1", max_tokens=100))
+    assert single - remaining(post(gw, "t2", max_tokens=100, n=4)) == 300
+    # the upstream honours max_completion_tokens; another may honour max_tokens: the larger one is reserved
+    assert single - remaining(post(gw, "t3", max_tokens=2000, max_completion_tokens=100)) == 1900
+    assert single - remaining(post(gw, "t4", max_tokens=100, max_completion_tokens=2000)) == 1900
+    # the policy's default max_tokens (1024) for each of n choices
+    assert single - remaining(post(gw, "t5", n=3)) == 3 * 1024 - 100
+
+
+def test_a_token_field_beyond_the_window_is_refused_even_when_the_other_fits(fake_upstream, gateway, tmp_path):
+    upstream = fake_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url)], "auth": AUTH, "policy_dir": policy_dir(tmp_path, TOKENS),
+                  "models": [{"name": "test-model", "context_window": 4096}]})
+    refused = post(gw, "t1", max_completion_tokens=1, max_tokens=90_000)
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["code"] == "context_length_exceeded" and error["param"] == "max_tokens"
+    assert httpx.get(upstream.url + "/_stats").json()["requests"] == 0
+
+
+def test_n_is_bounded_and_multiplies_what_a_token_limit_admits(fake_upstream, gateway, tmp_path):
+    upstream = fake_upstream()
+    rules = [{"id": "tenant-tokens", "key": ["tenant"], "tokens": {"limit": 5000, "per": "7d"}}]
+    gw = gateway({"pools": [pool("main", upstream.url)], "auth": AUTH, "policy_dir": policy_dir(tmp_path, rules)})
+    too_many = post(gw, "t1", n=50, max_tokens=10)
+    assert too_many.status_code == 400
+    assert too_many.json()["error"]["param"] == "n" and too_many.json()["error"]["code"] == "integer_above_max_value"
+    assert post(gw, "t2", n=1, max_tokens=1000).status_code == 200
+    refused = post(gw, "t3", n=8, max_tokens=1000)  # 8000 tokens it may generate: more than the whole budget
+    assert refused.status_code == 429 and refused.json()["error"]["type"] == "tokens"
+    assert httpx.get(upstream.url + "/_stats").json()["requests"] == 1
+
+
+def test_settlements_kept_during_an_outage_are_bounded_and_delivered_oldest_first(redis_server):
+    """At the cap the oldest kept settlement is dropped; the rest reach Redis once it is back."""
+    key = "portcullis:rl:{slots:acct}"
+    held = [SlotCheck(key, 10, 600, f"r{i}") for i in range(5)]
+
+    async def main() -> dict:
+        backend = RedisBackend(redis_server.url, timeout=0.5, max_pending_settlements=3)
+        assert all(o[0].allowed for o in await asyncio.gather(*(backend.acquire([slot]) for slot in held)))
+        redis_server.client().save()
+        redis_server.kill()
+        for slot in held:
+            await backend.settle(Settlement(releases=(slot,)))
+            await asyncio.sleep(0.05)
+        redis_server.start()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and len(backend.settlements):
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)
+        dropped = dict(backend.settlements.dropped)
+        await backend.aclose()
+        return dropped
+
+    assert asyncio.run(main()) == {"outbox full": 2}
+    assert sorted(redis_server.client().zrange(key, 0, -1)) == [b"r0", b"r1"]
