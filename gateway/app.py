@@ -15,22 +15,22 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import anyio
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.client_ip import client_ip
 from gateway.keys import KeyStore
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
-from gateway.errors import GatewayError
+from gateway.admin import ByListener, build_admin_app
+from gateway.errors import GatewayError, http_error
 from gateway.guard.runtime import Guard
 from gateway.pipeline import Pipeline
 from gateway.policy.loader import PolicySet, empty_policy_set, load_policy_dir
@@ -47,7 +47,8 @@ from gateway.stages.ratelimit import RateLimitStage
 from gateway.stages.route import RouteStage
 from gateway.stages.tokenize import TokenizeStage
 from gateway.stages.waf import WafStage
-from gateway.telemetry import ACCESS_LOGGER, Metrics, build_tracer_provider, configured_models, trace_ids
+from gateway.telemetry import (ACCESS_LOGGER, Metrics, build_tracer_provider, configured_models, incoming_trace,
+                               trace_ids)
 from gateway.upstream import Upstream
 from gateway.waf.reload import PolicyReloader, log_policy_warnings
 
@@ -67,6 +68,7 @@ class Gateway:
         self.tracer = self.tracer_provider.get_tracer("portcullis.gateway")
         self.pools = Pools([Pool(p) for p in config.pools])
         self.policies = _load_policies(config)
+        self.reloader = PolicyReloader(config.policy_dir, self._install, lambda: self.policies)
         keys = KeyStore(config.auth)  # shared: the WAF looks callers up, auth refuses them
         self.auth = AuthStage(keys)
         self.tokenize = TokenizeStage(config.models, lambda: self.policies)
@@ -88,6 +90,9 @@ class Gateway:
             RouteStage(),
         ], self.tracer, self.metrics)
         self.upstream = Upstream(self.tracer, self.metrics, config.telemetry.replica_header)
+
+    def _install(self, policies: PolicySet) -> None:
+        self.policies = policies  # one assignment: each request reads one whole policy set
 
     async def aclose(self) -> None:
         await self.pools.aclose()
@@ -111,6 +116,13 @@ class Gateway:
 
         return list(await asyncio.gather(*(one(r.url) for r in pool.replicas)))
 
+    async def readiness(self) -> tuple[bool, dict[str, list[dict]]]:
+        """Ready when every pool has at least one replica answering; with each replica's state."""
+        results = await asyncio.gather(*(self.probe(p) for p in self.pools.pools))
+        pools = {p.name: [{"url": r["url"], "up": r["up"]} for r in res]
+                 for p, res in zip(self.pools.pools, results)}
+        return all(any(r["up"] for r in replicas) for replicas in pools.values()), pools
+
 
 class ProxyEndpoint:
     """POST /v1/chat/completions and /v1/completions: the pipeline, then the upstream call."""
@@ -124,14 +136,15 @@ class ProxyEndpoint:
         request = Request(scope, receive)
         path = scope["path"]  # request.url would parse the Host header on every request
         name = f"{request.method} {path}"
+        parent, links = incoming_trace(request.headers, gw.config.telemetry.trust_client_trace)
         with gw.tracer.start_as_current_span(
-            name, context=propagate.extract(request.headers), kind=SpanKind.SERVER,
+            name, context=parent, links=links, kind=SpanKind.SERVER,
             attributes={"http.request.method": request.method, "url.path": path,
                         "client.address": request.client.host if request.client else ""},
         ) as span:
             peer = request.client.host if request.client else ""
             ctx = RequestContext(request=request, route=self.route, span=span,
-                                 client_ip=client_ip(peer, request.headers.get("x-forwarded-for"),
+                                 client_ip=client_ip(peer, request.headers.getlist("x-forwarded-for"),
                                                      gw.config.trusted_proxies))
             try:
                 await self._respond(ctx, scope, receive, send)
@@ -199,13 +212,8 @@ def _load_policies(config: GatewayConfig) -> PolicySet:
     return policies
 
 
-async def _http_error(request: Request, exc: HTTPException) -> Response:
-    """Starlette's own 404/405s, in the same OpenAI error shape as everything else."""
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    return GatewayError(exc.status_code, str(exc.detail), code=code, headers=exc.headers).response()
-
-
-def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = None) -> Starlette:
+def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = None) -> ASGIApp:
+    """The public app and, on its own listener, the admin plane (gateway/admin.py)."""
     gateway = Gateway(config, span_exporter)
 
     async def list_models(request: Request) -> Response:
@@ -229,49 +237,21 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
-        """Ready when every pool has at least one replica answering."""
-        results = await asyncio.gather(*(gateway.probe(p) for p in gateway.pools.pools))
-        pools = {p.name: [{"url": r["url"], "up": r["up"]} for r in res]
-                 for p, res in zip(gateway.pools.pools, results)}
-        ready = all(any(r["up"] for r in replicas) for replicas in pools.values())
-        return JSONResponse({"status": "ready" if ready else "not_ready", "pools": pools},
-                            status_code=200 if ready else 503)
-
-    async def metrics(request: Request) -> Response:
-        for pool in gateway.pools.pools:
-            for replica in pool.replicas:
-                gateway.metrics.upstream_outstanding.labels(pool=pool.name, replica=replica.url).set(
-                    replica.outstanding)
-        return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        """Ready or not, for load balancers; which replica is down is the admin plane's to say."""
+        ready, _ = await gateway.readiness()
+        return JSONResponse({"status": "ready" if ready else "not_ready"}, status_code=200 if ready else 503)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         gateway.pools.start()
-        reloader.start()
+        gateway.reloader.start()
         warming = asyncio.create_task(asyncio.to_thread(gateway.tokenize.warm))
         await asyncio.to_thread(gateway.guard.warm)  # before serving: the first guarded request must not wait
         gc.freeze()  # what start-up built lives as long as the process: the collector need not rescan it per request
         yield
         await warming
-        await reloader.stop()
+        await gateway.reloader.stop()
         await gateway.aclose()
-
-    def install(policies: PolicySet) -> None:
-        gateway.policies = policies  # one assignment: each request reads one whole policy set
-
-    reloader = PolicyReloader(config.policy_dir, install, lambda: gateway.policies)
-
-    async def admin_policy(request: Request) -> Response:
-        policies = gateway.policies
-        waf = policies.waf_for(None)
-        return JSONResponse({
-            "version": policies.version, **reloader.status(),
-            "tenants": sorted(policies.overlays),
-            "waf": {"mode": waf.mode, "paranoia_level": waf.spec.paranoia_level,
-                    "packs": [r.model_dump() for r in waf.spec.pack_refs()], "rules": len(waf.rules),
-                    "inbound_threshold": waf.threshold,
-                    "tenant_overrides": sorted(policies.waf.tenants)},
-        })
 
     routes = [
         Route("/v1/chat/completions", ProxyEndpoint(gateway, "chat"), methods=["POST"]),
@@ -279,9 +259,7 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/admin/policy", admin_policy, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
-    app.state.gateway = gateway
-    return app
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+    app.router.redirect_slashes = False  # its redirect's Location is built from the client's own Host header
+    return ByListener(app, build_admin_app(gateway), config.admin.port if config.admin.enabled else None)

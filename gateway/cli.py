@@ -41,9 +41,8 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from gateway.app import build_app
+    from gateway.http_server import serve
 
     configure_logging(args.log_level)
     try:
@@ -53,8 +52,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     host = args.host or config.listen.host
     port = args.port if args.port is not None else config.listen.port
-    uvicorn.run(build_app(config), host=host, port=port, loop="uvloop", http="httptools", access_log=False,
-                log_config=None, lifespan="on", timeout_graceful_shutdown=10)
+    serve(build_app(config), config, host, port)
     return 0
 
 

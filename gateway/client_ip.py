@@ -8,11 +8,15 @@ from collections.abc import Sequence
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
-def client_ip(peer: str, forwarded_for: str | None, trusted: Sequence[Network]) -> str:
-    """Rightmost address not in `trusted`: the first hop a trusted proxy could not have been told by the client."""
+def client_ip(peer: str, forwarded_for: Sequence[str], trusted: Sequence[Network]) -> str:
+    """Rightmost address not in `trusted`: the first hop a trusted proxy could not have been told by the client.
+
+    `forwarded_for` is every X-Forwarded-For header line in order: proxies may append a line instead of extending
+    the last one, and reading only the first line would hand the choice back to the client.
+    """
     hops = [peer]
     if forwarded_for and trusted:
-        hops = [peer, *reversed([h.strip() for h in forwarded_for.split(",") if h.strip()])]
+        hops = [peer, *reversed([h.strip() for line in forwarded_for for h in line.split(",") if h.strip()])]
     for hop in hops:
         try:
             address = ipaddress.ip_address(hop)

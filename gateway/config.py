@@ -32,9 +32,20 @@ class ListenConfig(_Strict):
 
 
 class LimitsConfig(_Strict):
-    """Protocol limits the parse stage enforces before anything else reads the body."""
+    """What one client may send: enforced while the bytes arrive (gateway/http_server.py) and before anything else
+    reads the body (the parse stage). Every limit answers with its own OpenAI-shaped 4xx and names itself."""
 
     max_body_bytes: Annotated[int, Field(gt=0)] = 4 * 1024 * 1024
+    max_url_bytes: Annotated[int, Field(gt=0, description="request target (path and query) → 414")] = 8 * 1024
+    max_header_bytes: Annotated[int, Field(gt=0, description=(
+        "all header names and values of one request together → 431"))] = 32 * 1024
+    header_timeout: Annotated[float, Field(gt=0, description=(
+        "seconds from a connection's first byte (or its accept) until the request head is complete → 408; "
+        "slowloris clients are cut off here"))] = 10.0
+    body_idle_timeout: Annotated[float, Field(gt=0, description=(
+        "seconds the request body may go without a byte → 408"))] = 10.0
+    max_connections: Annotated[int, Field(gt=0, description=(
+        "open client connections per public listener; beyond it a connection gets 503 and is closed"))] = 4096
 
 
 class TimeoutsConfig(_Strict):
@@ -169,6 +180,9 @@ class TelemetryConfig(_Strict):
     access_log: bool = True
     replica_header: bool = Field(default=False, description="tell clients which replica served them "
                                  "(x-portcullis-replica), for load tests; leaks upstream addresses")
+    trust_client_trace: bool = Field(default=False, description=(
+        "continue a client's traceparent; off: each request starts its own root trace and links the client's "
+        "context, so a client can neither unsample a request nor choose its trace id"))
 
 
 class RedisConfig(_Strict):
@@ -216,10 +230,35 @@ def _default_pools() -> list[PoolConfig]:
     ]
 
 
+class AdminConfig(_Strict):
+    """The admin plane: /metrics, detailed /readyz and /admin/* answer only on this listener, never on the public one.
+
+    It binds loopback by default; bind it wider (e.g. for a Prometheus scrape in Kubernetes) only on a network the
+    public cannot reach, and set `token_env` to require `Authorization: Bearer <token>` as well.
+    """
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 9901
+    token_env: str | None = Field(default=None, description="env var holding a bearer token the admin plane requires")
+    max_connections: Annotated[int, Field(gt=0)] = 64
+
+    def token(self) -> str | None:
+        if not self.token_env:
+            return None
+        token = os.environ.get(self.token_env)
+        if not token:
+            raise ConfigError(f"admin.token_env: environment variable {self.token_env} is not set")
+        return token
+
+
 class GatewayConfig(_Strict):
     listen: ListenConfig = ListenConfig()
+    admin: AdminConfig = AdminConfig()
     trusted_proxies: list[IPvAnyNetwork] = Field(
-        default_factory=list, description="proxies whose X-Forwarded-For is believed when finding the client IP")
+        default_factory=list, description=(
+            "proxies whose X-Forwarded-For is believed when finding the client IP; empty: the socket peer is the "
+            "client, whatever headers say"))
     limits: LimitsConfig = LimitsConfig()
     pools: Annotated[list[PoolConfig], Field(min_length=1)] = Field(default_factory=_default_pools)
     models: list[ModelConfig] = Field(default_factory=_default_models)
@@ -227,6 +266,12 @@ class GatewayConfig(_Strict):
     policy_dir: Path = Path("policies")
     redis: RedisConfig = RedisConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+
+    @model_validator(mode="after")
+    def _admin_apart(self) -> "GatewayConfig":
+        if self.admin.enabled and self.admin.port and self.admin.port == self.listen.port:
+            raise ValueError("admin.port must differ from listen.port: the admin plane is a listener of its own")
+        return self
 
     @field_validator("pools")
     @classmethod

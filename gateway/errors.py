@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.responses import Response
 
 
@@ -44,3 +46,9 @@ class GatewayError(Exception):
 
 def invalid_request(message: str, *, param: str | None = None, code: str | None = None) -> GatewayError:
     return GatewayError(400, message, param=param, code=code)
+
+
+async def http_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own 404/405s, in the same OpenAI error shape as everything else."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    return GatewayError(exc.status_code, str(exc.detail), code=code, headers=exc.headers).response()

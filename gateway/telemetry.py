@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, ALWAYS_ON
-from opentelemetry.trace import Span, format_span_id, format_trace_id
+from opentelemetry.trace import Link, Span, format_span_id, format_trace_id
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gateway.config import GatewayConfig, OtlpConfig, TelemetryConfig
@@ -107,6 +110,20 @@ def _otlp_exporter(otlp: OtlpConfig) -> SpanExporter:
 def _parse_headers(raw: str) -> dict[str, str]:
     pairs = (item.split("=", 1) for item in raw.split(",") if "=" in item)
     return {k.strip(): v.strip() for k, v in pairs}
+
+
+def incoming_trace(headers: Mapping[str, str], trust_client: bool) -> tuple[Context, list[Link]]:
+    """The parent context and links of a request's SERVER span.
+
+    Trusted, the client's traceparent is continued. At an edge it is not (the default): each request starts its own
+    root, so its sampling follows this gateway's sampler, not a flag the client set, and a client cannot choose its
+    trace id; a link to the client's context keeps the two traces joinable.
+    """
+    client = propagate.extract(headers)
+    if trust_client:
+        return client, []
+    sent = trace.get_current_span(client).get_span_context()
+    return Context(), [Link(sent)] if sent.is_valid else []
 
 
 def trace_ids(span: Span) -> tuple[str, str]:

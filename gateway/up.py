@@ -19,7 +19,7 @@ import time
 
 import httpx
 
-from gateway.config import GatewayConfig, ListenConfig, PoolConfig, ReplicaConfig
+from gateway.config import AdminConfig, GatewayConfig, ListenConfig, PoolConfig, ReplicaConfig
 
 ENGINE_START_TIMEOUT = 300.0
 ENGINE_STOP_TIMEOUT = 10.0  # after SIGTERM, then SIGKILL
@@ -32,14 +32,14 @@ def add_subcommand(commands: argparse._SubParsersAction) -> None:
     up.add_argument("--replicas", type=int, default=2, help="bundled engine replicas to start")
     up.add_argument("--engine-port", type=int, default=8001, help="first engine port; replicas count up from it")
     up.add_argument("--port", type=int, default=8080, help="gateway port")
+    up.add_argument("--admin-port", type=int, default=9901, help="admin plane port (metrics, readiness, policy)")
     up.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     up.set_defaults(func=run_up)
 
 
 def run_up(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from gateway.app import build_app
+    from gateway.http_server import serve
     from gateway.cli import configure_logging
 
     configure_logging(args.log_level)
@@ -56,13 +56,12 @@ def run_up(args: argparse.Namespace) -> int:
         for port, engine in zip(ports, engines):
             _report_exit(port, engine, stopping)
         config = GatewayConfig(
-            listen=ListenConfig(port=args.port),
+            listen=ListenConfig(port=args.port), admin=AdminConfig(port=args.admin_port),
             pools=[PoolConfig(name="engine", routing="kv_events",
                               replicas=[ReplicaConfig(url=f"http://127.0.0.1:{p}") for p in ports])],
         )
-        print(_banner(args.port, ports), file=sys.stderr, flush=True)
-        uvicorn.run(build_app(config), host=config.listen.host, port=args.port, loop="uvloop", http="httptools",
-                    access_log=False, log_config=None)
+        print(_banner(args.port, args.admin_port, ports), file=sys.stderr, flush=True)
+        serve(build_app(config), config, config.listen.host, args.port)
     finally:
         stopping.set()
         _stop_engines(engines)
@@ -123,8 +122,9 @@ def _wait_healthy(port: int, engine: subprocess.Popen) -> None:
     raise SystemExit(f"portcullis up: engine on port {port} not healthy after {ENGINE_START_TIMEOUT:.0f}s")
 
 
-def _banner(port: int, engine_ports: list[int]) -> str:
+def _banner(port: int, admin_port: int, engine_ports: list[int]) -> str:
     base = f"http://127.0.0.1:{port}"
+    admin = f"http://127.0.0.1:{admin_port}"
     return f"""
 Portcullis is up: gateway {base} -> engines {', '.join(f'127.0.0.1:{p}' for p in engine_ports)}
 
@@ -137,5 +137,5 @@ for ch in c.chat.completions.create(model="{DEFAULT_MODEL}", stream=True, max_to
         messages=[{{"role": "user", "content": "Say hello"}}]):
     print(ch.choices[0].delta.content or "", end="", flush=True) if ch.choices else None'
 
-Metrics: {base}/metrics   Readiness: {base}/readyz   Stop: Ctrl-C
+Admin plane (loopback only): {admin}/metrics {admin}/readyz {admin}/admin/policy   Stop: Ctrl-C
 """

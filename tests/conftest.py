@@ -32,6 +32,7 @@ class Process:
     url: str
     proc: subprocess.Popen
     log: Path
+    admin_url: str = ""  # a gateway's admin plane (metrics, detailed readiness, policy status)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -91,15 +92,17 @@ def fake_upstream(processes: list[Process], tmp_path: Path) -> Callable[..., Pro
 
 @pytest.fixture
 def gateway(processes: list[Process], tmp_path: Path) -> Callable[..., Process]:
-    """Start `portcullis serve` with a config dict (listen port filled in): gateway(config, env={...})."""
+    """Start `portcullis serve` with a config dict (listen and admin ports filled in): gateway(config, env={...})."""
 
     def start(config: dict, env: dict[str, str] | None = None) -> Process:
-        port = free_port()
-        config = {**config, "listen": {"host": "127.0.0.1", "port": port}}
+        port, admin_port = free_port(), free_port()
+        config = {**config, "listen": {"host": "127.0.0.1", "port": port},
+                  "admin": {"port": admin_port, **config.get("admin", {})}}
         path = tmp_path / f"portcullis-{port}.yaml"
         path.write_text(yaml.safe_dump(config))
         cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)]
         process = spawn(cmd, port, tmp_path / f"gateway-{port}.log", env=env)
+        process.admin_url = f"http://127.0.0.1:{admin_port}"
         processes.append(process)
         return process
 

@@ -33,15 +33,17 @@ def stack(tmp_path_factory):
         engines: list[Process] = []
 
         def gateway(self, routing: str, auth: dict | None = None, **pool_options) -> Process:
-            port = free_port()
+            port, admin_port = free_port(), free_port()
             config = logs / f"portcullis-{routing}-{port}.yaml"
             config.write_text(yaml.safe_dump({
-                "listen": {"port": port}, "policy_dir": str(ROOT / "policies"), "auth": auth or {},
+                "listen": {"port": port}, "admin": {"port": admin_port},
+                "policy_dir": str(ROOT / "policies"), "auth": auth or {},
                 "telemetry": {"replica_header": True},
                 "pools": [pool("engine", *(e.url for e in self.engines), routing=routing, scrape_interval=0.2,
                                **pool_options)]}))
             process = spawn([sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)], port,
                             logs / f"gateway-{routing}-{port}.log")
+            process.admin_url = f"http://127.0.0.1:{admin_port}"
             started.append(process)
             return process
 
@@ -179,7 +181,7 @@ def test_killing_the_replica_that_holds_a_prefix_reroutes_cleanly(stack):
     for _ in range(3):
         again = chat(gateway, history)
         assert again.headers["x-portcullis-replica"] != holder
-    state = httpx.get(gateway.url + "/readyz").json()["pools"]["engine"]
+    state = httpx.get(gateway.admin_url + "/readyz").json()["pools"]["engine"]
     assert {r["url"]: r["up"] for r in state}[holder] is False
 
 

@@ -159,7 +159,7 @@ def test_concurrent_requests_each_get_their_own_score(gateway, fake_upstream, tm
     for prompt, got, want in zip(prompts, scores, expected):
         assert got == pytest.approx(want, abs=0.05), prompt  # int8 activations are quantized per batch
     assert min(scores[0::2]) > 0.5 > max(scores[1::2])
-    metrics = httpx.get(gw.url + "/metrics").text
+    metrics = httpx.get(gw.admin_url + "/metrics").text
     batches = [line for line in metrics.splitlines() if line.startswith("portcullis_guard_batch_size_count")]
     assert batches and float(batches[0].split()[-1]) < 32, "concurrent prompts must share classifier batches"
 
@@ -177,7 +177,7 @@ def test_flag_and_monitor_actions(gateway, fake_upstream, tmp_path) -> None:
     assert flagged.status_code == 200 and "category=prompt_injection" in flagged.headers["x-portcullis-guard"]
     assert watched.status_code == 200 and "x-portcullis-guard" not in watched.headers
     assert 'portcullis_guard_verdicts_total{category="prompt_injection",result="monitor",target="input"} 1.0' in \
-        httpx.get(gw.url + "/metrics").text
+        httpx.get(gw.admin_url + "/metrics").text
 
 
 def test_pii_redacted_and_secrets_blocked_on_prompts(gateway, fake_upstream, tmp_path) -> None:

@@ -33,6 +33,7 @@ class Received:
                             "service": service, "name": span.name, "kind": span.kind,
                             "trace_id": span.trace_id.hex(), "span_id": span.span_id.hex(),
                             "parent_id": span.parent_span_id.hex(),
+                            "links": [(link.trace_id.hex(), link.span_id.hex()) for link in span.links],
                             "attributes": {a.key: _value(a.value) for a in span.attributes},
                         })
 
@@ -96,15 +97,16 @@ def grpc_receiver() -> Iterator[tuple[str, Received]]:
     server.stop(grace=None)
 
 
-def _traced_gateway(gateway, upstream, endpoint: str, protocol: str):
+def traced_gateway(gateway, upstream, endpoint: str, protocol: str, **telemetry):
     return gateway({"pools": [pool("main", upstream.url)], "telemetry": {
-        "service_name": "gw-under-test", "otlp": {"enabled": True, "endpoint": endpoint, "protocol": protocol}}})
+        "service_name": "gw-under-test", "otlp": {"enabled": True, "endpoint": endpoint, "protocol": protocol},
+        **telemetry}})
 
 
 def test_one_trace_covers_stages_upstream_span_and_upstream_traceparent(fake_upstream, gateway, http_receiver):
     endpoint, received = http_receiver
     upstream = fake_upstream()
-    gw = _traced_gateway(gateway, upstream, endpoint, "http/protobuf")
+    gw = traced_gateway(gateway, upstream, endpoint, "http/protobuf")
     response = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(stream=True, max_tokens=5))
     assert response.status_code == 200
 
@@ -133,9 +135,9 @@ def test_one_trace_covers_stages_upstream_span_and_upstream_traceparent(fake_ups
     assert trace_id == root["trace_id"] and parent_id == client["span_id"]
 
 
-def test_incoming_traceparent_is_continued_over_grpc_export(fake_upstream, gateway, grpc_receiver):
+def test_a_trusted_incoming_traceparent_is_continued_over_grpc_export(fake_upstream, gateway, grpc_receiver):
     endpoint, received = grpc_receiver
-    gw = _traced_gateway(gateway, fake_upstream(), endpoint, "grpc")
+    gw = traced_gateway(gateway, fake_upstream(), endpoint, "grpc", trust_client_trace=True)
     caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers={"traceparent": caller})
     root = next(s for s in received.wait_for("POST /v1/chat/completions")
@@ -146,7 +148,7 @@ def test_incoming_traceparent_is_continued_over_grpc_export(fake_upstream, gatew
 
 def test_rejected_request_marks_its_stage_span(fake_upstream, gateway, http_receiver):
     endpoint, received = http_receiver
-    gw = _traced_gateway(gateway, fake_upstream(), endpoint, "http/protobuf")
+    gw = traced_gateway(gateway, fake_upstream(), endpoint, "http/protobuf")
     assert httpx.post(gw.url + "/v1/chat/completions", content=b"{bad").status_code == 400
     spans = received.wait_for("stage.parse")
     parse = next(s for s in spans if s["name"] == "stage.parse")

@@ -62,7 +62,7 @@ def test_blocks_are_openai_shaped_audited_and_never_reach_the_upstream(fake_upst
     assert post(gw, messages=[{"role": "user", "content": "Why is ' OR 1=1 -- dangerous in SQL?"}]).status_code == 200
     assert httpx.get(upstream.url + "/_stats").json()["requests"] == 2
 
-    policy = httpx.get(gw.url + "/admin/policy").json()
+    policy = httpx.get(gw.admin_url + "/admin/policy").json()
     assert policy["version"].startswith("sha256:") and policy["waf"]["rules"] > 40
     time.sleep(0.2)
     audits = audit_lines(gw)
@@ -105,7 +105,7 @@ def test_hot_reload_keeps_serving_through_a_broken_edit_and_applies_a_good_one(f
     rule = {"id": "no-foo", "description": "first", "when": {"target": "prompt", "regex": "foo"}}
     write(directory, {"rules": [rule]})
     gw = start(gateway, upstream, directory)
-    version = httpx.get(gw.url + "/admin/policy").json()["version"]
+    version = httpx.get(gw.admin_url + "/admin/policy").json()["version"]
     statuses: list[int] = []
     errors: list[str] = []
     stop = threading.Event()
@@ -143,7 +143,7 @@ def test_hot_reload_keeps_serving_through_a_broken_edit_and_applies_a_good_one(f
 def _wait(gw, ready, timeout: float = 10.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        status = httpx.get(gw.url + "/admin/policy").json()
+        status = httpx.get(gw.admin_url + "/admin/policy").json()
         if ready(status) or time.monotonic() > deadline:
             return status
         time.sleep(0.1)
@@ -159,6 +159,6 @@ def test_sighup_reloads_and_never_kills_the_gateway(fake_upstream, gateway, tmp_
     gw.proc.send_signal(signal.SIGHUP)  # nothing changed: a reload that keeps the same version
     time.sleep(0.5)
     assert gw.proc.poll() is None
-    status = httpx.get(gw.url + "/admin/policy").json()
+    status = httpx.get(gw.admin_url + "/admin/policy").json()
     assert status["last_error"] is None and status["reloads"] == 0
     assert post(gw, messages=[{"role": "user", "content": "foo"}]).status_code == 403

@@ -25,7 +25,13 @@ TRUSTED = [ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("::1/128")]
     ("10.0.0.2", "garbage, 198.51.100.7", TRUSTED, "198.51.100.7"),
 ])
 def test_client_ip_walks_back_through_trusted_proxies(peer, xff, trusted, expected):
-    assert client_ip(peer, xff, trusted) == expected
+    assert client_ip(peer, [xff] if xff else [], trusted) == expected
+
+
+def test_client_ip_reads_every_forwarded_for_line_right_to_left():
+    # The client wrote the first line; the trusted proxy appended its own line with what it saw.
+    lines = ["6.6.6.6", "198.51.100.7, 10.1.1.1"]
+    assert client_ip("10.0.0.2", lines, TRUSTED) == "198.51.100.7"
 
 
 @pytest.mark.parametrize("seconds, text", [(0.02, "20ms"), (1.5, "1.5s"), (12.2, "12s"), (360, "6m0s"),

@@ -1,0 +1,98 @@
+"""The admin plane: metrics, detailed readiness and policy status, on a listener of their own.
+
+What these answer (tenant names, the policy directory, the last reload error, replica URLs, every metric) helps
+an attacker map the deployment, so none of it is served on the public port: `ByListener` sends each connection to
+the app of the listener it arrived on, and the public app has no admin routes at all. The admin listener binds
+loopback by default; with `admin.token_env` set it also requires `Authorization: Bearer <token>`.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import TYPE_CHECKING
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.errors import GatewayError, http_error
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+
+class ByListener:
+    """Routes each connection by the local port it arrived on: the admin port to the admin app, the rest public."""
+
+    def __init__(self, public: ASGIApp, admin: ASGIApp, admin_port: int | None) -> None:
+        self.public = public
+        self.admin = admin
+        self.admin_port = admin_port
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        server = scope.get("server")
+        if scope["type"] == "http" and server and server[1] == self.admin_port:
+            await self.admin(scope, receive, send)
+        else:
+            await self.public(scope, receive, send)  # lifespan events too: the public app owns the gateway
+
+
+class RequireToken:
+    """Refuses admin requests without the configured bearer token (compared in constant time)."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        given = Headers(scope=scope).get("authorization", "").encode()
+        if scope["type"] == "http" and not hmac.compare_digest(given, self.expected):
+            error = GatewayError(401, "the admin plane needs its bearer token", type="authentication_error",
+                                 code="invalid_admin_token", headers={"www-authenticate": "Bearer"})
+            await error.response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def build_admin_app(gateway: Gateway) -> ASGIApp:
+    async def readyz(request: Request) -> Response:
+        ready, pools = await gateway.readiness()
+        return JSONResponse({"status": "ready" if ready else "not_ready", "pools": pools},
+                            status_code=200 if ready else 503)
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def metrics(request: Request) -> Response:
+        for pool in gateway.pools.pools:
+            for replica in pool.replicas:
+                gateway.metrics.upstream_outstanding.labels(pool=pool.name, replica=replica.url).set(
+                    replica.outstanding)
+        return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def admin_policy(request: Request) -> Response:
+        policies = gateway.policies
+        waf = policies.waf_for(None)
+        return JSONResponse({
+            "version": policies.version, **gateway.reloader.status(),
+            "tenants": sorted(policies.overlays),
+            "waf": {"mode": waf.mode, "paranoia_level": waf.spec.paranoia_level,
+                    "packs": [r.model_dump() for r in waf.spec.pack_refs()], "rules": len(waf.rules),
+                    "inbound_threshold": waf.threshold,
+                    "tenant_overrides": sorted(policies.waf.tenants)},
+        })
+
+    app = Starlette(routes=[
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/admin/policy", admin_policy, methods=["GET"]),
+    ], exception_handlers={HTTPException: http_error})
+    app.router.redirect_slashes = False  # a redirect would be built from the client's Host header
+    token = gateway.config.admin.token()
+    return RequireToken(app, token) if token else app

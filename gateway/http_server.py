@@ -1,0 +1,193 @@
+"""The HTTP/1.1 front door: uvicorn's httptools (llhttp) server, with the bounds an edge needs enforced as bytes arrive.
+
+uvicorn's httptools protocol grows the request target and each header by concatenation, with no limit on either and
+no deadline for a request head: one 256 MB header line cost 107 s of event loop, and a client trickling a byte now
+and then held its connection forever. `BoundedProtocol` counts the head's bytes while they arrive and answers before
+the parser holds more than the limits: 414 past `limits.max_url_bytes`, 431 past `limits.max_header_bytes`, 408
+when the head is not complete within `limits.header_timeout` of the connection's first byte. A listener keeps at
+most its `max_connections` open; one more gets 503 and is closed at once. Every answer is OpenAI-shaped and closes
+the connection. Parsing stays with llhttp: nothing here reads HTTP syntax.
+
+`serve` binds the public listener and the admin listener (gateway/app.py routes each connection by the port it
+arrived on) and runs one uvicorn server over both. uvicorn's own proxy-header rewriting is off: the client's
+address is the socket peer, and only gateway/client_ip.py decides whether an X-Forwarded-For is believed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+from collections import Counter
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from gateway.config import GatewayConfig, LimitsConfig
+
+log = logging.getLogger(__name__)
+
+BACKLOG = 2048
+_HEADER_FRAMING = 4  # ": " and CRLF around each header line
+
+
+class BoundedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the request head bounded in bytes and time, and connections per listener."""
+
+    limits: LimitsConfig
+    listener_caps: dict[int, int]  # local port -> most open connections
+    open_connections: Counter[int]  # local port -> open now (one Counter per server: see protocol_class)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._port: int | None = None  # the listener this connection arrived on; None: refused
+        self._in_head = False
+        self._head_fed = 0  # bytes received while the current head was incomplete
+        self._url_bytes = 0
+        self._header_bytes = 0
+        self._refused = False
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    # connections
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        sockname = transport.get_extra_info("sockname")
+        port = sockname[1] if isinstance(sockname, tuple) else 0
+        cap = self.listener_caps.get(port, self.limits.max_connections)
+        if self.open_connections[port] >= cap:
+            self.transport = transport
+            self._refuse(503, "the gateway has too many open connections; retry shortly", "too_many_connections",
+                         extra_headers=(b"retry-after: 1\r\n",))
+            return
+        self._port = port
+        self.open_connections[port] += 1
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        if self._port is None:
+            return
+        self.open_connections[self._port] -= 1
+        super().connection_lost(exc)
+
+    # the request head, counted as it arrives
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused or self.transport.is_closing():
+            return
+        super().data_received(data)
+        if self._in_head and not self._refused:
+            self._head_fed += len(data)
+            if self._url_bytes > self.limits.max_url_bytes:
+                self._refuse_url()
+            elif self._head_fed > self.limits.max_url_bytes + self.limits.max_header_bytes:
+                self._refuse_headers()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head = True
+        self._head_fed = self._url_bytes = self._header_bytes = 0
+        self._arm_head_timer()
+
+    def on_url(self, url: bytes) -> None:
+        self._url_bytes += len(url)
+        if self._url_bytes <= self.limits.max_url_bytes:
+            super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_bytes += len(name) + len(value) + _HEADER_FRAMING
+        if self._header_bytes <= self.limits.max_header_bytes:
+            super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._cancel_head_timer()
+        if self._url_bytes > self.limits.max_url_bytes:
+            self._refuse_url()
+        elif self._header_bytes > self.limits.max_header_bytes:
+            self._refuse_headers()
+        else:
+            super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._refused:
+            super().on_message_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        """llhttp refused the bytes (smuggling, bad framing): the same answer, in the gateway's error shape."""
+        self._refuse(400, f"malformed HTTP request: {msg}", "invalid_http")
+
+    # refusals
+
+    def _refuse_url(self) -> None:
+        self._refuse(414, f"request target exceeds the {self.limits.max_url_bytes}-byte limit", "uri_too_long")
+
+    def _refuse_headers(self) -> None:
+        self._refuse(431, f"request headers exceed the {self.limits.max_header_bytes}-byte limit",
+                     "request_header_fields_too_large")
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.cycle is None or self.cycle.response_complete:  # no request being served: this head is late
+            self._refuse(408, f"request head not complete within {self.limits.header_timeout:g}s", "header_timeout")
+
+    def _refuse(self, status: int, message: str, code: str, extra_headers: tuple[bytes, ...] = ()) -> None:
+        """Answer with an OpenAI-shaped error and close: after a refusal the connection's bytes mean nothing."""
+        self._refused = True
+        self._cancel_head_timer()
+        if self.transport.is_closing():
+            return
+        body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "code": code,
+                                     "param": None}}).encode()
+        head = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            head += [name, b": ", value, b"\r\n"]
+        head += [b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body),
+                 b"connection: close\r\n", *extra_headers, b"\r\n", body]
+        self.transport.write(b"".join(head))
+        self.transport.close()
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.limits.header_timeout, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+
+def protocol_class(limits: LimitsConfig, listener_caps: dict[int, int]) -> type[BoundedProtocol]:
+    """A protocol class bound to this server's limits and its own connection counts."""
+    return type("BoundedProtocol", (BoundedProtocol,), {
+        "limits": limits, "listener_caps": listener_caps, "open_connections": Counter()})
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=BACKLOG)
+    sock.setblocking(False)
+    return sock
+
+
+def serve(app: Any, config: GatewayConfig, host: str, port: int) -> None:
+    """Run `app` on the public listener and, when enabled, the admin listener, until SIGINT/SIGTERM."""
+    listeners = [bind(host, port)]
+    caps = {listeners[0].getsockname()[1]: config.limits.max_connections}
+    if config.admin.enabled:
+        admin = bind(config.admin.host, config.admin.port)
+        listeners.append(admin)
+        caps[admin.getsockname()[1]] = config.admin.max_connections
+    for sock in listeners:
+        log.info("listening on %s:%d", *sock.getsockname()[:2])
+    server_config = uvicorn.Config(
+        app, loop="uvloop", http=protocol_class(config.limits, caps), lifespan="on", proxy_headers=False,
+        access_log=False, log_config=None, timeout_graceful_shutdown=10, backlog=BACKLOG)
+    uvicorn.Server(server_config).run(sockets=listeners)

@@ -1,0 +1,49 @@
+"""The admin plane answers only on its own listener: the public port says nothing about internals."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.conftest import pool
+
+INTERNAL = ("/metrics", "/admin/policy")
+
+
+@pytest.fixture
+def gw(fake_upstream, gateway):
+    return gateway({"pools": [pool("main", fake_upstream().url), pool("gone", "http://127.0.0.1:9", models=["x"])],
+                    "auth": {"keys": [{"tenant": "team-secret", "sha256": "a" * 64}]}})
+
+
+def test_internals_are_not_served_on_the_public_port(gw):
+    for path in INTERNAL:
+        response = httpx.get(gw.url + path)
+        assert response.status_code == 404, path
+        assert response.json()["error"]["code"] == "not_found"
+        assert "team-secret" not in response.text
+    ready = httpx.get(gw.url + "/readyz")
+    assert ready.status_code == 503 and ready.json() == {"status": "not_ready"}  # no replica URLs
+    assert httpx.get(gw.url + "/healthz").json() == {"status": "ok"}
+
+
+def test_the_admin_listener_serves_metrics_readiness_and_policy(gw):
+    assert "# TYPE portcullis_requests_total counter" in httpx.get(gw.admin_url + "/metrics").text
+    assert httpx.get(gw.admin_url + "/admin/policy").json()["directory"] == "policies"
+    pools = httpx.get(gw.admin_url + "/readyz").json()["pools"]
+    assert pools["gone"] == [{"url": "http://127.0.0.1:9", "up": False}]
+
+
+def test_the_admin_listener_does_not_proxy(gw):
+    response = httpx.post(gw.admin_url + "/v1/chat/completions", json={"model": "m", "messages": []})
+    assert response.status_code == 404
+
+
+def test_an_admin_token_is_required_when_configured(fake_upstream, gateway):
+    gw = gateway({"pools": [pool("main", fake_upstream().url)], "admin": {"token_env": "ADMIN_TOKEN"}},
+                 env={"ADMIN_TOKEN": "s3cret-admin"})
+    refused = httpx.get(gw.admin_url + "/metrics")
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_admin_token"
+    assert httpx.get(gw.admin_url + "/metrics", headers={"authorization": "Bearer wrong"}).status_code == 401
+    assert httpx.get(gw.admin_url + "/metrics",
+                     headers={"authorization": "Bearer s3cret-admin"}).status_code == 200

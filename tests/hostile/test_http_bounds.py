@@ -1,0 +1,124 @@
+"""Bounded reads at the socket: request target, header bytes, head and body deadlines, connections per listener.
+
+Each limit is hit through a real gateway process over raw sockets, and each answer must be the gateway's own
+OpenAI-shaped error, quickly, with the connection closed and the gateway still serving others.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import chat_body, pool
+from tests.hostile.raw_http import connect, read_answer, send_ignoring_reset
+
+LIMITS = {"max_url_bytes": 4096, "max_header_bytes": 8192, "header_timeout": 2.0, "body_idle_timeout": 2.0,
+          "max_connections": 8}
+
+
+@pytest.fixture
+def gw(fake_upstream, gateway):
+    return gateway({"pools": [pool("main", fake_upstream().url)], "limits": LIMITS})
+
+
+def head(path: str = "/v1/chat/completions", extra: bytes = b"") -> bytes:
+    return f"POST {path} HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n".encode() + extra
+
+
+def assert_healthy(gw) -> None:
+    assert httpx.get(gw.url + "/healthz", timeout=5).json() == {"status": "ok"}
+
+
+def test_a_long_request_target_gets_414(gw):
+    sock = connect(gw.url)
+    send_ignoring_reset(sock, b"GET /v1/models?" + b"a" * 200_000 + b" HTTP/1.1\r\nhost: gw\r\n\r\n")
+    answer = read_answer(sock)
+    assert answer is not None and answer.status == 414
+    assert answer.error()["code"] == "uri_too_long" and "4096" in answer.error()["message"]
+    assert_healthy(gw)
+
+
+def test_header_bytes_past_the_limit_get_431_even_when_trickled_in_small_pieces(gw):
+    sock = connect(gw.url)
+    send_ignoring_reset(sock, head())
+    started = time.monotonic()
+    sent = 0
+    while sent < 4_000_000 and send_ignoring_reset(sock, b"x-pad: " + b"p" * 1000 + b"\r\n"):
+        sent += 1009  # the server answers and closes long before 4 MB: sending stops at the reset
+    answer = read_answer(sock)
+    assert answer is not None and answer.status == 431
+    assert answer.error()["code"] == "request_header_fields_too_large"
+    assert time.monotonic() - started < 10
+    assert_healthy(gw)
+
+
+def test_one_huge_header_line_is_refused_without_reading_it_all(gw):
+    sock = connect(gw.url)
+    send_ignoring_reset(sock, head(extra=b"x-big: "))
+    accepted = 0
+    for _ in range(256):  # up to 16 MB of one header value, 64 KB at a time
+        if not send_ignoring_reset(sock, b"v" * 65536):
+            break
+        accepted += 1
+    answer = read_answer(sock)
+    assert answer is not None and answer.status == 431
+    assert accepted < 256, "the gateway kept reading a header past its limit"
+    assert_healthy(gw)
+
+
+def test_a_slowloris_head_gets_408_at_the_header_deadline(gw):
+    sock = connect(gw.url)
+    send_ignoring_reset(sock, head())
+    started = time.monotonic()
+    answer = None
+    while time.monotonic() - started < 8:  # a header byte every half second: never complete
+        if not send_ignoring_reset(sock, b"x"):
+            break
+        time.sleep(0.5)
+    answer = read_answer(sock, timeout=2)
+    assert answer is not None and answer.status == 408, "a trickled head was never cut off"
+    assert answer.error()["code"] == "header_timeout"
+    assert time.monotonic() - started < 6
+
+
+def test_a_connection_that_sends_nothing_is_closed_at_the_header_deadline(gw):
+    sock = connect(gw.url)
+    started = time.monotonic()
+    answer = read_answer(sock, timeout=8)
+    assert answer is not None and answer.status == 408
+    assert time.monotonic() - started < 6
+
+
+def test_a_stalled_body_gets_408(gw):
+    sock = connect(gw.url)
+    send_ignoring_reset(sock, head(extra=b"content-length: 500\r\n\r\n{\"model\": "))
+    started = time.monotonic()
+    answer = read_answer(sock, timeout=8)
+    assert answer is not None and answer.status == 408
+    assert answer.error()["code"] == "body_timeout"
+    assert time.monotonic() - started < 6
+
+
+def test_connections_past_the_listener_cap_are_refused_and_the_rest_served(gw):
+    held = [connect(gw.url) for _ in range(LIMITS["max_connections"])]
+    time.sleep(0.3)
+    extra = connect(gw.url)
+    answer = read_answer(extra, timeout=5)
+    assert answer is not None and answer.status == 503
+    assert answer.error()["code"] == "too_many_connections"
+    for sock in held:
+        sock.close()
+    time.sleep(0.3)
+    response = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), timeout=10)
+    assert response.status_code == 200
+
+
+def test_malformed_http_is_answered_in_the_gateway_error_shape(gw):
+    sock = connect(gw.url)
+    send_ignoring_reset(sock, b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-length: 5\r\n"
+                              b"transfer-encoding: chunked\r\n\r\n0\r\n\r\n")
+    answer = read_answer(sock)
+    assert answer is not None and answer.status == 400
+    assert answer.error()["code"] == "invalid_http"
