@@ -74,6 +74,8 @@ class Gateway:
         self.tokenize = TokenizeStage(config.models, lambda: self.policies)
         self.redis = RedisBackend(config.redis.url, config.redis.timeout, config.redis.max_pending_settlements) \
             if config.redis.url else None
+        if self.redis:
+            self.metrics.watch_settlements(self.redis.settlements)
         limits = FailoverBackend(
             self.redis or MemoryBackend(), MemoryBackend(), fail_open=config.redis.on_failure == "fail_open",
             breaker=CircuitBreaker(config.redis.breaker_failures, config.redis.breaker_cooldown),

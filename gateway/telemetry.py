@@ -10,6 +10,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
@@ -19,8 +20,12 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, ALWAYS_ON
 from opentelemetry.trace import Link, Span, format_span_id, format_trace_id
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from gateway.config import GatewayConfig, OtlpConfig, TelemetryConfig
+
+if TYPE_CHECKING:
+    from gateway.ratelimit.outbox import SettlementOutbox
 
 ACCESS_LOGGER = "portcullis.access"
 OTHER_MODEL = "other"  # the model label of every model the config does not name
@@ -72,10 +77,29 @@ class Metrics:
             "portcullis_ratelimit_tokens_charged", "Tokens charged to token limits after reconciliation", ["limit"],
             registry=r)
 
+    def watch_settlements(self, outbox: SettlementOutbox) -> None:
+        """Report, at each scrape, the settlements kept for the rate-limit store and those it never got."""
+        self.registry.register(_SettlementsCollector(outbox))
+
     def model_label(self, model: str) -> str:
         """The model as a label value: a configured model's name, else `other`. A label per name a client sends
         would let any client grow /metrics (and Prometheus) without bound: 3,000 made-up names made it 3.5 MB."""
         return model if model in self.known_models else OTHER_MODEL
+
+
+class _SettlementsCollector:
+    def __init__(self, outbox: SettlementOutbox) -> None:
+        self._outbox = outbox
+
+    def collect(self):
+        yield GaugeMetricFamily("portcullis_ratelimit_settlements_pending",
+                                "Settlements kept for the rate-limit store until it takes them", value=len(self._outbox))
+        dropped = CounterMetricFamily("portcullis_ratelimit_settlements_dropped",
+                                      "Settlements (or their token corrections) the rate-limit store never got",
+                                      labels=["reason"])
+        for reason, count in self._outbox.dropped.items():
+            dropped.add_metric([reason], count)
+        yield dropped
 
 
 def configured_models(config: GatewayConfig) -> frozenset[str]:

@@ -98,7 +98,7 @@ class SettlementOutbox:
                     delay = RETRY_FIRST
                     continue
                 if self._closing.is_set():
-                    self._drop("store unreachable at shutdown", len(self._pending))
+                    self._drop("unreachable_at_shutdown", len(self._pending))
                     self._pending.clear()
                     return
                 with contextlib.suppress(TimeoutError):  # a shutdown cuts the wait short
@@ -140,7 +140,7 @@ class SettlementOutbox:
         if excess > 0:
             for _ in range(excess):
                 self._pending.popleft()
-            self._drop("outbox full", excess)
+            self._drop("outbox_full", excess)
 
     def _drop(self, reason: str, count: int) -> None:
         if count and not self.dropped[reason]:
@@ -152,5 +152,5 @@ def _retryable(settlement: Settlement, error: BackendError, dropped: Counter[str
     """What of a failed settlement may be sent again: all of it, unless the store may have applied it already."""
     if not error.maybe_applied or not settlement.adjustments:
         return [settlement]
-    dropped["token correction maybe applied"] += 1
+    dropped["correction_maybe_applied"] += 1
     return [Settlement(releases=settlement.releases)] if settlement.releases else []

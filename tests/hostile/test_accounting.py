@@ -78,6 +78,7 @@ def test_slots_held_in_redis_are_freed_within_seconds_of_it_coming_back(fake_ups
     assert statuses[-1] == 200, f"still refused {time.monotonic() - back:.1f}s after Redis came back: {statuses}"
     settled()
     assert sum(redis.zcard(key) for key in redis.keys("portcullis:rl:*")) == 0
+    assert "portcullis_ratelimit_settlements_pending 0.0" in httpx.get(gw.admin_url + "/metrics").text
 
 
 @pytest.mark.parametrize("store", ["memory", "redis"])
@@ -189,5 +190,5 @@ def test_settlements_kept_during_an_outage_are_bounded_and_delivered_oldest_firs
         await backend.aclose()
         return dropped
 
-    assert asyncio.run(main()) == {"outbox full": 2}
+    assert asyncio.run(main()) == {"outbox_full": 2}
     assert sorted(redis_server.client().zrange(key, 0, -1)) == [b"r0", b"r1"]

@@ -195,5 +195,5 @@ def test_a_settlement_the_store_may_have_applied_is_retried_for_its_release_only
 
     remaining, dropped = asyncio.run(main())
     assert remaining in (20, 70)  # refunded once (Redis ran the timed-out batch) or not at all; never twice (100)
-    assert dropped == {"token correction maybe applied": 1}
+    assert dropped == {"correction_maybe_applied": 1}
     assert redis_server.client().zcard(slot.key) == 0
