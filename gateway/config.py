@@ -195,8 +195,8 @@ class RedisConfig(_Strict):
     breaker_failures: Annotated[int, Field(gt=0)] = 3
     breaker_cooldown: Annotated[float, Field(gt=0)] = 5.0
     max_pending_settlements: Annotated[int, Field(gt=0, description=(
-        "settlements (slot releases, token corrections) kept for Redis while it is unreachable, each a few hundred "
-        "bytes; beyond it the oldest is dropped and its slot frees when its lease runs out"))] = 100_000
+        "settlements (slot releases, token corrections) kept for Redis while it is unreachable, up to ~600 bytes "
+        "each; beyond it the oldest is dropped and its slot frees when its lease runs out"))] = 100_000
 
 
 class ModelConfig(_Strict):
