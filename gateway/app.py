@@ -20,13 +20,14 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.client_ip import client_ip
 from gateway.keys import KeyStore
+from gateway.offload import Offload
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
 from gateway.admin import ByListener, build_admin_app
@@ -71,7 +72,8 @@ class Gateway:
         self.reloader = PolicyReloader(config.policy_dir, self._install, lambda: self.policies)
         keys = KeyStore(config.auth)  # shared: the WAF looks callers up, auth refuses them
         self.auth = AuthStage(keys)
-        self.tokenize = TokenizeStage(config.models, lambda: self.policies)
+        self.offload = Offload(config.limits)  # big bodies' parse, WAF and tokenize run on its threads
+        self.tokenize = TokenizeStage(config.models, lambda: self.policies, self.offload)
         self.redis = RedisBackend(config.redis.url, config.redis.timeout, config.redis.max_pending_settlements) \
             if config.redis.url else None
         if self.redis:
@@ -82,8 +84,8 @@ class Gateway:
             metrics=self.metrics)
         self.guard = GuardStage(lambda: self.policies, Guard(self.metrics.registry))
         self.pipeline = Pipeline([
-            ParseStage(config.limits.max_body_bytes),
-            WafStage(lambda: self.policies, keys),
+            ParseStage(config.limits, self.offload),
+            WafStage(lambda: self.policies, keys, self.offload),
             self.auth,
             self.tokenize,
             RateLimitStage(lambda: self.policies, RateLimiter(limits, self.metrics)),
@@ -101,6 +103,7 @@ class Gateway:
         await self.guard.guard.aclose()
         if self.redis:
             await self.redis.aclose()
+        self.offload.close()
         self.tracer_provider.shutdown()
 
     async def probe(self, pool: Pool) -> list[dict]:
@@ -167,6 +170,10 @@ class ProxyEndpoint:
             response = err.response()
             response.headers["x-request-id"] = ctx.request_id
             ctx.span.set_attribute("error.type", err.code or err.type)
+        except ClientDisconnect:  # gone before its body was read: nobody to answer, nothing wrong with the gateway
+            ctx.status = 499  # nginx's "client closed request", for the access log and metrics
+            log.info("client disconnected before sending its whole body (request id %s)", ctx.request_id)
+            return
         except Exception:
             log.exception("unhandled error serving %s", ctx.request.scope["path"])
             ctx.status = 500

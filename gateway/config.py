@@ -46,6 +46,25 @@ class LimitsConfig(_Strict):
         "seconds the request body may go without a byte → 408"))] = 10.0
     max_connections: Annotated[int, Field(gt=0, description=(
         "open client connections per public listener; beyond it a connection gets 503 and is closed"))] = 4096
+    # The shape of a JSON body bounds what the stages after parse spend on it (the WAF runs before auth).
+    max_json_depth: Annotated[int, Field(gt=0, le=1000, description=(
+        "nesting of objects and arrays in a body → 400 json_too_deep; deep tool schemas need about 10"))] = 64
+    max_json_values: Annotated[int, Field(gt=0, description=(
+        "values (objects, arrays, strings, numbers, ...) in a body → 413 too_many_json_values; a token-id prompt "
+        "counts one per token"))] = 128 * 1024
+    max_string_chars: Annotated[int, Field(gt=0, description=(
+        "characters in any one JSON string or key → 400 string_above_max_length (OpenAI's own limit)"))] = 1024 * 1024
+    max_messages: Annotated[int, Field(gt=0, description=(
+        "chat messages in a request → 400 array_above_max_length"))] = 2048
+    max_tools: Annotated[int, Field(gt=0, description=(
+        "tool (or function) definitions in a request → 400 array_above_max_length (OpenAI's own limit)"))] = 128
+    # Parsing, the WAF and tokenizing cost milliseconds per big body: above these sizes they leave the event loop.
+    offload_min_bytes: Annotated[int, Field(ge=0, description=(
+        "bodies this large are parsed, WAF-checked and tokenized on worker threads, not the event loop"))] = 16 * 1024
+    offload_min_values: Annotated[int, Field(ge=0, description=(
+        "so are bodies with this many JSON values (the WAF's cost grows with them)"))] = 256
+    offload_workers: Annotated[int, Field(gt=0, description=(
+        "worker threads for that work: more big bodies at once wait in a queue"))] = 2
 
 
 class TimeoutsConfig(_Strict):

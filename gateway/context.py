@@ -39,6 +39,7 @@ class RequestContext:
     # parse
     body: bytes = b""
     payload: dict[str, Any] = field(default_factory=dict)
+    json_values: int = 0  # how many values the body holds: with its size, whether its work leaves the event loop
     model: str = ""
     stream: bool = False
     # tokenize

@@ -151,7 +151,9 @@ class Tokenizer:
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Special tokens written in the text are parsed as tokens; BOS per model unless told."""
-        ids = self.hf.encode(text, add_special_tokens=False).ids
+        # encode_batch releases the GIL while it runs (encode holds it: a second per MB of text, when no other
+        # thread, the gateway's event loop included, may run); same ids, same speed.
+        ids = self.hf.encode_batch([text], add_special_tokens=False)[0].ids
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             if not ids or ids[0] != self.bos_id:
                 ids = [self.bos_id] + ids

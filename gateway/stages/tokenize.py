@@ -1,7 +1,9 @@
 """Tokenize stage: count the prompt exactly for its model, fill max_tokens from policy, enforce the context window.
 
 It runs before rate limits so token limits reserve real counts, and before admission and routing, which price a
-request in KV-cache blocks and hash its prompt blocks to predict cache hits.
+request in KV-cache blocks and hash its prompt blocks to predict cache hits. A long prompt takes its tokenizer
+milliseconds to seconds, and a tokenizer not loaded yet takes seconds to load: those counts run on the offload
+executor, not on the event loop.
 """
 
 from __future__ import annotations
@@ -10,22 +12,24 @@ import json
 import threading
 from collections.abc import Callable
 
-from gateway.admission.counting import EstimateCounter, PromptCounter, build_counter
+from gateway.admission.counting import EstimateCounter, PromptCount, PromptCounter, build_counter
 from gateway.config import ModelConfig
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
+from gateway.offload import Offload
 from gateway.policy.loader import PolicySet
 
 
 class TokenizeStage:
     name = "tokenize"
 
-    def __init__(self, models: list[ModelConfig], policies: Callable[[], PolicySet]) -> None:
+    def __init__(self, models: list[ModelConfig], policies: Callable[[], PolicySet], offload: Offload) -> None:
         self._models = {m.name: m for m in models}
         self._counters: dict[str, PromptCounter] = {}  # loaded on first use or by warm(): loading takes seconds
         self._loading = threading.Lock()
         self._estimate = EstimateCounter()
         self._policies = policies
+        self._offload = offload
 
     def warm(self) -> None:
         """Load every configured tokenizer (run in a thread at start, so the first requests need not wait)."""
@@ -47,10 +51,15 @@ class TokenizeStage:
         Blocking (may load the tokenizer), so call it off the event loop."""
         return self._counter(model).decode(ids)
 
+    def _count(self, ctx: RequestContext) -> PromptCount:
+        return self._counter(ctx.model).count(ctx.route, ctx.payload)
+
     async def __call__(self, ctx: RequestContext) -> None:
         admission = self._policies().admission_for(ctx.tenant)
         choices = _choices(ctx.payload, admission.max_n)  # before counting: refusing costs nothing
-        count = self._counter(ctx.model).count(ctx.route, ctx.payload)
+        loaded = ctx.model not in self._models or ctx.model in self._counters
+        big = self._offload.is_big(len(ctx.body), ctx.json_values)
+        count = await self._offload.run(big or not loaded, self._count, ctx)
         ctx.prompt_tokens, ctx.prompt_token_ids = count.tokens, count.token_ids
         ctx.span.set_attribute("gen_ai.usage.input_tokens", count.tokens)
         window = self._models[ctx.model].context_window if ctx.model in self._models else None

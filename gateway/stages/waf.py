@@ -3,6 +3,8 @@
 Runs after parse (it reads ctx.payload) and before auth, so attacks are refused before any per-tenant work. The
 tenant and key label that overlays, exclusions and conditions may need come from the shared `KeyStore` (lookup
 only; auth still decides). Blocks are OpenAI-shaped 403s with `code: waf_blocked` and the rule ids in `param`.
+Rules cost microseconds per JSON value and per kilobyte of text, so a big body is judged (and redacted) on the
+offload executor, not on the event loop.
 """
 
 from __future__ import annotations
@@ -15,18 +17,21 @@ from opentelemetry import trace
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
 from gateway.keys import KeyStore
+from gateway.offload import Offload
 from gateway.policy.loader import PolicySet
 from gateway.telemetry import trace_ids
 from gateway.waf import audit
+from gateway.waf.engine import CompiledWaf, Verdict
 from gateway.waf.parts import RequestView
 
 
 class WafStage:
     name = "waf"
 
-    def __init__(self, policies: Callable[[], PolicySet], keys: KeyStore) -> None:
+    def __init__(self, policies: Callable[[], PolicySet], keys: KeyStore, offload: Offload) -> None:
         self._policies = policies
         self._keys = keys
+        self._offload = offload
 
     async def __call__(self, ctx: RequestContext) -> None:
         policies = self._policies()
@@ -44,7 +49,8 @@ class WafStage:
             span.set_attribute("portcullis.waf.action", "off")
             return
         view = view_of(ctx, tenant, identity.label if identity else None)
-        verdict = waf.evaluate(view)
+        big = self._offload.is_big(len(ctx.body), ctx.json_values)
+        verdict = await self._offload.run(big, waf.evaluate, view)
         span.set_attribute("portcullis.waf.action", verdict.action)
         span.set_attribute("portcullis.waf.score", verdict.score)
         if not verdict.matches:
@@ -53,8 +59,9 @@ class WafStage:
         if verdict.tags:
             ctx.annotations["waf_tags"] = verdict.tags
         if verdict.redactions and not verdict.blocked:
-            if waf.redact(view, verdict, ctx.payload):
-                ctx.body = json.dumps(ctx.payload).encode()
+            body = await self._offload.run(big, _redacted_body, waf, view, verdict, ctx.payload)
+            if body is not None:
+                ctx.body = body
                 span.set_attribute("portcullis.waf.redacted", [m.rule.id for m in verdict.redactions])
         if verdict.action not in ("block", "monitor") and not any(m.rule.action == "monitor" for m in verdict.matches):
             return  # scored below the threshold (or tagged/redacted only): on the span, not in the audit log
@@ -69,6 +76,11 @@ class WafStage:
                                else (waf.spec.block.status, waf.spec.block.message))
             raise GatewayError(status, f"{message} (rules: {ids}; request id {ctx.request_id})",
                                type="invalid_request_error", code="waf_blocked", param=ids)
+
+
+def _redacted_body(waf: CompiledWaf, view: RequestView, verdict: Verdict, payload: dict) -> bytes | None:
+    """The body re-encoded with the verdict's redactions applied to the payload, or None when nothing changed."""
+    return json.dumps(payload).encode() if waf.redact(view, verdict, payload) else None
 
 
 def view_of(ctx: RequestContext, tenant: str | None, label: str | None) -> RequestView:

@@ -11,9 +11,10 @@ from starlette.requests import Request
 
 from gateway.admission.counting import EngineCounter, EstimateCounter
 from gateway.admission.fair_queue import FairQueue
-from gateway.config import ModelConfig
+from gateway.config import LimitsConfig, ModelConfig
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
+from gateway.offload import Offload
 from gateway.policy.loader import empty_policy_set
 from gateway.stages.tokenize import TokenizeStage
 
@@ -114,7 +115,8 @@ def _ctx(route: str, payload: dict) -> RequestContext:
 
 
 def test_bundled_tokenizer_counts_like_the_engine_and_the_window_is_enforced():
-    stage = TokenizeStage([ModelConfig(name="m", tokenizer="bundled", context_window=64)], empty_policy_set)
+    stage = TokenizeStage([ModelConfig(name="m", tokenizer="bundled", context_window=64)], empty_policy_set,
+                          Offload(LimitsConfig()))
     ok = _ctx("chat", {"model": "m", "messages": [{"role": "user", "content": "Say hello"}]})
     asyncio.run(stage(ok))
     assert ok.prompt_tokens == 32 == len(ok.prompt_token_ids)  # the engine reports 32 for this prompt
@@ -129,7 +131,8 @@ def test_bundled_tokenizer_counts_like_the_engine_and_the_window_is_enforced():
 
 
 def test_tiktoken_counts_offline_and_unknown_models_are_estimated():
-    counter_stage = TokenizeStage([ModelConfig(name="gpt", tokenizer="tiktoken:cl100k_base")], empty_policy_set)
+    counter_stage = TokenizeStage([ModelConfig(name="gpt", tokenizer="tiktoken:cl100k_base")], empty_policy_set,
+                                  Offload(LimitsConfig()))
     ctx = _ctx("completions", {"model": "gpt", "prompt": "hello world", "max_tokens": 3})
     asyncio.run(counter_stage(ctx))
     assert ctx.prompt_tokens == 2 and ctx.prompt_token_ids is None

@@ -1,0 +1,83 @@
+"""Decode a request body as JSON within the operator's limits, before any stage walks the payload.
+
+Every later stage (WAF, tokenize, guard) walks the payload, and the WAF does it before auth, so the shape of a body
+bounds what an anonymous client can make the gateway spend. orjson decodes: strict UTF-8 (no lone surrogates), no
+NaN or Infinity, numbers beyond 64 bits as floats and out-of-range ones refused (never Python's int-string
+conversion limit as a crash), and its own recursion stops at 1024 levels. One iterative walk then checks depth,
+the total count of values and every string's length, and stops at the first breach, so the walk is bounded too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.config import LimitsConfig
+from gateway.errors import GatewayError, invalid_request
+from gateway.tool_text import dotted
+
+# orjson's own nesting cap (a constant of the library): deeper input fails to decode before our walk can see it.
+DECODER_MAX_DEPTH = 1024
+
+
+def decode(body: bytes, limits: LimitsConfig) -> Any:
+    """The decoded body, or a 400: not JSON, or nested beyond what the decoder itself takes."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        if "depth limit" in str(exc):
+            raise _too_deep(limits.max_json_depth, None) from None
+        raise invalid_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+def check_shape(payload: dict | list, limits: LimitsConfig) -> int:
+    """How many JSON values a decoded body holds; a 400 or 413 naming the first limit it breaks and its JSON path."""
+    max_depth, max_values, max_chars = limits.max_json_depth, limits.max_json_values, limits.max_string_chars
+    values = 1
+    stack: list[tuple[tuple, Any]] = [((), payload)]  # containers only: scalars are checked where they are met
+    while stack:
+        loc, node = stack.pop()
+        if len(loc) >= max_depth:
+            raise _too_deep(max_depth, loc)
+        values += len(node)
+        if values > max_values:  # before looking at the members: the walk never goes past the limit
+            raise GatewayError(413, f"request body holds more than {max_values} JSON values (limits.max_json_values)",
+                               code="too_many_json_values", param=_param(loc) or None)
+        items = node.items() if type(node) is dict else enumerate(node)
+        for key, child in items:
+            if type(key) is str and len(key) > max_chars:
+                raise _string_too_long(loc, len(key), max_chars, "a key in ")
+            kind = type(child)
+            if kind is str:
+                if len(child) > max_chars:
+                    raise _string_too_long((*loc, key), len(child), max_chars)
+            elif kind is dict or kind is list:
+                stack.append(((*loc, key), child))
+    return values
+
+
+def array_too_long(param: str, length: int, limit: int, setting: str) -> GatewayError:
+    """OpenAI's own wording and code for an array over its maximum length."""
+    return invalid_request(f"Invalid '{param}': array too long. Expected an array with maximum length {limit}, but got "
+                           f"an array with length {length} instead ({setting}).", param=param,
+                           code="array_above_max_length")
+
+
+def _string_too_long(loc: tuple, length: int, limit: int, what: str = "") -> GatewayError:
+    param = _param(loc)
+    return invalid_request(f"Invalid {what}'{param}': string too long. Expected a string with maximum length {limit}, "
+                           f"but got a string with length {length} instead (limits.max_string_chars).",
+                           param=param or None, code="string_above_max_length")
+
+
+def _too_deep(limit: int, loc: tuple | None) -> GatewayError:
+    param = _param(loc) if loc else None
+    where = f"'{param}' is" if param else "request body is"
+    return invalid_request(f"{where} nested deeper than {limit} levels (limits.max_json_depth)", param=param,
+                           code="json_too_deep")
+
+
+def _param(loc: tuple) -> str:
+    """The JSON path as OpenAI writes it (`messages[3].content`), long keys cut short: errors never echo a body."""
+    return dotted(tuple(k[:61] + "..." if isinstance(k, str) and len(k) > 64 else k for k in loc))
