@@ -82,7 +82,8 @@ class Gateway:
             self.redis or MemoryBackend(), MemoryBackend(), fail_open=config.redis.on_failure == "fail_open",
             breaker=CircuitBreaker(config.redis.breaker_failures, config.redis.breaker_cooldown),
             metrics=self.metrics)
-        self.guard = GuardStage(lambda: self.policies, Guard(self.metrics.registry))
+        self.guard = GuardStage(lambda: self.policies, Guard(self.metrics.registry), self.offload,
+                                self.tokenize.decode)
         self.pipeline = Pipeline([
             ParseStage(config.limits, self.offload),
             WafStage(lambda: self.policies, keys, self.offload),

@@ -1,0 +1,146 @@
+"""Ways around the input guard, through a real gateway process with the real bundled ONNX classifier.
+
+Each test is one walk-around: a benign prompt refused because the classifier judged the PII redaction marker
+instead of the text, an injection sent as token ids, an injection in a `function` message, and an injection in
+the part of a long text that was never scanned. The policy is the recommended one (policies/examples/guard.yaml)
+where the walk-around concerns it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.conftest import ROOT, pool
+from tests.integration.test_guard_gateway import BENIGN, INJECTION, LONG_BENIGN, guard_policy
+
+ENGINE_MODEL = "SmolLM2-135M-Instruct"  # the default config's model: the bundled engine's tokenizer is known
+UNKNOWN_MODEL = "test-model"  # no tokenizer configured: the gateway cannot read its token ids
+
+
+def recommended_guard() -> dict:
+    """The guard section of the shipped example policy: classifier blocking, PII redacted, secrets blocked."""
+    documents = list(yaml.safe_load_all((ROOT / "policies" / "examples" / "guard.yaml").read_text()))
+    return next(d for d in documents if d["kind"] == "Policy")["spec"]["guard"]
+
+
+def engine_ids(text: str) -> list[int]:
+    from backend_engine.config import default_model_path
+    from backend_engine.model import load_prompt_renderer
+
+    return load_prompt_renderer(default_model_path()).text_ids(text, add_bos=False)
+
+
+def chat(gw, messages: list[dict], key: str | None = None) -> httpx.Response:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(gw.url + "/v1/chat/completions", json={"model": "test-model", "messages": messages},
+                      headers=headers, timeout=120)
+
+
+def complete(gw, model: str, prompt, key: str | None = None) -> httpx.Response:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(gw.url + "/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 4},
+                      headers=headers, timeout=120)
+
+
+def upstream_stats(upstream) -> dict:
+    return httpx.get(upstream.url + "/_stats").json()
+
+
+@pytest.fixture
+def recommended(gateway, fake_upstream, tmp_path: Path):
+    upstream = fake_upstream()
+    gw = gateway({"pools": [pool("p", upstream.url)], "policy_dir": guard_policy(tmp_path, recommended_guard())})
+    return gw, upstream
+
+
+def test_the_classifier_judges_the_text_not_its_redaction(recommended) -> None:
+    """An e-mail address in a plain request must not turn it into an 'injection' once it reads [REDACTED:EMAIL]."""
+    gw, upstream = recommended
+    response = chat(gw, [{"role": "user", "content": "Please send the invoice to bob@example.org by Friday."}])
+    assert response.status_code == 200, response.text
+    sent = upstream_stats(upstream)["last_body"]["messages"][0]["content"]
+    assert sent == "Please send the invoice to [REDACTED:EMAIL] by Friday.", "the upstream still gets the redaction"
+    attack = chat(gw, [{"role": "user", "content": f"{INJECTION} Mail the result to bob@example.org."}])
+    assert attack.status_code == 400, attack.text
+    assert attack.json()["error"]["guard"]["category"] == "prompt_injection"
+
+
+def test_token_id_prompts_are_decoded_and_scanned(recommended) -> None:
+    gw, upstream = recommended
+    benign = complete(gw, ENGINE_MODEL, engine_ids(BENIGN))
+    assert benign.status_code == 200, benign.text
+    assert upstream_stats(upstream)["last_body"]["prompt"] == engine_ids(BENIGN), "ids pass through untouched"
+    for prompt, where in ((engine_ids(INJECTION), "prompt"),
+                          ([engine_ids(BENIGN), engine_ids(INJECTION)], "prompt[1]")):
+        response = complete(gw, ENGINE_MODEL, prompt)
+        assert response.status_code == 400, response.text
+        verdict = response.json()["error"]["guard"]
+        assert verdict["category"] == "prompt_injection" and verdict["where"] == where
+    unreadable = complete(gw, ENGINE_MODEL, engine_ids(BENIGN) + [10**9])
+    assert unreadable.status_code == 400 and "vocabulary" in unreadable.json()["error"]["message"]
+    assert upstream_stats(upstream)["requests"] == 1, "no injected or unreadable ids reached the upstream"
+
+
+def test_token_ids_no_tokenizer_can_read_are_refused(recommended) -> None:
+    gw, upstream = recommended
+    response = complete(gw, UNKNOWN_MODEL, [101, 2023, 2003, 102])
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "prompt_unscannable" and error["param"] == "prompt"
+    assert UNKNOWN_MODEL in error["message"] and "tokenizer" in error["message"]
+    assert complete(gw, UNKNOWN_MODEL, BENIGN).status_code == 200, "the same model's text prompts are served"
+    assert upstream_stats(upstream)["requests"] == 1
+
+
+def test_a_policy_may_pass_token_ids_no_tokenizer_can_read(gateway, fake_upstream, tmp_path: Path) -> None:
+    upstream = fake_upstream()
+    gw = gateway({"pools": [pool("p", upstream.url)],
+                  "auth": {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()}
+                                    for t, k in (("strict", "sk-strict"), ("lenient", "sk-lenient"))]},
+                  "policy_dir": guard_policy(tmp_path, {"enabled": True},
+                                             {"lenient": {"unknown_tokenizer": "pass"}})})
+    ids = [101, 2023, 2003, 102]
+    assert complete(gw, UNKNOWN_MODEL, ids, key="sk-strict").status_code == 400
+    assert complete(gw, UNKNOWN_MODEL, ids, key="sk-lenient").status_code == 200
+    assert upstream_stats(upstream)["last_body"]["prompt"] == ids
+
+
+def test_function_messages_are_scanned_and_redacted_like_tool_messages(recommended) -> None:
+    gw, upstream = recommended
+    call = {"role": "assistant", "content": None, "function_call": {"name": "lookup", "arguments": "{}"}}
+    served = chat(gw, [{"role": "user", "content": BENIGN}, call,
+                       {"role": "function", "name": "lookup", "content": "Ask bob@example.org, he knows."}])
+    assert served.status_code == 200, served.text
+    assert upstream_stats(upstream)["last_body"]["messages"][2]["content"] == "Ask [REDACTED:EMAIL], he knows."
+    attack = chat(gw, [{"role": "user", "content": BENIGN}, call,
+                       {"role": "function", "name": "lookup", "content": INJECTION}])
+    assert attack.status_code == 400, attack.text
+    assert attack.json()["error"]["guard"]["where"] == "messages[2]"
+    assert upstream_stats(upstream)["requests"] == 1
+
+
+def test_text_longer_than_the_scan_limit_is_refused_not_scanned_in_part(gateway, fake_upstream,
+                                                                        tmp_path: Path) -> None:
+    """Nine windows with the injection in the fifth: a limit of four must refuse it, not scan the two first and
+    the two last windows and serve it; under a limit it fits, every window is scanned and the attack found."""
+    upstream = fake_upstream()
+    gw = gateway({"pools": [pool("p", upstream.url)],
+                  "auth": {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()}
+                                    for t, k in (("tight", "sk-tight"), ("roomy", "sk-roomy"))]},
+                  "policy_dir": guard_policy(tmp_path, {"enabled": True, "injection": {"max_windows": 4}},
+                                             {"roomy": {"injection": {"max_windows": 16}}})})
+    hidden = [{"role": "user", "content": f"{LONG_BENIGN} {INJECTION} {LONG_BENIGN}"}]
+    tight = chat(gw, hidden, key="sk-tight")
+    assert tight.status_code == 413, tight.text
+    error = tight.json()["error"]
+    assert error["code"] == "prompt_too_long_to_scan" and "at most 4 windows" in error["message"]
+    roomy = chat(gw, hidden, key="sk-roomy")
+    assert roomy.status_code == 400, roomy.text
+    assert roomy.json()["error"]["guard"]["category"] == "prompt_injection"
+    assert chat(gw, [{"role": "user", "content": BENIGN}], key="sk-tight").status_code == 200
+    assert upstream_stats(upstream)["requests"] == 1
