@@ -1,34 +1,80 @@
-"""Server-sent-event framing for the streaming relay: complete events out, byte for byte, as soon as they arrive."""
+"""Server-sent-event framing for the streaming relay: complete events out, byte for byte, as soon as they arrive.
+
+An event ends at a blank line, and a line may end in CRLF, LF or CR (the SSE specification allows all three, mixed).
+The framer keeps its scan position between chunks, so a stream costs time linear in its length however it is
+chunked, and it holds at most one unfinished event, never more than `max_event_bytes` of it.
+"""
 
 from __future__ import annotations
 
 import re
 
-_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+_LINE_END = re.compile(rb"[\r\n]")
 _LINE = re.compile(rb"\r\n|\n|\r")
 
 DONE = b"data: [DONE]\n\n"
 
 
-class EventFramer:
-    """Splits an SSE byte stream into whole events (each ending in its blank line), however the bytes were chunked."""
+class EventTooLarge(Exception):
+    """An upstream event grew past the framer's limit: the stream cannot be relayed event by event."""
 
-    def __init__(self) -> None:
-        self._pending = b""
+
+class EventFramer:
+    """Splits an SSE byte stream into whole events (each ending in its blank line), however the bytes were chunked.
+
+    Events are emitted byte for byte: their concatenation is the stream. A CR that ends an event as the last byte of
+    a chunk is emitted at once (the event is complete); when the next chunk starts with the LF of that CRLF, the LF
+    leads the next event, where it parses as nothing.
+    """
+
+    def __init__(self, max_event_bytes: int | None = None) -> None:
+        self._max = max_event_bytes
+        self._pending = bytearray()
+        self._scanned = 0  # bytes of _pending already looked at
+        self._line_start = 0  # where the current line begins in _pending
+        self._cr_at: int | None = None  # position of the last CR line end (-1: the byte just before _pending)
 
     def feed(self, data: bytes) -> list[bytes]:
-        buffer = self._pending + data
+        buffer = self._pending
+        buffer += data
         events, start = [], 0
-        for match in _EVENT_END.finditer(buffer):
-            events.append(buffer[start:match.end()])
-            start = match.end()
-        self._pending = buffer[start:]
+        position = self._scanned
+        while match := _LINE_END.search(buffer, position):
+            at = match.start()
+            position = at + 1
+            if buffer[at] == 0x0A and self._cr_at == at - 1:  # the LF of a CRLF: the line ended at its CR
+                self._line_start = position
+                continue
+            self._cr_at = at if buffer[at] == 0x0D else None
+            if at != self._line_start:  # a line with content ends; the event goes on
+                self._line_start = position
+                continue
+            if self._cr_at is not None and position < len(buffer) and buffer[position] == 0x0A:
+                position += 1  # the blank line's CRLF is whole here: keep it with its event
+                self._cr_at = None
+            events.append(self._checked(buffer[start:position]))
+            start = self._line_start = position
+        if start:
+            del buffer[:start]
+            self._line_start -= start
+            if self._cr_at is not None:
+                self._cr_at -= start
+        self._scanned = len(buffer)
+        self._check_size(len(buffer))
         return events
+
+    def _checked(self, event: bytearray) -> bytes:
+        self._check_size(len(event))
+        return bytes(event)
+
+    def _check_size(self, size: int) -> None:
+        if self._max is not None and size > self._max:
+            raise EventTooLarge(f"an upstream event exceeded {self._max} bytes")
 
     @property
     def pending(self) -> bytes:
         """Bytes of an event the stream has not finished."""
-        return self._pending
+        return bytes(self._pending)
 
 
 def event_data(event: bytes) -> bytes | None:

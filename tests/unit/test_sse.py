@@ -1,25 +1,62 @@
-"""SSE framing: whole events out however the bytes were split, byte for byte."""
+"""SSE framing: whole events out however the bytes were split and whichever line endings the upstream uses,
+byte for byte, in time linear in the stream."""
 
 from __future__ import annotations
 
+import time
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.sse import EventFramer, event_data
+from gateway.sse import EventFramer, EventTooLarge, event_data
 
-STREAM = (b'data: {"a": 1}\n\n: keep-alive\n\ndata: line1\ndata: line2\r\n\r\n'
-          b'event: x\ndata:nospace\n\ndata: [DONE]\n\n')
+# Every blank-line form the SSE specification allows: each line may end in CRLF, LF or CR, mixed within an event.
 EVENTS = [b'data: {"a": 1}\n\n', b": keep-alive\n\n", b"data: line1\ndata: line2\r\n\r\n",
-          b"event: x\ndata:nospace\n\n", b"data: [DONE]\n\n"]
+          b"event: x\ndata:nospace\n\n", b"data: cr\r\r", b"data: crlf-then-cr\r\n\r", b"data: lf-crlf\n\r\n",
+          b"data: crlf-lf\r\n\n", b"data: cr-crlf\r\r\n", b"data: lf-cr\n\r", b"data: a\rdata: b\r\r",
+          b"data: [DONE]\r\n\r\n"]
+DATA = [b'{"a": 1}', None, b"line1\nline2", b"nospace", b"cr", b"crlf-then-cr", b"lf-crlf", b"crlf-lf",
+        b"cr-crlf", b"lf-cr", b"a\nb", b"[DONE]"]
+STREAM = b"".join(EVENTS)
 
 
-@given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))
+def frame(chunks: list[bytes], max_event_bytes: int | None = None) -> tuple[list[bytes], EventFramer]:
+    framer = EventFramer(max_event_bytes)
+    return [event for chunk in chunks for event in framer.feed(chunk)], framer
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=16))
 def test_any_chunking_gives_the_same_events(cuts):
-    framer = EventFramer()
     bounds = [0, *sorted(cuts), len(STREAM)]
-    events = [e for a, b in zip(bounds, bounds[1:]) for e in framer.feed(STREAM[a:b])]
+    events, framer = frame([STREAM[a:b] for a, b in zip(bounds, bounds[1:])])
+    assert [event_data(e) for e in events] == DATA
+    assert b"".join(events) + framer.pending == STREAM  # relayed byte for byte
+    assert framer.pending in (b"", b"\n")  # at most the LF of a CRLF that ended the last event
+
+
+def test_unsplit_stream_gives_each_event_whole():
+    events, _ = frame([STREAM])
     assert events == EVENTS
-    assert framer.pending == b""
+
+
+def test_crlf_split_across_chunks_is_one_line_end():
+    framer = EventFramer()
+    assert framer.feed(b"data: a\r") == []  # a CR at a chunk end: a line ended, not yet an event
+    assert framer.feed(b"\ndata: b\r\n\r\n") == [b"data: a\r\ndata: b\r\n\r\n"]
+
+
+def test_cr_at_chunk_end_followed_by_another_line_end_ends_the_event():
+    framer = EventFramer()
+    assert framer.feed(b"data: a\r") == []
+    assert framer.feed(b"\r") == [b"data: a\r\r"]
+
+
+def test_event_ending_in_a_cr_goes_out_before_the_next_byte_arrives():
+    framer = EventFramer()
+    assert framer.feed(b"data: a\r\n\r") == [b"data: a\r\n\r"]  # complete: not held back for a possible LF
+    events = framer.feed(b"\ndata: b\r\n\r\n")  # that LF belonged to the CR: it makes no blank line of its own
+    assert [event_data(e) for e in events] == [b"b"]
 
 
 def test_unfinished_event_stays_pending():
@@ -29,4 +66,32 @@ def test_unfinished_event_stays_pending():
 
 
 def test_event_data_fields():
-    assert [event_data(e) for e in EVENTS] == [b'{"a": 1}', None, b"line1\nline2", b"nospace", b"[DONE]"]
+    assert [event_data(e) for e in EVENTS] == DATA
+
+
+@pytest.mark.parametrize("chunks", [
+    [b"data: " + b"x" * 600],  # an unfinished event past the limit
+    [b"data: " + b"x" * 600 + b"\n\n"],  # a finished one
+    [b"data: ok\n\n", b"data: " + b"x" * 300, b"x" * 300],  # one that grows past it chunk by chunk
+])
+def test_an_event_above_the_limit_is_refused(chunks):
+    with pytest.raises(EventTooLarge):
+        frame(chunks, max_event_bytes=512)
+
+
+def test_events_within_the_limit_pass():
+    events, _ = frame([b"data: " + b"x" * 500 + b"\n\n"] * 3, max_event_bytes=512)
+    assert len(events) == 3
+
+
+@pytest.mark.parametrize("piece", [b"x" * 1024, b"data: x\n" * 128, b"x" * 1022 + b"\r\n"])
+def test_framing_time_is_linear_in_the_stream(piece):
+    """16 MiB in 1 KiB chunks with no event boundary: rescanning the pending bytes on every chunk would cost
+    16384 scans of ~8 MiB each (minutes); one pass costs well under a second."""
+    framer = EventFramer()
+    started = time.perf_counter()
+    for _ in range(16 * 1024):
+        assert framer.feed(piece) == []
+    elapsed = time.perf_counter() - started
+    assert len(framer.pending) == 16 * 1024 * 1024
+    assert elapsed < 5.0, f"framing 16 MiB took {elapsed:.1f} s"
