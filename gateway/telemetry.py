@@ -93,7 +93,8 @@ class _SettlementsCollector:
 
     def collect(self):
         yield GaugeMetricFamily("portcullis_ratelimit_settlements_pending",
-                                "Settlements kept for the rate-limit store until it takes them", value=len(self._outbox))
+                                "Settlements kept for the rate-limit store until it takes them",
+                                value=len(self._outbox))
         dropped = CounterMetricFamily("portcullis_ratelimit_settlements_dropped",
                                       "Settlements (or their token corrections) the rate-limit store never got",
                                       labels=["reason"])

@@ -38,7 +38,8 @@ def stats(upstream) -> dict:
 @pytest.fixture
 def one_upstream(fake_upstream, gateway):
     upstream = fake_upstream("up")
-    gw = gateway({"pools": [pool("main", upstream.url)], "auth": AUTH})
+    # test-model is named in `models`, so its token counts keep their own label (unknown models count as `other`)
+    gw = gateway({"pools": [pool("main", upstream.url)], "auth": AUTH, "models": [{"name": "test-model"}]})
     return gw, upstream
 
 
