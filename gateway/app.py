@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.client_exit import ClientWatch
 from gateway.client_ip import client_ip
 from gateway.keys import KeyStore
 from gateway.offload import Offload
@@ -139,7 +140,8 @@ class ProxyEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw = self.gateway
-        request = Request(scope, receive)
+        watch = ClientWatch(receive)  # the body for the parse stage; then, until the answer starts, a departure
+        request = Request(scope, watch.receive)
         path = scope["path"]  # request.url would parse the Host header on every request
         name = f"{request.method} {path}"
         parent, links = incoming_trace(request.headers, gw.config.telemetry.trust_client_trace)
@@ -153,27 +155,27 @@ class ProxyEndpoint:
                                  client_ip=client_ip(peer, request.headers.getlist("x-forwarded-for"),
                                                      gw.config.trusted_proxies))
             try:
-                await self._respond(ctx, scope, receive, send)
+                await self._respond(ctx, watch, scope, receive, send)
             finally:
                 with anyio.CancelScope(shield=True):
                     await self._complete(ctx)
             span.set_attribute("http.response.status_code", ctx.status)
-            if ctx.status >= 500 or ctx.stream_error:
+            if ctx.status >= 500 or ctx.stream_error not in (None, "client_disconnected"):
                 span.set_status(Status(StatusCode.ERROR, ctx.stream_error or str(ctx.status)))
         self._account(ctx)
 
-    async def _respond(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _respond(self, ctx: RequestContext, watch: ClientWatch, scope: Scope, receive: Receive,
+                       send: Send) -> None:
         try:
-            await self.gateway.pipeline.run(ctx)
-            response = await self.gateway.upstream.forward(ctx)
+            response = await watch.unless_client_leaves(self._answer(ctx))
         except GatewayError as err:
             ctx.status = err.status
             response = err.response()
             response.headers["x-request-id"] = ctx.request_id
             ctx.span.set_attribute("error.type", err.code or err.type)
-        except ClientDisconnect:  # gone before its body was read: nobody to answer, nothing wrong with the gateway
+        except ClientDisconnect:  # gone before its answer started: nobody to answer, nothing wrong with the gateway
             ctx.status = 499  # nginx's "client closed request", for the access log and metrics
-            log.info("client disconnected before sending its whole body (request id %s)", ctx.request_id)
+            log.info("client disconnected before its answer started (request id %s)", ctx.request_id)
             return
         except Exception:
             log.exception("unhandled error serving %s", ctx.request.scope["path"])
@@ -181,6 +183,10 @@ class ProxyEndpoint:
             response = GatewayError(500, "internal gateway error", type="server_error",
                                     code="internal_error").response()
         await response(scope, receive, send)
+
+    async def _answer(self, ctx: RequestContext) -> Response:
+        await self.gateway.pipeline.run(ctx)
+        return await self.gateway.upstream.forward(ctx)
 
     @staticmethod
     async def _complete(ctx: RequestContext) -> None:

@@ -74,6 +74,13 @@ class TimeoutsConfig(_Strict):
     keepalive: Annotated[float, Field(gt=0, description=(
         "seconds an idle upstream connection is kept; below the upstream's own idle timeout (uvicorn: 5 s), so "
         "the gateway never reuses a connection the upstream already closed"))] = 4.0
+    total: Annotated[float, Field(gt=0, description=(
+        "seconds from a request's arrival to its last byte out; beyond it: 504 before the answer started, an SSE "
+        "error event after"))] = 600.0
+    stream_idle: Annotated[float, Field(gt=0, description=(
+        "seconds an upstream answer may go without a byte once its body has begun (between stream chunks); "
+        "beyond it: 504, or an SSE error event once the stream started. The wait for the first byte is `read`'s"
+        ))] = 60.0
 
 
 class ReplicaConfig(_Strict):
@@ -146,6 +153,12 @@ class PoolConfig(_Strict):
     retry_on_status: list[int] = Field(default_factory=lambda: [502, 503, 504])
     include_usage: bool = Field(default=True, description="ask streams for stream_options.include_usage")
     max_connections: Annotated[int, Field(gt=0)] = 256
+    max_response_bytes: Annotated[int, Field(gt=0, description=(
+        "largest non-streaming (or error) answer read from an upstream; a larger one is dropped and the client "
+        "gets 502 upstream_response_too_large"))] = 32 * 1024 * 1024
+    max_event_bytes: Annotated[int, Field(gt=0, description=(
+        "largest single SSE event in an upstream stream; a larger one ends the client's stream with an SSE error "
+        "event (upstream_event_too_large)"))] = 1024 * 1024
 
     def api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None

@@ -1,12 +1,28 @@
-"""The upstream call: aiohttp to a replica, retried on the next candidate only before the client got a byte.
+"""The upstream call: aiohttp to a replica, bounded in bytes and time, retried on the next candidate only before the
+upstream answered.
 
-Streams are relayed event by event as they arrive (no buffering of the whole stream). A client disconnect cancels the
-relay, which closes the upstream connection. An upstream that breaks mid-stream ends the client's stream with an
-OpenAI-style error event and `[DONE]`, never silently.
+Retries and the client's headers: a candidate that fails before its status line arrives (refused, reset, timed out)
+or answers with one of the pool's `retry_on_status` is retried on the next candidate. A stream's 200 commits to its
+replica: the client's headers go out at once, not when the first chunk arrives (a long prefill must not look like
+a dead gateway to the client), so anything that fails after that ends the client's stream with an OpenAI-style
+error event and `[DONE]`, never silently and never by splicing a second replica's stream behind the first one's
+headers. A non-streaming answer is read whole before the client hears anything: its status and size decide what
+the client gets.
+
+Bounds, per pool: a non-streaming (or error) body is read incrementally and dropped past `max_response_bytes`
+(502); an SSE event may not grow past `max_event_bytes` (error event); `timeouts.total`, counted from the request's
+arrival, bounds the whole request (504 before the answer started, error event after); `timeouts.stream_idle` bounds
+the silence between an answer's chunks once its body has begun (the wait for the first is `timeouts.read`'s).
+Upstream errors reach the client OpenAI-shaped: the upstream's own message (and, for a 4xx, its status) where it
+sent an OpenAI-style error, 502 for anything else (an HTML error page, a non-JSON or non-UTF-8 body).
+
+A client that leaves cancels the work done for it (gateway/client_exit.py until the answer starts, Starlette's
+disconnect listener during a stream); cancelling an attempt closes its upstream connection, so the upstream stops.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -15,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 from opentelemetry import propagate
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
 from starlette.responses import Response, StreamingResponse
@@ -23,26 +40,42 @@ from gateway.context import RequestContext
 from gateway.errors import GatewayError
 from gateway.routing.pool import Pool
 from gateway.routing.replica import Replica
-from gateway.sse import DONE, EventFramer, event_data
+from gateway.sse import DONE, EventFramer, EventTooLarge, event_data
 from gateway.telemetry import Metrics
 
 log = logging.getLogger(__name__)
 
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+_KEPT_5XX = (502, 503, 504)  # upstream statuses that mean to a client what they meant to the gateway
+_MAX_MESSAGE_CHARS = 4096  # of an upstream's error message passed on to the client
 
 
 @dataclass(slots=True)
 class _Attempt:
-    """An upstream response whose status line (and, for streams, first chunk) has arrived."""
+    """One try at one replica; its response once the status line arrived."""
 
     replica: Replica
     span: Span
     sent_at: float
     response: aiohttp.ClientResponse | None = None
-    content: bytes = b""  # the whole body of a non-streaming answer
-    first_chunk: bytes = b""
-    chunks: AsyncIterator[bytes] | None = None
+    content: bytes = b""  # the whole body of a non-streaming or error answer
+    answer: dict | None = None  # a non-streaming 200's body, parsed
+
+
+class _Deadline:
+    """A request's total deadline (`timeouts.total`, counted from its arrival), in event-loop time."""
+
+    def __init__(self, ctx: RequestContext) -> None:
+        self.total = ctx.pool.config.timeouts.total
+        self.at = asyncio.get_running_loop().time() + self.total - (time.perf_counter() - ctx.started)
+
+    def left(self) -> float:
+        return self.at - asyncio.get_running_loop().time()
+
+    def exceeded(self) -> GatewayError:
+        return GatewayError(504, f"the request did not complete within its deadline of {self.total:g} s",
+                            type="upstream_error", code="deadline_exceeded")
 
 
 class Upstream:
@@ -53,63 +86,88 @@ class Upstream:
 
     async def forward(self, ctx: RequestContext) -> Response:
         body, strip_usage = _request_body(ctx)
-        attempt = await self._attempts(ctx, body)
+        deadline = _Deadline(ctx)
+        scope = asyncio.timeout_at(deadline.at)
+        try:
+            async with scope:
+                attempt = await self._attempts(ctx, body)
+        except TimeoutError:
+            if scope.expired():
+                raise deadline.exceeded() from None
+            raise
         ctx.replica = attempt.replica
         ctx.status = attempt.response.status
         headers = {"x-request-id": ctx.request_id, **ctx.response_headers}
         if self._replica_header:
             headers["x-portcullis-replica"] = attempt.replica.url
-        if attempt.chunks is None:
-            try:
-                if ctx.status == 200:
-                    self._record_usage(ctx, _json_or_none(attempt.content))
-                    if ctx.output_guard is not None:  # raises GuardBlocked (a GatewayError) on a block
-                        attempt.content = await ctx.output_guard.check_body(attempt.content)
-            finally:
-                self._finish(ctx, attempt)
-            media_type = attempt.response.headers.get("content-type", "application/json")
-            return Response(attempt.content, status_code=ctx.status, headers=headers, media_type=media_type)
-        return StreamingResponse(self._relay(ctx, attempt, strip_usage), headers={**_SSE_HEADERS, **headers},
-                                 media_type="text/event-stream")
+        if ctx.stream and ctx.status == 200:
+            return StreamingResponse(self._relay(ctx, attempt, strip_usage, deadline),
+                                     headers={**_SSE_HEADERS, **headers}, media_type="text/event-stream")
+        try:
+            if ctx.status != 200:
+                raise _upstream_error(ctx.status, attempt.content)
+            self._record_usage(ctx, attempt.answer)
+            if ctx.output_guard is not None:  # raises GuardBlocked (a GatewayError) on a block
+                attempt.content = await ctx.output_guard.check_body(attempt.content)
+        finally:
+            self._finish(ctx, attempt)
+        media_type = attempt.response.headers.get("content-type", "application/json")
+        return Response(attempt.content, status_code=200, headers=headers, media_type=media_type)
 
     async def _attempts(self, ctx: RequestContext, body: bytes) -> _Attempt:
-        """Try candidates in order; a failure moves on only while nothing has reached the client."""
+        """Try candidates in order; a failure moves on only while the upstream has not answered."""
         pool = ctx.pool
         assert pool is not None, "route stage must run before the upstream call"
         candidates = ctx.candidates[: pool.config.max_attempts]
         failure: GatewayError | None = None
         for number, replica in enumerate(candidates, start=1):
-            is_last = number == len(candidates)
-            span = self._start_span(ctx, replica, number)
+            attempt = _Attempt(replica=replica, span=self._start_span(ctx, replica, number),
+                               sent_at=time.perf_counter())
             replica.outstanding += 1
-            attempt = _Attempt(replica=replica, span=span, sent_at=time.perf_counter())
             try:
-                attempt.response = await self._send(pool, ctx, replica, span, body)
-                status = attempt.response.status
-                if status in pool.config.retry_on_status and not is_last:
-                    raise GatewayError(502, f"upstream answered {status}", type="upstream_error",
-                                       code="upstream_status")
-                if ctx.stream and status == 200:
-                    attempt.chunks = attempt.response.content.iter_any()
-                    attempt.first_chunk = await anext(attempt.chunks, b"")
-                else:
-                    attempt.content = await attempt.response.read()
-                    attempt.response.release()
-                self._first_chunk_arrived(ctx, attempt)
-                pool.record(replica, ok=status < 500)
+                await self._answer(pool, ctx, attempt, body, retry=number < len(candidates))
                 return attempt
             except (aiohttp.ClientError, TimeoutError, GatewayError) as exc:
-                failure = _as_gateway_error(exc)
-                pool.record(replica, ok=False)
-                self._metrics.upstream_errors.labels(pool=pool.name, kind=failure.code).inc()
-                log.warning("upstream %s attempt %d failed: %s", replica.url, number, failure.message)
-                span.set_status(Status(StatusCode.ERROR, failure.message))
-                span.set_attribute("error.type", failure.code or "upstream_error")
-                if attempt.response is not None:
-                    attempt.response.close()
-                self._finish(ctx, attempt)
+                failure = self._failed(ctx, attempt, number, exc)
+            except BaseException:  # cancelled: the client left or the deadline passed
+                self._drop(ctx, attempt)
+                raise
         assert failure is not None
         raise failure
+
+    async def _answer(self, pool: Pool, ctx: RequestContext, attempt: _Attempt, body: bytes, retry: bool) -> None:
+        """Send, and wait for the status line; read the whole body unless this is a stream that answered 200."""
+        attempt.response = await self._send(pool, ctx, attempt.replica, attempt.span, body)
+        status = attempt.response.status
+        attempt.span.set_attribute("http.response.status_code", status)
+        if retry and status in pool.config.retry_on_status:
+            raise GatewayError(502, f"upstream answered {status}", type="upstream_error", code="upstream_status")
+        if not (ctx.stream and status == 200):
+            attempt.content = await _read_body(attempt.response, pool)
+            attempt.response.release()
+            self._first_chunk_arrived(ctx, attempt)
+            if status == 200:
+                attempt.answer = _json_or_none(attempt.content)
+                if attempt.answer is None:
+                    raise GatewayError(502, "upstream answered 200 with a body that is not a JSON object",
+                                       type="upstream_error", code="upstream_bad_response")
+        pool.record(attempt.replica, ok=status < 500)
+
+    def _failed(self, ctx: RequestContext, attempt: _Attempt, number: int, exc: Exception) -> GatewayError:
+        failure = _as_gateway_error(exc)
+        ctx.pool.record(attempt.replica, ok=False)
+        self._metrics.upstream_errors.labels(pool=ctx.pool.name, kind=failure.code).inc()
+        log.warning("upstream %s attempt %d failed: %s", attempt.replica.url, number, failure.message)
+        attempt.span.set_status(Status(StatusCode.ERROR, failure.message))
+        attempt.span.set_attribute("error.type", failure.code or "upstream_error")
+        self._drop(ctx, attempt)
+        return failure
+
+    def _drop(self, ctx: RequestContext, attempt: _Attempt) -> None:
+        """Give up on an attempt: closing (not releasing) its connection tells the upstream to stop."""
+        if attempt.response is not None:
+            attempt.response.close()
+        self._finish(ctx, attempt)
 
     async def _send(self, pool: Pool, ctx: RequestContext, replica: Replica, span: Span,
                     body: bytes) -> aiohttp.ClientResponse:
@@ -142,16 +200,19 @@ class Upstream:
 
     def _first_chunk_arrived(self, ctx: RequestContext, attempt: _Attempt) -> None:
         ttft = time.perf_counter() - attempt.sent_at
-        attempt.span.set_attribute("http.response.status_code", attempt.response.status)
         attempt.span.set_attribute("portcullis.upstream.time_to_first_chunk", ttft)
         self._metrics.upstream_ttft.labels(pool=ctx.pool.name).observe(ttft)
 
-    async def _relay(self, ctx: RequestContext, attempt: _Attempt, strip_usage: bool) -> AsyncIterator[bytes]:
-        framer = EventFramer()
+    async def _relay(self, ctx: RequestContext, attempt: _Attempt, strip_usage: bool,
+                     deadline: _Deadline) -> AsyncIterator[bytes]:
+        framer = EventFramer(ctx.pool.config.max_event_bytes)
         saw_done = False
-        chunk = attempt.first_chunk
+        idle: float | None = None  # the wait for the first chunk is `timeouts.read`'s (a long prefill)
         try:
-            while chunk:
+            while chunk := await _next_bytes(attempt.response.content, idle, deadline):
+                if idle is None:
+                    self._first_chunk_arrived(ctx, attempt)
+                    idle = ctx.pool.config.timeouts.stream_idle
                 out = []
                 for event in framer.feed(chunk):
                     data = event_data(event)
@@ -164,18 +225,20 @@ class Upstream:
                     out = await ctx.output_guard.feed(out)
                 if out:
                     yield b"".join(out)
-                chunk = await anext(attempt.chunks, b"")
             if not saw_done:
                 raise GatewayError(502, "upstream closed the stream before it was complete", type="upstream_error",
                                    code="upstream_stream_truncated")
-        except (aiohttp.ClientError, TimeoutError, GatewayError) as exc:
+        except (aiohttp.ClientError, TimeoutError, GatewayError, EventTooLarge) as exc:
             error = _as_gateway_error(exc)
             ctx.stream_error = error.code
+            log.warning("upstream %s stream ended early: %s", attempt.replica.url, error.message)
             attempt.span.set_status(Status(StatusCode.ERROR, error.message))
             attempt.span.set_attribute("error.type", error.code or "upstream_error")
             yield error.sse_event() + DONE
         except BaseException:
-            ctx.stream_error = ctx.stream_error or "client_disconnected"
+            if ctx.stream_error is None:
+                ctx.stream_error = "client_disconnected"
+                log.info("client disconnected mid-stream (request id %s)", ctx.request_id)
             raise
         finally:
             if saw_done:
@@ -251,10 +314,65 @@ def _carries_output(choice: object) -> bool:
     return isinstance(part, dict) and any(value for key, value in part.items() if key != "role")
 
 
+async def _read_body(response: aiohttp.ClientResponse, pool: Pool) -> bytes:
+    """A whole answer, read as it arrives and given up on past the pool's `max_response_bytes`."""
+    limit = pool.config.max_response_bytes
+    too_large = GatewayError(502, f"the upstream's answer exceeded {limit} bytes (the pool's max_response_bytes)",
+                             type="upstream_error", code="upstream_response_too_large")
+    if (response.content_length or 0) > limit:
+        raise too_large
+    body = bytearray()
+    idle: float | None = None  # until the first byte, `timeouts.read` governs
+    while chunk := await _next_bytes(response.content, idle):
+        body += chunk
+        if len(body) > limit:
+            raise too_large
+        idle = pool.config.timeouts.stream_idle
+    return bytes(body)
+
+
+async def _next_bytes(content: aiohttp.StreamReader, idle: float | None, deadline: _Deadline | None = None) -> bytes:
+    """The next bytes of an answer (b"" at its end), within `idle` seconds and the request's deadline."""
+    limits = [limit for limit in (idle, deadline.left() if deadline else None) if limit is not None]
+    if not limits:
+        return await content.readany()
+    scope = asyncio.timeout(min(limits))
+    try:
+        async with scope:
+            return await content.readany()
+    except TimeoutError:
+        if not scope.expired():
+            raise  # aiohttp's own read timeout
+        if deadline is not None and deadline.left() <= 0:
+            raise deadline.exceeded() from None
+        raise GatewayError(504, f"upstream sent nothing for {idle:g} s", type="upstream_error",
+                           code="upstream_stream_idle") from None
+
+
+def _upstream_error(status: int, content: bytes) -> GatewayError:
+    """An upstream's non-200 answer, OpenAI-shaped: its own message where it sent an OpenAI-style error (with its
+    status if a 4xx or 502-504), otherwise a 502 that names the status (the body may be an HTML page: not passed on)."""
+    error = (_json_or_none(content) or {}).get("error")
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        kept = status if 400 <= status < 500 or status in _KEPT_5XX else 502
+        return GatewayError(kept, error["message"][:_MAX_MESSAGE_CHARS],
+                            type=_text(error.get("type")) or "upstream_error", code=_text(error.get("code")),
+                            param=_text(error.get("param")))
+    return GatewayError(502, f"upstream answered {status} without an OpenAI-style error", type="upstream_error",
+                        code="upstream_bad_response")
+
+
+def _text(value: Any) -> str | None:
+    """A string field of an upstream error; some servers send numeric codes."""
+    if isinstance(value, str):
+        return value[:_MAX_MESSAGE_CHARS]
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _json_or_none(data: bytes) -> dict | None:
     try:
-        value = json.loads(data)
-    except ValueError:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:  # also invalid UTF-8 and nesting too deep
         return None
     return value if isinstance(value, dict) else None
 
@@ -262,6 +380,9 @@ def _json_or_none(data: bytes) -> dict | None:
 def _as_gateway_error(exc: Exception) -> GatewayError:
     if isinstance(exc, GatewayError):
         return exc
+    if isinstance(exc, EventTooLarge):
+        return GatewayError(502, f"{exc} (the pool's max_event_bytes)", type="upstream_error",
+                            code="upstream_event_too_large")
     if isinstance(exc, TimeoutError):  # aiohttp's connect and read timeouts are TimeoutErrors too
         return GatewayError(504, f"upstream timed out ({type(exc).__name__})", type="upstream_error",
                             code="upstream_timeout")

@@ -1,0 +1,95 @@
+"""Every way a request ends early stops the upstream work done for it at once: a client that leaves (before or
+during its answer), the request's total deadline, and an upstream stream gone silent.
+
+Real gateway, real hostile upstream (tests/hostile/hostile_upstream.py) that reports when the gateway closed it.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+
+from tests.conftest import chat_body, policy_dir, pool
+from tests.hostile.conftest import upstream_seen, wait_for
+
+
+def sse_data(text: str) -> list[str]:
+    return [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+
+
+def send_and_leave(url: str, body: dict, upstream, tag: str) -> float:
+    """POST `body` over a raw socket, wait until the upstream has the request, then hang up; when it hung up."""
+    host, port = url.removeprefix("http://").split(":")
+    payload = json.dumps(body).encode()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (len(payload), payload))
+        assert wait_for(upstream, tag, "received_at", timeout=10), "the request never reached the upstream"
+        time.sleep(0.3)  # the gateway is now waiting on the upstream (or, for a stream, has sent its headers)
+        left_at = time.time()
+    return left_at
+
+
+def test_a_client_that_leaves_cancels_the_upstream_and_frees_its_slot(hostile_upstream, gateway, tmp_path):
+    upstream = hostile_upstream()
+    one_at_a_time = [{"id": "one-at-once", "key": ["tenant"], "concurrency": {"limit": 1}}]
+    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)],
+                  "policy_dir": policy_dir(tmp_path, one_at_a_time)})
+    leaving = [
+        ("non-streaming", chat_body(hostile={"behaviour": "hang", "tag": "non-streaming"})),
+        ("stream-before-headers", chat_body(stream=True, hostile={"behaviour": "hang",
+                                                                  "tag": "stream-before-headers"})),
+        ("stream-before-first-chunk", chat_body(stream=True, hostile={"behaviour": "slow_first", "delay": 60,
+                                                                      "tag": "stream-before-first-chunk"})),
+    ]
+    for tag, body in leaving:
+        left_at = send_and_leave(gw.url, body, upstream, tag)
+        seen = wait_for(upstream, tag, "closed_at", timeout=10)
+        assert seen, f"{tag}: the gateway kept the upstream request open after its client left"
+        assert seen["closed_at"] - left_at < 2.0, f"{tag}: upstream closed {seen['closed_at'] - left_at:.1f} s late"
+        # the client's concurrency slot is free again: the next request is served, not refused with 429
+        after = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(hostile={"tag": f"after-{tag}"}),
+                           timeout=10)
+        assert after.status_code == 200, f"{tag}: {after.text}"
+    log = gw.output()
+    assert "client disconnected" in log
+    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+
+
+def test_the_total_deadline_ends_a_trickling_upstream(hostile_upstream, gateway):
+    """An upstream sending a byte every 0.3 s never trips a read timeout; the request's total deadline stops it."""
+    upstream = hostile_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1, timeouts={"read": 30, "total": 2})]})
+    started = time.monotonic()
+    response = httpx.post(gw.url + "/v1/chat/completions",
+                          json=chat_body(hostile={"behaviour": "trickle", "interval": 0.3, "tag": "answer"}),
+                          timeout=20)
+    assert response.status_code == 504 and response.json()["error"]["code"] == "deadline_exceeded"
+    assert time.monotonic() - started < 6
+    assert wait_for(upstream, "answer", "closed_at", timeout=5)
+
+    body = chat_body(stream=True, hostile={"behaviour": "trickle", "interval": 0.3, "tag": "stream"})
+    response = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=20)
+    assert response.status_code == 200  # the stream had started: the deadline ends it with an error event
+    data = sse_data(response.text)
+    assert json.loads(data[-2])["error"]["code"] == "deadline_exceeded" and data[-1] == "[DONE]"
+    assert wait_for(upstream, "stream", "closed_at", timeout=5)
+
+
+def test_a_silent_stream_ends_at_the_idle_timeout(hostile_upstream, gateway):
+    """Two events, then silence with the connection open: `timeouts.stream_idle`, not `read`, ends it."""
+    upstream = hostile_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1, timeouts={"read": 30, "stream_idle": 1})]})
+    started = time.monotonic()
+    body = chat_body(stream=True, hostile={"behaviour": "stall", "events": 2, "tag": "stall"})
+    response = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=20)
+    assert response.status_code == 200
+    data = sse_data(response.text)
+    assert [json.loads(d)["choices"][0]["delta"]["content"] for d in data[:2]] == ["w0 ", "w1 "]
+    assert json.loads(data[2])["error"]["code"] == "upstream_stream_idle" and data[3:] == ["[DONE]"]
+    assert time.monotonic() - started < 8
+    assert wait_for(upstream, "stall", "closed_at", timeout=5)
+    assert upstream_seen(upstream, "stall")["answered"] is False

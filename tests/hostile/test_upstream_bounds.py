@@ -1,0 +1,163 @@
+"""A hostile upstream cannot make the gateway buffer without bound, stall its event loop, or hand garbage to a client.
+
+Every test runs the real gateway against tests/hostile/hostile_upstream.py, a real process misbehaving on the wire.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import chat_body, pool
+from tests.hostile.conftest import upstream_seen, wait_for
+
+MIB = 1024 * 1024
+
+
+def sse_data(text: str) -> list[str]:
+    """The data fields of a relayed stream, whichever line endings it used."""
+    return [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+
+
+def peak_rss(pid: int) -> int:
+    """The process's high-water resident memory, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def assert_openai_error(response: httpx.Response, status: int, code: str | None = None) -> dict:
+    assert response.status_code == status, response.text[:300]
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "code", "param"} and error["message"]
+    if code is not None:
+        assert error["code"] == code, error
+    return error
+
+
+def test_a_huge_answer_is_dropped_at_the_cap_and_never_buffered(hostile_upstream, gateway):
+    """256 MiB answers against the default 32 MiB cap: 502, the upstream connection dropped, memory flat."""
+    upstream = hostile_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
+    pid = gw.proc.pid
+    httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), timeout=30)  # warm: first-request allocations
+    before = peak_rss(pid)
+    for tag, length in (("unsized", False), ("sized", True)):
+        hostile = {"behaviour": "huge_body", "bytes": 256 * MIB, "length": length, "tag": tag}
+        response = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(hostile=hostile), timeout=60)
+        assert_openai_error(response, 502, "upstream_response_too_large")
+        assert wait_for(upstream, tag, "closed_at", timeout=10), "the gateway kept reading the oversized answer"
+    grown = peak_rss(pid) - before
+    assert grown < 128 * MIB, f"the gateway's peak memory grew by {grown / MIB:.0f} MiB"
+
+
+def test_an_event_above_the_cap_ends_the_stream_with_an_error_event(hostile_upstream, gateway):
+    """One SSE event of 16 MiB against the default 1 MiB event cap."""
+    upstream = hostile_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
+    hostile = {"behaviour": "no_boundary", "bytes": 16 * MIB, "tag": "big-event"}
+    response = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(stream=True, hostile=hostile), timeout=60)
+    assert response.status_code == 200
+    data = sse_data(response.text)
+    assert data[-1] == "[DONE]"
+    assert json.loads(data[-2])["error"]["code"] == "upstream_event_too_large"
+    assert wait_for(upstream, "big-event", "closed_at", timeout=10), "the gateway kept reading the stream"
+
+
+def test_a_stream_without_event_boundaries_costs_linear_time(hostile_upstream, gateway):
+    """24 MiB of one unfinished event in 16 KiB writes: rescanning the pending bytes per chunk would cost the gateway
+    minutes of CPU (and stall every other request); one pass costs a fraction of a second."""
+    upstream = hostile_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1, max_event_bytes=64 * MIB)]})
+    httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), timeout=30)
+    cpu_before = cpu_seconds(gw.proc.pid)
+    hostile = {"behaviour": "no_boundary", "bytes": 24 * MIB, "piece": 16 * 1024, "pause": 0.0005}
+    with httpx.stream("POST", gw.url + "/v1/chat/completions", json=chat_body(stream=True, hostile=hostile),
+                      timeout=60) as response:
+        assert response.status_code == 200
+        health = httpx.get(gw.url + "/healthz", timeout=5)  # served while the stream is being framed
+        text = response.read().decode()
+    assert health.status_code == 200
+    data = sse_data(text)
+    assert json.loads(data[-2])["error"]["code"] == "upstream_stream_truncated" and data[-1] == "[DONE]"
+    spent = cpu_seconds(gw.proc.pid) - cpu_before
+    assert spent < 8.0, f"the gateway spent {spent:.1f} s of CPU framing a 24 MiB stream"
+
+
+def test_every_sse_line_ending_is_framed(hostile_upstream, gateway):
+    """CR, LF and CRLF mixed, each byte of every line ending in its own TCP write (so CRLFs arrive cut in two)."""
+    upstream = hostile_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
+    hostile = {"behaviour": "line_endings", "endings": ["\n\r\n", "\r\n\n", "\r\r", "\r\n\r\n", "\n\r", "\r\r\n"],
+               "words": 4}
+    body = chat_body(stream=True, stream_options={"include_usage": True}, hostile=hostile)
+    response = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 200
+    data = sse_data(response.text)
+    assert data[-1] == "[DONE]", data
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert not [c for c in chunks if "error" in c], chunks
+    assert "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"]) == "w0 w1 w2 w3 "
+    assert chunks[-1]["usage"]["completion_tokens"] == 4  # the usage event, read by the gateway, reached the client
+
+
+def test_upstream_errors_and_garbage_reach_the_client_openai_shaped(hostile_upstream, gateway):
+    upstream = hostile_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
+
+    def ask(hostile: dict, stream: bool = False) -> httpx.Response:
+        return httpx.post(gw.url + "/v1/chat/completions", json=chat_body(stream=stream, hostile=hostile), timeout=30)
+
+    html = assert_openai_error(ask({"behaviour": "html_502"}), 502, "upstream_bad_response")
+    assert "<" not in html["message"] and html["type"] == "upstream_error"
+    assert_openai_error(ask({"behaviour": "html_502"}, stream=True), 502, "upstream_bad_response")
+    garbage = [
+        (200, "not json at all", "text/plain"),
+        (200, "[1, 2, 3]", "application/json"),
+        (500, '{"detail": "boom"}', "application/json"),  # JSON, but no error object
+        (400, '{"error": "just a string"}', "application/json"),
+        (400, '{"error": {"message": "caf\u00e9 \u00ff\u00fe"}}', "application/json"),  # latin-1: not UTF-8
+    ]
+    for status, text, content_type in garbage:
+        response = ask({"behaviour": "garbage", "status": status, "body": text, "content_type": content_type})
+        assert_openai_error(response, 502, "upstream_bad_response")
+        assert response.headers["content-type"] == "application/json"
+    upstream_error = {"error": {"message": "This model's maximum context length is 8 tokens",
+                                "type": "invalid_request_error", "code": "context_length_exceeded", "param": None}}
+    for stream in (False, True):
+        response = ask({"behaviour": "garbage", "status": 400, "body": json.dumps(upstream_error),
+                        "content_type": "application/json"}, stream=stream)
+        assert response.json() == upstream_error and response.status_code == 400
+    overloaded = {"behaviour": "garbage", "status": 503, "content_type": "application/json",
+                  "body": json.dumps({"error": {"message": "engine overloaded", "code": 503}})}
+    error = assert_openai_error(ask(overloaded), 503, "503")
+    assert error["message"] == "engine overloaded" and error["type"] == "upstream_error"
+
+
+def test_stream_headers_go_out_when_the_upstream_answers(hostile_upstream, gateway):
+    """The upstream answers 200 at once and sends its first event after 4 s (a long prefill)."""
+    upstream = hostile_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
+    hostile = {"behaviour": "slow_first", "delay": 4.0, "tag": "slow"}
+    started = time.monotonic()
+    with httpx.stream("POST", gw.url + "/v1/chat/completions", json=chat_body(stream=True, hostile=hostile),
+                      timeout=30) as response:
+        headers_after = time.monotonic() - started
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        text = response.read().decode()
+    assert upstream_seen(upstream, "slow")["answered"]
+    assert headers_after < 2.5, f"the client waited {headers_after:.1f} s for its headers"
+    data = sse_data(text)
+    assert data[-1] == "[DONE]" and "".join(json.loads(d)["choices"][0]["delta"]["content"] for d in data[:-1]) \
+        == "w0 w1 w2 "
