@@ -1,0 +1,220 @@
+"""Operator mistakes caught before they cost traffic: a WAF rule that matches every request, YAML 1.1 booleans in
+policy files, client-chosen model names as metric labels, and `portcullis up` leaving its engines behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.conftest import ROOT, chat_body, free_port, pool
+
+CHAT = "/v1/chat/completions"
+BASE = {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "ops"}}
+FORBIDDEN = {"id": "no-forbidden-word", "action": "block", "when": {"target": "prompt", "regex": "forbidden-word"}}
+
+
+def write_policy(directory: Path, waf: dict) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "base.yaml").write_text(yaml.safe_dump({**BASE, "spec": {"waf": waf}}))
+    return directory
+
+
+def policy_check(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gateway.cli", "policy", "check", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def ask(gw, prompt: str) -> httpx.Response:
+    return httpx.post(gw.url + CHAT, json={**chat_body(), "messages": [{"role": "user", "content": prompt}]},
+                      timeout=30)
+
+
+# -- rules that match every request ----------------------------------------------------------------------------
+
+
+def test_policy_check_warns_on_a_match_all_rule_and_strict_fails(tmp_path):
+    # a notice (2 points) under the threshold (5): it marks every request, it does not block them all
+    directory = write_policy(tmp_path / "policies", {"rules": [
+        {"id": "everything", "severity": "notice", "when": {"target": "prompt", "regex": ".*"}}]})
+    lenient = policy_check(str(directory))
+    assert lenient.returncode == 0, lenient.stderr
+    assert "'everything'" in lenient.stderr and "matches every request" in lenient.stderr
+    strict = policy_check("--strict", str(directory))
+    assert strict.returncode == 1, strict.stderr
+    assert "matches every request" in strict.stderr
+
+
+def test_policy_check_refuses_a_rule_that_blocks_every_request(tmp_path):
+    directory = write_policy(tmp_path / "policies", {"rules": [
+        {"id": "oops", "action": "block", "when": {"target": "prompt", "regex": ""}}]})
+    result = policy_check(str(directory))
+    assert result.returncode == 1
+    assert "blocks every request" in result.stderr and "'oops'" in result.stderr
+
+
+def test_a_gateway_refuses_to_start_with_a_blanket_block(fake_upstream, gateway, tmp_path):
+    directory = write_policy(tmp_path / "policies", {"rules": [
+        {"id": "oops", "action": "block", "when": {"target": "path", "regex": "a*"}}]})
+    with pytest.raises(RuntimeError, match="blocks every request"):
+        gateway({"pools": [pool("main", fake_upstream().url)], "policy_dir": str(directory)})
+
+
+def test_a_reload_to_a_blanket_block_keeps_the_last_good_policy(fake_upstream, gateway, tmp_path):
+    directory = write_policy(tmp_path / "policies", {"rules": [FORBIDDEN]})
+    gw = gateway({"pools": [pool("main", fake_upstream().url)], "policy_dir": str(directory)})
+    assert ask(gw, "hello").status_code == 200
+    assert ask(gw, "say forbidden-word").status_code == 403
+
+    write_policy(directory, {"rules": [FORBIDDEN, {"id": "oops", "action": "block",
+                                                   "when": {"target": "prompt", "regex": ""}}]})
+    gw.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while "policy reload" not in gw.output():
+        assert time.monotonic() < deadline, gw.output()
+        time.sleep(0.1)
+
+    assert ask(gw, "hello").status_code == 200, "the blanket block took all traffic down"
+    assert ask(gw, "say forbidden-word").status_code == 403  # the last good policy still runs
+    status = httpx.get(gw.admin_url + "/admin/policy").json()
+    assert "blocks every request" in status["last_error"]
+
+
+# -- YAML 1.1 booleans -------------------------------------------------------------------------------------------
+
+
+def test_unquoted_off_and_no_load_as_off(fake_upstream, gateway, tmp_path):
+    directory = tmp_path / "policies"
+    directory.mkdir()
+    # written by hand: yaml.safe_dump would quote them
+    (directory / "base.yaml").write_text("""apiVersion: portcullis.dev/v1
+kind: Policy
+metadata: {name: ops}
+spec:
+  waf:
+    mode: off
+    rules:
+      - {id: no-forbidden-word, action: block, when: {target: prompt, regex: forbidden-word}}
+  guard:
+    pii: {pii: off, secrets: no}
+""")
+    gw = gateway({"pools": [pool("main", fake_upstream().url)], "policy_dir": str(directory)})
+    assert ask(gw, "say forbidden-word").status_code == 200  # mode off: the rule does not run
+
+
+# -- metric labels -----------------------------------------------------------------------------------------------
+
+
+def test_made_up_model_names_do_not_grow_metrics(fake_upstream, gateway):
+    gw = gateway({"pools": [pool("any", fake_upstream().url)],  # a catch-all pool: every name is served
+                  "models": [{"name": "known-model"}]})
+    metrics_url = gw.admin_url + "/metrics"
+
+    def send(models: list[str]) -> None:
+        async def run() -> None:
+            limit = asyncio.Semaphore(32)
+            async with httpx.AsyncClient(timeout=60) as client:
+                async def one(model: str) -> None:
+                    async with limit:
+                        response = await client.post(gw.url + CHAT, json=chat_body(model=model))
+                        assert response.status_code == 200, response.text
+
+                await asyncio.gather(*(one(m) for m in models))
+
+        asyncio.run(run())
+
+    send(["known-model", "made-up-warmup"])
+    before = httpx.get(metrics_url).text
+    assert 'model="known-model"' in before  # configured models keep their own label
+    send([f"made-up-{i}" for i in range(3000)])
+    after = httpx.get(metrics_url).text
+    assert "made-up-" not in after
+    assert len(after) - len(before) < 4096, f"/metrics grew from {len(before)} to {len(after)} bytes"
+
+
+# -- portcullis up -------------------------------------------------------------------------------------------------
+
+
+def children(pid: int) -> list[int]:
+    """Processes whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.fixture
+def up(tmp_path):
+    """`portcullis up --replicas 1` on free ports, healthy; yields (process, engine pid, engine port, log path)."""
+    port, engine_port, admin_port = free_port(), free_port(), free_port()
+    log = tmp_path / "up.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "up", "--replicas", "1", "--engine-port",
+                                 str(engine_port), "--port", str(port), "--admin-port", str(admin_port)],
+                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    engines: list[int] = []
+    try:
+        deadline = time.monotonic() + 300  # the real engine loads its model: 10-30 s alone, more on a busy box
+        while True:
+            assert proc.poll() is None, log.read_text(errors="replace")
+            assert time.monotonic() < deadline, log.read_text(errors="replace")
+            engines = engines or children(proc.pid)
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        assert len(engines) == 1, engines
+        yield proc, engines[0], engine_port, log
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in engines:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_sigterm_to_up_leaves_no_engine_running(up):
+    proc, engine, engine_port, log = up
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while alive(engine) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(engine), f"engine pid {engine} outlived `portcullis up`:\n{log.read_text(errors='replace')}"
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{engine_port}/health", timeout=2)
+
+
+def test_up_reports_an_engine_that_dies(up):
+    proc, engine, engine_port, log = up
+    os.kill(engine, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while f"engine on port {engine_port}" not in log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, log.read_text(errors="replace")
+        time.sleep(0.2)
+    assert proc.poll() is None  # the gateway goes on
