@@ -231,6 +231,32 @@ def test_redaction_rewrites_the_prompt(tmp_path):
     assert view.payload["messages"][0]["content"] == "keys: [REDACTED:secret] and [REDACTED:secret]"
 
 
+def test_redaction_skips_empty_matches(tmp_path):
+    rule = {"id": "digits", "action": "redact", "replacement": "#", "when": {"target": "prompt", "regex": "[0-9]*"}}
+    policies = load_policy_dir(write_policy(tmp_path, {"rules": [rule]}))
+    assert any("'digits'" in w and "matches any text" in w for w in policies.warnings)
+    waf = policies.waf_for(None)
+    view = chat("pin 1234 or 56")
+    assert waf.redact(view, waf.evaluate(view), view.payload) == 2
+    assert view.payload["messages"][0]["content"] == "pin # or #"
+
+
+def test_no_builtin_pack_matches_every_ordinary_request(tmp_path):
+    """Else every policy enabling the packs would be warned about, or at PL4 refused as a blanket block."""
+    packs = ["protocol", "scanners", "protocol-attack", "sqli", "xss", "lfi", "rce", "llm"]
+    assert load_policy_dir(write_policy(tmp_path, {"packs": packs, "paranoia_level": 4})).warnings == ()
+
+
+def test_match_all_rules_warn_per_tenant_and_a_blanket_block_is_refused(tmp_path):
+    everything = {"id": "everything", "severity": "notice", "when": {"target": "body", "length": {"ge": 0}}}
+    policies = load_policy_dir(write_policy(tmp_path, {}, {"a": {"waf": {"rules": [everything]}}}))
+    assert [w for w in policies.warnings if "matches every request" in w] == [
+        "warning: tenant a: rule 'everything' (action score) matches every request: it fired on all 3 ordinary "
+        "requests tried"]
+    with pytest.raises(PolicyError, match="tenant a: the WAF blocks every request"):
+        load_policy_dir(write_policy(tmp_path, {}, {"a": {"waf": {"rules": [{**everything, "action": "block"}]}}}))
+
+
 def test_version_covers_packs_and_files(tmp_path):
     first = load_policy_dir(write_policy(tmp_path, {"packs": ["sqli"]})).version
     assert load_policy_dir(write_policy(tmp_path, {"packs": ["sqli"]})).version == first
