@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.errors import GatewayError, http_error
+from gateway.errors import GatewayError, http_error, server_error
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -92,7 +92,7 @@ def build_admin_app(gateway: Gateway) -> ASGIApp:
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/admin/policy", admin_policy, methods=["GET"]),
-    ], exception_handlers={HTTPException: http_error})
+    ], exception_handlers={HTTPException: http_error, Exception: server_error})
     app.router.redirect_slashes = False  # a redirect would be built from the client's Host header
     token = gateway.config.admin.token()
     return RequireToken(app, token) if token else app

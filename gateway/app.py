@@ -32,7 +32,7 @@ from gateway.offload import Offload
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
 from gateway.admin import ByListener, build_admin_app
-from gateway.errors import GatewayError, http_error
+from gateway.errors import GatewayError, http_error, server_error
 from gateway.guard.runtime import Guard
 from gateway.pipeline import Pipeline
 from gateway.policy.loader import PolicySet, empty_policy_set, load_policy_dir
@@ -276,6 +276,7 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: http_error, Exception: server_error})
     app.router.redirect_slashes = False  # its redirect's Location is built from the client's own Host header
     return ByListener(app, build_admin_app(gateway), config.admin.port if config.admin.enabled else None)

@@ -44,15 +44,22 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.app import build_app
     from gateway.http_server import serve
 
+    from gateway.policy.loader import PolicyError
+
     configure_logging(args.log_level)
     try:
         config = load_config(args.config)
-    except ConfigError as exc:
+        app = build_app(config)
+    except (ConfigError, PolicyError) as exc:
         print(f"portcullis: {exc}", file=sys.stderr)
         return 2
     host = args.host or config.listen.host
     port = args.port if args.port is not None else config.listen.port
-    serve(build_app(config), config, host, port)
+    try:
+        serve(app, config, host, port)
+    except OSError as exc:  # a listener that cannot bind (port in use, address not local)
+        print(f"portcullis: cannot listen: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -52,3 +52,8 @@ async def http_error(request: Request, exc: HTTPException) -> Response:
     """Starlette's own 404/405s, in the same OpenAI error shape as everything else."""
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
     return GatewayError(exc.status_code, str(exc.detail), code=code, headers=exc.headers).response()
+
+
+async def server_error(request: Request, exc: Exception) -> Response:
+    """What no route handled: logged with its traceback by the server, answered in the same shape, never as text."""
+    return GatewayError(500, "internal gateway error", type="server_error", code="internal_error").response()
