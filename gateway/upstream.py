@@ -1,20 +1,20 @@
 """The upstream call: aiohttp to a replica, bounded in bytes and time, retried on the next candidate only before the
 upstream answered.
 
-Retries and the client's headers: a candidate that fails before its status line arrives (refused, reset, timed out)
-or answers with one of the pool's `retry_on_status` is retried on the next candidate. A stream's 200 commits to its
-replica: the client's headers go out at once, not when the first chunk arrives (a long prefill must not look like
-a dead gateway to the client), so anything that fails after that ends the client's stream with an OpenAI-style
-error event and `[DONE]`, never silently and never by splicing a second replica's stream behind the first one's
-headers. A non-streaming answer is read whole before the client hears anything: its status and size decide what
-the client gets.
+Retries and the client's headers: a candidate that fails before its status line arrives (refused, reset, timed out),
+answers with one of the pool's `retry_on_status`, or sends a non-streaming 200 the gateway cannot use (past the size
+limit, not a JSON object) is retried on the next candidate. A stream's 200 commits to its replica: the client's
+headers go out at once, not when the first chunk arrives (a long prefill must not look like a dead gateway to the
+client), so anything that fails after that ends the client's stream with an OpenAI-style error event and `[DONE]`,
+never silently and never by splicing a second replica's stream behind the first one's headers. A non-streaming
+answer is read whole before the client hears anything: its status and size decide what the client gets.
 
 Bounds, per pool: a non-streaming (or error) body is read incrementally and dropped past `max_response_bytes`
 (502); an SSE event may not grow past `max_event_bytes` (error event); `timeouts.total`, counted from the request's
 arrival, bounds the whole request (504 before the answer started, error event after); `timeouts.stream_idle` bounds
 the silence between an answer's chunks once its body has begun (the wait for the first is `timeouts.read`'s).
-Upstream errors reach the client OpenAI-shaped: the upstream's own message (and, for a 4xx, its status) where it
-sent an OpenAI-style error, 502 for anything else (an HTML error page, a non-JSON or non-UTF-8 body).
+Upstream errors reach the client OpenAI-shaped: the upstream's own message (and its status, if a 4xx or 502-504)
+where it sent an OpenAI-style error, 502 for anything else (an HTML error page, a non-JSON or non-UTF-8 body).
 
 A client that leaves cancels the work done for it (gateway/client_exit.py until the answer starts, Starlette's
 disconnect listener during a stream); cancelling an attempt closes its upstream connection, so the upstream stops.
