@@ -29,6 +29,7 @@ from gateway.client_exit import ClientWatch
 from gateway.client_ip import client_ip
 from gateway.keys import KeyStore
 from gateway.offload import Offload
+from gateway.shape_gate import ShapeGate
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
 from gateway.admin import ByListener, build_admin_app
@@ -74,6 +75,7 @@ class Gateway:
         keys = KeyStore(config.auth)  # shared: the WAF looks callers up, auth refuses them
         self.auth = AuthStage(keys)
         self.offload = Offload(config.limits)  # big bodies' parse, WAF and tokenize run on its threads
+        self.shape_gate = ShapeGate(config.limits)  # bodies with very many values are judged out of process
         self.tokenize = TokenizeStage(config.models, lambda: self.policies, self.offload)
         self.redis = RedisBackend(config.redis.url, config.redis.timeout, config.redis.max_pending_settlements) \
             if config.redis.url else None
@@ -86,7 +88,7 @@ class Gateway:
         self.guard = GuardStage(lambda: self.policies, Guard(self.metrics.registry), self.offload,
                                 self.tokenize.decode)
         self.pipeline = Pipeline([
-            ParseStage(config.limits, self.offload),
+            ParseStage(config.limits, self.offload, self.shape_gate),
             WafStage(lambda: self.policies, keys, self.offload),
             self.auth,
             self.tokenize,
@@ -106,6 +108,7 @@ class Gateway:
         if self.redis:
             await self.redis.aclose()
         self.offload.close()
+        self.shape_gate.close()
         self.tracer_provider.shutdown()
 
     async def probe(self, pool: Pool) -> list[dict]:
@@ -260,6 +263,7 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         gateway.pools.start()
+        gateway.shape_gate.warm()
         gateway.reloader.start()
         warming = asyncio.create_task(asyncio.to_thread(gateway.tokenize.warm))
         await asyncio.to_thread(gateway.guard.warm)  # before serving: the first guarded request must not wait

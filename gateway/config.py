@@ -65,6 +65,10 @@ class LimitsConfig(_Strict):
         "so are bodies with this many JSON values (the WAF's cost grows with them)"))] = 256
     offload_workers: Annotated[int, Field(gt=0, description=(
         "worker threads for that work: more big bodies at once wait in a queue"))] = 2
+    gate_min_commas: Annotated[int, Field(ge=0, description=(
+        "bodies with more commas than this (a body holds about as many JSON values) are checked against these limits "
+        "in a worker process before this one decodes them: decoding holds the interpreter lock, so a thread cannot "
+        "spare the event loop from a flood of bodies with 100k values each"))] = 4096
 
 
 class TimeoutsConfig(_Strict):

@@ -17,6 +17,7 @@ from gateway.config import LimitsConfig
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, invalid_request
 from gateway.offload import Offload
+from gateway.shape_gate import ShapeGate
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
@@ -24,34 +25,23 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "functio
 class ParseStage:
     name = "parse"
 
-    def __init__(self, limits: LimitsConfig, offload: Offload) -> None:
+    def __init__(self, limits: LimitsConfig, offload: Offload, gate: ShapeGate) -> None:
         self.limits = limits
         self.max_body_bytes = limits.max_body_bytes
         self._offload = offload
+        self._gate = gate
 
     async def __call__(self, ctx: RequestContext) -> None:
         body = await self._read_body(ctx)
-        payload, values = await self._offload.run(self._offload.is_big(len(body)), self._parse, ctx.route, body)
+        await self._gate.check(ctx.route, body)
+        payload, values = await self._offload.run(self._offload.is_big(len(body)), parse_body, ctx.route, body,
+                                                  self.limits)
         ctx.body = body
         ctx.payload = payload
         ctx.json_values = values
         ctx.model = payload["model"]
         ctx.stream = bool(payload.get("stream", False))
         ctx.span.set_attribute("gen_ai.request.model", ctx.model)
-
-    def _parse(self, route: str, body: bytes) -> tuple[dict[str, Any], int]:
-        """The payload and its count of values: limits first, so the schema checks walk a bounded payload."""
-        payload = json_bounds.decode(body, self.limits)
-        if not isinstance(payload, dict):
-            raise invalid_request("request body must be a JSON object", code="invalid_json")
-        _check_array_lengths(payload, self.limits)
-        values = json_bounds.check_shape(payload, self.limits)
-        _check_common(payload)
-        if route == "chat":
-            _check_messages(payload.get("messages"))
-        else:
-            _check_prompt(payload.get("prompt"))
-        return payload, values
 
     async def _read_body(self, ctx: RequestContext) -> bytes:
         """The body, bounded in bytes as it arrives and in time between its chunks (a slow client holds a slot)."""
@@ -74,6 +64,21 @@ class ParseStage:
             if size > self.max_body_bytes:
                 raise _too_large(self.max_body_bytes)
             chunks.append(chunk)
+
+
+def parse_body(route: str, body: bytes, limits: LimitsConfig) -> tuple[dict[str, Any], int]:
+    """The payload and its count of values: limits first, so the schema checks walk a bounded payload."""
+    payload = json_bounds.decode(body, limits)
+    if not isinstance(payload, dict):
+        raise invalid_request("request body must be a JSON object", code="invalid_json")
+    _check_array_lengths(payload, limits)
+    values = json_bounds.check_shape(payload, limits)
+    _check_common(payload)
+    if route == "chat":
+        _check_messages(payload.get("messages"))
+    else:
+        _check_prompt(payload.get("prompt"))
+    return payload, values
 
 
 def _too_large(limit: int) -> GatewayError:
