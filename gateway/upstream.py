@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _KEPT_5XX = (502, 503, 504)  # upstream statuses that mean to a client what they meant to the gateway
+_GATEWAY_CREDENTIAL_STATUSES = (401, 403, 407)  # the upstream judged the gateway's key, not the client's
 _MAX_MESSAGE_CHARS = 4096  # of an upstream's error message passed on to the client
 
 
@@ -353,6 +354,12 @@ def _upstream_error(status: int, content: bytes) -> GatewayError:
     """An upstream's non-200 answer, OpenAI-shaped: its own message where it sent an OpenAI-style error (with its
     status if a 4xx or 502-504), otherwise a 502 that names the status (the body may be an HTML page: not passed on)."""
     error = (_json_or_none(content) or {}).get("error")
+    if status in _GATEWAY_CREDENTIAL_STATUSES:
+        # about the pool's own key, not the client's: its message may quote part of that key, so it stays in the log
+        log.warning("upstream refused the pool's credentials (%d): %.300s", status,
+                    error.get("message") if isinstance(error, dict) else content[:300])
+        return GatewayError(502, f"upstream refused the gateway's credentials ({status})", type="upstream_error",
+                            code="upstream_auth_failed")
     if isinstance(error, dict) and isinstance(error.get("message"), str):
         kept = status if 400 <= status < 500 or status in _KEPT_5XX else 502
         return GatewayError(kept, error["message"][:_MAX_MESSAGE_CHARS],

@@ -142,6 +142,13 @@ def test_upstream_errors_and_garbage_reach_the_client_openai_shaped(hostile_upst
                   "body": json.dumps({"error": {"message": "engine overloaded", "code": 503}})}
     error = assert_openai_error(ask(overloaded), 503, "503")
     assert error["message"] == "engine overloaded" and error["type"] == "upstream_error"
+    # the upstream judged the pool's key, not the client's: a 401 would tell the client its own key is wrong, and
+    # OpenAI's message quotes part of the key it refused
+    refused = {"behaviour": "garbage", "status": 401, "content_type": "application/json",
+               "body": json.dumps({"error": {"message": "Incorrect API key provided: sk-pool***cret",
+                                             "type": "invalid_request_error", "code": "invalid_api_key"}})}
+    error = assert_openai_error(ask(refused), 502, "upstream_auth_failed")
+    assert "sk-pool" not in error["message"]
 
 
 def test_stream_headers_go_out_when_the_upstream_answers(hostile_upstream, gateway):
