@@ -318,33 +318,41 @@ def _carries_output(choice: object) -> bool:
 async def _read_body(response: aiohttp.ClientResponse, pool: Pool) -> bytes:
     """A whole answer, read as it arrives and given up on past the pool's `max_response_bytes`."""
     limit = pool.config.max_response_bytes
-    too_large = GatewayError(502, f"the upstream's answer exceeded {limit} bytes (the pool's max_response_bytes)",
-                             type="upstream_error", code="upstream_response_too_large")
-    if (response.content_length or 0) > limit:
-        raise too_large
+    length = response.content_length
+    if (length or 0) > limit:
+        raise _too_large(limit)
     body = bytearray()
     idle: float | None = None  # until the first byte, `timeouts.read` governs
     while chunk := await _next_bytes(response.content, idle):
         body += chunk
         if len(body) > limit:
-            raise too_large
+            raise _too_large(limit)
+        if len(body) == length:  # all it announced: no second read (and timer) just to see the end
+            break
         idle = pool.config.timeouts.stream_idle
     return bytes(body)
 
 
+def _too_large(limit: int) -> GatewayError:
+    return GatewayError(502, f"the upstream's answer exceeded {limit} bytes (the pool's max_response_bytes)",
+                        type="upstream_error", code="upstream_response_too_large")
+
+
 async def _next_bytes(content: aiohttp.StreamReader, idle: float | None, deadline: _Deadline | None = None) -> bytes:
     """The next bytes of an answer (b"" at its end), within `idle` seconds and the request's deadline."""
-    limits = [limit for limit in (idle, deadline.left() if deadline else None) if limit is not None]
-    if not limits:
+    left = deadline.left() if deadline else None
+    if idle is None and left is None:
         return await content.readany()
-    scope = asyncio.timeout(min(limits))
+    # which limit sets the timer is decided now: timers may fire a little early, so `left()` after it can be > 0
+    by_deadline = left is not None and (idle is None or left <= idle)
+    scope = asyncio.timeout(left if by_deadline else idle)
     try:
         async with scope:
             return await content.readany()
     except TimeoutError:
         if not scope.expired():
             raise  # aiohttp's own read timeout
-        if deadline is not None and deadline.left() <= 0:
+        if by_deadline:
             raise deadline.exceeded() from None
         raise GatewayError(504, f"upstream sent nothing for {idle:g} s", type="upstream_error",
                            code="upstream_stream_idle") from None
