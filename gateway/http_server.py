@@ -46,7 +46,6 @@ class BoundedProtocol(HttpToolsProtocol):
         self._in_head = False
         self._head_fed = 0  # bytes received while the current head was incomplete
         self._url_bytes = 0
-        self._header_bytes = 0
         self._refused = False
         self._head_timer: asyncio.TimerHandle | None = None
 
@@ -89,7 +88,7 @@ class BoundedProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = True
-        self._head_fed = self._url_bytes = self._header_bytes = 0
+        self._head_fed = self._url_bytes = 0
         self._arm_head_timer()
 
     def on_url(self, url: bytes) -> None:
@@ -97,17 +96,14 @@ class BoundedProtocol(HttpToolsProtocol):
         if self._url_bytes <= self.limits.max_url_bytes:
             super().on_url(url)
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_bytes += len(name) + len(value) + _HEADER_FRAMING
-        if self._header_bytes <= self.limits.max_header_bytes:
-            super().on_header(name, value)
-
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._cancel_head_timer()
+        # summed once here, not per header: data_received already stopped a head from growing past both limits
+        header_bytes = sum(len(name) + len(value) + _HEADER_FRAMING for name, value in self.headers)
         if self._url_bytes > self.limits.max_url_bytes:
             self._refuse_url()
-        elif self._header_bytes > self.limits.max_header_bytes:
+        elif header_bytes > self.limits.max_header_bytes:
             self._refuse_headers()
         else:
             super().on_headers_complete()

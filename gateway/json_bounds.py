@@ -31,6 +31,22 @@ def decode(body: bytes, limits: LimitsConfig) -> Any:
         raise invalid_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
 
 
+def within_limits_unwalked(body: bytes, limits: LimitsConfig) -> int:
+    """For a body that cannot break a shape limit, an upper bound on its values (0: walk it with check_shape).
+
+    Most requests are small: a body no longer than the string limit holds no longer string, one shorter than the
+    value limit holds fewer values, one with fewer braces and brackets than the depth limit nests no deeper. Three
+    byte counts answer that in well under a microsecond for a chat request, where the walk takes ~10 µs.
+    """
+    size = len(body)
+    if size > limits.max_string_chars or size >= limits.max_json_values:
+        return 0
+    containers = body.count(b"{") + body.count(b"[")
+    if containers > limits.max_json_depth:
+        return 0
+    return containers + body.count(b",") + body.count(b":") + 1
+
+
 def check_shape(payload: dict | list, limits: LimitsConfig) -> int:
     """How many JSON values a decoded body holds; a 400 or 413 naming the first limit it breaks and its JSON path."""
     max_depth, max_values, max_chars = limits.max_json_depth, limits.max_json_values, limits.max_string_chars

@@ -12,6 +12,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from starlette.requests import ClientDisconnect
+
 from gateway import json_bounds
 from gateway.config import LimitsConfig
 from gateway.context import RequestContext
@@ -49,21 +51,26 @@ class ParseStage:
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             raise _too_large(self.max_body_bytes)
+        idle = self.limits.body_idle_timeout
+        loop = asyncio.get_running_loop()
         chunks, size = [], 0
-        stream = request.stream()
-        while True:
-            try:
-                async with asyncio.timeout(self.limits.body_idle_timeout):
-                    chunk = await anext(stream, None)
-            except TimeoutError:
-                raise GatewayError(408, f"request body stalled for {self.limits.body_idle_timeout:g}s",
-                                   code="body_timeout", headers={"connection": "close"}) from None
-            if chunk is None:
-                return b"".join(chunks)
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise _too_large(self.max_body_bytes)
-            chunks.append(chunk)
+        try:
+            async with asyncio.timeout(idle) as stalled:  # one timer, moved on by every chunk
+                while True:
+                    message = await request.receive()
+                    if message["type"] == "http.disconnect":
+                        raise ClientDisconnect()
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.max_body_bytes:
+                        raise _too_large(self.max_body_bytes)
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        return b"".join(chunks)
+                    stalled.reschedule(loop.time() + idle)
+        except TimeoutError:
+            raise GatewayError(408, f"request body stalled for {idle:g}s", code="body_timeout",
+                               headers={"connection": "close"}) from None
 
 
 def parse_body(route: str, body: bytes, limits: LimitsConfig) -> tuple[dict[str, Any], int]:
@@ -72,7 +79,7 @@ def parse_body(route: str, body: bytes, limits: LimitsConfig) -> tuple[dict[str,
     if not isinstance(payload, dict):
         raise invalid_request("request body must be a JSON object", code="invalid_json")
     _check_array_lengths(payload, limits)
-    values = json_bounds.check_shape(payload, limits)
+    values = json_bounds.within_limits_unwalked(body, limits) or json_bounds.check_shape(payload, limits)
     _check_common(payload)
     if route == "chat":
         _check_messages(payload.get("messages"))
