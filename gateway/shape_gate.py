@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import multiprocessing.connection
+import os
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -21,6 +24,19 @@ from gateway.config import LimitsConfig
 from gateway.errors import GatewayError
 
 _Refusal = tuple[int, str, str, str | None, str | None]  # a GatewayError's fields: exceptions do not pickle whole
+
+
+def _exit_with_parent() -> None:
+    """In each worker: exit when the gateway does, however it ends (a signal skips its executor's own shutdown)."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def judge(route: str, body: bytes, limits: LimitsConfig) -> _Refusal | None:
@@ -47,7 +63,7 @@ class ShapeGate:
     def _new_pool(self) -> ProcessPoolExecutor:
         # spawn: the gateway runs threads (ONNX Runtime, the offload pool) that a fork would copy mid-state
         return ProcessPoolExecutor(max_workers=self._limits.offload_workers,
-                                   mp_context=multiprocessing.get_context("spawn"))
+                                   mp_context=multiprocessing.get_context("spawn"), initializer=_exit_with_parent)
 
     def warm(self) -> None:
         """Start the workers now (each imports the parse stage, about a second), not on the first big body."""
@@ -69,4 +85,4 @@ class ShapeGate:
             raise GatewayError(status, message, type=kind, code=code, param=param)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)  # milliseconds: a worker finishes at most one body

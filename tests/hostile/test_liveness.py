@@ -12,6 +12,7 @@ import multiprocessing
 import statistics
 import threading
 import time
+from pathlib import Path
 
 import httpx
 
@@ -128,3 +129,38 @@ def _slowloris(url: str, stop: threading.Event) -> None:
         while alive and not stop.wait(1.0):
             alive = send_ignoring_reset(sock, b"x")
         sock.close()
+
+
+def test_the_body_checking_workers_never_outlive_the_gateway(fake_upstream, gateway):
+    """The gateway's worker processes leave with it, even when it is killed before it can stop them."""
+    gw = gateway({"pools": [pool("main", fake_upstream().url)]})
+    deadline = time.monotonic() + 30
+    while not (workers := _children(gw.proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert workers, "no worker process found"
+    gw.proc.kill()
+    gw.proc.wait()
+    deadline = time.monotonic() + 10
+    while (alive := [pid for pid in workers if _alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive, f"worker processes {alive} outlived the gateway"
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
