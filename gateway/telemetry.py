@@ -144,6 +144,8 @@ def incoming_trace(headers: Mapping[str, str], trust_client: bool) -> tuple[Cont
     root, so its sampling follows this gateway's sampler, not a flag the client set, and a client cannot choose its
     trace id; a link to the client's context keeps the two traces joinable.
     """
+    if "traceparent" not in headers:  # most requests: nothing to continue or link
+        return Context(), []
     client = propagate.extract(headers)
     if trust_client:
         return client, []

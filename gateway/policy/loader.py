@@ -23,6 +23,9 @@ from gateway.waf.packs import WafSet, build_waf_set, builtin_packs, check_packs,
 _DOCUMENT = TypeAdapter(Document)
 
 
+_DEFAULT_ADMISSION = AdmissionPolicy()  # built once: every request asks for it
+
+
 class PolicyError(Exception):
     """A policy directory that cannot be used; the message lists every problem found."""
 
@@ -42,7 +45,7 @@ class PolicySet:
 
     def admission_for(self, tenant: str | None) -> AdmissionPolicy:
         overlay = self.overlays.get(tenant) if tenant else None
-        return (overlay and overlay.spec.admission) or self.base.spec.admission or AdmissionPolicy()
+        return (overlay and overlay.spec.admission) or self.base.spec.admission or _DEFAULT_ADMISSION
 
     def guard_for(self, tenant: str | None) -> GuardSpec:
         """The tenant's guard spec: the base's, with the fields its overlay gives (computed once per tenant)."""

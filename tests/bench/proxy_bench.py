@@ -232,10 +232,14 @@ LIMITS_POLICY = {
 
 
 def start_portcullis(procs: Procs, tmp: Path, name: str, upstream_port: int, access_log: bool,
-                     limits_redis: str | None = None, limits: bool = False) -> Service:
-    """One gateway worker; with `limits`, the LIMITS_POLICY in memory, or in Redis at `limits_redis`."""
+                     limits_redis: str | None = None, limits: bool = False, checkout: Path | None = None) -> Service:
+    """One gateway worker; with `limits`, the LIMITS_POLICY in memory, or in Redis at `limits_redis`.
+
+    `checkout` runs an earlier commit's gateway (a `git worktree` of it) with this venv, for a side-by-side row; it
+    gets the same config, less the admin listener, which it predates.
+    """
     port = free_port()
-    policy_dir = REPO / "policies"
+    policy_dir = (checkout or REPO) / "policies"
     if limits:
         policy_dir = tmp / f"{name}-policies"
         policy_dir.mkdir()
@@ -247,6 +251,8 @@ def start_portcullis(procs: Procs, tmp: Path, name: str, upstream_port: int, acc
         "policy_dir": str(policy_dir),
         "telemetry": {"access_log": access_log},
     }
+    if checkout is None:
+        config["admin"] = {"port": free_port()}
     if limits_redis:
         config["redis"] = {"url": limits_redis, "on_failure": "fail_closed", "timeout": 2.0}
     path = tmp / f"{name}.yaml"
@@ -255,8 +261,12 @@ def start_portcullis(procs: Procs, tmp: Path, name: str, upstream_port: int, acc
     if not exe.exists():
         exe = REPO / ".venv" / "bin" / "portcullis"
     env = {**os.environ, "PYTHONUNBUFFERED": "0"}
+    argv = [str(exe), "serve", "--config", str(path)]
+    if checkout is not None:
+        argv = [sys.executable, "-P", "-m", "gateway.cli", "serve", "--config", str(path)]  # -P: not the cwd
+        env["PYTHONPATH"] = str(checkout)  # before the venv's editable install of this checkout
     # stdout/stderr to a file, as a collector would take them: the access log is JSON lines on stderr.
-    return procs.start(name, [str(exe), "serve", "--config", str(path)], port, tmp / f"{name}.log", env=env)
+    return procs.start(name, argv, port, tmp / f"{name}.log", env=env)
 
 
 def start_litellm(procs: Procs, tmp: Path, upstream_port: int) -> Service | None:
@@ -304,6 +314,22 @@ def litellm_version() -> str | None:
 
 # --------------------------------------------------------------------------------------------------------------------
 # load
+
+
+def ab_pairs(current: Service, baseline: Service, lua: Path, pairs: int, seconds: float = 5.0) -> dict:
+    """Short c32 runs of this checkout's gateway and the baseline's, alternating (A B B A ...), so that load from
+    outside lands on both; the ratio of each adjacent pair, then their median, is what the hardening costs."""
+    ratios, rps = [], {"current": [], "baseline": []}
+    for number in range(pairs):
+        order = [("current", current), ("baseline", baseline)]
+        measured = {}
+        for name, service in order if number % 2 == 0 else reversed(order):
+            measured[name] = run_wrk(service.port, lua, 32, seconds)["rps"]
+            rps[name].append(round(measured[name], 1))
+        ratios.append(measured["current"] / measured["baseline"])
+    ratios.sort()
+    return {"pairs": pairs, "seconds": seconds, "rps": rps, "median_ratio": round(ratios[len(ratios) // 2], 3),
+            "ratio_quartiles": [round(ratios[len(ratios) // 4], 3), round(ratios[3 * len(ratios) // 4], 3)]}
 
 
 def pick_median(runs: list[dict]) -> dict:
@@ -702,6 +728,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-client-floor", action="store_true",
                         help="skip the upstream-client micro-benchmark (httpx vs aiohttp vs raw asyncio)")
     parser.add_argument("--keep-tmp", action="store_true", help="keep the temp dir with configs and logs")
+    parser.add_argument("--baseline", type=Path,
+                        help="a checkout of an earlier commit (git worktree): its gateway as one more row")
+    parser.add_argument("--ab-pairs", type=int, default=0,
+                        help="with --baseline: this many alternating 5 s c32 pairs of it and this checkout (log on)")
     parser.add_argument("--limits", action="store_true",
                         help="add rows with rate limits on (memory and a local redis-server), access log off")
     args = parser.parse_args(argv)
@@ -737,6 +767,12 @@ def main(argv: list[str] | None = None) -> int:
             svc = start_portcullis(procs, tmp, key, static.port, access_log)
             wait_http(svc, "/healthz", 60)
             targets.append((key, label, svc, True))
+        if args.baseline:
+            commit = subprocess.run(["git", "-C", str(args.baseline), "rev-parse", "--short", "HEAD"],
+                                    capture_output=True, text=True).stdout.strip()
+            svc = start_portcullis(procs, tmp, "portcullis_baseline", static.port, True, checkout=args.baseline)
+            wait_http(svc, "/healthz", 60)
+            targets.append(("portcullis_baseline", f"Portcullis at {commit} (access log on)", svc, True))
         stores: dict[str, Service] = {}  # target -> the store whose CPU its requests cost too
         if args.limits:
             redis_port = free_port()
@@ -777,6 +813,10 @@ def main(argv: list[str] | None = None) -> int:
 
         add_latency_deltas(results)
         report["results"] = results
+        if args.baseline and args.ab_pairs:
+            current = next(svc for key, _, svc, _ in targets if key == "portcullis_access_log_on")
+            baseline = next(svc for key, _, svc, _ in targets if key == "portcullis_baseline")
+            report["ab"] = ab_pairs(current, baseline, lua, args.ab_pairs)
         report["loadavg_end"] = loadavg()
 
         for key, _, svc, _ in targets:
@@ -805,6 +845,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrk -t1, {args.duration:g}s per run, median of {args.repeat} interleaved round(s); "
           f"RPS at 32 connections, latency at 1 connection; +p50/+p99 = added over direct\n")
     print(table(results))
+    if report.get("ab"):
+        ab = report["ab"]
+        print(f"\nalternating pairs against the baseline ({ab['pairs']} x {ab['seconds']:g} s, c32, access log on): "
+              f"median RPS ratio {ab['median_ratio']} (quartiles {ab['ratio_quartiles']})")
     for r in results:
         if "store_cpu_us_per_request" in r["c32"]:
             print(f"{r['label']}: redis-server CPU {r['c32']['store_cpu_us_per_request']} us/req on top (c32 run)")
