@@ -143,8 +143,8 @@ class ProxyEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw = self.gateway
-        watch = ClientWatch(receive)  # the body for the parse stage; then, until the answer starts, a departure
-        request = Request(scope, watch.receive)
+        watch = ClientWatch(scope)  # until the answer starts, a client that leaves cancels the work done for it
+        request = Request(scope, receive)
         path = scope["path"]  # request.url would parse the Host header on every request
         name = f"{request.method} {path}"
         parent, links = incoming_trace(request.headers, gw.config.telemetry.trust_client_trace)

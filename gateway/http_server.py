@@ -25,6 +25,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from gateway.client_exit import CLIENT_GONE
 from gateway.config import GatewayConfig, LimitsConfig
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,11 @@ class BoundedProtocol(HttpToolsProtocol):
         if self._port is None:
             return
         self.open_connections[self._port] -= 1
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:  # the app asked to hear of it (gateway/client_exit.py)
+            client_gone = cycle.scope.get("extensions", {}).get(CLIENT_GONE)
+            if client_gone is not None:
+                client_gone()
         super().connection_lost(exc)
 
     # the request head, counted as it arrives
