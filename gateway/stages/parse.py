@@ -9,7 +9,7 @@ offload executor (gateway/offload.py): decoding and walking a 4 MB body takes th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from starlette.requests import ClientDisconnect
@@ -151,14 +151,7 @@ def _check_common(payload: dict[str, Any]) -> None:
 
 def _check_tools(key: str, tools: Any) -> None:
     """`tools`: [{"type": "function", "function": {"name", ...}}]; the deprecated `functions`: [{"name", ...}]."""
-    if tools is None:
-        return
-    if not isinstance(tools, list):
-        raise invalid_request(f"'{key}' must be an array", param=key)
-    for i, tool in enumerate(tools):
-        param = f"{key}[{i}]"
-        if not isinstance(tool, dict):
-            raise invalid_request(f"'{param}' must be an object", param=param)
+    for param, tool in _objects(tools, key):
         if key == "tools":
             if not isinstance(tool.get("type"), str):
                 raise invalid_request(f"'{param}.type' must be a string", param=f"{param}.type")
@@ -168,6 +161,20 @@ def _check_tools(key: str, tools: Any) -> None:
             if not isinstance(tool, dict):
                 raise invalid_request(f"'{param}' must be an object", param=param)
         _check_function(tool, param)
+
+
+def _objects(items: Any, param: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each member of an optional array that must hold objects, with its JSON path; a 400 naming the first that
+    does not (absent: nothing)."""
+    if items is None:
+        return
+    if not isinstance(items, list):
+        raise invalid_request(f"'{param}' must be an array", param=param)
+    for i, item in enumerate(items):
+        where = f"{param}[{i}]"
+        if not isinstance(item, dict):
+            raise invalid_request(f"'{where}' must be an object", param=where)
+        yield where, item
 
 
 def _check_function(function: dict[str, Any], param: str) -> None:
@@ -211,14 +218,7 @@ def _check_parts(parts: list[Any], param: str) -> None:
 
 def _check_tool_calls(calls: Any, param: str) -> None:
     """An assistant's earlier tool calls: the WAF and the guard read their arguments, the chat template renders them."""
-    if calls is None:
-        return
-    if not isinstance(calls, list):
-        raise invalid_request(f"'{param}' must be an array", param=param)
-    for j, call in enumerate(calls):
-        where = f"{param}[{j}]"
-        if not isinstance(call, dict):
-            raise invalid_request(f"'{where}' must be an object", param=where)
+    for where, call in _objects(calls, param):
         if "function" not in call:
             continue  # another call type: the upstream's to judge
         function = call["function"]
