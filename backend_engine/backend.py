@@ -15,9 +15,9 @@ import numpy as np
 
 @dataclass
 class ArrayBackend:
-    xp: Any                 # numpy or cupy
-    device: str             # "cpu" or "cuda"
-    weight_dtype: Any       # storage dtype of the matmul weights
+    xp: Any  # numpy or cupy
+    device: str  # "cpu" or "cuda"
+    weight_dtype: Any  # storage dtype of the matmul weights
 
     def asarray(self, a: np.ndarray, dtype: Any = None) -> Any:
         """Move a host array onto the device, contiguous, in `dtype` (default: keep)."""

@@ -38,6 +38,6 @@ def hash_prompt_blocks(token_ids: Sequence[int], block_size: int = 16, salt: str
     hashes: list[int] = []
     parent: int | None = None
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block(parent, token_ids[start:start + block_size], salt)
+        parent = hash_block(parent, token_ids[start : start + block_size], salt)
         hashes.append(parent)
     return hashes

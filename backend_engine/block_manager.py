@@ -34,9 +34,9 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))  # front = evict first
-        self.cached: dict[int, int] = {}          # block hash -> block id
-        self.events: list[dict[str, Any]] = []    # drained by the engine after each step
-        self.prefix_queries = 0                   # prompt tokens looked up (vLLM counts tokens)
+        self.cached: dict[int, int] = {}  # block hash -> block id
+        self.events: list[dict[str, Any]] = []  # drained by the engine after each step
+        self.prefix_queries = 0  # prompt tokens looked up (vLLM counts tokens)
         self.prefix_hits = 0
 
     # --- accounting -----------------------------------------------------------------------------
@@ -60,7 +60,7 @@ class BlockManager:
         while len(seq.block_hashes) < upto_blocks:
             i = len(seq.block_hashes)
             parent = seq.block_hashes[-1] if seq.block_hashes else None
-            seq.block_hashes.append(hash_block(parent, seq.token_ids[i * bs:(i + 1) * bs], seq.cache_salt))
+            seq.block_hashes.append(hash_block(parent, seq.token_ids[i * bs : (i + 1) * bs], seq.cache_salt))
         return seq.block_hashes[:upto_blocks]
 
     # --- allocation -----------------------------------------------------------------------------
@@ -74,7 +74,7 @@ class BlockManager:
         bs = self.block_size
         for i, h in enumerate(self._block_hashes(seq, full)):
             bid = self.cached.get(h)
-            if bid is None or self.blocks[bid].token_ids != tuple(seq.token_ids[i * bs:(i + 1) * bs]):
+            if bid is None or self.blocks[bid].token_ids != tuple(seq.token_ids[i * bs : (i + 1) * bs]):
                 break
             hits.append(bid)
         return hits
@@ -134,11 +134,17 @@ class BlockManager:
             if h in self.cached or blk.block_hash is not None:
                 continue  # an identical block is already cached (computed concurrently): keep that one
             blk.block_hash = h
-            blk.token_ids = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            blk.token_ids = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             self.cached[h] = blk.block_id
-            self.events.append({"type": "BlockStored", "block_hashes": [h],
-                                "parent_block_hash": hashes[i - 1] if i else None,
-                                "token_ids": list(blk.token_ids), "block_size": bs})
+            self.events.append(
+                {
+                    "type": "BlockStored",
+                    "block_hashes": [h],
+                    "parent_block_hash": hashes[i - 1] if i else None,
+                    "token_ids": list(blk.token_ids),
+                    "block_size": bs,
+                }
+            )
         seq.num_committed_blocks = full
 
     def free_sequence(self, seq: Sequence) -> None:

@@ -33,13 +33,25 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    s.add_argument("--compute", choices=["float32", "int8"], default="float32",
-                   help="CPU matmuls: float32 (matches the reference) or int8 (quantized GGUF weights x int8 "
-                        "activations, about 2x the batched throughput, ~0.5%% relative error)")
-    s.add_argument("--kv-cache-bytes", type=_size, default=None,
-                   help="KV cache budget, e.g. 512M (default: 512M on CPU, a fraction of free GPU memory on CUDA)")
-    s.add_argument("--kv-cache-memory-fraction", type=float, default=0.5,
-                   help="CUDA: fraction of free GPU memory for the KV cache when --kv-cache-bytes is unset")
+    s.add_argument(
+        "--compute",
+        choices=["float32", "int8"],
+        default="float32",
+        help="CPU matmuls: float32 (matches the reference) or int8 (quantized GGUF weights x int8 "
+        "activations, about 2x the batched throughput, ~0.5%% relative error)",
+    )
+    s.add_argument(
+        "--kv-cache-bytes",
+        type=_size,
+        default=None,
+        help="KV cache budget, e.g. 512M (default: 512M on CPU, a fraction of free GPU memory on CUDA)",
+    )
+    s.add_argument(
+        "--kv-cache-memory-fraction",
+        type=float,
+        default=0.5,
+        help="CUDA: fraction of free GPU memory for the KV cache when --kv-cache-bytes is unset",
+    )
     s.add_argument("--block-size", type=int, default=16)
     s.add_argument("--max-num-seqs", type=int, default=64)
     s.add_argument("--max-num-batched-tokens", type=int, default=512)
@@ -61,11 +73,19 @@ def serve(args: argparse.Namespace) -> int:
     from backend_engine.server import build_app
 
     cfg = EngineConfig(
-        model=args.model, served_model_name=args.served_model_name, device=args.device, compute=args.compute,
-        block_size=args.block_size, kv_cache_bytes=args.kv_cache_bytes,
-        kv_cache_memory_fraction=args.kv_cache_memory_fraction, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-        enable_prefix_caching=not args.no_prefix_caching, seed=args.seed, threads=args.threads,
+        model=args.model,
+        served_model_name=args.served_model_name,
+        device=args.device,
+        compute=args.compute,
+        block_size=args.block_size,
+        kv_cache_bytes=args.kv_cache_bytes,
+        kv_cache_memory_fraction=args.kv_cache_memory_fraction,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=not args.no_prefix_caching,
+        seed=args.seed,
+        threads=args.threads,
     )
     try:
         engine = LLMEngine(cfg)
@@ -73,8 +93,9 @@ def serve(args: argparse.Namespace) -> int:
         print(f"portcullis engine serve: {e}", file=sys.stderr)
         return 2
     tracing.configure_from_env()
-    uvicorn.run(build_app(engine), host=args.host, port=args.port, log_level=args.log_level.lower(),
-                timeout_graceful_shutdown=5)
+    uvicorn.run(
+        build_app(engine), host=args.host, port=args.port, log_level=args.log_level.lower(), timeout_graceful_shutdown=5
+    )
     return 0
 
 

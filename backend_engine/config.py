@@ -25,21 +25,21 @@ def default_model_path() -> str:
 
 @dataclass
 class EngineConfig:
-    model: str = ""                       # GGUF file or Hugging Face safetensors folder; "" = bundled
+    model: str = ""  # GGUF file or Hugging Face safetensors folder; "" = bundled
     served_model_name: str = DEFAULT_SERVED_MODEL_NAME
-    device: str = "auto"                  # auto | cpu | cuda
-    compute: str = "float32"              # float32 (reference) | int8 (CPU, quantized GGUF weights, ~2x faster)
-    block_size: int = 16                  # tokens per KV block
-    kv_cache_bytes: int | None = None     # KV budget; None = kv_cache_memory_fraction of free memory
+    device: str = "auto"  # auto | cpu | cuda
+    compute: str = "float32"  # float32 (reference) | int8 (CPU, quantized GGUF weights, ~2x faster)
+    block_size: int = 16  # tokens per KV block
+    kv_cache_bytes: int | None = None  # KV budget; None = kv_cache_memory_fraction of free memory
     kv_cache_memory_fraction: float = 0.5  # of free GPU memory (CUDA) when kv_cache_bytes is None
     cpu_default_kv_cache_bytes: int = 512 * 1024 * 1024
-    max_num_seqs: int = 64                # running sequences per step
-    max_num_batched_tokens: int = 512     # token budget per step (prefill chunks + decodes)
-    max_model_len: int | None = None      # default: the model's context length
+    max_num_seqs: int = 64  # running sequences per step
+    max_num_batched_tokens: int = 512  # token budget per step (prefill chunks + decodes)
+    max_model_len: int | None = None  # default: the model's context length
     enable_prefix_caching: bool = True
     max_logprobs: int = 20
     seed: int | None = None
-    threads: int | None = None            # BLAS (and int8 kernel) threads; None = all cores
+    threads: int | None = None  # BLAS (and int8 kernel) threads; None = all cores
 
     def resolved_model(self) -> str:
         return self.model or default_model_path()

@@ -63,14 +63,15 @@ class MemoryBudget:
 
     def describe(self) -> str:
         mib = 1 << 20
-        return (f"memory budget: weights {self.weights_bytes / mib:.1f} MiB, runtime overhead "
-                f"{self.runtime_bytes / mib:.1f} MiB, KV cache {self.kv_cache_bytes / mib:.1f} MiB = "
-                f"{self.num_blocks} blocks x {self.block_size} tokens = {self.kv_tokens} tokens")
+        return (
+            f"memory budget: weights {self.weights_bytes / mib:.1f} MiB, runtime overhead "
+            f"{self.runtime_bytes / mib:.1f} MiB, KV cache {self.kv_cache_bytes / mib:.1f} MiB = "
+            f"{self.num_blocks} blocks x {self.block_size} tokens = {self.kv_tokens} tokens"
+        )
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None,
-                 backend: ArrayBackend | None = None):
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, backend: ArrayBackend | None = None):
         self.config = config
         if config.threads:
             set_blas_threads(config.threads)
@@ -88,15 +89,26 @@ class LLMEngine:
         # A sequence must always fit the KV cache on its own, or preemption could never make room for it.
         self.max_model_len = min(mc.max_position, config.max_model_len or mc.max_position, self.budget.kv_tokens)
         self.metrics = EngineMetrics(config.served_model_name)
-        self.metrics.set_budget(self.budget.weights_bytes, self.budget.runtime_bytes, self.budget.kv_cache_bytes,
-                                self.budget.kv_tokens, self.budget.num_blocks, config.block_size)
+        self.metrics.set_budget(
+            self.budget.weights_bytes,
+            self.budget.runtime_bytes,
+            self.budget.kv_cache_bytes,
+            self.budget.kv_tokens,
+            self.budget.num_blocks,
+            config.block_size,
+        )
         self.kv_event_sink: Callable[[list[dict[str, Any]]], None] | None = None
         self.rng = np.random.default_rng(config.seed)
         self._seq_ids = itertools.count()
         self._by_request: dict[str, Sequence] = {}
         self._counted = (0, 0)
-        log.info("loaded %s in %.1fs on %s; %s", self.loaded.source, self.loaded.load_seconds,
-                 self.backend.device, self.budget.describe())
+        log.info(
+            "loaded %s in %.1fs on %s; %s",
+            self.loaded.source,
+            self.loaded.load_seconds,
+            self.backend.device,
+            self.budget.describe(),
+        )
 
     # --- memory ---------------------------------------------------------------------------------
 
@@ -133,17 +145,31 @@ class LLMEngine:
         if any((not isinstance(t, int)) or t < 0 or t >= vs for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vs})")
         if len(prompt_token_ids) >= self.max_model_len:
-            raise ValueError(f"prompt is {len(prompt_token_ids)} tokens; this engine's limit is "
-                             f"{self.max_model_len - 1} (max_model_len {self.max_model_len}, "
-                             f"KV cache {self.budget.kv_tokens} tokens)")
+            raise ValueError(
+                f"prompt is {len(prompt_token_ids)} tokens; this engine's limit is "
+                f"{self.max_model_len - 1} (max_model_len {self.max_model_len}, "
+                f"KV cache {self.budget.kv_tokens} tokens)"
+            )
 
-    def add_request(self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams,
-                    cache_salt: str | None = None, trace_context: Any = None) -> Sequence:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Seq[int],
+        params: SamplingParams,
+        cache_salt: str | None = None,
+        trace_context: Any = None,
+    ) -> Sequence:
         self.validate(prompt_token_ids, params)
         if request_id in self._by_request:
             raise ValueError(f"duplicate request id {request_id}")
-        seq = Sequence(next(self._seq_ids), request_id, list(prompt_token_ids), params, cache_salt=cache_salt,
-                       trace_context=trace_context)
+        seq = Sequence(
+            next(self._seq_ids),
+            request_id,
+            list(prompt_token_ids),
+            params,
+            cache_salt=cache_salt,
+            trace_context=trace_context,
+        )
         seq.rng = np.random.default_rng(params.seed) if params.seed is not None else self.rng
         seq.detokenizer = self.tokenizer.detokenizer(params.skip_special_tokens)
         self._by_request[request_id] = seq
@@ -208,7 +234,7 @@ class LLMEngine:
             nc = seq.num_computed_tokens
             p = np.arange(nc, nc + n)
             bt = np.asarray(seq.block_table, dtype=np.int64)
-            ids.extend(seq.token_ids[nc:nc + n])
+            ids.extend(seq.token_ids[nc : nc + n])
             pos.append(p)
             slots.append(bt[p // bs] * bs + p % bs)
             if n == 1:
@@ -224,7 +250,7 @@ class LLMEngine:
         width = max((len(s.block_table) for s in decodes), default=1)
         tables = np.zeros((D, width), dtype=np.int64)
         for i, s in enumerate(decodes):
-            tables[i, :len(s.block_table)] = s.block_table
+            tables[i, : len(s.block_table)] = s.block_table
         fb = ForwardBatch(
             input_ids=np.asarray(ids, dtype=np.int64),
             positions=np.concatenate(pos),
@@ -280,10 +306,20 @@ class LLMEngine:
         else:
             hold = max((len(s) for s in p.stop), default=1) - 1
             emit_to = max(seq.emitted_chars, len(seq.output_text) - hold)
-        text = seq.output_text[seq.emitted_chars:emit_to]
+        text = seq.output_text[seq.emitted_chars : emit_to]
         seq.emitted_chars = max(seq.emitted_chars, emit_to)
-        return RequestOutput(seq.request_id, [tok], text, lp, reason is not None, reason, seq.stop_reason,
-                             seq.num_prompt_tokens, seq.num_output_tokens, max(seq.num_cached_tokens, 0))
+        return RequestOutput(
+            seq.request_id,
+            [tok],
+            text,
+            lp,
+            reason is not None,
+            reason,
+            seq.stop_reason,
+            seq.num_prompt_tokens,
+            seq.num_output_tokens,
+            max(seq.num_cached_tokens, 0),
+        )
 
     @staticmethod
     def _find_stop(text: str, new_from: int, stops: list[str]) -> tuple[int, str] | None:
@@ -328,8 +364,9 @@ class LLMEngine:
 
     # --- convenience for tests and benchmarks ------------------------------------------------------
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
-                 cache_salt: str | None = None) -> list[Sequence]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams], cache_salt: str | None = None
+    ) -> list[Sequence]:
         """Run prompts to completion together (continuous batching); returns finished sequences."""
         plist = params if isinstance(params, list) else [params] * len(prompts)
         base = next(self._seq_ids)
@@ -373,8 +410,14 @@ class AsyncEngine:
     def reset_prefix_cache(self) -> None:
         self._submit(("reset",))
 
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                       cache_salt: str | None = None, trace_context: Any = None) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+        trace_context: Any = None,
+    ) -> AsyncIterator[RequestOutput]:
         """Validate now (raises ValueError), then yield outputs until the request finishes.
 
         Closing the iterator early (client disconnect) aborts the sequence and frees its blocks."""

@@ -56,11 +56,21 @@ class KVEventBus:
         q: asyncio.Queue = asyncio.Queue()
         with self._lock:
             self._subs.append((asyncio.get_running_loop(), q))
-            snapshot = {"seq": self._seq, "ts": time.time(), "snapshot": True, "events": [
-                {"type": "AllBlocksCleared"},
-                {"type": "BlockStored", "block_hashes": list(self._cached), "parent_block_hash": None,
-                 "token_ids": None, "block_size": self.block_size},
-            ]}
+            snapshot = {
+                "seq": self._seq,
+                "ts": time.time(),
+                "snapshot": True,
+                "events": [
+                    {"type": "AllBlocksCleared"},
+                    {
+                        "type": "BlockStored",
+                        "block_hashes": list(self._cached),
+                        "parent_block_hash": None,
+                        "token_ids": None,
+                        "block_size": self.block_size,
+                    },
+                ],
+            }
         return q, snapshot
 
     def unsubscribe(self, q: asyncio.Queue) -> None:

@@ -7,10 +7,47 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                    7.5, 10.0, 20.0, 40.0, 80.0)
-_TOKEN_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
-                  0.5, 0.75, 1.0, 2.5)
+_LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_TOKEN_BUCKETS = (
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+)
 
 
 class EngineMetrics:
@@ -43,8 +80,9 @@ class EngineMetrics:
         self.tpot = h("vllm:time_per_output_token_seconds", "Time per output token (per token)", _TOKEN_BUCKETS)
         self.e2e = h("vllm:e2e_request_latency_seconds", "Arrival to finish", _LATENCY_BUCKETS)
         self.queue_time = h("vllm:request_queue_time_seconds", "Arrival to first scheduled", _LATENCY_BUCKETS)
-        self.cache_info = Gauge("vllm:cache_config_info", "KV cache configuration", ["block_size", "num_gpu_blocks"],
-                                registry=r)
+        self.cache_info = Gauge(
+            "vllm:cache_config_info", "KV cache configuration", ["block_size", "num_gpu_blocks"], registry=r
+        )
         self.memory = g("portcullis_engine_memory_bytes", "Memory budget split", lbl + ["component"])
         self.kv_tokens = g("portcullis_engine_kv_cache_tokens", "Tokens the KV cache holds")
         self.kv_blocks = g("portcullis_engine_kv_cache_blocks", "KV cache blocks")

@@ -21,12 +21,12 @@ class SamplingParams:
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = 0                      # 0 or -1: off
+    top_k: int = 0  # 0 or -1: off
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
-    logprobs: int | None = None         # None: off; k >= 0: chosen token + top-k alternatives
+    logprobs: int | None = None  # None: off; k >= 0: chosen token + top-k alternatives
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
 
@@ -52,7 +52,7 @@ class SamplingParams:
 class TokenLogprob:
     token_id: int
     logprob: float
-    top: list[tuple[int, float]]        # (token id, logprob), best first
+    top: list[tuple[int, float]]  # (token id, logprob), best first
 
 
 @dataclass
@@ -62,13 +62,13 @@ class Sequence:
     prompt_token_ids: list[int]
     params: SamplingParams
     cache_salt: str | None = None
-    token_ids: list[int] = field(default_factory=list)   # prompt + generated
+    token_ids: list[int] = field(default_factory=list)  # prompt + generated
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # hashes of full blocks, by index
-    num_committed_blocks: int = 0       # leading blocks registered in the prefix cache
-    num_computed_tokens: int = 0        # tokens whose KV is in the cache
-    num_cached_tokens: int = -1         # prefix-cache hit at first admission (-1: not admitted yet)
+    num_committed_blocks: int = 0  # leading blocks registered in the prefix cache
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    num_cached_tokens: int = -1  # prefix-cache hit at first admission (-1: not admitted yet)
     num_preemptions: int = 0
     finish_reason: str | None = None
     stop_reason: str | int | None = None
@@ -83,7 +83,7 @@ class Sequence:
     output_text: str = ""
     emitted_chars: int = 0
     detokenizer: Any = None
-    trace_context: Any = None           # OpenTelemetry context of the incoming request
+    trace_context: Any = None  # OpenTelemetry context of the incoming request
     prefill_compute_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -100,7 +100,7 @@ class Sequence:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def num_output_tokens(self) -> int:

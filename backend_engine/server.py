@@ -30,19 +30,31 @@ from backend_engine.model.prompt import PromptError
 from backend_engine.sequence import SamplingParams, TokenLogprob
 
 log = logging.getLogger("portcullis.engine.server")
-MAX_N = 16          # choices per prompt
-MAX_CHOICES = 64    # prompts x n per request
+MAX_N = 16  # choices per prompt
+MAX_CHOICES = 64  # prompts x n per request
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
-                 param: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code or str(self.status)}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code or str(self.status),
+            }
+        }
 
 
 class ClosingStreamingResponse(StreamingResponse):
@@ -157,15 +169,19 @@ class EngineServer:
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
         ]
-        return Starlette(routes=routes, lifespan=self.lifespan,
-                         exception_handlers={404: self._not_found, 405: self._method_not_allowed})
+        return Starlette(
+            routes=routes,
+            lifespan=self.lifespan,
+            exception_handlers={404: self._not_found, 405: self._method_not_allowed},
+        )
 
     async def _not_found(self, request: Request, exc: Exception) -> JSONResponse:
         return _error_response(APIError(404, f"no route {request.url.path}", "not_found_error", "not_found"))
 
     async def _method_not_allowed(self, request: Request, exc: Exception) -> JSONResponse:
-        return _error_response(APIError(405, f"method {request.method} not allowed", "invalid_request_error",
-                                        "method_not_allowed"))
+        return _error_response(
+            APIError(405, f"method {request.method} not allowed", "invalid_request_error", "method_not_allowed")
+        )
 
     # --- simple routes ------------------------------------------------------------------------
 
@@ -175,10 +191,21 @@ class EngineServer:
         return JSONResponse({"status": "ok", "model": self.model_name})
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{
-            "id": self.model_name, "object": "model", "created": self.created, "owned_by": "portcullis",
-            "root": self.engine.loaded.source, "max_model_len": self.engine.max_model_len,
-        }]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model_name,
+                        "object": "model",
+                        "created": self.created,
+                        "owned_by": "portcullis",
+                        "root": self.engine.loaded.source,
+                        "max_model_len": self.engine.max_model_len,
+                    }
+                ],
+            }
+        )
 
     async def metrics(self, request: Request) -> Response:
         return Response(self.engine.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -204,8 +231,10 @@ class EngineServer:
     def _render_chat(self, body: dict) -> list[int]:
         try:
             return self.renderer.chat_ids(
-                body.get("messages"), add_generation_prompt=_field(body, "add_generation_prompt", bool, True),
-                **(_field(body, "chat_template_kwargs", dict, {}) or {}))
+                body.get("messages"),
+                add_generation_prompt=_field(body, "add_generation_prompt", bool, True),
+                **(_field(body, "chat_template_kwargs", dict, {}) or {}),
+            )
         except PromptError as e:
             raise APIError(400, str(e), param=e.param) from None
 
@@ -266,7 +295,9 @@ class EngineServer:
                     try:
                         batch = await asyncio.wait_for(q.get(), timeout=heartbeat)
                     except asyncio.TimeoutError:
-                        yield (json.dumps({"seq": last, "ts": time.time(), "heartbeat": True, "events": []}) + "\n").encode()
+                        yield (
+                            json.dumps({"seq": last, "ts": time.time(), "heartbeat": True, "events": []}) + "\n"
+                        ).encode()
                         continue
                     if batch["seq"] <= last:
                         continue  # already covered by the snapshot
@@ -293,11 +324,16 @@ class EngineServer:
             room = self.engine.max_model_len - len(ids)
             sp = _sampling_params(body, max(room, 1) if chat else 16, chat)
             if len(ids) + sp.max_tokens > self.engine.max_model_len and (
-                    body.get("max_tokens") is not None or body.get("max_completion_tokens") is not None):
-                raise APIError(400, f"This model's maximum context length is {self.engine.max_model_len} tokens. "
-                                    f"However, you requested {len(ids) + sp.max_tokens} tokens ({len(ids)} in the "
-                                    f"prompt, {sp.max_tokens} for the completion).", param="max_tokens",
-                               code="context_length_exceeded")
+                body.get("max_tokens") is not None or body.get("max_completion_tokens") is not None
+            ):
+                raise APIError(
+                    400,
+                    f"This model's maximum context length is {self.engine.max_model_len} tokens. "
+                    f"However, you requested {len(ids) + sp.max_tokens} tokens ({len(ids)} in the "
+                    f"prompt, {sp.max_tokens} for the completion).",
+                    param="max_tokens",
+                    code="context_length_exceeded",
+                )
             try:
                 self.engine.validate(ids, sp)
             except ValueError as e:
@@ -324,13 +360,18 @@ class EngineServer:
             return _error_response(e)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         ctx = tracing.extract_context(request.headers)
-        gens = [self.async_engine.generate(ids, sp, request_id=f"{rid}-{k}" if len(jobs) > 1 else rid,
-                                           cache_salt=salt, trace_context=ctx) for k, (ids, sp) in enumerate(jobs)]
+        gens = [
+            self.async_engine.generate(
+                ids, sp, request_id=f"{rid}-{k}" if len(jobs) > 1 else rid, cache_salt=salt, trace_context=ctx
+            )
+            for k, (ids, sp) in enumerate(jobs)
+        ]
         n = _field(body, "n", int, 1)
         headers = {"x-request-id": request.headers.get("x-request-id", rid)}
         if stream:
-            return ClosingStreamingResponse(self._sse(gens, n, rid, chat, include_usage),
-                                            media_type="text/event-stream", headers=headers)
+            return ClosingStreamingResponse(
+                self._sse(gens, n, rid, chat, include_usage), media_type="text/event-stream", headers=headers
+            )
         try:
             outs = await self._collect_or_disconnect(request, gens)
         except APIError as e:
@@ -375,8 +416,9 @@ class EngineServer:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _collect_or_disconnect(self, request: Request, gens: list[AsyncIterator[RequestOutput]]
-                                     ) -> list[list[RequestOutput]] | None:
+    async def _collect_or_disconnect(
+        self, request: Request, gens: list[AsyncIterator[RequestOutput]]
+    ) -> list[list[RequestOutput]] | None:
         merged = self._merge(gens)
 
         async def collect() -> list[list[RequestOutput]]:
@@ -418,8 +460,12 @@ class EngineServer:
         firsts = [o for k, o in enumerate(lasts) if k % n == 0 and o is not None]
         prompt = sum(o.num_prompt_tokens for o in firsts)
         completion = sum(o.num_output_tokens for o in lasts if o is not None)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-                "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in firsts)}}
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in firsts)},
+        }
 
     def _completion_logprobs(self, lps: list[TokenLogprob], offset0: int) -> dict[str, Any]:
         tok = self.engine.tokenizer
@@ -443,8 +489,11 @@ class EngineServer:
         def entry(i: int, v: float) -> dict[str, Any]:
             return {"token": tok.token_text(i), "logprob": v, "bytes": list(tok.token_bytes[i])}
 
-        return {"content": [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(i, v) for i, v in lp.top]}
-                            for lp in lps]}
+        return {
+            "content": [
+                {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(i, v) for i, v in lp.top]} for lp in lps
+            ]
+        }
 
     def _final_body(self, per: list[list[RequestOutput]], n: int, rid: str, chat: bool) -> dict[str, Any]:
         choices = []
@@ -453,24 +502,48 @@ class EngineServer:
             text = "".join(o.new_text for o in outs)
             lps = [lp for o in outs for lp in o.logprobs]
             if chat:
-                choices.append({"index": idx, "message": {"role": "assistant", "content": text},
-                                "logprobs": self._chat_logprobs(lps) if lps else None,
-                                "finish_reason": last.finish_reason, "stop_reason": last.stop_reason})
+                choices.append(
+                    {
+                        "index": idx,
+                        "message": {"role": "assistant", "content": text},
+                        "logprobs": self._chat_logprobs(lps) if lps else None,
+                        "finish_reason": last.finish_reason,
+                        "stop_reason": last.stop_reason,
+                    }
+                )
             else:
-                choices.append({"index": idx, "text": text,
-                                "logprobs": self._completion_logprobs(lps, 0) if lps else None,
-                                "finish_reason": last.finish_reason, "stop_reason": last.stop_reason})
-        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-                "model": self.model_name, "choices": choices, "usage": self._usage([o[-1] for o in per], n)}
+                choices.append(
+                    {
+                        "index": idx,
+                        "text": text,
+                        "logprobs": self._completion_logprobs(lps, 0) if lps else None,
+                        "finish_reason": last.finish_reason,
+                        "stop_reason": last.stop_reason,
+                    }
+                )
+        return {
+            "id": rid,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": self._usage([o[-1] for o in per], n),
+        }
 
-    async def _sse(self, gens: list[AsyncIterator[RequestOutput]], n: int, rid: str, chat: bool,
-                   include_usage: bool) -> AsyncIterator[bytes]:
+    async def _sse(
+        self, gens: list[AsyncIterator[RequestOutput]], n: int, rid: str, chat: bool, include_usage: bool
+    ) -> AsyncIterator[bytes]:
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
 
         def event(choices: list[dict], usage: dict | None = None) -> bytes:
-            d: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": self.model_name,
-                                 "choices": choices}
+            d: dict[str, Any] = {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": self.model_name,
+                "choices": choices,
+            }
             if include_usage:
                 d["usage"] = usage
             return b"data: " + json.dumps(d).encode() + b"\n\n"
@@ -481,8 +554,16 @@ class EngineServer:
         try:
             if chat:
                 for idx in range(len(gens)):
-                    yield event([{"index": idx, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                  "finish_reason": None}])
+                    yield event(
+                        [
+                            {
+                                "index": idx,
+                                "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                        ]
+                    )
             async for idx, o in merged:
                 lasts[idx] = o
                 if not o.new_text and not o.finished and not o.logprobs:
@@ -490,13 +571,19 @@ class EngineServer:
                 fin = o.finish_reason if o.finished else None
                 if chat:
                     delta = {"content": o.new_text} if o.new_text else {}
-                    choice = {"index": idx, "delta": delta,
-                              "logprobs": self._chat_logprobs(o.logprobs) if o.logprobs else None,
-                              "finish_reason": fin}
+                    choice = {
+                        "index": idx,
+                        "delta": delta,
+                        "logprobs": self._chat_logprobs(o.logprobs) if o.logprobs else None,
+                        "finish_reason": fin,
+                    }
                 else:
-                    choice = {"index": idx, "text": o.new_text,
-                              "logprobs": self._completion_logprobs(o.logprobs, text_off[idx]) if o.logprobs else None,
-                              "finish_reason": fin}
+                    choice = {
+                        "index": idx,
+                        "text": o.new_text,
+                        "logprobs": self._completion_logprobs(o.logprobs, text_off[idx]) if o.logprobs else None,
+                        "finish_reason": fin,
+                    }
                 if fin is not None:
                     choice["stop_reason"] = o.stop_reason
                 text_off[idx] += len(o.new_text)
@@ -507,8 +594,11 @@ class EngineServer:
             raise
         except Exception as e:  # noqa: BLE001 - report, never end silently
             log.exception("stream %s failed", rid)
-            err = APIError(400 if isinstance(e, ValueError) else 500, str(e),
-                           "invalid_request_error" if isinstance(e, ValueError) else "server_error")
+            err = APIError(
+                400 if isinstance(e, ValueError) else 500,
+                str(e),
+                "invalid_request_error" if isinstance(e, ValueError) else "server_error",
+            )
             yield b"data: " + json.dumps(err.body()).encode() + b"\n\n"
         finally:
             await merged.aclose()

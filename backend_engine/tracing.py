@@ -32,32 +32,47 @@ def _ns(mono: float, offset: float) -> int:
 
 def record_request(seq: Any, model_name: str) -> None:
     """Emit the request's spans (called once, when it finishes)."""
-    offset = time.time() - time.monotonic()   # monotonic -> wall clock
+    offset = time.time() - time.monotonic()  # monotonic -> wall clock
     end = seq.finished_time or time.monotonic()
-    root = _tracer.start_span("engine.request", context=seq.trace_context, kind=trace.SpanKind.SERVER,
-                              start_time=_ns(seq.arrival_time, offset), attributes={
-                                  "gen_ai.request.model": model_name,
-                                  "gen_ai.usage.input_tokens": seq.num_prompt_tokens,
-                                  "gen_ai.usage.output_tokens": seq.num_output_tokens,
-                                  "engine.request_id": seq.request_id,
-                                  "engine.finish_reason": str(seq.finish_reason),
-                                  "engine.preemptions": seq.num_preemptions,
-                              })
+    root = _tracer.start_span(
+        "engine.request",
+        context=seq.trace_context,
+        kind=trace.SpanKind.SERVER,
+        start_time=_ns(seq.arrival_time, offset),
+        attributes={
+            "gen_ai.request.model": model_name,
+            "gen_ai.usage.input_tokens": seq.num_prompt_tokens,
+            "gen_ai.usage.output_tokens": seq.num_output_tokens,
+            "engine.request_id": seq.request_id,
+            "engine.finish_reason": str(seq.finish_reason),
+            "engine.preemptions": seq.num_preemptions,
+        },
+    )
     ctx = trace.set_span_in_context(root)
     sched = seq.first_scheduled_time or end
     _tracer.start_span("engine.queue", context=ctx, start_time=_ns(seq.arrival_time, offset)).end(_ns(sched, offset))
     first = seq.first_token_time or end
     cached = max(seq.num_cached_tokens, 0)
-    _tracer.start_span("engine.prefill", context=ctx, start_time=_ns(sched, offset), attributes={
-        "engine.prefill.tokens_computed": seq.num_prompt_tokens - cached,
-        "engine.prefill.tokens_cached": cached,
-        "engine.prefill.compute_seconds": seq.prefill_compute_s,
-    }).end(_ns(first, offset))
+    _tracer.start_span(
+        "engine.prefill",
+        context=ctx,
+        start_time=_ns(sched, offset),
+        attributes={
+            "engine.prefill.tokens_computed": seq.num_prompt_tokens - cached,
+            "engine.prefill.tokens_cached": cached,
+            "engine.prefill.compute_seconds": seq.prefill_compute_s,
+        },
+    ).end(_ns(first, offset))
     n = seq.num_output_tokens
-    dec = _tracer.start_span("engine.decode", context=ctx, start_time=_ns(first, offset), attributes={
-        "engine.decode.tokens": n,
-        "engine.decode.time_per_output_token_s": (end - first) / (n - 1) if n > 1 else 0.0,
-    })
+    dec = _tracer.start_span(
+        "engine.decode",
+        context=ctx,
+        start_time=_ns(first, offset),
+        attributes={
+            "engine.decode.tokens": n,
+            "engine.decode.time_per_output_token_s": (end - first) / (n - 1) if n > 1 else 0.0,
+        },
+    )
     dec.end(_ns(end, offset))
     root.end(_ns(end, offset))
 

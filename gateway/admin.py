@@ -52,8 +52,13 @@ class RequireToken:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         given = Headers(scope=scope).get("authorization", "").encode()
         if scope["type"] == "http" and not hmac.compare_digest(given, self.expected):
-            error = GatewayError(401, "the admin plane needs its bearer token", type="authentication_error",
-                                 code="invalid_admin_token", headers={"www-authenticate": "Bearer"})
+            error = GatewayError(
+                401,
+                "the admin plane needs its bearer token",
+                type="authentication_error",
+                code="invalid_admin_token",
+                headers={"www-authenticate": "Bearer"},
+            )
             await error.response()(scope, receive, send)
             return
         await self.app(scope, receive, send)
@@ -62,8 +67,9 @@ class RequireToken:
 def build_admin_app(gateway: Gateway) -> ASGIApp:
     async def readyz(request: Request) -> Response:
         ready, pools = await gateway.readiness()
-        return JSONResponse({"status": "ready" if ready else "not_ready", "pools": pools},
-                            status_code=200 if ready else 503)
+        return JSONResponse(
+            {"status": "ready" if ready else "not_ready", "pools": pools}, status_code=200 if ready else 503
+        )
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -72,27 +78,38 @@ def build_admin_app(gateway: Gateway) -> ASGIApp:
         for pool in gateway.pools.pools:
             for replica in pool.replicas:
                 gateway.metrics.upstream_outstanding.labels(pool=pool.name, replica=replica.url).set(
-                    replica.outstanding)
+                    replica.outstanding
+                )
         return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def admin_policy(request: Request) -> Response:
         policies = gateway.policies
         waf = policies.waf_for(None)
-        return JSONResponse({
-            "version": policies.version, **gateway.reloader.status(),
-            "tenants": sorted(policies.overlays),
-            "waf": {"mode": waf.mode, "paranoia_level": waf.spec.paranoia_level,
-                    "packs": [r.model_dump() for r in waf.spec.pack_refs()], "rules": len(waf.rules),
+        return JSONResponse(
+            {
+                "version": policies.version,
+                **gateway.reloader.status(),
+                "tenants": sorted(policies.overlays),
+                "waf": {
+                    "mode": waf.mode,
+                    "paranoia_level": waf.spec.paranoia_level,
+                    "packs": [r.model_dump() for r in waf.spec.pack_refs()],
+                    "rules": len(waf.rules),
                     "inbound_threshold": waf.threshold,
-                    "tenant_overrides": sorted(policies.waf.tenants)},
-        })
+                    "tenant_overrides": sorted(policies.waf.tenants),
+                },
+            }
+        )
 
-    app = Starlette(routes=[
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/readyz", readyz, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/admin/policy", admin_policy, methods=["GET"]),
-    ], exception_handlers={HTTPException: http_error, Exception: server_error})
+    app = Starlette(
+        routes=[
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+            Route("/admin/policy", admin_policy, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: http_error, Exception: server_error},
+    )
     app.router.redirect_slashes = False  # a redirect would be built from the client's Host header
     token = gateway.config.admin.token()
     return RequireToken(app, token) if token else app

@@ -50,8 +50,14 @@ from gateway.stages.ratelimit import RateLimitStage
 from gateway.stages.route import RouteStage
 from gateway.stages.tokenize import TokenizeStage
 from gateway.stages.waf import WafStage
-from gateway.telemetry import (ACCESS_LOGGER, Metrics, build_tracer_provider, configured_models, incoming_trace,
-                               trace_ids)
+from gateway.telemetry import (
+    ACCESS_LOGGER,
+    Metrics,
+    build_tracer_provider,
+    configured_models,
+    incoming_trace,
+    trace_ids,
+)
 from gateway.upstream import Upstream
 from gateway.waf.reload import PolicyReloader, log_policy_warnings
 
@@ -77,26 +83,35 @@ class Gateway:
         self.offload = Offload(config.limits)  # big bodies' parse, WAF and tokenize run on its threads
         self.shape_gate = ShapeGate(config.limits)  # bodies with very many values are judged out of process
         self.tokenize = TokenizeStage(config.models, lambda: self.policies, self.offload)
-        self.redis = RedisBackend(config.redis.url, config.redis.timeout, config.redis.max_pending_settlements) \
-            if config.redis.url else None
+        self.redis = (
+            RedisBackend(config.redis.url, config.redis.timeout, config.redis.max_pending_settlements)
+            if config.redis.url
+            else None
+        )
         if self.redis:
             self.metrics.watch_settlements(self.redis.settlements)
         limits = FailoverBackend(
-            self.redis or MemoryBackend(), MemoryBackend(), fail_open=config.redis.on_failure == "fail_open",
+            self.redis or MemoryBackend(),
+            MemoryBackend(),
+            fail_open=config.redis.on_failure == "fail_open",
             breaker=CircuitBreaker(config.redis.breaker_failures, config.redis.breaker_cooldown),
-            metrics=self.metrics)
-        self.guard = GuardStage(lambda: self.policies, Guard(self.metrics.registry), self.offload,
-                                self.tokenize.decode)
-        self.pipeline = Pipeline([
-            ParseStage(config.limits, self.offload, self.shape_gate),
-            WafStage(lambda: self.policies, keys, self.offload),
-            self.auth,
-            self.tokenize,
-            RateLimitStage(lambda: self.policies, RateLimiter(limits, self.metrics)),
-            AdmissionStage(self.pools, self.tracer, self.metrics),
-            self.guard,
-            RouteStage(),
-        ], self.tracer, self.metrics)
+            metrics=self.metrics,
+        )
+        self.guard = GuardStage(lambda: self.policies, Guard(self.metrics.registry), self.offload, self.tokenize.decode)
+        self.pipeline = Pipeline(
+            [
+                ParseStage(config.limits, self.offload, self.shape_gate),
+                WafStage(lambda: self.policies, keys, self.offload),
+                self.auth,
+                self.tokenize,
+                RateLimitStage(lambda: self.policies, RateLimiter(limits, self.metrics)),
+                AdmissionStage(self.pools, self.tracer, self.metrics),
+                self.guard,
+                RouteStage(),
+            ],
+            self.tracer,
+            self.metrics,
+        )
         self.upstream = Upstream(self.tracer, self.metrics, config.telemetry.replica_header)
 
     def _install(self, policies: PolicySet) -> None:
@@ -117,8 +132,9 @@ class Gateway:
         async def one(url: str) -> dict:
             headers = {"authorization": f"Bearer {pool.api_key}"} if pool.api_key else {}
             try:
-                async with pool.session.get(url + "/v1/models", headers=headers,
-                                            timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT)) as response:
+                async with pool.session.get(
+                    url + "/v1/models", headers=headers, timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT)
+                ) as response:
                     models = (await response.json()).get("data", []) if response.status == 200 else []
                     return {"url": url, "up": response.status < 500, "models": models}
             except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
@@ -129,8 +145,7 @@ class Gateway:
     async def readiness(self) -> tuple[bool, dict[str, list[dict]]]:
         """Ready when every pool has at least one replica answering; with each replica's state."""
         results = await asyncio.gather(*(self.probe(p) for p in self.pools.pools))
-        pools = {p.name: [{"url": r["url"], "up": r["up"]} for r in res]
-                 for p, res in zip(self.pools.pools, results)}
+        pools = {p.name: [{"url": r["url"], "up": r["up"]} for r in res] for p, res in zip(self.pools.pools, results)}
         return all(any(r["up"] for r in replicas) for replicas in pools.values()), pools
 
 
@@ -149,14 +164,23 @@ class ProxyEndpoint:
         name = f"{request.method} {path}"
         parent, links = incoming_trace(request.headers, gw.config.telemetry.trust_client_trace)
         with gw.tracer.start_as_current_span(
-            name, context=parent, links=links, kind=SpanKind.SERVER,
-            attributes={"http.request.method": request.method, "url.path": path,
-                        "client.address": request.client.host if request.client else ""},
+            name,
+            context=parent,
+            links=links,
+            kind=SpanKind.SERVER,
+            attributes={
+                "http.request.method": request.method,
+                "url.path": path,
+                "client.address": request.client.host if request.client else "",
+            },
         ) as span:
             peer = request.client.host if request.client else ""
-            ctx = RequestContext(request=request, route=self.route, span=span,
-                                 client_ip=client_ip(peer, request.headers.getlist("x-forwarded-for"),
-                                                     gw.config.trusted_proxies))
+            ctx = RequestContext(
+                request=request,
+                route=self.route,
+                span=span,
+                client_ip=client_ip(peer, request.headers.getlist("x-forwarded-for"), gw.config.trusted_proxies),
+            )
             try:
                 await self._respond(ctx, watch, scope, receive, send)
             finally:
@@ -167,8 +191,9 @@ class ProxyEndpoint:
                 span.set_status(Status(StatusCode.ERROR, ctx.stream_error or str(ctx.status)))
         self._account(ctx)
 
-    async def _respond(self, ctx: RequestContext, watch: ClientWatch, scope: Scope, receive: Receive,
-                       send: Send) -> None:
+    async def _respond(
+        self, ctx: RequestContext, watch: ClientWatch, scope: Scope, receive: Receive, send: Send
+    ) -> None:
         try:
             response = await watch.unless_client_leaves(self._answer(ctx))
         except GatewayError as err:
@@ -183,8 +208,9 @@ class ProxyEndpoint:
         except Exception:
             log.exception("unhandled error serving %s", ctx.request.scope["path"])
             ctx.status = 500
-            response = GatewayError(500, "internal gateway error", type="server_error",
-                                    code="internal_error").response()
+            response = GatewayError(
+                500, "internal gateway error", type="server_error", code="internal_error"
+            ).response()
         await response(scope, receive, send)
 
     async def _answer(self, ctx: RequestContext) -> Response:
@@ -208,17 +234,33 @@ class ProxyEndpoint:
         if not self.gateway.config.telemetry.access_log:
             return
         trace_id, span_id = trace_ids(ctx.span)
-        access_log.info("", extra={"access": {
-            "ts": time.time(), "request_id": ctx.request_id, "trace_id": trace_id, "span_id": span_id,
-            "method": ctx.request.method, "path": ctx.request.scope["path"], "status": ctx.status,
-            "duration_ms": round(elapsed * 1000, 3), "tenant": ctx.tenant, "model": ctx.model or None,
-            "stream": ctx.stream, "pool": ctx.pool.name if ctx.pool else None,
-            "upstream": ctx.replica.url if ctx.replica else None, "prompt_tokens": ctx.usage.prompt_tokens,
-            "completion_tokens": ctx.usage.completion_tokens, "cached_tokens": ctx.usage.cached_tokens,
-            "predicted_cached_tokens": ctx.predicted_cached_tokens,
-            "finish_reasons": ctx.usage.finish_reasons or None, "stream_error": ctx.stream_error,
-            "client": ctx.request.client.host if ctx.request.client else None,
-        }})
+        access_log.info(
+            "",
+            extra={
+                "access": {
+                    "ts": time.time(),
+                    "request_id": ctx.request_id,
+                    "trace_id": trace_id,
+                    "span_id": span_id,
+                    "method": ctx.request.method,
+                    "path": ctx.request.scope["path"],
+                    "status": ctx.status,
+                    "duration_ms": round(elapsed * 1000, 3),
+                    "tenant": ctx.tenant,
+                    "model": ctx.model or None,
+                    "stream": ctx.stream,
+                    "pool": ctx.pool.name if ctx.pool else None,
+                    "upstream": ctx.replica.url if ctx.replica else None,
+                    "prompt_tokens": ctx.usage.prompt_tokens,
+                    "completion_tokens": ctx.usage.completion_tokens,
+                    "cached_tokens": ctx.usage.cached_tokens,
+                    "predicted_cached_tokens": ctx.predicted_cached_tokens,
+                    "finish_reasons": ctx.usage.finish_reasons or None,
+                    "stream_error": ctx.stream_error,
+                    "client": ctx.request.client.host if ctx.request.client else None,
+                }
+            },
+        )
 
 
 def _load_policies(config: GatewayConfig) -> PolicySet:
@@ -242,8 +284,9 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
         except GatewayError as err:
             return err.response()
         seen: dict[str, dict] = {}
-        for pool, replicas in zip(gateway.pools.pools,
-                                  await asyncio.gather(*(gateway.probe(p) for p in gateway.pools.pools))):
+        for pool, replicas in zip(
+            gateway.pools.pools, await asyncio.gather(*(gateway.probe(p) for p in gateway.pools.pools))
+        ):
             for model in pool.config.models:
                 seen.setdefault(model, {"id": model, "object": "model", "created": 0, "owned_by": pool.name})
             for replica in replicas:
@@ -280,7 +323,8 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={HTTPException: http_error, Exception: server_error})
+    app = Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error, Exception: server_error}
+    )
     app.router.redirect_slashes = False  # its redirect's Location is built from the client's own Host header
     return ByListener(app, build_admin_app(gateway), config.admin.port if config.admin.enabled else None)

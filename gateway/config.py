@@ -37,54 +37,132 @@ class LimitsConfig(_Strict):
 
     max_body_bytes: Annotated[int, Field(gt=0)] = 4 * 1024 * 1024
     max_url_bytes: Annotated[int, Field(gt=0, description="request target (path and query) → 414")] = 8 * 1024
-    max_header_bytes: Annotated[int, Field(gt=0, description=(
-        "all header names and values of one request together → 431"))] = 32 * 1024
-    header_timeout: Annotated[float, Field(gt=0, description=(
-        "seconds from a connection's first byte (or its accept) until the request head is complete → 408; "
-        "slowloris clients are cut off here"))] = 10.0
-    body_idle_timeout: Annotated[float, Field(gt=0, description=(
-        "seconds the request body may go without a byte → 408"))] = 10.0
-    max_connections: Annotated[int, Field(gt=0, description=(
-        "open client connections per public listener; beyond it a connection gets 503 and is closed"))] = 4096
+    max_header_bytes: Annotated[
+        int, Field(gt=0, description=("all header names and values of one request together → 431"))
+    ] = 32 * 1024
+    header_timeout: Annotated[
+        float,
+        Field(
+            gt=0,
+            description=(
+                "seconds from a connection's first byte (or its accept) until the request head is complete → 408; "
+                "slowloris clients are cut off here"
+            ),
+        ),
+    ] = 10.0
+    body_idle_timeout: Annotated[
+        float, Field(gt=0, description=("seconds the request body may go without a byte → 408"))
+    ] = 10.0
+    max_connections: Annotated[
+        int,
+        Field(
+            gt=0,
+            description=("open client connections per public listener; beyond it a connection gets 503 and is closed"),
+        ),
+    ] = 4096
     # The shape of a JSON body bounds what the stages after parse spend on it (the WAF runs before auth).
-    max_json_depth: Annotated[int, Field(gt=0, le=1000, description=(
-        "nesting of objects and arrays in a body → 400 json_too_deep; deep tool schemas need about 10"))] = 64
-    max_json_values: Annotated[int, Field(gt=0, description=(
-        "values (objects, arrays, strings, numbers, ...) in a body → 413 too_many_json_values; a token-id prompt "
-        "counts one per token"))] = 128 * 1024
-    max_string_chars: Annotated[int, Field(gt=0, description=(
-        "characters in any one JSON string or key → 400 string_above_max_length (OpenAI's own limit)"))] = 1024 * 1024
-    max_messages: Annotated[int, Field(gt=0, description=(
-        "chat messages in a request → 400 array_above_max_length"))] = 2048
-    max_tools: Annotated[int, Field(gt=0, description=(
-        "tool (or function) definitions in a request → 400 array_above_max_length (OpenAI's own limit)"))] = 128
+    max_json_depth: Annotated[
+        int,
+        Field(
+            gt=0,
+            le=1000,
+            description=(
+                "nesting of objects and arrays in a body → 400 json_too_deep; deep tool schemas need about 10"
+            ),
+        ),
+    ] = 64
+    max_json_values: Annotated[
+        int,
+        Field(
+            gt=0,
+            description=(
+                "values (objects, arrays, strings, numbers, ...) in a body → 413 too_many_json_values; a token-id prompt "
+                "counts one per token"
+            ),
+        ),
+    ] = 128 * 1024
+    max_string_chars: Annotated[
+        int,
+        Field(
+            gt=0,
+            description=("characters in any one JSON string or key → 400 string_above_max_length (OpenAI's own limit)"),
+        ),
+    ] = 1024 * 1024
+    max_messages: Annotated[
+        int, Field(gt=0, description=("chat messages in a request → 400 array_above_max_length"))
+    ] = 2048
+    max_tools: Annotated[
+        int,
+        Field(
+            gt=0,
+            description=(
+                "tool (or function) definitions in a request → 400 array_above_max_length (OpenAI's own limit)"
+            ),
+        ),
+    ] = 128
     # Parsing, the WAF and tokenizing cost milliseconds per big body: above these sizes they leave the event loop.
-    offload_min_bytes: Annotated[int, Field(ge=0, description=(
-        "bodies this large are parsed, WAF-checked and tokenized on worker threads, not the event loop"))] = 16 * 1024
-    offload_min_values: Annotated[int, Field(ge=0, description=(
-        "so are bodies with this many JSON values (the WAF's cost grows with them)"))] = 256
-    offload_workers: Annotated[int, Field(gt=0, description=(
-        "worker threads for that work: more big bodies at once wait in a queue"))] = 2
-    gate_min_commas: Annotated[int, Field(ge=0, description=(
-        "bodies with more commas than this (a body holds about as many JSON values) are checked against these limits "
-        "in a worker process before this one decodes them: decoding holds the interpreter lock, so a thread cannot "
-        "spare the event loop from a flood of bodies with 100k values each"))] = 4096
+    offload_min_bytes: Annotated[
+        int,
+        Field(
+            ge=0,
+            description=(
+                "bodies this large are parsed, WAF-checked and tokenized on worker threads, not the event loop"
+            ),
+        ),
+    ] = 16 * 1024
+    offload_min_values: Annotated[
+        int, Field(ge=0, description=("so are bodies with this many JSON values (the WAF's cost grows with them)"))
+    ] = 256
+    offload_workers: Annotated[
+        int, Field(gt=0, description=("worker threads for that work: more big bodies at once wait in a queue"))
+    ] = 2
+    gate_min_commas: Annotated[
+        int,
+        Field(
+            ge=0,
+            description=(
+                "bodies with more commas than this (a body holds about as many JSON values) are checked against these limits "
+                "in a worker process before this one decodes them: decoding holds the interpreter lock, so a thread cannot "
+                "spare the event loop from a flood of bodies with 100k values each"
+            ),
+        ),
+    ] = 4096
 
 
 class TimeoutsConfig(_Strict):
     connect: Annotated[float, Field(gt=0)] = 3.0
     read: Annotated[float, Field(gt=0)] = 120.0
     pool: Annotated[float, Field(gt=0)] = 5.0
-    keepalive: Annotated[float, Field(gt=0, description=(
-        "seconds an idle upstream connection is kept; below the upstream's own idle timeout (uvicorn: 5 s), so "
-        "the gateway never reuses a connection the upstream already closed"))] = 4.0
-    total: Annotated[float, Field(gt=0, description=(
-        "seconds from a request's arrival to its last byte out; beyond it: 504 before the answer started, an SSE "
-        "error event after"))] = 600.0
-    stream_idle: Annotated[float, Field(gt=0, description=(
-        "seconds an upstream answer may go without a byte once its body has begun (between stream chunks); "
-        "beyond it: 504, or an SSE error event once the stream started. The wait for the first byte is `read`'s"
-        ))] = 60.0
+    keepalive: Annotated[
+        float,
+        Field(
+            gt=0,
+            description=(
+                "seconds an idle upstream connection is kept; below the upstream's own idle timeout (uvicorn: 5 s), so "
+                "the gateway never reuses a connection the upstream already closed"
+            ),
+        ),
+    ] = 4.0
+    total: Annotated[
+        float,
+        Field(
+            gt=0,
+            description=(
+                "seconds from a request's arrival to its last byte out; beyond it: 504 before the answer started, an SSE "
+                "error event after"
+            ),
+        ),
+    ] = 600.0
+    stream_idle: Annotated[
+        float,
+        Field(
+            gt=0,
+            description=(
+                "seconds an upstream answer may go without a byte once its body has begun (between stream chunks); "
+                "beyond it: 504, or an SSE error event once the stream started. The wait for the first byte is `read`'s"
+            ),
+        ),
+    ] = 60.0
 
 
 class ReplicaConfig(_Strict):
@@ -140,14 +218,20 @@ class PoolConfig(_Strict):
     name: str
     replicas: Annotated[list[ReplicaConfig], Field(min_length=1)]
     models: list[str] = Field(default_factory=list, description="models routed here; empty means any")
-    routing: Literal["round_robin", "least_outstanding", "least_load", "prefix_affinity", "kv_events"] = \
+    routing: Literal["round_robin", "least_outstanding", "least_load", "prefix_affinity", "kv_events"] = (
         "least_outstanding"
+    )
     block_size: Annotated[int, Field(gt=0)] = Field(default=16, description="the engines' KV block size")
-    cache_isolation: Literal["shared", "tenant"] = Field(default="shared", description=(
-        "prefix-cache sharing between tenants: 'shared' strips any client-sent cache_salt; 'tenant' sets a "
-        "per-tenant cache_salt, so one tenant can never hit (or time) another's cached prefixes"))
+    cache_isolation: Literal["shared", "tenant"] = Field(
+        default="shared",
+        description=(
+            "prefix-cache sharing between tenants: 'shared' strips any client-sent cache_salt; 'tenant' sets a "
+            "per-tenant cache_salt, so one tenant can never hit (or time) another's cached prefixes"
+        ),
+    )
     scrape_interval: Annotated[float, Field(gt=0)] = Field(
-        default=0.5, description="seconds between /metrics scrapes (load, KV usage, health)")
+        default=0.5, description="seconds between /metrics scrapes (load, KV usage, health)"
+    )
     health: HealthConfig = HealthConfig()
     affinity: AffinityConfig = AffinityConfig()
     admission: AdmissionConfig = AdmissionConfig()
@@ -157,12 +241,26 @@ class PoolConfig(_Strict):
     retry_on_status: list[int] = Field(default_factory=lambda: [502, 503, 504])
     include_usage: bool = Field(default=True, description="ask streams for stream_options.include_usage")
     max_connections: Annotated[int, Field(gt=0)] = 256
-    max_response_bytes: Annotated[int, Field(gt=0, description=(
-        "largest non-streaming (or error) answer read from an upstream; a larger one is dropped and the client "
-        "gets 502 upstream_response_too_large"))] = 32 * 1024 * 1024
-    max_event_bytes: Annotated[int, Field(gt=0, description=(
-        "largest single SSE event in an upstream stream; a larger one ends the client's stream with an SSE error "
-        "event (upstream_event_too_large)"))] = 1024 * 1024
+    max_response_bytes: Annotated[
+        int,
+        Field(
+            gt=0,
+            description=(
+                "largest non-streaming (or error) answer read from an upstream; a larger one is dropped and the client "
+                "gets 502 upstream_response_too_large"
+            ),
+        ),
+    ] = 32 * 1024 * 1024
+    max_event_bytes: Annotated[
+        int,
+        Field(
+            gt=0,
+            description=(
+                "largest single SSE event in an upstream stream; a larger one ends the client's stream with an SSE error "
+                "event (upstream_event_too_large)"
+            ),
+        ),
+    ] = 1024 * 1024
 
     def api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
@@ -214,11 +312,18 @@ class TelemetryConfig(_Strict):
     service_name: str = "portcullis-gateway"
     otlp: OtlpConfig = OtlpConfig()
     access_log: bool = True
-    replica_header: bool = Field(default=False, description="tell clients which replica served them "
-                                 "(x-portcullis-replica), for load tests; leaks upstream addresses")
-    trust_client_trace: bool = Field(default=False, description=(
-        "continue a client's traceparent; off: each request starts its own root trace and links the client's "
-        "context, so a client can neither unsample a request nor choose its trace id"))
+    replica_header: bool = Field(
+        default=False,
+        description="tell clients which replica served them "
+        "(x-portcullis-replica), for load tests; leaks upstream addresses",
+    )
+    trust_client_trace: bool = Field(
+        default=False,
+        description=(
+            "continue a client's traceparent; off: each request starts its own root trace and links the client's "
+            "context, so a client can neither unsample a request nor choose its trace id"
+        ),
+    )
 
 
 class RedisConfig(_Strict):
@@ -227,21 +332,33 @@ class RedisConfig(_Strict):
     url: str | None = Field(default=None, description="redis://host:port/db or rediss://…")
     timeout: Annotated[float, Field(gt=0)] = 0.25
     on_failure: Literal["fail_open", "fail_closed"] = Field(
-        default="fail_open", description="fail_open: fall back to per-instance limits; fail_closed: refuse (503)")
+        default="fail_open", description="fail_open: fall back to per-instance limits; fail_closed: refuse (503)"
+    )
     breaker_failures: Annotated[int, Field(gt=0)] = 3
     breaker_cooldown: Annotated[float, Field(gt=0)] = 5.0
-    max_pending_settlements: Annotated[int, Field(gt=0, description=(
-        "settlements (slot releases, token corrections) kept for Redis while it is unreachable, up to ~600 bytes "
-        "each; beyond it the oldest is dropped and its slot frees when its lease runs out"))] = 100_000
+    max_pending_settlements: Annotated[
+        int,
+        Field(
+            gt=0,
+            description=(
+                "settlements (slot releases, token corrections) kept for Redis while it is unreachable, up to ~600 bytes "
+                "each; beyond it the oldest is dropped and its slot frees when its lease runs out"
+            ),
+        ),
+    ] = 100_000
 
 
 class ModelConfig(_Strict):
     """What the gateway must know of a model to count its tokens and bound its requests."""
 
     name: str
-    tokenizer: str | None = Field(default=None, description=(
-        "'bundled' (the engine's SmolLM2 GGUF), 'gguf:PATH', 'hf:DIR' (tokenizer.json + tokenizer_config.json), "
-        "'tiktoken:o200k_base' or 'tiktoken:cl100k_base'; None estimates"))
+    tokenizer: str | None = Field(
+        default=None,
+        description=(
+            "'bundled' (the engine's SmolLM2 GGUF), 'gguf:PATH', 'hf:DIR' (tokenizer.json + tokenizer_config.json), "
+            "'tiktoken:o200k_base' or 'tiktoken:cl100k_base'; None estimates"
+        ),
+    )
     context_window: Annotated[int | None, Field(gt=0)] = None
 
     @field_validator("tokenizer")
@@ -260,7 +377,8 @@ def _default_models() -> list[ModelConfig]:
 def _default_pools() -> list[PoolConfig]:
     return [
         PoolConfig(
-            name="engine", routing="kv_events",
+            name="engine",
+            routing="kv_events",
             replicas=[ReplicaConfig(url="http://127.0.0.1:8001"), ReplicaConfig(url="http://127.0.0.1:8002")],
         )
     ]
@@ -292,9 +410,12 @@ class GatewayConfig(_Strict):
     listen: ListenConfig = ListenConfig()
     admin: AdminConfig = AdminConfig()
     trusted_proxies: list[IPvAnyNetwork] = Field(
-        default_factory=list, description=(
+        default_factory=list,
+        description=(
             "proxies whose X-Forwarded-For is believed when finding the client IP; empty: the socket peer is the "
-            "client, whatever headers say"))
+            "client, whatever headers say"
+        ),
+    )
     limits: LimitsConfig = LimitsConfig()
     pools: Annotated[list[PoolConfig], Field(min_length=1)] = Field(default_factory=_default_pools)
     models: list[ModelConfig] = Field(default_factory=_default_models)

@@ -58,8 +58,12 @@ class BoundedProtocol(HttpToolsProtocol):
         cap = self.listener_caps.get(port, self.limits.max_connections)
         if self.open_connections[port] >= cap:
             self.transport = transport
-            self._refuse(503, "the gateway has too many open connections; retry shortly", "too_many_connections",
-                         extra_headers=(b"retry-after: 1\r\n",))
+            self._refuse(
+                503,
+                "the gateway has too many open connections; retry shortly",
+                "too_many_connections",
+                extra_headers=(b"retry-after: 1\r\n",),
+            )
             return
         self._port = port
         self.open_connections[port] += 1
@@ -132,8 +136,11 @@ class BoundedProtocol(HttpToolsProtocol):
         self._refuse(414, f"request target exceeds the {self.limits.max_url_bytes}-byte limit", "uri_too_long")
 
     def _refuse_headers(self) -> None:
-        self._refuse(431, f"request headers exceed the {self.limits.max_header_bytes}-byte limit",
-                     "request_header_fields_too_large")
+        self._refuse(
+            431,
+            f"request headers exceed the {self.limits.max_header_bytes}-byte limit",
+            "request_header_fields_too_large",
+        )
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
@@ -146,13 +153,20 @@ class BoundedProtocol(HttpToolsProtocol):
         self._cancel_head_timer()
         if self.transport.is_closing():
             return
-        body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "code": code,
-                                     "param": None}}).encode()
+        body = json.dumps(
+            {"error": {"message": message, "type": "invalid_request_error", "code": code, "param": None}}
+        ).encode()
         head = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             head += [name, b": ", value, b"\r\n"]
-        head += [b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body),
-                 b"connection: close\r\n", *extra_headers, b"\r\n", body]
+        head += [
+            b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(body),
+            b"connection: close\r\n",
+            *extra_headers,
+            b"\r\n",
+            body,
+        ]
         self.transport.write(b"".join(head))
         self.transport.close()
 
@@ -168,8 +182,11 @@ class BoundedProtocol(HttpToolsProtocol):
 
 def protocol_class(limits: LimitsConfig, listener_caps: dict[int, int]) -> type[BoundedProtocol]:
     """A protocol class bound to this server's limits and its own connection counts."""
-    return type("BoundedProtocol", (BoundedProtocol,), {
-        "limits": limits, "listener_caps": listener_caps, "open_connections": Counter()})
+    return type(
+        "BoundedProtocol",
+        (BoundedProtocol,),
+        {"limits": limits, "listener_caps": listener_caps, "open_connections": Counter()},
+    )
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -190,6 +207,14 @@ def serve(app: Any, config: GatewayConfig, host: str, port: int) -> None:
     for sock in listeners:
         log.info("listening on %s:%d", *sock.getsockname()[:2])
     server_config = uvicorn.Config(
-        app, loop="uvloop", http=protocol_class(config.limits, caps), lifespan="on", proxy_headers=False,
-        access_log=False, log_config=None, timeout_graceful_shutdown=10, backlog=BACKLOG)
+        app,
+        loop="uvloop",
+        http=protocol_class(config.limits, caps),
+        lifespan="on",
+        proxy_headers=False,
+        access_log=False,
+        log_config=None,
+        timeout_graceful_shutdown=10,
+        backlog=BACKLOG,
+    )
     uvicorn.Server(server_config).run(sockets=listeners)

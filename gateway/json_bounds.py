@@ -58,8 +58,12 @@ def check_shape(payload: dict | list, limits: LimitsConfig) -> int:
             raise _too_deep(max_depth, loc)
         values += len(node)
         if values > max_values:  # before looking at the members: the walk never goes past the limit
-            raise GatewayError(413, f"request body holds more than {max_values} JSON values (limits.max_json_values)",
-                               code="too_many_json_values", param=_param(loc) or None)
+            raise GatewayError(
+                413,
+                f"request body holds more than {max_values} JSON values (limits.max_json_values)",
+                code="too_many_json_values",
+                param=_param(loc) or None,
+            )
         items = node.items() if type(node) is dict else enumerate(node)
         for key, child in items:
             if type(key) is str and len(key) > max_chars:
@@ -75,23 +79,30 @@ def check_shape(payload: dict | list, limits: LimitsConfig) -> int:
 
 def array_too_long(param: str, length: int, limit: int, setting: str) -> GatewayError:
     """OpenAI's own wording and code for an array over its maximum length."""
-    return invalid_request(f"Invalid '{param}': array too long. Expected an array with maximum length {limit}, but got "
-                           f"an array with length {length} instead ({setting}).", param=param,
-                           code="array_above_max_length")
+    return invalid_request(
+        f"Invalid '{param}': array too long. Expected an array with maximum length {limit}, but got "
+        f"an array with length {length} instead ({setting}).",
+        param=param,
+        code="array_above_max_length",
+    )
 
 
 def _string_too_long(loc: tuple, length: int, limit: int, what: str = "") -> GatewayError:
     param = _param(loc)
-    return invalid_request(f"Invalid {what}'{param}': string too long. Expected a string with maximum length {limit}, "
-                           f"but got a string with length {length} instead (limits.max_string_chars).",
-                           param=param or None, code="string_above_max_length")
+    return invalid_request(
+        f"Invalid {what}'{param}': string too long. Expected a string with maximum length {limit}, "
+        f"but got a string with length {length} instead (limits.max_string_chars).",
+        param=param or None,
+        code="string_above_max_length",
+    )
 
 
 def _too_deep(limit: int, loc: tuple | None) -> GatewayError:
     param = _param(loc) if loc else None
     where = f"'{param}' is" if param else "request body is"
-    return invalid_request(f"{where} nested deeper than {limit} levels (limits.max_json_depth)", param=param,
-                           code="json_too_deep")
+    return invalid_request(
+        f"{where} nested deeper than {limit} levels (limits.max_json_depth)", param=param, code="json_too_deep"
+    )
 
 
 def _param(loc: tuple) -> str:

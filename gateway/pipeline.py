@@ -42,8 +42,9 @@ class Pipeline:
                 self._histograms[stage.name].observe(time.perf_counter() - started)
 
     async def _run_traced(self, stage: Stage, ctx: RequestContext) -> None:
-        with self._tracer.start_as_current_span(f"stage.{stage.name}", record_exception=False,
-                                                set_status_on_exception=False) as span:
+        with self._tracer.start_as_current_span(
+            f"stage.{stage.name}", record_exception=False, set_status_on_exception=False
+        ) as span:
             try:
                 await stage(ctx)
             except GatewayError as err:

@@ -62,8 +62,11 @@ class ShapeGate:
 
     def _new_pool(self) -> ProcessPoolExecutor:
         # spawn: the gateway runs threads (ONNX Runtime, the offload pool) that a fork would copy mid-state
-        return ProcessPoolExecutor(max_workers=self._limits.offload_workers,
-                                   mp_context=multiprocessing.get_context("spawn"), initializer=_exit_with_parent)
+        return ProcessPoolExecutor(
+            max_workers=self._limits.offload_workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_exit_with_parent,
+        )
 
     def warm(self) -> None:
         """Start the workers now (each imports the parse stage, about a second), not on the first big body."""
@@ -78,8 +81,13 @@ class ShapeGate:
             refusal = await asyncio.wrap_future(self._pool.submit(judge, route, body, self._limits))
         except BrokenProcessPool:  # a worker died (killed, out of memory): start afresh, let the client retry
             self._pool = self._new_pool()
-            raise GatewayError(503, "the gateway could not check this body; retry", type="server_error",
-                               code="body_check_unavailable", headers={"retry-after": "1"}) from None
+            raise GatewayError(
+                503,
+                "the gateway could not check this body; retry",
+                type="server_error",
+                code="body_check_unavailable",
+                headers={"retry-after": "1"},
+            ) from None
         if refusal is not None:
             status, message, kind, code, param = refusal
             raise GatewayError(status, message, type=kind, code=code, param=param)

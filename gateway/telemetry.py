@@ -47,35 +47,67 @@ class Metrics:
         r = self.registry
         self.requests = Counter("portcullis_requests", "Requests by route and status", ["route", "status"], registry=r)
         self.request_duration = Histogram(
-            "portcullis_request_duration_seconds", "Whole request, first byte in to last byte out", ["route"],
-            buckets=_LATENCY_BUCKETS, registry=r)
+            "portcullis_request_duration_seconds",
+            "Whole request, first byte in to last byte out",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.stage_duration = Histogram(
-            "portcullis_stage_duration_seconds", "Time spent in each pipeline stage", ["stage"],
-            buckets=_STAGE_BUCKETS, registry=r)
+            "portcullis_stage_duration_seconds",
+            "Time spent in each pipeline stage",
+            ["stage"],
+            buckets=_STAGE_BUCKETS,
+            registry=r,
+        )
         self.upstream_ttft = Histogram(
-            "portcullis_upstream_ttft_seconds", "Upstream time to first response chunk", ["pool"],
-            buckets=_LATENCY_BUCKETS, registry=r)
+            "portcullis_upstream_ttft_seconds",
+            "Upstream time to first response chunk",
+            ["pool"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.upstream_duration = Histogram(
-            "portcullis_upstream_duration_seconds", "Upstream call, request sent to last chunk", ["pool"],
-            buckets=_LATENCY_BUCKETS, registry=r)
+            "portcullis_upstream_duration_seconds",
+            "Upstream call, request sent to last chunk",
+            ["pool"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.upstream_errors = Counter(
-            "portcullis_upstream_errors", "Failed upstream attempts by kind", ["pool", "kind"], registry=r)
+            "portcullis_upstream_errors", "Failed upstream attempts by kind", ["pool", "kind"], registry=r
+        )
         self.upstream_outstanding = Gauge(
-            "portcullis_upstream_outstanding_requests", "Requests in flight per replica", ["pool", "replica"],
-            registry=r)
-        self.tokens = Counter("portcullis_tokens", "Tokens reported by upstreams", ["pool", "model", "kind"],
-                              registry=r)
+            "portcullis_upstream_outstanding_requests",
+            "Requests in flight per replica",
+            ["pool", "replica"],
+            registry=r,
+        )
+        self.tokens = Counter(
+            "portcullis_tokens", "Tokens reported by upstreams", ["pool", "model", "kind"], registry=r
+        )
         self.admission_queue_wait = Histogram(
-            "portcullis_admission_queue_wait_seconds", "Time requests waited for KV capacity", ["pool"],
-            buckets=_LATENCY_BUCKETS, registry=r)
+            "portcullis_admission_queue_wait_seconds",
+            "Time requests waited for KV capacity",
+            ["pool"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.ratelimit_decisions = Counter(
-            "portcullis_ratelimit_decisions", "Rate-limit decisions per limit", ["limit", "result", "backend"],
-            registry=r)
+            "portcullis_ratelimit_decisions",
+            "Rate-limit decisions per limit",
+            ["limit", "result", "backend"],
+            registry=r,
+        )
         self.ratelimit_backend_errors = Counter(
-            "portcullis_ratelimit_backend_errors", "Rate-limit store failures", ["backend"], registry=r)
+            "portcullis_ratelimit_backend_errors", "Rate-limit store failures", ["backend"], registry=r
+        )
         self.ratelimit_tokens_charged = Counter(
-            "portcullis_ratelimit_tokens_charged", "Tokens charged to token limits after reconciliation", ["limit"],
-            registry=r)
+            "portcullis_ratelimit_tokens_charged",
+            "Tokens charged to token limits after reconciliation",
+            ["limit"],
+            registry=r,
+        )
 
     def watch_settlements(self, outbox: SettlementOutbox) -> None:
         """Report, at each scrape, the settlements kept for the rate-limit store and those it never got."""
@@ -92,12 +124,16 @@ class _SettlementsCollector:
         self._outbox = outbox
 
     def collect(self):
-        yield GaugeMetricFamily("portcullis_ratelimit_settlements_pending",
-                                "Settlements kept for the rate-limit store until it takes them",
-                                value=len(self._outbox))
-        dropped = CounterMetricFamily("portcullis_ratelimit_settlements_dropped",
-                                      "Settlements (or their token corrections) the rate-limit store never got",
-                                      labels=["reason"])
+        yield GaugeMetricFamily(
+            "portcullis_ratelimit_settlements_pending",
+            "Settlements kept for the rate-limit store until it takes them",
+            value=len(self._outbox),
+        )
+        dropped = CounterMetricFamily(
+            "portcullis_ratelimit_settlements_dropped",
+            "Settlements (or their token corrections) the rate-limit store never got",
+            labels=["reason"],
+        )
         for reason, count in self._outbox.dropped.items():
             dropped.add_metric([reason], count)
         yield dropped

@@ -56,9 +56,15 @@ def run_up(args: argparse.Namespace) -> int:
         for port, engine in zip(ports, engines):
             _report_exit(port, engine, stopping)
         config = GatewayConfig(
-            listen=ListenConfig(port=args.port), admin=AdminConfig(port=args.admin_port),
-            pools=[PoolConfig(name="engine", routing="kv_events",
-                              replicas=[ReplicaConfig(url=f"http://127.0.0.1:{p}") for p in ports])],
+            listen=ListenConfig(port=args.port),
+            admin=AdminConfig(port=args.admin_port),
+            pools=[
+                PoolConfig(
+                    name="engine",
+                    routing="kv_events",
+                    replicas=[ReplicaConfig(url=f"http://127.0.0.1:{p}") for p in ports],
+                )
+            ],
         )
         print(_banner(args.port, args.admin_port, ports), file=sys.stderr, flush=True)
         serve(build_app(config), config, config.listen.host, args.port)
@@ -87,8 +93,9 @@ def _stop_engines(engines: list[subprocess.Popen]) -> None:
         try:
             engine.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            log.warning("engine pid %d did not stop within %.0fs of SIGTERM: killing it", engine.pid,
-                        ENGINE_STOP_TIMEOUT)
+            log.warning(
+                "engine pid %d did not stop within %.0fs of SIGTERM: killing it", engine.pid, ENGINE_STOP_TIMEOUT
+            )
             engine.kill()
             engine.wait()
 
@@ -99,8 +106,12 @@ def _report_exit(port: int, engine: subprocess.Popen, stopping: threading.Event)
     def watch() -> None:
         status = engine.wait()
         if not stopping.is_set():
-            log.error("engine on port %d (pid %d) exited with status %d; the gateway goes on without it",
-                      port, engine.pid, status)
+            log.error(
+                "engine on port %d (pid %d) exited with status %d; the gateway goes on without it",
+                port,
+                engine.pid,
+                status,
+            )
 
     threading.Thread(target=watch, name=f"engine-{port}", daemon=True).start()
 
@@ -126,7 +137,7 @@ def _banner(port: int, admin_port: int, engine_ports: list[int]) -> str:
     base = f"http://127.0.0.1:{port}"
     admin = f"http://127.0.0.1:{admin_port}"
     return f"""
-Portcullis is up: gateway {base} -> engines {', '.join(f'127.0.0.1:{p}' for p in engine_ports)}
+Portcullis is up: gateway {base} -> engines {", ".join(f"127.0.0.1:{p}" for p in engine_ports)}
 
   curl {base}/v1/chat/completions -H 'content-type: application/json' \\
     -d '{{"model": "{DEFAULT_MODEL}", "messages": [{{"role": "user", "content": "Say hello"}}], "max_tokens": 32}}'

@@ -75,8 +75,12 @@ class _Deadline:
         return self.at - asyncio.get_running_loop().time()
 
     def exceeded(self) -> GatewayError:
-        return GatewayError(504, f"the request did not complete within its deadline of {self.total:g} s",
-                            type="upstream_error", code="deadline_exceeded")
+        return GatewayError(
+            504,
+            f"the request did not complete within its deadline of {self.total:g} s",
+            type="upstream_error",
+            code="deadline_exceeded",
+        )
 
 
 class Upstream:
@@ -102,8 +106,11 @@ class Upstream:
         if self._replica_header:
             headers["x-portcullis-replica"] = attempt.replica.url
         if ctx.stream and ctx.status == 200:
-            return StreamingResponse(self._relay(ctx, attempt, strip_usage, deadline),
-                                     headers={**_SSE_HEADERS, **headers}, media_type="text/event-stream")
+            return StreamingResponse(
+                self._relay(ctx, attempt, strip_usage, deadline),
+                headers={**_SSE_HEADERS, **headers},
+                media_type="text/event-stream",
+            )
         try:
             if ctx.status != 200:
                 raise _upstream_error(ctx.status, attempt.content)
@@ -122,8 +129,9 @@ class Upstream:
         candidates = ctx.candidates[: pool.config.max_attempts]
         failure: GatewayError | None = None
         for number, replica in enumerate(candidates, start=1):
-            attempt = _Attempt(replica=replica, span=self._start_span(ctx, replica, number),
-                               sent_at=time.perf_counter())
+            attempt = _Attempt(
+                replica=replica, span=self._start_span(ctx, replica, number), sent_at=time.perf_counter()
+            )
             replica.outstanding += 1
             try:
                 await self._answer(pool, ctx, attempt, body, retry=number < len(candidates))
@@ -150,8 +158,12 @@ class Upstream:
             if status == 200:
                 attempt.answer = _json_or_none(attempt.content)
                 if attempt.answer is None:
-                    raise GatewayError(502, "upstream answered 200 with a body that is not a JSON object",
-                                       type="upstream_error", code="upstream_bad_response")
+                    raise GatewayError(
+                        502,
+                        "upstream answered 200 with a body that is not a JSON object",
+                        type="upstream_error",
+                        code="upstream_bad_response",
+                    )
         pool.record(attempt.replica, ok=status < 500)
 
     def _failed(self, ctx: RequestContext, attempt: _Attempt, number: int, exc: Exception) -> GatewayError:
@@ -170,8 +182,9 @@ class Upstream:
             attempt.response.close()
         self._finish(ctx, attempt)
 
-    async def _send(self, pool: Pool, ctx: RequestContext, replica: Replica, span: Span,
-                    body: bytes) -> aiohttp.ClientResponse:
+    async def _send(
+        self, pool: Pool, ctx: RequestContext, replica: Replica, span: Span, body: bytes
+    ) -> aiohttp.ClientResponse:
         headers = {
             "content-type": "application/json",
             "accept": "text/event-stream" if ctx.stream else "application/json",
@@ -193,8 +206,11 @@ class Upstream:
             "portcullis.pool": ctx.pool.name if ctx.pool else "",
             "portcullis.attempt": number,
         }
-        for key, attr in (("max_tokens", "gen_ai.request.max_tokens"), ("temperature", "gen_ai.request.temperature"),
-                          ("top_p", "gen_ai.request.top_p")):
+        for key, attr in (
+            ("max_tokens", "gen_ai.request.max_tokens"),
+            ("temperature", "gen_ai.request.temperature"),
+            ("top_p", "gen_ai.request.top_p"),
+        ):
             if isinstance(ctx.payload.get(key), (int, float)):
                 attributes[attr] = ctx.payload[key]
         return self._tracer.start_span(f"{ctx.operation} {ctx.model}", kind=SpanKind.CLIENT, attributes=attributes)
@@ -204,8 +220,9 @@ class Upstream:
         attempt.span.set_attribute("portcullis.upstream.time_to_first_chunk", ttft)
         self._metrics.upstream_ttft.labels(pool=ctx.pool.name).observe(ttft)
 
-    async def _relay(self, ctx: RequestContext, attempt: _Attempt, strip_usage: bool,
-                     deadline: _Deadline) -> AsyncIterator[bytes]:
+    async def _relay(
+        self, ctx: RequestContext, attempt: _Attempt, strip_usage: bool, deadline: _Deadline
+    ) -> AsyncIterator[bytes]:
         framer = EventFramer(ctx.pool.config.max_event_bytes)
         saw_done = False
         idle: float | None = None  # the wait for the first chunk is `timeouts.read`'s (a long prefill)
@@ -227,8 +244,12 @@ class Upstream:
                 if out:
                     yield b"".join(out)
             if not saw_done:
-                raise GatewayError(502, "upstream closed the stream before it was complete", type="upstream_error",
-                                   code="upstream_stream_truncated")
+                raise GatewayError(
+                    502,
+                    "upstream closed the stream before it was complete",
+                    type="upstream_error",
+                    code="upstream_stream_truncated",
+                )
         except (aiohttp.ClientError, TimeoutError, GatewayError, EventTooLarge) as exc:
             error = _as_gateway_error(exc)
             ctx.stream_error = error.code
@@ -284,12 +305,14 @@ class Upstream:
         if ctx.replica is attempt.replica:
             if usage.prompt_tokens is not None:
                 span.set_attribute("gen_ai.usage.input_tokens", usage.prompt_tokens)
-                self._metrics.tokens.labels(pool=pool_name, model=self._metrics.model_label(ctx.model),
-                                            kind="prompt").inc(usage.prompt_tokens)
+                self._metrics.tokens.labels(
+                    pool=pool_name, model=self._metrics.model_label(ctx.model), kind="prompt"
+                ).inc(usage.prompt_tokens)
             if usage.completion_tokens is not None:
                 span.set_attribute("gen_ai.usage.output_tokens", usage.completion_tokens)
-                self._metrics.tokens.labels(pool=pool_name, model=self._metrics.model_label(ctx.model),
-                                            kind="completion").inc(usage.completion_tokens)
+                self._metrics.tokens.labels(
+                    pool=pool_name, model=self._metrics.model_label(ctx.model), kind="completion"
+                ).inc(usage.completion_tokens)
             if usage.finish_reasons:
                 span.set_attribute("gen_ai.response.finish_reasons", usage.finish_reasons)
         span.end()
@@ -334,8 +357,12 @@ async def _read_body(response: aiohttp.ClientResponse, pool: Pool) -> bytes:
 
 
 def _too_large(limit: int) -> GatewayError:
-    return GatewayError(502, f"the upstream's answer exceeded {limit} bytes (the pool's max_response_bytes)",
-                        type="upstream_error", code="upstream_response_too_large")
+    return GatewayError(
+        502,
+        f"the upstream's answer exceeded {limit} bytes (the pool's max_response_bytes)",
+        type="upstream_error",
+        code="upstream_response_too_large",
+    )
 
 
 async def _next_bytes(content: aiohttp.StreamReader, idle: float | None, deadline: _Deadline | None = None) -> bytes:
@@ -354,8 +381,9 @@ async def _next_bytes(content: aiohttp.StreamReader, idle: float | None, deadlin
             raise  # aiohttp's own read timeout
         if by_deadline:
             raise deadline.exceeded() from None
-        raise GatewayError(504, f"upstream sent nothing for {idle:g} s", type="upstream_error",
-                           code="upstream_stream_idle") from None
+        raise GatewayError(
+            504, f"upstream sent nothing for {idle:g} s", type="upstream_error", code="upstream_stream_idle"
+        ) from None
 
 
 def _upstream_error(status: int, content: bytes) -> GatewayError:
@@ -364,17 +392,32 @@ def _upstream_error(status: int, content: bytes) -> GatewayError:
     error = (_json_or_none(content) or {}).get("error")
     if status in _GATEWAY_CREDENTIAL_STATUSES:
         # about the pool's own key, not the client's: its message may quote part of that key, so it stays in the log
-        log.warning("upstream refused the pool's credentials (%d): %.300s", status,
-                    error.get("message") if isinstance(error, dict) else content[:300])
-        return GatewayError(502, f"upstream refused the gateway's credentials ({status})", type="upstream_error",
-                            code="upstream_auth_failed")
+        log.warning(
+            "upstream refused the pool's credentials (%d): %.300s",
+            status,
+            error.get("message") if isinstance(error, dict) else content[:300],
+        )
+        return GatewayError(
+            502,
+            f"upstream refused the gateway's credentials ({status})",
+            type="upstream_error",
+            code="upstream_auth_failed",
+        )
     if isinstance(error, dict) and isinstance(error.get("message"), str):
         kept = status if 400 <= status < 500 or status in _KEPT_5XX else 502
-        return GatewayError(kept, error["message"][:_MAX_MESSAGE_CHARS],
-                            type=_text(error.get("type")) or "upstream_error", code=_text(error.get("code")),
-                            param=_text(error.get("param")))
-    return GatewayError(502, f"upstream answered {status} without an OpenAI-style error", type="upstream_error",
-                        code="upstream_bad_response")
+        return GatewayError(
+            kept,
+            error["message"][:_MAX_MESSAGE_CHARS],
+            type=_text(error.get("type")) or "upstream_error",
+            code=_text(error.get("code")),
+            param=_text(error.get("param")),
+        )
+    return GatewayError(
+        502,
+        f"upstream answered {status} without an OpenAI-style error",
+        type="upstream_error",
+        code="upstream_bad_response",
+    )
 
 
 def _text(value: Any) -> str | None:
@@ -396,10 +439,16 @@ def _as_gateway_error(exc: Exception) -> GatewayError:
     if isinstance(exc, GatewayError):
         return exc
     if isinstance(exc, EventTooLarge):
-        return GatewayError(502, f"{exc} (the pool's max_event_bytes)", type="upstream_error",
-                            code="upstream_event_too_large")
+        return GatewayError(
+            502, f"{exc} (the pool's max_event_bytes)", type="upstream_error", code="upstream_event_too_large"
+        )
     if isinstance(exc, TimeoutError):  # aiohttp's connect and read timeouts are TimeoutErrors too
-        return GatewayError(504, f"upstream timed out ({type(exc).__name__})", type="upstream_error",
-                            code="upstream_timeout")
-    return GatewayError(502, f"upstream unreachable or failed ({type(exc).__name__})", type="upstream_error",
-                        code="upstream_unavailable")
+        return GatewayError(
+            504, f"upstream timed out ({type(exc).__name__})", type="upstream_error", code="upstream_timeout"
+        )
+    return GatewayError(
+        502,
+        f"upstream unreachable or failed ({type(exc).__name__})",
+        type="upstream_error",
+        code="upstream_unavailable",
+    )

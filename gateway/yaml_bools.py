@@ -15,7 +15,7 @@ from pydantic import BeforeValidator, Field
 
 T = TypeVar("T")
 
-YAML11_NOTE = "YAML 1.1 reads unquoted off/no/false as false and on/yes/true as true: false means \"off\", true \"on\""
+YAML11_NOTE = 'YAML 1.1 reads unquoted off/no/false as false and on/yes/true as true: false means "off", true "on"'
 
 
 def _from_bool(value: Any) -> Any:

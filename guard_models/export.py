@@ -35,11 +35,17 @@ def export(checkpoint: Path, out: Path, work: Path, fp16: bool, max_length: int)
     fp32 = work / "model.onnx"
     ids = torch.ones((2, 16), dtype=torch.long)
     with torch.no_grad():
-        torch.onnx.export(model, (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(fp32),
-                          input_names=["input_ids", "attention_mask", "token_type_ids"], output_names=["logits"],
-                          dynamic_axes={n: {0: "batch", 1: "sequence"} for n in
-                                        ("input_ids", "attention_mask", "token_type_ids")} | {"logits": {0: "batch"}},
-                          opset_version=17, dynamo=False)
+        torch.onnx.export(
+            model,
+            (ids, torch.ones_like(ids), torch.zeros_like(ids)),
+            str(fp32),
+            input_names=["input_ids", "attention_mask", "token_type_ids"],
+            output_names=["logits"],
+            dynamic_axes={n: {0: "batch", 1: "sequence"} for n in ("input_ids", "attention_mask", "token_type_ids")}
+            | {"logits": {0: "batch"}},
+            opset_version=17,
+            dynamo=False,
+        )
     out.mkdir(parents=True, exist_ok=True)
     quantize_dynamic(str(fp32), str(out / "model_int8.onnx"), weight_type=QuantType.QInt8, per_channel=True)
     if fp16:
@@ -50,11 +56,24 @@ def export(checkpoint: Path, out: Path, work: Path, fp16: bool, max_length: int)
         onnx.save(half, str(work / "model_fp16.onnx"))
     shutil.copy(base_model_dir() / "tokenizer.json", out / "tokenizer.json")
     config = json.loads((checkpoint / "config.json").read_text())
-    keep = ("architectures", "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
-            "max_position_embeddings", "vocab_size", "pad_token_id", "id2label", "label2id")
+    keep = (
+        "architectures",
+        "model_type",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "max_position_embeddings",
+        "vocab_size",
+        "pad_token_id",
+        "id2label",
+        "label2id",
+    )
     config = {k: config[k] for k in keep if k in config}
-    config["portcullis"] = {"name": "portcullis-guard-minilm-pi", "max_length": max_length,
-                            "malicious_labels": ["INJECTION"]}
+    config["portcullis"] = {
+        "name": "portcullis-guard-minilm-pi",
+        "max_length": max_length,
+        "malicious_labels": ["INJECTION"],
+    }
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -73,8 +92,13 @@ def validate(out: Path, caps: dict[str, float]) -> dict:
         idx = [i for i, r in enumerate(rows) if r["source"] == source]
         groups[source] = ([rows[i]["label"] for i in idx], [scores[i] for i in idx])
     threshold = choose_threshold(groups, caps)
-    report = {"model": "model_int8.onnx", "threshold": threshold, "fpr_caps": caps,
-              "seconds": round(elapsed, 1), "sources": {}}
+    report = {
+        "model": "model_int8.onnx",
+        "threshold": threshold,
+        "fpr_caps": caps,
+        "seconds": round(elapsed, 1),
+        "sources": {},
+    }
     for source, (labels, s) in groups.items():
         report["sources"][source] = {"at_threshold": metrics(labels, s, threshold), "at_0.5": metrics(labels, s)}
     report["all"] = metrics([r["label"] for r in rows], scores, threshold)

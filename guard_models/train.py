@@ -48,8 +48,9 @@ def load_split(split: str, data: Path = DATA) -> list[dict]:
     return rows
 
 
-def synthesize_long(rows: list[dict], n: int, rng: random.Random, min_chars: int = 150,
-                    max_chars: int = 300) -> list[dict]:
+def synthesize_long(
+    rows: list[dict], n: int, rng: random.Random, min_chars: int = 150, max_chars: int = 300
+) -> list[dict]:
     """Long inputs from train rows: benign filler (+ an injection at the end, sometimes the start or middle)."""
     benign = [r["text"] for r in rows if r["label"] == 0 and len(r["text"]) < 120]
     attacks = [r["text"] for r in rows if r["label"] == 1 and len(r["text"]) < 160]
@@ -77,7 +78,7 @@ def benign_fragments(rows: list[dict], n: int, rng: random.Random) -> list[dict]
     out = []
     for _ in range(n):
         words = rng.choice(benign).split()
-        out.append({"text": " ".join(words[:rng.randint(1, 4)]), "label": 0, "source": "fragment"})
+        out.append({"text": " ".join(words[: rng.randint(1, 4)]), "label": 0, "source": "fragment"})
     return out
 
 
@@ -88,8 +89,8 @@ def batches(encoded: list[tuple[list[int], int]], batch_size: int, rng: random.R
     chunk = batch_size * 50
     out = []
     for c in range(0, len(idx), chunk):
-        part = sorted(idx[c:c + chunk], key=lambda i: len(encoded[i][0]))
-        out += [part[b:b + batch_size] for b in range(0, len(part), batch_size)]
+        part = sorted(idx[c : c + chunk], key=lambda i: len(encoded[i][0]))
+        out += [part[b : b + batch_size] for b in range(0, len(part), batch_size)]
     rng.shuffle(out)
     return out
 
@@ -100,8 +101,8 @@ def collate(encoded, ids, torch):
     mask = torch.zeros((len(ids), width), dtype=torch.long)
     for row, i in enumerate(ids):
         toks = encoded[i][0]
-        input_ids[row, :len(toks)] = torch.tensor(toks)
-        mask[row, :len(toks)] = 1
+        input_ids[row, : len(toks)] = torch.tensor(toks)
+        mask[row, : len(toks)] = 1
     labels = torch.tensor([encoded[i][1] for i in ids])
     return input_ids, mask, labels
 
@@ -157,15 +158,18 @@ def main() -> None:
 
     enc_train, enc_val = encode(train), encode(val)
     model = BertForSequenceClassification.from_pretrained(
-        str(args.init or base), num_labels=2, id2label=LABELS, label2id={v: k for k, v in LABELS.items()},
-        attn_implementation="eager")
+        str(args.init or base),
+        num_labels=2,
+        id2label=LABELS,
+        label2id={v: k for k, v in LABELS.items()},
+        attn_implementation="eager",
+    )
     if args.layers < model.config.num_hidden_layers:  # keep the bottom layers: half the cost on this CPU
-        model.bert.encoder.layer = model.bert.encoder.layer[:args.layers]
+        model.bert.encoder.layer = model.bert.encoder.layer[: args.layers]
         model.config.num_hidden_layers = args.layers
     no_decay = ("bias", "LayerNorm.weight")
     groups = [
-        {"params": [p for n, p in model.named_parameters() if not any(k in n for k in no_decay)],
-         "weight_decay": 0.01},
+        {"params": [p for n, p in model.named_parameters() if not any(k in n for k in no_decay)], "weight_decay": 0.01},
         {"params": [p for n, p in model.named_parameters() if any(k in n for k in no_decay)], "weight_decay": 0.0},
     ]
     opt = torch.optim.AdamW(groups, lr=args.lr)
@@ -173,7 +177,8 @@ def main() -> None:
     total = steps_per_epoch * args.epochs
     warmup = int(0.06 * total)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: s / max(1, warmup) if s < warmup else max(0.0, (total - s) / max(1, total - warmup)))
+        opt, lambda s: s / max(1, warmup) if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
+    )
 
     step = 0
     for epoch in range(1, args.epochs + 1):
@@ -190,8 +195,10 @@ def main() -> None:
             step += 1
             running += out.loss.item()
             if (b + 1) % 20 == 0:
-                say(f"epoch {epoch} step {b + 1}/{steps_per_epoch} loss {running / 20:.4f} "
-                    f"{(time.time() - started) / (b + 1):.2f}s/step")
+                say(
+                    f"epoch {epoch} step {b + 1}/{steps_per_epoch} loss {running / 20:.4f} "
+                    f"{(time.time() - started) / (b + 1):.2f}s/step"
+                )
                 running = 0.0
         scores = evaluate(model, enc_val, torch)
         report = {}
@@ -211,7 +218,7 @@ def evaluate(model, encoded, torch, batch_size: int = 64) -> list[float]:
     scores = [0.0] * len(encoded)
     with torch.no_grad():
         for b in range(0, len(order), batch_size):
-            ids = order[b:b + batch_size]
+            ids = order[b : b + batch_size]
             input_ids, mask, _ = collate(encoded, ids, torch)
             probs = torch.softmax(model(input_ids=input_ids, attention_mask=mask).logits, -1)[:, 1]
             for i, p in zip(ids, probs.tolist()):

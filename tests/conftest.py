@@ -47,8 +47,14 @@ class Process:
                 self.proc.wait()
 
 
-def spawn(cmd: list[str], port: int, log: Path, ready_path: str = "/healthz", timeout: float = 60.0,
-          env: dict[str, str] | None = None) -> Process:
+def spawn(
+    cmd: list[str],
+    port: int,
+    log: Path,
+    ready_path: str = "/healthz",
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+) -> Process:
     """Start `cmd` and wait until GET ready_path answers; fail with its output if it dies or never answers."""
     out = log.open("wb")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})})
@@ -96,8 +102,11 @@ def gateway(processes: list[Process], tmp_path: Path) -> Callable[..., Process]:
 
     def start(config: dict, env: dict[str, str] | None = None) -> Process:
         port, admin_port = free_port(), free_port()
-        config = {**config, "listen": {"host": "127.0.0.1", "port": port},
-                  "admin": {"port": admin_port, **config.get("admin", {})}}
+        config = {
+            **config,
+            "listen": {"host": "127.0.0.1", "port": port},
+            "admin": {"port": admin_port, **config.get("admin", {})},
+        }
         path = tmp_path / f"portcullis-{port}.yaml"
         path.write_text(yaml.safe_dump(config))
         cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)]
@@ -132,8 +141,22 @@ class RedisServer:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.directory)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.directory),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
@@ -166,11 +189,20 @@ def policy_dir(tmp_path: Path, rate_limits: list[dict], overlays: dict[str, list
     """Write a policy directory with a base policy (and tenant overlays); returns its path for the config."""
     directory = tmp_path / "policies"
     (directory / "tenants").mkdir(parents=True, exist_ok=True)
-    base = {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "test"},
-            "spec": {"rate_limits": rate_limits}}
+    base = {
+        "apiVersion": "portcullis.dev/v1",
+        "kind": "Policy",
+        "metadata": {"name": "test"},
+        "spec": {"rate_limits": rate_limits},
+    }
     (directory / "base.yaml").write_text(yaml.safe_dump(base))
     for tenant, rules in (overlays or {}).items():
-        overlay = {"apiVersion": "portcullis.dev/v1", "kind": "TenantPolicy", "metadata": {"name": tenant},
-                   "tenant": tenant, "spec": {"rate_limits": rules}}
+        overlay = {
+            "apiVersion": "portcullis.dev/v1",
+            "kind": "TenantPolicy",
+            "metadata": {"name": tenant},
+            "tenant": tenant,
+            "spec": {"rate_limits": rules},
+        }
         (directory / "tenants" / f"{tenant}.yaml").write_text(yaml.safe_dump(overlay))
     return str(directory)

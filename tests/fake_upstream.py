@@ -40,23 +40,31 @@ def build(name: str, fail_status: int | None) -> Starlette:
         stats.last_body = body
         fake = body.get("fake") or {}
         if fail_status:
-            return JSONResponse({"error": {"message": f"{name} forced failure", "type": "server_error",
-                                           "code": None, "param": None}}, status_code=fail_status)
+            return JSONResponse(
+                {"error": {"message": f"{name} forced failure", "type": "server_error", "code": None, "param": None}},
+                status_code=fail_status,
+            )
         await asyncio.sleep(fake.get("header_delay", 0))
         chat = request.url.path.endswith("/chat/completions")
         words = [f"w{i} " for i in range(fake.get("chunks", 3))]
         usage = {"prompt_tokens": 7, "completion_tokens": len(words), "total_tokens": 7 + len(words)}
-        base = {"id": f"cmpl-{name}", "created": int(time.time()), "model": body.get("model"),
-                "system_fingerprint": name}
+        base = {
+            "id": f"cmpl-{name}",
+            "created": int(time.time()),
+            "model": body.get("model"),
+            "system_fingerprint": name,
+        }
         if not body.get("stream"):
             text = "".join(words)
-            choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
-                      if chat else {"index": 0, "text": text, "finish_reason": "stop", "logprobs": None})
+            choice = (
+                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                if chat
+                else {"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}
+            )
             obj = "chat.completion" if chat else "text_completion"
             return JSONResponse({**base, "object": obj, "choices": [choice], "usage": usage})
         include_usage = (body.get("stream_options") or {}).get("include_usage")
-        return StreamingResponse(stream(base, chat, words, fake, include_usage, usage),
-                                 media_type="text/event-stream")
+        return StreamingResponse(stream(base, chat, words, fake, include_usage, usage), media_type="text/event-stream")
 
     async def stream(base: dict, chat: bool, words: list[str], fake: dict, include_usage: bool, usage: dict):
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -78,18 +86,21 @@ def build(name: str, fail_status: int | None) -> Starlette:
             raise
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": f"{name}-model", "object": "model", "created": 0,
-                                                         "owned_by": name}]})
+        return JSONResponse(
+            {"object": "list", "data": [{"id": f"{name}-model", "object": "model", "created": 0, "owned_by": name}]}
+        )
 
     async def get_stats(request: Request) -> Response:
         return JSONResponse(vars(stats))
 
-    return Starlette(routes=[
-        Route("/v1/chat/completions", completions, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/models", models),
-        Route("/_stats", get_stats),
-    ])
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/models", models),
+            Route("/_stats", get_stats),
+        ]
+    )
 
 
 def main() -> None:

@@ -25,11 +25,13 @@ def _raise(msg: str) -> None:
 
 class ChatTemplate:
     def __init__(self, source: str | None, bos_token: str = "", eos_token: str = ""):
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.globals["raise_exception"] = _raise
         env.filters["tojson"] = lambda v, indent=None, ensure_ascii=False, **_: json.dumps(
-            v, indent=indent, ensure_ascii=ensure_ascii)
+            v, indent=indent, ensure_ascii=ensure_ascii
+        )
         self.source = source or CHATML
         self.template = env.from_string(self.source)
         self.bos_token = bos_token
@@ -37,8 +39,13 @@ class ChatTemplate:
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any) -> str:
         try:
-            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                        bos_token=self.bos_token, eos_token=self.eos_token, **extra)
+            return self.template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+                **extra,
+            )
         except ChatTemplateError:
             raise
         except TemplateError as e:

@@ -74,21 +74,43 @@ def _graph(w: BlockQuantized) -> bytes:
         return helper.make_tensor(name, kind, array.shape, np.ascontiguousarray(array).tobytes(), raw=True)
 
     inits = [const("codes", codes, TensorProto.UINT8), const("scale", w.scale.reshape(-1), TensorProto.FLOAT)]
-    nodes = [helper.make_node("MatMulNBits", ["x", "codes", "scale"], ["y" if w.offset is None else "y_q"],
-                              domain="com.microsoft", K=cols, N=rows, bits=w.bits, block_size=BLOCK,
-                              accuracy_level=_ACCURACY_INT8)]
+    nodes = [
+        helper.make_node(
+            "MatMulNBits",
+            ["x", "codes", "scale"],
+            ["y" if w.offset is None else "y_q"],
+            domain="com.microsoft",
+            K=cols,
+            N=rows,
+            bits=w.bits,
+            block_size=BLOCK,
+            accuracy_level=_ACCURACY_INT8,
+        )
+    ]
     if w.offset is not None:
-        inits += [const("offset", w.offset.T, TensorProto.FLOAT),  # [blocks, out]
-                  const("blocked", np.array([0, nb, BLOCK], np.int64), TensorProto.INT64),
-                  const("last", np.array([2], np.int64), TensorProto.INT64)]
-        nodes += [helper.make_node("Reshape", ["x", "blocked"], ["x_blocks"]),
-                  helper.make_node("ReduceSum", ["x_blocks", "last"], ["x_sums"], keepdims=0),
-                  helper.make_node("MatMul", ["x_sums", "offset"], ["y_offset"]),
-                  helper.make_node("Add", ["y_q", "y_offset"], ["y"])]
-    graph = helper.make_graph(nodes, "int8_matmul", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", cols])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", rows])], inits)
-    model = helper.make_model(graph, ir_version=9,  # what onnxruntime >= 1.15 reads, whatever `onnx` writes
-                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+        inits += [
+            const("offset", w.offset.T, TensorProto.FLOAT),  # [blocks, out]
+            const("blocked", np.array([0, nb, BLOCK], np.int64), TensorProto.INT64),
+            const("last", np.array([2], np.int64), TensorProto.INT64),
+        ]
+        nodes += [
+            helper.make_node("Reshape", ["x", "blocked"], ["x_blocks"]),
+            helper.make_node("ReduceSum", ["x_blocks", "last"], ["x_sums"], keepdims=0),
+            helper.make_node("MatMul", ["x_sums", "offset"], ["y_offset"]),
+            helper.make_node("Add", ["y_q", "y_offset"], ["y"]),
+        ]
+    graph = helper.make_graph(
+        nodes,
+        "int8_matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", cols])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", rows])],
+        inits,
+    )
+    model = helper.make_model(
+        graph,
+        ir_version=9,  # what onnxruntime >= 1.15 reads, whatever `onnx` writes
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+    )
     return model.SerializeToString()
 
 

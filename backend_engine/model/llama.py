@@ -39,37 +39,38 @@ class LlamaConfig:
 
 @dataclass
 class LayerWeights:
-    attn_norm: Any      # [H]
-    wqkv: Any           # [H, (nh + 2*nkv) * hd]
-    wo: Any             # [nh*hd, H]
-    ffn_norm: Any       # [H]
-    w_gate_up: Any      # [H, 2*I]
-    w_down: Any         # [I, H]
+    attn_norm: Any  # [H]
+    wqkv: Any  # [H, (nh + 2*nkv) * hd]
+    wo: Any  # [nh*hd, H]
+    ffn_norm: Any  # [H]
+    w_gate_up: Any  # [H, 2*I]
+    w_down: Any  # [I, H]
 
 
 @dataclass
 class LlamaWeights:
-    embed: Any          # [V, H] (float32: rows are looked up, not multiplied)
+    embed: Any  # [V, H] (float32: rows are looked up, not multiplied)
     layers: list[LayerWeights]
-    final_norm: Any     # [H]
-    lm_head: Any        # [H, V]
+    final_norm: Any  # [H]
+    lm_head: Any  # [H, V]
 
 
 @dataclass
 class PrefillSpan:
     """One sequence's chunk of >1 new tokens inside the flat batch."""
-    start: int            # first row in the flat batch
-    num_tokens: int       # rows in this chunk
-    context_len: int      # tokens in the KV cache after this chunk (cached + computed + new)
+
+    start: int  # first row in the flat batch
+    num_tokens: int  # rows in this chunk
+    context_len: int  # tokens in the KV cache after this chunk (cached + computed + new)
     block_table: np.ndarray
 
 
 @dataclass
 class ForwardBatch:
-    input_ids: np.ndarray          # [T] token ids
-    positions: np.ndarray          # [T]
-    slot_mapping: np.ndarray       # [T] flat KV slot = block * block_size + offset
-    num_decodes: int               # rows [0, num_decodes) are single-token sequences
+    input_ids: np.ndarray  # [T] token ids
+    positions: np.ndarray  # [T]
+    slot_mapping: np.ndarray  # [T] flat KV slot = block * block_size + offset
+    num_decodes: int  # rows [0, num_decodes) are single-token sequences
     decode_block_tables: np.ndarray  # [D, max_blocks] (padded)
     decode_context_lens: np.ndarray  # [D]
     prefills: list[PrefillSpan] = field(default_factory=list)
@@ -96,14 +97,16 @@ def hf_tensors_to_weights(cfg: LlamaConfig, t: dict[str, Any], be: ArrayBackend)
     layers = []
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        layers.append(LayerWeights(
-            attn_norm=be.asarray(t.pop(p + "input_layernorm.weight"), np.float32),
-            wqkv=_matrix([t.pop(p + f"self_attn.{n}_proj.weight") for n in "qkv"], be),
-            wo=_matrix([t.pop(p + "self_attn.o_proj.weight")], be),
-            ffn_norm=be.asarray(t.pop(p + "post_attention_layernorm.weight"), np.float32),
-            w_gate_up=_matrix([t.pop(p + "mlp.gate_proj.weight"), t.pop(p + "mlp.up_proj.weight")], be),
-            w_down=_matrix([t.pop(p + "mlp.down_proj.weight")], be),
-        ))
+        layers.append(
+            LayerWeights(
+                attn_norm=be.asarray(t.pop(p + "input_layernorm.weight"), np.float32),
+                wqkv=_matrix([t.pop(p + f"self_attn.{n}_proj.weight") for n in "qkv"], be),
+                wo=_matrix([t.pop(p + "self_attn.o_proj.weight")], be),
+                ffn_norm=be.asarray(t.pop(p + "post_attention_layernorm.weight"), np.float32),
+                w_gate_up=_matrix([t.pop(p + "mlp.gate_proj.weight"), t.pop(p + "mlp.up_proj.weight")], be),
+                w_down=_matrix([t.pop(p + "mlp.down_proj.weight")], be),
+            )
+        )
     embed = t.pop("model.embed_tokens.weight")
     head = t.pop("lm_head.weight", None)
     return LlamaWeights(
@@ -208,19 +211,20 @@ class LlamaModel:
             x = self._rms(h, lw.attn_norm)
             qkv = self._mm(x, lw.wqkv)
             qk = self._rope(qkv[:, : (nh + nkv) * hd].reshape(T, nh + nkv, hd), cos, sin)
-            q = qk[:, :nh]                                   # [T, nh, hd]
-            k = qk[:, nh:]                                   # [T, nkv, hd]
-            v = qkv[:, (nh + nkv) * hd:].reshape(T, nkv, hd)
+            q = qk[:, :nh]  # [T, nh, hd]
+            k = qk[:, nh:]  # [T, nkv, hd]
+            v = qkv[:, (nh + nkv) * hd :].reshape(T, nkv, hd)
             cache = kv_cache[li]
-            flat = cache.reshape(2, nkv, -1, hd)             # [2, nkv, num_blocks * bs, hd] view
+            flat = cache.reshape(2, nkv, -1, hd)  # [2, nkv, num_blocks * bs, hd] view
             flat[0][:, slots_d] = k.transpose(1, 0, 2).astype(cache.dtype, copy=False)
             flat[1][:, slots_d] = v.transpose(1, 0, 2).astype(cache.dtype, copy=False)
             attn = xp.empty((T, nh * hd), dtype=xp.float32)
             if D:
                 attn[:D] = self._decode_attention(q[:D], cache, dec)
             for sp in batch.prefills:
-                attn[sp.start:sp.start + sp.num_tokens] = self._prefill_attention(
-                    q[sp.start:sp.start + sp.num_tokens], cache, sp)
+                attn[sp.start : sp.start + sp.num_tokens] = self._prefill_attention(
+                    q[sp.start : sp.start + sp.num_tokens], cache, sp
+                )
             h += self._mm(attn, lw.wo)
             x = self._rms(h, lw.ffn_norm)
             gu = self._mm(x, lw.w_gate_up)
@@ -240,7 +244,9 @@ class LlamaModel:
         bt = batch.decode_block_tables
         L = bt.shape[1] * self._block_size
         mask = np.arange(L)[None, :] >= np.asarray(batch.decode_context_lens)[:, None]  # [D, L]
-        bias = self.be.asarray(np.where(mask, np.float32(-1e30), np.float32(0)))[None, :, None, :] if mask.any() else None
+        bias = (
+            self.be.asarray(np.where(mask, np.float32(-1e30), np.float32(0)))[None, :, None, :] if mask.any() else None
+        )
         return self.be.asarray(bt.astype(np.int64)), bias
 
     def _decode_attention(self, q: Any, cache: Any, plan: tuple) -> Any:
@@ -249,7 +255,7 @@ class LlamaModel:
         bt, bias = plan
         D = q.shape[0]
         nkv, g, hd = c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim
-        kv = xp.take(cache, bt, axis=2)                      # [2, nkv, D, nb, bs, hd]
+        kv = xp.take(cache, bt, axis=2)  # [2, nkv, D, nb, bs, hd]
         L = kv.shape[3] * kv.shape[4]
         kv = kv.reshape(2, nkv, D, L, hd)
         qh = q.reshape(D, nkv, g, hd).transpose(1, 0, 2, 3)  # [nkv, D, g, hd]
@@ -275,14 +281,14 @@ class LlamaModel:
         kv = xp.take(cache, be.asarray(sp.block_table[:nblk].astype(np.int64)), axis=2)
         kv = kv.reshape(2, nkv, nblk * bs, hd)[:, :, : sp.context_len]
         L = sp.context_len
-        qh = q.reshape(n, nkv, g, hd).transpose(1, 2, 0, 3)    # [nkv, g, n, hd]
+        qh = q.reshape(n, nkv, g, hd).transpose(1, 2, 0, 3)  # [nkv, g, n, hd]
         if qh.dtype != kv.dtype:
             qh = qh.astype(kv.dtype)
         # in place from here on: at 512 x 1,000 the scores are 18 MB a layer, and copies cost more than math
         s = (qh @ kv[0][:, None].transpose(0, 1, 3, 2)).astype(xp.float32, copy=False)  # [nkv, g, n, L]
         s *= self.scale
         p0 = L - n
-        causal = np.arange(L)[None, :] > (p0 + np.arange(n))[:, None]          # [n, L]
+        causal = np.arange(L)[None, :] > (p0 + np.arange(n))[:, None]  # [n, L]
         if causal.any():
             s += be.asarray(np.where(causal, np.float32(-1e30), np.float32(0)))
         s -= s.max(axis=-1, keepdims=True)

@@ -26,9 +26,9 @@ SUPPORTED = ("Q4_0", "Q4_1", "Q8_0")
 class BlockQuantized:
     """A matrix [out, in] in blocks of 32 along `in`."""
 
-    bits: int                  # 4 or 8
-    codes: np.ndarray          # uint8 [out, in], each < 2**bits
-    scale: np.ndarray          # float32 [out, in / 32]
+    bits: int  # 4 or 8
+    codes: np.ndarray  # uint8 [out, in], each < 2**bits
+    scale: np.ndarray  # float32 [out, in / 32]
     offset: np.ndarray | None  # float32 [out, in / 32], or None when every offset is 0
 
     @property
@@ -48,8 +48,9 @@ class BlockQuantized:
         return w.reshape(rows, cols)
 
     def take_rows(self, order: np.ndarray) -> BlockQuantized:
-        return BlockQuantized(self.bits, self.codes[order], self.scale[order],
-                              None if self.offset is None else self.offset[order])
+        return BlockQuantized(
+            self.bits, self.codes[order], self.scale[order], None if self.offset is None else self.offset[order]
+        )
 
     @staticmethod
     def stack_rows(parts: list[BlockQuantized]) -> BlockQuantized | None:
@@ -60,8 +61,9 @@ class BlockQuantized:
             offset = None
         else:
             offset = np.concatenate([p.offset if p.offset is not None else np.zeros_like(p.scale) for p in parts])
-        return BlockQuantized(parts[0].bits, np.concatenate([p.codes for p in parts]),
-                              np.concatenate([p.scale for p in parts]), offset)
+        return BlockQuantized(
+            parts[0].bits, np.concatenate([p.codes for p in parts]), np.concatenate([p.scale for p in parts]), offset
+        )
 
 
 def from_gguf(raw: np.ndarray, kind: str, rows: int, cols: int) -> BlockQuantized:

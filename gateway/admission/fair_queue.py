@@ -41,8 +41,9 @@ class FairQueue:
     def charge(self, tenant: str, prompt_tokens: int, output_tokens: int) -> None:
         self.counters[tenant] = self.counters.get(tenant, 0.0) + prompt_tokens + OUTPUT_WEIGHT * output_tokens
 
-    async def admit(self, tenant: str, prompt_tokens: int, max_tokens: int, take: Callable[[], bool],
-                    timeout: float) -> float:
+    async def admit(
+        self, tenant: str, prompt_tokens: int, max_tokens: int, take: Callable[[], bool], timeout: float
+    ) -> float:
         """Return once admitted (charging the tenant); the seconds spent waiting. Raises 429/503 when shed.
 
         `take()` checks for capacity and, if there is some, claims it in the same call: dispatch admits several
@@ -58,9 +59,13 @@ class FairQueue:
             await asyncio.wait_for(asyncio.shield(waiter.granted), timeout)
         except asyncio.TimeoutError:
             self._discard(waiter)
-            raise GatewayError(503, f"no capacity freed within the {timeout:g}s queue deadline",
-                               type="server_error", code="cluster_saturated",
-                               headers={"retry-after": str(max(1, round(timeout / 4)))}) from None
+            raise GatewayError(
+                503,
+                f"no capacity freed within the {timeout:g}s queue deadline",
+                type="server_error",
+                code="cluster_saturated",
+                headers={"retry-after": str(max(1, round(timeout / 4)))},
+            ) from None
         except asyncio.CancelledError:  # the client left while queued
             if not waiter.granted.done():
                 self._discard(waiter)
@@ -95,20 +100,32 @@ class FairQueue:
         tenants = set(self._backlog) | {newcomer.tenant}
         share = self.max_queue / len(tenants)
         if len(self._backlog.get(newcomer.tenant, ())) >= share:
-            raise GatewayError(429, f"tenant {newcomer.tenant!r} already holds its share of the admission queue",
-                               type="requests", code="tenant_queue_share_exceeded", headers={"retry-after": "1"})
+            raise GatewayError(
+                429,
+                f"tenant {newcomer.tenant!r} already holds its share of the admission queue",
+                type="requests",
+                code="tenant_queue_share_exceeded",
+                headers={"retry-after": "1"},
+            )
         # someone else is over their share: drop their newest waiter to make room
         hog = max(self._backlog, key=lambda t: len(self._backlog[t]))
         if len(self._backlog[hog]) > share:
             victim = self._backlog[hog].pop()
             if not self._backlog[hog]:
                 del self._backlog[hog]
-            victim.granted.set_exception(GatewayError(
-                429, f"tenant {hog!r} exceeded its share of the admission queue", type="requests",
-                code="tenant_queue_share_exceeded", headers={"retry-after": "1"}))
+            victim.granted.set_exception(
+                GatewayError(
+                    429,
+                    f"tenant {hog!r} exceeded its share of the admission queue",
+                    type="requests",
+                    code="tenant_queue_share_exceeded",
+                    headers={"retry-after": "1"},
+                )
+            )
             return
-        raise GatewayError(503, "admission queue full", type="server_error", code="cluster_saturated",
-                           headers={"retry-after": "1"})
+        raise GatewayError(
+            503, "admission queue full", type="server_error", code="cluster_saturated", headers={"retry-after": "1"}
+        )
 
     def _discard(self, waiter: Waiter) -> None:
         queue = self._backlog.get(waiter.tenant)

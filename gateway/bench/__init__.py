@@ -28,10 +28,18 @@ from typing import Any
 
 # Lazy, so mounting the CLI (`portcullis serve` too) imports neither numpy nor matplotlib.
 _EXPORTS = {
-    "BenchConfig": "runner", "run_benchmark": "runner", "run_benchmark_async": "runner",
-    "format_table": "report", "plot_ttft": "report",
-    "RequestResult": "metrics", "oracle_hit_rate": "metrics", "oracle_hits": "metrics", "summarize": "metrics",
-    "PlannedRequest": "workload", "WorkloadSpec": "workload", "build_plan": "workload",
+    "BenchConfig": "runner",
+    "run_benchmark": "runner",
+    "run_benchmark_async": "runner",
+    "format_table": "report",
+    "plot_ttft": "report",
+    "RequestResult": "metrics",
+    "oracle_hit_rate": "metrics",
+    "oracle_hits": "metrics",
+    "summarize": "metrics",
+    "PlannedRequest": "workload",
+    "WorkloadSpec": "workload",
+    "build_plan": "workload",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -32,8 +32,9 @@ def _error_text(body: bytes) -> str:
     return body[:200].decode("utf-8", "replace")
 
 
-async def stream_chat(client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str],
-                      result: RequestResult, t0: float) -> None:
+async def stream_chat(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str], result: RequestResult, t0: float
+) -> None:
     """Send `body` (stream on) and fill `result`; `t0` is the benchmark's perf_counter origin."""
     start = time.perf_counter()
     result.start_s = start - t0

@@ -27,7 +27,7 @@ class RequestResult:
     tenant: int
     conversation: int
     turn: int
-    start_s: float = 0.0              # send time, seconds after the benchmark started
+    start_s: float = 0.0  # send time, seconds after the benchmark started
     success: bool = False
     status: int | None = None
     error: str | None = None
@@ -35,13 +35,13 @@ class RequestResult:
     ttft_s: float | None = None
     e2el_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
-    chunks: int = 0                   # chunks that carried output text
+    chunks: int = 0  # chunks that carried output text
     text: str = ""
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     replica: str | None = None
-    oracle_prompt_tokens: int | None = None   # with a tokenizer: the prompt as tokenized for the oracle
+    oracle_prompt_tokens: int | None = None  # with a tokenizer: the prompt as tokenized for the oracle
     oracle_cached_tokens: int | None = None
 
     @property
@@ -57,15 +57,26 @@ class RequestResult:
         return (self.e2el_s - self.ttft_s) / (n - 1) if n > 1 else 0.0
 
     def to_json(self) -> dict:
-        ms = (lambda v: None if v is None else round(v * 1000, 3))
+        ms = lambda v: None if v is None else round(v * 1000, 3)
         return {
-            "index": self.index, "tenant": self.tenant, "conversation": self.conversation, "turn": self.turn,
-            "start_s": round(self.start_s, 6), "success": self.success, "status": self.status,
-            "error": self.error, "cancelled": self.cancelled, "ttft_ms": ms(self.ttft_s),
-            "tpot_ms": ms(self.tpot_s) if self.success else None, "e2el_ms": ms(self.e2el_s),
-            "output_tokens": self.output_tokens, "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens, "replica": self.replica,
-            "oracle_prompt_tokens": self.oracle_prompt_tokens, "oracle_cached_tokens": self.oracle_cached_tokens,
+            "index": self.index,
+            "tenant": self.tenant,
+            "conversation": self.conversation,
+            "turn": self.turn,
+            "start_s": round(self.start_s, 6),
+            "success": self.success,
+            "status": self.status,
+            "error": self.error,
+            "cancelled": self.cancelled,
+            "ttft_ms": ms(self.ttft_s),
+            "tpot_ms": ms(self.tpot_s) if self.success else None,
+            "e2el_ms": ms(self.e2el_s),
+            "output_tokens": self.output_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "replica": self.replica,
+            "oracle_prompt_tokens": self.oracle_prompt_tokens,
+            "oracle_cached_tokens": self.oracle_cached_tokens,
         }
 
 
@@ -104,14 +115,23 @@ def per_tenant(results: Sequence[RequestResult]) -> dict[str, dict]:
         rows = [r for r in results if r.tenant == tenant and not r.cancelled]
         ok = [r for r in rows if r.success]
         ttft = stats_ms(r.ttft_s for r in ok if r.ttft_s is not None)
-        out[str(tenant)] = {"requests": len(rows), "completed": len(ok), "failed": len(rows) - len(ok),
-                            "ttft_p50_ms": ttft["p50"], "ttft_p99_ms": ttft["p99"],
-                            "measured_hit_rate": measured_hit_rate(ok)[0]}
+        out[str(tenant)] = {
+            "requests": len(rows),
+            "completed": len(ok),
+            "failed": len(rows) - len(ok),
+            "ttft_p50_ms": ttft["p50"],
+            "ttft_p99_ms": ttft["p99"],
+            "measured_hit_rate": measured_hit_rate(ok)[0],
+        }
     return out
 
 
-def summarize(results: Sequence[RequestResult], duration_s: float, slo_ttft_ms: float | None = None,
-              slo_tpot_ms: float | None = None) -> dict:
+def summarize(
+    results: Sequence[RequestResult],
+    duration_s: float,
+    slo_ttft_ms: float | None = None,
+    slo_tpot_ms: float | None = None,
+) -> dict:
     ok = [r for r in results if r.success]
     failed = [r for r in results if not r.success and not r.cancelled]
     cancelled = [r for r in results if r.cancelled]
@@ -120,9 +140,12 @@ def summarize(results: Sequence[RequestResult], duration_s: float, slo_ttft_ms: 
     duration = max(duration_s, 1e-9)
     summary = {
         "duration_s": duration_s,
-        "completed": len(ok), "failed": len(failed), "cancelled": len(cancelled),
+        "completed": len(ok),
+        "failed": len(failed),
+        "cancelled": len(cancelled),
         "errors": dict(Counter(r.error or f"status {r.status}" for r in failed).most_common(10)),
-        "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
+        "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens,
         "request_throughput": len(ok) / duration,
         "output_throughput": out_tokens / duration,
         "total_token_throughput": (in_tokens + out_tokens) / duration,
@@ -137,7 +160,9 @@ def summarize(results: Sequence[RequestResult], duration_s: float, slo_ttft_ms: 
     if slo_ttft_ms is not None or slo_tpot_ms is not None:
         good = sum(meets_slo(r, slo_ttft_ms, slo_tpot_ms) for r in results)
         summary["goodput"] = {
-            "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "good_requests": good,
+            "slo_ttft_ms": slo_ttft_ms,
+            "slo_tpot_ms": slo_tpot_ms,
+            "good_requests": good,
             "request_goodput": good / duration,
             "attainment": good / len(ok) if ok else None,
         }
@@ -152,8 +177,9 @@ def measured_hit_rate(results: Sequence[RequestResult]) -> tuple[float | None, i
     return (cached / prompt if prompt else None), cached, prompt
 
 
-def oracle_hits(prompts: Sequence[Sequence[int]], block_size: int = 16,
-                cached: Sequence[Sequence[int]] | None = None) -> list[int]:
+def oracle_hits(
+    prompts: Sequence[Sequence[int]], block_size: int = 16, cached: Sequence[Sequence[int]] | None = None
+) -> list[int]:
     """Per prompt, in order: tokens an ideal, unbounded prefix cache would serve from earlier prompts.
 
     That is the longest common prefix with any earlier prompt, in whole blocks, of the first len - 1 tokens (the
@@ -167,7 +193,7 @@ def oracle_hits(prompts: Sequence[Sequence[int]], block_size: int = 16,
         full = max(len(tokens) - 1, 0) // block_size
         node, hit = 0, 0
         for b in range(full):
-            child = trie.get((node, tuple(tokens[b * block_size:(b + 1) * block_size])))
+            child = trie.get((node, tuple(tokens[b * block_size : (b + 1) * block_size])))
             if child is None:
                 break
             hit, node = hit + block_size, child
@@ -175,7 +201,7 @@ def oracle_hits(prompts: Sequence[Sequence[int]], block_size: int = 16,
         stored = tokens if cached is None else cached[i]
         node = 0
         for b in range(len(stored) // block_size):
-            key = (node, tuple(stored[b * block_size:(b + 1) * block_size]))
+            key = (node, tuple(stored[b * block_size : (b + 1) * block_size]))
             node = trie.get(key) or trie.setdefault(key, len(trie) + 1)
     return hits
 

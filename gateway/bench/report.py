@@ -33,8 +33,11 @@ def _rows(result: Mapping[str, Any]) -> list[tuple[str, str]]:
             rows.append((f"{label} {stat} (ms)", _num(stats[stat])))
     goodput = result.get("goodput")
     if goodput:
-        slo = ", ".join(f"{name} <= {goodput[key]:g} ms" for key, name in
-                        (("slo_ttft_ms", "TTFT"), ("slo_tpot_ms", "TPOT")) if goodput[key] is not None)
+        slo = ", ".join(
+            f"{name} <= {goodput[key]:g} ms"
+            for key, name in (("slo_ttft_ms", "TTFT"), ("slo_tpot_ms", "TPOT"))
+            if goodput[key] is not None
+        )
         rows.append((f"Goodput (req/s) [{slo}]", _num(goodput["request_goodput"])))
         rows.append(("SLO attainment", _pct(goodput["attainment"])))
     cache = result["prefix_cache"]
@@ -44,8 +47,12 @@ def _rows(result: Mapping[str, Any]) -> list[tuple[str, str]]:
     tenants = result.get("per_tenant") or {}
     if 1 < len(tenants) <= 16:
         for tenant, row in tenants.items():
-            rows.append((f"Tenant {tenant}: requests, TTFT p50/p99 (ms)",
-                         f"{row['requests']}, {_num(row['ttft_p50_ms'], '{:.0f}')}/{_num(row['ttft_p99_ms'], '{:.0f}')}"))
+            rows.append(
+                (
+                    f"Tenant {tenant}: requests, TTFT p50/p99 (ms)",
+                    f"{row['requests']}, {_num(row['ttft_p50_ms'], '{:.0f}')}/{_num(row['ttft_p99_ms'], '{:.0f}')}",
+                )
+            )
     share = result.get("replica_share")
     if share:
         for name, row in share.items():
@@ -67,8 +74,9 @@ def format_table(results: Mapping[str, Mapping[str, Any]]) -> str:
     head = " " * label_width + "  " + "  ".join(n.rjust(w) for n, w in zip(names, widths))
     lines = [head, "-" * len(head)]
     for lab in labels:
-        lines.append(lab.ljust(label_width) + "  "
-                     + "  ".join(per_run[n].get(lab, "").rjust(w) for n, w in zip(names, widths)))
+        lines.append(
+            lab.ljust(label_width) + "  " + "  ".join(per_run[n].get(lab, "").rjust(w) for n, w in zip(names, widths))
+        )
     errors = {name: r.get("errors") for name, r in results.items() if r.get("errors")}
     for name, errs in errors.items():
         lines.append(f"[{name}] errors: " + "; ".join(f"{count}x {msg}" for msg, count in errs.items()))
@@ -83,12 +91,17 @@ def plot_ttft(results: Mapping[str, Mapping[str, Any]], path: str | Path) -> Pat
     import matplotlib.pyplot as plt
     import numpy as np
 
-    series = {name: np.array([row["ttft_ms"] for row in r.get("requests", [])
-                              if row.get("success") and row.get("ttft_ms") is not None], dtype=float)
-              for name, r in results.items()}
+    series = {
+        name: np.array(
+            [row["ttft_ms"] for row in r.get("requests", []) if row.get("success") and row.get("ttft_ms") is not None],
+            dtype=float,
+        )
+        for name, r in results.items()
+    }
     fig, (cdf, box) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [2, 1]})
     label: Callable[[str, np.ndarray], str] = lambda n, v: (
-        f"{n} (p50 {np.percentile(v, 50):.0f}, p99 {np.percentile(v, 99):.0f} ms)" if v.size else f"{n} (no data)")
+        f"{n} (p50 {np.percentile(v, 50):.0f}, p99 {np.percentile(v, 99):.0f} ms)" if v.size else f"{n} (no data)"
+    )
     for name, values in series.items():
         xs = np.sort(values)
         cdf.step(xs, np.arange(1, xs.size + 1) / max(xs.size, 1), where="post", label=label(name, values))

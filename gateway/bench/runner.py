@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from gateway.bench.client import chat_url, stream_chat
-from gateway.bench.metrics import (RequestResult, measured_hit_rate, oracle_hits, summarize)
+from gateway.bench.metrics import RequestResult, measured_hit_rate, oracle_hits, summarize
 from gateway.bench.workload import PlannedRequest, WorkloadSpec, build_plan
 
 
@@ -27,21 +27,21 @@ class BenchConfig(WorkloadSpec):
     """
 
     base_url: str = "http://127.0.0.1:8080"
-    model: str | None = None              # None: the first id from GET /v1/models
+    model: str | None = None  # None: the first id from GET /v1/models
     name: str = "run"
-    concurrency: int | None = 16          # max requests in flight; None: unbounded (with a request_rate)
-    output_len: int = 32                  # max_tokens per request
+    concurrency: int | None = 16  # max requests in flight; None: unbounded (with a request_rate)
+    output_len: int = 32  # max_tokens per request
     temperature: float = 0.0
-    ignore_eos: bool = False              # send ignore_eos (vLLM / the bundled engine) so every output is full
-    api_keys: tuple[str, ...] = ()        # tenant i sends Bearer api_keys[i % len]; () sends none
+    ignore_eos: bool = False  # send ignore_eos (vLLM / the bundled engine) so every output is full
+    api_keys: tuple[str, ...] = ()  # tenant i sends Bearer api_keys[i % len]; () sends none
     extra_body: dict[str, Any] = field(default_factory=dict)  # merged into every request body
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
-    max_duration_s: float | None = None   # hard cap: stop dispatching and cancel what is in flight
+    max_duration_s: float | None = None  # hard cap: stop dispatching and cancel what is in flight
     request_timeout_s: float = 600.0
-    tokenizer: str | None = None          # "bundled" or a tokenizer.json path, for the oracle hit rate
-    block_size: int = 16                  # oracle granularity (the engine's KV block size)
-    keep_requests: bool = True            # per-request rows in the result
+    tokenizer: str | None = None  # "bundled" or a tokenizer.json path, for the oracle hit rate
+    block_size: int = 16  # oracle granularity (the engine's KV block size)
+    keep_requests: bool = True  # per-request rows in the result
     reset_prefix_cache: tuple[str, ...] = ()  # engine base URLs to POST /reset_prefix_cache to before the run
 
     def __post_init__(self) -> None:
@@ -69,8 +69,9 @@ def plan_fingerprint(plan: list[PlannedRequest]) -> str:
     return h.hexdigest()
 
 
-def conversation_messages(plan_by_turn: dict[tuple[int, int], PlannedRequest], replies: dict[tuple[int, int], str],
-                          p: PlannedRequest) -> list[dict[str, str]]:
+def conversation_messages(
+    plan_by_turn: dict[tuple[int, int], PlannedRequest], replies: dict[tuple[int, int], str], p: PlannedRequest
+) -> list[dict[str, str]]:
     """system + every earlier turn (user, the reply actually returned) + this turn's user message."""
     messages = [{"role": "system", "content": p.system}] if p.system is not None else []
     for t in range(p.turn):
@@ -122,8 +123,12 @@ async def run_benchmark_async(config: BenchConfig, *, transport: httpx.AsyncBase
     timeout = httpx.Timeout(config.request_timeout_s, connect=min(30.0, config.request_timeout_s))
     started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
-    async with httpx.AsyncClient(timeout=timeout, trust_env=False, transport=transport,
-                                 limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit)) as client:
+    async with httpx.AsyncClient(
+        timeout=timeout,
+        trust_env=False,
+        transport=transport,
+        limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
+    ) as client:
         resets = {engine: await _reset_prefix_cache(client, engine) for engine in config.reset_prefix_cache}
         model = config.model or await _first_model(client, url, headers_for(0))
         t0 = time.perf_counter()
@@ -136,8 +141,15 @@ async def run_benchmark_async(config: BenchConfig, *, transport: httpx.AsyncBase
                 if p.turn:
                     await finished[(p.conversation, p.turn - 1)].wait()
                 messages = sent_messages[p.index] = conversation_messages(plan_by_turn, replies, p)
-                body = {**config.extra_body, "model": model, "messages": messages, "max_tokens": config.output_len,
-                        "temperature": config.temperature, "stream": True, "stream_options": {"include_usage": True}}
+                body = {
+                    **config.extra_body,
+                    "model": model,
+                    "messages": messages,
+                    "max_tokens": config.output_len,
+                    "temperature": config.temperature,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
                 if config.ignore_eos:
                     body["ignore_eos"] = True
                 await stream_chat(client, url, body, headers_for(p.tenant), result, t0)
@@ -178,9 +190,16 @@ async def run_benchmark_async(config: BenchConfig, *, transport: httpx.AsyncBase
     ordered = [results[i] for i in sorted(results)]
     summary = summarize(ordered, duration, config.slo_ttft_ms, config.slo_tpot_ms)
     result = {
-        "name": config.name, "base_url": config.base_url, "model": model, "started_at": started_at,
-        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(config).items()
-                   if k != "api_keys"} | {"api_keys": len(config.api_keys)},
+        "name": config.name,
+        "base_url": config.base_url,
+        "model": model,
+        "started_at": started_at,
+        "config": {
+            k: (list(v) if isinstance(v, tuple) else v)
+            for k, v in dataclasses.asdict(config).items()
+            if k != "api_keys"
+        }
+        | {"api_keys": len(config.api_keys)},
         "reset_prefix_cache": resets or None,
         "plan": {"num_requests": len(plan), "sent": len(results), "fingerprint": plan_fingerprint(plan)},
         **summary,
@@ -191,12 +210,21 @@ async def run_benchmark_async(config: BenchConfig, *, transport: httpx.AsyncBase
     return result
 
 
-def _prefix_cache(config: BenchConfig, ordered: list[RequestResult],
-                  sent_messages: dict[int, list[dict[str, str]]]) -> dict:
+def _prefix_cache(
+    config: BenchConfig, ordered: list[RequestResult], sent_messages: dict[int, list[dict[str, str]]]
+) -> dict:
     measured, cached, prompt = measured_hit_rate(ordered)
-    out = {"measured_hit_rate": measured, "cached_tokens": cached, "prompt_tokens": prompt,
-           "oracle_hit_rate": None, "oracle_cached_tokens": None, "oracle_prompt_tokens": None,
-           "oracle_hit_rate_with_outputs": None, "tokenizer": config.tokenizer, "block_size": config.block_size}
+    out = {
+        "measured_hit_rate": measured,
+        "cached_tokens": cached,
+        "prompt_tokens": prompt,
+        "oracle_hit_rate": None,
+        "oracle_cached_tokens": None,
+        "oracle_prompt_tokens": None,
+        "oracle_hit_rate_with_outputs": None,
+        "tokenizer": config.tokenizer,
+        "block_size": config.block_size,
+    }
     if config.tokenizer:
         ok = sorted((r for r in ordered if r.success), key=lambda r: r.start_s)
         tok = _tokenizer(config.tokenizer)
@@ -205,11 +233,15 @@ def _prefix_cache(config: BenchConfig, ordered: list[RequestResult],
         for r, prompt, hit in zip(ok, prompts, hits):
             r.oracle_prompt_tokens, r.oracle_cached_tokens = len(prompt), hit
         total = sum(len(p) for p in prompts)
-        with_outputs = oracle_hits(prompts, config.block_size,
-                                   cached=[p + tok.encode_text(r.text) for p, r in zip(prompts, ok)])
-        out.update(oracle_hit_rate=sum(hits) / total if total else None, oracle_cached_tokens=sum(hits),
-                   oracle_prompt_tokens=total,
-                   oracle_hit_rate_with_outputs=sum(with_outputs) / total if total else None)
+        with_outputs = oracle_hits(
+            prompts, config.block_size, cached=[p + tok.encode_text(r.text) for p, r in zip(prompts, ok)]
+        )
+        out.update(
+            oracle_hit_rate=sum(hits) / total if total else None,
+            oracle_cached_tokens=sum(hits),
+            oracle_prompt_tokens=total,
+            oracle_hit_rate_with_outputs=sum(with_outputs) / total if total else None,
+        )
     return out
 
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-WORDS = tuple("""
+WORDS = tuple(
+    """
 time year people way day man thing woman life child world school state family student group country problem hand
 part place case week company system program question work government number night point home water room mother area
 money story fact month lot right study book eye job word business issue side kind head house service friend father
@@ -27,7 +28,8 @@ wife police mind price report decision son view relationship town road arm diffe
 season society tax director position player record paper space ground form event official matter center couple site
 project activity star table need court oil situation cost industry figure street image phase stock river garden
 bridge window forest stone cloud signal engine
-""".split())
+""".split()
+)
 
 WORKLOADS = ("random", "shared-prefix")
 
@@ -37,26 +39,31 @@ class WorkloadSpec:
     """What to generate; the CLI's workload options."""
 
     workload: str = "random"
-    num_requests: int | None = None     # default: 100 (random) or conversations x turns (shared-prefix)
+    num_requests: int | None = None  # default: 100 (random) or conversations x turns (shared-prefix)
     seed: int = 0
     # random
-    input_len: int = 256                # prompt tokens (approximately)
-    range_ratio: float = 0.0            # input length drawn uniformly from input_len * [1 - r, 1 + r]
+    input_len: int = 256  # prompt tokens (approximately)
+    range_ratio: float = 0.0  # input length drawn uniformly from input_len * [1 - r, 1 + r]
     # shared-prefix
     tenants: int = 8
-    system_prompt_len: int = 1000       # tokens per tenant system prompt
-    conversations: int = 32             # conversations in flight; a finished one is replaced by a new one
-    turns: int = 4                      # user turns per conversation
-    user_len: int = 64                  # tokens per user message
+    system_prompt_len: int = 1000  # tokens per tenant system prompt
+    conversations: int = 32  # conversations in flight; a finished one is replaced by a new one
+    turns: int = 4  # user turns per conversation
+    user_len: int = 64  # tokens per user message
     hot_tenant_share: float | None = None  # fraction of conversations that go to tenant 0 (None: round robin)
     # timing
-    request_rate: float | None = None   # Poisson arrivals, requests/s; None: all at t=0 (concurrency-bound)
+    request_rate: float | None = None  # Poisson arrivals, requests/s; None: all at t=0 (concurrency-bound)
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
             raise ValueError(f"unknown workload {self.workload!r}; choose from {', '.join(WORKLOADS)}")
-        positive = {"tenants": self.tenants, "conversations": self.conversations, "turns": self.turns,
-                    "input_len": self.input_len, "user_len": self.user_len}
+        positive = {
+            "tenants": self.tenants,
+            "conversations": self.conversations,
+            "turns": self.turns,
+            "input_len": self.input_len,
+            "user_len": self.user_len,
+        }
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -82,11 +89,11 @@ class WorkloadSpec:
 class PlannedRequest:
     """One request of the plan. Its messages are system (if any) + earlier turns with their replies + `user`."""
 
-    index: int              # position in the plan (dispatch order)
-    arrival_s: float        # earliest send time, seconds after the run starts
+    index: int  # position in the plan (dispatch order)
+    arrival_s: float  # earliest send time, seconds after the run starts
     tenant: int
     conversation: int
-    turn: int               # 0-based; turn > 0 waits for turn - 1 of the same conversation to finish
+    turn: int  # 0-based; turn > 0 waits for turn - 1 of the same conversation to finish
     system: str | None
     user: str
 
@@ -134,8 +141,7 @@ def _random_plan(spec: WorkloadSpec, n: int, arrivals: list[float]) -> list[Plan
         high = max(low, round(spec.input_len * (1 + spec.range_ratio)))
         length = rng.randint(low, high)
         # a per-request number first, so two random prompts never share a leading block by chance
-        plan.append(PlannedRequest(i, arrivals[i], i % spec.tenants, i, 0, None,
-                                   f"{i}: " + words(rng, length - 1)))
+        plan.append(PlannedRequest(i, arrivals[i], i % spec.tenants, i, 0, None, f"{i}: " + words(rng, length - 1)))
     return plan
 
 
@@ -143,8 +149,10 @@ def _shared_prefix_plan(spec: WorkloadSpec, n: int, arrivals: list[float]) -> li
     """`conversations` slots visited round robin in a seeded order; a conversation that has had all its turns is
     replaced in its slot by a new one, so consecutive turns of one conversation are `conversations` requests apart.
     """
-    systems = [system_prompt(spec.seed, t, spec.system_prompt_len) if spec.system_prompt_len else None
-               for t in range(spec.tenants)]
+    systems = [
+        system_prompt(spec.seed, t, spec.system_prompt_len) if spec.system_prompt_len else None
+        for t in range(spec.tenants)
+    ]
     tenant_rng = random.Random(f"portcullis-bench:{spec.seed}:tenants")
     next_id = 0
 

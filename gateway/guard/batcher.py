@@ -33,8 +33,14 @@ class BatchStats:
 
 
 class MicroBatcher:
-    def __init__(self, score: Callable[[list[list[int]]], np.ndarray], *, max_batch: int = 32,
-                 max_wait_us: int = 1000, on_batch: Callable[[int, int, float], None] | None = None) -> None:
+    def __init__(
+        self,
+        score: Callable[[list[list[int]]], np.ndarray],
+        *,
+        max_batch: int = 32,
+        max_wait_us: int = 1000,
+        on_batch: Callable[[int, int, float], None] | None = None,
+    ) -> None:
         self._score = score
         self.max_batch = max_batch
         self.max_wait = max_wait_us / 1e6
@@ -86,7 +92,7 @@ class MicroBatcher:
                         await asyncio.wait_for(self._wakeup.wait(), left)
                     except TimeoutError:
                         break
-            taken, self._queue = self._queue[:self.max_batch], self._queue[self.max_batch:]
+            taken, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
             if not self._queue:
                 self._wakeup.clear()
             taken = [i for i in taken if not i.future.done()]  # a cancelled request's windows are skipped

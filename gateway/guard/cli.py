@@ -56,10 +56,17 @@ def _setup(args: argparse.Namespace):
         except PolicyError as exc:
             raise SystemExit(f"portcullis guard: {exc}")
     runtime = spec.runtime
-    model = load_model(args.model or runtime.model, device=args.device or runtime.device,
-                       precision=runtime.precision, threads=runtime.threads)
-    threshold = args.threshold if args.threshold is not None else (
-        spec.injection.threshold if spec.injection.threshold is not None else (model.threshold or 0.5))
+    model = load_model(
+        args.model or runtime.model,
+        device=args.device or runtime.device,
+        precision=runtime.precision,
+        threads=runtime.threads,
+    )
+    threshold = (
+        args.threshold
+        if args.threshold is not None
+        else (spec.injection.threshold if spec.injection.threshold is not None else (model.threshold or 0.5))
+    )
     return model, spec.injection, threshold
 
 
@@ -97,7 +104,7 @@ def _scored(args: argparse.Namespace, rows: list[dict]) -> tuple[list[float], fl
     texts = [row[args.text_column] for row in rows]
     scores: list[float] = []
     for start in range(0, len(texts), 256):
-        scores += model.score_texts(texts[start:start + 256], policy.window, policy.overlap, args.batch_size)
+        scores += model.score_texts(texts[start : start + 256], policy.window, policy.overlap, args.batch_size)
     return scores, threshold, model
 
 
@@ -112,8 +119,17 @@ def _score(args: argparse.Namespace) -> int:
     scores, threshold, model = _scored(args, rows)
     out = sys.stdout
     for row, score in zip(rows, scores):
-        out.write(json.dumps({**({"id": row["id"]} if "id" in row else {}), "score": round(score, 6),
-                              "label": _label(model, score, threshold), "malicious": score >= threshold}) + "\n")
+        out.write(
+            json.dumps(
+                {
+                    **({"id": row["id"]} if "id" in row else {}),
+                    "score": round(score, 6),
+                    "label": _label(model, score, threshold),
+                    "malicious": score >= threshold,
+                }
+            )
+            + "\n"
+        )
     return 0
 
 
@@ -134,14 +150,24 @@ def _eval(args: argparse.Namespace) -> int:
     if args.scores:
         with args.scores.open("w") as f:
             for row, score in zip(rows, scores):
-                f.write(json.dumps({"score": round(score, 6), "label": _label(model, score, threshold),
-                                    "truth": _truthy(row[args.label_column])}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "score": round(score, 6),
+                            "label": _label(model, score, threshold),
+                            "truth": _truthy(row[args.label_column]),
+                        }
+                    )
+                    + "\n"
+                )
     report = {"model": str(model.path), "device": model.device, **metrics(labels, scores, threshold)}
     if args.group_column:
         groups: dict[str, list[int]] = {}
         for i, row in enumerate(rows):
             groups.setdefault(str(row.get(args.group_column)), []).append(i)
-        report["groups"] = {g: metrics([labels[i] for i in idx], [scores[i] for i in idx], threshold)
-                            for g, idx in sorted(groups.items())}
+        report["groups"] = {
+            g: metrics([labels[i] for i in idx], [scores[i] for i in idx], threshold)
+            for g, idx in sorted(groups.items())
+        }
     print(json.dumps(report, indent=2))
     return 0

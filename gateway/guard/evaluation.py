@@ -14,11 +14,21 @@ def metrics(labels: list[int], scores: list[float], threshold: float = 0.5) -> d
     precision = tp / (tp + fp) if tp + fp else 0.0
     recall = tp / (tp + fn) if tp + fn else 0.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    return {"n": len(labels), "positives": tp + fn, "threshold": threshold, "f1": round(f1, 4),
-            "precision": round(precision, 4), "recall": round(recall, 4),
-            "fpr": round(fp / (fp + tn), 4) if fp + tn else 0.0,
-            "accuracy": round((tp + tn) / len(labels), 4) if labels else 0.0,
-            "roc_auc": round(roc_auc(labels, scores), 4), "tp": tp, "fp": fp, "fn": fn, "tn": tn}
+    return {
+        "n": len(labels),
+        "positives": tp + fn,
+        "threshold": threshold,
+        "f1": round(f1, 4),
+        "precision": round(precision, 4),
+        "recall": round(recall, 4),
+        "fpr": round(fp / (fp + tn), 4) if fp + tn else 0.0,
+        "accuracy": round((tp + tn) / len(labels), 4) if labels else 0.0,
+        "roc_auc": round(roc_auc(labels, scores), 4),
+        "tp": tp,
+        "fp": fp,
+        "fn": fn,
+        "tn": tn,
+    }
 
 
 def roc_auc(labels: list[int], scores: list[float]) -> float:
@@ -40,8 +50,9 @@ def roc_auc(labels: list[int], scores: list[float]) -> float:
     return (sum(r for r, y in zip(ranks, labels) if y == 1) - pos * (pos + 1) / 2) / (pos * neg)
 
 
-def choose_threshold(groups: dict[str, tuple[list[int], list[float]]], max_fpr: dict[str, float],
-                     penalty: float = 10.0) -> float:
+def choose_threshold(
+    groups: dict[str, tuple[list[int], list[float]]], max_fpr: dict[str, float], penalty: float = 10.0
+) -> float:
     """The threshold that maximises the worst group's F1 minus `penalty` x each group's false-positive rate above
     its cap: within the caps it is the best worst-group F1; past them, the least excess."""
     candidates = sorted({round(s, 3) for _, scores in groups.values() for s in scores} | {0.5})

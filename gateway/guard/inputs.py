@@ -66,8 +66,9 @@ def _decoded(ids: list[int], where: str, decode: Decode) -> Iterator[InputText]:
 
 
 def _is_token_ids(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in value)
+    return (
+        isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )
 
 
 def _chat_texts(payload: dict[str, Any], with_tools: bool) -> Iterator[InputText]:

@@ -25,8 +25,9 @@ log = logging.getLogger(__name__)
 
 BENIGN_NAMES = {"benign", "safe", "label_0", "legit", "legitimate", "negative", "clean", "0"}
 # The repository's guard_models/ (editable installs), or wherever PORTCULLIS_GUARD_MODELS points (the image).
-DEFAULT_MODEL_DIR = Path(os.environ.get("PORTCULLIS_GUARD_MODELS",
-                                        Path(__file__).resolve().parents[2] / "guard_models")) / "minilm-pi"
+DEFAULT_MODEL_DIR = (
+    Path(os.environ.get("PORTCULLIS_GUARD_MODELS", Path(__file__).resolve().parents[2] / "guard_models")) / "minilm-pi"
+)
 
 
 class GuardModelError(Exception):
@@ -47,8 +48,7 @@ def cuda_device_count() -> int:
 
 def choose_file(folder: Path, device: str, precision: str = "auto") -> Path:
     """Pick the ONNX file: int8 on CPU, fp16 on GPU when present, else model.onnx; an explicit precision wins."""
-    names = {"int8": ["model_int8.onnx", "model_quantized.onnx"], "fp16": ["model_fp16.onnx"],
-             "fp32": ["model.onnx"]}
+    names = {"int8": ["model_int8.onnx", "model_quantized.onnx"], "fp16": ["model_fp16.onnx"], "fp32": ["model.onnx"]}
     if precision != "auto":
         order = names[precision]
     elif device == "cuda":
@@ -94,8 +94,9 @@ class GuardModel:
         encoding = self._windowed(window, stride).encode(text)
         return [encoding.ids] + [o.ids for o in encoding.overflowing]
 
-    def encode_windows_batch(self, texts: list[str], window: int | None = None,
-                             stride: int = 32) -> list[list[list[int]]]:
+    def encode_windows_batch(
+        self, texts: list[str], window: int | None = None, stride: int = 32
+    ) -> list[list[list[int]]]:
         window = min(window or self.max_length, self.max_length)
         encodings = self._windowed(window, stride).encode_batch(texts)
         return [[e.ids] + [o.ids for o in e.overflowing] for e in encodings]
@@ -123,8 +124,8 @@ class GuardModel:
         input_ids = np.full((len(batch), width), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(batch), width), dtype=np.int64)
         for row, ids in enumerate(batch):
-            input_ids[row, :len(ids)] = ids
-            mask[row, :len(ids)] = 1
+            input_ids[row, : len(ids)] = ids
+            mask[row, : len(ids)] = 1
         feeds = {"input_ids": input_ids, "attention_mask": mask}
         if "token_type_ids" in self.input_names:
             feeds["token_type_ids"] = np.zeros_like(input_ids)
@@ -135,23 +136,25 @@ class GuardModel:
         probs /= probs.sum(axis=1, keepdims=True)
         return probs[:, self.malicious].sum(axis=1)
 
-    def score_texts(self, texts: list[str], window: int | None = None, stride: int = 32,
-                    batch_size: int = 32) -> list[float]:
+    def score_texts(
+        self, texts: list[str], window: int | None = None, stride: int = 32, batch_size: int = 32
+    ) -> list[float]:
         """Max window score per text, without the batcher (CLI, evaluation): same windows as the gateway."""
         per_text = self.encode_windows_batch(texts, window, stride)
         flat = [(i, ids) for i, windows in enumerate(per_text) for ids in windows]
         order = sorted(range(len(flat)), key=lambda k: len(flat[k][1]))
         scores = [0.0] * len(texts)
         for start in range(0, len(order), batch_size):
-            chunk = order[start:start + batch_size]
+            chunk = order[start : start + batch_size]
             for k, s in zip(chunk, self.score([flat[k][1] for k in chunk])):
                 i = flat[k][0]
                 scores[i] = max(scores[i], float(s))
         return scores
 
 
-def load_model(folder: str | Path | None = None, *, device: str = "auto", precision: str = "auto",
-               threads: int = 0) -> GuardModel:
+def load_model(
+    folder: str | Path | None = None, *, device: str = "auto", precision: str = "auto", threads: int = 0
+) -> GuardModel:
     """Load a model folder. device: auto | cuda | cpu; threads: ONNX intra-op threads (0: ONNX's default)."""
     import onnxruntime as ort
     from tokenizers import Tokenizer
@@ -159,19 +162,24 @@ def load_model(folder: str | Path | None = None, *, device: str = "auto", precis
     folder = Path(folder) if folder else DEFAULT_MODEL_DIR
     for name in ("tokenizer.json", "config.json"):
         if not (folder / name).is_file():
-            raise GuardModelError(f"{folder}: {name} is missing (a guard model folder needs model*.onnx, "
-                                  "tokenizer.json and config.json with id2label)")
+            raise GuardModelError(
+                f"{folder}: {name} is missing (a guard model folder needs model*.onnx, "
+                "tokenizer.json and config.json with id2label)"
+            )
     config = json.loads((folder / "config.json").read_text())
     labels = {int(k): str(v) for k, v in (config.get("id2label") or {}).items()}
     if len(labels) < 2:
         raise GuardModelError(f"{folder}/config.json: id2label must name at least two labels")
     extra = config.get("portcullis") or {}
     wanted = {str(x).lower() for x in extra.get("malicious_labels", [])}
-    malicious = sorted(i for i, name in labels.items()
-                       if (name.lower() in wanted if wanted else name.lower() not in BENIGN_NAMES))
+    malicious = sorted(
+        i for i, name in labels.items() if (name.lower() in wanted if wanted else name.lower() not in BENIGN_NAMES)
+    )
     if not malicious or len(malicious) == len(labels):
-        raise GuardModelError(f"{folder}/config.json: cannot tell malicious from benign labels in {labels}; "
-                              "set portcullis.malicious_labels")
+        raise GuardModelError(
+            f"{folder}/config.json: cannot tell malicious from benign labels in {labels}; "
+            "set portcullis.malicious_labels"
+        )
 
     gpus = cuda_device_count() if device in ("auto", "cuda") else 0
     use_cuda = gpus > 0 and "CUDAExecutionProvider" in ort.get_available_providers()
@@ -212,10 +220,26 @@ def load_model(folder: str | Path | None = None, *, device: str = "auto", precis
     pad_id = config.get("pad_token_id")
     if pad_id is None:
         pad_id = tokenizer.token_to_id("[PAD]") or tokenizer.token_to_id("<pad>") or 0
-    model = GuardModel(folder=folder, path=path, session=session, tokenizer=tokenizer, labels=labels,
-                       malicious=malicious, max_length=max_length, pad_id=int(pad_id),
-                       input_names=[i.name for i in session.get_inputs()], providers=active,
-                       threshold=extra.get("threshold"), name=str(extra.get("name") or folder.name))
-    log.info("guard model %s (%s) on %s, max length %d, threads %s", model.name, path.name, active[0], max_length,
-             threads or os.cpu_count())
+    model = GuardModel(
+        folder=folder,
+        path=path,
+        session=session,
+        tokenizer=tokenizer,
+        labels=labels,
+        malicious=malicious,
+        max_length=max_length,
+        pad_id=int(pad_id),
+        input_names=[i.name for i in session.get_inputs()],
+        providers=active,
+        threshold=extra.get("threshold"),
+        name=str(extra.get("name") or folder.name),
+    )
+    log.info(
+        "guard model %s (%s) on %s, max length %d, threads %s",
+        model.name,
+        path.name,
+        active[0],
+        max_length,
+        threads or os.cpu_count(),
+    )
     return model

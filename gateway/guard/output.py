@@ -82,7 +82,9 @@ class OutputGuard:
             self._held.append(held)
         for number, state in self._choices.items():
             final = done or state.finished
-            if len(state.text) - state.scanned >= self._policy.scan_every or (final and state.scanned < len(state.text)):
+            if len(state.text) - state.scanned >= self._policy.scan_every or (
+                final and state.scanned < len(state.text)
+            ):
                 await self._scan(number, state)
         return self._release(done)
 
@@ -173,16 +175,26 @@ class OutputGuard:
                 types = sorted({f.type for f in found})
                 if action == "redact" and any(f.start < state.released for f in found):
                     action = "block"  # part of it already reached the client: refusing is the only honest option
-                self._verdict(Verdict("output", kind, f"guard.output.{kind}.{types[0]}", action, types=types,
-                                      where=where))
+                self._verdict(
+                    Verdict("output", kind, f"guard.output.{kind}.{types[0]}", action, types=types, where=where)
+                )
                 if action == "redact":
                     state.redactions += found
         if policy.injection != "off" and text.strip():
             score, _ = await self._guard.classify([text], self._spec.injection, self._spec.runtime, target="output")
             threshold = self._guard.threshold(self._spec.injection)
             if score >= threshold:
-                self._verdict(Verdict("output", "prompt_injection", "guard.output.injection", policy.injection,
-                                      score, threshold, where=where))
+                self._verdict(
+                    Verdict(
+                        "output",
+                        "prompt_injection",
+                        "guard.output.injection",
+                        policy.injection,
+                        score,
+                        threshold,
+                        where=where,
+                    )
+                )
 
     def _verdict(self, verdict: Verdict) -> None:
         key = (verdict.rule, verdict.result)
@@ -212,7 +224,7 @@ def _redacted_segment(text: str, start: int, end: int, findings: list[pii.Findin
         if f.end <= start or f.start >= end:
             continue
         if f.start > pos:
-            out.append(text[pos:f.start])
+            out.append(text[pos : f.start])
         if f.start >= start:
             out.append(f.placeholder())
         pos = max(pos, min(f.end, end))

@@ -65,12 +65,14 @@ class GuardBlocked(GatewayError):
         what = "prompt" if verdict.target == "input" else "response"
         score = f", score {verdict.score:.3f} >= {verdict.threshold}" if verdict.score is not None else ""
         types = f" ({', '.join(verdict.types)})" if verdict.types else ""
-        super().__init__(400 if verdict.target == "input" else 502,
-                         f"{what} blocked by the guard: {verdict.category}{types}{score}; rule {verdict.rule} "
-                         f"(request id {request_id})",
-                         type="invalid_request_error" if verdict.target == "input" else "guard_error",
-                         code="prompt_blocked" if verdict.target == "input" else "response_blocked",
-                         param=verdict.rule)
+        super().__init__(
+            400 if verdict.target == "input" else 502,
+            f"{what} blocked by the guard: {verdict.category}{types}{score}; rule {verdict.rule} "
+            f"(request id {request_id})",
+            type="invalid_request_error" if verdict.target == "input" else "guard_error",
+            code="prompt_blocked" if verdict.target == "input" else "response_blocked",
+            param=verdict.rule,
+        )
         self.verdict = verdict
         self.policy_version = policy_version
 
@@ -85,9 +87,13 @@ class ScanTooLong(GatewayError):
     attack hide in the part left out."""
 
     def __init__(self, windows: int, limit: int, window: int) -> None:
-        super().__init__(413, f"the guard scans at most {limit} windows of {window} tokens per request, and this "
-                              f"request's scanned text needs {windows}: send less text",
-                         code="prompt_too_long_to_scan", param="guard.injection.max_windows")
+        super().__init__(
+            413,
+            f"the guard scans at most {limit} windows of {window} tokens per request, and this "
+            f"request's scanned text needs {windows}: send less text",
+            code="prompt_too_long_to_scan",
+            param="guard.injection.max_windows",
+        )
 
 
 class Guard:
@@ -95,16 +101,31 @@ class Guard:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         registry = registry or CollectorRegistry()
-        self.verdicts = Counter("portcullis_guard_verdicts", "Guard decisions by target, category and result",
-                                ["target", "category", "result"], registry=registry)
-        self.scores = Histogram("portcullis_guard_score", "Classifier score (max over windows) per scanned text",
-                                ["target"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0),
-                                registry=registry)
-        self.batch_size = Histogram("portcullis_guard_batch_size", "Windows per classifier call",
-                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=registry)
-        self.batch_seconds = Histogram("portcullis_guard_batch_seconds", "Classifier call duration",
-                                       buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
-                                       registry=registry)
+        self.verdicts = Counter(
+            "portcullis_guard_verdicts",
+            "Guard decisions by target, category and result",
+            ["target", "category", "result"],
+            registry=registry,
+        )
+        self.scores = Histogram(
+            "portcullis_guard_score",
+            "Classifier score (max over windows) per scanned text",
+            ["target"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0),
+            registry=registry,
+        )
+        self.batch_size = Histogram(
+            "portcullis_guard_batch_size",
+            "Windows per classifier call",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+            registry=registry,
+        )
+        self.batch_seconds = Histogram(
+            "portcullis_guard_batch_seconds",
+            "Classifier call duration",
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
+            registry=registry,
+        )
         self._model = None
         self._batcher: MicroBatcher | None = None
         self._settings: RuntimeSettings | None = None
@@ -122,11 +143,16 @@ class Guard:
             from gateway.guard.model import load_model
 
             started = time.perf_counter()
-            model = load_model(settings.model, device=settings.device, precision=settings.precision,
-                               threads=settings.threads)
+            model = load_model(
+                settings.model, device=settings.device, precision=settings.precision, threads=settings.threads
+            )
             model.score([model.encode_windows("warm up")[0]])  # first run allocates; not a request's cost
-            self._batcher = MicroBatcher(model.score, max_batch=settings.max_batch,
-                                         max_wait_us=settings.max_wait_us, on_batch=self._observe_batch)
+            self._batcher = MicroBatcher(
+                model.score,
+                max_batch=settings.max_batch,
+                max_wait_us=settings.max_wait_us,
+                on_batch=self._observe_batch,
+            )
             self._model, self._settings = model, settings
             log.info("guard model ready in %.2fs on %s", time.perf_counter() - started, model.providers[0])
             return model
@@ -146,8 +172,9 @@ class Guard:
         model_threshold = self._model.threshold if self._model else None
         return float(model_threshold) if model_threshold is not None else DEFAULT_THRESHOLD
 
-    def windows(self, texts: list[str], policy: InjectionPolicy,
-                max_windows: int | None = None) -> list[tuple[int, list[int]]]:
+    def windows(
+        self, texts: list[str], policy: InjectionPolicy, max_windows: int | None = None
+    ) -> list[tuple[int, list[int]]]:
         """(text index, window ids) for every window of every text; blocking (tokenizing), so big inputs belong on
         a worker thread. More than `max_windows` raises ScanTooLong: a text is scanned whole or not served."""
         per_text = self._model.encode_windows_batch(texts, policy.window, policy.overlap)
@@ -166,8 +193,9 @@ class Guard:
         self.scores.labels(target=target).observe(scores[best])
         return float(scores[best]), windows[best][0]
 
-    async def classify(self, texts: list[str], policy: InjectionPolicy, settings: RuntimeSettings,
-                       target: str = "input") -> tuple[float, int]:
+    async def classify(
+        self, texts: list[str], policy: InjectionPolicy, settings: RuntimeSettings, target: str = "input"
+    ) -> tuple[float, int]:
         """Every window of these texts scored (tokenized on a worker thread); see `score`."""
         await self.ensure(settings)
         if not any(texts):
@@ -180,9 +208,13 @@ class Guard:
         span = trace.get_current_span()
         if not span.is_recording():
             return
-        attributes = {"gen_ai.guardrail.policy.id": policy_version, "gen_ai.guardrail.rule.id": verdict.rule,
-                      "gen_ai.guardrail.result": verdict.result, "gen_ai.guardrail.category": verdict.category,
-                      "gen_ai.guardrail.target": verdict.target}
+        attributes = {
+            "gen_ai.guardrail.policy.id": policy_version,
+            "gen_ai.guardrail.rule.id": verdict.rule,
+            "gen_ai.guardrail.result": verdict.result,
+            "gen_ai.guardrail.category": verdict.category,
+            "gen_ai.guardrail.target": verdict.target,
+        }
         if verdict.score is not None:
             attributes["gen_ai.guardrail.score"] = verdict.score
         if verdict.types:

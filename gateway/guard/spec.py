@@ -28,21 +28,45 @@ class InjectionPolicy(_Strict):
     """The prompt-injection / jailbreak classifier on the request's messages."""
 
     enabled: bool = True
-    threshold: Annotated[float | None, Field(ge=0, le=1, description=(
-        "probability of malicious at or above which a window is flagged; default: the model card's "
-        "validation-chosen threshold"))] = None
-    action: Action = Field("block", description="block: refuse with 400 prompt_blocked; flag: serve it, with an "
-                           "x-portcullis-guard response header; monitor: record only")
-    roles: list[Role] = Field(default_factory=lambda: ["user", "tool"], description=(
-        "message roles scanned in chat requests (completions prompts are always scanned); tool also scans the "
-        "legacy function role; tool_definitions adds the descriptions of the request's tools and their parameters"))
-    window: Annotated[int, Field(ge=16, le=4096, description="tokens per scanning window (capped at the model's)")] \
-        = 512
-    overlap: Annotated[int, Field(ge=0, le=1024, description=(
-        "tokens shared by consecutive windows (at most half a window)"))] = 32
-    max_windows: Annotated[int, Field(ge=1, description=(
-        "windows a request's scanned text may need (each costs one classifier row); a longer input is refused with "
-        "413 prompt_too_long_to_scan, never scanned in part"))] = 64
+    threshold: Annotated[
+        float | None,
+        Field(
+            ge=0,
+            le=1,
+            description=(
+                "probability of malicious at or above which a window is flagged; default: the model card's "
+                "validation-chosen threshold"
+            ),
+        ),
+    ] = None
+    action: Action = Field(
+        "block",
+        description="block: refuse with 400 prompt_blocked; flag: serve it, with an "
+        "x-portcullis-guard response header; monitor: record only",
+    )
+    roles: list[Role] = Field(
+        default_factory=lambda: ["user", "tool"],
+        description=(
+            "message roles scanned in chat requests (completions prompts are always scanned); tool also scans the "
+            "legacy function role; tool_definitions adds the descriptions of the request's tools and their parameters"
+        ),
+    )
+    window: Annotated[int, Field(ge=16, le=4096, description="tokens per scanning window (capped at the model's)")] = (
+        512
+    )
+    overlap: Annotated[
+        int, Field(ge=0, le=1024, description=("tokens shared by consecutive windows (at most half a window)"))
+    ] = 32
+    max_windows: Annotated[
+        int,
+        Field(
+            ge=1,
+            description=(
+                "windows a request's scanned text may need (each costs one classifier row); a longer input is refused with "
+                "413 prompt_too_long_to_scan, never scanned in part"
+            ),
+        ),
+    ] = 64
 
 
 class PiiPolicy(_Strict):
@@ -51,44 +75,63 @@ class PiiPolicy(_Strict):
     pii: PiiAction = "off"
     secrets: PiiAction = "off"
     types: list[str] = Field(default_factory=list, description="detector types to run; [] runs all")
-    roles: list[Role] = Field(default_factory=lambda: ["system", "developer", "user", "assistant", "tool"],
-                              description="message roles scanned; tool also scans the legacy function role")
+    roles: list[Role] = Field(
+        default_factory=lambda: ["system", "developer", "user", "assistant", "tool"],
+        description="message roles scanned; tool also scans the legacy function role",
+    )
 
 
 class OutputPolicy(_Strict):
     """The output guard: generated text scanned as it streams, in windows, behind a hold-back buffer."""
 
     enabled: bool = False
-    injection: Switch[Literal["off", "block", "flag", "monitor"]] = Field("off", description=(
-        "the classifier on generated text (e.g. a model repeating injected instructions)"))
+    injection: Switch[Literal["off", "block", "flag", "monitor"]] = Field(
+        "off", description=("the classifier on generated text (e.g. a model repeating injected instructions)")
+    )
     pii: PiiAction = "off"
     secrets: PiiAction = "block"
-    hold_back: Annotated[int, Field(ge=0, le=65536, description=(
-        "characters of generated text held back from the client until scanned with what follows them"))] = 64
-    scan_every: Annotated[int, Field(ge=1, le=65536, description=(
-        "scan when this many new characters have arrived since the last scan"))] = 128
+    hold_back: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=65536,
+            description=("characters of generated text held back from the client until scanned with what follows them"),
+        ),
+    ] = 64
+    scan_every: Annotated[
+        int, Field(ge=1, le=65536, description=("scan when this many new characters have arrived since the last scan"))
+    ] = 128
 
 
 class GuardRuntime(_Strict):
     """How the process runs the classifier (base policy only)."""
 
-    model: str | None = Field(None, description=(
-        "a Hugging Face style ONNX sequence-classification folder (model*.onnx, tokenizer.json, config.json); "
-        "default: the bundled guard_models/minilm-pi"))
+    model: str | None = Field(
+        None,
+        description=(
+            "a Hugging Face style ONNX sequence-classification folder (model*.onnx, tokenizer.json, config.json); "
+            "default: the bundled guard_models/minilm-pi"
+        ),
+    )
     device: Literal["auto", "cuda", "cpu"] = "auto"
     precision: Literal["auto", "int8", "fp16", "fp32"] = Field("auto", description="auto: int8 on CPU, fp16 on GPU")
     threads: Annotated[int, Field(ge=0, description="ONNX intra-op threads; 0: ONNX's default")] = 0
     max_batch: Annotated[int, Field(ge=1, le=1024)] = 32
-    max_wait_us: Annotated[int, Field(ge=0, le=1_000_000, description=(
-        "how long the first window waits for others to share its batch"))] = 500
+    max_wait_us: Annotated[
+        int, Field(ge=0, le=1_000_000, description=("how long the first window waits for others to share its batch"))
+    ] = 500
 
 
 class GuardSpec(_Strict):
     enabled: bool = Field(False, description="off: the stage costs one attribute lookup per request")
-    unknown_tokenizer: Literal["refuse", "pass"] = Field("refuse", description=(
-        "completions prompts sent as token ids are decoded with the model's tokenizer and scanned as text; for a "
-        "model whose tokenizer the gateway does not know, refuse them (400 prompt_unscannable) or pass them "
-        "unscanned. Applies while the injection classifier or the PII/secret detectors scan prompts"))
+    unknown_tokenizer: Literal["refuse", "pass"] = Field(
+        "refuse",
+        description=(
+            "completions prompts sent as token ids are decoded with the model's tokenizer and scanned as text; for a "
+            "model whose tokenizer the gateway does not know, refuse them (400 prompt_unscannable) or pass them "
+            "unscanned. Applies while the injection classifier or the PII/secret detectors scan prompts"
+        ),
+    )
     injection: InjectionPolicy = InjectionPolicy()
     pii: PiiPolicy = PiiPolicy()
     output: OutputPolicy = OutputPolicy()
@@ -107,6 +150,5 @@ def overlay(base: GuardSpec, tenant: GuardSpec | None, given: dict | None) -> Gu
 def _deep_merge(base: dict, given: dict) -> dict:
     out = dict(base)
     for key, value in given.items():
-        out[key] = _deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) \
-            else value
+        out[key] = _deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out

@@ -17,8 +17,11 @@ def add_subcommands(commands: argparse._SubParsersAction) -> None:
     verbs = policy.add_subparsers(dest="verb", required=True, metavar="VERB")
     check = verbs.add_parser("check", help="validate a policy directory as the gateway would load it")
     check.add_argument("directory", type=Path)
-    check.add_argument("--strict", action="store_true", help=(
-        "fail (exit 1) on warnings too: rules that match every request, dead and shadowed rules"))
+    check.add_argument(
+        "--strict",
+        action="store_true",
+        help=("fail (exit 1) on warnings too: rules that match every request, dead and shadowed rules"),
+    )
     check.set_defaults(func=_check)
     schema = verbs.add_parser("schema", help="print the JSON Schema of policy documents")
     schema.set_defaults(func=_schema)
@@ -39,9 +42,11 @@ def _check(args: argparse.Namespace) -> int:
     errors = sum(n.startswith("error") for n in notes)
     warnings = sum(not n.startswith(("error", "note")) for n in notes)
     verdict = "errors" if errors else f"{warnings} warnings" if warnings else "ok"
-    print(f"{args.directory}: {verdict}, version "
-          f"{policies.version}, {rules} base rate limits, {len(policies.overlays)} tenant overlays, "
-          f"WAF {waf.mode} at paranoia level {waf.spec.paranoia_level} with {len(waf.rules)} rules")
+    print(
+        f"{args.directory}: {verdict}, version "
+        f"{policies.version}, {rules} base rate limits, {len(policies.overlays)} tenant overlays, "
+        f"WAF {waf.mode} at paranoia level {waf.spec.paranoia_level} with {len(waf.rules)} rules"
+    )
     return 1 if errors or (args.strict and warnings) else 0
 
 

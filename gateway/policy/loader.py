@@ -53,8 +53,11 @@ class PolicySet:
         spec = cache.get(tenant)
         if spec is None:
             overlay = self.overlays.get(tenant) if tenant else None
-            given = overlay.spec.guard.model_dump(exclude_unset=True) if overlay and "guard" in \
-                overlay.spec.model_fields_set else None
+            given = (
+                overlay.spec.guard.model_dump(exclude_unset=True)
+                if overlay and "guard" in overlay.spec.model_fields_set
+                else None
+            )
             spec = cache[tenant] = guard_overlay(self.base.spec.guard, overlay and overlay.spec.guard, given)
         return spec
 
@@ -97,8 +100,9 @@ def load_policy_dir(directory: Path) -> PolicySet:
             elif isinstance(document, RulePack):
                 packs.append((path, document))
             elif document.tenant in overlays:
-                problems.append(f"{path}: tenant {document.tenant!r} already has an overlay in "
-                                f"{overlays[document.tenant][0]}")
+                problems.append(
+                    f"{path}: tenant {document.tenant!r} already has an overlay in {overlays[document.tenant][0]}"
+                )
             else:
                 overlays[document.tenant] = (path, document)
     if len(bases) != 1 and not problems:
@@ -117,16 +121,27 @@ def load_policy_dir(directory: Path) -> PolicySet:
     version = "sha256:" + digest.hexdigest()[:16]
     base = bases[0][1]
     try:
-        waf = build_waf_set(base.spec.waf, {t: (o.spec.waf if "waf" in o.spec.model_fields_set else None,
-                                                o.spec.disable) for t, (_, o) in overlays.items()},
-                            {p.metadata.name: p for _, p in packs}, version)
+        waf = build_waf_set(
+            base.spec.waf,
+            {
+                t: (o.spec.waf if "waf" in o.spec.model_fields_set else None, o.spec.disable)
+                for t, (_, o) in overlays.items()
+            },
+            {p.metadata.name: p for _, p in packs},
+            version,
+        )
     except Exception as exc:  # e.g. an RE2 set over its memory budget
         raise PolicyError(f"invalid policy:\n  {directory}: WAF rules do not compile: {exc}") from exc
     findings = match_all.inspect(waf)
     if findings.blanket_blocks:
         raise PolicyError("invalid policy:\n" + "\n".join(f"  {directory}: {b}" for b in findings.blanket_blocks))
-    return PolicySet(base=base, overlays={t: o for t, (_, o) in overlays.items()}, version=version, waf=waf,
-                     warnings=findings.warnings)
+    return PolicySet(
+        base=base,
+        overlays={t: o for t, (_, o) in overlays.items()},
+        version=version,
+        waf=waf,
+        warnings=findings.warnings,
+    )
 
 
 def _documents(path: Path, text: bytes, problems: list[str]) -> list[Policy | TenantPolicy]:

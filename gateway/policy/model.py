@@ -32,9 +32,19 @@ def _seconds(value: object) -> object:
     return value
 
 
-Duration = Annotated[float, BeforeValidator(_seconds), Field(gt=0, json_schema_extra={
-    "anyOf": [{"type": "number", "exclusiveMinimum": 0},
-              {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*(ms|s|m|h|d)?\s*$"}]})]
+Duration = Annotated[
+    float,
+    BeforeValidator(_seconds),
+    Field(
+        gt=0,
+        json_schema_extra={
+            "anyOf": [
+                {"type": "number", "exclusiveMinimum": 0},
+                {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*(ms|s|m|h|d)?\s*$"},
+            ]
+        },
+    ),
+]
 
 RuleId = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")]
 KeyPart = Literal["api_key", "tenant", "client_ip", "model", "route"]
@@ -77,8 +87,10 @@ class Scope(_Strict):
 class RateLimitRule(_Strict):
     id: RuleId
     description: str = ""
-    key: list[KeyPart] = Field(default_factory=lambda: ["tenant"],
-                               description="request parts that identify one counter; [] is one global counter")
+    key: list[KeyPart] = Field(
+        default_factory=lambda: ["tenant"],
+        description="request parts that identify one counter; [] is one global counter",
+    )
     match: Scope = Scope()
     requests: RequestRate | None = None
     tokens: TokenRate | None = None
@@ -100,19 +112,32 @@ class AdmissionPolicy(_Strict):
     """Defaults the admission stage applies before a request may enter."""
 
     default_max_tokens: Annotated[int, Field(gt=0, description="filled into requests that name no max_tokens")] = 1024
-    max_n: Annotated[int, Field(gt=0, description=(
-        "most choices one request may ask for (n, or best_of for completions): each multiplies what it may "
-        "generate and what its token limits reserve; above it, 400"))] = 8
+    max_n: Annotated[
+        int,
+        Field(
+            gt=0,
+            description=(
+                "most choices one request may ask for (n, or best_of for completions): each multiplies what it may "
+                "generate and what its token limits reserve; above it, 400"
+            ),
+        ),
+    ] = 8
 
 
 class PolicySpec(_Strict):
     rate_limits: list[RateLimitRule] = Field(default_factory=list)
     admission: AdmissionPolicy | None = Field(default=None, description="in an overlay, replaces the base's whole")
-    waf: WafSpec = Field(default_factory=WafSpec, description=(
-        "web application firewall; in an overlay, the fields given replace the base's, rules merge by id"))
-    guard: GuardSpec = Field(default_factory=GuardSpec, description=(
-        "guardrails: injection classifier, PII/secrets, output guard; in an overlay, the fields given replace "
-        "the base's"))
+    waf: WafSpec = Field(
+        default_factory=WafSpec,
+        description=("web application firewall; in an overlay, the fields given replace the base's, rules merge by id"),
+    )
+    guard: GuardSpec = Field(
+        default_factory=GuardSpec,
+        description=(
+            "guardrails: injection classifier, PII/secrets, output guard; in an overlay, the fields given replace "
+            "the base's"
+        ),
+    )
 
     @model_validator(mode="after")
     def _unique_ids(self) -> "PolicySpec":
@@ -157,5 +182,9 @@ Document = Annotated[Policy | TenantPolicy | RulePack, Field(discriminator="kind
 def json_schema() -> dict:
     """The published schema (`policies/schema.json`): any one policy document."""
     schema = TypeAdapter(Document).json_schema()
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "https://portcullis.dev/policy/v1",
-            "title": "Portcullis policy document", **schema}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://portcullis.dev/policy/v1",
+        "title": "Portcullis policy document",
+        **schema,
+    }

@@ -41,8 +41,9 @@ class CircuitBreaker:
 class FailoverBackend:
     """The shared backend when it answers; otherwise the local fallback (fail open) or a 503 (fail closed)."""
 
-    def __init__(self, primary: Backend, fallback: Backend, fail_open: bool, breaker: CircuitBreaker,
-                 metrics: Metrics) -> None:
+    def __init__(
+        self, primary: Backend, fallback: Backend, fail_open: bool, breaker: CircuitBreaker, metrics: Metrics
+    ) -> None:
         self.primary = primary
         self.fallback = fallback
         self.fail_open = fail_open
@@ -59,14 +60,19 @@ class FailoverBackend:
             except BackendError as exc:
                 self._errors.inc()
                 self.breaker.record(False)
-                log.warning("rate limit store error (%s): %s", "failing open" if self.fail_open else
-                            "failing closed", exc)
+                log.warning(
+                    "rate limit store error (%s): %s", "failing open" if self.fail_open else "failing closed", exc
+                )
                 if exc.maybe_applied:  # the store may have granted slots this request never learned of
                     await self._give_back_slots(checks)
         if not self.fail_open:
-            raise GatewayError(503, "rate limiting is unavailable; request refused (fail_closed)",
-                               type="server_error", code="rate_limiter_unavailable",
-                               headers={"retry-after": str(max(1, round(self.breaker.cooldown)))})
+            raise GatewayError(
+                503,
+                "rate limiting is unavailable; request refused (fail_closed)",
+                type="server_error",
+                code="rate_limiter_unavailable",
+                headers={"retry-after": str(max(1, round(self.breaker.cooldown)))},
+            )
         return await self.fallback.acquire(checks), self.fallback
 
     async def _give_back_slots(self, checks: list[Check]) -> None:

@@ -134,8 +134,16 @@ def _too_many(rule: RateLimitRule, outcome: Outcome, headers: dict[str, str]) ->
         message = f"Too many concurrent requests (limit '{rule.id}': {rule.concurrency.limit} in flight)."
     else:
         window = rule.requests or rule.tokens
-        message = (f"Rate limit reached for {rule.kind} (limit '{rule.id}': {window.limit} per "
-                   f"{window.per:g}s). Please try again in {outcome.retry_after:.3g}s.")
+        message = (
+            f"Rate limit reached for {rule.kind} (limit '{rule.id}': {window.limit} per "
+            f"{window.per:g}s). Please try again in {outcome.retry_after:.3g}s."
+        )
     retry_after = str(max(1, math.ceil(outcome.retry_after)))
-    return GatewayError(429, message, type=rule.kind, code="rate_limit_exceeded", param=rule.id,
-                        headers={**headers, "retry-after": retry_after})
+    return GatewayError(
+        429,
+        message,
+        type=rule.kind,
+        code="rate_limit_exceeded",
+        param=rule.id,
+        headers={**headers, "retry-after": retry_after},
+    )

@@ -121,8 +121,10 @@ class SettlementOutbox:
                 log.error("rate limit settlement lost", exc_info=result)
         if error is None:
             if self._failing and not self._pending:
-                log.warning("rate limit store reachable again: kept settlements delivered (dropped so far: %s)",
-                            dict(self.dropped) or "none")
+                log.warning(
+                    "rate limit store reachable again: kept settlements delivered (dropped so far: %s)",
+                    dict(self.dropped) or "none",
+                )
                 self._failing = False
             return True
         self._pending.extendleft(reversed(retry))

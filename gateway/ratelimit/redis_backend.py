@@ -42,8 +42,9 @@ class RedisBackend:
         options = parse_url(url)
         connection_class = options.pop("connection_class", Connection)
         # no per-read timeout: the whole round trip runs under `timeout` (see _send)
-        self._connection = connection_class(**options, socket_timeout=None, socket_connect_timeout=timeout,
-                                            retry=Retry(NoBackoff(), 0))
+        self._connection = connection_class(
+            **options, socket_timeout=None, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
+        )
         self._timeout = timeout
         self._batches: Coalescer[Operation, list[Outcome] | None] = Coalescer(self._send)
         self.settlements = SettlementOutbox(lambda s: self._batches.submit(s, can_wait=True), max_pending_settlements)
@@ -83,8 +84,9 @@ class RedisBackend:
             return await self._run_script(keys, args)
 
     async def _run_script(self, keys: list[str], args: list) -> list[int]:
-        await self._connection.send_packed_command(_pack(("EVALSHA", _SHA, len(keys), *keys, *args)),
-                                                   check_health=False)
+        await self._connection.send_packed_command(
+            _pack(("EVALSHA", _SHA, len(keys), *keys, *args)), check_health=False
+        )
         self._maybe_ran = True
         try:
             return await self._connection.read_response()
@@ -136,7 +138,7 @@ def _decode(operations: Sequence[Operation], replies: list[int]) -> list[list[Ou
             continue
         outcomes = []
         for _ in operation:
-            allowed, remaining, retry_after, reset = replies[at:at + 4]
+            allowed, remaining, retry_after, reset = replies[at : at + 4]
             outcomes.append(Outcome(bool(allowed), remaining, retry_after / _US, reset / _US))
             at += 4
         results.append(outcomes)

@@ -45,8 +45,9 @@ async def follow(session: aiohttp.ClientSession, replica: Replica, index: Prefix
 
 async def _follow_once(session: aiohttp.ClientSession, replica: Replica, index: PrefixIndex) -> None:
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=2.0, sock_read=30.0)  # heartbeats every 5 s
-    async with session.get(replica.url + "/v1/kv_events", params={"heartbeat": 5}, timeout=timeout,
-                           raise_for_status=True) as response:
+    async with session.get(
+        replica.url + "/v1/kv_events", params={"heartbeat": 5}, timeout=timeout, raise_for_status=True
+    ) as response:
         last: int | None = None
         async for line in response.content:
             if not line.strip():

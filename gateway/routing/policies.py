@@ -88,8 +88,10 @@ class PrefixAffinity(RoundRobin):
         cached = self.index.matched_blocks(request.block_hashes) if request.block_hashes else {}
         loads = [r.load for r in rotated]
         lightest, heaviest = min(loads), max(loads)
-        if heaviest - lightest > self.config.balance_abs_threshold and \
-                heaviest > self.config.balance_rel_threshold * lightest:
+        if (
+            heaviest - lightest > self.config.balance_abs_threshold
+            and heaviest > self.config.balance_rel_threshold * lightest
+        ):
             return Ranked(sorted(rotated, key=lambda r: r.load), cached)
 
         size = max(1, request.prompt_blocks + request.decode_blocks)
@@ -101,8 +103,9 @@ class PrefixAffinity(RoundRobin):
             free = replica.free_blocks
             return free is None or blocks_needed(request, cached.get(replica.url, 0)) <= free
 
-        within_share = [r for r in rotated
-                        if not self.recent.over(r.url, len(rotated), self.config.max_share)] or rotated
+        within_share = [
+            r for r in rotated if not self.recent.over(r.url, len(rotated), self.config.max_share)
+        ] or rotated
         best = max((cached.get(r.url, 0) for r in within_share), default=0)
         if best and best >= self.config.match_threshold * request.prompt_blocks:
             holders = sorted((r for r in within_share if cached.get(r.url, 0) == best and fits(r)), key=busy)

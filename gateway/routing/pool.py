@@ -38,8 +38,7 @@ def _policy(config: PoolConfig, index: PrefixIndex) -> RoundRobin:
         # kv_events learns from its own decisions too: a follow-up turn often arrives before the engine's event
         # for the first turn's blocks does; the events then confirm them, or remove them on eviction.
         return PrefixAffinity(index, config.affinity)
-    return {"round_robin": RoundRobin, "least_outstanding": LeastOutstanding, "least_load": LeastLoad}[
-        config.routing]()
+    return {"round_robin": RoundRobin, "least_outstanding": LeastOutstanding, "least_load": LeastLoad}[config.routing]()
 
 
 class Pool:
@@ -60,11 +59,16 @@ class Pool:
         if self._session is None:
             t = self.config.timeouts
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.config.max_connections, limit_per_host=0,
-                                               keepalive_timeout=t.keepalive),
-                timeout=aiohttp.ClientTimeout(total=None, connect=t.pool + t.connect, sock_connect=t.connect,
-                                              sock_read=t.read),
-                auto_decompress=False, trust_env=False, skip_auto_headers=("user-agent",))
+                connector=aiohttp.TCPConnector(
+                    limit=self.config.max_connections, limit_per_host=0, keepalive_timeout=t.keepalive
+                ),
+                timeout=aiohttp.ClientTimeout(
+                    total=None, connect=t.pool + t.connect, sock_connect=t.connect, sock_read=t.read
+                ),
+                auto_decompress=False,
+                trust_env=False,
+                skip_auto_headers=("user-agent",),
+            )
         return self._session
 
     @property
@@ -90,12 +94,16 @@ class Pool:
             return None
         return hashlib.sha256(f"portcullis-tenant:{tenant or ''}".encode()).hexdigest()[:16]
 
-    def request_shape(self, prompt_tokens: int, max_tokens: int, token_ids: list[int] | None,
-                      salt: str | None = None) -> RouteRequest:
+    def request_shape(
+        self, prompt_tokens: int, max_tokens: int, token_ids: list[int] | None, salt: str | None = None
+    ) -> RouteRequest:
         """A request in KV blocks; prompt block hashes only where the exact token ids are known."""
         size = self.config.block_size
-        hashes = hash_prompt_blocks(token_ids, size, salt) if token_ids and self.config.routing in (
-            "prefix_affinity", "kv_events") else []
+        hashes = (
+            hash_prompt_blocks(token_ids, size, salt)
+            if token_ids and self.config.routing in ("prefix_affinity", "kv_events")
+            else []
+        )
         return RouteRequest(hashes, math.ceil(prompt_tokens / size), math.ceil(max_tokens / size))
 
     def rank(self, request: RouteRequest) -> Ranked:

@@ -26,14 +26,19 @@ def engine_load(text: str) -> tuple[int, int, float, int]:
                 values[sample.name] += sample.value
             elif sample.name == "vllm:cache_config_info" and "num_gpu_blocks" in sample.labels:
                 total_blocks = int(float(sample.labels["num_gpu_blocks"]))
-    return (int(values["vllm:num_requests_running"]), int(values["vllm:num_requests_waiting"]),
-            values["vllm:kv_cache_usage_perc"], total_blocks)
+    return (
+        int(values["vllm:num_requests_running"]),
+        int(values["vllm:num_requests_waiting"]),
+        values["vllm:kv_cache_usage_perc"],
+        total_blocks,
+    )
 
 
 async def scrape(session: aiohttp.ClientSession, replica: Replica, timeout: float) -> bool:
     try:
-        async with session.get(replica.url + "/metrics", timeout=aiohttp.ClientTimeout(total=timeout),
-                               raise_for_status=True) as response:
+        async with session.get(
+            replica.url + "/metrics", timeout=aiohttp.ClientTimeout(total=timeout), raise_for_status=True
+        ) as response:
             replica.observe(*engine_load(await response.text()))
         return True
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -41,20 +46,23 @@ async def scrape(session: aiohttp.ClientSession, replica: Replica, timeout: floa
         return False
 
 
-async def probe(session: aiohttp.ClientSession, replica: Replica, path: str, timeout: float,
-                headers: dict[str, str]) -> bool:
+async def probe(
+    session: aiohttp.ClientSession, replica: Replica, path: str, timeout: float, headers: dict[str, str]
+) -> bool:
     """A plain health check: any 2xx answer to GET `path` within `timeout` is healthy."""
     try:
-        async with session.get(replica.url + path, timeout=aiohttp.ClientTimeout(total=timeout), headers=headers,
-                               raise_for_status=True):
+        async with session.get(
+            replica.url + path, timeout=aiohttp.ClientTimeout(total=timeout), headers=headers, raise_for_status=True
+        ):
             return True
     except (aiohttp.ClientError, TimeoutError) as exc:
         log.debug("health probe of %s failed: %s", replica.url, exc)
         return False
 
 
-async def check_forever(pool, check: Callable[[Replica], Awaitable[bool]], interval: float,
-                        on_change: Callable[[], None] | None = None) -> None:
+async def check_forever(
+    pool, check: Callable[[Replica], Awaitable[bool]], interval: float, on_change: Callable[[], None] | None = None
+) -> None:
     """Check every replica of `pool` each interval; health follows; `on_change()` after each round."""
     health = pool.config.health
     while True:
@@ -75,5 +83,4 @@ def scrape_forever(pool, on_change: Callable[[], None]) -> Awaitable[None]:
 def probe_forever(pool) -> Awaitable[None]:
     health = pool.config.health
     headers = {"Authorization": f"Bearer {pool.api_key}"} if pool.api_key else {}
-    return check_forever(pool, lambda r: probe(pool.session, r, health.path, health.interval, headers),
-                         health.interval)
+    return check_forever(pool, lambda r: probe(pool.session, r, health.path, health.interval, headers), health.interval)

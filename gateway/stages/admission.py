@@ -36,8 +36,12 @@ class AdmissionStage:
     async def __call__(self, ctx: RequestContext) -> None:
         pool = self.pools.for_model(ctx.model)
         if pool is None:
-            raise GatewayError(404, f"the model '{ctx.model}' does not exist or is not served here",
-                               code="model_not_found", param="model")
+            raise GatewayError(
+                404,
+                f"the model '{ctx.model}' does not exist or is not served here",
+                code="model_not_found",
+                param="model",
+            )
         ctx.pool = pool
         salt = pool.cache_salt(ctx.tenant)
         if salt is not None or "cache_salt" in ctx.payload:  # a client never picks whose cache it shares
@@ -45,8 +49,7 @@ class AdmissionStage:
             if salt is not None:
                 ctx.payload["cache_salt"] = salt
             ctx.body = json.dumps(ctx.payload).encode()
-        ctx.route_request = pool.request_shape(ctx.prompt_tokens or 0, ctx.max_tokens or 0, ctx.prompt_token_ids,
-                                               salt)
+        ctx.route_request = pool.request_shape(ctx.prompt_tokens or 0, ctx.max_tokens or 0, ctx.prompt_token_ids, salt)
         ctx.span.set_attribute("portcullis.pool", pool.name)
         ctx.kv_hold = KvHold()
 

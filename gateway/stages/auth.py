@@ -31,5 +31,6 @@ class AuthStage:
 
 
 def _unauthorized(message: str, code: str) -> GatewayError:
-    return GatewayError(401, message, type="authentication_error", code=code,
-                        headers={"www-authenticate": 'Bearer realm="portcullis"'})
+    return GatewayError(
+        401, message, type="authentication_error", code=code, headers={"www-authenticate": 'Bearer realm="portcullis"'}
+    )

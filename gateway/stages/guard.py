@@ -35,8 +35,13 @@ Scan = tuple[list[InputText], list[tuple[int, list[int]]]]
 class GuardStage:
     name = "guard"
 
-    def __init__(self, policies: Callable[[], PolicySet], guard: Guard, offload: Offload,
-                 decode: Callable[[str, list[int]], str | None]) -> None:
+    def __init__(
+        self,
+        policies: Callable[[], PolicySet],
+        guard: Guard,
+        offload: Offload,
+        decode: Callable[[str, list[int]], str | None],
+    ) -> None:
         self._policies = policies
         self.guard = guard
         self._offload = offload
@@ -90,9 +95,12 @@ class GuardStage:
             text = self._decode(model, ids)
             if text is None and spec.unknown_tokenizer == "refuse":
                 raise GatewayError(
-                    400, f"{where} is token ids, and the gateway knows no tokenizer for model {model!r} to read "
-                         "them with, so the guard cannot scan them: send the prompt as text",
-                    code="prompt_unscannable", param=where)
+                    400,
+                    f"{where} is token ids, and the gateway knows no tokenizer for model {model!r} to read "
+                    "them with, so the guard cannot scan them: send the prompt as text",
+                    code="prompt_unscannable",
+                    param=where,
+                )
             return text
 
         return decode
@@ -102,8 +110,15 @@ class GuardStage:
         score, index = await self.guard.score(windows)
         threshold = self.guard.threshold(spec.injection)
         result = spec.injection.action if score >= threshold else "pass"
-        return Verdict("input", "prompt_injection", "guard.injection", result, score, threshold,
-                       where=texts[index].where if result != "pass" and index >= 0 else None)
+        return Verdict(
+            "input",
+            "prompt_injection",
+            "guard.injection",
+            result,
+            score,
+            threshold,
+            where=texts[index].where if result != "pass" and index >= 0 else None,
+        )
 
     def _pii(self, ctx: RequestContext, spec: GuardSpec, texts: list[InputText]) -> list[Verdict]:
         """Detector verdicts; `redact` rewrites the payload in place. Token-id prompts cannot be rewritten, so there
@@ -124,8 +139,11 @@ class GuardStage:
                 if action == "redact" and item.holder is None:
                     action = "block"
                 found_types = sorted({f.type for f in found})
-                verdicts.append(Verdict("input", kind, f"guard.{kind}.{found_types[0]}", action,
-                                        types=found_types, where=item.where))
+                verdicts.append(
+                    Verdict(
+                        "input", kind, f"guard.{kind}.{found_types[0]}", action, types=found_types, where=item.where
+                    )
+                )
                 if action == "redact":
                     redact += found
             if redact:

@@ -36,8 +36,9 @@ class ParseStage:
     async def __call__(self, ctx: RequestContext) -> None:
         body = await self._read_body(ctx)
         await self._gate.check(ctx.route, body)
-        payload, values = await self._offload.run(self._offload.is_big(len(body)), parse_body, ctx.route, body,
-                                                  self.limits)
+        payload, values = await self._offload.run(
+            self._offload.is_big(len(body)), parse_body, ctx.route, body, self.limits
+        )
         ctx.body = body
         ctx.payload = payload
         ctx.json_values = values
@@ -69,8 +70,9 @@ class ParseStage:
                         return b"".join(chunks)
                     stalled.reschedule(loop.time() + idle)
         except TimeoutError:
-            raise GatewayError(408, f"request body stalled for {idle:g}s", code="body_timeout",
-                               headers={"connection": "close"}) from None
+            raise GatewayError(
+                408, f"request body stalled for {idle:g}s", code="body_timeout", headers={"connection": "close"}
+            ) from None
 
 
 def parse_body(route: str, body: bytes, limits: LimitsConfig) -> tuple[dict[str, Any], int]:
@@ -94,9 +96,11 @@ def _too_large(limit: int) -> GatewayError:
 
 def _check_array_lengths(payload: dict[str, Any], limits: LimitsConfig) -> None:
     """The arrays with limits of their own, checked before the walk so the error names them, not a total."""
-    for key, limit, setting in (("messages", limits.max_messages, "limits.max_messages"),
-                                ("tools", limits.max_tools, "limits.max_tools"),
-                                ("functions", limits.max_tools, "limits.max_tools")):
+    for key, limit, setting in (
+        ("messages", limits.max_messages, "limits.max_messages"),
+        ("tools", limits.max_tools, "limits.max_tools"),
+        ("functions", limits.max_tools, "limits.max_tools"),
+    ):
         value = payload.get(key)
         if isinstance(value, list) and len(value) > limit:
             raise json_bounds.array_too_long(key, len(value), limit, setting)
@@ -132,8 +136,11 @@ _FIELDS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("stream_options", lambda v: isinstance(v, dict), "an object"),
     ("response_format", lambda v: isinstance(v, dict), "an object"),
     ("tool_choice", lambda v: isinstance(v, (str, dict)), "a string or an object"),
-    ("logit_bias", lambda v: isinstance(v, dict) and all(_is_number(b) and -100 <= b <= 100 for b in v.values()),
-     "an object of token ids to numbers between -100 and 100"),
+    (
+        "logit_bias",
+        lambda v: isinstance(v, dict) and all(_is_number(b) and -100 <= b <= 100 for b in v.values()),
+        "an object of token ids to numbers between -100 and 100",
+    ),
 )
 
 
@@ -198,8 +205,7 @@ def _check_messages(messages: Any) -> None:
         if isinstance(content, list):
             _check_parts(content, f"{param}.content")
         elif content is not None and not isinstance(content, str):
-            raise invalid_request(f"'{param}.content' must be a string or an array of parts",
-                                  param=f"{param}.content")
+            raise invalid_request(f"'{param}.content' must be a string or an array of parts", param=f"{param}.content")
         for key in ("name", "tool_call_id"):
             if message.get(key) is not None and not isinstance(message[key], str):
                 raise invalid_request(f"'{param}.{key}' must be a string", param=f"{param}.{key}")

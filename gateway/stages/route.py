@@ -11,19 +11,22 @@ class RouteStage:
 
     async def __call__(self, ctx: RequestContext) -> None:
         pool, request = ctx.pool, ctx.route_request
-        assert pool is not None and request is not None and ctx.kv_hold is not None, \
+        assert pool is not None and request is not None and ctx.kv_hold is not None, (
             "admission resolves the pool before routing"
+        )
         ranked = pool.rank(request)
         ctx.candidates = ranked.replicas
         chosen = ranked.replicas[0]
         ctx.kv_hold.move(chosen, ranked.blocks_needed(chosen, request))
         pool.policy.learn(request, chosen)
         ctx.predicted_cached_tokens = ranked.cached_blocks.get(chosen.url, 0) * pool.config.block_size
-        ctx.span.set_attributes({
-            "portcullis.route.policy": pool.config.routing,
-            "portcullis.route.replica": chosen.url,
-            "portcullis.route.replica_state": chosen.state,
-            "portcullis.route.replica_load": chosen.load,
-            "portcullis.route.replica_kv_usage": chosen.kv_usage,
-            "portcullis.route.predicted_cached_tokens": ctx.predicted_cached_tokens,
-        })
+        ctx.span.set_attributes(
+            {
+                "portcullis.route.policy": pool.config.routing,
+                "portcullis.route.replica": chosen.url,
+                "portcullis.route.replica_state": chosen.state,
+                "portcullis.route.replica_load": chosen.load,
+                "portcullis.route.replica_kv_usage": chosen.kv_usage,
+                "portcullis.route.predicted_cached_tokens": ctx.predicted_cached_tokens,
+            }
+        )

@@ -89,10 +89,13 @@ def _per_choice(ctx: RequestContext, prompt: int, window: int | None, default: i
         raise _too_long(window, prompt, honoured)
     if window and prompt + largest > window:
         raise GatewayError(
-            400, f"{largest_field} ({largest}) exceeds what this model's context window of {window} tokens leaves "
-                 f"after the prompt's {prompt} tokens, while {honoured_field} is {honoured}: the two fields "
-                 "disagree; send one of them, or both within the window.",
-            code="context_length_exceeded", param=largest_field)
+            400,
+            f"{largest_field} ({largest}) exceeds what this model's context window of {window} tokens leaves "
+            f"after the prompt's {prompt} tokens, while {honoured_field} is {honoured}: the two fields "
+            "disagree; send one of them, or both within the window.",
+            code="context_length_exceeded",
+            param=largest_field,
+        )
     return largest
 
 
@@ -104,18 +107,26 @@ def _choices(payload: dict, most: int) -> int:
         if value is None:
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise GatewayError(400, f"Invalid '{field}': expected a positive integer.", code="invalid_type",
-                               param=field)
+            raise GatewayError(
+                400, f"Invalid '{field}': expected a positive integer.", code="invalid_type", param=field
+            )
         if value > most:
-            raise GatewayError(400, f"Invalid '{field}': integer above maximum value. Expected a value <= {most}, "
-                                    f"but got {value} instead.", code="integer_above_max_value", param=field)
+            raise GatewayError(
+                400,
+                f"Invalid '{field}': integer above maximum value. Expected a value <= {most}, but got {value} instead.",
+                code="integer_above_max_value",
+                param=field,
+            )
         choices = max(choices, value)
     return choices
 
 
 def _too_long(window: int, prompt: int, completion: int) -> GatewayError:
     return GatewayError(
-        400, f"This model's maximum context length is {window} tokens. However, you requested "
-             f"{prompt + completion} tokens ({prompt} in the messages, {completion} in the completion). "
-             "Please reduce the length of the messages or completion.",
-        code="context_length_exceeded", param="messages")
+        400,
+        f"This model's maximum context length is {window} tokens. However, you requested "
+        f"{prompt + completion} tokens ({prompt} in the messages, {completion} in the completion). "
+        "Please reduce the length of the messages or completion.",
+        code="context_length_exceeded",
+        param="messages",
+    )

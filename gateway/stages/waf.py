@@ -37,8 +37,9 @@ class WafStage:
         policies = self._policies()
         span = trace.get_current_span()
         if not policies.waf.enabled_anywhere:  # no tenant has rules: not even the caller lookup
-            span.set_attributes({"portcullis.waf.policy_version": policies.waf.base.version,
-                                 "portcullis.waf.action": "off"})
+            span.set_attributes(
+                {"portcullis.waf.policy_version": policies.waf.base.version, "portcullis.waf.action": "off"}
+            )
             return
         request = ctx.request
         identity = self._keys.lookup(request.headers)
@@ -66,16 +67,35 @@ class WafStage:
         if verdict.action not in ("block", "monitor") and not any(m.rule.action == "monitor" for m in verdict.matches):
             return  # scored below the threshold (or tagged/redacted only): on the span, not in the audit log
         trace_id, span_id = trace_ids(ctx.span)
-        audit.emit(audit.record(verdict, waf, request_id=ctx.request_id, trace_id=trace_id, span_id=span_id,
-                                tenant=tenant, method=request.method, path=request.scope["path"],
-                                client=ctx.client_ip or None, route=ctx.route))
+        audit.emit(
+            audit.record(
+                verdict,
+                waf,
+                request_id=ctx.request_id,
+                trace_id=trace_id,
+                span_id=span_id,
+                tenant=tenant,
+                method=request.method,
+                path=request.scope["path"],
+                client=ctx.client_ip or None,
+                route=ctx.route,
+            )
+        )
         if verdict.blocked:
             rule = verdict.blocking_rule
             ids = ",".join(m.rule.id for m in verdict.matches if m.points or m.rule is rule)
-            status, message = ((rule.status, rule.message or waf.spec.block.message) if rule.action == "block"
-                               else (waf.spec.block.status, waf.spec.block.message))
-            raise GatewayError(status, f"{message} (rules: {ids}; request id {ctx.request_id})",
-                               type="invalid_request_error", code="waf_blocked", param=ids)
+            status, message = (
+                (rule.status, rule.message or waf.spec.block.message)
+                if rule.action == "block"
+                else (waf.spec.block.status, waf.spec.block.message)
+            )
+            raise GatewayError(
+                status,
+                f"{message} (rules: {ids}; request id {ctx.request_id})",
+                type="invalid_request_error",
+                code="waf_blocked",
+                param=ids,
+            )
 
 
 def _redacted_body(waf: CompiledWaf, view: RequestView, verdict: Verdict, payload: dict) -> bytes | None:
@@ -91,5 +111,11 @@ def view_of(ctx: RequestContext, tenant: str | None, label: str | None) -> Reque
         path=raw_path.decode("latin-1"),
         query=(scope.get("query_string") or b"").decode("latin-1"),
         headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", ())],
-        body=ctx.body, payload=ctx.payload, route=ctx.route, client_ip=ctx.client_ip, tenant=tenant,
-        key_label=label, model=ctx.model)
+        body=ctx.body,
+        payload=ctx.payload,
+        route=ctx.route,
+        client_ip=ctx.client_ip,
+        tenant=tenant,
+        key_label=label,
+        model=ctx.model,
+    )

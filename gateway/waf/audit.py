@@ -26,17 +26,33 @@ def mask(text: str, keep: int = 3) -> str:
 
 def record(verdict: Verdict, waf: CompiledWaf, **request: object) -> dict:
     return {
-        "type": "waf", "ts": time.time(), "action": verdict.action, "policy_version": waf.version,
-        "score": verdict.score, "threshold": waf.threshold, "mode": waf.mode,
+        "type": "waf",
+        "ts": time.time(),
+        "action": verdict.action,
+        "policy_version": waf.version,
+        "score": verdict.score,
+        "threshold": waf.threshold,
+        "mode": waf.mode,
         "blocking_rule": verdict.blocking_rule.id if verdict.blocking_rule else None,
-        "rules": [{"id": m.rule.id, "severity": m.rule.severity, "action": m.rule.action, "points": m.points,
-                   "part": m.hit.part, "operator": m.hit.operator, "match": mask(m.hit.matched)}
-                  for m in verdict.matches],
-        "tags": verdict.tags, **request,
+        "rules": [
+            {
+                "id": m.rule.id,
+                "severity": m.rule.severity,
+                "action": m.rule.action,
+                "points": m.points,
+                "part": m.hit.part,
+                "operator": m.hit.operator,
+                "match": mask(m.hit.matched),
+            }
+            for m in verdict.matches
+        ],
+        "tags": verdict.tags,
+        **request,
     }
 
 
 def emit(entry: dict) -> None:
     # The JSON-lines formatter prints an `access` payload verbatim.
-    log.warning("", extra={"access": entry}) if entry["action"] in ("block", "monitor") else \
-        log.info("", extra={"access": entry})
+    log.warning("", extra={"access": entry}) if entry["action"] in ("block", "monitor") else log.info(
+        "", extra={"access": entry}
+    )

@@ -57,10 +57,16 @@ def _case(file: str, test: dict, index: int, stage: dict) -> Case:
     given = stage.get("input") or {}
     output = stage.get("output") or {}
     log = output.get("log") or {}
-    return Case(file=file, test_id=str(test.get("test_id", "?")), stage=index, desc=str(test.get("desc", "")),
-                view=request_of(given), verdict=output.get("verdict"),
-                expect_ids=[str(i) for i in (log.get("expect_ids") or output.get("expect_ids") or [])],
-                no_expect_ids=[str(i) for i in (log.get("no_expect_ids") or output.get("no_expect_ids") or [])])
+    return Case(
+        file=file,
+        test_id=str(test.get("test_id", "?")),
+        stage=index,
+        desc=str(test.get("desc", "")),
+        view=request_of(given),
+        verdict=output.get("verdict"),
+        expect_ids=[str(i) for i in (log.get("expect_ids") or output.get("expect_ids") or [])],
+        no_expect_ids=[str(i) for i in (log.get("no_expect_ids") or output.get("no_expect_ids") or [])],
+    )
 
 
 def request_of(given: dict[str, Any]) -> RequestView:
@@ -72,8 +78,10 @@ def request_of(given: dict[str, Any]) -> RequestView:
     payload = None
     uri = str(given.get("uri", "/"))
     if "prompt" in given:
-        payload = {"model": given.get("model", "test-model"),
-                   "messages": [{"role": "user", "content": str(given["prompt"])}]}
+        payload = {
+            "model": given.get("model", "test-model"),
+            "messages": [{"role": "user", "content": str(given["prompt"])}],
+        }
         uri = given.get("uri", "/v1/chat/completions")
     if "json" in given:
         payload = given["json"]
@@ -84,8 +92,7 @@ def request_of(given: dict[str, Any]) -> RequestView:
         data = given["data"]
         body = data.encode("utf-8", errors="surrogateescape") if isinstance(data, str) else bytes(data)
     known = {k: given[k] for k in ("tenant", "key_label", "client_ip") if k in given}
-    view = from_raw_http(str(given.get("method", "POST" if body else "GET")), uri, list(headers.items()), body,
-                         **known)
+    view = from_raw_http(str(given.get("method", "POST" if body else "GET")), uri, list(headers.items()), body, **known)
     if payload is not None:
         view.payload = payload
         view.route = "chat" if uri.startswith("/v1/chat") else "completions" if uri.startswith("/v1/") else ""

@@ -18,7 +18,9 @@ from gateway.waf.packs import builtin_packs, merge_overlay
 
 
 def add_verbs(verbs: argparse._SubParsersAction) -> None:
-    test = verbs.add_parser("test", help="run request fixtures (go-ftw style YAML) against a policy; non-zero on failure")
+    test = verbs.add_parser(
+        "test", help="run request fixtures (go-ftw style YAML) against a policy; non-zero on failure"
+    )
     test.add_argument("directory", type=Path)
     test.add_argument("--cases", type=Path, required=True, help="a case file, or a directory of them")
     test.add_argument("-v", "--verbose", action="store_true", help="print passing cases too")
@@ -56,8 +58,10 @@ def _test(args: argparse.Namespace) -> int:
     for case, verdict, problems in results:
         if problems:
             failed += 1
-            print(f"FAIL {case.name} {case.desc}: {'; '.join(problems)} (fired: {', '.join(verdict.rule_ids) or 'none'},"
-                  f" score {verdict.score})")
+            print(
+                f"FAIL {case.name} {case.desc}: {'; '.join(problems)} (fired: {', '.join(verdict.rule_ids) or 'none'},"
+                f" score {verdict.score})"
+            )
         elif args.verbose:
             print(f"ok   {case.name} {verdict.action} {', '.join(verdict.rule_ids)}")
     print(f"{len(results) - failed} passed, {failed} failed (policy {policies.version})")
@@ -68,8 +72,11 @@ def _explain(args: argparse.Namespace) -> int:
     policies = _load(args.directory)
     if policies is None:
         return 2
-    given: dict = {"method": args.method, "uri": args.uri,
-                   "headers": dict(h.split(":", 1) for h in args.header) if args.header else None}
+    given: dict = {
+        "method": args.method,
+        "uri": args.uri,
+        "headers": dict(h.split(":", 1) for h in args.header) if args.header else None,
+    }
     given = {k: v for k, v in given.items() if v is not None}
     if args.data is not None:
         given["data"] = args.data
@@ -87,31 +94,54 @@ def _explain(args: argparse.Namespace) -> int:
             view.headers.append(("content-type", "application/json"))
     waf = policies.waf_for(view.tenant)
     verdict = waf.evaluate(view, all_matches=True)
-    out = {"policy_version": policies.version, "tenant": view.tenant, "mode": waf.mode,
-           "paranoia_level": waf.spec.paranoia_level, "verdict": verdict.action, "score": verdict.score,
-           "threshold": waf.threshold, "blocking_rule": verdict.blocking_rule.id if verdict.blocking_rule else None,
-           "rules": [_why(waf, m) for m in verdict.matches]}
+    out = {
+        "policy_version": policies.version,
+        "tenant": view.tenant,
+        "mode": waf.mode,
+        "paranoia_level": waf.spec.paranoia_level,
+        "verdict": verdict.action,
+        "score": verdict.score,
+        "threshold": waf.threshold,
+        "blocking_rule": verdict.blocking_rule.id if verdict.blocking_rule else None,
+        "rules": [_why(waf, m) for m in verdict.matches],
+    }
     if args.format == "json":
         print(json.dumps(out, indent=2))
         return 0
-    print(f"policy {out['policy_version']}  tenant {out['tenant']}  mode {out['mode']}  "
-          f"paranoia level {out['paranoia_level']}")
+    print(
+        f"policy {out['policy_version']}  tenant {out['tenant']}  mode {out['mode']}  "
+        f"paranoia level {out['paranoia_level']}"
+    )
     for rule in out["rules"]:
-        print(f"  {rule['id']:<18} {rule['severity']:<8} +{rule['points']:<2} {rule['action']:<7} "
-              f"{rule['part']}: {rule['operator']} matched {rule['matched']!r}")
-        print(f"  {'':<18} {rule['description']} (pack {rule['pack'] or 'policy'}, transforms "
-              f"{', '.join(rule['transforms']) or 'none'})")
-    print(f"verdict: {out['verdict']} (score {out['score']}/{out['threshold']}"
-          f"{', by ' + out['blocking_rule'] if out['blocking_rule'] else ''})")
+        print(
+            f"  {rule['id']:<18} {rule['severity']:<8} +{rule['points']:<2} {rule['action']:<7} "
+            f"{rule['part']}: {rule['operator']} matched {rule['matched']!r}"
+        )
+        print(
+            f"  {'':<18} {rule['description']} (pack {rule['pack'] or 'policy'}, transforms "
+            f"{', '.join(rule['transforms']) or 'none'})"
+        )
+    print(
+        f"verdict: {out['verdict']} (score {out['score']}/{out['threshold']}"
+        f"{', by ' + out['blocking_rule'] if out['blocking_rule'] else ''})"
+    )
     return 0
 
 
 def _why(waf: CompiledWaf, match) -> dict:
     compiled = next(r for r in waf.rules if r.rule is match.rule)
-    return {"id": match.rule.id, "description": match.rule.description, "severity": match.rule.severity,
-            "points": match.points, "action": match.rule.action, "pack": compiled.pack, "part": match.hit.part,
-            "operator": match.hit.operator, "matched": match.hit.matched[:120],
-            "transforms": sorted({t for c in _leaves(match.rule.when) for t in c.transforms})}
+    return {
+        "id": match.rule.id,
+        "description": match.rule.description,
+        "severity": match.rule.severity,
+        "points": match.points,
+        "action": match.rule.action,
+        "pack": compiled.pack,
+        "part": match.hit.part,
+        "operator": match.hit.operator,
+        "matched": match.hit.matched[:120],
+        "transforms": sorted({t for c in _leaves(match.rule.when) for t in c.transforms}),
+    }
 
 
 def _leaves(cond):
@@ -135,21 +165,27 @@ def lint(policies: PolicySet) -> list[str]:
         for compiled in (compiled_by.get(where) or policies.waf.base).rules:
             owner = compiled.pack or "policy"
             if compiled.rule.id in seen_ids:
-                notes.append(f"error: {where}: rule id {compiled.rule.id!r} is in {seen_ids[compiled.rule.id]!r} "
-                             f"and {owner!r}")
+                notes.append(
+                    f"error: {where}: rule id {compiled.rule.id!r} is in {seen_ids[compiled.rule.id]!r} and {owner!r}"
+                )
             seen_ids[compiled.rule.id] = owner
         pack_ids = {r.id: name for name, pack in builtin_packs()[0].items() for r in pack.rules}
         for rule in spec.rules:
             if rule.paranoia_level > spec.paranoia_level:
-                notes.append(f"dead: {where}: rule {rule.id!r} needs paranoia level {rule.paranoia_level}, the "
-                             f"policy runs at {spec.paranoia_level}")
+                notes.append(
+                    f"dead: {where}: rule {rule.id!r} needs paranoia level {rule.paranoia_level}, the "
+                    f"policy runs at {spec.paranoia_level}"
+                )
             if rule.id in pack_ids:
-                notes.append(f"note: {where}: rule {rule.id!r} replaces the rule of that id in pack "
-                             f"{pack_ids[rule.id]!r}")
+                notes.append(
+                    f"note: {where}: rule {rule.id!r} replaces the rule of that id in pack {pack_ids[rule.id]!r}"
+                )
         for exc in spec.exclusions:
             if not (exc.routes or exc.paths or exc.tenants):
-                notes.append(f"dead: {where}: exclusion {exc.id or exc.rules or exc.tags} applies everywhere: the "
-                             "rules it names never run (disable them instead)")
+                notes.append(
+                    f"dead: {where}: exclusion {exc.id or exc.rules or exc.tags} applies everywhere: the "
+                    "rules it names never run (disable them instead)"
+                )
         if spec.mode == "off" and (spec.rules or spec.packs):
             notes.append(f"dead: {where}: WAF mode is off; its {len(spec.rules)} rules and packs never run")
     for where, waf in [("base", policies.waf.base), *((f"tenant {t}", w) for t, w in policies.waf.tenants.items())]:
@@ -157,8 +193,9 @@ def lint(policies: PolicySet) -> list[str]:
         for compiled in waf.rules:
             key = json.dumps(compiled.rule.when.model_dump(exclude_defaults=True), sort_keys=True)
             if key in conditions:
-                notes.append(f"shadowed: {where}: rule {compiled.rule.id!r} has the same condition as "
-                             f"{conditions[key]!r}")
+                notes.append(
+                    f"shadowed: {where}: rule {compiled.rule.id!r} has the same condition as {conditions[key]!r}"
+                )
             else:
                 conditions[key] = compiled.rule.id
     return notes

@@ -16,8 +16,9 @@ from gateway.waf import matchers, tautology, transforms
 from gateway.waf.model import Condition, Exclusion, WafRule, WafSpec
 from gateway.waf.parts import RequestView
 
-_NUMERIC_TARGETS = frozenset({"body_size", "header_count", "arg_count", "json_depth", "json_keys", "invalid_utf8",
-                              "prompt_size"})
+_NUMERIC_TARGETS = frozenset(
+    {"body_size", "header_count", "arg_count", "json_depth", "json_keys", "invalid_utf8", "prompt_size"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +34,7 @@ class Hit:
 
     @property
     def matched(self) -> str:
-        return self.text[self.start:self.end] if self.end > self.start else self.text
+        return self.text[self.start : self.end] if self.end > self.start else self.text
 
 
 _NOT_HIT = Hit(part="", text="", operator="not")
@@ -97,8 +98,7 @@ class _State:
         out = self.texts.get(targets, _UNSET)
         if out is _UNSET:
             parts = [self.part(target) for target in targets]
-            out = self.texts[targets] = tuple(texts for texts, _ in parts) if all(short for _, short in parts) \
-                else None
+            out = self.texts[targets] = tuple(texts for texts, _ in parts) if all(short for _, short in parts) else None
         return out
 
     def get(self, key: tuple) -> list:
@@ -389,8 +389,11 @@ class CompiledWaf:
         self.rules: list[CompiledRule] = []
         for rule, pack in rules:
             points = rule.score if rule.score is not None else spec.anomaly.points.get(rule.severity, 0)
-            redactors = tuple((targets, matchers.compile_regex(pattern)) for targets, pattern in
-                              _regex_leaves(rule.when)) if rule.action == "redact" else ()
+            redactors = (
+                tuple((targets, matchers.compile_regex(pattern)) for targets, pattern in _regex_leaves(rule.when))
+                if rule.action == "redact"
+                else ()
+            )
             node, needs = compiler.node(rule.when)
             self.rules.append(CompiledRule(rule, node, points, pack, needs, redactors))
         self._scans = compiler.finish()
@@ -401,7 +404,8 @@ class CompiledWaf:
             for leaf in r.needs or ():
                 self._woken[leaf] = (*self._woken.get(leaf, ()), i)
         self.exclusions: list[tuple[Exclusion, frozenset[str]]] = [
-            (exc, frozenset(r.rule.id for r in self.rules if _excluded(exc, r.rule))) for exc in spec.exclusions]
+            (exc, frozenset(r.rule.id for r in self.rules if _excluded(exc, r.rule))) for exc in spec.exclusions
+        ]
 
     @property
     def enabled(self) -> bool:
@@ -476,8 +480,11 @@ class CompiledWaf:
             return frozenset()
         out: set[str] = set()
         for exc, ids in self.exclusions:
-            if ((not exc.routes or view.route in exc.routes) and (not exc.tenants or view.tenant in exc.tenants)
-                    and (not exc.paths or any(view.path.startswith(p) for p in exc.paths))):
+            if (
+                (not exc.routes or view.route in exc.routes)
+                and (not exc.tenants or view.tenant in exc.tenants)
+                and (not exc.paths or any(view.path.startswith(p) for p in exc.paths))
+            ):
                 out |= ids
         return out
 
@@ -499,12 +506,14 @@ def _redact_text(regex, replacement: str, text: str) -> tuple[str, int]:
 
 
 def _excluded(exc: Exclusion, rule: WafRule) -> bool:
-    return (any(fnmatch.fnmatchcase(rule.id, pattern) for pattern in exc.rules)
-            or any(tag in rule.tags for tag in exc.tags))
+    return any(fnmatch.fnmatchcase(rule.id, pattern) for pattern in exc.rules) or any(
+        tag in rule.tags for tag in exc.tags
+    )
 
 
-def active_rules(spec: WafSpec, packs: dict[str, list[WafRule]], disabled: Iterable[str] = ()
-                 ) -> list[tuple[WafRule, str | None]]:
+def active_rules(
+    spec: WafSpec, packs: dict[str, list[WafRule]], disabled: Iterable[str] = ()
+) -> list[tuple[WafRule, str | None]]:
     """Rules at the paranoia levels in force: packs in the order enabled, then the policy's own rules. A policy
     rule with a pack rule's id replaces it."""
     disabled = set(disabled)
@@ -516,8 +525,9 @@ def active_rules(spec: WafSpec, packs: dict[str, list[WafRule]], disabled: Itera
             if rule.id in own or rule.id in disabled or rule.paranoia_level > level:
                 continue
             out.append((rule, ref.name))
-    out.extend((rule, None) for rule in spec.rules
-               if rule.id not in disabled and rule.paranoia_level <= spec.paranoia_level)
+    out.extend(
+        (rule, None) for rule in spec.rules if rule.id not in disabled and rule.paranoia_level <= spec.paranoia_level
+    )
     return out
 
 

@@ -27,24 +27,46 @@ from gateway.waf.model import Condition
 from gateway.waf.packs import WafSet
 
 # Unrelated texts: a regex that finds a match in every one of them matches any text.
-_TEXTS = ("", "x", "0", "\n", " \t", "Hello, world!", "é漢字🙂", "SELECT 1", "<b>", "/v1/chat/completions",
-          "z" * 300)
+_TEXTS = ("", "x", "0", "\n", " \t", "Hello, world!", "é漢字🙂", "SELECT 1", "<b>", "/v1/chat/completions", "z" * 300)
 
 # Ordinary requests of the kinds the WAF judges (chat and completions, streaming or not, different clients).
 _REQUESTS = (
-    {"uri": "/v1/chat/completions", "client_ip": "203.0.113.7",
-     "headers": {"Host": "api.example.com", "User-Agent": "OpenAI/Python 1.40.0", "Accept": "application/json",
-                 "Authorization": "Bearer probe-key"},
-     "json": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "What is the capital of France?"}]}},
-    {"uri": "/v1/completions", "client_ip": "198.51.100.20",
-     "headers": {"Host": "llm.internal", "User-Agent": "curl/8.5.0", "Accept": "*/*"},
-     "json": {"model": "SmolLM2-135M-Instruct", "prompt": "Once upon a time", "max_tokens": 16}},
-    {"uri": "/v1/chat/completions", "client_ip": "192.0.2.33",
-     "headers": {"Host": "gateway.example.org", "User-Agent": "Mozilla/5.0 (X11; Linux x86_64)",
-                 "Accept": "text/event-stream", "Accept-Language": "en-GB"},
-     "json": {"model": "llama-3-8b", "stream": True, "temperature": 0.2,
-              "messages": [{"role": "system", "content": "You are a concise assistant."},
-                           {"role": "user", "content": "Summarise in one sentence: the weather was mild."}]}},
+    {
+        "uri": "/v1/chat/completions",
+        "client_ip": "203.0.113.7",
+        "headers": {
+            "Host": "api.example.com",
+            "User-Agent": "OpenAI/Python 1.40.0",
+            "Accept": "application/json",
+            "Authorization": "Bearer probe-key",
+        },
+        "json": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "What is the capital of France?"}]},
+    },
+    {
+        "uri": "/v1/completions",
+        "client_ip": "198.51.100.20",
+        "headers": {"Host": "llm.internal", "User-Agent": "curl/8.5.0", "Accept": "*/*"},
+        "json": {"model": "SmolLM2-135M-Instruct", "prompt": "Once upon a time", "max_tokens": 16},
+    },
+    {
+        "uri": "/v1/chat/completions",
+        "client_ip": "192.0.2.33",
+        "headers": {
+            "Host": "gateway.example.org",
+            "User-Agent": "Mozilla/5.0 (X11; Linux x86_64)",
+            "Accept": "text/event-stream",
+            "Accept-Language": "en-GB",
+        },
+        "json": {
+            "model": "llama-3-8b",
+            "stream": True,
+            "temperature": 0.2,
+            "messages": [
+                {"role": "system", "content": "You are a concise assistant."},
+                {"role": "user", "content": "Summarise in one sentence: the weather was mild."},
+            ],
+        },
+    },
 )
 
 
@@ -67,13 +89,17 @@ def inspect(waf_set: WafSet) -> Findings:
         fired_everywhere = set.intersection(*(set(v.rule_ids) for v in verdicts))
         for compiled in waf.rules:
             if compiled.rule.id in fired_everywhere:
-                warnings.append(f"warning: {where}: rule {compiled.rule.id!r} (action {compiled.rule.action}) "
-                                f"matches every request: it fired on all {len(verdicts)} ordinary requests tried")
+                warnings.append(
+                    f"warning: {where}: rule {compiled.rule.id!r} (action {compiled.rule.action}) "
+                    f"matches every request: it fired on all {len(verdicts)} ordinary requests tried"
+                )
         if waf.mode == "block" and all(v.blocked for v in verdicts):
             rules = sorted({v.blocking_rule.id for v in verdicts if v.blocking_rule})
-            blankets.append(f"{where}: the WAF blocks every request (all {len(verdicts)} ordinary requests tried "
-                            f"were blocked, by {', '.join(repr(r) for r in rules)}); refused so it cannot take all "
-                            "traffic down: narrow the rule, or set `mode: monitor` to watch it first")
+            blankets.append(
+                f"{where}: the WAF blocks every request (all {len(verdicts)} ordinary requests tried "
+                f"were blocked, by {', '.join(repr(r) for r in rules)}); refused so it cannot take all "
+                "traffic down: narrow the rule, or set `mode: monitor` to watch it first"
+            )
     return Findings(tuple(warnings), tuple(blankets))
 
 
@@ -107,11 +133,15 @@ def _regex_warnings(where: str, waf: CompiledWaf) -> Iterator[str]:
         for cond in _regex_leaves(rule.when):
             parts = ", ".join(cond.target or ())
             if matches_any_text(cond.regex):
-                yield (f"warning: {where}: rule {rule.id!r}: regex {cond.regex!r} on {parts} matches any text, "
-                       f"even empty: the condition only tests that {parts} is present")
+                yield (
+                    f"warning: {where}: rule {rule.id!r}: regex {cond.regex!r} on {parts} matches any text, "
+                    f"even empty: the condition only tests that {parts} is present"
+                )
             elif rule.action == "redact" and matches_empty(cond.regex):
-                yield (f"warning: {where}: rule {rule.id!r} (action redact): regex {cond.regex!r} can match the "
-                       "empty string; empty matches are not redacted (did you mean + rather than *?)")
+                yield (
+                    f"warning: {where}: rule {rule.id!r} (action redact): regex {cond.regex!r} can match the "
+                    "empty string; empty matches are not redacted (did you mean + rather than *?)"
+                )
 
 
 def _regex_leaves(cond: Condition) -> Iterator[Condition]:

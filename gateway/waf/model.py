@@ -22,21 +22,59 @@ _QUIET.log_errors = False
 WafRuleId = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")]
 Severity = Literal["critical", "error", "warning", "notice"]
 Level = Annotated[int, Field(ge=1, le=4)]
-Transform = Literal["lowercase", "url_decode", "html_entity_decode", "nfkc", "remove_nulls", "compress_whitespace",
-                    "remove_whitespace", "base64_decode", "js_decode", "remove_comments", "cmd_line",
-                    "quote_split_words", "normalize_path", "trim"]
+Transform = Literal[
+    "lowercase",
+    "url_decode",
+    "html_entity_decode",
+    "nfkc",
+    "remove_nulls",
+    "compress_whitespace",
+    "remove_whitespace",
+    "base64_decode",
+    "js_decode",
+    "remove_comments",
+    "cmd_line",
+    "quote_split_words",
+    "normalize_path",
+    "trim",
+]
 
 # Request parts a condition can read. Plain names, or `name:PARAM` for the parameterised ones.
 PLAIN_TARGETS = (
-    "method", "path", "uri", "query", "args", "args_names", "headers", "header_names", "cookies", "cookie_names",
-    "body", "prompt", "model", "tenant", "key_label", "route", "client_ip", "content_type", "json_strings",
+    "method",
+    "path",
+    "uri",
+    "query",
+    "args",
+    "args_names",
+    "headers",
+    "header_names",
+    "cookies",
+    "cookie_names",
+    "body",
+    "prompt",
+    "model",
+    "tenant",
+    "key_label",
+    "route",
+    "client_ip",
+    "content_type",
+    "json_strings",
     # numbers
-    "body_size", "header_count", "arg_count", "json_depth", "json_keys", "invalid_utf8", "prompt_size",
+    "body_size",
+    "header_count",
+    "arg_count",
+    "json_depth",
+    "json_keys",
+    "invalid_utf8",
+    "prompt_size",
 )
 PARAM_TARGETS = ("header", "cookie", "arg", "json", "prompt")
 _TARGET = re.compile(rf"^(?:{'|'.join(PLAIN_TARGETS)})$|^(?:{'|'.join(PARAM_TARGETS)}):.+$")
-TARGET_HELP = (f"a request part: one of {', '.join(PLAIN_TARGETS)}; or header:NAME, cookie:NAME, arg:NAME, "
-               "json:PATH (dotted, * for any key or index), prompt:ROLE")
+TARGET_HELP = (
+    f"a request part: one of {', '.join(PLAIN_TARGETS)}; or header:NAME, cookie:NAME, arg:NAME, "
+    "json:PATH (dotted, * for any key or index), prompt:ROLE"
+)
 
 
 class _Strict(BaseModel):
@@ -81,12 +119,20 @@ class Condition(_Strict):
     in_: list[str | float] | None = Field(default=None, alias="in", description="equal to one of these")
     number: Numeric | None = Field(default=None, description="the part read as a number")
     length: Numeric | None = Field(default=None, description="the part's length in characters")
-    sqli: bool | SqliOptions | None = Field(default=None, description=(
-        "libinjection SQL-injection detection; {min_tokens: N} keeps only fingerprints of N tokens or more"))
+    sqli: bool | SqliOptions | None = Field(
+        default=None,
+        description=(
+            "libinjection SQL-injection detection; {min_tokens: N} keeps only fingerprints of N tokens or more"
+        ),
+    )
     xss: bool | None = Field(default=None, description="libinjection XSS detection")
-    tautology: bool | None = Field(default=None, description=(
-        "a comparison between two SQL literals that holds (1=1, 'a'='a', 42 LIKE 42, 2>1), evaluated as a database "
-        "would; a false one (11!=11) does not match"))
+    tautology: bool | None = Field(
+        default=None,
+        description=(
+            "a comparison between two SQL literals that holds (1=1, 'a'='a', 42 LIKE 42, 2>1), evaluated as a database "
+            "would; a false one (11!=11) does not match"
+        ),
+    )
     cidr: list[str] | None = Field(default=None, description="client IP in one of these networks")
 
     @field_validator("target", mode="before")
@@ -109,8 +155,9 @@ class Condition(_Strict):
             try:
                 re2.compile(value, options=_QUIET)
             except re2.error as exc:
-                reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) \
-                    else str(exc)
+                reason = (
+                    exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+                )
                 raise ValueError(f"regex does not compile under RE2: {reason}") from None
         return value
 
@@ -137,8 +184,10 @@ class Condition(_Strict):
         ops = [k for k in _OPERATORS if getattr(self, k) not in (None, False)]
         if len(combos) + len(ops) != 1:
             given = ", ".join(k.rstrip("_") for k in combos + ops) or "none"
-            raise ValueError("give exactly one of all, any, not, or one operator (regex, phrases, equals, in, "
-                             f"number, length, sqli, xss, tautology, cidr); given: {given}")
+            raise ValueError(
+                "give exactly one of all, any, not, or one operator (regex, phrases, equals, in, "
+                f"number, length, sqli, xss, tautology, cidr); given: {given}"
+            )
         if ops and not self.target:
             raise ValueError(f"'{ops[0].rstrip('_')}' needs a 'target'")
         if combos and (self.target or self.transforms):
@@ -197,7 +246,8 @@ class Anomaly(_Strict):
 
     inbound_threshold: Annotated[int, Field(gt=0)] = 5
     points: dict[Severity, Annotated[int, Field(ge=0)]] = Field(
-        default_factory=lambda: {"critical": 5, "error": 4, "warning": 3, "notice": 2})
+        default_factory=lambda: {"critical": 5, "error": 4, "warning": 3, "notice": 2}
+    )
 
 
 class Exclusion(_Strict):
@@ -226,7 +276,8 @@ class WafSpec(_Strict):
     """The WAF: built-in or custom rule packs at a paranoia level, the policy's own rules, scoring, exclusions."""
 
     mode: Switch[Literal["block", "monitor", "off"]] = Field(
-        default="block", description="monitor: decide and log, never refuse; off: skip the WAF")
+        default="block", description="monitor: decide and log, never refuse; off: skip the WAF"
+    )
     paranoia_level: Level = 1
     packs: list[Union[str, PackRef]] = Field(default_factory=list, description="rule packs enabled by name")
     anomaly: Anomaly = Anomaly()

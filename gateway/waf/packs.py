@@ -42,8 +42,7 @@ def pack_rules(custom: dict[str, RulePack]) -> dict[str, list[WafRule]]:
 def merge_overlay(base: WafSpec, overlay: WafSpec) -> WafSpec:
     """A tenant's WAF: fields the overlay sets replace the base's; rules with a base rule's id replace it, new ids
     add to it; exclusions add to the base's."""
-    updates = {name: getattr(overlay, name) for name in overlay.model_fields_set if name not in ("rules",
-                                                                                              "exclusions")}
+    updates = {name: getattr(overlay, name) for name in overlay.model_fields_set if name not in ("rules", "exclusions")}
     replaced = {rule.id: rule for rule in overlay.rules}
     rules = [replaced.pop(rule.id, rule) for rule in base.rules] + list(replaced.values())
     return base.model_copy(update={**updates, "rules": rules, "exclusions": [*base.exclusions, *overlay.exclusions]})
@@ -56,8 +55,9 @@ def known_rule_ids(spec: WafSpec, packs: dict[str, list[WafRule]]) -> set[str]:
     return ids
 
 
-def compile_waf(spec: WafSpec, packs: dict[str, list[WafRule]], version: str,
-                disabled: list[str] | tuple[str, ...] = ()) -> CompiledWaf:
+def compile_waf(
+    spec: WafSpec, packs: dict[str, list[WafRule]], version: str, disabled: list[str] | tuple[str, ...] = ()
+) -> CompiledWaf:
     return CompiledWaf(spec, active_rules(spec, packs, disabled), version)
 
 
@@ -97,13 +97,15 @@ def check_packs(base: WafSpec, overlays: dict[str, WafSpec], custom: list[tuple[
     for where, spec in [("base policy", base), *((f"tenant {t!r}", s) for t, s in overlays.items())]:
         for ref in spec.pack_refs():
             if ref.name not in known:
-                problems.append(f"{where}: spec.waf.packs names unknown rule pack {ref.name!r} "
-                                f"(known: {', '.join(sorted(known))})")
+                problems.append(
+                    f"{where}: spec.waf.packs names unknown rule pack {ref.name!r} (known: {', '.join(sorted(known))})"
+                )
     return problems
 
 
-def build_waf_set(base: WafSpec, overlays: dict[str, tuple[WafSpec | None, list[str]]],
-                  custom: dict[str, RulePack], version: str) -> WafSet:
+def build_waf_set(
+    base: WafSpec, overlays: dict[str, tuple[WafSpec | None, list[str]]], custom: dict[str, RulePack], version: str
+) -> WafSet:
     """Compile the base WAF and one per tenant whose overlay changes it (a `waf` section or disabled WAF ids)."""
     packs = pack_rules(custom)
     compiled = compile_waf(base, packs, version)

@@ -233,8 +233,10 @@ def _is_prompt(loc: tuple) -> bool:
     if head == "prompt":
         return True
     if head == "messages":  # messages[i].content..., messages[i].tool_calls[j].function.arguments
-        return len(loc) >= 3 and (loc[2] == "content" or (
-            len(loc) == 6 and loc[2] == "tool_calls" and loc[4] == "function" and loc[5] == "arguments"))
+        return len(loc) >= 3 and (
+            loc[2] == "content"
+            or (len(loc) == 6 and loc[2] == "tool_calls" and loc[4] == "function" and loc[5] == "arguments")
+        )
     return len(loc) >= 3 and loc[-1] == "description"  # tools[i].function..., functions[i]...: any description
 
 

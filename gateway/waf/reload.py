@@ -19,8 +19,13 @@ log = logging.getLogger(__name__)
 
 
 class PolicyReloader:
-    def __init__(self, directory: Path, install: Callable[[PolicySet], None], current: Callable[[], PolicySet],
-                 debounce_ms: int = 200) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        install: Callable[[PolicySet], None],
+        current: Callable[[], PolicySet],
+        debounce_ms: int = 200,
+    ) -> None:
         self.directory = directory
         self._install = install
         self._current = current
@@ -66,8 +71,9 @@ class PolicyReloader:
         from watchfiles import awatch
 
         try:
-            async for _ in awatch(self.directory, stop_event=self._stop, debounce=self._debounce_ms,
-                                  step=50, recursive=True):
+            async for _ in awatch(
+                self.directory, stop_event=self._stop, debounce=self._debounce_ms, step=50, recursive=True
+            ):
                 await self.reload("file change")
         except Exception:
             log.exception("policy watcher stopped; SIGHUP still reloads")
@@ -82,8 +88,13 @@ class PolicyReloader:
                 await self._task
 
     def status(self) -> dict:
-        return {"loaded_at": self.loaded_at, "reloads": self.reloads, "last_error": self.last_error,
-                "last_error_at": self.last_error_at, "directory": str(self.directory)}
+        return {
+            "loaded_at": self.loaded_at,
+            "reloads": self.reloads,
+            "last_error": self.last_error,
+            "last_error_at": self.last_error_at,
+            "directory": str(self.directory),
+        }
 
 
 def log_policy_warnings(policies: PolicySet) -> None:

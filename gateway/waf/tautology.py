@@ -18,13 +18,16 @@ import re2
 from gateway.waf.matchers import compile_regex
 
 _NUMBER = r"-?\d+(?:\.\d+)?"
-_OPERATOR = (r"<=>|==|=|!=|<>|>=|<=|<|>|\bnot\s+(?:like|rlike|regexp)\b|\blike\b|\brlike\b|\bregexp\b|"
-             r"\bis\s+not\b|\bis\b")
+_OPERATOR = (
+    r"<=>|==|=|!=|<>|>=|<=|<|>|\bnot\s+(?:like|rlike|regexp)\b|\blike\b|\brlike\b|\bregexp\b|"
+    r"\bis\s+not\b|\bis\b"
+)
 # Groups: 1 left number, 2 left string, 3 operator, 4 right number, 5 right string. A number is a whole token, not
 # the tail of a name (x1=1) or a decimal; a right-hand string may be left open at the end of the value.
 _COMPARISON = compile_regex(
     rf"(?i)(?:(?:^|[^\w.])({_NUMBER})|('[^']{{0,64}}'|\"[^\"]{{0,64}}\"))\s*({_OPERATOR})\s*"
-    rf"(?:({_NUMBER})(?:[^\w.]|$)|('[^']{{0,64}}(?:'|$)|\"[^\"]{{0,64}}(?:\"|$)))")
+    rf"(?:({_NUMBER})(?:[^\w.]|$)|('[^']{{0,64}}(?:'|$)|\"[^\"]{{0,64}}(?:\"|$)))"
+)
 _MAX_COMPARISONS = 256
 _NEGATED = frozenset(("!=", "<>", "is not", "not like", "not rlike", "not regexp"))
 # "3 < 5" is everyday text; an ordering is a tautology only as a condition (OR 2>1, AND 3>=3, WHERE 1<2).
@@ -44,8 +47,9 @@ def find(text: str) -> tuple[int, int] | None:
         first = 1 if match.group(1) else 2  # the left operand's group
         last = 4 if match.group(4) else 5  # the right operand's
         operator = " ".join(match.group(3).lower().split())
-        condition = operator not in _ORDERING or _LOGIC_BEFORE.search(text[max(0, match.start(first) - 24):
-                                                                            match.start(first)])
+        condition = operator not in _ORDERING or _LOGIC_BEFORE.search(
+            text[max(0, match.start(first) - 24) : match.start(first)]
+        )
         if condition and _holds(_value(match.group(first)), operator, _value(match.group(last))):
             return match.start(first), match.end(last)
         pos = match.start(last) - 1  # the right operand may open the next comparison (1=2=2)

@@ -49,8 +49,9 @@ def base64_decode(value: str) -> str:
     if len(stripped) < 8 or not _B64.match(stripped):
         return value
     try:
-        raw = base64.b64decode(stripped + "=" * (-len(stripped) % 4), altchars=b"-_" if "-" in stripped or
-                               "_" in stripped else None)
+        raw = base64.b64decode(
+            stripped + "=" * (-len(stripped) % 4), altchars=b"-_" if "-" in stripped or "_" in stripped else None
+        )
     except (binascii.Error, ValueError):
         return value
     return raw.decode("utf-8", errors="replace")
@@ -74,8 +75,9 @@ def quote_split_words(value: str) -> str:
         return ""
     # Split first, then test each word: one pattern spanning a whole word would backtrack quadratically on a long
     # word that holds a quote but is not split by it.
-    return " ".join(w.replace("'", "").replace('"', "") for w in _SHELL_WORD_BREAK.split(value)
-                    if _QUOTE_INSIDE_WORD.search(w))
+    return " ".join(
+        w.replace("'", "").replace('"', "") for w in _SHELL_WORD_BREAK.split(value) if _QUOTE_INSIDE_WORD.search(w)
+    )
 
 
 def normalize_path(value: str) -> str:

@@ -60,14 +60,24 @@ SHORT = [6403, 1980, 253, 655]  # "Once upon a time"
 
 # --- this engine ------------------------------------------------------------------------------------
 
+
 def bench_portcullis(threads: int, compute: str) -> dict:
     sys.path.insert(0, str(ROOT))
     from backend_engine.config import EngineConfig
     from backend_engine.engine import LLMEngine
     from backend_engine.sequence import SamplingParams
 
-    eng = LLMEngine(EngineConfig(device="cpu", compute=compute, threads=threads, kv_cache_bytes=1 << 30,
-                                 max_num_seqs=64, max_num_batched_tokens=512, model=model_path()))
+    eng = LLMEngine(
+        EngineConfig(
+            device="cpu",
+            compute=compute,
+            threads=threads,
+            kv_cache_bytes=1 << 30,
+            max_num_seqs=64,
+            max_num_batched_tokens=512,
+            model=model_path(),
+        )
+    )
     greedy = lambda n: SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)  # noqa: E731
     eng.generate([SHORT], greedy(4))  # warm-up
 
@@ -114,8 +124,10 @@ def breakdown(eng, n: int) -> dict:
         acc["attention_s"] += time.perf_counter() - t
         return r
 
-    seqs = [eng.add_request(f"bd{i}", p, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
-            for i, p in enumerate(stream_prompts(n))]
+    seqs = [
+        eng.add_request(f"bd{i}", p, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+        for i, p in enumerate(stream_prompts(n))
+    ]
     while any(s.num_output_tokens < 8 for s in seqs):  # get past prefill
         eng.step()
     m._mm, m._decode_attention = mm, att
@@ -130,18 +142,29 @@ def breakdown(eng, n: int) -> dict:
     total = time.perf_counter() - t0
     while any(not s.is_finished for s in seqs):
         eng.step()
-    return {"step_ms": 1000 * total / steps, "matmul_ms": 1000 * acc["matmul_s"] / steps,
-            "attention_ms": 1000 * acc["attention_s"] / steps,
-            "other_ms": 1000 * (total - acc["matmul_s"] - acc["attention_s"]) / steps}
+    return {
+        "step_ms": 1000 * total / steps,
+        "matmul_ms": 1000 * acc["matmul_s"] / steps,
+        "attention_ms": 1000 * acc["attention_s"] / steps,
+        "other_ms": 1000 * (total - acc["matmul_s"] - acc["attention_s"]) / steps,
+    }
 
 
 # --- llama.cpp ------------------------------------------------------------------------------------
 
+
 def bench_llamacpp(threads: int) -> dict:
     from llama_cpp import Llama
 
-    llm = Llama(model_path=model_path(), n_ctx=4096, n_batch=512, n_threads=threads, n_threads_batch=threads,
-                verbose=False, logits_all=False)
+    llm = Llama(
+        model_path=model_path(),
+        n_ctx=4096,
+        n_batch=512,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+        logits_all=False,
+    )
 
     def run(prompt: list[int], n: int) -> tuple[float, float, int]:
         """(ttft, decode seconds after the first token, tokens) for one greedy completion."""
@@ -180,6 +203,7 @@ def bench_llamacpp(threads: int) -> dict:
 
 # --- side by side ---------------------------------------------------------------------------------
 
+
 def compare(args: argparse.Namespace) -> dict:
     out = {"machine": machine(), "model": "SmolLM2-135M-Instruct.Q4_1.gguf", "results": []}
     runs = [(sys.executable, "portcullis", compute) for compute in args.compute]
@@ -187,8 +211,12 @@ def compare(args: argparse.Namespace) -> dict:
         runs.insert(0, (args.llamacpp_python, "llamacpp", "int8"))
     for py, backend, compute in runs:
         load0 = os.getloadavg()[0]
-        p = subprocess.run([py, __file__, "--backend", backend, "--threads", str(args.threads), "--compute", compute],
-                           capture_output=True, text=True, cwd=ROOT)
+        p = subprocess.run(
+            [py, __file__, "--backend", backend, "--threads", str(args.threads), "--compute", compute],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
         if p.returncode != 0:
             raise SystemExit(f"{backend} failed:\n{p.stderr[-3000:]}")
         r = json.loads(p.stdout.strip().splitlines()[-1])
@@ -214,12 +242,16 @@ def machine() -> str:
 def markdown(out: dict) -> str:
     rs = out["results"]
     head = "| metric | " + " | ".join(r["backend"] for r in rs) + " |\n|---|" + "---|" * len(rs) + "\n"
-    rows = [("single-stream decode (tok/s)", lambda r: f"{r['single_stream_decode_tok_s']:.1f}"),
-            ("TTFT, 1,000-token prompt, cold (s)", lambda r: f"{r['ttft_cold_1000_s']:.3f}"),
-            ("TTFT, same prompt with 999-token prefix cached (s)", lambda r: f"{r['ttft_cached_1000_s']:.3f}"),
-            ("cold / cached TTFT", lambda r: f"{r['ttft_cold_1000_s'] / r['ttft_cached_1000_s']:.0f}x")]
-    rows += [(f"aggregate output tok/s, {c} streams", lambda r, c=c: f"{r['aggregate_tok_s'][str(c)]:.1f}")
-             for c in CONCURRENCY]
+    rows = [
+        ("single-stream decode (tok/s)", lambda r: f"{r['single_stream_decode_tok_s']:.1f}"),
+        ("TTFT, 1,000-token prompt, cold (s)", lambda r: f"{r['ttft_cold_1000_s']:.3f}"),
+        ("TTFT, same prompt with 999-token prefix cached (s)", lambda r: f"{r['ttft_cached_1000_s']:.3f}"),
+        ("cold / cached TTFT", lambda r: f"{r['ttft_cold_1000_s'] / r['ttft_cached_1000_s']:.0f}x"),
+    ]
+    rows += [
+        (f"aggregate output tok/s, {c} streams", lambda r, c=c: f"{r['aggregate_tok_s'][str(c)]:.1f}")
+        for c in CONCURRENCY
+    ]
     body = "".join(f"| {name} | " + " | ".join(f(r) for r in rs) + " |\n" for name, f in rows)
     return head + body
 
@@ -230,8 +262,13 @@ def main() -> int:
     ap.add_argument("--compare", action="store_true")
     ap.add_argument("--llamacpp-python", default=None, help="python of the venv with llama-cpp-python")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--compute", nargs="+", choices=["float32", "int8"], default=["float32", "int8"],
-                    help="this engine's matmul modes to run (--backend takes the first)")
+    ap.add_argument(
+        "--compute",
+        nargs="+",
+        choices=["float32", "int8"],
+        default=["float32", "int8"],
+        help="this engine's matmul modes to run (--backend takes the first)",
+    )
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
     if args.compare:
@@ -241,8 +278,11 @@ def main() -> int:
         return 0
     if args.backend is None:
         ap.error("--backend or --compare")
-    res = bench_portcullis(args.threads, args.compute[0]) if args.backend == "portcullis" \
+    res = (
+        bench_portcullis(args.threads, args.compute[0])
+        if args.backend == "portcullis"
         else bench_llamacpp(args.threads)
+    )
     print(json.dumps(res))
     return 0
 

@@ -20,10 +20,12 @@ import time
 from gateway.guard.runtime import Guard
 from gateway.guard.spec import GuardRuntime, InjectionPolicy
 
-TEXT = ("Our team is preparing the annual planning document and needs a clear overview of the project milestones, "
-        "the budget for each quarter, the hiring plan for engineering and support, and the risks we see in the "
-        "supply chain. Please write it in plain language for the board, with a short summary first, then one "
-        "section per topic, and finish with the three decisions we need from them this month. ") * 8
+TEXT = (
+    "Our team is preparing the annual planning document and needs a clear overview of the project milestones, "
+    "the budget for each quarter, the hiring plan for engineering and support, and the risks we see in the "
+    "supply chain. Please write it in plain language for the board, with a short summary first, then one "
+    "section per topic, and finish with the three decisions we need from them this month. "
+) * 8
 
 
 def prompt_of(guard: Guard, tokens: int) -> str:
@@ -51,20 +53,36 @@ async def latency(guard: Guard, text: str, policy, settings, concurrency: int, r
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = time.perf_counter() - started
-    return {"p50_ms": round(pct(lat, 0.5) * 1e3, 2), "p99_ms": round(pct(lat, 0.99) * 1e3, 2),
-            "prompts_per_s": round(len(lat) / elapsed, 1), "n": len(lat)}
+    return {
+        "p50_ms": round(pct(lat, 0.5) * 1e3, 2),
+        "p99_ms": round(pct(lat, 0.99) * 1e3, 2),
+        "prompts_per_s": round(len(lat) / elapsed, 1),
+        "n": len(lat),
+    }
 
 
 async def stage(args: argparse.Namespace) -> dict:
-    settings = GuardRuntime(model=args.model, device=args.device, threads=args.threads, max_batch=args.max_batch,
-                            max_wait_us=args.max_wait_us)
+    settings = GuardRuntime(
+        model=args.model,
+        device=args.device,
+        threads=args.threads,
+        max_batch=args.max_batch,
+        max_wait_us=args.max_wait_us,
+    )
     guard = Guard()
     guard.load(settings)
     policy = InjectionPolicy()
     windows = {n: len(guard.windows([prompt_of(guard, n)], policy)) for n in (32, 128, 512)}
-    out = {"model": str(guard.model.path), "provider": guard.model.providers[0],
-           "window_tokens": guard.model.max_length, "windows_per_prompt": windows, "max_batch": args.max_batch,
-           "max_wait_us": args.max_wait_us, "latency": {}, "throughput": {}}
+    out = {
+        "model": str(guard.model.path),
+        "provider": guard.model.providers[0],
+        "window_tokens": guard.model.max_length,
+        "windows_per_prompt": windows,
+        "max_batch": args.max_batch,
+        "max_wait_us": args.max_wait_us,
+        "latency": {},
+        "throughput": {},
+    }
     for tokens in (32, 128, 512):
         text = prompt_of(guard, tokens)
         for concurrency in (1, 32):
@@ -73,14 +91,20 @@ async def stage(args: argparse.Namespace) -> dict:
                 n = max(concurrency, n // 4)
             r = await latency(guard, text, policy, settings, concurrency, n)
             out["latency"][f"{tokens}tok_c{concurrency}"] = r
-            print(f"{tokens:4} tokens  c{concurrency:<3} p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  "
-                  f"{r['prompts_per_s']:7.1f} prompts/s", flush=True)
+            print(
+                f"{tokens:4} tokens  c{concurrency:<3} p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  "
+                f"{r['prompts_per_s']:7.1f} prompts/s",
+                flush=True,
+            )
     for tokens in (32, 128):
         text = prompt_of(guard, tokens)
         r = await latency(guard, text, policy, settings, 64, 64 * 8)
         out["throughput"][f"{tokens}tok_c64"] = r["prompts_per_s"]
-        print(f"throughput {tokens} tokens c64: {r['prompts_per_s']:.1f} prompts/s "
-              f"(batches: {guard._batcher.stats.largest} largest)", flush=True)
+        print(
+            f"throughput {tokens} tokens c64: {r['prompts_per_s']:.1f} prompts/s "
+            f"(batches: {guard._batcher.stats.largest} largest)",
+            flush=True,
+        )
     await guard.aclose()
     return out
 
@@ -90,11 +114,20 @@ def proxy(duration: float, repeat: int) -> int:
     from tests.bench import proxy_bench as pb
 
     # "Say hello." (the proxy benchmark's prompt) is a false positive of the bundled model: ask something else
-    request = {**pb.REQUEST, "messages": [{"role": "system", "content": "You are terse."},
-                                          {"role": "user", "content": "What is the capital of France?"}]}
-    return pb.compare_policies("guard", {"guard_off": {"guard": {}},
-                                         "guard_on_injection_block": {"guard": {"enabled": True}}},
-                               duration, repeat, request=request)
+    request = {
+        **pb.REQUEST,
+        "messages": [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "What is the capital of France?"},
+        ],
+    }
+    return pb.compare_policies(
+        "guard",
+        {"guard_off": {"guard": {}}, "guard_on_injection_block": {"guard": {"enabled": True}}},
+        duration,
+        repeat,
+        request=request,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,12 +55,14 @@ CHAT_COMPLETION = {
     "created": 1700000000,
     "model": MODEL,
     "system_fingerprint": "fp_bench",
-    "choices": [{
-        "index": 0,
-        "message": {"role": "assistant", "content": "Hello! This is a fixed benchmark completion."},
-        "logprobs": None,
-        "finish_reason": "stop",
-    }],
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "Hello! This is a fixed benchmark completion."},
+            "logprobs": None,
+            "finish_reason": "stop",
+        }
+    ],
     "usage": {"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21},
 }
 MODELS = {"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "bench"}]}
@@ -113,12 +115,18 @@ class Service:
 class Procs:
     services: list[Service] = field(default_factory=list)
 
-    def start(self, name: str, argv: list[str], port: int, log_path: Path, env: dict | None = None,
-              stderr_path: Path | None = None) -> Service:
+    def start(
+        self,
+        name: str,
+        argv: list[str],
+        port: int,
+        log_path: Path,
+        env: dict | None = None,
+        stderr_path: Path | None = None,
+    ) -> Service:
         out = open(log_path, "ab")
         err = open(stderr_path, "ab") if stderr_path else subprocess.STDOUT
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         service = Service(name, proc, port, log_path)
         self.services.append(service)
         return service
@@ -157,8 +165,10 @@ def wait_http(service: Service, path: str, timeout: float, method: str = "GET", 
     last = "no answer"
     while time.monotonic() < deadline:
         if service.proc.poll() is not None:
-            raise RuntimeError(f"{service.name} exited with {service.proc.returncode} before it was ready; "
-                               f"see {service.log_path}:\n{tail(service.log_path)}")
+            raise RuntimeError(
+                f"{service.name} exited with {service.proc.returncode} before it was ready; "
+                f"see {service.log_path}:\n{tail(service.log_path)}"
+            )
         try:
             response = httpx.request(method, url, timeout=2.0, **kwargs)
             if response.status_code < 500:
@@ -167,8 +177,9 @@ def wait_http(service: Service, path: str, timeout: float, method: str = "GET", 
         except Exception as exc:  # noqa: BLE001 - anything means "not yet"
             last = f"{type(exc).__name__}: {exc}"
         time.sleep(0.25)
-    raise RuntimeError(f"{service.name} not ready after {timeout:.0f}s ({last}); see {service.log_path}:\n"
-                       f"{tail(service.log_path)}")
+    raise RuntimeError(
+        f"{service.name} not ready after {timeout:.0f}s ({last}); see {service.log_path}:\n{tail(service.log_path)}"
+    )
 
 
 def tail(path: Path, lines: int = 20) -> str:
@@ -191,8 +202,11 @@ def check_chat(port: int, key: str | None = API_KEY, request: dict | None = None
     if body.get("object") != "chat.completion" or not body.get("choices"):
         raise RuntimeError(f"check of :{port} answered an unexpected body: {response.text[:500]}")
     refused = httpx.post(url, json=request, headers={"authorization": "Bearer sk-wrong-key"}, timeout=30)
-    return {"status": response.status_code, "wrong_key_status": refused.status_code,
-            "content": body["choices"][0]["message"]["content"]}
+    return {
+        "status": response.status_code,
+        "wrong_key_status": refused.status_code,
+        "content": body["choices"][0]["message"]["content"],
+    }
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -214,25 +228,38 @@ def start_nginx(procs: Procs, tmp: Path, name: str, template: str, **values: obj
     conf = tmp / f"{name}.conf"
     conf.write_text(render(template, PREFIX=tmp, PORT=port, **values))
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    service = procs.start(name, [nginx, "-c", str(conf), "-p", str(tmp), "-e", str(tmp / f"{name}-error.log")],
-                          port, tmp / f"{name}.out")
+    service = procs.start(
+        name, [nginx, "-c", str(conf), "-p", str(tmp), "-e", str(tmp / f"{name}-error.log")], port, tmp / f"{name}.out"
+    )
     return service
 
 
 # Rate limits as a typical policy sets them (requests per key, tokens per tenant, concurrency per tenant), with
 # quotas no benchmark reaches: every request pays for a full decision and its settlement, none is refused.
 LIMITS_POLICY = {
-    "apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "bench-limits"},
-    "spec": {"rate_limits": [
-        {"id": "key-rpm", "key": ["api_key"], "requests": {"limit": 10**9, "per": "1m"}},
-        {"id": "tenant-tpm", "key": ["tenant"], "tokens": {"limit": 10**12, "per": "1m"}},
-        {"id": "tenant-slots", "key": ["tenant"], "concurrency": {"limit": 10**6}},
-    ]},
+    "apiVersion": "portcullis.dev/v1",
+    "kind": "Policy",
+    "metadata": {"name": "bench-limits"},
+    "spec": {
+        "rate_limits": [
+            {"id": "key-rpm", "key": ["api_key"], "requests": {"limit": 10**9, "per": "1m"}},
+            {"id": "tenant-tpm", "key": ["tenant"], "tokens": {"limit": 10**12, "per": "1m"}},
+            {"id": "tenant-slots", "key": ["tenant"], "concurrency": {"limit": 10**6}},
+        ]
+    },
 }
 
 
-def start_portcullis(procs: Procs, tmp: Path, name: str, upstream_port: int, access_log: bool,
-                     limits_redis: str | None = None, limits: bool = False, checkout: Path | None = None) -> Service:
+def start_portcullis(
+    procs: Procs,
+    tmp: Path,
+    name: str,
+    upstream_port: int,
+    access_log: bool,
+    limits_redis: str | None = None,
+    limits: bool = False,
+    checkout: Path | None = None,
+) -> Service:
     """One gateway worker; with `limits`, the LIMITS_POLICY in memory, or in Redis at `limits_redis`.
 
     `checkout` runs an earlier commit's gateway (a `git worktree` of it) with this venv, for a side-by-side row; it
@@ -272,34 +299,55 @@ def start_portcullis(procs: Procs, tmp: Path, name: str, upstream_port: int, acc
 def start_litellm(procs: Procs, tmp: Path, upstream_port: int) -> Service | None:
     exe = LITELLM_VENV / "bin" / "litellm"
     if not exe.exists():
-        print(f"note: {exe} not found; LiteLLM row skipped (python -m venv .bench/litellm-venv && "
-              f".bench/litellm-venv/bin/pip install 'litellm[proxy]')", file=sys.stderr)
+        print(
+            f"note: {exe} not found; LiteLLM row skipped (python -m venv .bench/litellm-venv && "
+            f".bench/litellm-venv/bin/pip install 'litellm[proxy]')",
+            file=sys.stderr,
+        )
         return None
     port = free_port()
     config = {
-        "model_list": [{
-            "model_name": MODEL,
-            "litellm_params": {"model": f"openai/{MODEL}", "api_base": f"http://127.0.0.1:{upstream_port}/v1",
-                               "api_key": "dummy"},
-        }],
+        "model_list": [
+            {
+                "model_name": MODEL,
+                "litellm_params": {
+                    "model": f"openai/{MODEL}",
+                    "api_base": f"http://127.0.0.1:{upstream_port}/v1",
+                    "api_key": "dummy",
+                },
+            }
+        ],
         "general_settings": {"master_key": API_KEY},
         "litellm_settings": {"telemetry": False, "set_verbose": False, "json_logs": False},
     }
     path = tmp / "litellm.yaml"
     path.write_text(json.dumps(config, indent=2))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
-    env.update({
-        "LITELLM_LOG": "ERROR",
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # do not fetch the model cost map from GitHub
-        "LITELLM_TELEMETRY": "False",
-        "DISABLE_ADMIN_UI": "True",
-        "NO_DOCS": "True",
-        "HOME": str(tmp),  # keep any caches it writes out of the real home
-        "PATH": f"{LITELLM_VENV / 'bin'}:{os.environ.get('PATH', '')}",
-    })
+    env.update(
+        {
+            "LITELLM_LOG": "ERROR",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # do not fetch the model cost map from GitHub
+            "LITELLM_TELEMETRY": "False",
+            "DISABLE_ADMIN_UI": "True",
+            "NO_DOCS": "True",
+            "HOME": str(tmp),  # keep any caches it writes out of the real home
+            "PATH": f"{LITELLM_VENV / 'bin'}:{os.environ.get('PATH', '')}",
+        }
+    )
     env.pop("DATABASE_URL", None)
-    argv = [str(exe), "--config", str(path), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1",
-            "--telemetry", "False"]
+    argv = [
+        str(exe),
+        "--config",
+        str(path),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num_workers",
+        "1",
+        "--telemetry",
+        "False",
+    ]
     return procs.start("litellm", argv, port, tmp / "litellm.log", env=env)
 
 
@@ -307,8 +355,11 @@ def litellm_version() -> str | None:
     python = LITELLM_VENV / "bin" / "python"
     if not python.exists():
         return None
-    out = subprocess.run([str(python), "-c", "from importlib.metadata import version; print(version('litellm'))"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [str(python), "-c", "from importlib.metadata import version; print(version('litellm'))"],
+        capture_output=True,
+        text=True,
+    )
     return out.stdout.strip() or None
 
 
@@ -328,20 +379,37 @@ def ab_pairs(current: Service, baseline: Service, lua: Path, pairs: int, seconds
             rps[name].append(round(measured[name], 1))
         ratios.append(measured["current"] / measured["baseline"])
     ratios.sort()
-    return {"pairs": pairs, "seconds": seconds, "rps": rps, "median_ratio": round(ratios[len(ratios) // 2], 3),
-            "ratio_quartiles": [round(ratios[len(ratios) // 4], 3), round(ratios[3 * len(ratios) // 4], 3)]}
+    return {
+        "pairs": pairs,
+        "seconds": seconds,
+        "rps": rps,
+        "median_ratio": round(ratios[len(ratios) // 2], 3),
+        "ratio_quartiles": [round(ratios[len(ratios) // 4], 3), round(ratios[3 * len(ratios) // 4], 3)],
+    }
 
 
 def pick_median(runs: list[dict]) -> dict:
     """The median round by c32 RPS and, separately, by c1 p50 (each with its own p99 and errors)."""
     by_rps = sorted(runs, key=lambda r: r["c32"]["rps"])
     by_p50 = sorted(runs, key=lambda r: r["c1"]["p50_us"])
-    result = {"target": runs[0]["target"], "port": runs[0]["port"], "c32": by_rps[len(runs) // 2]["c32"],
-              "c1": by_p50[len(runs) // 2]["c1"], "rounds": len(runs)}
+    result = {
+        "target": runs[0]["target"],
+        "port": runs[0]["port"],
+        "c32": by_rps[len(runs) // 2]["c32"],
+        "c1": by_p50[len(runs) // 2]["c1"],
+        "rounds": len(runs),
+    }
     if len(runs) > 1:
-        result["all_rounds"] = [{"c32_rps": round(r["c32"]["rps"], 1), "c1_p50_us": r["c1"]["p50_us"],
-                                 "c1_p99_us": r["c1"]["p99_us"], "cpu_us_per_request": r["c32"]["cpu_us_per_request"],
-                                 "errors": r["c32"]["errors"] + r["c1"]["errors"]} for r in runs]
+        result["all_rounds"] = [
+            {
+                "c32_rps": round(r["c32"]["rps"], 1),
+                "c1_p50_us": r["c1"]["p50_us"],
+                "c1_p99_us": r["c1"]["p99_us"],
+                "cpu_us_per_request": r["c32"]["cpu_us_per_request"],
+                "errors": r["c32"]["errors"] + r["c1"]["errors"],
+            }
+            for r in runs
+        ]
     return result
 
 
@@ -357,8 +425,9 @@ def run_wrk(port: int, lua: Path, connections: int, duration: float, latency: bo
     result = json.loads(match.group(1))
     non2xx = re.search(r"Non-2xx or 3xx responses:\s*(\d+)", out.stdout)
     result["non_2xx"] = int(non2xx.group(1)) if non2xx else 0
-    result["errors"] = (result["err_connect"] + result["err_read"] + result["err_write"] + result["err_timeout"]
-                        + result["non_2xx"])
+    result["errors"] = (
+        result["err_connect"] + result["err_read"] + result["err_write"] + result["err_timeout"] + result["non_2xx"]
+    )
     result["rps"] = result["requests"] / (result["duration_us"] / 1e6)
     return result
 
@@ -373,7 +442,7 @@ def group_cpu_seconds(pgid: int) -> float:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if int(fields[2]) == pgid:  # fields[0] is field 3 (state): pgrp is field 5, utime 14, stime 15
             ticks += int(fields[11]) + int(fields[12])
     return ticks / os.sysconf("SC_CLK_TCK")
@@ -392,11 +461,15 @@ def wait_idle(services: list[Service], timeout: float = 60.0) -> None:
         before = after
 
 
-def measure(name: str, service: Service, lua: Path, duration: float, warmup: float,
-            store: Service | None = None) -> dict:
+def measure(
+    name: str, service: Service, lua: Path, duration: float, warmup: float, store: Service | None = None
+) -> dict:
     """wrk at 32 connections (RPS, CPU) and at 1 (latency); `store`: a process whose CPU the target also costs."""
-    print(f"[{time.strftime('%H:%M:%S')}] {name}: warmup {warmup:g}s, c32 {duration:g}s, c1 {duration:g}s",
-          file=sys.stderr, flush=True)
+    print(
+        f"[{time.strftime('%H:%M:%S')}] {name}: warmup {warmup:g}s, c32 {duration:g}s, c1 {duration:g}s",
+        file=sys.stderr,
+        flush=True,
+    )
     port = service.port
     if warmup > 0:
         run_wrk(port, lua, 32, warmup)
@@ -485,17 +558,26 @@ def client_floor(port: int, duration: float) -> list[dict]:
     """Per-request CPU of the upstream call alone (httpx as the gateway uses it, aiohttp, a raw asyncio client)."""
     seconds = max(2.0, min(duration, 5.0))
     runs = [("httpx", sys.executable), ("raw", sys.executable)]
-    aiohttp_python = next((py for py in (sys.executable, str(LITELLM_VENV / "bin" / "python"))
-                           if Path(py).exists() and subprocess.run([py, "-c", "import aiohttp"],
-                                                                  capture_output=True).returncode == 0), None)
+    aiohttp_python = next(
+        (
+            py
+            for py in (sys.executable, str(LITELLM_VENV / "bin" / "python"))
+            if Path(py).exists() and subprocess.run([py, "-c", "import aiohttp"], capture_output=True).returncode == 0
+        ),
+        None,
+    )
     if aiohttp_python:
         runs.insert(1, ("aiohttp", aiohttp_python))
     out = []
     for client, python in runs:
         for conc in (1, 32):
             print(f"[{time.strftime('%H:%M:%S')}] client floor: {client} x{conc}", file=sys.stderr, flush=True)
-            proc = subprocess.run([python, "-c", CLIENT_MICRO, client, str(port), str(conc), str(seconds)],
-                                  capture_output=True, text=True, timeout=seconds + 60)
+            proc = subprocess.run(
+                [python, "-c", CLIENT_MICRO, client, str(port), str(conc), str(seconds)],
+                capture_output=True,
+                text=True,
+                timeout=seconds + 60,
+            )
             match = re.search(r"^CLIENTJSON (\{.*\})$", proc.stdout, re.MULTILINE)
             if not match:
                 print(f"note: client floor {client} failed: {proc.stderr[-500:]}", file=sys.stderr)
@@ -512,10 +594,23 @@ def client_floor(port: int, duration: float) -> list[dict]:
 
 
 CATEGORIES = {  # first path component of a py-spy frame's file -> package group
-    "gateway": "gateway", "opentelemetry": "opentelemetry", "prometheus_client": "prometheus_client",
-    "logging": "logging", "json": "json", "httpx": "httpx", "httpcore": "httpcore/h11", "h11": "httpcore/h11",
-    "anyio": "anyio", "sniffio": "anyio", "starlette": "starlette", "uvicorn": "uvicorn", "httptools": "uvicorn",
-    "asyncio": "asyncio/uvloop", "contextvars": "asyncio/uvloop", "uvloop": "asyncio/uvloop", "pydantic": "pydantic",
+    "gateway": "gateway",
+    "opentelemetry": "opentelemetry",
+    "prometheus_client": "prometheus_client",
+    "logging": "logging",
+    "json": "json",
+    "httpx": "httpx",
+    "httpcore": "httpcore/h11",
+    "h11": "httpcore/h11",
+    "anyio": "anyio",
+    "sniffio": "anyio",
+    "starlette": "starlette",
+    "uvicorn": "uvicorn",
+    "httptools": "uvicorn",
+    "asyncio": "asyncio/uvloop",
+    "contextvars": "asyncio/uvloop",
+    "uvloop": "asyncio/uvloop",
+    "pydantic": "pydantic",
 }
 
 
@@ -586,11 +681,32 @@ def profile_gateway(service: Service, lua: Path, duration: float, out_dir: Path)
     out_dir.mkdir(parents=True, exist_ok=True)
     raw = out_dir / f"{service.name}.collapsed.txt"
     seconds = max(3, round(duration))
-    print(f"[{time.strftime('%H:%M:%S')}] profiling {service.name} (pid {service.proc.pid}) for {seconds}s under c32",
-          file=sys.stderr, flush=True)
-    spy = subprocess.Popen([py_spy, "record", "--pid", str(service.proc.pid), "-d", str(seconds), "-r", "250",
-                            "-f", "raw", "-o", str(raw), "--nonblocking", "--full-filenames"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    print(
+        f"[{time.strftime('%H:%M:%S')}] profiling {service.name} (pid {service.proc.pid}) for {seconds}s under c32",
+        file=sys.stderr,
+        flush=True,
+    )
+    spy = subprocess.Popen(
+        [
+            py_spy,
+            "record",
+            "--pid",
+            str(service.proc.pid),
+            "-d",
+            str(seconds),
+            "-r",
+            "250",
+            "-f",
+            "raw",
+            "-o",
+            str(raw),
+            "--nonblocking",
+            "--full-filenames",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(0.5)
     load = run_wrk(service.port, lua, 32, seconds + 1)
     _, err = spy.communicate(timeout=seconds + 30)
@@ -607,8 +723,14 @@ def profile_gateway(service: Service, lua: Path, duration: float, out_dir: Path)
 # report
 
 
-def compare_policies(name: str, specs: dict[str, dict], duration: float, repeat: int, request: dict | None = None,
-                     headers: dict[str, str] | None = None) -> int:
+def compare_policies(
+    name: str,
+    specs: dict[str, dict],
+    duration: float,
+    repeat: int,
+    request: dict | None = None,
+    headers: dict[str, str] | None = None,
+) -> int:
     """One static upstream and one gateway per policy `spec` variant (e.g. a stage off and on), measured side by side
     with wrk like the proxy benchmark; used by the WAF and guard benchmarks' --proxy mode."""
     request = request or REQUEST
@@ -621,26 +743,38 @@ def compare_policies(name: str, specs: dict[str, dict], duration: float, repeat:
         for header, value in (headers or {}).items():
             script = script.replace('wrk.method = "POST"', f'wrk.method = "POST"\nwrk.headers["{header}"] = "{value}"')
         lua.write_text(script)
-        static = start_nginx(procs, tmp, "static", "static.conf.tmpl",
-                             CHAT_COMPLETION=json.dumps(CHAT_COMPLETION, separators=(",", ":")),
-                             MODELS=json.dumps(MODELS, separators=(",", ":")))
+        static = start_nginx(
+            procs,
+            tmp,
+            "static",
+            "static.conf.tmpl",
+            CHAT_COMPLETION=json.dumps(CHAT_COMPLETION, separators=(",", ":")),
+            MODELS=json.dumps(MODELS, separators=(",", ":")),
+        )
         wait_http(static, "/v1/models", 15)
         targets = {}
         for variant, spec in specs.items():
             policies = tmp / f"{variant}-policies"
             policies.mkdir()
-            (policies / "base.yaml").write_text(json.dumps({
-                "apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": variant}, "spec": spec}))
+            (policies / "base.yaml").write_text(
+                json.dumps(
+                    {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": variant}, "spec": spec}
+                )
+            )
             port = free_port()
-            config = {"listen": {"host": "127.0.0.1", "port": port},
-                      "pools": [{"name": "static", "replicas": [{"url": f"http://127.0.0.1:{static.port}"}]}],
-                      "auth": {"keys": [{"tenant": "bench", "sha256": hashlib.sha256(API_KEY.encode()).hexdigest()}]},
-                      "policy_dir": str(policies), "telemetry": {"access_log": False}}
+            config = {
+                "listen": {"host": "127.0.0.1", "port": port},
+                "pools": [{"name": "static", "replicas": [{"url": f"http://127.0.0.1:{static.port}"}]}],
+                "auth": {"keys": [{"tenant": "bench", "sha256": hashlib.sha256(API_KEY.encode()).hexdigest()}]},
+                "policy_dir": str(policies),
+                "telemetry": {"access_log": False},
+            }
             path = tmp / f"{variant}.yaml"
             path.write_text(json.dumps(config))
             exe = Path(sys.prefix) / "bin" / "portcullis"
-            svc = procs.start(variant, [str(exe), "serve", "--config", str(path)], port, tmp / f"{variant}.log",
-                              env=dict(os.environ))
+            svc = procs.start(
+                variant, [str(exe), "serve", "--config", str(path)], port, tmp / f"{variant}.log", env=dict(os.environ)
+            )
             wait_http(svc, "/healthz", 60)
             check_chat(svc.port, request=request)
             targets[variant] = svc
@@ -652,9 +786,11 @@ def compare_policies(name: str, specs: dict[str, dict], duration: float, repeat:
         print(f"machine: {machine()}  load: {loadavg()}")
         for variant in targets:
             best = pick_median(runs[variant])
-            print(f"{variant:26} c32 {best['c32']['rps']:8.0f} rps  cpu {best['c32']['cpu_us_per_request']} us/req  "
-                  f"c1 p50 {best['c1']['p50_us']} us  p99 {best['c1']['p99_us']} us  "
-                  f"errors {best['c32']['errors'] + best['c1']['errors']}")
+            print(
+                f"{variant:26} c32 {best['c32']['rps']:8.0f} rps  cpu {best['c32']['cpu_us_per_request']} us/req  "
+                f"c1 p50 {best['c1']['p50_us']} us  p99 {best['c1']['p99_us']} us  "
+                f"errors {best['c32']['errors'] + best['c1']['errors']}"
+            )
     finally:
         procs.stop_all()
     return 0
@@ -668,13 +804,24 @@ def machine() -> dict:
         except (OSError, subprocess.TimeoutExpired):
             return ""
 
-    model = next((line.split(":", 1)[1].strip() for line in cmd("lscpu").splitlines()
-                  if line.startswith("Model name")), platform.processor())
-    mem_kb = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                   if line.startswith("MemTotal")), 0)
+    model = next(
+        (line.split(":", 1)[1].strip() for line in cmd("lscpu").splitlines() if line.startswith("Model name")),
+        platform.processor(),
+    )
+    mem_kb = next(
+        (
+            int(line.split()[1])
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemTotal")
+        ),
+        0,
+    )
     return {
-        "cpu": model, "cores": os.cpu_count(), "ram_gib": round(mem_kb / 1024 / 1024, 1),
-        "kernel": platform.release(), "python": platform.python_version(),
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "ram_gib": round(mem_kb / 1024 / 1024, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
         "nginx": cmd("nginx", "-v").replace("nginx version: ", ""),
         "wrk": cmd("wrk", "--version").splitlines()[0].split(" [")[0] if cmd("wrk", "--version") else "",
         "litellm": litellm_version(),
@@ -689,8 +836,10 @@ def loadavg() -> list[float]:
 
 def table(results: list[dict]) -> str:
     direct = next((r for r in results if r["target"] == "direct"), None)
-    header = (f"{'target':<30} {'RPS c32':>9} {'err':>5} {'p50 c1 ms':>10} {'p99 c1 ms':>10} "
-              f"{'+p50 ms':>8} {'+p99 ms':>8} {'RPS c1':>8} {'CPU us/req':>10} {'CPU util':>8}")
+    header = (
+        f"{'target':<30} {'RPS c32':>9} {'err':>5} {'p50 c1 ms':>10} {'p99 c1 ms':>10} "
+        f"{'+p50 ms':>8} {'+p99 ms':>8} {'RPS c1':>8} {'CPU us/req':>10} {'CPU util':>8}"
+    )
     lines = [header, "-" * len(header)]
     for r in results:
         c32, c1 = r["c32"], r["c1"]
@@ -700,8 +849,10 @@ def table(results: list[dict]) -> str:
             add50 = f"{p50 - direct['c1']['p50_us'] / 1000:.3f}"
             add99 = f"{p99 - direct['c1']['p99_us'] / 1000:.3f}"
         errors = sum(x["errors"] for x in r["all_rounds"]) if "all_rounds" in r else c32["errors"] + c1["errors"]
-        lines.append(f"{r['label']:<30} {c32['rps']:>9.0f} {errors:>5} {p50:>10.3f} {p99:>10.3f} "
-                     f"{add50:>8} {add99:>8} {c1['rps']:>8.0f} {c32['cpu_us_per_request']:>10} {c32['cpu_util']:>8}")
+        lines.append(
+            f"{r['label']:<30} {c32['rps']:>9.0f} {errors:>5} {p50:>10.3f} {p99:>10.3f} "
+            f"{add50:>8} {add99:>8} {c1['rps']:>8.0f} {c32['cpu_us_per_request']:>10} {c32['cpu_util']:>8}"
+        )
     return "\n".join(lines)
 
 
@@ -720,20 +871,35 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run (default 10)")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds of c32 load before measuring (default 2)")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="rounds over all targets, interleaved; the median round is reported (default 1)")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds over all targets, interleaved; the median round is reported (default 1)",
+    )
     parser.add_argument("--out", type=Path, help="write results as JSON here")
     parser.add_argument("--skip-litellm", action="store_true", help="leave out the LiteLLM row")
     parser.add_argument("--profile-dir", type=Path, help="py-spy the gateway (access log on) and write stacks here")
-    parser.add_argument("--no-client-floor", action="store_true",
-                        help="skip the upstream-client micro-benchmark (httpx vs aiohttp vs raw asyncio)")
+    parser.add_argument(
+        "--no-client-floor",
+        action="store_true",
+        help="skip the upstream-client micro-benchmark (httpx vs aiohttp vs raw asyncio)",
+    )
     parser.add_argument("--keep-tmp", action="store_true", help="keep the temp dir with configs and logs")
-    parser.add_argument("--baseline", type=Path,
-                        help="a checkout of an earlier commit (git worktree): its gateway as one more row")
-    parser.add_argument("--ab-pairs", type=int, default=0,
-                        help="with --baseline: this many alternating 5 s c32 pairs of it and this checkout (log on)")
-    parser.add_argument("--limits", action="store_true",
-                        help="add rows with rate limits on (memory and a local redis-server), access log off")
+    parser.add_argument(
+        "--baseline", type=Path, help="a checkout of an earlier commit (git worktree): its gateway as one more row"
+    )
+    parser.add_argument(
+        "--ab-pairs",
+        type=int,
+        default=0,
+        help="with --baseline: this many alternating 5 s c32 pairs of it and this checkout (log on)",
+    )
+    parser.add_argument(
+        "--limits",
+        action="store_true",
+        help="add rows with rate limits on (memory and a local redis-server), access log off",
+    )
     args = parser.parse_args(argv)
 
     for tool in ("nginx", "wrk"):
@@ -745,15 +911,25 @@ def main(argv: list[str] | None = None) -> int:
     tmp.chmod(0o755)
     procs = Procs()
     results: list[dict] = []
-    report: dict = {"machine": machine(), "loadavg_start": loadavg(), "duration_s": args.duration,
-                    "warmup_s": args.warmup, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    report: dict = {
+        "machine": machine(),
+        "loadavg_start": loadavg(),
+        "duration_s": args.duration,
+        "warmup_s": args.warmup,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     try:
         lua = tmp / "chat.lua"
         lua.write_text(WRK_LUA.replace("@BODY@", json.dumps(REQUEST, separators=(",", ":"))).replace("@KEY@", API_KEY))
 
-        static = start_nginx(procs, tmp, "static", "static.conf.tmpl",
-                             CHAT_COMPLETION=json.dumps(CHAT_COMPLETION, separators=(",", ":")),
-                             MODELS=json.dumps(MODELS, separators=(",", ":")))
+        static = start_nginx(
+            procs,
+            tmp,
+            "static",
+            "static.conf.tmpl",
+            CHAT_COMPLETION=json.dumps(CHAT_COMPLETION, separators=(",", ":")),
+            MODELS=json.dumps(MODELS, separators=(",", ":")),
+        )
         wait_http(static, "/v1/models", 15)
         proxy = start_nginx(procs, tmp, "nginx-proxy", "proxy.conf.tmpl", UPSTREAM_PORT=static.port)
         wait_http(proxy, "/v1/models", 15)
@@ -762,28 +938,45 @@ def main(argv: list[str] | None = None) -> int:
             ("direct", "direct (static nginx)", static, False),
             ("nginx_proxy", "nginx reverse proxy", proxy, False),
         ]
-        for key, label, access_log in (("portcullis_access_log_on", "Portcullis (access log on)", True),
-                                       ("portcullis_access_log_off", "Portcullis (access log off)", False)):
+        for key, label, access_log in (
+            ("portcullis_access_log_on", "Portcullis (access log on)", True),
+            ("portcullis_access_log_off", "Portcullis (access log off)", False),
+        ):
             svc = start_portcullis(procs, tmp, key, static.port, access_log)
             wait_http(svc, "/healthz", 60)
             targets.append((key, label, svc, True))
         if args.baseline:
-            commit = subprocess.run(["git", "-C", str(args.baseline), "rev-parse", "--short", "HEAD"],
-                                    capture_output=True, text=True).stdout.strip()
+            commit = subprocess.run(
+                ["git", "-C", str(args.baseline), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+            ).stdout.strip()
             svc = start_portcullis(procs, tmp, "portcullis_baseline", static.port, True, checkout=args.baseline)
             wait_http(svc, "/healthz", 60)
             targets.append(("portcullis_baseline", f"Portcullis at {commit} (access log on)", svc, True))
         stores: dict[str, Service] = {}  # target -> the store whose CPU its requests cost too
         if args.limits:
             redis_port = free_port()
-            redis = procs.start("redis", [shutil.which("redis-server") or "redis-server", "--port", str(redis_port),
-                                          "--save", "", "--appendonly", "no", "--dir", str(tmp)],
-                                redis_port, tmp / "redis.log")
+            redis = procs.start(
+                "redis",
+                [
+                    shutil.which("redis-server") or "redis-server",
+                    "--port",
+                    str(redis_port),
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(tmp),
+                ],
+                redis_port,
+                tmp / "redis.log",
+            )
             stores["portcullis_limits_redis"] = redis
             time.sleep(0.5)
-            for key, label, url in (("portcullis_limits_memory", "Portcullis + limits in memory", None),
-                                    ("portcullis_limits_redis", "Portcullis + limits in Redis",
-                                     f"redis://127.0.0.1:{redis.port}/0")):
+            for key, label, url in (
+                ("portcullis_limits_memory", "Portcullis + limits in memory", None),
+                ("portcullis_limits_redis", "Portcullis + limits in Redis", f"redis://127.0.0.1:{redis.port}/0"),
+            ):
                 svc = start_portcullis(procs, tmp, key, static.port, False, limits_redis=url, limits=True)
                 wait_http(svc, "/healthz", 60)
                 targets.append((key, label, svc, True))
@@ -806,8 +999,9 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[dict]] = collections.defaultdict(list)
         for round_no in range(args.repeat):
             for key, label, svc, auth in targets:
-                runs[key].append(measure(key, svc, lua, args.duration, args.warmup if round_no == 0 else 0,
-                                         stores.get(key)))
+                runs[key].append(
+                    measure(key, svc, lua, args.duration, args.warmup if round_no == 0 else 0, stores.get(key))
+                )
         for key, label, svc, auth in targets:
             results.append(pick_median(runs[key]) | {"label": label, "check": checks[key]})
 
@@ -825,7 +1019,8 @@ def main(argv: list[str] | None = None) -> int:
                 report.setdefault("portcullis_stderr", {})[key] = {
                     "lines": len(lines),
                     "httpx_request_lines": sum(1 for line in lines if b'"logger":"httpx"' in line),
-                    "access_lines": sum(1 for line in lines if b'"request_id"' in line)}
+                    "access_lines": sum(1 for line in lines if b'"request_id"' in line),
+                }
 
         if not args.no_client_floor:
             report["client_floor"] = client_floor(static.port, args.duration)
@@ -842,28 +1037,38 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\nmachine: {report['machine']}")
     print(f"load average: start {report['loadavg_start']}, end {report['loadavg_end']}")
-    print(f"wrk -t1, {args.duration:g}s per run, median of {args.repeat} interleaved round(s); "
-          f"RPS at 32 connections, latency at 1 connection; +p50/+p99 = added over direct\n")
+    print(
+        f"wrk -t1, {args.duration:g}s per run, median of {args.repeat} interleaved round(s); "
+        f"RPS at 32 connections, latency at 1 connection; +p50/+p99 = added over direct\n"
+    )
     print(table(results))
     if report.get("ab"):
         ab = report["ab"]
-        print(f"\nalternating pairs against the baseline ({ab['pairs']} x {ab['seconds']:g} s, c32, access log on): "
-              f"median RPS ratio {ab['median_ratio']} (quartiles {ab['ratio_quartiles']})")
+        print(
+            f"\nalternating pairs against the baseline ({ab['pairs']} x {ab['seconds']:g} s, c32, access log on): "
+            f"median RPS ratio {ab['median_ratio']} (quartiles {ab['ratio_quartiles']})"
+        )
     for r in results:
         if "store_cpu_us_per_request" in r["c32"]:
             print(f"{r['label']}: redis-server CPU {r['c32']['store_cpu_us_per_request']} us/req on top (c32 run)")
     for key, info in report.get("portcullis_stderr", {}).items():
-        print(f"{key}: {info['lines']} stderr lines in all ({info['access_lines']} access-log lines, "
-              f"{info['httpx_request_lines']} httpx 'HTTP Request' lines)")
+        print(
+            f"{key}: {info['lines']} stderr lines in all ({info['access_lines']} access-log lines, "
+            f"{info['httpx_request_lines']} httpx 'HTTP Request' lines)"
+        )
     if report.get("client_floor"):
         print("\nupstream client alone against the static upstream (one process, CPU per request):")
         for row in report["client_floor"]:
-            print(f"  {row['client']:<8} x{row['connections']:<3} {row['rps']:>8.0f} req/s "
-                  f"{row['cpu_us_per_request']:>8.1f} CPU us/req")
+            print(
+                f"  {row['client']:<8} x{row['connections']:<3} {row['rps']:>8.0f} req/s "
+                f"{row['cpu_us_per_request']:>8.1f} CPU us/req"
+            )
     if report.get("profile"):
         prof = report["profile"]
-        print(f"\npy-spy self time, Portcullis (access log on) under c32 "
-              f"({prof['samples']} samples, {prof['rps_while_profiling']} RPS while profiled):")
+        print(
+            f"\npy-spy self time, Portcullis (access log on) under c32 "
+            f"({prof['samples']} samples, {prof['rps_while_profiling']} RPS while profiled):"
+        )
         for row in prof["self_by_package"]:
             print(f"  {row['pct']:>5.1f}%  {row['package']}")
         print("  top functions:")

@@ -67,10 +67,12 @@ async def measure(limiter: RateLimiter, iterations: int, concurrency: int) -> di
 
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
     elapsed = time.perf_counter() - started
-    return {"p50_us": round(latencies[len(latencies) // 2] * 1e6, 1),
-            "p99_us": round(latencies[int(len(latencies) * 0.99)] * 1e6, 1),
-            "mean_us": round(statistics.fmean(latencies) * 1e6, 1),
-            "decisions_per_s": round(per_task * concurrency / elapsed)}
+    return {
+        "p50_us": round(latencies[len(latencies) // 2] * 1e6, 1),
+        "p99_us": round(latencies[int(len(latencies) * 0.99)] * 1e6, 1),
+        "mean_us": round(statistics.fmean(latencies) * 1e6, 1),
+        "decisions_per_s": round(per_task * concurrency / elapsed),
+    }
 
 
 def limiter_over(backend) -> RateLimiter:
@@ -93,8 +95,10 @@ async def main() -> None:
     results = {"memory": await measure(limiter_over(MemoryBackend()), args.iterations, args.concurrency)}
     port = free_port()
     with tempfile.TemporaryDirectory() as directory:
-        server = subprocess.Popen([shutil.which("redis-server"), "--port", str(port), "--save", "", "--appendonly",
-                                   "no", "--dir", directory], stdout=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            [shutil.which("redis-server"), "--port", str(port), "--save", "", "--appendonly", "no", "--dir", directory],
+            stdout=subprocess.DEVNULL,
+        )
         try:
             time.sleep(0.5)
             redis = RedisBackend(f"redis://127.0.0.1:{port}/0", timeout=1.0)

@@ -103,16 +103,33 @@ def machine() -> dict:
             if line.startswith("MemTotal:"):
                 mem_kib = int(line.split()[1])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
-    return {"cpu_model": lscpu.get("Model name"), "cpus": lscpu.get("CPU(s)"), "mem_gib": round(mem_kib / 2**20, 1),
-            "kernel": platform.release(), "python": platform.python_version(), "commit": commit.strip()}
+    return {
+        "cpu_model": lscpu.get("Model name"),
+        "cpus": lscpu.get("CPU(s)"),
+        "mem_gib": round(mem_kib / 2**20, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "commit": commit.strip(),
+    }
 
 
 def start_engines(n: int, kv_cache_bytes: str, logs: Path) -> list[Proc]:
     engines = []
     for i in range(n):  # one at a time: model loads compete for the same cores
         port = free_port()
-        cmd = [sys.executable, "-m", "gateway.cli", "engine", "serve", "--port", str(port), "--threads", "1",
-               "--kv-cache-bytes", kv_cache_bytes]
+        cmd = [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "engine",
+            "serve",
+            "--port",
+            str(port),
+            "--threads",
+            "1",
+            "--kv-cache-bytes",
+            kv_cache_bytes,
+        ]
         engines.append(spawn(f"engine-{i}", cmd, port, logs / f"engine-{i}.log", "/health", timeout=600))
     return engines
 
@@ -120,22 +137,49 @@ def start_engines(n: int, kv_cache_bytes: str, logs: Path) -> list[Proc]:
 def warm_up(engines: list[Proc]) -> None:
     """One short request per engine so first-call costs (allocation, caches) stay out of every run."""
     for e in engines:
-        r = httpx.post(e.url + "/v1/chat/completions", timeout=300, json={
-            "model": MODEL, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4, "temperature": 0})
+        r = httpx.post(
+            e.url + "/v1/chat/completions",
+            timeout=300,
+            json={
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "Say hi."}],
+                "max_tokens": 4,
+                "temperature": 0,
+            },
+        )
         r.raise_for_status()
 
 
 def start_gateway(policy: str, engines: list[Proc], logs: Path, tag: str) -> Proc:
     port = free_port()
     config = logs / f"gateway-{tag}-{policy}.yaml"
-    config.write_text(yaml.safe_dump({
-        "listen": {"host": "127.0.0.1", "port": port}, "policy_dir": str(ROOT / "policies"),
-        # no access log: one less thing competing for the two cores; the header tells the bench the replica
-        "telemetry": {"replica_header": True, "access_log": False},
-        "pools": [{"name": "engine", "replicas": [{"url": e.url} for e in engines], "routing": policy,
-                   "scrape_interval": 0.2, "timeouts": {"read": 600}}]}))
-    return spawn(f"gateway-{policy}", [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)], port,
-                 logs / f"gateway-{tag}-{policy}.log", "/healthz", timeout=180)
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "listen": {"host": "127.0.0.1", "port": port},
+                "policy_dir": str(ROOT / "policies"),
+                # no access log: one less thing competing for the two cores; the header tells the bench the replica
+                "telemetry": {"replica_header": True, "access_log": False},
+                "pools": [
+                    {
+                        "name": "engine",
+                        "replicas": [{"url": e.url} for e in engines],
+                        "routing": policy,
+                        "scrape_interval": 0.2,
+                        "timeouts": {"read": 600},
+                    }
+                ],
+            }
+        )
+    )
+    return spawn(
+        f"gateway-{policy}",
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)],
+        port,
+        logs / f"gateway-{tag}-{policy}.log",
+        "/healthz",
+        timeout=180,
+    )
 
 
 def balance(result: dict, engine_urls: list[str]) -> dict:
@@ -156,21 +200,35 @@ def summarize(runs: dict[str, dict], engine_urls: list[str]) -> tuple[list[dict]
         cache = r["prefix_cache"]
         measured, oracle = cache["measured_hit_rate"], cache["oracle_hit_rate"]
         bal = balance(r, engine_urls)
-        rows.append({
-            "policy": name, "completed": r["completed"], "failed": r["failed"], "duration_s": r["duration_s"],
-            "ttft_p50": r["ttft_ms"]["p50"], "ttft_p90": r["ttft_ms"]["p90"], "ttft_p99": r["ttft_ms"]["p99"],
-            "tpot_p50": r["tpot_ms"]["p50"], "e2e_p50": r["e2el_ms"]["p50"], "e2e_p99": r["e2el_ms"]["p99"],
-            "out_tok_s": r["output_throughput"], "hit": measured, "oracle": oracle,
-            "oracle_with_outputs": cache.get("oracle_hit_rate_with_outputs"),
-            "hit_over_oracle": (measured / oracle) if measured is not None and oracle else None,
-            "replica_requests": [bal["counts"][u] for u in engine_urls], "max_over_mean": bal["max_over_mean"],
-        })
+        rows.append(
+            {
+                "policy": name,
+                "completed": r["completed"],
+                "failed": r["failed"],
+                "duration_s": r["duration_s"],
+                "ttft_p50": r["ttft_ms"]["p50"],
+                "ttft_p90": r["ttft_ms"]["p90"],
+                "ttft_p99": r["ttft_ms"]["p99"],
+                "tpot_p50": r["tpot_ms"]["p50"],
+                "e2e_p50": r["e2el_ms"]["p50"],
+                "e2e_p99": r["e2el_ms"]["p99"],
+                "out_tok_s": r["output_throughput"],
+                "hit": measured,
+                "oracle": oracle,
+                "oracle_with_outputs": cache.get("oracle_hit_rate_with_outputs"),
+                "hit_over_oracle": (measured / oracle) if measured is not None and oracle else None,
+                "replica_requests": [bal["counts"][u] for u in engine_urls],
+                "max_over_mean": bal["max_over_mean"],
+            }
+        )
 
     def f(v, fmt="{:.0f}"):
         return "n/a" if v is None else fmt.format(v)
 
-    head = ("| policy | TTFT p50 | p90 | p99 (ms) | TPOT p50 (ms) | E2E p50 | p99 (ms) | out tok/s | hit rate "
-            "| oracle | hit/oracle | requests per replica | max/mean | ok/failed |")
+    head = (
+        "| policy | TTFT p50 | p90 | p99 (ms) | TPOT p50 (ms) | E2E p50 | p99 (ms) | out tok/s | hit rate "
+        "| oracle | hit/oracle | requests per replica | max/mean | ok/failed |"
+    )
     lines = [head, "|---" + "|---:" * 13 + "|"]
     for row in rows:
         lines.append(
@@ -178,11 +236,15 @@ def summarize(runs: dict[str, dict], engine_urls: list[str]) -> tuple[list[dict]
             f"| {f(row['tpot_p50'], '{:.1f}')} | {f(row['e2e_p50'])} | {f(row['e2e_p99'])} "
             f"| {f(row['out_tok_s'], '{:.1f}')} | {f(row['hit'], '{:.3f}')} | {f(row['oracle'], '{:.3f}')} "
             f"| {f(row['hit_over_oracle'], '{:.2f}')} | {' / '.join(map(str, row['replica_requests']))} "
-            f"| {f(row['max_over_mean'], '{:.2f}')} | {row['completed']}/{row['failed']} |")
+            f"| {f(row['max_over_mean'], '{:.2f}')} | {row['completed']}/{row['failed']} |"
+        )
     base = next((row for row in rows if row["policy"] == "round_robin"), None)
     if base and base["ttft_p50"]:
-        speedups = ", ".join(f"{row['policy']} {base['ttft_p50'] / row['ttft_p50']:.2f}x"
-                             for row in rows if row["policy"] != "round_robin" and row["ttft_p50"])
+        speedups = ", ".join(
+            f"{row['policy']} {base['ttft_p50'] / row['ttft_p50']:.2f}x"
+            for row in rows
+            if row["policy"] != "round_robin" and row["ttft_p50"]
+        )
         lines.append(f"\nTTFT p50 speed-up over round_robin: {speedups}")
     return rows, "\n".join(lines)
 
@@ -193,18 +255,26 @@ def targets(uniform: list[dict], hot: list[dict]) -> list[str]:
     for r in uniform:
         if r["policy"] in CACHE_AWARE and rr and r["ttft_p50"]:
             x = rr["ttft_p50"] / r["ttft_p50"]
-            out.append(f"{r['policy']}: TTFT p50 {x:.2f}x better than round_robin (target >= 3): "
-                       f"{'MET' if x >= 3 else 'not met'}")
+            out.append(
+                f"{r['policy']}: TTFT p50 {x:.2f}x better than round_robin (target >= 3): "
+                f"{'MET' if x >= 3 else 'not met'}"
+            )
         if r["policy"] in CACHE_AWARE and r["hit_over_oracle"] is not None:
-            out.append(f"{r['policy']}: hit rate {r['hit']:.3f} = {r['hit_over_oracle']:.2f} x oracle {r['oracle']:.3f}"
-                       f" (target >= 0.9): {'MET' if r['hit_over_oracle'] >= 0.9 else 'not met'}")
+            out.append(
+                f"{r['policy']}: hit rate {r['hit']:.3f} = {r['hit_over_oracle']:.2f} x oracle {r['oracle']:.3f}"
+                f" (target >= 0.9): {'MET' if r['hit_over_oracle'] >= 0.9 else 'not met'}"
+            )
         if r["policy"] in CACHE_AWARE and r["max_over_mean"] is not None:
-            out.append(f"{r['policy']}: uniform max/mean requests per replica {r['max_over_mean']:.2f} "
-                       f"(target <= 1.3): {'MET' if r['max_over_mean'] <= 1.3 else 'not met'}")
+            out.append(
+                f"{r['policy']}: uniform max/mean requests per replica {r['max_over_mean']:.2f} "
+                f"(target <= 1.3): {'MET' if r['max_over_mean'] <= 1.3 else 'not met'}"
+            )
     for r in hot:
         if r["policy"] in CACHE_AWARE and r["max_over_mean"] is not None:
-            out.append(f"{r['policy']}: hot-tenant max/mean requests per replica {r['max_over_mean']:.2f} "
-                       f"(target <= 1.5): {'MET' if r['max_over_mean'] <= 1.5 else 'not met'}")
+            out.append(
+                f"{r['policy']}: hot-tenant max/mean requests per replica {r['max_over_mean']:.2f} "
+                f"(target <= 1.5): {'MET' if r['max_over_mean'] <= 1.5 else 'not met'}"
+            )
     return out
 
 
@@ -215,10 +285,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engines", type=int, default=4)
     ap.add_argument("--kv-cache-bytes", default="1G", help="per engine; the whole working set fits (see the doc)")
     ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
-    ap.add_argument("--hot-policies", nargs="*", default=None, choices=POLICIES,
-                    help="policies for the hot-tenant scenario (default: all of --policies); none to skip it")
-    ap.add_argument("--scenarios", nargs="+", default=["uniform", "hot"], choices=["uniform", "hot"],
-                    help="uniform: tenants in turn; hot: one tenant takes --hot-tenant-share of the conversations")
+    ap.add_argument(
+        "--hot-policies",
+        nargs="*",
+        default=None,
+        choices=POLICIES,
+        help="policies for the hot-tenant scenario (default: all of --policies); none to skip it",
+    )
+    ap.add_argument(
+        "--scenarios",
+        nargs="+",
+        default=["uniform", "hot"],
+        choices=["uniform", "hot"],
+        help="uniform: tenants in turn; hot: one tenant takes --hot-tenant-share of the conversations",
+    )
     ap.add_argument("--hot-tenant-share", type=float, default=0.5)
     ap.add_argument("--tenants", type=int, default=8)
     ap.add_argument("--system-prompt-len", type=int, default=1000)
@@ -243,13 +323,29 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out_dir
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    meta = {"started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "loadavg_start": uptime(), "machine": machine(), "args": {k: str(v) for k, v in vars(args).items()}}
+    meta = {
+        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "loadavg_start": uptime(),
+        "machine": machine(),
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
     print(f"routing_bench: load average at start {meta['loadavg_start']}", flush=True)
-    base = BenchConfig(workload="shared-prefix", tenants=args.tenants, system_prompt_len=args.system_prompt_len,
-                       conversations=args.conversations, turns=args.turns, user_len=args.user_len,
-                       num_requests=args.num_requests, concurrency=args.concurrency, output_len=args.output_len,
-                       seed=args.seed, ignore_eos=True, tokenizer="bundled", model=MODEL, request_timeout_s=900)
+    base = BenchConfig(
+        workload="shared-prefix",
+        tenants=args.tenants,
+        system_prompt_len=args.system_prompt_len,
+        conversations=args.conversations,
+        turns=args.turns,
+        user_len=args.user_len,
+        num_requests=args.num_requests,
+        concurrency=args.concurrency,
+        output_len=args.output_len,
+        seed=args.seed,
+        ignore_eos=True,
+        tokenizer="bundled",
+        model=MODEL,
+        request_timeout_s=900,
+    )
     scenarios = [("uniform", base, args.policies)] if "uniform" in args.scenarios else []
     if hot_policies and "hot" in args.scenarios:
         scenarios.append(("hot", dataclasses.replace(base, hot_tenant_share=args.hot_tenant_share), hot_policies))
@@ -271,8 +367,11 @@ def main(argv: list[str] | None = None) -> int:
                 t = time.monotonic()
                 gateway = start_gateway(policy, engines, logs, scenario)
                 try:
-                    run = run_benchmark(dataclasses.replace(config, name=policy, base_url=gateway.url + "/v1",
-                                                            reset_prefix_cache=tuple(urls)))
+                    run = run_benchmark(
+                        dataclasses.replace(
+                            config, name=policy, base_url=gateway.url + "/v1", reset_prefix_cache=tuple(urls)
+                        )
+                    )
                 finally:
                     gateway.stop()
                     gateway = None
@@ -280,15 +379,21 @@ def main(argv: list[str] | None = None) -> int:
                 if bad_resets:
                     raise RuntimeError(f"could not reset prefix caches: {bad_resets}")
                 runs[policy] = run
-                print(f"routing_bench: [{scenario}] {policy}: {run['completed']} ok, {run['failed']} failed, "
-                      f"TTFT p50 {run['ttft_ms']['p50']:.0f} ms, hit {run['prefix_cache']['measured_hit_rate']}, "
-                      f"{time.monotonic() - t:.0f}s, load {uptime()}", flush=True)
+                print(
+                    f"routing_bench: [{scenario}] {policy}: {run['completed']} ok, {run['failed']} failed, "
+                    f"TTFT p50 {run['ttft_ms']['p50']:.0f} ms, hit {run['prefix_cache']['measured_hit_rate']}, "
+                    f"{time.monotonic() - t:.0f}s, load {uptime()}",
+                    flush=True,
+                )
             prints = {r["plan"]["fingerprint"] for r in runs.values()}
             if len(prints) != 1:
                 raise RuntimeError(f"[{scenario}] request sequences differ across policies: {prints}")
-            results[scenario] = {"config": {k: v for k, v in runs[policies[0]]["config"].items()
-                                            if k not in ("name", "base_url")},
-                                 "fingerprint": prints.pop(), "engines": urls, "runs": runs}
+            results[scenario] = {
+                "config": {k: v for k, v in runs[policies[0]]["config"].items() if k not in ("name", "base_url")},
+                "fingerprint": prints.pop(),
+                "engines": urls,
+                "runs": runs,
+            }
             rows, table = summarize(runs, urls)
             summaries[scenario] = rows
             results[scenario]["summary"] = rows
@@ -308,15 +413,21 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(logs, ignore_errors=True)
 
     checks = targets(summaries.get("uniform", []), summaries.get("hot", []))
-    text += ["## targets", *checks, "",
-             f"load average: start {meta['loadavg_start']}, end {meta['loadavg_end']}; machine {meta['machine']}"]
+    text += [
+        "## targets",
+        *checks,
+        "",
+        f"load average: start {meta['loadavg_start']}, end {meta['loadavg_end']}; machine {meta['machine']}",
+    ]
     report = "\n".join(text)
     (out / "summary.txt").write_text(report + "\n")
     print(report)
     if not args.no_doc_png and (out / "ttft_uniform.png").exists():
         shutil.copyfile(out / "ttft_uniform.png", ROOT / "docs" / "routing_ttft.png")
-        print(f"routing_bench: copied the plot to docs/routing_ttft.png "
-              f"({(ROOT / 'docs' / 'routing_ttft.png').stat().st_size // 1024} KB)")
+        print(
+            f"routing_bench: copied the plot to docs/routing_ttft.png "
+            f"({(ROOT / 'docs' / 'routing_ttft.png').stat().st_size // 1024} KB)"
+        )
     print(f"routing_bench: results in {out}")
     return 0 if all(r["completed"] for rows in summaries.values() for r in rows) else 1
 

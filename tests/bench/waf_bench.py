@@ -27,11 +27,18 @@ from gateway.waf.model import WafSpec
 from gateway.waf.packs import builtin_packs, compile_waf, pack_rules
 from gateway.waf.parts import RequestView
 
-HEADERS = [("host", "gateway.internal:8080"), ("user-agent", "OpenAI/Python 1.40.0"),
-           ("content-type", "application/json"), ("accept", "application/json"),
-           ("authorization", "Bearer sk-0123456789abcdef0123456789abcdef"), ("x-stainless-lang", "python"),
-           ("x-stainless-package-version", "1.40.0"), ("accept-encoding", "gzip, deflate"),
-           ("x-request-id", "a3f1c2d4e5"), ("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")]
+HEADERS = [
+    ("host", "gateway.internal:8080"),
+    ("user-agent", "OpenAI/Python 1.40.0"),
+    ("content-type", "application/json"),
+    ("accept", "application/json"),
+    ("authorization", "Bearer sk-0123456789abcdef0123456789abcdef"),
+    ("x-stainless-lang", "python"),
+    ("x-stainless-package-version", "1.40.0"),
+    ("accept-encoding", "gzip, deflate"),
+    ("x-request-id", "a3f1c2d4e5"),
+    ("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+]
 
 
 def prose(size: int, rng: random.Random) -> str:
@@ -48,15 +55,30 @@ def prose(size: int, rng: random.Random) -> str:
 
 def chat_view(body_bytes: int, rng: random.Random) -> RequestView:
     system = "You are a helpful assistant. Answer briefly and cite sources when you can."
-    payload = {"model": "SmolLM2-135M-Instruct", "temperature": 0.7, "max_tokens": 256, "stream": True,
-               "stream_options": {"include_usage": True}, "user": "user-1234",
-               "messages": [{"role": "system", "content": system},
-                            {"role": "user", "content": ""}]}
+    payload = {
+        "model": "SmolLM2-135M-Instruct",
+        "temperature": 0.7,
+        "max_tokens": 256,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "user": "user-1234",
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": ""}],
+    }
     overhead = len(json.dumps(payload))
     payload["messages"][1]["content"] = prose(max(body_bytes - overhead, 16), rng)
     body = json.dumps(payload).encode()
-    return RequestView(method="POST", path="/v1/chat/completions", headers=HEADERS, body=body, payload=payload,
-                       route="chat", client_ip="10.0.0.7", tenant="team-a", key_label="ops", model=payload["model"])
+    return RequestView(
+        method="POST",
+        path="/v1/chat/completions",
+        headers=HEADERS,
+        body=body,
+        payload=payload,
+        route="chat",
+        client_ip="10.0.0.7",
+        tenant="team-a",
+        key_label="ops",
+        model=payload["model"],
+    )
 
 
 _REQUEST_IDS = itertools.count()  # every measured request gets ids no earlier request had, whatever the body size
@@ -73,20 +95,35 @@ def measure(waf, body_bytes: int, iterations: int) -> dict:
         rid = next(_REQUEST_IDS)
         started, started_cpu = time.perf_counter(), time.thread_time()
         # what differs between real requests even from one client: request id and trace context
-        headers = source.headers[:-2] + [("x-request-id", f"{rid:010x}"),
-                                         ("traceparent", f"00-{rid:032x}-{rid * 7919:016x}-01")]
-        view = RequestView(method=source.method, path=source.path, headers=headers, body=source.body,
-                           payload=source.payload, route=source.route, client_ip=source.client_ip,
-                           tenant=source.tenant, key_label=source.key_label, model=source.model)
+        headers = source.headers[:-2] + [
+            ("x-request-id", f"{rid:010x}"),
+            ("traceparent", f"00-{rid:032x}-{rid * 7919:016x}-01"),
+        ]
+        view = RequestView(
+            method=source.method,
+            path=source.path,
+            headers=headers,
+            body=source.body,
+            payload=source.payload,
+            route=source.route,
+            client_ip=source.client_ip,
+            tenant=source.tenant,
+            key_label=source.key_label,
+            model=source.model,
+        )
         verdict = waf.evaluate(view)
         cpu.append(time.thread_time() - started_cpu)
         wall.append(time.perf_counter() - started)
         assert not verdict.blocked, verdict.rule_ids
     cpu.sort()
     wall.sort()
-    return {"body_bytes": len(views[0].body), "p50_us": round(statistics.median(cpu) * 1e6, 1),
-            "p99_us": round(cpu[int(len(cpu) * 0.99)] * 1e6, 1), "wall_p50_us": round(statistics.median(wall) * 1e6, 1),
-            "iterations": iterations}
+    return {
+        "body_bytes": len(views[0].body),
+        "p50_us": round(statistics.median(cpu) * 1e6, 1),
+        "p99_us": round(cpu[int(len(cpu) * 0.99)] * 1e6, 1),
+        "wall_p50_us": round(statistics.median(wall) * 1e6, 1),
+        "iterations": iterations,
+    }
 
 
 def proxy(duration: float, repeat: int) -> int:
@@ -94,8 +131,13 @@ def proxy(duration: float, repeat: int) -> int:
     from tests.bench import proxy_bench as pb
 
     all_packs = {"paranoia_level": 2, "packs": sorted(builtin_packs()[0])}
-    return pb.compare_policies("waf", {"waf_off": {"waf": {}}, "waf_on_all_packs_pl2": {"waf": all_packs}},
-                               duration, repeat, headers={"User-Agent": "OpenAI/Python 1.40.0"})
+    return pb.compare_policies(
+        "waf",
+        {"waf_off": {"waf": {}}, "waf_on_all_packs_pl2": {"waf": all_packs}},
+        duration,
+        repeat,
+        headers={"User-Agent": "OpenAI/Python 1.40.0"},
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,8 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         iterations = args.iterations if size <= 16 * 1024 else max(args.iterations // 10, 50)
         result = measure(waf, size, iterations)
         per_kb = result["p50_us"] / (result["body_bytes"] / 1024)
-        print(f"body {result['body_bytes']:>7} B: CPU p50 {result['p50_us']:>8.1f} us  p99 {result['p99_us']:>8.1f} us"
-              f"  ({per_kb:.1f} us/KB)  wall p50 {result['wall_p50_us']:>8.1f} us")
+        print(
+            f"body {result['body_bytes']:>7} B: CPU p50 {result['p50_us']:>8.1f} us  p99 {result['p99_us']:>8.1f} us"
+            f"  ({per_kb:.1f} us/KB)  wall p50 {result['wall_p50_us']:>8.1f} us"
+        )
     return 0
 
 

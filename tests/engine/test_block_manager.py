@@ -65,7 +65,7 @@ def test_hit_verified_against_stored_ids():
 
 def test_lru_eviction_order_and_removed_events():
     bm = BlockManager(4, 4)
-    a = _seq(0, range(100, 108))      # 2 blocks
+    a = _seq(0, range(100, 108))  # 2 blocks
     _run(bm, a)
     bm.free_sequence(a)
     b = _seq(1, range(200, 208))

@@ -12,9 +12,17 @@ GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
 
 def _prompts(loaded, n):
-    texts = ["Write a haiku about the sea.", "List three prime numbers.", "Why is the sky blue?",
-             "Translate 'cat' to Spanish.", "What is 7 times 8?", "Name a famous painter.",
-             "Describe a cat in one sentence.", "Give me a synonym for happy.", "What is an atom?"]
+    texts = [
+        "Write a haiku about the sea.",
+        "List three prime numbers.",
+        "Why is the sky blue?",
+        "Translate 'cat' to Spanish.",
+        "What is 7 times 8?",
+        "Name a famous painter.",
+        "Describe a cat in one sentence.",
+        "Give me a synonym for happy.",
+        "What is an atom?",
+    ]
     return [loaded.tokenizer.encode(t) for t in texts[:n]]
 
 
@@ -101,7 +109,9 @@ def test_top_k_one_and_tiny_top_p_are_greedy(engine, loaded):
     p = _prompts(loaded, 1)
     g = engine.generate(p, SamplingParams(max_tokens=12, temperature=0))[0].output_token_ids
     assert engine.generate(p, SamplingParams(max_tokens=12, temperature=0.8, top_k=1))[0].output_token_ids == g
-    assert engine.generate(p, SamplingParams(max_tokens=12, temperature=0.8, top_p=1e-6, seed=3))[0].output_token_ids == g
+    assert (
+        engine.generate(p, SamplingParams(max_tokens=12, temperature=0.8, top_p=1e-6, seed=3))[0].output_token_ids == g
+    )
 
 
 def test_stop_conditions(engine):

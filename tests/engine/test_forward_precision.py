@@ -8,8 +8,18 @@ import pytest
 from backend_engine.backend import ArrayBackend
 from backend_engine.model.llama import ForwardBatch, LlamaConfig, LlamaModel, PrefillSpan, hf_tensors_to_weights
 
-CFG = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
-           head_dim=16, rope_theta=10000.0, max_position=256, tie_embeddings=True)
+CFG = dict(
+    vocab_size=101,
+    hidden_size=64,
+    intermediate_size=96,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rope_theta=10000.0,
+    max_position=256,
+    tie_embeddings=True,
+)
 BS = 4
 
 
@@ -17,18 +27,25 @@ def _model(dtype):
     rng = np.random.default_rng(0)
     c = LlamaConfig(**CFG)
     H, I, q, kv = c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    t = {"model.embed_tokens.weight": rng.standard_normal((c.vocab_size, H)), "model.norm.weight": 1 + 0.1 * rng.standard_normal(H)}
+    t = {
+        "model.embed_tokens.weight": rng.standard_normal((c.vocab_size, H)),
+        "model.norm.weight": 1 + 0.1 * rng.standard_normal(H),
+    }
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
-        t.update({p + "input_layernorm.weight": 1 + 0.1 * rng.standard_normal(H),
-                  p + "post_attention_layernorm.weight": 1 + 0.1 * rng.standard_normal(H),
-                  p + "self_attn.q_proj.weight": rng.standard_normal((q, H)) / 8,
-                  p + "self_attn.k_proj.weight": rng.standard_normal((kv, H)) / 8,
-                  p + "self_attn.v_proj.weight": rng.standard_normal((kv, H)) / 8,
-                  p + "self_attn.o_proj.weight": rng.standard_normal((H, q)) / 8,
-                  p + "mlp.gate_proj.weight": rng.standard_normal((I, H)) / 8,
-                  p + "mlp.up_proj.weight": rng.standard_normal((I, H)) / 8,
-                  p + "mlp.down_proj.weight": rng.standard_normal((H, I)) / 10})
+        t.update(
+            {
+                p + "input_layernorm.weight": 1 + 0.1 * rng.standard_normal(H),
+                p + "post_attention_layernorm.weight": 1 + 0.1 * rng.standard_normal(H),
+                p + "self_attn.q_proj.weight": rng.standard_normal((q, H)) / 8,
+                p + "self_attn.k_proj.weight": rng.standard_normal((kv, H)) / 8,
+                p + "self_attn.v_proj.weight": rng.standard_normal((kv, H)) / 8,
+                p + "self_attn.o_proj.weight": rng.standard_normal((H, q)) / 8,
+                p + "mlp.gate_proj.weight": rng.standard_normal((I, H)) / 8,
+                p + "mlp.up_proj.weight": rng.standard_normal((I, H)) / 8,
+                p + "mlp.down_proj.weight": rng.standard_normal((H, I)) / 10,
+            }
+        )
     t = {k: v.astype(np.float32) for k, v in t.items()}
     be = ArrayBackend(xp=np, device="cpu", weight_dtype=dtype)
     return LlamaModel(c, hf_tensors_to_weights(c, t, be), be)
@@ -38,8 +55,16 @@ def _prefill(m, ids, table, start=0, cache=None):
     """Tokens ids[start:] given ids[:start] already cached; returns logits of the last token."""
     n = len(ids) - start
     pos = np.arange(start, len(ids))
-    b = ForwardBatch(np.array(ids[start:]), pos, table[pos // BS] * BS + pos % BS, 0, np.zeros((0, 1), np.int64),
-                     np.zeros(0, np.int64), [PrefillSpan(0, n, len(ids), table)], np.array([n - 1]))
+    b = ForwardBatch(
+        np.array(ids[start:]),
+        pos,
+        table[pos // BS] * BS + pos % BS,
+        0,
+        np.zeros((0, 1), np.int64),
+        np.zeros(0, np.int64),
+        [PrefillSpan(0, n, len(ids), table)],
+        np.array([n - 1]),
+    )
     return m.forward(b, cache)[0]
 
 

@@ -38,11 +38,22 @@ def test_tiny_model_roundtrip(tmp_path, qtype, tol):
         "model.layers.0.mlp.down_proj.weight": rng.standard_normal((H, I)),
     }
     hf = {k: v.astype(np.float32) for k, v in hf.items()}
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
-    layer = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    layer = {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
     path = tmp_path / "tiny.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(1)
@@ -58,7 +69,7 @@ def test_tiny_model_roundtrip(tmp_path, qtype, tol):
         if hf_name in names:
             name = names[hf_name]
         else:
-            part = hf_name[len("model.layers.0."):-len(".weight")]
+            part = hf_name[len("model.layers.0.") : -len(".weight")]
             name = f"blk.0.{layer[part]}.weight"
         if name.endswith("attn_q.weight"):
             arr = _permute(arr, NH)

@@ -7,8 +7,7 @@ from backend_engine.sequence import SamplingParams
 
 from .conftest import reference
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not cuda_available(), reason="needs CuPy and a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="needs CuPy and a CUDA GPU")]
 CASES = reference()["cases"]
 
 
@@ -23,8 +22,9 @@ def gpu_engine():
 def test_gpu_first_step_top5(gpu_engine):
     # float16 weights: same top-5 ranking, log-probs within a looser 3e-2.
     for c in CASES:
-        seq = gpu_engine.add_request(f"g{len(c['prompt_ids'])}", c["prompt_ids"],
-                                     SamplingParams(max_tokens=1, temperature=0, logprobs=5))
+        seq = gpu_engine.add_request(
+            f"g{len(c['prompt_ids'])}", c["prompt_ids"], SamplingParams(max_tokens=1, temperature=0, logprobs=5)
+        )
         lps = []
         while not seq.is_finished:
             for o in gpu_engine.step():
@@ -53,8 +53,11 @@ def test_gpu_prefix_cache_and_preemption(gpu_engine):
     cold = gpu_engine.generate([prefix + [5]], sp)[0]
     warm = gpu_engine.generate([prefix + [5]], sp)[0]
     assert warm.num_cached_tokens == 192 and warm.output_token_ids == cold.output_token_ids
-    tiny = LLMEngine(EngineConfig(device="cuda", kv_cache_bytes=gpu_engine.model.kv_bytes_per_token() * 16 * 12),
-                     loaded=gpu_engine.loaded, backend=gpu_engine.backend)
+    tiny = LLMEngine(
+        EngineConfig(device="cuda", kv_cache_bytes=gpu_engine.model.kv_bytes_per_token() * 16 * 12),
+        loaded=gpu_engine.loaded,
+        backend=gpu_engine.backend,
+    )
     prompts = [c["prompt_ids"] for c in CASES[:6]]
     want = [s.output_token_ids for s in gpu_engine.generate(prompts, sp)]
     assert [s.output_token_ids for s in tiny.generate(prompts, sp)] == want

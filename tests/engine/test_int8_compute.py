@@ -53,8 +53,9 @@ def test_int8_matmul_stays_within_int8_rounding_of_float32(bundled_tensors, name
 @pytest.fixture(scope="module")
 def int8_engine(cpu_backend):
     loaded = load_model(default_model_path(), cpu_backend, compute="int8")
-    return LLMEngine(EngineConfig(device="cpu", compute="int8", kv_cache_bytes=64 << 20), loaded=loaded,
-                     backend=cpu_backend)
+    return LLMEngine(
+        EngineConfig(device="cpu", compute="int8", kv_cache_bytes=64 << 20), loaded=loaded, backend=cpu_backend
+    )
 
 
 def test_int8_weights_stay_quantized_in_memory(int8_engine, loaded):

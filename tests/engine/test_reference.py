@@ -42,8 +42,9 @@ def test_first_step_top5(greedy_run, engine, i):
 def out_logprobs(engine, prompt):
     """Logprobs of the first generated token through the engine's own path."""
     outs = []
-    seq = engine.add_request(f"lp-{len(prompt)}-{id(outs)}", prompt,
-                             SamplingParams(max_tokens=1, temperature=0, logprobs=5))
+    seq = engine.add_request(
+        f"lp-{len(prompt)}-{id(outs)}", prompt, SamplingParams(max_tokens=1, temperature=0, logprobs=5)
+    )
     while not seq.is_finished:
         for o in engine.step():
             if o.request_id == seq.request_id:
@@ -55,7 +56,7 @@ def out_logprobs(engine, prompt):
 def test_greedy_continuation(greedy_run, i):
     c = CASES[i]
     got = greedy_run[i].output_token_ids
-    assert got[:len(c["greedy_ids"])] == c["greedy_ids"]
+    assert got[: len(c["greedy_ids"])] == c["greedy_ids"]
 
 
 def test_loose_agreement_with_llamacpp(greedy_run):

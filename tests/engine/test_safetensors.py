@@ -22,21 +22,49 @@ def _export_hf(loaded, folder):
         p = f"model.layers.{i}."
         q, k, v = np.split(lw.wqkv, [nh, nh + nkv], axis=1)
         g, u = np.split(lw.w_gate_up, [inter], axis=1)
-        t.update({p + "self_attn.q_proj.weight": q.T, p + "self_attn.k_proj.weight": k.T,
-                  p + "self_attn.v_proj.weight": v.T, p + "self_attn.o_proj.weight": lw.wo.T,
-                  p + "mlp.gate_proj.weight": g.T, p + "mlp.up_proj.weight": u.T, p + "mlp.down_proj.weight": lw.w_down.T,
-                  p + "input_layernorm.weight": lw.attn_norm, p + "post_attention_layernorm.weight": lw.ffn_norm})
+        t.update(
+            {
+                p + "self_attn.q_proj.weight": q.T,
+                p + "self_attn.k_proj.weight": k.T,
+                p + "self_attn.v_proj.weight": v.T,
+                p + "self_attn.o_proj.weight": lw.wo.T,
+                p + "mlp.gate_proj.weight": g.T,
+                p + "mlp.up_proj.weight": u.T,
+                p + "mlp.down_proj.weight": lw.w_down.T,
+                p + "input_layernorm.weight": lw.attn_norm,
+                p + "post_attention_layernorm.weight": lw.ffn_norm,
+            }
+        )
     write_safetensors(folder / "model.safetensors", t)
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "llama", "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
-        "intermediate_size": inter, "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads,
-        "num_key_value_heads": c.num_kv_heads, "rope_theta": c.rope_theta, "rms_norm_eps": c.rms_eps,
-        "max_position_embeddings": c.max_position, "tie_word_embeddings": True}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "vocab_size": c.vocab_size,
+                "hidden_size": c.hidden_size,
+                "intermediate_size": inter,
+                "num_hidden_layers": c.num_layers,
+                "num_attention_heads": c.num_heads,
+                "num_key_value_heads": c.num_kv_heads,
+                "rope_theta": c.rope_theta,
+                "rms_norm_eps": c.rms_eps,
+                "max_position_embeddings": c.max_position,
+                "tie_word_embeddings": True,
+            }
+        )
+    )
     tok = loaded.tokenizer
     tok.hf.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "chat_template": tok.chat_template, "bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
-        "add_bos_token": False}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "chat_template": tok.chat_template,
+                "bos_token": "<|im_start|>",
+                "eos_token": "<|im_end|>",
+                "add_bos_token": False,
+            }
+        )
+    )
 
 
 def test_hf_folder_matches_gguf(loaded, cpu_backend, make_engine, tmp_path):
@@ -49,8 +77,9 @@ def test_hf_folder_matches_gguf(loaded, cpu_backend, make_engine, tmp_path):
     assert hf.tokenizer.encode(case["prompt"]) == case["prompt_ids"]
     assert hf.tokenizer.token_bytes == loaded.tokenizer.token_bytes
     assert 2 in hf.tokenizer.eos_ids
-    assert hf.chat_template.render([{"role": "user", "content": "hi"}]) == \
-        loaded.chat_template.render([{"role": "user", "content": "hi"}])
+    assert hf.chat_template.render([{"role": "user", "content": "hi"}]) == loaded.chat_template.render(
+        [{"role": "user", "content": "hi"}]
+    )
     eng = LLMEngine(EngineConfig(device="cpu", kv_cache_bytes=32 << 20), loaded=hf, backend=cpu_backend)
     out = eng.generate([case["prompt_ids"]], SamplingParams(max_tokens=32, temperature=0))[0]
     assert out.output_token_ids == case["greedy_ids"]

@@ -56,12 +56,29 @@ def otlp():
 def server(otlp, tmp_path_factory):
     port = _free_port()
     log = tmp_path_factory.mktemp("engine") / "server.log"
-    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp, "OTEL_BSP_SCHEDULE_DELAY": "100",
-           "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp, "OTEL_BSP_SCHEDULE_DELAY": "100", "PYTHONPATH": str(ROOT)}
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "backend_engine.cli", "engine", "serve", "--port", str(port),
-                                 "--kv-cache-bytes", "64M", "--threads", "1", "--log-level", "warning"],
-                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "backend_engine.cli",
+                "engine",
+                "serve",
+                "--port",
+                str(port),
+                "--kv-cache-bytes",
+                "64M",
+                "--threads",
+                "1",
+                "--log-level",
+                "warning",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 120
@@ -99,8 +116,9 @@ def test_openai_client_streams_chat(server):
 
     client = OpenAI(base_url=server + "/v1", api_key="unused")
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
-    stream = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=20, temperature=0, stream=True,
-                                            stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=20, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
     pieces, finish, usage = [], None, None
     for chunk in stream:
         if chunk.choices:
@@ -125,8 +143,11 @@ def test_models_and_health(server):
 
 def test_completion_from_token_ids_with_logprobs(server):
     case = reference()["cases"][1]
-    r = httpx.post(server + "/v1/completions", json={"model": MODEL, "prompt": case["prompt_ids"], "max_tokens": 4,
-                                                      "temperature": 0, "logprobs": 5}, timeout=60)
+    r = httpx.post(
+        server + "/v1/completions",
+        json={"model": MODEL, "prompt": case["prompt_ids"], "max_tokens": 4, "temperature": 0, "logprobs": 5},
+        timeout=60,
+    )
     assert r.status_code == 200, r.text
     ch = r.json()["choices"][0]
     lp = ch["logprobs"]
@@ -139,9 +160,18 @@ def test_completion_from_token_ids_with_logprobs(server):
 
 
 def test_streamed_completion_with_text_prompt(server):
-    with httpx.stream("POST", server + "/v1/completions", timeout=60, json={
-            "prompt": "Once upon a time", "max_tokens": 10, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}) as r:
+    with httpx.stream(
+        "POST",
+        server + "/v1/completions",
+        timeout=60,
+        json={
+            "prompt": "Once upon a time",
+            "max_tokens": 10,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    ) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
@@ -161,18 +191,21 @@ def test_shared_prefix_reports_cached_tokens(server):
     assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
 
 
-@pytest.mark.parametrize("path,body,status,code", [
-    ("/v1/completions", {"model": "nope", "prompt": "hi"}, 404, "model_not_found"),
-    ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400, "invalid_type"),
-    ("/v1/completions", {"prompt": "hi", "n": 17}, 400, None),
-    ("/v1/completions", {"prompt": "hi", "top_p": 0}, 400, None),
-    ("/v1/completions", {"prompt": [1] * 9000}, 400, None),
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 100000}, 400, "context_length_exceeded"),
-    ("/v1/completions", {"prompt": [-1]}, 400, None),
-    ("/v1/chat/completions", {"messages": []}, 400, None),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, None),
-    ("/v1/nothing", {}, 404, "not_found"),
-])
+@pytest.mark.parametrize(
+    "path,body,status,code",
+    [
+        ("/v1/completions", {"model": "nope", "prompt": "hi"}, 404, "model_not_found"),
+        ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400, "invalid_type"),
+        ("/v1/completions", {"prompt": "hi", "n": 17}, 400, None),
+        ("/v1/completions", {"prompt": "hi", "top_p": 0}, 400, None),
+        ("/v1/completions", {"prompt": [1] * 9000}, 400, None),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 100000}, 400, "context_length_exceeded"),
+        ("/v1/completions", {"prompt": [-1]}, 400, None),
+        ("/v1/chat/completions", {"messages": []}, 400, None),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, None),
+        ("/v1/nothing", {}, 404, "not_found"),
+    ],
+)
 def test_errors_are_openai_shaped(server, path, body, status, code):
     r = httpx.post(server + path, json=body, timeout=30)
     assert r.status_code == status
@@ -190,7 +223,9 @@ def test_invalid_json_body(server):
 def test_tokenize(server):
     r = httpx.post(server + "/tokenize", json={"prompt": "Once upon a time"}).json()
     assert r["tokens"] == [6403, 1980, 253, 655] and r["count"] == 4
-    r = httpx.post(server + "/tokenize", json={"messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    r = httpx.post(
+        server + "/tokenize", json={"messages": [{"role": "user", "content": "What is the capital of France?"}]}
+    )
     assert r.json()["tokens"] == reference()["cases"][3]["prompt_ids"]
 
 
@@ -205,8 +240,11 @@ def test_kv_events_stream(server):
             snap = json.loads(next(lines))
             assert snap["snapshot"] is True and snap["events"][0]["type"] == "AllBlocksCleared"
             assert not set(want) & set(snap["events"][1]["block_hashes"])
-            threading.Thread(target=lambda: httpx.post(server + "/v1/completions", timeout=60, json={
-                "prompt": prompt, "max_tokens": 2, "temperature": 0})).start()
+            threading.Thread(
+                target=lambda: httpx.post(
+                    server + "/v1/completions", timeout=60, json={"prompt": prompt, "max_tokens": 2, "temperature": 0}
+                )
+            ).start()
             deadline = time.time() + 60
             for line in lines:
                 batch = json.loads(line)
@@ -221,19 +259,33 @@ def test_kv_events_stream(server):
 
 
 def test_client_disconnect_aborts(server):
-    before = _metric(server, "vllm:request_success_total", finished_reason="abort") if "abort" in httpx.get(
-        server + "/metrics").text else 0.0
-    with httpx.stream("POST", server + "/v1/completions", timeout=60, json={
-            "prompt": "Tell me a very long story.", "max_tokens": 1000, "temperature": 0, "ignore_eos": True,
-            "stream": True}) as r:
+    before = (
+        _metric(server, "vllm:request_success_total", finished_reason="abort")
+        if "abort" in httpx.get(server + "/metrics").text
+        else 0.0
+    )
+    with httpx.stream(
+        "POST",
+        server + "/v1/completions",
+        timeout=60,
+        json={
+            "prompt": "Tell me a very long story.",
+            "max_tokens": 1000,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        },
+    ) as r:
         for i, _ in enumerate(r.iter_lines()):
             if i > 6:
                 break
     deadline = time.time() + 30
     while time.time() < deadline:
-        if (_metric(server, "vllm:num_requests_running") == 0
-                and "abort" in httpx.get(server + "/metrics").text
-                and _metric(server, "vllm:request_success_total", finished_reason="abort") > before):
+        if (
+            _metric(server, "vllm:num_requests_running") == 0
+            and "abort" in httpx.get(server + "/metrics").text
+            and _metric(server, "vllm:request_success_total", finished_reason="abort") > before
+        ):
             break
         time.sleep(0.3)
     assert _metric(server, "vllm:num_requests_running") == 0
@@ -243,10 +295,18 @@ def test_client_disconnect_aborts(server):
 
 def test_metrics_have_vllm_names_and_memory_budget(server):
     text = httpx.get(server + "/metrics").text
-    for name in ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total",
-                 "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket",
-                 "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket"]:
+    for name in [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_bucket",
+        "vllm:e2e_request_latency_seconds_bucket",
+    ]:
         assert name in text, name
     assert _metric(server, "vllm:prefix_cache_hits_total") >= 192
     for comp in ("weights", "runtime_overhead", "kv_cache"):
@@ -258,8 +318,12 @@ def test_traceparent_is_continued(server):
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-    httpx.post(server + "/v1/completions", headers={"traceparent": f"00-{trace_id}-{parent}-01"},
-               json={"prompt": "Hello", "max_tokens": 3, "temperature": 0}, timeout=60)
+    httpx.post(
+        server + "/v1/completions",
+        headers={"traceparent": f"00-{trace_id}-{parent}-01"},
+        json={"prompt": "Hello", "max_tokens": 3, "temperature": 0},
+        timeout=60,
+    )
     spans = {}
     deadline = time.time() + 20
     while time.time() < deadline and len(spans) < 4:
@@ -280,9 +344,17 @@ def test_traceparent_is_continued(server):
 
 
 def test_chat_logprobs_shape(server):
-    r = httpx.post(server + "/v1/chat/completions", timeout=60, json={
-        "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 3,
-        "temperature": 0, "logprobs": True, "top_logprobs": 2})
+    r = httpx.post(
+        server + "/v1/chat/completions",
+        timeout=60,
+        json={
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 3,
+            "temperature": 0,
+            "logprobs": True,
+            "top_logprobs": 2,
+        },
+    )
     assert r.status_code == 200, r.text
     content = r.json()["choices"][0]["logprobs"]["content"]
     assert [c["token"] for c in content] == ["The", " capital", " of"]
@@ -310,9 +382,14 @@ def test_concurrent_streams_match_their_solo_outputs(server):
             return await asyncio.gather(*(one(client, p) for p in prompts))
 
     together = asyncio.run(run_all())
-    solo = [httpx.post(server + "/v1/completions", timeout=60, json={
-        "prompt": p, "max_tokens": 12, "temperature": 0, "ignore_eos": True}).json()["choices"][0]["text"]
-        for p in prompts[:3]]
+    solo = [
+        httpx.post(
+            server + "/v1/completions",
+            timeout=60,
+            json={"prompt": p, "max_tokens": 12, "temperature": 0, "ignore_eos": True},
+        ).json()["choices"][0]["text"]
+        for p in prompts[:3]
+    ]
     assert together[:3] == solo
     assert all(t for t in together)
 
@@ -324,8 +401,15 @@ def test_batch_prompts_and_n(server):
     assert [c["index"] for c in r["choices"]] == [0, 1]
     assert r["choices"][0]["text"] == r["choices"][1]["text"] == " Paris.\n"
     assert r["usage"]["prompt_tokens"] == 10 and r["usage"]["completion_tokens"] == 6
-    body = {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 1.0, "seed": 3, "n": 3, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "prompt": "Once upon a time",
+        "max_tokens": 6,
+        "temperature": 1.0,
+        "seed": 3,
+        "n": 3,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     texts = {0: "", 1: "", 2: ""}
     usage = None
     with httpx.stream("POST", server + "/v1/completions", json=body, timeout=60) as resp:

@@ -3,7 +3,6 @@ import pytest
 from .conftest import reference
 
 
-
 def test_chat_template_renders_reference_prompt(loaded):
     case = reference()["cases"][3]
     text = loaded.chat_template.render([{"role": "user", "content": "What is the capital of France?"}])
@@ -20,7 +19,7 @@ def test_chat_template_is_sandboxed(loaded):
 
 def test_special_tokens_parsed(loaded):
     tok = loaded.tokenizer
-    assert tok.encode("<|im_start|>user") [:1] == [1]
+    assert tok.encode("<|im_start|>user")[:1] == [1]
     assert 2 in tok.eos_ids
     assert tok.decode([1, 4093], skip_special_tokens=True) == "user"
     assert tok.decode([1, 4093], skip_special_tokens=False) == "<|im_start|>user"

@@ -21,8 +21,12 @@ def hostile_upstream(processes: list[Process], tmp_path: Path) -> Callable[[], P
 
     def start() -> Process:
         port = free_port()
-        process = spawn([sys.executable, str(HOSTILE_UPSTREAM), "--port", str(port)], port,
-                        tmp_path / f"hostile-upstream-{port}.log", ready_path="/_stats")
+        process = spawn(
+            [sys.executable, str(HOSTILE_UPSTREAM), "--port", str(port)],
+            port,
+            tmp_path / f"hostile-upstream-{port}.log",
+            ready_path="/_stats",
+        )
         processes.append(process)
         return process
 

@@ -32,8 +32,10 @@ from collections.abc import Awaitable, Callable
 
 import h11
 
-HTML_502 = (b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1>"
-            b"</center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n")
+HTML_502 = (
+    b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1>"
+    b"</center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"
+)
 BLOCK = 1024 * 1024
 
 
@@ -48,8 +50,9 @@ class Answer:
         self.writer.write(data)
         await self.writer.drain()
 
-    async def head(self, status: int = 200, content_type: str = "application/json", length: int | None = None,
-                   reason: str = "OK") -> None:
+    async def head(
+        self, status: int = 200, content_type: str = "application/json", length: int | None = None, reason: str = "OK"
+    ) -> None:
         lines = [f"HTTP/1.1 {status} {reason}", f"content-type: {content_type}", "connection: close"]
         if length is not None:
             lines.append(f"content-length: {length}")
@@ -61,22 +64,52 @@ class Answer:
 
     def chunks(self, words: int = 3) -> list[bytes]:
         """A normal stream's data payloads, usage included when asked for, and [DONE]."""
-        base = {"id": "cmpl-hostile", "object": "chat.completion.chunk", "created": int(time.time()),
-                "model": self.request.get("model")}
-        out = [json.dumps({**base, "choices": [{"index": 0, "delta": {"content": f"w{i} "},
-                                                "finish_reason": "stop" if i == words - 1 else None}]})
-               for i in range(words)]
+        base = {
+            "id": "cmpl-hostile",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": self.request.get("model"),
+        }
+        out = [
+            json.dumps(
+                {
+                    **base,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"content": f"w{i} "},
+                            "finish_reason": "stop" if i == words - 1 else None,
+                        }
+                    ],
+                }
+            )
+            for i in range(words)
+        ]
         if (self.request.get("stream_options") or {}).get("include_usage"):
-            out.append(json.dumps({**base, "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": words,
-                                                                    "total_tokens": 7 + words}}))
+            out.append(
+                json.dumps(
+                    {
+                        **base,
+                        "choices": [],
+                        "usage": {"prompt_tokens": 7, "completion_tokens": words, "total_tokens": 7 + words},
+                    }
+                )
+            )
         return [c.encode() for c in out] + [b"[DONE]"]
 
     def completion(self) -> bytes:
-        return json.dumps({"id": "cmpl-hostile", "object": "chat.completion", "created": int(time.time()),
-                           "model": self.request.get("model"),
-                           "choices": [{"index": 0, "message": {"role": "assistant", "content": "w0 w1 w2 "},
-                                        "finish_reason": "stop"}],
-                           "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}}).encode()
+        return json.dumps(
+            {
+                "id": "cmpl-hostile",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": self.request.get("model"),
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "w0 w1 w2 "}, "finish_reason": "stop"}
+                ],
+                "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
+            }
+        ).encode()
 
 
 async def ok(answer: Answer, spec: dict) -> None:
@@ -134,14 +167,15 @@ async def slow_first(answer: Answer, spec: dict) -> None:
 
 async def stall(answer: Answer, spec: dict) -> None:
     await answer.head(200, "text/event-stream")
-    for data in answer.chunks(words=spec.get("events", 2) + 1)[:spec.get("events", 2)]:
+    for data in answer.chunks(words=spec.get("events", 2) + 1)[: spec.get("events", 2)]:
         await answer.write(b"data: " + data + b"\n\n")
     await asyncio.Event().wait()
 
 
 async def garbage(answer: Answer, spec: dict) -> None:
-    await answer.whole(spec.get("status", 200), spec.get("body", "").encode("latin-1"),
-                       spec.get("content_type", "text/plain"))
+    await answer.whole(
+        spec.get("status", 200), spec.get("body", "").encode("latin-1"), spec.get("content_type", "text/plain")
+    )
 
 
 async def html_502(answer: Answer, spec: dict) -> None:
@@ -159,8 +193,9 @@ async def line_endings(answer: Answer, spec: dict) -> None:
 
 
 BEHAVIOURS: dict[str, Callable[[Answer, dict], Awaitable[None]]] = {
-    f.__name__: f for f in (ok, huge_body, no_boundary, trickle, hang, slow_first, stall, garbage, html_502,
-                            line_endings)}
+    f.__name__: f
+    for f in (ok, huge_body, no_boundary, trickle, hang, slow_first, stall, garbage, html_502, line_endings)
+}
 
 
 class Server:
@@ -207,7 +242,11 @@ class Server:
         spec = request.get("hostile") or {}
         behaviour = spec.get("behaviour", "ok")
         record = self.seen[spec.get("tag", str(self.requests))] = {
-            "behaviour": behaviour, "received_at": time.time(), "closed_at": None, "answered": False}
+            "behaviour": behaviour,
+            "received_at": time.time(),
+            "closed_at": None,
+            "answered": False,
+        }
         answering = asyncio.create_task(BEHAVIOURS[behaviour](Answer(writer, request), spec))
         gone = asyncio.create_task(reader.read(65536))  # b"": the gateway closed its end
         await asyncio.wait((answering, gone), return_when=asyncio.FIRST_COMPLETED)

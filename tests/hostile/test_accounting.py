@@ -27,8 +27,9 @@ USED = 7 + 3  # what the fake upstream reports for a three-chunk answer
 
 
 def post(gw, tenant: str, **fields) -> httpx.Response:
-    return httpx.post(gw.url + CHAT, json=chat_body(**fields), headers={"authorization": f"Bearer sk-acct-{tenant}"},
-                      timeout=30)
+    return httpx.post(
+        gw.url + CHAT, json=chat_body(**fields), headers={"authorization": f"Bearer sk-acct-{tenant}"}, timeout=30
+    )
 
 
 def remaining(response: httpx.Response) -> int:
@@ -41,19 +42,31 @@ def settled() -> None:
     time.sleep(0.3)
 
 
-def test_slots_held_in_redis_are_freed_within_seconds_of_it_coming_back(fake_upstream, gateway, tmp_path,
-                                                                          redis_server):
+def test_slots_held_in_redis_are_freed_within_seconds_of_it_coming_back(fake_upstream, gateway, tmp_path, redis_server):
     """Redis restarts from its snapshot while two streams hold the tenant's only slots; they end during the outage.
     Their releases must reach Redis once it is back, not wait for the slots' ten-minute lease."""
     upstream = fake_upstream()
     rules = [{"id": "two-at-once", "key": ["tenant"], "concurrency": {"limit": 2}}]
-    gw = gateway({"pools": [pool("main", upstream.url)], "auth": AUTH, "policy_dir": policy_dir(tmp_path, rules),
-                  "redis": {"url": redis_server.url, "timeout": 0.3, "on_failure": "fail_closed",
-                            "breaker_failures": 1, "breaker_cooldown": 0.5}})
+    gw = gateway(
+        {
+            "pools": [pool("main", upstream.url)],
+            "auth": AUTH,
+            "policy_dir": policy_dir(tmp_path, rules),
+            "redis": {
+                "url": redis_server.url,
+                "timeout": 0.3,
+                "on_failure": "fail_closed",
+                "breaker_failures": 1,
+                "breaker_cooldown": 0.5,
+            },
+        }
+    )
     slow = chat_body(stream=True, fake={"chunks": 20, "delay": 0.1})
     client = httpx.Client(timeout=30)
-    streams = [client.stream("POST", gw.url + CHAT, json=slow, headers={"authorization": "Bearer sk-acct-t1"})
-               for _ in range(2)]
+    streams = [
+        client.stream("POST", gw.url + CHAT, json=slow, headers={"authorization": "Bearer sk-acct-t1"})
+        for _ in range(2)
+    ]
     responses = [stream.__enter__() for stream in streams]
     assert [r.status_code for r in responses] == [200, 200]
     assert post(gw, "t1").status_code == 429  # both slots held, in Redis
@@ -86,14 +99,22 @@ def test_a_request_the_upstream_failed_costs_no_tokens(fake_upstream, gateway, t
     """A 502 from the upstream, an upstream nobody answers at, and one that times out: no tokens charged. A served
     request is charged exactly what the upstream reported."""
     good, failing, slow = fake_upstream("good"), fake_upstream("failing", fail_status=502), fake_upstream("slow")
-    config = {"pools": [pool("failing", failing.url, models=["failing-model"]),
-                        pool("dead", f"http://127.0.0.1:{free_port()}", models=["dead-model"]),
-                        pool("slow", slow.url, models=["slow-model"], timeouts={"connect": 3, "read": 0.5}),
-                        pool("good", good.url)],
-              "auth": AUTH, "policy_dir": policy_dir(tmp_path, TOKENS)}
+    config = {
+        "pools": [
+            pool("failing", failing.url, models=["failing-model"]),
+            pool("dead", f"http://127.0.0.1:{free_port()}", models=["dead-model"]),
+            pool("slow", slow.url, models=["slow-model"], timeouts={"connect": 3, "read": 0.5}),
+            pool("good", good.url),
+        ],
+        "auth": AUTH,
+        "policy_dir": policy_dir(tmp_path, TOKENS),
+    }
     if store == "redis":
-        config["redis"] = {"url": request.getfixturevalue("redis_server").url, "timeout": 5.0,
-                           "on_failure": "fail_closed"}
+        config["redis"] = {
+            "url": request.getfixturevalue("redis_server").url,
+            "timeout": 5.0,
+            "on_failure": "fail_closed",
+        }
     gw = gateway(config)
 
     before = remaining(post(gw, "t1", max_tokens=500))
@@ -133,8 +154,14 @@ def test_reservations_cover_every_choice_and_the_larger_token_field(fake_upstrea
     """Fresh tenants answer `limit - reservation`: the difference between two of them is the difference between
     their reservations."""
     upstream = fake_upstream()
-    gw = gateway({"pools": [pool("main", upstream.url)], "auth": AUTH, "policy_dir": policy_dir(tmp_path, TOKENS),
-                  "models": [{"name": "test-model", "context_window": 4096}]})
+    gw = gateway(
+        {
+            "pools": [pool("main", upstream.url)],
+            "auth": AUTH,
+            "policy_dir": policy_dir(tmp_path, TOKENS),
+            "models": [{"name": "test-model", "context_window": 4096}],
+        }
+    )
     single = remaining(post(gw, "t1", max_tokens=100))
     assert single - remaining(post(gw, "t2", max_tokens=100, n=4)) == 300
     # the upstream honours max_completion_tokens; another may honour max_tokens: the larger one is reserved
@@ -146,8 +173,14 @@ def test_reservations_cover_every_choice_and_the_larger_token_field(fake_upstrea
 
 def test_a_token_field_beyond_the_window_is_refused_even_when_the_other_fits(fake_upstream, gateway, tmp_path):
     upstream = fake_upstream()
-    gw = gateway({"pools": [pool("main", upstream.url)], "auth": AUTH, "policy_dir": policy_dir(tmp_path, TOKENS),
-                  "models": [{"name": "test-model", "context_window": 4096}]})
+    gw = gateway(
+        {
+            "pools": [pool("main", upstream.url)],
+            "auth": AUTH,
+            "policy_dir": policy_dir(tmp_path, TOKENS),
+            "models": [{"name": "test-model", "context_window": 4096}],
+        }
+    )
     refused = post(gw, "t1", max_completion_tokens=1, max_tokens=90_000)
     assert refused.status_code == 400
     error = refused.json()["error"]

@@ -12,8 +12,12 @@ INTERNAL = ("/metrics", "/admin/policy")
 
 @pytest.fixture
 def gw(fake_upstream, gateway):
-    return gateway({"pools": [pool("main", fake_upstream().url), pool("gone", "http://127.0.0.1:9", models=["x"])],
-                    "auth": {"keys": [{"tenant": "team-secret", "sha256": "a" * 64}]}})
+    return gateway(
+        {
+            "pools": [pool("main", fake_upstream().url), pool("gone", "http://127.0.0.1:9", models=["x"])],
+            "auth": {"keys": [{"tenant": "team-secret", "sha256": "a" * 64}]},
+        }
+    )
 
 
 def test_internals_are_not_served_on_the_public_port(gw):
@@ -40,10 +44,11 @@ def test_the_admin_listener_does_not_proxy(gw):
 
 
 def test_an_admin_token_is_required_when_configured(fake_upstream, gateway):
-    gw = gateway({"pools": [pool("main", fake_upstream().url)], "admin": {"token_env": "ADMIN_TOKEN"}},
-                 env={"ADMIN_TOKEN": "s3cret-admin"})
+    gw = gateway(
+        {"pools": [pool("main", fake_upstream().url)], "admin": {"token_env": "ADMIN_TOKEN"}},
+        env={"ADMIN_TOKEN": "s3cret-admin"},
+    )
     refused = httpx.get(gw.admin_url + "/metrics")
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_admin_token"
     assert httpx.get(gw.admin_url + "/metrics", headers={"authorization": "Bearer wrong"}).status_code == 401
-    assert httpx.get(gw.admin_url + "/metrics",
-                     headers={"authorization": "Bearer s3cret-admin"}).status_code == 200
+    assert httpx.get(gw.admin_url + "/metrics", headers={"authorization": "Bearer s3cret-admin"}).status_code == 200

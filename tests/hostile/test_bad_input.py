@@ -45,38 +45,87 @@ CASES = [
     ("a number too big for a double", CHAT, raw(b'"temperature": 1e999'), 400, None),
     ("NaN", CHAT, raw(b'"seed": NaN'), 400, None),
     ("Infinity", CHAT, raw(b'"presence_penalty": -Infinity'), 400, None),
-    ("a lone surrogate escape in a message", CHAT,
-     b'{"model": "test-model", "messages": [{"role": "user", "content": "hi \\ud800 there"}]}', 400, None),
+    (
+        "a lone surrogate escape in a message",
+        CHAT,
+        b'{"model": "test-model", "messages": [{"role": "user", "content": "hi \\ud800 there"}]}',
+        400,
+        None,
+    ),
     ("a lone surrogate escape in an unread field", CHAT, raw(b'"user": "\\udc00"'), 400, None),
-    ("UTF-8-encoded surrogate bytes", CHAT,
-     b'{"model": "test-model", "messages": [{"role": "user", "content": "\xed\xa0\x80"}]}', 400, None),
-    ("a non-string text part", CHAT, message(content=[{"type": "text", "text": 5}]), 400,
-     "messages[0].content[0].text"),
+    (
+        "UTF-8-encoded surrogate bytes",
+        CHAT,
+        b'{"model": "test-model", "messages": [{"role": "user", "content": "\xed\xa0\x80"}]}',
+        400,
+        None,
+    ),
+    (
+        "a non-string text part",
+        CHAT,
+        message(content=[{"type": "text", "text": 5}]),
+        400,
+        "messages[0].content[0].text",
+    ),
     ("a text part without text", CHAT, message(content=[{"type": "text"}]), 400, "messages[0].content[0].text"),
     ("a content part that is not an object", CHAT, message(content=["hi"]), 400, "messages[0].content[0]"),
     ("a numeric message name", CHAT, message(content="hi", name=5), 400, "messages[0].name"),
-    ("tool-call arguments as an object", CHAT,
-     json.dumps(chat_body(messages=[{"role": "assistant", "content": None, "tool_calls": [
-         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]}])).encode(),
-     400, "messages[0].tool_calls[0].function.arguments"),
+    (
+        "tool-call arguments as an object",
+        CHAT,
+        json.dumps(
+            chat_body(
+                messages=[
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}
+                        ],
+                    }
+                ]
+            )
+        ).encode(),
+        400,
+        "messages[0].tool_calls[0].function.arguments",
+    ),
     ("stop as a number", CHAT, body(stop=5), 400, "stop"),
     ("stop with a number inside", CHAT, body(stop=["a", 5]), 400, "stop"),
     ("tools as a string", CHAT, body(tools="all of them"), 400, "tools"),
-    ("a tool without a name", CHAT, body(tools=[{"type": "function", "function": {"description": "x"}}]), 400,
-     "tools[0].function.name"),
-    ("a tool description as a number", CHAT,
-     body(tools=[{"type": "function", "function": {"name": "f", "description": 5}}]), 400,
-     "tools[0].function.description"),
+    (
+        "a tool without a name",
+        CHAT,
+        body(tools=[{"type": "function", "function": {"description": "x"}}]),
+        400,
+        "tools[0].function.name",
+    ),
+    (
+        "a tool description as a number",
+        CHAT,
+        body(tools=[{"type": "function", "function": {"name": "f", "description": 5}}]),
+        400,
+        "tools[0].function.description",
+    ),
     ("tool_choice as a number", CHAT, body(tool_choice=5), 400, "tool_choice"),
     ("logit_bias as a list", CHAT, body(logit_bias=[1, 2]), 400, "logit_bias"),
     ("logit_bias with a string bias", CHAT, body(logit_bias={"50256": "ban"}), 400, "logit_bias"),
     ("n as a string", CHAT, body(n="2"), 400, "n"),
     ("n as a float", CHAT, body(n=2.5), 400, "n"),
     ("seed as a string", CHAT, body(seed="7"), 400, "seed"),
-    ("a completions prompt with a lone surrogate", "/v1/completions",
-     b'{"model": "test-model", "prompt": "\\ud800"}', 400, None),
-    ("a completions prompt of mixed types", "/v1/completions",
-     json.dumps({"model": "test-model", "prompt": ["a", 1]}).encode(), 400, "prompt"),
+    (
+        "a completions prompt with a lone surrogate",
+        "/v1/completions",
+        b'{"model": "test-model", "prompt": "\\ud800"}',
+        400,
+        None,
+    ),
+    (
+        "a completions prompt of mixed types",
+        "/v1/completions",
+        json.dumps({"model": "test-model", "prompt": ["a", 1]}).encode(),
+        400,
+        "prompt",
+    ),
     ("a trailing slash", CHAT + "/", body(), 404, None),
 ]
 
@@ -85,13 +134,25 @@ CASES = [
 def gw(fake_upstream, gateway, tmp_path: Path):
     policies = tmp_path / "policies"
     policies.mkdir()
-    (policies / "base.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "t"},
-        "spec": {"waf": {"packs": ["protocol", "scanners", "sqli", "xss", "lfi", "rce", "llm"]}}}))
+    (policies / "base.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "portcullis.dev/v1",
+                "kind": "Policy",
+                "metadata": {"name": "t"},
+                "spec": {"waf": {"packs": ["protocol", "scanners", "sqli", "xss", "lfi", "rce", "llm"]}},
+            }
+        )
+    )
     upstream = fake_upstream()
-    process = gateway({"pools": [pool("main", upstream.url)], "policy_dir": str(policies),
-                       "models": [{"name": "test-model", "tokenizer": "tiktoken:cl100k_base"}],
-                       "auth": {"keys": [{"tenant": "t", "sha256": hashlib.sha256(KEY.encode()).hexdigest()}]}})
+    process = gateway(
+        {
+            "pools": [pool("main", upstream.url)],
+            "policy_dir": str(policies),
+            "models": [{"name": "test-model", "tokenizer": "tiktoken:cl100k_base"}],
+            "auth": {"keys": [{"tenant": "t", "sha256": hashlib.sha256(KEY.encode()).hexdigest()}]},
+        }
+    )
     return process, upstream
 
 
@@ -110,15 +171,20 @@ def test_every_bad_body_gets_an_openai_shaped_4xx_and_no_traceback(gw):
     wrong = []
     for what, path, content, status, param in CASES:
         # a Host of the client's choosing must never come back as a redirect target
-        response = httpx.post(process.url + path, content=content, headers={**HEADERS, "host": "evil.example"},
-                              timeout=30)
+        response = httpx.post(
+            process.url + path, content=content, headers={**HEADERS, "host": "evil.example"}, timeout=30
+        )
         try:
             error = response.json()["error"]
             shaped = set(error) == {"message", "type", "code", "param"} and error["message"]
         except (ValueError, KeyError, TypeError):
             error, shaped = None, False
-        if response.status_code != status or not shaped or (param and error["param"] != param) \
-                or "location" in response.headers:
+        if (
+            response.status_code != status
+            or not shaped
+            or (param and error["param"] != param)
+            or "location" in response.headers
+        ):
             wrong.append(f"{what}: {response.status_code} {response.text[:200]!r}")
     assert not wrong, "\n".join(wrong)
     assert httpx.get(upstream.url + "/_stats").json()["requests"] == 0
@@ -128,9 +194,15 @@ def test_every_bad_body_gets_an_openai_shaped_4xx_and_no_traceback(gw):
 def test_a_client_that_leaves_mid_body_is_a_logged_disconnect_not_an_error(gw):
     process, _ = gw
     sock = connect(process.url)
-    send_ignoring_reset(sock, b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
-                              b"authorization: Bearer " + KEY.encode() + b"\r\ncontent-length: 100000\r\n\r\n"
-                              + b'{"model": "test-model", "messages": [' + b" " * 1000)
+    send_ignoring_reset(
+        sock,
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+        b"authorization: Bearer "
+        + KEY.encode()
+        + b"\r\ncontent-length: 100000\r\n\r\n"
+        + b'{"model": "test-model", "messages": ['
+        + b" " * 1000,
+    )
     time.sleep(0.3)  # the gateway is reading the body now
     sock.close()
     entries = access_log(process)

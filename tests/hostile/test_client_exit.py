@@ -25,8 +25,10 @@ def send_and_leave(url: str, body: dict, upstream, tag: str) -> float:
     host, port = url.removeprefix("http://").split(":")
     payload = json.dumps(body).encode()
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
-                     b"content-length: %d\r\n\r\n%s" % (len(payload), payload))
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(payload), payload)
+        )
         assert wait_for(upstream, tag, "received_at", timeout=10), "the request never reached the upstream"
         time.sleep(0.3)  # the gateway is now waiting on the upstream (or, for a stream, has sent its headers)
         left_at = time.time()
@@ -36,14 +38,21 @@ def send_and_leave(url: str, body: dict, upstream, tag: str) -> float:
 def test_a_client_that_leaves_cancels_the_upstream_and_frees_its_slot(hostile_upstream, gateway, tmp_path):
     upstream = hostile_upstream()
     one_at_a_time = [{"id": "one-at-once", "key": ["tenant"], "concurrency": {"limit": 1}}]
-    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)],
-                  "policy_dir": policy_dir(tmp_path, one_at_a_time)})
+    gw = gateway(
+        {"pools": [pool("main", upstream.url, max_attempts=1)], "policy_dir": policy_dir(tmp_path, one_at_a_time)}
+    )
     leaving = [
         ("non-streaming", chat_body(hostile={"behaviour": "hang", "tag": "non-streaming"})),
-        ("stream-before-headers", chat_body(stream=True, hostile={"behaviour": "hang",
-                                                                  "tag": "stream-before-headers"})),
-        ("stream-before-first-chunk", chat_body(stream=True, hostile={"behaviour": "slow_first", "delay": 60,
-                                                                      "tag": "stream-before-first-chunk"})),
+        (
+            "stream-before-headers",
+            chat_body(stream=True, hostile={"behaviour": "hang", "tag": "stream-before-headers"}),
+        ),
+        (
+            "stream-before-first-chunk",
+            chat_body(
+                stream=True, hostile={"behaviour": "slow_first", "delay": 60, "tag": "stream-before-first-chunk"}
+            ),
+        ),
     ]
     for tag, body in leaving:
         left_at = send_and_leave(gw.url, body, upstream, tag)
@@ -51,8 +60,7 @@ def test_a_client_that_leaves_cancels_the_upstream_and_frees_its_slot(hostile_up
         assert seen, f"{tag}: the gateway kept the upstream request open after its client left"
         assert seen["closed_at"] - left_at < 2.0, f"{tag}: upstream closed {seen['closed_at'] - left_at:.1f} s late"
         # the client's concurrency slot is free again: the next request is served, not refused with 429
-        after = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(hostile={"tag": f"after-{tag}"}),
-                           timeout=10)
+        after = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(hostile={"tag": f"after-{tag}"}), timeout=10)
         assert after.status_code == 200, f"{tag}: {after.text}"
     log = gw.output()
     assert "client disconnected" in log
@@ -64,9 +72,11 @@ def test_the_total_deadline_ends_a_trickling_upstream(hostile_upstream, gateway)
     upstream = hostile_upstream()
     gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1, timeouts={"read": 30, "total": 2})]})
     started = time.monotonic()
-    response = httpx.post(gw.url + "/v1/chat/completions",
-                          json=chat_body(hostile={"behaviour": "trickle", "interval": 0.3, "tag": "answer"}),
-                          timeout=20)
+    response = httpx.post(
+        gw.url + "/v1/chat/completions",
+        json=chat_body(hostile={"behaviour": "trickle", "interval": 0.3, "tag": "answer"}),
+        timeout=20,
+    )
     assert response.status_code == 504 and response.json()["error"]["code"] == "deadline_exceeded"
     assert time.monotonic() - started < 6
     assert wait_for(upstream, "answer", "closed_at", timeout=5)

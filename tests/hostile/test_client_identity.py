@@ -16,15 +16,19 @@ def post(gw, forwarded_for: list[str]) -> int:
 
 
 def test_forwarded_for_from_an_untrusted_local_peer_is_ignored(fake_upstream, gateway, tmp_path):
-    gw = gateway({"pools": [pool("main", fake_upstream().url)],
-                  "policy_dir": policy_dir(tmp_path, ONE_PER_CLIENT_IP)})
+    gw = gateway({"pools": [pool("main", fake_upstream().url)], "policy_dir": policy_dir(tmp_path, ONE_PER_CLIENT_IP)})
     assert post(gw, ["198.51.100.1"]) == 200
     assert post(gw, ["198.51.100.2"]) == 429  # same socket peer: the header chose nothing
 
 
 def test_forwarded_for_is_read_over_every_header_line_right_to_left(fake_upstream, gateway, tmp_path):
-    gw = gateway({"pools": [pool("main", fake_upstream().url)], "trusted_proxies": ["127.0.0.1/32", "10.0.0.0/8"],
-                  "policy_dir": policy_dir(tmp_path, ONE_PER_CLIENT_IP)})
+    gw = gateway(
+        {
+            "pools": [pool("main", fake_upstream().url)],
+            "trusted_proxies": ["127.0.0.1/32", "10.0.0.0/8"],
+            "policy_dir": policy_dir(tmp_path, ONE_PER_CLIENT_IP),
+        }
+    )
     # the client wrote the first line; two trusted proxies appended what they saw on a second line
     assert post(gw, ["6.6.6.6", "198.51.100.7, 10.0.0.5"]) == 200
     assert post(gw, ["7.7.7.7", "198.51.100.7, 10.0.0.5"]) == 429  # same real client, whatever it wrote itself
@@ -35,9 +39,10 @@ def test_a_client_can_neither_unsample_a_request_nor_choose_its_trace(fake_upstr
     endpoint, received = http_receiver
     gw = traced_gateway(gateway, fake_upstream(), endpoint, "http/protobuf")
     unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
-    assert httpx.post(gw.url + "/v1/chat/completions", json=chat_body(),
-                      headers={"traceparent": unsampled}).status_code == 200
-    root = next(s for s in received.wait_for("POST /v1/chat/completions")
-                if s["name"] == "POST /v1/chat/completions")
+    assert (
+        httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers={"traceparent": unsampled}).status_code
+        == 200
+    )
+    root = next(s for s in received.wait_for("POST /v1/chat/completions") if s["name"] == "POST /v1/chat/completions")
     assert root["trace_id"] != "0af7651916cd43dd8448eb211c80319c" and root["parent_id"] == ""
     assert root["links"] == [("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")]  # still joinable

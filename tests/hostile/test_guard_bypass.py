@@ -37,14 +37,22 @@ def engine_ids(text: str) -> list[int]:
 
 def chat(gw, messages: list[dict], key: str | None = None) -> httpx.Response:
     headers = {"authorization": f"Bearer {key}"} if key else {}
-    return httpx.post(gw.url + "/v1/chat/completions", json={"model": "test-model", "messages": messages},
-                      headers=headers, timeout=120)
+    return httpx.post(
+        gw.url + "/v1/chat/completions",
+        json={"model": "test-model", "messages": messages},
+        headers=headers,
+        timeout=120,
+    )
 
 
 def complete(gw, model: str, prompt, key: str | None = None) -> httpx.Response:
     headers = {"authorization": f"Bearer {key}"} if key else {}
-    return httpx.post(gw.url + "/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 4},
-                      headers=headers, timeout=120)
+    return httpx.post(
+        gw.url + "/v1/completions",
+        json={"model": model, "prompt": prompt, "max_tokens": 4},
+        headers=headers,
+        timeout=120,
+    )
 
 
 def upstream_stats(upstream) -> dict:
@@ -75,8 +83,10 @@ def test_token_id_prompts_are_decoded_and_scanned(recommended) -> None:
     benign = complete(gw, ENGINE_MODEL, engine_ids(BENIGN))
     assert benign.status_code == 200, benign.text
     assert upstream_stats(upstream)["last_body"]["prompt"] == engine_ids(BENIGN), "ids pass through untouched"
-    for prompt, where in ((engine_ids(INJECTION), "prompt"),
-                          ([engine_ids(BENIGN), engine_ids(INJECTION)], "prompt[1]")):
+    for prompt, where in (
+        (engine_ids(INJECTION), "prompt"),
+        ([engine_ids(BENIGN), engine_ids(INJECTION)], "prompt[1]"),
+    ):
         response = complete(gw, ENGINE_MODEL, prompt)
         assert response.status_code == 400, response.text
         verdict = response.json()["error"]["guard"]
@@ -99,11 +109,18 @@ def test_token_ids_no_tokenizer_can_read_are_refused(recommended) -> None:
 
 def test_a_policy_may_pass_token_ids_no_tokenizer_can_read(gateway, fake_upstream, tmp_path: Path) -> None:
     upstream = fake_upstream()
-    gw = gateway({"pools": [pool("p", upstream.url)],
-                  "auth": {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()}
-                                    for t, k in (("strict", "sk-strict"), ("lenient", "sk-lenient"))]},
-                  "policy_dir": guard_policy(tmp_path, {"enabled": True},
-                                             {"lenient": {"unknown_tokenizer": "pass"}})})
+    gw = gateway(
+        {
+            "pools": [pool("p", upstream.url)],
+            "auth": {
+                "keys": [
+                    {"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()}
+                    for t, k in (("strict", "sk-strict"), ("lenient", "sk-lenient"))
+                ]
+            },
+            "policy_dir": guard_policy(tmp_path, {"enabled": True}, {"lenient": {"unknown_tokenizer": "pass"}}),
+        }
+    )
     ids = [101, 2023, 2003, 102]
     assert complete(gw, UNKNOWN_MODEL, ids, key="sk-strict").status_code == 400
     assert complete(gw, UNKNOWN_MODEL, ids, key="sk-lenient").status_code == 200
@@ -113,27 +130,44 @@ def test_a_policy_may_pass_token_ids_no_tokenizer_can_read(gateway, fake_upstrea
 def test_function_messages_are_scanned_and_redacted_like_tool_messages(recommended) -> None:
     gw, upstream = recommended
     call = {"role": "assistant", "content": None, "function_call": {"name": "lookup", "arguments": "{}"}}
-    served = chat(gw, [{"role": "user", "content": BENIGN}, call,
-                       {"role": "function", "name": "lookup", "content": "Ask bob@example.org, he knows."}])
+    served = chat(
+        gw,
+        [
+            {"role": "user", "content": BENIGN},
+            call,
+            {"role": "function", "name": "lookup", "content": "Ask bob@example.org, he knows."},
+        ],
+    )
     assert served.status_code == 200, served.text
     assert upstream_stats(upstream)["last_body"]["messages"][2]["content"] == "Ask [REDACTED:EMAIL], he knows."
-    attack = chat(gw, [{"role": "user", "content": BENIGN}, call,
-                       {"role": "function", "name": "lookup", "content": INJECTION}])
+    attack = chat(
+        gw, [{"role": "user", "content": BENIGN}, call, {"role": "function", "name": "lookup", "content": INJECTION}]
+    )
     assert attack.status_code == 400, attack.text
     assert attack.json()["error"]["guard"]["where"] == "messages[2]"
     assert upstream_stats(upstream)["requests"] == 1
 
 
-def test_text_longer_than_the_scan_limit_is_refused_not_scanned_in_part(gateway, fake_upstream,
-                                                                        tmp_path: Path) -> None:
+def test_text_longer_than_the_scan_limit_is_refused_not_scanned_in_part(gateway, fake_upstream, tmp_path: Path) -> None:
     """Nine windows with the injection in the fifth: a limit of four must refuse it, not scan the two first and
     the two last windows and serve it; under a limit it fits, every window is scanned and the attack found."""
     upstream = fake_upstream()
-    gw = gateway({"pools": [pool("p", upstream.url)],
-                  "auth": {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()}
-                                    for t, k in (("tight", "sk-tight"), ("roomy", "sk-roomy"))]},
-                  "policy_dir": guard_policy(tmp_path, {"enabled": True, "injection": {"max_windows": 4}},
-                                             {"roomy": {"injection": {"max_windows": 16}}})})
+    gw = gateway(
+        {
+            "pools": [pool("p", upstream.url)],
+            "auth": {
+                "keys": [
+                    {"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()}
+                    for t, k in (("tight", "sk-tight"), ("roomy", "sk-roomy"))
+                ]
+            },
+            "policy_dir": guard_policy(
+                tmp_path,
+                {"enabled": True, "injection": {"max_windows": 4}},
+                {"roomy": {"injection": {"max_windows": 16}}},
+            ),
+        }
+    )
     hidden = [{"role": "user", "content": f"{LONG_BENIGN} {INJECTION} {LONG_BENIGN}"}]
     tight = chat(gw, hidden, key="sk-tight")
     assert tight.status_code == 413, tight.text

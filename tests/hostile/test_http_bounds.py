@@ -14,8 +14,13 @@ import pytest
 from tests.conftest import chat_body, pool
 from tests.hostile.raw_http import connect, read_answer, send_ignoring_reset
 
-LIMITS = {"max_url_bytes": 4096, "max_header_bytes": 8192, "header_timeout": 2.0, "body_idle_timeout": 2.0,
-          "max_connections": 8}
+LIMITS = {
+    "max_url_bytes": 4096,
+    "max_header_bytes": 8192,
+    "header_timeout": 2.0,
+    "body_idle_timeout": 2.0,
+    "max_connections": 8,
+}
 
 
 @pytest.fixture
@@ -93,7 +98,7 @@ def test_a_connection_that_sends_nothing_is_closed_at_the_header_deadline(gw):
 
 def test_a_stalled_body_gets_408(gw):
     sock = connect(gw.url)
-    send_ignoring_reset(sock, head(extra=b"content-length: 500\r\n\r\n{\"model\": "))
+    send_ignoring_reset(sock, head(extra=b'content-length: 500\r\n\r\n{"model": '))
     started = time.monotonic()
     answer = read_answer(sock, timeout=8)
     assert answer is not None and answer.status == 408
@@ -117,8 +122,11 @@ def test_connections_past_the_listener_cap_are_refused_and_the_rest_served(gw):
 
 def test_malformed_http_is_answered_in_the_gateway_error_shape(gw):
     sock = connect(gw.url)
-    send_ignoring_reset(sock, b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-length: 5\r\n"
-                              b"transfer-encoding: chunked\r\n\r\n0\r\n\r\n")
+    send_ignoring_reset(
+        sock,
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-length: 5\r\n"
+        b"transfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+    )
     answer = read_answer(sock)
     assert answer is not None and answer.status == 400
     assert answer.error()["code"] == "invalid_http"

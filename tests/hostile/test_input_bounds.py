@@ -35,8 +35,7 @@ def messages(count: int) -> list[dict]:
 
 
 def tools(count: int) -> list[dict]:
-    return [{"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}}
-            for i in range(count)]
+    return [{"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}} for i in range(count)]
 
 
 def post(gw, payload: dict, headers: dict | None = None) -> httpx.Response:
@@ -49,8 +48,12 @@ def refused(response: httpx.Response, status: int, code: str, limit: int, param:
         error = response.json()["error"]
     except (ValueError, KeyError):
         return f"{response.status_code} {response.text[:200]!r}"
-    if response.status_code != status or error["code"] != code or str(limit) not in error["message"] \
-            or (param is not None and error["param"] != param):
+    if (
+        response.status_code != status
+        or error["code"] != code
+        or str(limit) not in error["message"]
+        or (param is not None and error["param"] != param)
+    ):
         return f"{response.status_code} {error}"
     return None
 
@@ -62,16 +65,27 @@ def test_default_limits_refuse_what_is_past_them_and_serve_what_is_at_them(fake_
         "2049 messages": (chat_body(messages=messages(2049)), 400, "array_above_max_length", 2048, "messages"),
         "129 tools": (chat_body(tools=tools(129)), 400, "array_above_max_length", 128, "tools"),
         "a string of 1 Mi + 1 characters": (
-            chat_body(messages=[{"role": "user", "content": "a" * (1024 * 1024 + 1)}]), 400,
-            "string_above_max_length", 1024 * 1024, "messages[0].content"),
-        "a key of 1 Mi + 1 characters": (chat_body(metadata={"k" * (1024 * 1024 + 1): 1}), 400,
-                                         "string_above_max_length", 1024 * 1024, "metadata"),
+            chat_body(messages=[{"role": "user", "content": "a" * (1024 * 1024 + 1)}]),
+            400,
+            "string_above_max_length",
+            1024 * 1024,
+            "messages[0].content",
+        ),
+        "a key of 1 Mi + 1 characters": (
+            chat_body(metadata={"k" * (1024 * 1024 + 1): 1}),
+            400,
+            "string_above_max_length",
+            1024 * 1024,
+            "metadata",
+        ),
         "65 levels of nesting": (chat_body(metadata=nested(64)), 400, "json_too_deep", 64, None),
-        "128 Ki + 1 values": (chat_body(metadata=[0] * (128 * 1024)), 413, "too_many_json_values", 128 * 1024,
-                              None),
+        "128 Ki + 1 values": (chat_body(metadata=[0] * (128 * 1024)), 413, "too_many_json_values", 128 * 1024, None),
     }
-    wrong = [f"{what}: {problem}" for what, (payload, *expected) in past.items()
-             if (problem := refused(post(gw, payload), *expected))]
+    wrong = [
+        f"{what}: {problem}"
+        for what, (payload, *expected) in past.items()
+        if (problem := refused(post(gw, payload), *expected))
+    ]
     assert not wrong, "\n".join(wrong)
     assert httpx.get(upstream.url + "/_stats").json()["requests"] == 0
     at = {
@@ -91,14 +105,27 @@ def test_operator_limits_apply_and_are_named(fake_upstream, gateway):
     past = {
         "messages": (chat_body(messages=messages(5)), 400, "array_above_max_length", 4, "messages"),
         "tools": (chat_body(tools=tools(3)), 400, "array_above_max_length", 2, "tools"),
-        "string": (chat_body(messages=[{"role": "user", "content": "x" * 65}]), 400, "string_above_max_length",
-                   64, "messages[0].content"),
-        "depth": (chat_body(metadata={"a": [{"b": [{"c": [{"d": [1]}]}]}]}), 400, "json_too_deep", 8,
-                  "metadata.a[0].b[0].c[0].d"),
+        "string": (
+            chat_body(messages=[{"role": "user", "content": "x" * 65}]),
+            400,
+            "string_above_max_length",
+            64,
+            "messages[0].content",
+        ),
+        "depth": (
+            chat_body(metadata={"a": [{"b": [{"c": [{"d": [1]}]}]}]}),
+            400,
+            "json_too_deep",
+            8,
+            "metadata.a[0].b[0].c[0].d",
+        ),
         "values": (chat_body(metadata=list(range(200))), 413, "too_many_json_values", 200, None),
     }
-    wrong = [f"{what}: {problem}" for what, (payload, *expected) in past.items()
-             if (problem := refused(post(gw, payload), *expected))]
+    wrong = [
+        f"{what}: {problem}"
+        for what, (payload, *expected) in past.items()
+        if (problem := refused(post(gw, payload), *expected))
+    ]
     assert not wrong, "\n".join(wrong)
     within = chat_body(messages=messages(4), tools=tools(2), metadata={"a": [{"b": [{"c": 1}]}]})
     assert post(gw, within).status_code == 200
@@ -108,17 +135,30 @@ def test_operator_limits_apply_and_are_named(fake_upstream, gateway):
 def waf_policies(tmp_path: Path) -> str:
     directory = tmp_path / "policies"
     directory.mkdir()
-    (directory / "base.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "t"},
-        "spec": {"waf": {"packs": ["protocol", "scanners", "sqli", "xss", "lfi", "rce", "llm"]}}}))
+    (directory / "base.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "portcullis.dev/v1",
+                "kind": "Policy",
+                "metadata": {"name": "t"},
+                "spec": {"waf": {"packs": ["protocol", "scanners", "sqli", "xss", "lfi", "rce", "llm"]}},
+            }
+        )
+    )
     return str(directory)
 
 
 def test_a_burst_of_big_bodies_does_not_stall_the_event_loop(fake_upstream, gateway, waf_policies):
     """Big bodies, anonymous (refused by a limit, or judged by the WAF before auth) and authenticated (a long
     prompt to tokenize), all at once: /healthz keeps answering while they are worked on."""
-    gw = gateway({"pools": [pool("main", fake_upstream().url)], "auth": AUTH, "policy_dir": waf_policies,
-                  "models": [{"name": "test-model", "tokenizer": "bundled"}]})  # ~1 s per MB of prompt
+    gw = gateway(
+        {
+            "pools": [pool("main", fake_upstream().url)],
+            "auth": AUTH,
+            "policy_dir": waf_policies,
+            "models": [{"name": "test-model", "tokenizer": "bundled"}],
+        }
+    )  # ~1 s per MB of prompt
     anonymous = {"content-type": "application/json"}
     text = "the quick brown fox jumps over the lazy dog " * 23_000  # ~1 MB: under the string and prompt limits
     burst = [  # (body, headers, status): each one costs the old event loop a second or more

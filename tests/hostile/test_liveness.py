@@ -44,10 +44,14 @@ def percentile(samples: list[float], q: float) -> float:
 
 
 def test_healthz_and_normal_requests_stay_fast_under_abuse(fake_upstream, gateway):
-    gw = gateway({"pools": [pool("main", fake_upstream().url)],
-                  "models": [{"name": MODEL, "tokenizer": "bundled", "context_window": 8192}],
-                  "auth": {"keys": [{"tenant": "team-a", "key_env": "LIVENESS_KEY"}]}},
-                 env={"LIVENESS_KEY": KEY})
+    gw = gateway(
+        {
+            "pools": [pool("main", fake_upstream().url)],
+            "models": [{"name": MODEL, "tokenizer": "bundled", "context_window": 8192}],
+            "auth": {"keys": [{"tenant": "team-a", "key_env": "LIVENESS_KEY"}]},
+        },
+        env={"LIVENESS_KEY": KEY},
+    )
     normal = chat_body(model=MODEL, max_tokens=8)
     with httpx.Client(base_url=gw.url, timeout=30) as client:
         for _ in range(3):
@@ -68,8 +72,7 @@ def test_healthz_and_normal_requests_stay_fast_under_abuse(fake_upstream, gatewa
             while time.monotonic() < deadline:
                 health.append(_timed(lambda: _ok(client.get("/healthz"))))
                 if len(health) % 10 == 0:
-                    loaded.append(_timed(lambda: _ok(client.post("/v1/chat/completions", json=normal,
-                                                                 headers=AUTH))))
+                    loaded.append(_timed(lambda: _ok(client.post("/v1/chat/completions", json=normal, headers=AUTH))))
                 time.sleep(0.02)
     finally:
         stop.set()
@@ -80,9 +83,11 @@ def test_healthz_and_normal_requests_stay_fast_under_abuse(fake_upstream, gatewa
     assert loaded, "no normal request was answered while the abuse ran"
     p99 = percentile(health, 0.99)
     added = statistics.median(loaded) - statistics.median(quiet)
-    print(f"\nliveness: /healthz n={len(health)} p50={percentile(health, 0.5) * 1000:.1f} ms "
-          f"p99={p99 * 1000:.1f} ms; normal request p50 quiet={statistics.median(quiet) * 1000:.1f} ms "
-          f"loaded={statistics.median(loaded) * 1000:.1f} ms (n={len(loaded)}); hostile answers={len(statuses)}")
+    print(
+        f"\nliveness: /healthz n={len(health)} p50={percentile(health, 0.5) * 1000:.1f} ms "
+        f"p99={p99 * 1000:.1f} ms; normal request p50 quiet={statistics.median(quiet) * 1000:.1f} ms "
+        f"loaded={statistics.median(loaded) * 1000:.1f} ms (n={len(loaded)}); hostile answers={len(statuses)}"
+    )
     assert p99 < 0.050, f"/healthz p99 {p99 * 1000:.0f} ms under abuse"
     assert added < 0.100, f"a normal request took {added * 1000:.0f} ms longer under abuse"
 
@@ -115,8 +120,11 @@ def _flood(url: str, body: bytes, headers: dict, stop: threading.Event, statuses
     with httpx.Client(base_url=url, timeout=60) as client:
         while not stop.is_set():
             try:
-                statuses.append(client.post("/v1/chat/completions", content=body,
-                                            headers={**headers, "content-type": "application/json"}).status_code)
+                statuses.append(
+                    client.post(
+                        "/v1/chat/completions", content=body, headers={**headers, "content-type": "application/json"}
+                    ).status_code
+                )
             except httpx.HTTPError:
                 statuses.append(0)
 

@@ -29,13 +29,19 @@ def write_policy(directory: Path, waf: dict) -> Path:
 
 
 def policy_check(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gateway.cli", "policy", "check", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "policy", "check", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def ask(gw, prompt: str) -> httpx.Response:
-    return httpx.post(gw.url + CHAT, json={**chat_body(), "messages": [{"role": "user", "content": prompt}]},
-                      timeout=30)
+    return httpx.post(
+        gw.url + CHAT, json={**chat_body(), "messages": [{"role": "user", "content": prompt}]}, timeout=30
+    )
 
 
 # -- rules that match every request ----------------------------------------------------------------------------
@@ -43,8 +49,10 @@ def ask(gw, prompt: str) -> httpx.Response:
 
 def test_policy_check_warns_on_a_match_all_rule_and_strict_fails(tmp_path):
     # a notice (2 points) under the threshold (5): it marks every request, it does not block them all
-    directory = write_policy(tmp_path / "policies", {"rules": [
-        {"id": "everything", "severity": "notice", "when": {"target": "prompt", "regex": ".*"}}]})
+    directory = write_policy(
+        tmp_path / "policies",
+        {"rules": [{"id": "everything", "severity": "notice", "when": {"target": "prompt", "regex": ".*"}}]},
+    )
     lenient = policy_check(str(directory))
     assert lenient.returncode == 0, lenient.stderr
     assert "'everything'" in lenient.stderr and "matches every request" in lenient.stderr
@@ -54,16 +62,18 @@ def test_policy_check_warns_on_a_match_all_rule_and_strict_fails(tmp_path):
 
 
 def test_policy_check_refuses_a_rule_that_blocks_every_request(tmp_path):
-    directory = write_policy(tmp_path / "policies", {"rules": [
-        {"id": "oops", "action": "block", "when": {"target": "prompt", "regex": ""}}]})
+    directory = write_policy(
+        tmp_path / "policies", {"rules": [{"id": "oops", "action": "block", "when": {"target": "prompt", "regex": ""}}]}
+    )
     result = policy_check(str(directory))
     assert result.returncode == 1
     assert "blocks every request" in result.stderr and "'oops'" in result.stderr
 
 
 def test_a_gateway_refuses_to_start_with_a_blanket_block(fake_upstream, gateway, tmp_path):
-    directory = write_policy(tmp_path / "policies", {"rules": [
-        {"id": "oops", "action": "block", "when": {"target": "path", "regex": "a*"}}]})
+    directory = write_policy(
+        tmp_path / "policies", {"rules": [{"id": "oops", "action": "block", "when": {"target": "path", "regex": "a*"}}]}
+    )
     with pytest.raises(RuntimeError, match="blocks every request"):
         gateway({"pools": [pool("main", fake_upstream().url)], "policy_dir": str(directory)})
 
@@ -74,8 +84,9 @@ def test_a_reload_to_a_blanket_block_keeps_the_last_good_policy(fake_upstream, g
     assert ask(gw, "hello").status_code == 200
     assert ask(gw, "say forbidden-word").status_code == 403
 
-    write_policy(directory, {"rules": [FORBIDDEN, {"id": "oops", "action": "block",
-                                                   "when": {"target": "prompt", "regex": ""}}]})
+    write_policy(
+        directory, {"rules": [FORBIDDEN, {"id": "oops", "action": "block", "when": {"target": "prompt", "regex": ""}}]}
+    )
     gw.proc.send_signal(signal.SIGHUP)
     deadline = time.monotonic() + 30
     while "policy reload" not in gw.output():
@@ -114,14 +125,19 @@ spec:
 
 
 def test_made_up_model_names_do_not_grow_metrics(fake_upstream, gateway):
-    gw = gateway({"pools": [pool("any", fake_upstream().url)],  # a catch-all pool: every name is served
-                  "models": [{"name": "known-model"}]})
+    gw = gateway(
+        {
+            "pools": [pool("any", fake_upstream().url)],  # a catch-all pool: every name is served
+            "models": [{"name": "known-model"}],
+        }
+    )
     metrics_url = gw.admin_url + "/metrics"
 
     def send(models: list[str]) -> None:
         async def run() -> None:
             limit = asyncio.Semaphore(32)
             async with httpx.AsyncClient(timeout=60) as client:
+
                 async def one(model: str) -> None:
                     async with limit:
                         response = await client.post(gw.url + CHAT, json=chat_body(model=model))
@@ -171,9 +187,25 @@ def up(tmp_path):
     port, engine_port, admin_port = free_port(), free_port(), free_port()
     log = tmp_path / "up.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "up", "--replicas", "1", "--engine-port",
-                                 str(engine_port), "--port", str(port), "--admin-port", str(admin_port)],
-                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "up",
+                "--replicas",
+                "1",
+                "--engine-port",
+                str(engine_port),
+                "--port",
+                str(port),
+                "--admin-port",
+                str(admin_port),
+            ],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     engines: list[int] = []
     try:
         deadline = time.monotonic() + 300  # the real engine loads its model: 10-30 s alone, more on a busy box

@@ -82,8 +82,9 @@ def test_a_stream_without_event_boundaries_costs_linear_time(hostile_upstream, g
     httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), timeout=30)
     cpu_before = cpu_seconds(gw.proc.pid)
     hostile = {"behaviour": "no_boundary", "bytes": 24 * MIB, "piece": 16 * 1024, "pause": 0.0005}
-    with httpx.stream("POST", gw.url + "/v1/chat/completions", json=chat_body(stream=True, hostile=hostile),
-                      timeout=60) as response:
+    with httpx.stream(
+        "POST", gw.url + "/v1/chat/completions", json=chat_body(stream=True, hostile=hostile), timeout=60
+    ) as response:
         assert response.status_code == 200
         health = httpx.get(gw.url + "/healthz", timeout=5)  # served while the stream is being framed
         text = response.read().decode()
@@ -98,8 +99,11 @@ def test_every_sse_line_ending_is_framed(hostile_upstream, gateway):
     """CR, LF and CRLF mixed, each byte of every line ending in its own TCP write (so CRLFs arrive cut in two)."""
     upstream = hostile_upstream()
     gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
-    hostile = {"behaviour": "line_endings", "endings": ["\n\r\n", "\r\n\n", "\r\r", "\r\n\r\n", "\n\r", "\r\r\n"],
-               "words": 4}
+    hostile = {
+        "behaviour": "line_endings",
+        "endings": ["\n\r\n", "\r\n\n", "\r\r", "\r\n\r\n", "\n\r", "\r\r\n"],
+        "words": 4,
+    }
     body = chat_body(stream=True, stream_options={"include_usage": True}, hostile=hostile)
     response = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=30)
     assert response.status_code == 200
@@ -132,21 +136,49 @@ def test_upstream_errors_and_garbage_reach_the_client_openai_shaped(hostile_upst
         response = ask({"behaviour": "garbage", "status": status, "body": text, "content_type": content_type})
         assert_openai_error(response, 502, "upstream_bad_response")
         assert response.headers["content-type"] == "application/json"
-    upstream_error = {"error": {"message": "This model's maximum context length is 8 tokens",
-                                "type": "invalid_request_error", "code": "context_length_exceeded", "param": None}}
+    upstream_error = {
+        "error": {
+            "message": "This model's maximum context length is 8 tokens",
+            "type": "invalid_request_error",
+            "code": "context_length_exceeded",
+            "param": None,
+        }
+    }
     for stream in (False, True):
-        response = ask({"behaviour": "garbage", "status": 400, "body": json.dumps(upstream_error),
-                        "content_type": "application/json"}, stream=stream)
+        response = ask(
+            {
+                "behaviour": "garbage",
+                "status": 400,
+                "body": json.dumps(upstream_error),
+                "content_type": "application/json",
+            },
+            stream=stream,
+        )
         assert response.json() == upstream_error and response.status_code == 400
-    overloaded = {"behaviour": "garbage", "status": 503, "content_type": "application/json",
-                  "body": json.dumps({"error": {"message": "engine overloaded", "code": 503}})}
+    overloaded = {
+        "behaviour": "garbage",
+        "status": 503,
+        "content_type": "application/json",
+        "body": json.dumps({"error": {"message": "engine overloaded", "code": 503}}),
+    }
     error = assert_openai_error(ask(overloaded), 503, "503")
     assert error["message"] == "engine overloaded" and error["type"] == "upstream_error"
     # the upstream judged the pool's key, not the client's: a 401 would tell the client its own key is wrong, and
     # OpenAI's message quotes part of the key it refused
-    refused = {"behaviour": "garbage", "status": 401, "content_type": "application/json",
-               "body": json.dumps({"error": {"message": "Incorrect API key provided: sk-pool***cret",
-                                             "type": "invalid_request_error", "code": "invalid_api_key"}})}
+    refused = {
+        "behaviour": "garbage",
+        "status": 401,
+        "content_type": "application/json",
+        "body": json.dumps(
+            {
+                "error": {
+                    "message": "Incorrect API key provided: sk-pool***cret",
+                    "type": "invalid_request_error",
+                    "code": "invalid_api_key",
+                }
+            }
+        ),
+    }
     error = assert_openai_error(ask(refused), 502, "upstream_auth_failed")
     assert "sk-pool" not in error["message"]
 
@@ -157,8 +189,9 @@ def test_stream_headers_go_out_when_the_upstream_answers(hostile_upstream, gatew
     gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
     hostile = {"behaviour": "slow_first", "delay": 4.0, "tag": "slow"}
     started = time.monotonic()
-    with httpx.stream("POST", gw.url + "/v1/chat/completions", json=chat_body(stream=True, hostile=hostile),
-                      timeout=30) as response:
+    with httpx.stream(
+        "POST", gw.url + "/v1/chat/completions", json=chat_body(stream=True, hostile=hostile), timeout=30
+    ) as response:
         headers_after = time.monotonic() - started
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -166,5 +199,7 @@ def test_stream_headers_go_out_when_the_upstream_answers(hostile_upstream, gatew
     assert upstream_seen(upstream, "slow")["answered"]
     assert headers_after < 2.5, f"the client waited {headers_after:.1f} s for its headers"
     data = sse_data(text)
-    assert data[-1] == "[DONE]" and "".join(json.loads(d)["choices"][0]["delta"]["content"] for d in data[:-1]) \
-        == "w0 w1 w2 "
+    assert (
+        data[-1] == "[DONE]"
+        and "".join(json.loads(d)["choices"][0]["delta"]["content"] for d in data[:-1]) == "w0 w1 w2 "
+    )

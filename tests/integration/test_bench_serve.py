@@ -16,18 +16,54 @@ FAKE = json.dumps({"fake": {"chunks": 4, "delay": 0.005, "header_delay": 0.03}})
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gateway.cli", "bench", "serve", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "bench", "serve", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_bench_serve_writes_json_table_and_ttft_plot(fake_upstream, tmp_path: Path):
     upstream = fake_upstream("a")
     out, png = tmp_path / "out.json", tmp_path / "ttft.png"
-    proc = bench("--base-url", upstream.url, "--model", "test-model", "--workload", "shared-prefix",
-                 "--tenants", "3", "--system-prompt-len", "100", "--conversations", "4", "--turns", "3",
-                 "--num-requests", "14", "--concurrency", "4", "--output-len", "4", "--seed", "1",
-                 "--api-keys", "ka,kb", "--extra-body", FAKE, "--slo-ttft-ms", "10000", "--slo-tpot-ms", "10000",
-                 "--json", str(out), "--plot", str(png))
+    proc = bench(
+        "--base-url",
+        upstream.url,
+        "--model",
+        "test-model",
+        "--workload",
+        "shared-prefix",
+        "--tenants",
+        "3",
+        "--system-prompt-len",
+        "100",
+        "--conversations",
+        "4",
+        "--turns",
+        "3",
+        "--num-requests",
+        "14",
+        "--concurrency",
+        "4",
+        "--output-len",
+        "4",
+        "--seed",
+        "1",
+        "--api-keys",
+        "ka,kb",
+        "--extra-body",
+        FAKE,
+        "--slo-ttft-ms",
+        "10000",
+        "--slo-tpot-ms",
+        "10000",
+        "--json",
+        str(out),
+        "--plot",
+        str(png),
+    )
     assert proc.returncode == 0, proc.stderr
     run = json.loads(out.read_text())["runs"]["run"]
     assert run["plan"]["num_requests"] == run["plan"]["sent"] == 14
@@ -50,10 +86,27 @@ def test_bench_serve_writes_json_table_and_ttft_plot(fake_upstream, tmp_path: Pa
 def test_bench_serve_runs_the_same_sequence_against_each_target_and_counts_failures(fake_upstream, tmp_path: Path):
     good, bad = fake_upstream("good"), fake_upstream("bad", fail_status=503)
     out = tmp_path / "runs.json"
-    proc = bench("--runs", f"good={good.url}", f"bad={bad.url}", "down=http://127.0.0.1:9", "--model", "m",
-                 "--workload", "random",
-                 "--num-requests", "6", "--input-len", "20", "--request-rate", "50", "--extra-body", FAKE,
-                 "--json", str(out), "--no-request-rows")
+    proc = bench(
+        "--runs",
+        f"good={good.url}",
+        f"bad={bad.url}",
+        "down=http://127.0.0.1:9",
+        "--model",
+        "m",
+        "--workload",
+        "random",
+        "--num-requests",
+        "6",
+        "--input-len",
+        "20",
+        "--request-rate",
+        "50",
+        "--extra-body",
+        FAKE,
+        "--json",
+        str(out),
+        "--no-request-rows",
+    )
     assert proc.returncode == 1, proc.stderr  # a target with no completed request fails the command
     runs = json.loads(out.read_text())["runs"]
     assert list(runs) == ["good", "bad", "down"]
@@ -69,11 +122,26 @@ def test_bench_through_the_gateway_reports_the_replica_share(fake_upstream, gate
     from tests.conftest import pool
 
     a, b = fake_upstream("a"), fake_upstream("b")
-    gw = gateway({"pools": [pool("main", a.url, b.url, routing="round_robin")],
-                  "telemetry": {"replica_header": True}})
+    gw = gateway({"pools": [pool("main", a.url, b.url, routing="round_robin")], "telemetry": {"replica_header": True}})
     out = tmp_path / "gw.json"
-    proc = bench("--base-url", gw.url + "/v1", "--model", "test-model", "--workload", "random", "--num-requests", "8",
-                 "--input-len", "16", "--concurrency", "2", "--extra-body", FAKE, "--json", str(out))
+    proc = bench(
+        "--base-url",
+        gw.url + "/v1",
+        "--model",
+        "test-model",
+        "--workload",
+        "random",
+        "--num-requests",
+        "8",
+        "--input-len",
+        "16",
+        "--concurrency",
+        "2",
+        "--extra-body",
+        FAKE,
+        "--json",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr
     run = json.loads(out.read_text())["runs"]["run"]
     assert run["completed"] == 8
@@ -87,14 +155,55 @@ def test_oracle_matches_a_real_engine_prefix_cache(processes, tmp_path: Path):
     from tests.conftest import free_port, spawn
 
     port = free_port()
-    engine = spawn([sys.executable, "-m", "gateway.cli", "engine", "serve", "--port", str(port), "--threads", "1",
-                    "--kv-cache-bytes", "64M"], port, tmp_path / "engine.log", ready_path="/health", timeout=300)
+    engine = spawn(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "engine",
+            "serve",
+            "--port",
+            str(port),
+            "--threads",
+            "1",
+            "--kv-cache-bytes",
+            "64M",
+        ],
+        port,
+        tmp_path / "engine.log",
+        ready_path="/health",
+        timeout=300,
+    )
     processes.append(engine)
     out = tmp_path / "engine.json"
-    proc = bench("--base-url", engine.url, "--workload", "shared-prefix", "--tenants", "2", "--system-prompt-len",
-                 "120", "--conversations", "3", "--turns", "2", "--user-len", "12", "--concurrency", "1",
-                 "--output-len", "6", "--seed", "4", "--tokenizer", "bundled", "--reset-prefix-cache", engine.url,
-                 "--json", str(out))
+    proc = bench(
+        "--base-url",
+        engine.url,
+        "--workload",
+        "shared-prefix",
+        "--tenants",
+        "2",
+        "--system-prompt-len",
+        "120",
+        "--conversations",
+        "3",
+        "--turns",
+        "2",
+        "--user-len",
+        "12",
+        "--concurrency",
+        "1",
+        "--output-len",
+        "6",
+        "--seed",
+        "4",
+        "--tokenizer",
+        "bundled",
+        "--reset-prefix-cache",
+        engine.url,
+        "--json",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr + engine.output()[-2000:]
     run = json.loads(out.read_text())["runs"]["run"]
     assert run["model"] == "SmolLM2-135M-Instruct" and run["completed"] == 6

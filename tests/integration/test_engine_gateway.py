@@ -35,14 +35,31 @@ def stack(tmp_path_factory):
         def gateway(self, routing: str, auth: dict | None = None, **pool_options) -> Process:
             port, admin_port = free_port(), free_port()
             config = logs / f"portcullis-{routing}-{port}.yaml"
-            config.write_text(yaml.safe_dump({
-                "listen": {"port": port}, "admin": {"port": admin_port},
-                "policy_dir": str(ROOT / "policies"), "auth": auth or {},
-                "telemetry": {"replica_header": True},
-                "pools": [pool("engine", *(e.url for e in self.engines), routing=routing, scrape_interval=0.2,
-                               **pool_options)]}))
-            process = spawn([sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)], port,
-                            logs / f"gateway-{routing}-{port}.log")
+            config.write_text(
+                yaml.safe_dump(
+                    {
+                        "listen": {"port": port},
+                        "admin": {"port": admin_port},
+                        "policy_dir": str(ROOT / "policies"),
+                        "auth": auth or {},
+                        "telemetry": {"replica_header": True},
+                        "pools": [
+                            pool(
+                                "engine",
+                                *(e.url for e in self.engines),
+                                routing=routing,
+                                scrape_interval=0.2,
+                                **pool_options,
+                            )
+                        ],
+                    }
+                )
+            )
+            process = spawn(
+                [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)],
+                port,
+                logs / f"gateway-{routing}-{port}.log",
+            )
             process.admin_url = f"http://127.0.0.1:{admin_port}"
             started.append(process)
             return process
@@ -51,8 +68,19 @@ def stack(tmp_path_factory):
     try:
         for i in range(2):
             port = free_port()
-            cmd = [sys.executable, "-m", "gateway.cli", "engine", "serve", "--port", str(port), "--threads", "1",
-                   "--kv-cache-bytes", "128M"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "engine",
+                "serve",
+                "--port",
+                str(port),
+                "--threads",
+                "1",
+                "--kv-cache-bytes",
+                "128M",
+            ]
             stack.engines.append(spawn(cmd, port, logs / f"engine-{i}.log", ready_path="/health", timeout=300))
         started.extend(stack.engines)
         yield stack
@@ -64,8 +92,9 @@ def stack(tmp_path_factory):
 def served_requests(engine: Process) -> float:
     """Finished requests as the engine itself counts them (vLLM-named metric)."""
     text = httpx.get(engine.url + "/metrics").text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:request_success_total"))
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total")
+    )
 
 
 def access_log(gateway: Process, request_id: str) -> dict:
@@ -78,11 +107,16 @@ def access_log(gateway: Process, request_id: str) -> dict:
     raise AssertionError(f"no access-log line for {request_id}")
 
 
-def chat(gateway: Process, messages: list[dict], max_tokens: int = 8, key: str | None = None,
-         **extra) -> httpx.Response:
+def chat(
+    gateway: Process, messages: list[dict], max_tokens: int = 8, key: str | None = None, **extra
+) -> httpx.Response:
     headers = {"authorization": f"Bearer {key}"} if key else {}
-    response = httpx.post(gateway.url + "/v1/chat/completions", timeout=120, headers=headers, json={
-        "model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0, **extra})
+    response = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        timeout=120,
+        headers=headers,
+        json={"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0, **extra},
+    )
     assert response.status_code == 200, response.text
     return response
 
@@ -95,8 +129,13 @@ def test_openai_client_streams_through_the_gateway_from_both_replicas(stack):
     for _ in range(2):  # round robin: one request lands on each replica
         pieces, usage = [], None
         for chunk in client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=12,
-                temperature=0, stream=True, stream_options={"include_usage": True}):
+            model=MODEL,
+            messages=[{"role": "user", "content": "Name a colour."}],
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        ):
             if chunk.choices:
                 pieces.append(chunk.choices[0].delta.content or "")
             if chunk.usage:
@@ -107,12 +146,18 @@ def test_openai_client_streams_through_the_gateway_from_both_replicas(stack):
     after = [served_requests(e) for e in stack.engines]
     assert [a - b for a, b in zip(after, before)] == [1, 1]
 
-    response = httpx.post(gateway.url + "/v1/completions", timeout=60, json={
-        "model": MODEL, "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0})
+    response = httpx.post(
+        gateway.url + "/v1/completions",
+        timeout=60,
+        json={"model": MODEL, "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0},
+    )
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 4
     assert [m["id"] for m in httpx.get(gateway.url + "/v1/models").json()["data"]] == [MODEL]
-    bad = httpx.post(gateway.url + "/v1/chat/completions", timeout=30, json={
-        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "top_k": "many"})
+    bad = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        timeout=30,
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "top_k": "many"},
+    )
     assert bad.status_code == 400 and set(bad.json()["error"]) >= {"message", "type", "code"}
 
 
@@ -123,8 +168,9 @@ def test_gateway_block_hashes_are_the_engines(stack):
     ids = EngineCounter(_bundled()).count("chat", {"messages": messages}).token_ids
     predicted = hash_prompt_blocks(ids, 16)
     assert len(predicted) >= 20
-    httpx.post(engine.url + "/v1/chat/completions", timeout=120,
-               json={"model": MODEL, "messages": messages, "max_tokens": 1}).raise_for_status()
+    httpx.post(
+        engine.url + "/v1/chat/completions", timeout=120, json={"model": MODEL, "messages": messages, "max_tokens": 1}
+    ).raise_for_status()
     with httpx.stream("GET", engine.url + "/v1/kv_events", timeout=10) as events:
         snapshot = json.loads(next(events.iter_lines()))
     stored = {h for e in snapshot["events"] if e["type"] == "BlockStored" for h in e["block_hashes"]}
@@ -136,8 +182,10 @@ def test_next_turn_goes_where_its_prefix_is_cached_and_predictions_match(stack, 
     gateway = stack.gateway(routing)
     time.sleep(0.5)  # first scrape and KV-event snapshots
     for conversation in range(3):
-        history = [{"role": "system", "content": f"{SYSTEM} (conversation {conversation} via {routing})"},
-                   {"role": "user", "content": "What is rule 3?"}]
+        history = [
+            {"role": "system", "content": f"{SYSTEM} (conversation {conversation} via {routing})"},
+            {"role": "user", "content": "What is rule 3?"},
+        ]
         first = chat(gateway, history)
         replica = first.headers["x-portcullis-replica"]
         history += [first.json()["choices"][0]["message"], {"role": "user", "content": "And rule 7?"}]

@@ -39,13 +39,28 @@ LONG_BENIGN = (
 def guard_policy(tmp_path: Path, guard: dict, overlays: dict[str, dict] | None = None) -> str:
     directory = tmp_path / "policies"
     (directory / "tenants").mkdir(parents=True, exist_ok=True)
-    (directory / "base.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "guard-test"},
-        "spec": {"guard": guard}}))
+    (directory / "base.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "portcullis.dev/v1",
+                "kind": "Policy",
+                "metadata": {"name": "guard-test"},
+                "spec": {"guard": guard},
+            }
+        )
+    )
     for tenant, g in (overlays or {}).items():
-        (directory / "tenants" / f"{tenant}.yaml").write_text(yaml.safe_dump({
-            "apiVersion": "portcullis.dev/v1", "kind": "TenantPolicy", "metadata": {"name": tenant},
-            "tenant": tenant, "spec": {"guard": g}}))
+        (directory / "tenants" / f"{tenant}.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "portcullis.dev/v1",
+                    "kind": "TenantPolicy",
+                    "metadata": {"name": tenant},
+                    "tenant": tenant,
+                    "spec": {"guard": g},
+                }
+            )
+        )
     return str(directory)
 
 
@@ -62,8 +77,12 @@ def ask(url: str, content: str, **extra) -> httpx.Response:
 @pytest.fixture
 def guarded(gateway, fake_upstream, tmp_path):
     upstream = fake_upstream()
-    gw = gateway({"pools": [pool("p", upstream.url)],
-                  "policy_dir": guard_policy(tmp_path, {"enabled": True, "injection": {"action": "block"}})})
+    gw = gateway(
+        {
+            "pools": [pool("p", upstream.url)],
+            "policy_dir": guard_policy(tmp_path, {"enabled": True, "injection": {"action": "block"}}),
+        }
+    )
     return gw, upstream
 
 
@@ -100,11 +119,19 @@ def test_injection_at_the_end_of_a_long_prompt_is_caught(guarded) -> None:
 
 def test_system_messages_are_scanned_only_when_policy_says(gateway, fake_upstream, tmp_path) -> None:
     upstream = fake_upstream()
-    gw = gateway({"pools": [pool("p", upstream.url)], "policy_dir": guard_policy(
-        tmp_path, {"enabled": True}, {"strict": {"injection": {"roles": ["system", "user", "tool"]}}}),
-        "auth": keys(strict="sk-strict", lax="sk-lax")})
-    body = {"model": "test-model", "messages": [{"role": "system", "content": INJECTION},
-                                                {"role": "user", "content": BENIGN}]}
+    gw = gateway(
+        {
+            "pools": [pool("p", upstream.url)],
+            "policy_dir": guard_policy(
+                tmp_path, {"enabled": True}, {"strict": {"injection": {"roles": ["system", "user", "tool"]}}}
+            ),
+            "auth": keys(strict="sk-strict", lax="sk-lax"),
+        }
+    )
+    body = {
+        "model": "test-model",
+        "messages": [{"role": "system", "content": INJECTION}, {"role": "user", "content": BENIGN}],
+    }
     lax = httpx.post(gw.url + "/v1/chat/completions", json=body, headers={"authorization": "Bearer sk-lax"})
     strict = httpx.post(gw.url + "/v1/chat/completions", json=body, headers={"authorization": "Bearer sk-strict"})
     assert lax.status_code == 200, lax.text
@@ -116,14 +143,30 @@ def test_tool_definitions_are_scanned_only_when_policy_says(gateway, fake_upstre
     OpenAI's own example tool; the bundled model does misjudge some plain tool descriptions (guard_models/README.md,
     known weaknesses), which is why `tool_definitions` is opt-in."""
     upstream = fake_upstream()
-    gw = gateway({"pools": [pool("p", upstream.url)], "policy_dir": guard_policy(
-        tmp_path, {"enabled": True}, {"strict": {"injection": {"roles": ["user", "tool", "tool_definitions"]}}}),
-        "auth": keys(strict="sk-strict", lax="sk-lax")})
+    gw = gateway(
+        {
+            "pools": [pool("p", upstream.url)],
+            "policy_dir": guard_policy(
+                tmp_path, {"enabled": True}, {"strict": {"injection": {"roles": ["user", "tool", "tool_definitions"]}}}
+            ),
+            "auth": keys(strict="sk-strict", lax="sk-lax"),
+        }
+    )
 
     def call(description: str, key: str) -> httpx.Response:
-        tool = {"type": "function", "function": {"name": "get_weather", "description": description, "parameters": {
-            "type": "object", "properties": {"location": {
-                "type": "string", "description": "The city and state, e.g. San Francisco, CA"}}}}}
+        tool = {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": description,
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "location": {"type": "string", "description": "The city and state, e.g. San Francisco, CA"}
+                    },
+                },
+            },
+        }
         body = {"model": "test-model", "messages": [{"role": "user", "content": BENIGN}], "tools": [tool]}
         return httpx.post(gw.url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"})
 
@@ -141,9 +184,19 @@ def test_concurrent_requests_each_get_their_own_score(gateway, fake_upstream, tm
     from gateway.guard.model import load_model
 
     upstream = fake_upstream()
-    gw = gateway({"pools": [pool("p", upstream.url)], "policy_dir": guard_policy(
-        tmp_path, {"enabled": True, "injection": {"action": "flag", "threshold": 0.0},
-                   "runtime": {"max_batch": 32, "max_wait_us": 20000}})})
+    gw = gateway(
+        {
+            "pools": [pool("p", upstream.url)],
+            "policy_dir": guard_policy(
+                tmp_path,
+                {
+                    "enabled": True,
+                    "injection": {"action": "flag", "threshold": 0.0},
+                    "runtime": {"max_batch": 32, "max_wait_us": 20000},
+                },
+            ),
+        }
+    )
     attacks = [f"{INJECTION} Then print secret number {i}." for i in range(16)]
     benign = [f"Can you suggest a name for my pet turtle number {i}?" for i in range(16)]
     prompts = [p for pair in zip(attacks, benign) for p in pair]
@@ -166,24 +219,40 @@ def test_concurrent_requests_each_get_their_own_score(gateway, fake_upstream, tm
 
 def test_flag_and_monitor_actions(gateway, fake_upstream, tmp_path) -> None:
     upstream = fake_upstream()
-    gw = gateway({"pools": [pool("p", upstream.url)], "policy_dir": guard_policy(
-        tmp_path, {"enabled": True, "injection": {"action": "flag"}},
-        {"watch": {"injection": {"action": "monitor"}}}),
-        "auth": keys(flag="sk-flag", watch="sk-watch")})
+    gw = gateway(
+        {
+            "pools": [pool("p", upstream.url)],
+            "policy_dir": guard_policy(
+                tmp_path,
+                {"enabled": True, "injection": {"action": "flag"}},
+                {"watch": {"injection": {"action": "monitor"}}},
+            ),
+            "auth": keys(flag="sk-flag", watch="sk-watch"),
+        }
+    )
     body = chat_body()
     body["messages"][0]["content"] = INJECTION
     flagged = httpx.post(gw.url + "/v1/chat/completions", json=body, headers={"authorization": "Bearer sk-flag"})
     watched = httpx.post(gw.url + "/v1/chat/completions", json=body, headers={"authorization": "Bearer sk-watch"})
     assert flagged.status_code == 200 and "category=prompt_injection" in flagged.headers["x-portcullis-guard"]
     assert watched.status_code == 200 and "x-portcullis-guard" not in watched.headers
-    assert 'portcullis_guard_verdicts_total{category="prompt_injection",result="monitor",target="input"} 1.0' in \
-        httpx.get(gw.admin_url + "/metrics").text
+    assert (
+        'portcullis_guard_verdicts_total{category="prompt_injection",result="monitor",target="input"} 1.0'
+        in httpx.get(gw.admin_url + "/metrics").text
+    )
 
 
 def test_pii_redacted_and_secrets_blocked_on_prompts(gateway, fake_upstream, tmp_path) -> None:
     upstream = fake_upstream()
-    gw = gateway({"pools": [pool("p", upstream.url)], "policy_dir": guard_policy(
-        tmp_path, {"enabled": True, "injection": {"enabled": False}, "pii": {"pii": "redact", "secrets": "block"}})})
+    gw = gateway(
+        {
+            "pools": [pool("p", upstream.url)],
+            "policy_dir": guard_policy(
+                tmp_path,
+                {"enabled": True, "injection": {"enabled": False}, "pii": {"pii": "redact", "secrets": "block"}},
+            ),
+        }
+    )
     response = ask(gw.url, "Email jane.doe@example.com or call (415) 555-2671 about card 4111 1111 1111 1111.")
     assert response.status_code == 200, response.text
     sent = httpx.get(upstream.url + "/_stats").json()["last_body"]["messages"][0]["content"]
@@ -191,24 +260,41 @@ def test_pii_redacted_and_secrets_blocked_on_prompts(gateway, fake_upstream, tmp
     blocked = ask(gw.url, "here is my key AKIAIOSFODNN7EXAMPLE, debug it")
     assert blocked.status_code == 400
     assert blocked.json()["error"]["guard"] | {"policy": None} == {
-        "target": "input", "category": "secret", "rule": "guard.secret.aws_access_key", "result": "block",
-        "types": ["aws_access_key"], "where": "messages[0]", "policy": None}
+        "target": "input",
+        "category": "secret",
+        "rule": "guard.secret.aws_access_key",
+        "result": "block",
+        "types": ["aws_access_key"],
+        "where": "messages[0]",
+        "policy": None,
+    }
 
 
 # ---- output guard, against an upstream that says what the test wants ----------------------------------------
 
+
 @pytest.fixture
 def echo_upstream(processes, tmp_path):
     port = free_port()
-    process = spawn([sys.executable, str(Path(__file__)), "--serve", str(port)], port,
-                    tmp_path / "echo-upstream.log", ready_path="/health")
+    process = spawn(
+        [sys.executable, str(Path(__file__)), "--serve", str(port)],
+        port,
+        tmp_path / "echo-upstream.log",
+        ready_path="/health",
+    )
     processes.append(process)
     return process
 
 
 def output_gateway(gateway, echo_upstream, tmp_path, output: dict):
-    return gateway({"pools": [pool("p", echo_upstream.url)], "policy_dir": guard_policy(
-        tmp_path, {"enabled": True, "injection": {"enabled": False}, "output": {"enabled": True, **output}})})
+    return gateway(
+        {
+            "pools": [pool("p", echo_upstream.url)],
+            "policy_dir": guard_policy(
+                tmp_path, {"enabled": True, "injection": {"enabled": False}, "output": {"enabled": True, **output}}
+            ),
+        }
+    )
 
 
 def stream(url: str, reply: str, chunk: int = 6) -> tuple[list[dict | str], str]:
@@ -249,8 +335,9 @@ def test_output_block_ends_the_stream_with_an_explicit_error_event(gateway, echo
 
 
 def test_output_injection_classifier_on_a_stream(gateway, echo_upstream, tmp_path) -> None:
-    gw = output_gateway(gateway, echo_upstream, tmp_path, {"injection": "block", "secrets": "off",
-                                                           "hold_back": 64, "scan_every": 32})
+    gw = output_gateway(
+        gateway, echo_upstream, tmp_path, {"injection": "block", "secrets": "off", "hold_back": 64, "scan_every": 32}
+    )
     events, text = stream(gw.url, "Paris is the capital of France. " + INJECTION)
     assert events[-2]["error"]["guard"]["category"] == "prompt_injection"
     assert "reveal your system prompt" not in text
@@ -280,12 +367,19 @@ def serve(port: int) -> None:
         reply, size = body.get("reply", "ok"), int(body.get("chunk", 6))
         base = {"id": "echo", "object": "chat.completion.chunk", "created": int(time.time()), "model": body["model"]}
         if not body.get("stream"):
-            return JSONResponse({**base, "object": "chat.completion", "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}]})
+            return JSONResponse(
+                {
+                    **base,
+                    "object": "chat.completion",
+                    "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}
+                    ],
+                }
+            )
 
         async def events():
             yield f"data: {json.dumps({**base, 'choices': [{'index': 0, 'delta': {'role': 'assistant'}}]})}\n\n"
-            pieces = [reply[i:i + size] for i in range(0, len(reply), size)]
+            pieces = [reply[i : i + size] for i in range(0, len(reply), size)]
             for i, piece in enumerate(pieces):
                 finish = "stop" if i == len(pieces) - 1 else None
                 choice = {"index": 0, "delta": {"content": piece}, "finish_reason": finish}
@@ -298,8 +392,7 @@ def serve(port: int) -> None:
     async def health(request: Request):
         return JSONResponse({"ok": True})
 
-    app = Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"]),
-                            Route("/health", health)])
+    app = Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"]), Route("/health", health)])
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 

@@ -81,17 +81,20 @@ def test_stream_chunks_arrive_as_the_upstream_sends_them(one_upstream):
 
 def test_gateway_asks_for_usage_but_strips_it_when_the_client_did_not(one_upstream):
     gw, upstream = one_upstream
-    response = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(stream=True, fake={"chunks": 2}),
-                          headers=HEADERS)
+    response = httpx.post(
+        gw.url + "/v1/chat/completions", json=chat_body(stream=True, fake={"chunks": 2}), headers=HEADERS
+    )
     chunks = [json.loads(d) for d in sse_data(response.text) if d != "[DONE]"]
     assert all(c["choices"] for c in chunks), "usage-only chunk leaked to a client that did not ask for it"
     assert stats(upstream)["last_body"]["stream_options"] == {"include_usage": True}
     metrics = httpx.get(gw.admin_url + "/metrics").text
     assert 'portcullis_tokens_total{kind="prompt",model="test-model",pool="main"} 7.0' in metrics
 
-    asked = httpx.post(gw.url + "/v1/chat/completions",
-                       json=chat_body(stream=True, stream_options={"include_usage": True}, fake={"chunks": 2}),
-                       headers=HEADERS)
+    asked = httpx.post(
+        gw.url + "/v1/chat/completions",
+        json=chat_body(stream=True, stream_options={"include_usage": True}, fake={"chunks": 2}),
+        headers=HEADERS,
+    )
     last = json.loads(sse_data(asked.text)[-2])
     assert last["choices"] == [] and last["usage"]["completion_tokens"] == 2
 
@@ -128,8 +131,9 @@ def test_retry_on_another_replica_before_the_first_byte(fake_upstream, gateway):
 def test_midstream_failure_ends_with_error_event_and_no_retry(fake_upstream, gateway):
     first, second = fake_upstream("first"), fake_upstream("second")
     gw = gateway({"pools": [pool("main", first.url, second.url, routing="round_robin")]})
-    response = httpx.post(gw.url + "/v1/chat/completions",
-                          json=chat_body(stream=True, fake={"chunks": 5, "abort_after": 2}))
+    response = httpx.post(
+        gw.url + "/v1/chat/completions", json=chat_body(stream=True, fake={"chunks": 5, "abort_after": 2})
+    )
     assert response.status_code == 200
     data = sse_data(response.text)
     assert [json.loads(d)["choices"][0]["delta"]["content"] for d in data[:2]] == ["w0 ", "w1 "]
@@ -141,15 +145,18 @@ def test_midstream_failure_ends_with_error_event_and_no_retry(fake_upstream, gat
 
 def test_upstream_failures_map_to_clean_gateway_errors(fake_upstream, gateway):
     slow = fake_upstream("slow")
-    gw = gateway({"pools": [
-        pool("dead", "http://127.0.0.1:9", models=["dead-model"]),
-        pool("slow", slow.url, models=["slow-model"], timeouts={"read": 0.5}, max_attempts=1),
-    ]})
+    gw = gateway(
+        {
+            "pools": [
+                pool("dead", "http://127.0.0.1:9", models=["dead-model"]),
+                pool("slow", slow.url, models=["slow-model"], timeouts={"read": 0.5}, max_attempts=1),
+            ]
+        }
+    )
     dead = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(model="dead-model"))
     assert dead.status_code == 502
     assert dead.json()["error"]["code"] == "upstream_unavailable"
-    timeout = httpx.post(gw.url + "/v1/chat/completions",
-                         json=chat_body(model="slow-model", fake={"header_delay": 2}))
+    timeout = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(model="slow-model", fake={"header_delay": 2}))
     assert timeout.status_code == 504
     assert timeout.json()["error"]["code"] == "upstream_timeout"
     unknown = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(model="nope"))
@@ -157,46 +164,58 @@ def test_upstream_failures_map_to_clean_gateway_errors(fake_upstream, gateway):
     assert unknown.json()["error"]["code"] == "model_not_found"
 
 
-@pytest.mark.parametrize("headers, code", [
-    ({}, "missing_api_key"),
-    ({"authorization": "Bearer sk-wrong"}, "invalid_api_key"),
-    ({"authorization": f"Basic {KEY}"}, "missing_api_key"),
-])
+@pytest.mark.parametrize(
+    "headers, code",
+    [
+        ({}, "missing_api_key"),
+        ({"authorization": "Bearer sk-wrong"}, "invalid_api_key"),
+        ({"authorization": f"Basic {KEY}"}, "missing_api_key"),
+    ],
+)
 def test_auth_failures_are_401_with_openai_errors(one_upstream, headers, code):
     gw, upstream = one_upstream
     response = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=headers)
     assert response.status_code == 401
-    assert response.json()["error"] == {"message": response.json()["error"]["message"],
-                                        "type": "authentication_error", "code": code, "param": None}
+    assert response.json()["error"] == {
+        "message": response.json()["error"]["message"],
+        "type": "authentication_error",
+        "code": code,
+        "param": None,
+    }
     assert stats(upstream)["requests"] == 0
 
 
 def test_key_from_environment_maps_to_its_tenant(fake_upstream, gateway):
     upstream = fake_upstream()
-    gw = gateway({"pools": [pool("main", upstream.url)],
-                  "auth": {"keys": [{"tenant": "team-env", "key_env": "TEAM_ENV_KEY"}]}},
-                 env={"TEAM_ENV_KEY": "sk-from-env"})
+    gw = gateway(
+        {"pools": [pool("main", upstream.url)], "auth": {"keys": [{"tenant": "team-env", "key_env": "TEAM_ENV_KEY"}]}},
+        env={"TEAM_ENV_KEY": "sk-from-env"},
+    )
     ok = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers={"x-api-key": "sk-from-env"})
     assert ok.status_code == 200
     entry = access_log(gw)[-1]
     assert entry["tenant"] == "team-env" and entry["status"] == 200
 
 
-@pytest.mark.parametrize("content, status, code", [
-    (b"x" * 2048, 413, "request_too_large"),
-    (b"{not json", 400, "invalid_json"),
-    (b"[1, 2]", 400, "invalid_json"),
-    (json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode(), 400, None),
-    (json.dumps({"model": "m", "messages": []}).encode(), 400, None),
-    (json.dumps({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}).encode(), 400, None),
-    (json.dumps({**chat_body(), "max_tokens": -1}).encode(), 400, None),
-    (json.dumps({**chat_body(), "stream": "yes"}).encode(), 400, None),
-])
+@pytest.mark.parametrize(
+    "content, status, code",
+    [
+        (b"x" * 2048, 413, "request_too_large"),
+        (b"{not json", 400, "invalid_json"),
+        (b"[1, 2]", 400, "invalid_json"),
+        (json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode(), 400, None),
+        (json.dumps({"model": "m", "messages": []}).encode(), 400, None),
+        (json.dumps({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}).encode(), 400, None),
+        (json.dumps({**chat_body(), "max_tokens": -1}).encode(), 400, None),
+        (json.dumps({**chat_body(), "stream": "yes"}).encode(), 400, None),
+    ],
+)
 def test_bad_bodies_get_4xx_openai_errors(fake_upstream, gateway, content, status, code):
     upstream = fake_upstream()
     gw = gateway({"pools": [pool("main", upstream.url)], "limits": {"max_body_bytes": 1024}})
-    response = httpx.post(gw.url + "/v1/chat/completions", content=content,
-                          headers={"content-type": "application/json"})
+    response = httpx.post(
+        gw.url + "/v1/chat/completions", content=content, headers={"content-type": "application/json"}
+    )
     assert response.status_code == status
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["message"]
@@ -230,13 +249,17 @@ def test_openai_client_works_unchanged(one_upstream):
     completion = client.chat.completions.create(model="test-model", messages=[{"role": "user", "content": "hi"}])
     assert completion.choices[0].message.content == "w0 w1 w2 "
     assert completion.usage.completion_tokens == 3
-    pieces = [c.choices[0].delta.content for c in client.chat.completions.create(
-        model="test-model", messages=[{"role": "user", "content": "hi"}], stream=True) if c.choices]
+    pieces = [
+        c.choices[0].delta.content
+        for c in client.chat.completions.create(
+            model="test-model", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        if c.choices
+    ]
     assert "".join(p or "" for p in pieces) == "w0 w1 w2 "
     text = client.completions.create(model="test-model", prompt="once upon")
     assert text.choices[0].text == "w0 w1 w2 "
-    streamed = [c.choices[0].text for c in client.completions.create(model="test-model", prompt=[1, 2, 3],
-                                                                      stream=True)]
+    streamed = [c.choices[0].text for c in client.completions.create(model="test-model", prompt=[1, 2, 3], stream=True)]
     assert "".join(streamed) == "w0 w1 w2 "
     assert [m.id for m in client.models.list()] == ["up-model"]
     with pytest.raises(openai.AuthenticationError):
@@ -276,6 +299,8 @@ def test_access_log_is_json_with_trace_ids(one_upstream):
 
 def test_a_client_cannot_choose_a_cache_salt(one_upstream):
     gw, upstream = one_upstream
-    assert httpx.post(gw.url + "/v1/chat/completions", json=chat_body(cache_salt="tenant-b"),
-                      headers=HEADERS).status_code == 200
+    assert (
+        httpx.post(gw.url + "/v1/chat/completions", json=chat_body(cache_salt="tenant-b"), headers=HEADERS).status_code
+        == 200
+    )
     assert "cache_salt" not in stats(upstream)["last_body"]  # shared cache: no salt reaches the upstream

@@ -41,7 +41,9 @@ def start(gateway, upstream, tmp_path, rules, redis=None, **redis_options):
 
 def test_requests_limit_in_memory_with_openai_and_ietf_headers(fake_upstream, gateway, tmp_path):
     upstream = fake_upstream()
-    gw = start(gateway, upstream, tmp_path, [{"id": "key-rph", "key": ["api_key"], "requests": {"limit": 3, "per": "1h"}}])
+    gw = start(
+        gateway, upstream, tmp_path, [{"id": "key-rph", "key": ["api_key"], "requests": {"limit": 3, "per": "1h"}}]
+    )
     remaining = []
     for _ in range(3):
         ok = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=bearer("sk-t1"))
@@ -65,9 +67,11 @@ def test_requests_limit_in_memory_with_openai_and_ietf_headers(fake_upstream, ga
 
 def _hammer(gateways, key: str, count: int, body: dict, workers: int = 24) -> list[httpx.Response]:
     """`count` concurrent requests spread round-robin over the gateways."""
+
     def one(i: int) -> httpx.Response:
-        return httpx.post(gateways[i % len(gateways)].url + "/v1/chat/completions", json=body, headers=bearer(key),
-                          timeout=30)
+        return httpx.post(
+            gateways[i % len(gateways)].url + "/v1/chat/completions", json=body, headers=bearer(key), timeout=30
+        )
 
     with ThreadPoolExecutor(workers) as pool_:
         return list(pool_.map(one, range(count)))
@@ -78,35 +82,45 @@ def test_exactly_the_limit_succeeds_across_three_gateways(fake_upstream, gateway
     rules = [{"id": "tenant-100", "key": ["tenant"], "requests": {"limit": 100, "per": "2h"}}]
     # fail_closed with a generous timeout: on a loaded machine a slow Redis must not silently fall back to
     # per-gateway limits, which would (correctly, by design) admit more than the shared limit
-    gateways = [start(gateway, upstream, tmp_path, rules, redis_server, timeout=5.0, on_failure="fail_closed")
-                for _ in range(3)]
+    gateways = [
+        start(gateway, upstream, tmp_path, rules, redis_server, timeout=5.0, on_failure="fail_closed") for _ in range(3)
+    ]
     for key in ("sk-t1", "sk-t2", "sk-t3"):  # three independent windows
         statuses = [r.status_code for r in _hammer(gateways, key, 250, chat_body())]
         assert statuses.count(200) == 100 and statuses.count(429) == 150, key
-    assert sum(metric(gw, "portcullis_ratelimit_decisions_total", result="allowed", backend="redis")
-               for gw in gateways) == 300
+    assert (
+        sum(metric(gw, "portcullis_ratelimit_decisions_total", result="allowed", backend="redis") for gw in gateways)
+        == 300
+    )
     assert httpx.get(upstream.url + "/_stats").json()["requests"] == 300
 
 
 def test_token_limit_reservations_reconcile_to_reported_usage(fake_upstream, gateway, tmp_path, redis_server):
     upstream = fake_upstream()
     rules = [{"id": "tenant-tokens", "key": ["tenant"], "tokens": {"limit": 10_000, "per": "24h"}}]
-    gateways = [start(gateway, upstream, tmp_path, rules, redis_server, timeout=5.0, on_failure="fail_closed")
-                for _ in range(3)]
+    gateways = [
+        start(gateway, upstream, tmp_path, rules, redis_server, timeout=5.0, on_failure="fail_closed") for _ in range(3)
+    ]
     rng = random.Random(7)
     bodies = []
     for _ in range(60):
         max_tokens = rng.randint(100, 900)
-        bodies.append(chat_body(stream=True, max_tokens=max_tokens, stream_options={"include_usage": True},
-                                fake={"chunks": rng.randint(1, max_tokens)}))
+        bodies.append(
+            chat_body(
+                stream=True,
+                max_tokens=max_tokens,
+                stream_options={"include_usage": True},
+                fake={"chunks": rng.randint(1, max_tokens)},
+            )
+        )
 
     def one(i: int) -> tuple[int, int, str]:
-        response = httpx.post(gateways[i % 3].url + "/v1/chat/completions", json=bodies[i],
-                              headers=bearer("sk-t4"), timeout=30)
+        response = httpx.post(
+            gateways[i % 3].url + "/v1/chat/completions", json=bodies[i], headers=bearer("sk-t4"), timeout=30
+        )
         if response.status_code != 200:
             return response.status_code, 0, response.json()["error"]["type"]
-        chunks = [json.loads(line[6:]) for line in response.text.splitlines()
-                  if line.startswith("data: {")]
+        chunks = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
         return 200, chunks[-1]["usage"]["total_tokens"], ""
 
     with ThreadPoolExecutor(8) as workers:
@@ -128,8 +142,9 @@ def test_concurrency_slots_return_to_zero_after_clients_disconnect(fake_upstream
     gw = start(gateway, upstream, tmp_path, rules, redis_server)
     slow = chat_body(stream=True, fake={"chunks": 200, "delay": 0.05})
     client = httpx.Client(timeout=10)
-    streams = [client.stream("POST", gw.url + "/v1/chat/completions", json=slow, headers=bearer("sk-t1"))
-               for _ in range(2)]
+    streams = [
+        client.stream("POST", gw.url + "/v1/chat/completions", json=slow, headers=bearer("sk-t1")) for _ in range(2)
+    ]
     readers = []  # keep the line iterators alive: a collected iterator closes its connection
     for stream in streams:
         response = stream.__enter__()
@@ -161,12 +176,20 @@ def test_scripts_are_reloaded_after_redis_forgets_them(fake_upstream, gateway, t
 
 
 @pytest.mark.parametrize("mode", ["fail_open", "fail_closed"])
-def test_redis_outage_follows_the_failure_mode_and_limits_resume(fake_upstream, gateway, tmp_path, redis_server,
-                                                                   mode):
+def test_redis_outage_follows_the_failure_mode_and_limits_resume(fake_upstream, gateway, tmp_path, redis_server, mode):
     upstream = fake_upstream()
     rules = [{"id": "rph", "key": ["tenant"], "requests": {"limit": 3, "per": "1h"}}]
-    gw = start(gateway, upstream, tmp_path, rules, redis_server, on_failure=mode, timeout=0.2,
-               breaker_failures=2, breaker_cooldown=1.0)
+    gw = start(
+        gateway,
+        upstream,
+        tmp_path,
+        rules,
+        redis_server,
+        on_failure=mode,
+        timeout=0.2,
+        breaker_failures=2,
+        breaker_cooldown=1.0,
+    )
 
     def post() -> httpx.Response:
         return httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=bearer("sk-t1"), timeout=5)

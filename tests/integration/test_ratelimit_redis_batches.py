@@ -165,15 +165,18 @@ def test_a_key_left_of_another_kind_fails_no_batch(redis_server):
         outcomes = await asyncio.gather(
             backend.acquire([SlotCheck("portcullis:rl:{changed:x}", 1, 30, "r1")]),
             backend.acquire([RateCheck("portcullis:rl:{changed:y}", interval=1.0, tolerance=5.0, cost=1)]),
-            backend.acquire([other]))
+            backend.acquire([other]),
+        )
         await backend.settle(Settlement(releases=(SlotCheck("portcullis:rl:{changed:y}", 1, 30, "r9"),)))
         await backend.aclose()
         return [o[0] for o in outcomes]
 
     slot, rate, other = asyncio.run(main())
     assert slot.allowed and slot.remaining == 0 and rate.allowed and rate.remaining == 4 and other.allowed
-    assert client.zrange("portcullis:rl:{changed:x}", 0, -1) == [b"r1"] and client.type("portcullis:rl:{changed:y}") \
-        == b"string"
+    assert (
+        client.zrange("portcullis:rl:{changed:x}", 0, -1) == [b"r1"]
+        and client.type("portcullis:rl:{changed:y}") == b"string"
+    )
 
 
 def test_a_settlement_the_store_may_have_applied_is_retried_for_its_release_only(redis_server):

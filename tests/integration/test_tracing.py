@@ -29,13 +29,18 @@ class Received:
                 service = {a.key: a.value.string_value for a in resource_spans.resource.attributes}["service.name"]
                 for scope_spans in resource_spans.scope_spans:
                     for span in scope_spans.spans:
-                        self.spans.append({
-                            "service": service, "name": span.name, "kind": span.kind,
-                            "trace_id": span.trace_id.hex(), "span_id": span.span_id.hex(),
-                            "parent_id": span.parent_span_id.hex(),
-                            "links": [(link.trace_id.hex(), link.span_id.hex()) for link in span.links],
-                            "attributes": {a.key: _value(a.value) for a in span.attributes},
-                        })
+                        self.spans.append(
+                            {
+                                "service": service,
+                                "name": span.name,
+                                "kind": span.kind,
+                                "trace_id": span.trace_id.hex(),
+                                "span_id": span.span_id.hex(),
+                                "parent_id": span.parent_span_id.hex(),
+                                "links": [(link.trace_id.hex(), link.span_id.hex()) for link in span.links],
+                                "attributes": {a.key: _value(a.value) for a in span.attributes},
+                            }
+                        )
 
     def wait_for(self, name: str, timeout: float = 10.0) -> list[dict]:
         deadline = time.monotonic() + timeout
@@ -98,9 +103,16 @@ def grpc_receiver() -> Iterator[tuple[str, Received]]:
 
 
 def traced_gateway(gateway, upstream, endpoint: str, protocol: str, **telemetry):
-    return gateway({"pools": [pool("main", upstream.url)], "telemetry": {
-        "service_name": "gw-under-test", "otlp": {"enabled": True, "endpoint": endpoint, "protocol": protocol},
-        **telemetry}})
+    return gateway(
+        {
+            "pools": [pool("main", upstream.url)],
+            "telemetry": {
+                "service_name": "gw-under-test",
+                "otlp": {"enabled": True, "endpoint": endpoint, "protocol": protocol},
+                **telemetry,
+            },
+        }
+    )
 
 
 def test_one_trace_covers_stages_upstream_span_and_upstream_traceparent(fake_upstream, gateway, http_receiver):
@@ -140,8 +152,7 @@ def test_a_trusted_incoming_traceparent_is_continued_over_grpc_export(fake_upstr
     gw = traced_gateway(gateway, fake_upstream(), endpoint, "grpc", trust_client_trace=True)
     caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers={"traceparent": caller})
-    root = next(s for s in received.wait_for("POST /v1/chat/completions")
-                if s["name"] == "POST /v1/chat/completions")
+    root = next(s for s in received.wait_for("POST /v1/chat/completions") if s["name"] == "POST /v1/chat/completions")
     assert root["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
     assert root["parent_id"] == "00f067aa0ba902b7"
 

@@ -15,8 +15,12 @@ import yaml
 from tests.conftest import chat_body, pool
 
 KEYS = {"sk-a": "team-a", "sk-b": "team-b"}
-AUTH = {"keys": [{"tenant": t, "label": "ops" if t == "team-a" else "", "sha256": hashlib.sha256(k.encode()).hexdigest()}
-                 for k, t in KEYS.items()]}
+AUTH = {
+    "keys": [
+        {"tenant": t, "label": "ops" if t == "team-a" else "", "sha256": hashlib.sha256(k.encode()).hexdigest()}
+        for k, t in KEYS.items()
+    ]
+}
 URL = "/v1/chat/completions"
 
 
@@ -25,8 +29,13 @@ def write(directory: Path, waf: dict, overlays: dict | None = None) -> None:
     doc = {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "t"}, "spec": {"waf": waf}}
     (directory / "base.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     for tenant, spec in (overlays or {}).items():
-        over = {"apiVersion": "portcullis.dev/v1", "kind": "TenantPolicy", "metadata": {"name": tenant},
-                "tenant": tenant, "spec": spec}
+        over = {
+            "apiVersion": "portcullis.dev/v1",
+            "kind": "TenantPolicy",
+            "metadata": {"name": tenant},
+            "tenant": tenant,
+            "spec": spec,
+        }
         (directory / "tenants" / f"{tenant}.yaml").write_text(yaml.safe_dump(over))
 
 
@@ -35,8 +44,9 @@ def start(gateway, upstream, directory: Path):
 
 
 def post(gw, key="sk-b", query="", **body) -> httpx.Response:
-    return httpx.post(gw.url + URL + query, json=chat_body(**body), headers={"authorization": f"Bearer {key}"},
-                      timeout=10)
+    return httpx.post(
+        gw.url + URL + query, json=chat_body(**body), headers={"authorization": f"Bearer {key}"}, timeout=10
+    )
 
 
 def audit_lines(gw) -> list[dict]:
@@ -87,8 +97,12 @@ def test_secrets_are_redacted_before_the_upstream_sees_them(fake_upstream, gatew
 
 def test_tenant_overlays_apply_before_auth(fake_upstream, gateway, tmp_path):
     upstream = fake_upstream()
-    rule = {"id": "ops-only-model", "when": {"all": [{"target": "model", "equals": "test-model"},
-                                                     {"not": {"target": "key_label", "equals": "ops"}}]}}
+    rule = {
+        "id": "ops-only-model",
+        "when": {
+            "all": [{"target": "model", "equals": "test-model"}, {"not": {"target": "key_label", "equals": "ops"}}]
+        },
+    }
     write(tmp_path / "p", {"packs": ["sqli"], "rules": [rule]}, {"team-a": {"waf": {"mode": "monitor"}}})
     gw = start(gateway, upstream, tmp_path / "p")
     attack = "?id=1%27%20or%20%271%27=%271"
@@ -114,8 +128,11 @@ def test_hot_reload_keeps_serving_through_a_broken_edit_and_applies_a_good_one(f
         with httpx.Client(timeout=10) as client:
             while not stop.is_set():
                 try:
-                    statuses.append(client.post(gw.url + URL, json=chat_body(),
-                                                headers={"authorization": "Bearer sk-b"}).status_code)
+                    statuses.append(
+                        client.post(
+                            gw.url + URL, json=chat_body(), headers={"authorization": "Bearer sk-b"}
+                        ).status_code
+                    )
                 except httpx.HTTPError as exc:
                     errors.append(repr(exc))
 

@@ -8,8 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests.waf_corpus.harness import (CRS, LIBINJECTION, contested_stages, crs_cases, crs_families,
-                                     libinjection_lists, web_waf)
+from tests.waf_corpus.harness import (
+    CRS,
+    LIBINJECTION,
+    contested_stages,
+    crs_cases,
+    crs_families,
+    libinjection_lists,
+    web_waf,
+)
 
 pytestmark = pytest.mark.shared
 
@@ -35,21 +42,24 @@ def test_libinjection_attack_lists_are_caught(results):
     assert results[2]["libinjection sqli"].catch_rate >= 0.99
 
 
-@pytest.mark.parametrize("family, level, catch, passed", [
-    # the targets at PL2 (>= 90% caught, >= 95% of no-match stages pass), asserted where met
-    ("REQUEST-930-APPLICATION-ATTACK-LFI", 2, 0.90, 0.95),
-    ("REQUEST-941-APPLICATION-ATTACK-XSS", 2, 0.90, 0.95),
-    # catch target met; the no-match stages left failing are mostly attack payloads CRS labels only for a sibling
-    # rule: regression floors (docs/benchmarks.md)
-    ("REQUEST-942-APPLICATION-ATTACK-SQLI", 2, 0.92, 0.91),
-    ("REQUEST-932-APPLICATION-ATTACK-RCE", 2, 0.94, 0.85),
-    ("REQUEST-930-APPLICATION-ATTACK-LFI", 1, 0.90, 0.95),
-    ("REQUEST-942-APPLICATION-ATTACK-SQLI", 1, 0.31, 0.96),
-    ("REQUEST-941-APPLICATION-ATTACK-XSS", 1, 0.52, 0.96),
-    ("REQUEST-932-APPLICATION-ATTACK-RCE", 1, 0.55, 0.86),
-    ("REQUEST-913-SCANNER-DETECTION", 1, 1.0, 1.0),
-    ("REQUEST-913-SCANNER-DETECTION", 2, 1.0, 1.0),
-])
+@pytest.mark.parametrize(
+    "family, level, catch, passed",
+    [
+        # the targets at PL2 (>= 90% caught, >= 95% of no-match stages pass), asserted where met
+        ("REQUEST-930-APPLICATION-ATTACK-LFI", 2, 0.90, 0.95),
+        ("REQUEST-941-APPLICATION-ATTACK-XSS", 2, 0.90, 0.95),
+        # catch target met; the no-match stages left failing are mostly attack payloads CRS labels only for a sibling
+        # rule: regression floors (docs/benchmarks.md)
+        ("REQUEST-942-APPLICATION-ATTACK-SQLI", 2, 0.92, 0.91),
+        ("REQUEST-932-APPLICATION-ATTACK-RCE", 2, 0.94, 0.85),
+        ("REQUEST-930-APPLICATION-ATTACK-LFI", 1, 0.90, 0.95),
+        ("REQUEST-942-APPLICATION-ATTACK-SQLI", 1, 0.31, 0.96),
+        ("REQUEST-941-APPLICATION-ATTACK-XSS", 1, 0.52, 0.96),
+        ("REQUEST-932-APPLICATION-ATTACK-RCE", 1, 0.55, 0.86),
+        ("REQUEST-913-SCANNER-DETECTION", 1, 1.0, 1.0),
+        ("REQUEST-913-SCANNER-DETECTION", 2, 1.0, 1.0),
+    ],
+)
 def test_crs_family_floors(results, family, level, catch, passed):
     tally = results[level][family]
     assert tally.catch_rate >= catch, f"{family} PL{level}: caught {tally.caught}/{tally.attacks}"

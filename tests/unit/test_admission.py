@@ -115,8 +115,9 @@ def _ctx(route: str, payload: dict) -> RequestContext:
 
 
 def test_bundled_tokenizer_counts_like_the_engine_and_the_window_is_enforced():
-    stage = TokenizeStage([ModelConfig(name="m", tokenizer="bundled", context_window=64)], empty_policy_set,
-                          Offload(LimitsConfig()))
+    stage = TokenizeStage(
+        [ModelConfig(name="m", tokenizer="bundled", context_window=64)], empty_policy_set, Offload(LimitsConfig())
+    )
     ok = _ctx("chat", {"model": "m", "messages": [{"role": "user", "content": "Say hello"}]})
     asyncio.run(stage(ok))
     assert ok.prompt_tokens == 32 == len(ok.prompt_token_ids)  # the engine reports 32 for this prompt
@@ -131,8 +132,9 @@ def test_bundled_tokenizer_counts_like_the_engine_and_the_window_is_enforced():
 
 
 def test_tiktoken_counts_offline_and_unknown_models_are_estimated():
-    counter_stage = TokenizeStage([ModelConfig(name="gpt", tokenizer="tiktoken:cl100k_base")], empty_policy_set,
-                                  Offload(LimitsConfig()))
+    counter_stage = TokenizeStage(
+        [ModelConfig(name="gpt", tokenizer="tiktoken:cl100k_base")], empty_policy_set, Offload(LimitsConfig())
+    )
     ctx = _ctx("completions", {"model": "gpt", "prompt": "hello world", "max_tokens": 3})
     asyncio.run(counter_stage(ctx))
     assert ctx.prompt_tokens == 2 and ctx.prompt_token_ids is None

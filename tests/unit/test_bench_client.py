@@ -21,9 +21,16 @@ def chunk(content: str | None, role: str | None = None) -> dict:
     return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
 
 
-USAGE = {"object": "chat.completion.chunk", "choices": [],
-         "usage": {"prompt_tokens": 120, "completion_tokens": 3, "total_tokens": 123,
-                   "prompt_tokens_details": {"cached_tokens": 96}}}
+USAGE = {
+    "object": "chat.completion.chunk",
+    "choices": [],
+    "usage": {
+        "prompt_tokens": 120,
+        "completion_tokens": 3,
+        "total_tokens": 123,
+        "prompt_tokens_details": {"cached_tokens": 96},
+    },
+}
 
 
 def run(events, status: int = 200, headers: dict | None = None) -> RequestResult:
@@ -41,14 +48,14 @@ def run(events, status: int = 200, headers: dict | None = None) -> RequestResult
 
     def handler(request: httpx.Request) -> httpx.Response:
         seen.append(request)
-        return httpx.Response(status, headers={"content-type": "text/event-stream", **(headers or {})},
-                              content=body())
+        return httpx.Response(status, headers={"content-type": "text/event-stream", **(headers or {})}, content=body())
 
     async def main() -> RequestResult:
         result = RequestResult(0, 0, 0, 0)
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            await stream_chat(client, "http://t/v1/chat/completions", {"stream": True}, {"authorization": "Bearer k"},
-                              result, t0=0.0)
+            await stream_chat(
+                client, "http://t/v1/chat/completions", {"stream": True}, {"authorization": "Bearer k"}, result, t0=0.0
+            )
         return result
 
     result = asyncio.run(main())
@@ -57,12 +64,25 @@ def run(events, status: int = 200, headers: dict | None = None) -> RequestResult
 
 
 def test_ttft_itl_e2e_usage_and_replica_header():
-    r = run([sse(chunk("", role="assistant")), 0.08, sse(chunk("a")), 0.03, sse(chunk("b")), 0.03, sse(chunk("c")),
-             0.02, sse(USAGE), sse("[DONE]")], headers={"x-portcullis-replica": "replica-2"})
+    r = run(
+        [
+            sse(chunk("", role="assistant")),
+            0.08,
+            sse(chunk("a")),
+            0.03,
+            sse(chunk("b")),
+            0.03,
+            sse(chunk("c")),
+            0.02,
+            sse(USAGE),
+            sse("[DONE]"),
+        ],
+        headers={"x-portcullis-replica": "replica-2"},
+    )
     assert r.success and r.error is None and r.status == 200
-    assert r.ttft_s >= 0.08                        # the role-only chunk carries no text: not the first token
+    assert r.ttft_s >= 0.08  # the role-only chunk carries no text: not the first token
     assert len(r.itl_s) == 2 and all(x >= 0.03 for x in r.itl_s)
-    assert r.e2el_s >= r.ttft_s + 0.08             # ends at the usage chunk
+    assert r.e2el_s >= r.ttft_s + 0.08  # ends at the usage chunk
     assert r.text == "abc" and r.chunks == 3
     assert (r.prompt_tokens, r.completion_tokens, r.cached_tokens) == (120, 3, 96)
     assert r.replica == "replica-2"

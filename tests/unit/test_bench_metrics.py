@@ -6,13 +6,33 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.bench.metrics import (RequestResult, meets_slo, measured_hit_rate, oracle_hit_rate, oracle_hits,
-                                   replica_share, stats_ms, summarize)
+from gateway.bench.metrics import (
+    RequestResult,
+    meets_slo,
+    measured_hit_rate,
+    oracle_hit_rate,
+    oracle_hits,
+    replica_share,
+    stats_ms,
+    summarize,
+)
 
 
 def ok(index: int = 0, ttft: float = 0.1, e2el: float = 0.5, tokens: int | None = 5, itl=(), **kw) -> RequestResult:
-    return RequestResult(index, 0, index, 0, success=True, status=200, ttft_s=ttft, e2el_s=e2el,
-                         itl_s=list(itl), completion_tokens=tokens, chunks=kw.pop("chunks", 0), **kw)
+    return RequestResult(
+        index,
+        0,
+        index,
+        0,
+        success=True,
+        status=200,
+        ttft_s=ttft,
+        e2el_s=e2el,
+        itl_s=list(itl),
+        completion_tokens=tokens,
+        chunks=kw.pop("chunks", 0),
+        **kw,
+    )
 
 
 def test_tpot_excludes_the_first_token():
@@ -47,15 +67,15 @@ def test_summary_counts_throughput_itl_and_excludes_failures():
     assert s["output_throughput"] == pytest.approx(3.0)
     assert s["request_throughput"] == pytest.approx(1.0)
     assert s["total_token_throughput"] == pytest.approx(78.0)
-    assert s["ttft_ms"]["mean"] == pytest.approx(200.0)       # the failed request's 9 s is left out
-    assert s["tpot_ms"]["mean"] == pytest.approx(100.0)       # the one-token request has no TPOT sample
+    assert s["ttft_ms"]["mean"] == pytest.approx(200.0)  # the failed request's 9 s is left out
+    assert s["tpot_ms"]["mean"] == pytest.approx(100.0)  # the one-token request has no TPOT sample
     assert s["itl_ms"]["p50"] == pytest.approx(100.0)
     assert s["e2el_ms"]["p50"] == pytest.approx(400.0)
     assert s["goodput"] is None
 
 
 def test_goodput_needs_every_slo():
-    fast = ok(0, ttft=0.1, e2el=0.5, tokens=5)        # TTFT 100 ms, TPOT 100 ms
+    fast = ok(0, ttft=0.1, e2el=0.5, tokens=5)  # TTFT 100 ms, TPOT 100 ms
     slow_first = ok(1, ttft=0.6, e2el=1.0, tokens=5)  # TTFT 600 ms, TPOT 100 ms
     slow_decode = ok(2, ttft=0.1, e2el=2.1, tokens=5)  # TTFT 100 ms, TPOT 500 ms
     failed = RequestResult(3, 0, 3, 0, status=503, error="x")
@@ -77,23 +97,26 @@ def test_replica_share_from_header_else_none():
 
 
 def test_measured_hit_rate_from_usage_cached_tokens():
-    rows = [ok(0, prompt_tokens=100, cached_tokens=0), ok(1, prompt_tokens=100, cached_tokens=64),
-            ok(2, prompt_tokens=100)]  # no cached_tokens reported: left out
+    rows = [
+        ok(0, prompt_tokens=100, cached_tokens=0),
+        ok(1, prompt_tokens=100, cached_tokens=64),
+        ok(2, prompt_tokens=100),
+    ]  # no cached_tokens reported: left out
     assert measured_hit_rate(rows) == (pytest.approx(0.32), 64, 200)
     assert measured_hit_rate([ok(0, prompt_tokens=10)])[0] is None
 
 
 def test_oracle_hits_on_a_hand_built_sequence():
-    a = list(range(1, 11))                      # 10 tokens, blocks of 4: [1-4] [5-8] + 2 left over
+    a = list(range(1, 11))  # 10 tokens, blocks of 4: [1-4] [5-8] + 2 left over
     prompts = [
-        a,                                      # first: nothing earlier
-        a[:8] + [99, 100],                      # shares 8 tokens = 2 blocks with a
-        a[:4] + [50, 51, 52, 53, 54],           # shares 1 block
-        list(a),                                # identical to a: the last token is always computed -> 2 blocks
-        a[:8],                                  # exact prefix of 8: only (8 - 1) // 4 = 1 block may hit
-        [7, 7, 7, 7, 7],                        # nothing in common
-        a[:8] + [99, 100, 101, 102, 5, 5, 5],   # 10 in common with prompt 2, but block 3 was never complete -> 8
-        a[:3] + [0, 0],                         # 3 in common: below a block
+        a,  # first: nothing earlier
+        a[:8] + [99, 100],  # shares 8 tokens = 2 blocks with a
+        a[:4] + [50, 51, 52, 53, 54],  # shares 1 block
+        list(a),  # identical to a: the last token is always computed -> 2 blocks
+        a[:8],  # exact prefix of 8: only (8 - 1) // 4 = 1 block may hit
+        [7, 7, 7, 7, 7],  # nothing in common
+        a[:8] + [99, 100, 101, 102, 5, 5, 5],  # 10 in common with prompt 2, but block 3 was never complete -> 8
+        a[:3] + [0, 0],  # 3 in common: below a block
     ]
     assert oracle_hits(prompts, block_size=4) == [0, 8, 4, 8, 4, 0, 8, 0]
     assert oracle_hit_rate(prompts, block_size=4) == pytest.approx(32 / sum(map(len, prompts)))
@@ -123,20 +146,34 @@ def test_oracle_hits_equal_the_brute_force_longest_common_prefix(prompts, block)
 
 
 def test_oracle_with_cached_outputs_lets_the_next_turn_hit_the_reply():
-    turn1 = list(range(1, 9))                       # prompt of turn 1: 2 blocks of 4
-    reply = [9, 10, 11, 12, 13]                     # its output: one more full block once appended
-    turn2 = turn1 + reply + [0, 0, 0]               # next turn = history + reply + new user message
+    turn1 = list(range(1, 9))  # prompt of turn 1: 2 blocks of 4
+    reply = [9, 10, 11, 12, 13]  # its output: one more full block once appended
+    turn2 = turn1 + reply + [0, 0, 0]  # next turn = history + reply + new user message
     assert oracle_hits([turn1, turn2], 4) == [0, 8]
     assert oracle_hits([turn1, turn2], 4, cached=[turn1 + reply, turn2]) == [0, 12]
 
 
 def test_per_tenant_breakdown():
-    rows = [RequestResult(0, 0, 0, 0, success=True, ttft_s=0.1, e2el_s=0.2, prompt_tokens=100, cached_tokens=50),
-            RequestResult(1, 0, 1, 0, success=True, ttft_s=0.3, e2el_s=0.4, prompt_tokens=100, cached_tokens=0),
-            RequestResult(2, 1, 2, 0, status=429, error="limited"),
-            RequestResult(3, 1, 3, 0, cancelled=True)]
+    rows = [
+        RequestResult(0, 0, 0, 0, success=True, ttft_s=0.1, e2el_s=0.2, prompt_tokens=100, cached_tokens=50),
+        RequestResult(1, 0, 1, 0, success=True, ttft_s=0.3, e2el_s=0.4, prompt_tokens=100, cached_tokens=0),
+        RequestResult(2, 1, 2, 0, status=429, error="limited"),
+        RequestResult(3, 1, 3, 0, cancelled=True),
+    ]
     tenants = summarize(rows, 1.0)["per_tenant"]
-    assert tenants["0"] == {"requests": 2, "completed": 2, "failed": 0, "ttft_p50_ms": pytest.approx(200.0),
-                            "ttft_p99_ms": pytest.approx(298.0), "measured_hit_rate": pytest.approx(0.25)}
-    assert tenants["1"] == {"requests": 1, "completed": 0, "failed": 1, "ttft_p50_ms": None, "ttft_p99_ms": None,
-                            "measured_hit_rate": None}
+    assert tenants["0"] == {
+        "requests": 2,
+        "completed": 2,
+        "failed": 0,
+        "ttft_p50_ms": pytest.approx(200.0),
+        "ttft_p99_ms": pytest.approx(298.0),
+        "measured_hit_rate": pytest.approx(0.25),
+    }
+    assert tenants["1"] == {
+        "requests": 1,
+        "completed": 0,
+        "failed": 1,
+        "ttft_p50_ms": None,
+        "ttft_p99_ms": None,
+        "measured_hit_rate": None,
+    }

@@ -20,7 +20,7 @@ class Target:
 
     def __init__(self, delay: float = 0.01, fail_every: int = 0, hang_every: int = 0) -> None:
         self.delay, self.fail_every, self.hang_every = delay, fail_every, hang_every
-        self.requests: list[dict] = []   # body, headers, received, finished, reply
+        self.requests: list[dict] = []  # body, headers, received, finished, reply
         self.in_flight = self.max_in_flight = 0
         self.resets: list[tuple[str, int]] = []
 
@@ -29,13 +29,21 @@ class Target:
             self.resets.append((str(request.url), len(self.requests)))
             return httpx.Response(200 if request.url.host == "engine-a" else 404)
         n = len(self.requests)
-        entry = {"body": json.loads(request.content), "headers": dict(request.headers),
-                 "received": time.perf_counter(), "finished": None, "reply": f"reply-{n} "}
+        entry = {
+            "body": json.loads(request.content),
+            "headers": dict(request.headers),
+            "received": time.perf_counter(),
+            "finished": None,
+            "reply": f"reply-{n} ",
+        }
         self.requests.append(entry)
         if self.fail_every and n % self.fail_every == self.fail_every - 1:
             return httpx.Response(500, json={"error": {"message": f"boom {n}"}})
-        return httpx.Response(200, headers={"content-type": "text/event-stream",
-                                            "x-portcullis-replica": f"r{n % 2}"}, content=self.stream(n, entry))
+        return httpx.Response(
+            200,
+            headers={"content-type": "text/event-stream", "x-portcullis-replica": f"r{n % 2}"},
+            content=self.stream(n, entry),
+        )
 
     async def stream(self, n: int, entry: dict):
         self.in_flight += 1
@@ -63,8 +71,17 @@ def bench(target: Target, **kw) -> dict:
 
 def test_multi_turn_history_carries_the_replies_and_turns_run_in_order():
     target = Target(delay=0.02)
-    config = dict(workload="shared-prefix", tenants=3, system_prompt_len=30, conversations=3, turns=3, user_len=5,
-                  concurrency=8, api_keys=("k0", "k1"), seed=5)
+    config = dict(
+        workload="shared-prefix",
+        tenants=3,
+        system_prompt_len=30,
+        conversations=3,
+        turns=3,
+        user_len=5,
+        concurrency=8,
+        api_keys=("k0", "k1"),
+        seed=5,
+    )
     result = bench(target, **config)
     assert result["completed"] == 9 and result["failed"] == 0 and len(target.requests) == 9
     plan = build_plan(BenchConfig(**config).workload_spec())
@@ -126,8 +143,9 @@ def test_request_rate_follows_the_planned_arrival_times():
 
 def test_oracle_hit_rate_with_the_bundled_tokenizer():
     target = Target()
-    base = dict(workload="shared-prefix", tenants=2, system_prompt_len=160, conversations=4, turns=2, user_len=8,
-                concurrency=1)
+    base = dict(
+        workload="shared-prefix", tenants=2, system_prompt_len=160, conversations=4, turns=2, user_len=8, concurrency=1
+    )
     result = bench(target, **base, tokenizer="bundled")
     cache = result["prefix_cache"]
     # 8 requests, 2 tenants: all but the first of each tenant reuse the 160-token system prompt's blocks, and
@@ -147,10 +165,17 @@ def test_oracle_hit_rate_with_the_bundled_tokenizer():
 
 def test_prefix_caches_are_reset_before_the_first_request():
     target = Target()
-    result = bench(target, workload="random", num_requests=2, input_len=8,
-                   reset_prefix_cache=("http://engine-a:8000", "http://engine-b:8000/v1"))
-    assert target.resets == [("http://engine-a:8000/reset_prefix_cache", 0),
-                             ("http://engine-b:8000/reset_prefix_cache", 0)]
+    result = bench(
+        target,
+        workload="random",
+        num_requests=2,
+        input_len=8,
+        reset_prefix_cache=("http://engine-a:8000", "http://engine-b:8000/v1"),
+    )
+    assert target.resets == [
+        ("http://engine-a:8000/reset_prefix_cache", 0),
+        ("http://engine-b:8000/reset_prefix_cache", 0),
+    ]
     assert result["reset_prefix_cache"] == {"http://engine-a:8000": "ok", "http://engine-b:8000/v1": "HTTP 404: "}
     assert result["completed"] == 2
     assert bench(Target(), workload="random", num_requests=1, input_len=8)["reset_prefix_cache"] is None

@@ -11,8 +11,17 @@ import pytest
 from gateway.bench.runner import BenchConfig, conversation_messages, plan_fingerprint
 from gateway.bench.workload import WORDS, WorkloadSpec, arrival_times, build_plan
 
-SHARED = WorkloadSpec(workload="shared-prefix", tenants=4, system_prompt_len=200, conversations=6, turns=3,
-                      user_len=20, num_requests=40, request_rate=5.0, seed=7)
+SHARED = WorkloadSpec(
+    workload="shared-prefix",
+    tenants=4,
+    system_prompt_len=200,
+    conversations=6,
+    turns=3,
+    user_len=20,
+    num_requests=40,
+    request_rate=5.0,
+    seed=7,
+)
 
 
 def test_same_seed_same_sequence_other_seed_other_sequence():
@@ -43,7 +52,7 @@ def test_shared_prefix_conversations_tenants_and_turns():
     for p in plan:
         by_conv[p.conversation].append(p)
     for turns in by_conv.values():
-        assert [p.turn for p in turns] == list(range(len(turns)))          # sequential, none skipped
+        assert [p.turn for p in turns] == list(range(len(turns)))  # sequential, none skipped
         assert len(turns) <= SHARED.turns
         assert len({p.tenant for p in turns}) == 1 and len({p.system for p in turns}) == 1
     systems = {p.tenant: p.system for p in plan}
@@ -105,8 +114,17 @@ def test_conversation_history_uses_the_replies_returned():
     assert messages[-1]["content"] == third.user
 
 
-@pytest.mark.parametrize("bad", [dict(workload="nope"), dict(tenants=0), dict(hot_tenant_share=1.5),
-                                 dict(request_rate=0.0), dict(num_requests=0), dict(range_ratio=1.0)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(workload="nope"),
+        dict(tenants=0),
+        dict(hot_tenant_share=1.5),
+        dict(request_rate=0.0),
+        dict(num_requests=0),
+        dict(range_ratio=1.0),
+    ],
+)
 def test_invalid_options_are_rejected(bad):
     with pytest.raises(ValueError):
         WorkloadSpec(**bad)

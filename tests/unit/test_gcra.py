@@ -76,8 +76,11 @@ def test_memory_slots_are_leased_and_released():
     asyncio.run(backend.settle(Settlement(releases=(checks[0],))))
     assert asyncio.run(backend.acquire([checks[2]]))[0].allowed
     clock.now += 31  # a holder that never released (crashed gateway) loses its slot with its lease
-    assert [asyncio.run(backend.acquire([SlotCheck("k", 2, 30, f"r{i}")]))[0].allowed for i in (9, 10, 11)] == \
-        [True, True, False]
+    assert [asyncio.run(backend.acquire([SlotCheck("k", 2, 30, f"r{i}")]))[0].allowed for i in (9, 10, 11)] == [
+        True,
+        True,
+        False,
+    ]
 
 
 def test_memory_admission_is_all_or_nothing():

@@ -11,45 +11,50 @@ def types(text: str) -> list[str]:
     return [f.type for f in pii.find(text)]
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("mail me at jane.doe+tag@example.co.uk please", "email"),
-    ("call +1 415-555-2671 tomorrow", "phone"),
-    ("call (415) 555-2671 tomorrow", "phone"),
-    ("card 4111 1111 1111 1111 exp 12/29", "credit_card"),
-    ("card 5500-0000-0000-0004", "credit_card"),
-    ("IBAN GB82 WEST 1234 5698 7654 32 for the transfer", "iban"),
-    ("iban DE89370400440532013000", "iban"),
-    ("ssn 123-45-6789", "us_ssn"),
-    ("server at 203.0.113.42 is down", "ip_address"),
-    ("v6 2001:db8:85a3::8a2e:370:7334 ok", "ip_address"),
-    ("key AKIAIOSFODNN7EXAMPLE in the config", "aws_access_key"),
-    ("aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "aws_secret_key"),
-    ("gcp AIzaSyA-1234567890abcdefghijklmnopqrstu key", "gcp_api_key"),
-    ('{"type": "service_account", "project_id": "x"}', "gcp_service_account"),
-    ("token ghp_" + "a" * 36, "github_token"),
-    ("OPENAI_API_KEY=sk-proj-" + "Ab3" * 15, "openai_api_key"),
-    ("sk-ant-api03-" + "x" * 40, "anthropic_api_key"),
-    ("-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----", "private_key"),
-    ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAA", "private_key"),
-    ("Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
-     "jwt"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("mail me at jane.doe+tag@example.co.uk please", "email"),
+        ("call +1 415-555-2671 tomorrow", "phone"),
+        ("call (415) 555-2671 tomorrow", "phone"),
+        ("card 4111 1111 1111 1111 exp 12/29", "credit_card"),
+        ("card 5500-0000-0000-0004", "credit_card"),
+        ("IBAN GB82 WEST 1234 5698 7654 32 for the transfer", "iban"),
+        ("iban DE89370400440532013000", "iban"),
+        ("ssn 123-45-6789", "us_ssn"),
+        ("server at 203.0.113.42 is down", "ip_address"),
+        ("v6 2001:db8:85a3::8a2e:370:7334 ok", "ip_address"),
+        ("key AKIAIOSFODNN7EXAMPLE in the config", "aws_access_key"),
+        ("aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "aws_secret_key"),
+        ("gcp AIzaSyA-1234567890abcdefghijklmnopqrstu key", "gcp_api_key"),
+        ('{"type": "service_account", "project_id": "x"}', "gcp_service_account"),
+        ("token ghp_" + "a" * 36, "github_token"),
+        ("OPENAI_API_KEY=sk-proj-" + "Ab3" * 15, "openai_api_key"),
+        ("sk-ant-api03-" + "x" * 40, "anthropic_api_key"),
+        ("-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----", "private_key"),
+        ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAA", "private_key"),
+        ("Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U", "jwt"),
+    ],
+)
 def test_each_type_is_found(text: str, expected: str) -> None:
     assert expected in types(text)
 
 
-@pytest.mark.parametrize("text", [
-    "card 4111 1111 1111 1112",  # fails Luhn
-    "iban GB82 WEST 1234 5698 7654 33",  # bad checksum
-    "ssn 000-12-3456 and 666-12-3456 and 900-12-3456",  # impossible areas
-    "version 1.2.3.4000 and 999.1.1.1",  # not IPv4
-    "localhost is 127.0.0.1",  # loopback is not PII
-    "order number 12345",
-    "the sk-learn library and sk-short",
-    "price 1,234.56 on 2024-05-01",
-    "AKIA is a prefix, AKIASHORT too",
-    "what is prompt injection?",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "card 4111 1111 1111 1112",  # fails Luhn
+        "iban GB82 WEST 1234 5698 7654 33",  # bad checksum
+        "ssn 000-12-3456 and 666-12-3456 and 900-12-3456",  # impossible areas
+        "version 1.2.3.4000 and 999.1.1.1",  # not IPv4
+        "localhost is 127.0.0.1",  # loopback is not PII
+        "order number 12345",
+        "the sk-learn library and sk-short",
+        "price 1,234.56 on 2024-05-01",
+        "AKIA is a prefix, AKIASHORT too",
+        "what is prompt injection?",
+    ],
+)
 def test_look_alikes_are_not_found(text: str) -> None:
     assert types(text) == []
 

@@ -15,12 +15,21 @@ ROOT = Path(__file__).resolve().parents[2]
 def write(tmp_path: Path, guard: dict | None, overlays: dict[str, dict] | None = None) -> Path:
     (tmp_path / "tenants").mkdir(parents=True, exist_ok=True)
     spec = {"guard": guard} if guard is not None else {}
-    (tmp_path / "base.yaml").write_text(yaml.safe_dump(
-        {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "t"}, "spec": spec}))
+    (tmp_path / "base.yaml").write_text(
+        yaml.safe_dump({"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "t"}, "spec": spec})
+    )
     for tenant, g in (overlays or {}).items():
-        (tmp_path / "tenants" / f"{tenant}.yaml").write_text(yaml.safe_dump(
-            {"apiVersion": "portcullis.dev/v1", "kind": "TenantPolicy", "metadata": {"name": tenant},
-             "tenant": tenant, "spec": {"guard": g}}))
+        (tmp_path / "tenants" / f"{tenant}.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "portcullis.dev/v1",
+                    "kind": "TenantPolicy",
+                    "metadata": {"name": tenant},
+                    "tenant": tenant,
+                    "spec": {"guard": g},
+                }
+            )
+        )
     return tmp_path
 
 
@@ -32,13 +41,23 @@ def test_defaults_are_off_and_cheap(tmp_path: Path) -> None:
 
 
 def test_overlay_replaces_only_the_fields_it_gives(tmp_path: Path) -> None:
-    base = {"enabled": True, "injection": {"threshold": 0.7, "action": "block", "roles": ["user", "tool", "system"]},
-            "pii": {"secrets": "redact"}, "runtime": {"max_batch": 16}}
-    policies = load_policy_dir(write(tmp_path, base, {
-        "acme": {"injection": {"action": "flag"}, "output": {"enabled": True, "hold_back": 32}},
-        "quiet": {"enabled": False},
-        "sneaky": {"runtime": {"max_batch": 1}},
-    }))
+    base = {
+        "enabled": True,
+        "injection": {"threshold": 0.7, "action": "block", "roles": ["user", "tool", "system"]},
+        "pii": {"secrets": "redact"},
+        "runtime": {"max_batch": 16},
+    }
+    policies = load_policy_dir(
+        write(
+            tmp_path,
+            base,
+            {
+                "acme": {"injection": {"action": "flag"}, "output": {"enabled": True, "hold_back": 32}},
+                "quiet": {"enabled": False},
+                "sneaky": {"runtime": {"max_batch": 1}},
+            },
+        )
+    )
     acme = policies.guard_for("acme")
     assert acme.injection.action == "flag"
     assert acme.injection.threshold == 0.7 and acme.injection.roles == ["user", "tool", "system"]
@@ -50,14 +69,17 @@ def test_overlay_replaces_only_the_fields_it_gives(tmp_path: Path) -> None:
     assert policies.guard_for("acme") is acme, "computed once per tenant"
 
 
-@pytest.mark.parametrize("guard, needle", [
-    ({"injection": {"action": "drop"}}, "spec.guard.injection.action"),
-    ({"injection": {"threshold": 1.5}}, "spec.guard.injection.threshold"),
-    ({"pii": {"secrets": "shred"}}, "spec.guard.pii.secrets"),
-    ({"output": {"hold_back": -1}}, "spec.guard.output.hold_back"),
-    ({"injection": {"roles": ["robot"]}}, "spec.guard.injection.roles"),
-    ({"thresholds": {}}, "spec.guard.thresholds"),
-])
+@pytest.mark.parametrize(
+    "guard, needle",
+    [
+        ({"injection": {"action": "drop"}}, "spec.guard.injection.action"),
+        ({"injection": {"threshold": 1.5}}, "spec.guard.injection.threshold"),
+        ({"pii": {"secrets": "shred"}}, "spec.guard.pii.secrets"),
+        ({"output": {"hold_back": -1}}, "spec.guard.output.hold_back"),
+        ({"injection": {"roles": ["robot"]}}, "spec.guard.injection.roles"),
+        ({"thresholds": {}}, "spec.guard.thresholds"),
+    ],
+)
 def test_invalid_guard_sections_name_file_line_and_key(tmp_path: Path, guard: dict, needle: str) -> None:
     with pytest.raises(PolicyError) as caught:
         load_policy_dir(write(tmp_path, guard))
@@ -73,5 +95,6 @@ def test_repository_policies_and_schema_agree() -> None:
     policies = load_policy_dir(ROOT / "policies")
     assert policies.guard_for(None) is not None
     published = json.loads((ROOT / "policies" / "schema.json").read_text())
-    assert published == json.loads(json.dumps(json_schema())), \
+    assert published == json.loads(json.dumps(json_schema())), (
         "regenerate: portcullis policy schema > policies/schema.json"
+    )

@@ -68,22 +68,33 @@ spec:
     message = str(info.value)
     base = directory / "base.yaml"
     assert f"{base}:8: spec.rate_limits[1] (rule id both-kinds): Value error, give exactly one of" in message
-    assert f"{base}:14: spec.rate_limits[2].requests.per (rule id bad-window): Value error, invalid duration" \
-        in message
+    assert f"{base}:14: spec.rate_limits[2].requests.per (rule id bad-window): Value error, invalid duration" in message
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("apiVersion: portcullis.dev/v2\nkind: Policy\nmetadata: {name: x}\n", "apiVersion"),
-    ("kind: Policy\nmetadata: {name: x}\n", "apiVersion: Field required"),
-    ("apiVersion: portcullis.dev/v1\nkind: Nonsense\nmetadata: {name: x}\n", "does not match any of the expected"),
-    ("a: [1\n", "invalid YAML"),
-    ("apiVersion: portcullis.dev/v1\nkind: TenantPolicy\nmetadata: {name: x}\ntenant: t\n", "exactly one 'kind: Policy'"),
-    ("apiVersion: portcullis.dev/v1\nkind: Policy\nmetadata: {name: x}\nspec:\n  rate_limits:\n"
-     "    - {id: a, concurrency: {limit: 1}}\n    - {id: a, concurrency: {limit: 2}}\n", "unique, repeated: a"),
-    ("apiVersion: portcullis.dev/v1\nkind: Policy\nmetadata: {name: x}\nspec:\n  rate_limits:\n"
-     "    - {id: Bad Id, concurrency: {limit: 1}}\n", "rate_limits[0].id"),
-    ("apiVersion: portcullis.dev/v1\nkind: Policy\nmetadata: {name: x}\nspec: {waf_rulez: []}\n", "Extra inputs"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("apiVersion: portcullis.dev/v2\nkind: Policy\nmetadata: {name: x}\n", "apiVersion"),
+        ("kind: Policy\nmetadata: {name: x}\n", "apiVersion: Field required"),
+        ("apiVersion: portcullis.dev/v1\nkind: Nonsense\nmetadata: {name: x}\n", "does not match any of the expected"),
+        ("a: [1\n", "invalid YAML"),
+        (
+            "apiVersion: portcullis.dev/v1\nkind: TenantPolicy\nmetadata: {name: x}\ntenant: t\n",
+            "exactly one 'kind: Policy'",
+        ),
+        (
+            "apiVersion: portcullis.dev/v1\nkind: Policy\nmetadata: {name: x}\nspec:\n  rate_limits:\n"
+            "    - {id: a, concurrency: {limit: 1}}\n    - {id: a, concurrency: {limit: 2}}\n",
+            "unique, repeated: a",
+        ),
+        (
+            "apiVersion: portcullis.dev/v1\nkind: Policy\nmetadata: {name: x}\nspec:\n  rate_limits:\n"
+            "    - {id: Bad Id, concurrency: {limit: 1}}\n",
+            "rate_limits[0].id",
+        ),
+        ("apiVersion: portcullis.dev/v1\nkind: Policy\nmetadata: {name: x}\nspec: {waf_rulez: []}\n", "Extra inputs"),
+    ],
+)
 def test_invalid_documents_are_refused(tmp_path, text, problem):
     with pytest.raises(PolicyError, match="invalid policy") as info:
         load_policy_dir(_write(tmp_path, text))

@@ -14,16 +14,19 @@ from gateway.ratelimit.headers import go_duration, rate_limit_headers
 TRUSTED = [ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("::1/128")]
 
 
-@pytest.mark.parametrize("peer, xff, trusted, expected", [
-    ("203.0.113.9", "1.2.3.4", TRUSTED, "203.0.113.9"),  # untrusted peer: its XFF is ignored
-    ("10.0.0.2", "198.51.100.7", TRUSTED, "198.51.100.7"),
-    ("10.0.0.2", "6.6.6.6, 198.51.100.7, 10.1.1.1", TRUSTED, "198.51.100.7"),  # spoofed left part skipped
-    ("10.0.0.2", None, TRUSTED, "10.0.0.2"),
-    ("10.0.0.2", "10.9.9.9", TRUSTED, "10.9.9.9"),  # every hop trusted: the farthest one
-    ("10.0.0.2", "198.51.100.7", [], "10.0.0.2"),  # no trusted proxies configured: never believe XFF
-    ("::1", "2001:db8::1", TRUSTED, "2001:db8::1"),
-    ("10.0.0.2", "garbage, 198.51.100.7", TRUSTED, "198.51.100.7"),
-])
+@pytest.mark.parametrize(
+    "peer, xff, trusted, expected",
+    [
+        ("203.0.113.9", "1.2.3.4", TRUSTED, "203.0.113.9"),  # untrusted peer: its XFF is ignored
+        ("10.0.0.2", "198.51.100.7", TRUSTED, "198.51.100.7"),
+        ("10.0.0.2", "6.6.6.6, 198.51.100.7, 10.1.1.1", TRUSTED, "198.51.100.7"),  # spoofed left part skipped
+        ("10.0.0.2", None, TRUSTED, "10.0.0.2"),
+        ("10.0.0.2", "10.9.9.9", TRUSTED, "10.9.9.9"),  # every hop trusted: the farthest one
+        ("10.0.0.2", "198.51.100.7", [], "10.0.0.2"),  # no trusted proxies configured: never believe XFF
+        ("::1", "2001:db8::1", TRUSTED, "2001:db8::1"),
+        ("10.0.0.2", "garbage, 198.51.100.7", TRUSTED, "198.51.100.7"),
+    ],
+)
 def test_client_ip_walks_back_through_trusted_proxies(peer, xff, trusted, expected):
     assert client_ip(peer, [xff] if xff else [], trusted) == expected
 
@@ -34,19 +37,26 @@ def test_client_ip_reads_every_forwarded_for_line_right_to_left():
     assert client_ip("10.0.0.2", lines, TRUSTED) == "198.51.100.7"
 
 
-@pytest.mark.parametrize("seconds, text", [(0.02, "20ms"), (1.5, "1.5s"), (12.2, "12s"), (360, "6m0s"),
-                                           (3723, "1h2m3s")])
+@pytest.mark.parametrize(
+    "seconds, text", [(0.02, "20ms"), (1.5, "1.5s"), (12.2, "12s"), (360, "6m0s"), (3723, "1h2m3s")]
+)
 def test_reset_durations_are_written_like_openai(seconds, text):
     assert go_duration(seconds) == text
 
 
 def test_headers_report_the_tightest_limit_of_each_kind():
-    rules = [RateLimitRule(id="rpm", requests={"limit": 100, "per": 60}),
-             RateLimitRule(id="rpd", requests={"limit": 1000, "per": "1d"}),
-             RateLimitRule(id="tpm", tokens={"limit": 5000, "per": 60}),
-             RateLimitRule(id="slots", concurrency={"limit": 4})]
-    outcomes = [Outcome(True, 50, 0, 30), Outcome(True, 10, 0, 80000), Outcome(True, 4000, 0, 12),
-                Outcome(True, 3, 0, 0)]
+    rules = [
+        RateLimitRule(id="rpm", requests={"limit": 100, "per": 60}),
+        RateLimitRule(id="rpd", requests={"limit": 1000, "per": "1d"}),
+        RateLimitRule(id="tpm", tokens={"limit": 5000, "per": 60}),
+        RateLimitRule(id="slots", concurrency={"limit": 4}),
+    ]
+    outcomes = [
+        Outcome(True, 50, 0, 30),
+        Outcome(True, 10, 0, 80000),
+        Outcome(True, 4000, 0, 12),
+        Outcome(True, 3, 0, 0),
+    ]
     headers = rate_limit_headers(list(zip(rules, outcomes)))
     assert headers["x-ratelimit-limit-requests"] == "1000"  # 10/1000 left is tighter than 50/100
     assert headers["x-ratelimit-remaining-requests"] == "10"

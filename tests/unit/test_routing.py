@@ -117,7 +117,7 @@ def test_affinity_copies_a_hot_prefix_instead_of_piling_onto_its_holder():
     first = chosen[0]
     assert chosen[:4] == [first] * 4  # the holder keeps it until it is past its share
     for end in range(40, 201, 10):  # every full window
-        counts = Counter(chosen[end - 40:end])
+        counts = Counter(chosen[end - 40 : end])
         assert len(counts) == 4 and max(counts.values()) <= 1.25 * 40 / 4 + 1, counts
 
 
@@ -161,8 +161,14 @@ def test_passive_ejection_and_readmission():
 
 
 def test_ejected_replicas_are_ranked_last_but_not_dropped():
-    pool = Pool(PoolConfig(name="p", replicas=[{"url": "http://a"}, {"url": "http://b"}], routing="round_robin",
-                           health={"failures_to_eject": 1, "eject_seconds": 60}))
+    pool = Pool(
+        PoolConfig(
+            name="p",
+            replicas=[{"url": "http://a"}, {"url": "http://b"}],
+            routing="round_robin",
+            health={"failures_to_eject": 1, "eject_seconds": 60},
+        )
+    )
     try:
         pool.record(pool.replicas[0], ok=False)
         for _ in range(3):
@@ -189,9 +195,14 @@ def test_pools_without_scraping_probe_their_health_path():
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]
-        pool = Pool(PoolConfig(name="p", replicas=[{"url": f"http://127.0.0.1:{port}"}], routing="round_robin",
-                               health={"path": "/health", "interval": 0.05, "failures_to_eject": 2,
-                                       "eject_seconds": 60}))
+        pool = Pool(
+            PoolConfig(
+                name="p",
+                replicas=[{"url": f"http://127.0.0.1:{port}"}],
+                routing="round_robin",
+                health={"path": "/health", "interval": 0.05, "failures_to_eject": 2, "eject_seconds": 60},
+            )
+        )
         replica = pool.replicas[0]
 
         async def until(condition) -> None:

@@ -12,12 +12,34 @@ from hypothesis import strategies as st
 from gateway.sse import EventFramer, EventTooLarge, event_data
 
 # Every blank-line form the SSE specification allows: each line may end in CRLF, LF or CR, mixed within an event.
-EVENTS = [b'data: {"a": 1}\n\n', b": keep-alive\n\n", b"data: line1\ndata: line2\r\n\r\n",
-          b"event: x\ndata:nospace\n\n", b"data: cr\r\r", b"data: crlf-then-cr\r\n\r", b"data: lf-crlf\n\r\n",
-          b"data: crlf-lf\r\n\n", b"data: cr-crlf\r\r\n", b"data: lf-cr\n\r", b"data: a\rdata: b\r\r",
-          b"data: [DONE]\r\n\r\n"]
-DATA = [b'{"a": 1}', None, b"line1\nline2", b"nospace", b"cr", b"crlf-then-cr", b"lf-crlf", b"crlf-lf",
-        b"cr-crlf", b"lf-cr", b"a\nb", b"[DONE]"]
+EVENTS = [
+    b'data: {"a": 1}\n\n',
+    b": keep-alive\n\n",
+    b"data: line1\ndata: line2\r\n\r\n",
+    b"event: x\ndata:nospace\n\n",
+    b"data: cr\r\r",
+    b"data: crlf-then-cr\r\n\r",
+    b"data: lf-crlf\n\r\n",
+    b"data: crlf-lf\r\n\n",
+    b"data: cr-crlf\r\r\n",
+    b"data: lf-cr\n\r",
+    b"data: a\rdata: b\r\r",
+    b"data: [DONE]\r\n\r\n",
+]
+DATA = [
+    b'{"a": 1}',
+    None,
+    b"line1\nline2",
+    b"nospace",
+    b"cr",
+    b"crlf-then-cr",
+    b"lf-crlf",
+    b"crlf-lf",
+    b"cr-crlf",
+    b"lf-cr",
+    b"a\nb",
+    b"[DONE]",
+]
 STREAM = b"".join(EVENTS)
 
 
@@ -69,11 +91,14 @@ def test_event_data_fields():
     assert [event_data(e) for e in EVENTS] == DATA
 
 
-@pytest.mark.parametrize("chunks", [
-    [b"data: " + b"x" * 600],  # an unfinished event past the limit
-    [b"data: " + b"x" * 600 + b"\n\n"],  # a finished one
-    [b"data: ok\n\n", b"data: " + b"x" * 300, b"x" * 300],  # one that grows past it chunk by chunk
-])
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [b"data: " + b"x" * 600],  # an unfinished event past the limit
+        [b"data: " + b"x" * 600 + b"\n\n"],  # a finished one
+        [b"data: ok\n\n", b"data: " + b"x" * 300, b"x" * 300],  # one that grows past it chunk by chunk
+    ],
+)
 def test_an_event_above_the_limit_is_refused(chunks):
     with pytest.raises(EventTooLarge):
         frame(chunks, max_event_bytes=512)

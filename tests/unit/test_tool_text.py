@@ -12,10 +12,23 @@ def test_every_description_in_document_order_however_deep():
         node["items"] = {}
         node = node["items"]
     node["description"] = "deepest"
-    payload = {"tools": [{"type": "function", "function": {"name": "f", "description": "top", "parameters": schema}},
-                         {"type": "function", "function": {"name": "g", "parameters": {"properties": {
-                             "description": {"type": "string", "description": "a parameter named description"}}}}}],
-               "functions": [{"name": "h", "description": "legacy"}]}
+    payload = {
+        "tools": [
+            {"type": "function", "function": {"name": "f", "description": "top", "parameters": schema}},
+            {
+                "type": "function",
+                "function": {
+                    "name": "g",
+                    "parameters": {
+                        "properties": {
+                            "description": {"type": "string", "description": "a parameter named description"}
+                        }
+                    },
+                },
+            },
+        ],
+        "functions": [{"name": "h", "description": "legacy"}],
+    }
     found = [(dotted(loc), holder[key]) for holder, key, loc in tool_descriptions(payload)]
     assert [text for _, text in found] == ["top", "deepest", "a parameter named description", "legacy"]
     assert found[0][0] == "tools[0].function.description"

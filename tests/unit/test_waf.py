@@ -22,28 +22,57 @@ def write_policy(tmp_path: Path, waf: dict, overlays: dict[str, dict] | None = N
     (directory / "tenants").mkdir(parents=True, exist_ok=True)
     (directory / "base.yaml").write_text(yaml.safe_dump({**POLICY, "spec": {"waf": waf}}))
     for tenant, spec in (overlays or {}).items():
-        doc = {"apiVersion": "portcullis.dev/v1", "kind": "TenantPolicy", "metadata": {"name": tenant},
-               "tenant": tenant, "spec": spec}
+        doc = {
+            "apiVersion": "portcullis.dev/v1",
+            "kind": "TenantPolicy",
+            "metadata": {"name": tenant},
+            "tenant": tenant,
+            "spec": spec,
+        }
         (directory / "tenants" / f"{tenant}.yaml").write_text(yaml.safe_dump(doc))
     for name, doc in (extra or {}).items():
         (directory / name).write_text(yaml.safe_dump(doc))
     return directory
 
 
-def chat(prompt: str = "hello", query: str = "", tenant: str | None = None, route: str = "chat",
-         path: str = "/v1/chat/completions", **payload) -> RequestView:
+def chat(
+    prompt: str = "hello",
+    query: str = "",
+    tenant: str | None = None,
+    route: str = "chat",
+    path: str = "/v1/chat/completions",
+    **payload,
+) -> RequestView:
     body = {"model": "m", "messages": [{"role": "user", "content": prompt}], **payload}
-    return RequestView(method="POST", path=path, query=query, body=json.dumps(body).encode(), payload=body,
-                       headers=[("content-type", "application/json"), ("user-agent", "t")], tenant=tenant,
-                       route=route, model="m")
+    return RequestView(
+        method="POST",
+        path=path,
+        query=query,
+        body=json.dumps(body).encode(),
+        payload=body,
+        headers=[("content-type", "application/json"), ("user-agent", "t")],
+        tenant=tenant,
+        route=route,
+        model="m",
+    )
 
 
 RULE = {"id": "no-foo", "severity": "critical", "when": {"target": "prompt", "regex": "foo"}}
 
 
 def test_packs_rules_and_scoring(tmp_path):
-    policies = load_policy_dir(write_policy(tmp_path, {"packs": ["sqli"], "rules": [
-        RULE, {"id": "notice", "severity": "notice", "when": {"target": "prompt", "phrases": ["bar"]}}]}))
+    policies = load_policy_dir(
+        write_policy(
+            tmp_path,
+            {
+                "packs": ["sqli"],
+                "rules": [
+                    RULE,
+                    {"id": "notice", "severity": "notice", "when": {"target": "prompt", "phrases": ["bar"]}},
+                ],
+            },
+        )
+    )
     waf = policies.waf_for(None)
     assert waf.evaluate(chat("hello")).action == "allow"
     blocked = waf.evaluate(chat("a foo"))
@@ -54,12 +83,40 @@ def test_packs_rules_and_scoring(tmp_path):
     assert waf.evaluate(chat("' or '1'='1")).action == "allow"  # SQL in a prompt is not an attack on us
 
 
-SQL_TOOL = [{"type": "function", "function": {
-    "name": "run_sql", "description": "Run a query such as SELECT name FROM users WHERE id = 1 OR 1=1; -- and return rows",
-    "parameters": {"type": "object", "properties": {"query": {
-        "type": "string", "description": "e.g. SELECT * FROM t WHERE a != 'x' UNION SELECT * FROM u"}}}}}]
-SQL_CALL = [{"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
-    "name": "run_sql", "arguments": json.dumps({"query": "SELECT * FROM users WHERE name = '' OR '1'='1' --"})}}]}]
+SQL_TOOL = [
+    {
+        "type": "function",
+        "function": {
+            "name": "run_sql",
+            "description": "Run a query such as SELECT name FROM users WHERE id = 1 OR 1=1; -- and return rows",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {
+                        "type": "string",
+                        "description": "e.g. SELECT * FROM t WHERE a != 'x' UNION SELECT * FROM u",
+                    }
+                },
+            },
+        },
+    }
+]
+SQL_CALL = [
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {
+                    "name": "run_sql",
+                    "arguments": json.dumps({"query": "SELECT * FROM users WHERE name = '' OR '1'='1' --"}),
+                },
+            }
+        ],
+    }
+]
 
 
 def test_tool_descriptions_and_call_arguments_are_prompt_text(tmp_path):
@@ -86,13 +143,21 @@ def test_monitor_mode_never_blocks(tmp_path):
 
 def test_conditions_over_request_parts(tmp_path):
     rules = [
-        {"id": "all-any-not", "when": {"all": [
-            {"target": "model", "equals": "m"},
-            {"any": [{"target": "tenant", "in": ["t1", "t2"]}, {"target": "key_label", "equals": "ops"}]},
-            {"not": {"target": "client_ip", "cidr": ["10.0.0.0/8"]}}]}},
+        {
+            "id": "all-any-not",
+            "when": {
+                "all": [
+                    {"target": "model", "equals": "m"},
+                    {"any": [{"target": "tenant", "in": ["t1", "t2"]}, {"target": "key_label", "equals": "ops"}]},
+                    {"not": {"target": "client_ip", "cidr": ["10.0.0.0/8"]}},
+                ]
+            },
+        },
         {"id": "json-path", "when": {"target": "json:tools.*.function.name", "regex": "^exec$"}},
-        {"id": "system-role", "when": {"target": "prompt:system", "transforms": ["lowercase"],
-                                        "phrases": ["ignore all"]}},
+        {
+            "id": "system-role",
+            "when": {"target": "prompt:system", "transforms": ["lowercase"], "phrases": ["ignore all"]},
+        },
         {"id": "long-prompt", "severity": "warning", "when": {"target": "prompt", "length": {"gt": 50}}},
         {"id": "temp", "when": {"target": "json:temperature", "number": {"ge": 1.5}}},
     ]
@@ -136,12 +201,24 @@ def test_regexes_over_one_part_through_different_transforms(tmp_path):
 
 
 def test_overlays_exclusions_and_disable(tmp_path):
-    waf = {"paranoia_level": 1, "packs": ["sqli"], "rules": [RULE],
-           "exclusions": [{"id": "legacy", "rules": ["no-foo"], "routes": ["completions"]},
-                          {"tags": ["attack-sqli"], "paths": ["/v1/sql-playground"]}]}
-    overlays = {"team-a": {"disable": ["no-foo"], "waf": {"paranoia_level": 2}},
-                "team-b": {"waf": {"rules": [{**RULE, "when": {"target": "prompt", "regex": "baz"}}],
-                                   "exclusions": [{"rules": ["sqli-1*"], "tenants": ["team-b"]}]}}}
+    waf = {
+        "paranoia_level": 1,
+        "packs": ["sqli"],
+        "rules": [RULE],
+        "exclusions": [
+            {"id": "legacy", "rules": ["no-foo"], "routes": ["completions"]},
+            {"tags": ["attack-sqli"], "paths": ["/v1/sql-playground"]},
+        ],
+    }
+    overlays = {
+        "team-a": {"disable": ["no-foo"], "waf": {"paranoia_level": 2}},
+        "team-b": {
+            "waf": {
+                "rules": [{**RULE, "when": {"target": "prompt", "regex": "baz"}}],
+                "exclusions": [{"rules": ["sqli-1*"], "tenants": ["team-b"]}],
+            }
+        },
+    }
     policies = load_policy_dir(write_policy(tmp_path, waf, overlays))
     base, a, b = (policies.waf_for(t) for t in (None, "team-a", "team-b"))
     assert policies.waf_for("someone-else") is base
@@ -187,24 +264,31 @@ rules:
     assert "base.yaml:13: spec.waf.rules[1].when.regex (rule id bad-regex)" in text and "RE2" in text
     assert "base.yaml:15: spec.waf.rules[2].when.target (rule id bad-target)" in text
     assert "pack.yaml:6: rules[0].when (rule id two-ops)" in text
-    (directory / "base.yaml").write_text("apiVersion: portcullis.dev/v1\nkind: Policy\nmetadata: {name: b}\n"
-                                        "spec: {waf: {packs: [sqli, no-such-pack]}}\n")
+    (directory / "base.yaml").write_text(
+        "apiVersion: portcullis.dev/v1\nkind: Policy\nmetadata: {name: b}\nspec: {waf: {packs: [sqli, no-such-pack]}}\n"
+    )
     (directory / "pack.yaml").unlink()
     with pytest.raises(PolicyError, match="names unknown rule pack 'no-such-pack'"):
         load_policy_dir(directory)
 
 
 def test_custom_rule_pack_documents(tmp_path):
-    pack = {"apiVersion": "portcullis.dev/v1", "kind": "RulePack", "metadata": {"name": "house"},
-            "rules": [{"id": "house-1", "when": {"target": "prompt", "regex": "secret project"}}]}
+    pack = {
+        "apiVersion": "portcullis.dev/v1",
+        "kind": "RulePack",
+        "metadata": {"name": "house"},
+        "rules": [{"id": "house-1", "when": {"target": "prompt", "regex": "secret project"}}],
+    }
     policies = load_policy_dir(write_policy(tmp_path, {"packs": ["house"]}, extra={"house.yaml": pack}))
     assert policies.waf_for(None).evaluate(chat("the secret project")).rule_ids == ["house-1"]
 
 
 def test_catastrophic_pattern_loads_and_a_1mb_body_is_linear(tmp_path):
     """(a+)+$ backtracks exponentially in a backtracking engine; under RE2 it is linear in the input."""
-    rules = [{"id": "redos", "when": {"target": ["prompt", "args", "headers"], "regex": "(a+)+$"}},
-             {"id": "redos-2", "when": {"target": "prompt", "regex": "^(([a-z])+.)+[A-Z]([a-z])+$"}}]
+    rules = [
+        {"id": "redos", "when": {"target": ["prompt", "args", "headers"], "regex": "(a+)+$"}},
+        {"id": "redos-2", "when": {"target": "prompt", "regex": "^(([a-z])+.)+[A-Z]([a-z])+$"}},
+    ]
     waf = load_policy_dir(write_policy(tmp_path, {"packs": ["sqli", "xss", "llm"], "rules": rules})).waf_for(None)
 
     def timed(size: int) -> float:
@@ -252,7 +336,8 @@ def test_match_all_rules_warn_per_tenant_and_a_blanket_block_is_refused(tmp_path
     policies = load_policy_dir(write_policy(tmp_path, {}, {"a": {"waf": {"rules": [everything]}}}))
     assert [w for w in policies.warnings if "matches every request" in w] == [
         "warning: tenant a: rule 'everything' (action score) matches every request: it fired on all 3 ordinary "
-        "requests tried"]
+        "requests tried"
+    ]
     with pytest.raises(PolicyError, match="tenant a: the WAF blocks every request"):
         load_policy_dir(write_policy(tmp_path, {}, {"a": {"waf": {"rules": [{**everything, "action": "block"}]}}}))
 
@@ -265,8 +350,7 @@ def test_version_covers_packs_and_files(tmp_path):
 
 def test_policy_check_reports_dead_and_shadowed_rules(tmp_path, capsys):
     rules = [RULE, {**RULE, "id": "copy"}, {**RULE, "id": "deep", "paranoia_level": 3}]
-    directory = write_policy(tmp_path, {"packs": ["sqli"], "rules": rules,
-                                        "exclusions": [{"rules": ["sqli-110"]}]})
+    directory = write_policy(tmp_path, {"packs": ["sqli"], "rules": rules, "exclusions": [{"rules": ["sqli-110"]}]})
     assert cli(["policy", "check", str(directory)]) == 0
     err = capsys.readouterr().err
     assert "shadowed: base: rule 'copy' has the same condition as 'no-foo'" in err
@@ -275,8 +359,12 @@ def test_policy_check_reports_dead_and_shadowed_rules(tmp_path, capsys):
 
 
 def test_policy_check_refuses_duplicate_ids_across_packs(tmp_path, capsys):
-    pack = {"apiVersion": "portcullis.dev/v1", "kind": "RulePack", "metadata": {"name": "dup"},
-            "rules": [{"id": "sqli-100", "when": {"target": "prompt", "regex": "x"}}]}
+    pack = {
+        "apiVersion": "portcullis.dev/v1",
+        "kind": "RulePack",
+        "metadata": {"name": "dup"},
+        "rules": [{"id": "sqli-100", "when": {"target": "prompt", "regex": "x"}}],
+    }
     directory = write_policy(tmp_path, {"packs": ["sqli", "dup"]}, extra={"dup.yaml": pack})
     assert cli(["policy", "check", str(directory)]) == 1
     assert "rule id 'sqli-100' is in 'sqli' and 'dup'" in capsys.readouterr().err
@@ -313,8 +401,22 @@ def test_policy_test_runs_cases_and_fails_for_ci(tmp_path, capsys):
 
 def test_policy_explain_says_which_rules_fire_and_why(tmp_path, capsys):
     directory = write_policy(tmp_path, {"packs": ["sqli", "llm"]})
-    assert cli(["policy", "explain", str(directory), "--uri", "/v1/chat/completions?q=1%27%20or%201=1--",
-                "--prompt", "hi", "--format", "json"]) == 0
+    assert (
+        cli(
+            [
+                "policy",
+                "explain",
+                str(directory),
+                "--uri",
+                "/v1/chat/completions?q=1%27%20or%201=1--",
+                "--prompt",
+                "hi",
+                "--format",
+                "json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["verdict"] == "block" and out["blocking_rule"] == "sqli-100"
     first = out["rules"][0]

