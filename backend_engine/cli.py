@@ -19,7 +19,7 @@ def _size(text: str) -> int:
     try:
         return int(float(t[:-1] if mult > 1 else t) * mult)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512M, 2G, 1048576)")
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512M, 2G, 1048576)") from None
 
 
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:

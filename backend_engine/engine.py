@@ -14,12 +14,14 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence as Seq
+from collections.abc import AsyncIterator, Callable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from backend_engine import tracing
 from backend_engine.backend import ArrayBackend, select_backend, set_blas_threads
 from backend_engine.block_manager import BlockManager
 from backend_engine.config import EngineConfig
@@ -30,7 +32,6 @@ from backend_engine.model.llama import ForwardBatch, PrefillSpan
 from backend_engine.sampling import sample_token, token_logprob
 from backend_engine.scheduler import Scheduler
 from backend_engine.sequence import SamplingParams, Sequence, SequenceStatus, TokenLogprob
-from backend_engine import tracing
 
 log = logging.getLogger("portcullis.engine")
 

@@ -13,9 +13,9 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import replace
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 from starlette.applications import Starlette
@@ -218,7 +218,7 @@ class EngineServer:
         try:
             body = await request.json()
         except Exception:
-            raise APIError(400, "request body must be valid JSON", code="invalid_json")
+            raise APIError(400, "request body must be valid JSON", code="invalid_json") from None
         if not isinstance(body, dict):
             raise APIError(400, "request body must be a JSON object", code="invalid_json")
         return body
@@ -294,7 +294,7 @@ class EngineServer:
                 while True:
                     try:
                         batch = await asyncio.wait_for(q.get(), timeout=heartbeat)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         yield (
                             json.dumps({"seq": last, "ts": time.time(), "heartbeat": True, "events": []}) + "\n"
                         ).encode()
@@ -337,7 +337,7 @@ class EngineServer:
             try:
                 self.engine.validate(ids, sp)
             except ValueError as e:
-                raise APIError(400, str(e))
+                raise APIError(400, str(e)) from e
             for j in range(n):  # distinct seeds so seeded n>1 samples differ but stay reproducible
                 jobs.append((ids, replace(sp, seed=sp.seed + j if sp.seed is not None else None)))
         return jobs
@@ -427,9 +427,9 @@ class EngineServer:
                 async for i, o in merged:
                     per[i].append(o)
             except ValueError as e:
-                raise APIError(400, str(e))
+                raise APIError(400, str(e)) from e
             except Exception as e:  # noqa: BLE001
-                raise APIError(500, f"generation failed: {e}", "server_error", "internal_error")
+                raise APIError(500, f"generation failed: {e}", "server_error", "internal_error") from e
             return per
 
         async def disconnected() -> None:

@@ -25,16 +25,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.admin import ByListener, build_admin_app
 from gateway.client_exit import ClientWatch
 from gateway.client_ip import client_ip
-from gateway.keys import KeyStore
-from gateway.offload import Offload
-from gateway.shape_gate import ShapeGate
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
-from gateway.admin import ByListener, build_admin_app
 from gateway.errors import GatewayError, http_error, server_error
 from gateway.guard.runtime import Guard
+from gateway.keys import KeyStore
+from gateway.offload import Offload
 from gateway.pipeline import Pipeline
 from gateway.policy.loader import PolicySet, empty_policy_set, load_policy_dir
 from gateway.ratelimit.failover import CircuitBreaker, FailoverBackend
@@ -42,10 +41,11 @@ from gateway.ratelimit.limiter import RateLimiter
 from gateway.ratelimit.memory import MemoryBackend
 from gateway.ratelimit.redis_backend import RedisBackend
 from gateway.routing.pool import Pool, Pools
+from gateway.shape_gate import ShapeGate
+from gateway.stages.admission import AdmissionStage
 from gateway.stages.auth import AuthStage
 from gateway.stages.guard import GuardStage
 from gateway.stages.parse import ParseStage
-from gateway.stages.admission import AdmissionStage
 from gateway.stages.ratelimit import RateLimitStage
 from gateway.stages.route import RouteStage
 from gateway.stages.tokenize import TokenizeStage

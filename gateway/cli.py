@@ -12,9 +12,9 @@ import sys
 from backend_engine import cli as engine_cli
 from gateway import up
 from gateway.bench import cli as bench_cli
+from gateway.config import CONFIG_ENV, ConfigError, load_config
 from gateway.guard import cli as guard_cli
 from gateway.policy import cli as policy_cli
-from gateway.config import CONFIG_ENV, ConfigError, load_config
 from gateway.telemetry import ACCESS_LOGGER, JsonLineFormatter
 
 
@@ -43,7 +43,6 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
 def _serve(args: argparse.Namespace) -> int:
     from gateway.app import build_app
     from gateway.http_server import serve
-
     from gateway.policy.loader import PolicyError
 
     configure_logging(args.log_level)

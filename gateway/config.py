@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, IPvAnyNetwork, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, IPvAnyNetwork, ValidationError, field_validator, model_validator
 
 CONFIG_ENV = "PORTCULLIS_CONFIG"
 
@@ -76,7 +76,8 @@ class LimitsConfig(_Strict):
         Field(
             gt=0,
             description=(
-                "values (objects, arrays, strings, numbers, ...) in a body → 413 too_many_json_values; a token-id prompt "
+                "values (objects, arrays, strings, numbers, ...) in a body → 413 "
+                "too_many_json_values; a token-id prompt "
                 "counts one per token"
             ),
         ),
@@ -121,8 +122,10 @@ class LimitsConfig(_Strict):
         Field(
             ge=0,
             description=(
-                "bodies with more commas than this (a body holds about as many JSON values) are checked against these limits "
-                "in a worker process before this one decodes them: decoding holds the interpreter lock, so a thread cannot "
+                "bodies with more commas than this (a body holds about as many JSON values) are "
+                "checked against these limits "
+                "in a worker process before this one decodes them: decoding holds the interpreter "
+                "lock, so a thread cannot "
                 "spare the event loop from a flood of bodies with 100k values each"
             ),
         ),
@@ -148,7 +151,8 @@ class TimeoutsConfig(_Strict):
         Field(
             gt=0,
             description=(
-                "seconds from a request's arrival to its last byte out; beyond it: 504 before the answer started, an SSE "
+                "seconds from a request's arrival to its last byte out; beyond it: 504 before the "
+                "answer started, an SSE "
                 "error event after"
             ),
         ),
@@ -256,7 +260,8 @@ class PoolConfig(_Strict):
         Field(
             gt=0,
             description=(
-                "largest single SSE event in an upstream stream; a larger one ends the client's stream with an SSE error "
+                "largest single SSE event in an upstream stream; a larger one ends the client's "
+                "stream with an SSE error "
                 "event (upstream_event_too_large)"
             ),
         ),
@@ -275,7 +280,7 @@ class ApiKeyConfig(_Strict):
     key_env: str | None = None
 
     @model_validator(mode="after")
-    def _one_source(self) -> "ApiKeyConfig":
+    def _one_source(self) -> ApiKeyConfig:
         if (self.sha256 is None) == (self.key_env is None):
             raise ValueError("give exactly one of 'sha256' or 'key_env'")
         if self.sha256 is not None and not _is_sha256_hex(self.sha256):
@@ -341,7 +346,8 @@ class RedisConfig(_Strict):
         Field(
             gt=0,
             description=(
-                "settlements (slot releases, token corrections) kept for Redis while it is unreachable, up to ~600 bytes "
+                "settlements (slot releases, token corrections) kept for Redis while it is "
+                "unreachable, up to ~600 bytes "
                 "each; beyond it the oldest is dropped and its slot frees when its lease runs out"
             ),
         ),
@@ -425,7 +431,7 @@ class GatewayConfig(_Strict):
     telemetry: TelemetryConfig = TelemetryConfig()
 
     @model_validator(mode="after")
-    def _admin_apart(self) -> "GatewayConfig":
+    def _admin_apart(self) -> GatewayConfig:
         if self.admin.enabled and self.admin.port and self.admin.port == self.listen.port:
             raise ValueError("admin.port must differ from listen.port: the admin plane is a listener of its own")
         return self

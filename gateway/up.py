@@ -39,8 +39,8 @@ def add_subcommand(commands: argparse._SubParsersAction) -> None:
 
 def run_up(args: argparse.Namespace) -> int:
     from gateway.app import build_app
-    from gateway.http_server import serve
     from gateway.cli import configure_logging
+    from gateway.http_server import serve
 
     configure_logging(args.log_level)
     ports = [args.engine_port + i for i in range(args.replicas)]

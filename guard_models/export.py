@@ -26,9 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def export(checkpoint: Path, out: Path, work: Path, fp16: bool, max_length: int) -> None:
     import torch
     from onnxruntime.quantization import QuantType, quantize_dynamic
-    from transformers import BertForSequenceClassification
-
     from train import base_model_dir
+    from transformers import BertForSequenceClassification
 
     model = BertForSequenceClassification.from_pretrained(str(checkpoint), attn_implementation="eager").eval()
     work.mkdir(parents=True, exist_ok=True)
@@ -78,9 +77,10 @@ def export(checkpoint: Path, out: Path, work: Path, fp16: bool, max_length: int)
 
 
 def validate(out: Path, caps: dict[str, float]) -> dict:
+    from train import load_split
+
     from gateway.guard.evaluation import choose_threshold, metrics
     from gateway.guard.model import load_model
-    from train import load_split
 
     model = load_model(out, device="cpu", precision="int8")
     rows = load_split("validation")

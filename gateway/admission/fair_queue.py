@@ -57,7 +57,7 @@ class FairQueue:
         self.dispatch()
         try:
             await asyncio.wait_for(asyncio.shield(waiter.granted), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._discard(waiter)
             raise GatewayError(
                 503,

@@ -22,7 +22,7 @@ def _json_object(text: str) -> dict:
     try:
         value = json.loads(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}")
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("expected a JSON object")
     return value

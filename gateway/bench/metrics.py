@@ -57,7 +57,9 @@ class RequestResult:
         return (self.e2el_s - self.ttft_s) / (n - 1) if n > 1 else 0.0
 
     def to_json(self) -> dict:
-        ms = lambda v: None if v is None else round(v * 1000, 3)
+        def ms(v: float | None) -> float | None:
+            return None if v is None else round(v * 1000, 3)
+
         return {
             "index": self.index,
             "tenant": self.tenant,

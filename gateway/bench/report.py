@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -99,9 +99,12 @@ def plot_ttft(results: Mapping[str, Mapping[str, Any]], path: str | Path) -> Pat
         for name, r in results.items()
     }
     fig, (cdf, box) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [2, 1]})
-    label: Callable[[str, np.ndarray], str] = lambda n, v: (
-        f"{n} (p50 {np.percentile(v, 50):.0f}, p99 {np.percentile(v, 99):.0f} ms)" if v.size else f"{n} (no data)"
-    )
+
+    def label(n: str, v: np.ndarray) -> str:
+        return (
+            f"{n} (p50 {np.percentile(v, 50):.0f}, p99 {np.percentile(v, 99):.0f} ms)" if v.size else f"{n} (no data)"
+        )
+
     for name, values in series.items():
         xs = np.sort(values)
         cdf.step(xs, np.arange(1, xs.size + 1) / max(xs.size, 1), where="post", label=label(name, values))

@@ -121,7 +121,7 @@ async def run_benchmark_async(config: BenchConfig, *, transport: httpx.AsyncBase
     sem = asyncio.Semaphore(config.concurrency) if config.concurrency else None
     limit = config.concurrency or min(len(plan), 1000)
     timeout = httpx.Timeout(config.request_timeout_s, connect=min(30.0, config.request_timeout_s))
-    started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
     async with httpx.AsyncClient(
         timeout=timeout,
@@ -176,7 +176,7 @@ async def run_benchmark_async(config: BenchConfig, *, transport: httpx.AsyncBase
                 try:
                     remaining = deadline - time.perf_counter() if deadline else None
                     await asyncio.wait_for(sem.acquire(), remaining)
-                except (asyncio.TimeoutError, TimeoutError):
+                except TimeoutError:
                     break
             tasks.append(asyncio.create_task(one(p)))
         if tasks:

@@ -2,7 +2,7 @@
 
     portcullis guard score < prompts.jsonl            # {"text": ...} per line -> {"score", "label"} per line
     portcullis guard score traffic.csv --text-column prompt
-    portcullis guard eval labelled.jsonl              # + F1, precision, recall, FPR, ROC-AUC (label column: 1 = malicious)
+    portcullis guard eval labelled.jsonl        # + F1, precision, recall, FPR, ROC-AUC (label 1 = malicious)
 
 The model, threshold and windows are the policy's (`--policy`, default policies/), exactly as the gateway scans;
 `--model` and `--threshold` override them.
@@ -54,7 +54,7 @@ def _setup(args: argparse.Namespace):
         try:
             spec = load_policy_dir(args.policy).guard_for(None)
         except PolicyError as exc:
-            raise SystemExit(f"portcullis guard: {exc}")
+            raise SystemExit(f"portcullis guard: {exc}") from None
     runtime = spec.runtime
     model = load_model(
         args.model or runtime.model,
@@ -87,7 +87,7 @@ def read_rows(path: Path | None, text_column: str) -> list[dict]:
         try:
             row = json.loads(line)
         except ValueError as exc:
-            raise SystemExit(f"portcullis guard: {path or 'stdin'}:{number}: not JSON ({exc})")
+            raise SystemExit(f"portcullis guard: {path or 'stdin'}:{number}: not JSON ({exc})") from None
         rows.append(row if isinstance(row, dict) else {text_column: row})
     _require(rows, text_column, path)
     return rows

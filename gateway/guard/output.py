@@ -103,7 +103,7 @@ class OutputGuard:
             held = self._held[0]
             if not done:
                 ready = True
-                for index, key, start, end in held.segments:
+                for index, _key, _start, end in held.segments:
                     state = self._choice_of(held, index)
                     safe = state.scanned if state.finished else state.scanned - self._policy.hold_back
                     if end > safe:
@@ -112,7 +112,7 @@ class OutputGuard:
                 if not ready:
                     break
             self._held.pop(0)
-            for index, key, start, end in held.segments:
+            for index, _key, _start, end in held.segments:
                 state = self._choice_of(held, index)
                 state.released = max(state.released, end)
             out.append(held.event)

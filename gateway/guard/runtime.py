@@ -19,7 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gateway.errors import GatewayError
 from gateway.guard.batcher import MicroBatcher
-from gateway.guard.spec import GuardRuntime as RuntimeSettings, InjectionPolicy
+from gateway.guard.spec import GuardRuntime as RuntimeSettings
+from gateway.guard.spec import InjectionPolicy
 
 log = logging.getLogger(__name__)
 

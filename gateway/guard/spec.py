@@ -62,7 +62,8 @@ class InjectionPolicy(_Strict):
         Field(
             ge=1,
             description=(
-                "windows a request's scanned text may need (each costs one classifier row); a longer input is refused with "
+                "windows a request's scanned text may need (each costs one classifier row); a longer "
+                "input is refused with "
                 "413 prompt_too_long_to_scan, never scanned in part"
             ),
         ),

@@ -14,7 +14,8 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from gateway.config import format_key_path
-from gateway.guard.spec import GuardSpec, overlay as guard_overlay
+from gateway.guard.spec import GuardSpec
+from gateway.guard.spec import overlay as guard_overlay
 from gateway.policy.model import AdmissionPolicy, Document, Policy, PolicySpec, RateLimitRule, TenantPolicy
 from gateway.waf import match_all
 from gateway.waf.model import RulePack

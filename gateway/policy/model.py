@@ -97,7 +97,7 @@ class RateLimitRule(_Strict):
     concurrency: Concurrency | None = None
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "RateLimitRule":
+    def _one_kind(self) -> RateLimitRule:
         kinds = [k for k in ("requests", "tokens", "concurrency") if getattr(self, k) is not None]
         if len(kinds) != 1:
             raise ValueError("give exactly one of 'requests', 'tokens' or 'concurrency'")
@@ -140,7 +140,7 @@ class PolicySpec(_Strict):
     )
 
     @model_validator(mode="after")
-    def _unique_ids(self) -> "PolicySpec":
+    def _unique_ids(self) -> PolicySpec:
         ids = [rule.id for rule in self.rate_limits]
         repeated = sorted({i for i in ids if ids.count(i) > 1})
         if repeated:

@@ -37,7 +37,7 @@ class RegexSet:
         self.patterns.append(pattern)
 
     @classmethod
-    def union(cls, sets: list["RegexSet"]) -> "RegexSet":
+    def union(cls, sets: list[RegexSet]) -> RegexSet:
         """One set holding every member of these (compiled)."""
         out = cls()
         for one in sets:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 import re2
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -91,7 +91,7 @@ class Numeric(_Strict):
     eq: float | None = None
 
     @model_validator(mode="after")
-    def _some(self) -> "Numeric":
+    def _some(self) -> Numeric:
         if all(getattr(self, k) is None for k in ("gt", "ge", "lt", "le", "eq")):
             raise ValueError("give at least one of gt, ge, lt, le, eq")
         return self
@@ -179,7 +179,7 @@ class Condition(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "Condition":
+    def _one_kind(self) -> Condition:
         combos = [k for k in ("all", "any", "not_") if getattr(self, k) is not None]
         ops = [k for k in _OPERATORS if getattr(self, k) not in (None, False)]
         if len(combos) + len(ops) != 1:
@@ -222,7 +222,7 @@ class WafRule(_Strict):
     replacement: str = Field(default="[REDACTED]", description="for action: redact")
 
     @model_validator(mode="after")
-    def _redact_has_regex(self) -> "WafRule":
+    def _redact_has_regex(self) -> WafRule:
         if self.action == "redact" and not _has_regex(self.when):
             raise ValueError("action 'redact' needs a 'regex' condition (it replaces what the regex matched)")
         return self
@@ -261,7 +261,7 @@ class Exclusion(_Strict):
     tenants: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _selects(self) -> "Exclusion":
+    def _selects(self) -> Exclusion:
         if not self.rules and not self.tags:
             raise ValueError("an exclusion names 'rules' or 'tags'")
         return self
@@ -279,14 +279,14 @@ class WafSpec(_Strict):
         default="block", description="monitor: decide and log, never refuse; off: skip the WAF"
     )
     paranoia_level: Level = 1
-    packs: list[Union[str, PackRef]] = Field(default_factory=list, description="rule packs enabled by name")
+    packs: list[str | PackRef] = Field(default_factory=list, description="rule packs enabled by name")
     anomaly: Anomaly = Anomaly()
     rules: list[WafRule] = Field(default_factory=list)
     exclusions: list[Exclusion] = Field(default_factory=list)
     block: BlockResponse = BlockResponse()
 
     @model_validator(mode="after")
-    def _unique_ids(self) -> "WafSpec":
+    def _unique_ids(self) -> WafSpec:
         ids = [rule.id for rule in self.rules]
         repeated = sorted({i for i in ids if ids.count(i) > 1})
         if repeated:
@@ -312,7 +312,7 @@ class RulePack(_Strict):
     rules: list[WafRule] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _unique_ids(self) -> "RulePack":
+    def _unique_ids(self) -> RulePack:
         ids = [rule.id for rule in self.rules]
         repeated = sorted({i for i in ids if ids.count(i) > 1})
         if repeated:

@@ -69,7 +69,7 @@ class WafSet:
         self.tenants = tenants or {}
 
     @classmethod
-    def empty(cls) -> "WafSet":
+    def empty(cls) -> WafSet:
         return cls(CompiledWaf(WafSpec(), [], "empty"))
 
     def for_tenant(self, tenant: str | None) -> CompiledWaf:

@@ -998,11 +998,11 @@ def main(argv: list[str] | None = None) -> int:
         # Rounds interleave the targets, so a burst of outside load lands on all of them rather than on one.
         runs: dict[str, list[dict]] = collections.defaultdict(list)
         for round_no in range(args.repeat):
-            for key, label, svc, auth in targets:
+            for key, _label, svc, _auth in targets:
                 runs[key].append(
                     measure(key, svc, lua, args.duration, args.warmup if round_no == 0 else 0, stores.get(key))
                 )
-        for key, label, svc, auth in targets:
+        for key, label, _svc, _auth in targets:
             results.append(pick_median(runs[key]) | {"label": label, "check": checks[key]})
 
         add_latency_deltas(results)

@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     meta = {
-        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "loadavg_start": uptime(),
         "machine": machine(),
         "args": {k: str(v) for k, v in vars(args).items()},
@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         for e in reversed(engines):
             e.stop()
         meta["loadavg_end"] = uptime()
-        meta["finished_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        meta["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         (out / "results.json").write_text(json.dumps({"meta": meta, "scenarios": results}, indent=1))
         if not args.keep_logs:
             shutil.rmtree(logs, ignore_errors=True)

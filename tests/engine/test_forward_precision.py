@@ -26,7 +26,7 @@ BS = 4
 def _model(dtype):
     rng = np.random.default_rng(0)
     c = LlamaConfig(**CFG)
-    H, I, q, kv = c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    H, I, q, kv = c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim  # noqa: E741 - the paper's names
     t = {
         "model.embed_tokens.weight": rng.standard_normal((c.vocab_size, H)),
         "model.norm.weight": 1 + 0.1 * rng.standard_normal(H),

@@ -7,7 +7,7 @@ import pytest
 from backend_engine.model.gguf import load_gguf, unpermute_qk
 from backend_engine.model.quant_blocks import BlockQuantized
 
-H, I, NH, NKV, HD, V = 64, 128, 4, 2, 16, 96
+H, I, NH, NKV, HD, V = 64, 128, 4, 2, 16, 96  # noqa: E741 - the model's dimension names
 
 
 def _permute(w, n_head):

@@ -112,7 +112,7 @@ def test_client_disconnect_cancels_the_upstream_stream(one_upstream):
     seen = stats(upstream)
     assert seen["cancelled_streams"] == 1 and seen["completed_streams"] == 0
     metrics = httpx.get(gw.admin_url + "/metrics").text
-    assert 'portcullis_upstream_outstanding_requests{pool="main",replica="%s"} 0.0' % upstream.url in metrics
+    assert f'portcullis_upstream_outstanding_requests{{pool="main",replica="{upstream.url}"}} 0.0' in metrics
 
 
 def test_retry_on_another_replica_before_the_first_byte(fake_upstream, gateway):

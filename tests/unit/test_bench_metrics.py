@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from gateway.bench.metrics import (
     RequestResult,
-    meets_slo,
     measured_hit_rate,
+    meets_slo,
     oracle_hit_rate,
     oracle_hits,
     replica_share,
