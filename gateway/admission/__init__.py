@@ -1,1 +1,1 @@
-"""Admission: exact prompt token counts per model, and the KV-cache budget with its fair queue."""
+"""Admission: the KV-cache budget and its fair queue (the prompt counts it prices come from gateway.tokenization)."""

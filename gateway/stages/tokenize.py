@@ -12,12 +12,12 @@ import json
 import threading
 from collections.abc import Callable
 
-from gateway.admission.counting import EstimateCounter, PromptCount, PromptCounter, build_counter
 from gateway.config import ModelConfig
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
 from gateway.offload import Offload
 from gateway.policy.loader import PolicySet
+from gateway.tokenization import EstimateCounter, PromptCount, PromptCounter, build_counter
 
 
 class TokenizeStage:

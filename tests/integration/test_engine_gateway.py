@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from backend_engine.block_hash import hash_prompt_blocks
-from gateway.admission.counting import EngineCounter
+from gateway.tokenization import EngineCounter
 from tests.conftest import ROOT, Process, free_port, pool, spawn
 
 MODEL = "SmolLM2-135M-Instruct"

@@ -9,7 +9,6 @@ import pytest
 from opentelemetry import trace
 from starlette.requests import Request
 
-from gateway.admission.counting import EngineCounter, EstimateCounter
 from gateway.admission.fair_queue import FairQueue
 from gateway.config import LimitsConfig, ModelConfig
 from gateway.context import RequestContext
@@ -17,6 +16,7 @@ from gateway.errors import GatewayError
 from gateway.offload import Offload
 from gateway.policy.loader import empty_policy_set
 from gateway.stages.tokenize import TokenizeStage
+from gateway.tokenization import EngineCounter, EstimateCounter
 
 
 class Gate:

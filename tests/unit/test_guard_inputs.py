@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.admission.counting import EngineCounter
 from gateway.guard.inputs import request_texts, selected
+from gateway.tokenization import EngineCounter
 
 
 @pytest.fixture(scope="module")

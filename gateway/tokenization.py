@@ -1,4 +1,5 @@
-"""Prompt token counting for admission, rate limits and routing — the same count the upstream will report.
+"""Tokenizers per model, for the tokenize stage: the prompt's count (what admission, rate limits and routing price a
+request by), the same the upstream will report, and token ids back to text for the guard.
 
 Bundled-engine models are rendered through the engine's own chat template and tokenizer (so prefix-block hashes
 match the engine's too); OpenAI-family models use tiktoken; anything else gets a conservative estimate.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -116,7 +118,7 @@ class EstimateCounter:
         return None
 
 
-def _completion_ids(prompt: Any, encode) -> list[int]:
+def _completion_ids(prompt: Any, encode: Callable[[str], list[int]]) -> list[int]:
     """A completions prompt: text, token ids, or a batch of either (counted together)."""
     if isinstance(prompt, str):
         return encode(prompt)
