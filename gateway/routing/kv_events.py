@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import Any
 
 import aiohttp
 
@@ -21,7 +22,7 @@ log = logging.getLogger(__name__)
 RETRY_SECONDS = 1.0
 
 
-def apply_batch(index: PrefixIndex, replica: str, batch: dict) -> None:
+def apply_batch(index: PrefixIndex, replica: str, batch: dict[str, Any]) -> None:
     for event in batch.get("events", ()):
         kind = event.get("type")
         if kind == "BlockStored":

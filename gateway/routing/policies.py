@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gateway.config import AffinityConfig
 from gateway.routing.prefix_index import PrefixIndex
@@ -52,39 +53,59 @@ class Ranked:
         return blocks_needed(request, self.cached_blocks.get(replica.url, 0))
 
 
-class RoundRobin:
-    def __init__(self) -> None:
-        self._counter = itertools.count()
+class RoutingPolicy(Protocol):
+    """Orders a pool's replicas for a request; `learn` hears where the request went."""
 
-    def rank(self, replicas: list[Replica], request: RouteRequest) -> Ranked:
-        start = next(self._counter) % len(replicas)
-        return Ranked(replicas[start:] + replicas[:start], {})
+    def rank(self, replicas: list[Replica], request: RouteRequest) -> Ranked: ...
 
     def learn(self, request: RouteRequest, replica: Replica) -> None:
         """Policies with a learned prefix index record where a prompt went; the others need nothing."""
 
 
-class LeastOutstanding(RoundRobin):
+class Rotation:
+    """The replicas, starting one further along on each call: round robin, and the tie-breaker of the others."""
+
+    def __init__(self) -> None:
+        self._counter = itertools.count()
+
+    def __call__(self, replicas: list[Replica]) -> list[Replica]:
+        start = next(self._counter) % len(replicas)
+        return replicas[start:] + replicas[:start]
+
+
+class RoundRobin(RoutingPolicy):
+    def __init__(self) -> None:
+        self._rotate = Rotation()
+
     def rank(self, replicas: list[Replica], request: RouteRequest) -> Ranked:
-        rotated = super().rank(replicas, request).replicas  # rotation spreads ties
-        return Ranked(sorted(rotated, key=lambda r: r.outstanding), {})
+        return Ranked(self._rotate(replicas), {})
 
 
-class LeastLoad(RoundRobin):
+class LeastOutstanding(RoutingPolicy):
+    def __init__(self) -> None:
+        self._rotate = Rotation()  # rotation spreads ties
+
     def rank(self, replicas: list[Replica], request: RouteRequest) -> Ranked:
-        rotated = super().rank(replicas, request).replicas
-        return Ranked(sorted(rotated, key=lambda r: r.load + r.kv_usage), {})
+        return Ranked(sorted(self._rotate(replicas), key=lambda r: r.outstanding), {})
 
 
-class PrefixAffinity(RoundRobin):
+class LeastLoad(RoutingPolicy):
+    def __init__(self) -> None:
+        self._rotate = Rotation()
+
+    def rank(self, replicas: list[Replica], request: RouteRequest) -> Ranked:
+        return Ranked(sorted(self._rotate(replicas), key=lambda r: r.load + r.kv_usage), {})
+
+
+class PrefixAffinity(RoutingPolicy):
     def __init__(self, index: PrefixIndex, config: AffinityConfig) -> None:
-        super().__init__()
+        self._rotate = Rotation()
         self.index = index
         self.config = config
         self.recent = RecentShare(config.share_window)
 
     def rank(self, replicas: list[Replica], request: RouteRequest) -> Ranked:
-        rotated = super().rank(replicas, request).replicas
+        rotated = self._rotate(replicas)
         cached = self.index.matched_blocks(request.block_hashes) if request.block_hashes else {}
         loads = [r.load for r in rotated]
         lightest, heaviest = min(loads), max(loads)

@@ -26,6 +26,7 @@ from gateway.routing.policies import (
     Ranked,
     RoundRobin,
     RouteRequest,
+    RoutingPolicy,
 )
 from gateway.routing.prefix_index import PrefixIndex
 from gateway.routing.replica import Replica
@@ -33,12 +34,19 @@ from gateway.routing.replica import Replica
 _SCRAPED_POLICIES = {"least_load", "prefix_affinity", "kv_events"}
 
 
-def _policy(config: PoolConfig, index: PrefixIndex) -> RoundRobin:
+_POLICIES_WITHOUT_INDEX: dict[str, Callable[[], RoutingPolicy]] = {
+    "round_robin": RoundRobin,
+    "least_outstanding": LeastOutstanding,
+    "least_load": LeastLoad,
+}
+
+
+def _policy(config: PoolConfig, index: PrefixIndex) -> RoutingPolicy:
     if config.routing in ("prefix_affinity", "kv_events"):
         # kv_events learns from its own decisions too: a follow-up turn often arrives before the engine's event
         # for the first turn's blocks does; the events then confirm them, or remove them on eviction.
         return PrefixAffinity(index, config.affinity)
-    return {"round_robin": RoundRobin, "least_outstanding": LeastOutstanding, "least_load": LeastLoad}[config.routing]()
+    return _POLICIES_WITHOUT_INDEX[config.routing]()
 
 
 class Pool:
@@ -51,7 +59,7 @@ class Pool:
         self.policy = _policy(config, self.index)
         self.on_change: list[Callable[[], None]] = []  # capacity may have freed (admission re-dispatches)
         self._session: aiohttp.ClientSession | None = None
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -79,8 +87,8 @@ class Pool:
         """Background work for policies that need it; call from a running event loop."""
         if self.scraped:
             self._tasks.append(asyncio.create_task(scraper.scrape_forever(self, self.changed)))
-        elif self.config.health.path:
-            self._tasks.append(asyncio.create_task(scraper.probe_forever(self)))
+        elif path := self.config.health.path:
+            self._tasks.append(asyncio.create_task(scraper.probe_forever(self, path)))
         if self.config.routing == "kv_events":
             self._tasks += [asyncio.create_task(kv_events.follow(self.session, r, self.index)) for r in self.replicas]
 

@@ -6,12 +6,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.routing.replica import Replica
+
+if TYPE_CHECKING:  # the pool starts these loops: a runtime import would be circular
+    from gateway.routing.pool import Pool
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +65,10 @@ async def probe(
 
 
 async def check_forever(
-    pool, check: Callable[[Replica], Awaitable[bool]], interval: float, on_change: Callable[[], None] | None = None
+    pool: Pool,
+    check: Callable[[Replica], Awaitable[bool]],
+    interval: float,
+    on_change: Callable[[], None] | None = None,
 ) -> None:
     """Check every replica of `pool` each interval; health follows; `on_change()` after each round."""
     health = pool.config.health
@@ -75,12 +82,13 @@ async def check_forever(
         await asyncio.sleep(interval)
 
 
-def scrape_forever(pool, on_change: Callable[[], None]) -> Awaitable[None]:
+def scrape_forever(pool: Pool, on_change: Callable[[], None]) -> Coroutine[Any, Any, None]:
     interval = pool.config.scrape_interval
     return check_forever(pool, lambda r: scrape(pool.session, r, interval * 2), interval, on_change)
 
 
-def probe_forever(pool) -> Awaitable[None]:
+def probe_forever(pool: Pool, path: str) -> Coroutine[Any, Any, None]:
+    """Probe the pool's health `path` (the pool's configured one, when it has one)."""
     health = pool.config.health
     headers = {"Authorization": f"Bearer {pool.api_key}"} if pool.api_key else {}
-    return check_forever(pool, lambda r: probe(pool.session, r, health.path, health.interval, headers), health.interval)
+    return check_forever(pool, lambda r: probe(pool.session, r, path, health.interval, headers), health.interval)

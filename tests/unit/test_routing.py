@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+import typing
 from collections import Counter
 
+import pytest
 from aiohttp import web
 
 from backend_engine.block_hash import hash_prompt_blocks
@@ -30,6 +32,19 @@ def test_round_robin_rotates_the_first_choice_and_keeps_the_rest_as_fallbacks():
     firsts = [policy.rank(pool, NO_REQUEST).replicas[0].url for _ in range(6)]
     assert firsts == ["http://r0", "http://r1", "http://r2"] * 2
     assert sorted(r.url for r in policy.rank(pool, NO_REQUEST).replicas) == [r.url for r in pool]
+
+
+@pytest.mark.parametrize("routing", typing.get_args(PoolConfig.model_fields["routing"].annotation))
+def test_every_policy_ranks_each_replica_once_and_rotates_among_equals(routing):
+    """The contract the route stage relies on: a full ordering of the replicas, and idle equals taking turns."""
+    pool = Pool(PoolConfig(name="p", replicas=[{"url": f"http://r{i}"} for i in range(3)], routing=routing))
+    request = pool.request_shape(40, 16, list(range(40)))
+    firsts = []
+    for _ in range(3):
+        ranked = pool.policy.rank(pool.replicas, request)
+        assert sorted(r.url for r in ranked.replicas) == [r.url for r in pool.replicas]
+        firsts.append(ranked.replicas[0].url)
+    assert sorted(firsts) == [r.url for r in pool.replicas]
 
 
 def test_least_outstanding_prefers_idle_replicas_and_spreads_ties():
