@@ -24,7 +24,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from backend_engine import tracing
-from backend_engine.engine import AsyncEngine, LLMEngine, RequestOutput
+from backend_engine.async_engine import AsyncEngine
+from backend_engine.engine import LLMEngine, RequestOutput
 from backend_engine.kv_events import KVEventBus
 from backend_engine.model.prompt import PromptError
 from backend_engine.sequence import SamplingParams, TokenLogprob
