@@ -1,0 +1,198 @@
+"""OpenAI request bodies: typed fields, sampling parameters, prompts and one generation job per choice.
+
+Every rejection is an `APIError` with OpenAI's status, message and offending parameter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from starlette.requests import Request
+
+from backend_engine.engine import LLMEngine
+from backend_engine.model.prompt import PromptError
+from backend_engine.openai_protocol.errors import APIError
+from backend_engine.sequence import SamplingParams
+
+MAX_N = 16  # choices per prompt
+MAX_CHOICES = 64  # prompts x n per request
+
+_MISSING = object()
+
+
+def field(body: dict[str, Any], key: str, types: type | tuple[type, ...], default: Any = None) -> Any:
+    """body[key] checked against `types` (an int is accepted as a float; a bool is never a number);
+    `default` when it is absent or null."""
+    v = body.get(key, _MISSING)
+    if v is _MISSING or v is None:
+        return default
+    if types is float and isinstance(v, int) and not isinstance(v, bool):
+        return float(v)
+    if not isinstance(v, types) or (isinstance(v, bool) and types in (int, float)):
+        names = types.__name__ if isinstance(types, type) else "/".join(t.__name__ for t in types)
+        raise APIError(400, f"'{key}' must be of type {names}", param=key, code="invalid_type")
+    return v
+
+
+def sampling_params(body: dict[str, Any], max_tokens_default: int, chat: bool) -> SamplingParams:
+    """SamplingParams from a completions or chat body (their logprobs and max-token fields differ)."""
+    if field(body, "best_of", int, 1) not in (1,):
+        raise APIError(400, "best_of is not supported", param="best_of")
+    for k in ("presence_penalty", "frequency_penalty"):
+        if field(body, k, float, 0.0) != 0.0:
+            raise APIError(400, f"{k} is not supported by this engine", param=k)
+    if field(body, "echo", bool, False):
+        raise APIError(400, "echo is not supported", param="echo")
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    elif not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise APIError(400, "'stop' must be a string or a list of strings", param="stop")
+    stop_ids = field(body, "stop_token_ids", list, [])
+    if not all(isinstance(t, int) for t in stop_ids):
+        raise APIError(400, "'stop_token_ids' must be a list of integers", param="stop_token_ids")
+    if chat:
+        want = field(body, "logprobs", bool, False)
+        top = field(body, "top_logprobs", int, 0 if want else None)
+        if top is not None and not want:
+            raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
+        logprobs = top if want else None
+        max_tokens = field(body, "max_completion_tokens", int, None) or field(body, "max_tokens", int, None)
+    else:
+        logprobs = field(body, "logprobs", int, None)
+        max_tokens = field(body, "max_tokens", int, None)
+    return SamplingParams(
+        max_tokens=max_tokens if max_tokens is not None else max_tokens_default,
+        temperature=field(body, "temperature", float, 1.0),
+        top_p=field(body, "top_p", float, 1.0),
+        top_k=field(body, "top_k", int, 0),
+        seed=field(body, "seed", int, None),
+        stop=stop,
+        stop_token_ids=stop_ids,
+        ignore_eos=field(body, "ignore_eos", bool, False),
+        logprobs=logprobs,
+        skip_special_tokens=field(body, "skip_special_tokens", bool, True),
+        include_stop_str_in_output=field(body, "include_stop_str_in_output", bool, False),
+    )
+
+
+async def json_object(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except Exception:
+        raise APIError(400, "request body must be valid JSON", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object", code="invalid_json")
+    return body
+
+
+@dataclass
+class GenerationRequest:
+    """A parsed completions or chat request: one (prompt ids, params) job per choice, in OpenAI's choice order."""
+
+    jobs: list[tuple[list[int], SamplingParams]]
+    n: int
+    stream: bool
+    include_usage: bool
+    cache_salt: str | None
+
+
+class RequestParser:
+    """Parses bodies against one engine: its model name, tokenizer, chat template and limits."""
+
+    def __init__(self, engine: LLMEngine, model_name: str):
+        self.engine = engine
+        self.renderer = engine.loaded.renderer
+        self.model_name = model_name
+
+    def check_model(self, body: dict[str, Any]) -> None:
+        model = body.get("model")
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"The model `{model}` does not exist.", "not_found_error", "model_not_found", "model")
+
+    def chat_ids(self, body: dict[str, Any]) -> list[int]:
+        try:
+            return self.renderer.chat_ids(
+                body.get("messages"),
+                add_generation_prompt=field(body, "add_generation_prompt", bool, True),
+                **(field(body, "chat_template_kwargs", dict, {}) or {}),
+            )
+        except PromptError as e:
+            raise APIError(400, str(e), param=e.param) from None
+
+    def prompt_list(self, body: dict[str, Any]) -> list[list[int]]:
+        """A completions prompt: text, token ids, or a batch (list) of either."""
+        prompt = body.get("prompt")
+
+        def one(p: Any) -> list[int]:
+            if isinstance(p, str):
+                return self.engine.tokenizer.encode(p)
+            if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+                return list(p)
+            raise APIError(400, "'prompt' must be text, token ids, or a list of either", param="prompt")
+
+        if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+            return [one(p) for p in prompt]
+        return [one(prompt)]
+
+    def tokenize_ids(self, body: dict[str, Any]) -> list[int]:
+        """/tokenize: a chat (messages) or a plain text prompt."""
+        self.check_model(body)
+        if "messages" in body:
+            return self.chat_ids(body)
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise APIError(400, "'prompt' must be a string", param="prompt")
+        return self.engine.tokenizer.encode(prompt, add_bos=field(body, "add_special_tokens", bool, None))
+
+    def detokenize_ids(self, body: dict[str, Any]) -> list[int]:
+        """/detokenize: the token ids to decode, each in the vocabulary."""
+        ids = body.get("tokens")
+        vs = self.engine.tokenizer.vocab_size
+        if not isinstance(ids, list) or not all(isinstance(t, int) and 0 <= t < vs for t in ids):
+            raise APIError(400, "'tokens' must be a list of valid token ids", param="tokens")
+        return ids
+
+    def generation(self, body: dict[str, Any], chat: bool) -> GenerationRequest:
+        jobs = self._jobs(body, chat)
+        stream = field(body, "stream", bool, False)
+        so = field(body, "stream_options", dict, {}) or {}
+        include_usage = bool(so.get("include_usage", False))
+        salt = field(body, "cache_salt", str, None)
+        return GenerationRequest(jobs, field(body, "n", int, 1), stream, include_usage, salt)
+
+    def _jobs(self, body: dict[str, Any], chat: bool) -> list[tuple[list[int], SamplingParams]]:
+        """One (prompt ids, params) job per choice: prompts x n, in OpenAI's choice order."""
+        self.check_model(body)
+        prompts = [self.chat_ids(body)] if chat else self.prompt_list(body)
+        n = field(body, "n", int, 1)
+        if not 1 <= n <= MAX_N:
+            raise APIError(400, f"n must be between 1 and {MAX_N}", param="n")
+        if len(prompts) * n > MAX_CHOICES:
+            raise APIError(400, f"at most {MAX_CHOICES} choices (prompts x n) per request", param="prompt")
+        max_model_len = self.engine.max_model_len
+        jobs = []
+        for ids in prompts:
+            room = max_model_len - len(ids)
+            sp = sampling_params(body, max(room, 1) if chat else 16, chat)
+            if len(ids) + sp.max_tokens > max_model_len and (
+                body.get("max_tokens") is not None or body.get("max_completion_tokens") is not None
+            ):
+                raise APIError(
+                    400,
+                    f"This model's maximum context length is {max_model_len} tokens. "
+                    f"However, you requested {len(ids) + sp.max_tokens} tokens ({len(ids)} in the "
+                    f"prompt, {sp.max_tokens} for the completion).",
+                    param="max_tokens",
+                    code="context_length_exceeded",
+                )
+            try:
+                self.engine.validate(ids, sp)
+            except ValueError as e:
+                raise APIError(400, str(e)) from e
+            for j in range(n):  # distinct seeds so seeded n>1 samples differ but stay reproducible
+                jobs.append((ids, replace(sp, seed=sp.seed + j if sp.seed is not None else None)))
+        return jobs
