@@ -93,7 +93,7 @@ def load_gguf(path: str, keep_blocks: bool = False) -> tuple[LlamaConfig, dict[s
     reader = gguf.GGUFReader(path)
     meta = read_metadata(reader)
     cfg = config_from_metadata(meta)
-    tensors: dict[str, np.ndarray] = {}
+    tensors: dict[str, np.ndarray | quant_blocks.BlockQuantized] = {}
     for t in reader.tensors:
         name = t.name
         if name.startswith("blk."):
@@ -106,6 +106,7 @@ def load_gguf(path: str, keep_blocks: bool = False) -> tuple[LlamaConfig, dict[s
         else:
             continue
         shape = [int(d) for d in reversed(t.shape)]
+        arr: np.ndarray | quant_blocks.BlockQuantized
         if keep_blocks and t.tensor_type.name in quant_blocks.SUPPORTED and len(shape) == 2:
             arr = quant_blocks.from_gguf(t.data, t.tensor_type.name, *shape)
         else:

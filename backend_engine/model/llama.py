@@ -219,7 +219,7 @@ class LlamaModel:
             flat[0][:, slots_d] = k.transpose(1, 0, 2).astype(cache.dtype, copy=False)
             flat[1][:, slots_d] = v.transpose(1, 0, 2).astype(cache.dtype, copy=False)
             attn = xp.empty((T, nh * hd), dtype=xp.float32)
-            if D:
+            if dec is not None:
                 attn[:D] = self._decode_attention(q[:D], cache, dec)
             for sp in batch.prefills:
                 attn[sp.start : sp.start + sp.num_tokens] = self._prefill_attention(
@@ -249,7 +249,7 @@ class LlamaModel:
         )
         return self.be.asarray(bt.astype(np.int64)), bias
 
-    def _decode_attention(self, q: Any, cache: Any, plan: tuple) -> Any:
+    def _decode_attention(self, q: Any, cache: Any, plan: tuple[Any, Any]) -> Any:
         """Batched single-token attention: one gather of all decode sequences' blocks."""
         xp, c = self.xp, self.cfg
         bt, bias = plan
