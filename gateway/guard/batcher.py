@@ -55,19 +55,21 @@ class MicroBatcher:
         """Scores of these windows, in order, batched with whatever else is waiting."""
         if not windows:
             return []
-        self._ensure_worker()
+        wakeup = self._ensure_worker()
         loop = asyncio.get_running_loop()
         items = [_Item(list(ids), loop.create_future()) for ids in windows]
         self._queue.extend(items)
-        self._wakeup.set()
+        wakeup.set()
         return list(await asyncio.gather(*(i.future for i in items)))
 
-    def _ensure_worker(self) -> None:
+    def _ensure_worker(self) -> asyncio.Event:
+        """The wakeup event of this loop's worker, started here when there is none (an event binds to one loop)."""
         loop = asyncio.get_running_loop()
-        if self._worker is None or self._worker.done() or self._loop is not loop:
+        if self._wakeup is None or self._worker is None or self._worker.done() or self._loop is not loop:
             self._loop = loop
             self._wakeup = asyncio.Event()
-            self._worker = loop.create_task(self._run())
+            self._worker = loop.create_task(self._run(self._wakeup))
+        return self._wakeup
 
     async def aclose(self) -> None:
         if self._worker:
@@ -78,23 +80,23 @@ class MicroBatcher:
                 pass
             self._worker = None
 
-    async def _run(self) -> None:
+    async def _run(self, wakeup: asyncio.Event) -> None:
         while True:
-            await self._wakeup.wait()
+            await wakeup.wait()
             if len(self._queue) < self.max_batch and self.max_wait > 0:
                 deadline = time.perf_counter() + self.max_wait
                 while len(self._queue) < self.max_batch:
                     left = deadline - time.perf_counter()
                     if left <= 0:
                         break
-                    self._wakeup.clear()
+                    wakeup.clear()
                     try:
-                        await asyncio.wait_for(self._wakeup.wait(), left)
+                        await asyncio.wait_for(wakeup.wait(), left)
                     except TimeoutError:
                         break
             taken, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
             if not self._queue:
-                self._wakeup.clear()
+                wakeup.clear()
             taken = [i for i in taken if not i.future.done()]  # a cancelled request's windows are skipped
             if not taken:
                 continue

@@ -15,8 +15,13 @@ import csv
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.guard.evaluation import metrics
+
+if TYPE_CHECKING:  # the model (and onnxruntime) loads only when a subcommand runs
+    from gateway.guard.model import GuardModel
+    from gateway.guard.spec import InjectionPolicy
 
 
 def add_subcommands(commands: argparse._SubParsersAction) -> None:
@@ -44,7 +49,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=32)
 
 
-def _setup(args: argparse.Namespace):
+def _setup(args: argparse.Namespace) -> tuple[GuardModel, InjectionPolicy, float]:
     from gateway.guard.model import load_model
     from gateway.guard.spec import GuardSpec
     from gateway.policy.loader import PolicyError, load_policy_dir
@@ -99,7 +104,7 @@ def _require(rows: list[dict], column: str, path: Path | None) -> None:
             raise SystemExit(f"portcullis guard: {path or 'stdin'}: row {number} has no string {column!r} column")
 
 
-def _scored(args: argparse.Namespace, rows: list[dict]) -> tuple[list[float], float, object]:
+def _scored(args: argparse.Namespace, rows: list[dict]) -> tuple[list[float], float, GuardModel]:
     model, policy, threshold = _setup(args)
     texts = [row[args.text_column] for row in rows]
     scores: list[float] = []
@@ -108,7 +113,7 @@ def _scored(args: argparse.Namespace, rows: list[dict]) -> tuple[list[float], fl
     return scores, threshold, model
 
 
-def _label(model, score: float, threshold: float) -> str:
+def _label(model: GuardModel, score: float, threshold: float) -> str:
     malicious = model.labels[model.malicious[0]]
     benign = next(name for i, name in model.labels.items() if i not in model.malicious)
     return malicious if score >= threshold else benign

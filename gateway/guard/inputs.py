@@ -9,9 +9,9 @@ The legacy `function` role carries tool results as `tool` does, so a policy that
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from gateway.tool_text import dotted, tool_descriptions
 
@@ -32,14 +32,14 @@ class InputText:
     key: str | int | None = None
 
 
-def request_texts(route: str, payload: dict[str, Any], roles: set[str], decode: Decode) -> list[InputText]:
+def request_texts(route: str, payload: dict[str, Any], roles: Collection[str], decode: Decode) -> list[InputText]:
     """The texts of the request that these roles select (completions prompts always), in payload order."""
     if route == "completions":
         return list(_prompt_texts(payload, decode))
     return [t for t in _chat_texts(payload, TOOL_DEFINITIONS in roles) if t.role in roles]
 
 
-def selected(texts: list[InputText], roles: list[str]) -> list[InputText]:
+def selected(texts: list[InputText], roles: Iterable[str]) -> list[InputText]:
     """The texts one policy's roles select (prompts always)."""
     wanted = set(roles) | {PROMPT}
     return [t for t in texts if t.role in wanted]
@@ -65,7 +65,7 @@ def _decoded(ids: list[int], where: str, decode: Decode) -> Iterator[InputText]:
         yield InputText(text, PROMPT, where, None)
 
 
-def _is_token_ids(value: Any) -> bool:
+def _is_token_ids(value: Any) -> TypeGuard[list[int]]:
     return (
         isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
     )
@@ -75,7 +75,8 @@ def _chat_texts(payload: dict[str, Any], with_tools: bool) -> Iterator[InputText
     for i, message in enumerate(payload.get("messages") or ()):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             continue
-        role = ALIASES.get(message["role"], message["role"])
+        sent_role: str = message["role"]
+        role = ALIASES.get(sent_role, sent_role)
         content = message.get("content")
         if isinstance(content, str):
             yield InputText(content, role, f"messages[{i}]", message, "content")

@@ -18,8 +18,13 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # both load with the model, not with the gateway
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +73,8 @@ class GuardModel:
 
     folder: Path
     path: Path
-    session: object  # onnxruntime.InferenceSession
-    tokenizer: object  # tokenizers.Tokenizer, no padding, no truncation
+    session: ort.InferenceSession
+    tokenizer: Tokenizer  # no padding, no truncation
     labels: dict[int, str]
     malicious: list[int]
     max_length: int

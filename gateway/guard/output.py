@@ -29,7 +29,7 @@ CONTEXT_CHARS = 512  # already-released text a scan re-reads before the new text
 @dataclass
 class _Held:
     event: bytes
-    chunk: dict | None = None
+    chunk: dict = field(default_factory=dict)  # the event's JSON object; {} for [DONE] and events that are not one
     segments: list[tuple[int, str, int, int]] = field(default_factory=list)  # (choice index, key, start, end)
 
 
@@ -65,9 +65,8 @@ class OutputGuard:
                 done = True
                 self._held.append(_Held(event))
                 continue
-            chunk = _json(data) if data is not None else None
-            held = _Held(event, chunk)
-            for index, choice in enumerate((chunk or {}).get("choices") or ()):
+            held = _Held(event, (_json(data) if data is not None else None) or {})
+            for index, choice in enumerate(held.chunk.get("choices") or ()):
                 if not isinstance(choice, dict):
                     continue
                 number = choice.get("index", index)
@@ -134,6 +133,7 @@ class OutputGuard:
                 if not any(f.start < end and start < f.end for f in findings):
                     continue
                 holder, _ = _text_holder(choice)
+                assert holder is not None, "a segment is recorded only for a choice that holds text"
                 holder[key] = _redacted_segment(state.text, start, end, findings)
                 touched = True
             if touched:
@@ -232,9 +232,9 @@ def _redacted_segment(text: str, start: int, end: int, findings: list[pii.Findin
     return "".join(out)
 
 
-def _json(data: bytes | None) -> dict | None:
+def _json(data: bytes) -> dict | None:
     try:
         value = json.loads(data)
-    except (TypeError, ValueError):
+    except ValueError:
         return None
     return value if isinstance(value, dict) else None

@@ -13,14 +13,19 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from opentelemetry import trace
+from opentelemetry.util.types import AttributeValue
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gateway.errors import GatewayError
 from gateway.guard.batcher import MicroBatcher
 from gateway.guard.spec import GuardRuntime as RuntimeSettings
 from gateway.guard.spec import InjectionPolicy
+
+if TYPE_CHECKING:  # the model module loads with the first policy that enables the guard
+    from gateway.guard.model import GuardModel
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +47,12 @@ class Verdict:
     where: str | None = None  # e.g. "messages[2]"
 
     def as_dict(self) -> dict:
-        out = {"target": self.target, "category": self.category, "rule": self.rule, "result": self.result}
+        out: dict[str, object] = {
+            "target": self.target,
+            "category": self.category,
+            "rule": self.rule,
+            "result": self.result,
+        }
         if self.score is not None:
             out["score"] = round(self.score, 4)
             out["threshold"] = self.threshold
@@ -127,16 +137,22 @@ class Guard:
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
             registry=registry,
         )
-        self._model = None
+        self._model: GuardModel | None = None
         self._batcher: MicroBatcher | None = None
         self._settings: RuntimeSettings | None = None
         self._load_lock = threading.Lock()
 
     @property
-    def model(self):
+    def model(self) -> GuardModel | None:
         return self._model
 
-    def load(self, settings: RuntimeSettings):
+    def _loaded(self) -> tuple[GuardModel, MicroBatcher]:
+        """The model and its batcher, which scanning needs `load` or `ensure` to have made."""
+        if self._model is None or self._batcher is None:
+            raise RuntimeError("the guard model is not loaded: call load() or ensure() first")
+        return self._model, self._batcher
+
+    def load(self, settings: RuntimeSettings) -> GuardModel:
         """Load (or reload, when the settings changed) the model; blocking, so call it off the event loop."""
         with self._load_lock:
             if self._model is not None and self._settings == settings:
@@ -158,7 +174,7 @@ class Guard:
             log.info("guard model ready in %.2fs on %s", time.perf_counter() - started, model.providers[0])
             return model
 
-    async def ensure(self, settings: RuntimeSettings):
+    async def ensure(self, settings: RuntimeSettings) -> GuardModel:
         if self._model is not None and self._settings == settings:
             return self._model
         return await asyncio.to_thread(self.load, settings)
@@ -178,10 +194,11 @@ class Guard:
     ) -> list[tuple[int, list[int]]]:
         """(text index, window ids) for every window of every text; blocking (tokenizing), so big inputs belong on
         a worker thread. More than `max_windows` raises ScanTooLong: a text is scanned whole or not served."""
-        per_text = self._model.encode_windows_batch(texts, policy.window, policy.overlap)
+        model, _ = self._loaded()
+        per_text = model.encode_windows_batch(texts, policy.window, policy.overlap)
         flat = [(i, ids) for i, ws in enumerate(per_text) for ids in ws]
         if max_windows is not None and len(flat) > max_windows:
-            raise ScanTooLong(len(flat), max_windows, min(policy.window, self._model.max_length))
+            raise ScanTooLong(len(flat), max_windows, min(policy.window, model.max_length))
         return flat
 
     async def score(self, windows: list[tuple[int, list[int]]], target: str = "input") -> tuple[float, int]:
@@ -189,7 +206,8 @@ class Guard:
         none."""
         if not windows:
             return 0.0, -1
-        scores = await self._batcher.score([ids for _, ids in windows])
+        _, batcher = self._loaded()
+        scores = await batcher.score([ids for _, ids in windows])
         best = max(range(len(scores)), key=scores.__getitem__)
         self.scores.labels(target=target).observe(scores[best])
         return float(scores[best]), windows[best][0]
@@ -209,7 +227,7 @@ class Guard:
         span = trace.get_current_span()
         if not span.is_recording():
             return
-        attributes = {
+        attributes: dict[str, AttributeValue] = {
             "gen_ai.guardrail.policy.id": policy_version,
             "gen_ai.guardrail.rule.id": verdict.rule,
             "gen_ai.guardrail.result": verdict.result,

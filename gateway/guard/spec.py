@@ -18,6 +18,8 @@ PiiAction = Switch[Literal["off", "monitor", "flag", "redact", "block"]]
 # Message roles, plus `tool_definitions`: the descriptions of the request's tools and their parameters, where a
 # poisoned third-party tool hides instructions for the model.
 Role = Literal["system", "developer", "user", "assistant", "tool", "tool_definitions"]
+INJECTION_ROLES: tuple[Role, ...] = ("user", "tool")  # the default: where injected instructions arrive
+PII_ROLES: tuple[Role, ...] = ("system", "developer", "user", "assistant", "tool")  # the default: every message
 
 
 class _Strict(BaseModel):
@@ -40,12 +42,12 @@ class InjectionPolicy(_Strict):
         ),
     ] = None
     action: Action = Field(
-        "block",
+        default="block",
         description="block: refuse with 400 prompt_blocked; flag: serve it, with an "
         "x-portcullis-guard response header; monitor: record only",
     )
     roles: list[Role] = Field(
-        default_factory=lambda: ["user", "tool"],
+        default_factory=lambda: list(INJECTION_ROLES),
         description=(
             "message roles scanned in chat requests (completions prompts are always scanned); tool also scans the "
             "legacy function role; tool_definitions adds the descriptions of the request's tools and their parameters"
@@ -77,7 +79,7 @@ class PiiPolicy(_Strict):
     secrets: PiiAction = "off"
     types: list[str] = Field(default_factory=list, description="detector types to run; [] runs all")
     roles: list[Role] = Field(
-        default_factory=lambda: ["system", "developer", "user", "assistant", "tool"],
+        default_factory=lambda: list(PII_ROLES),
         description="message roles scanned; tool also scans the legacy function role",
     )
 
@@ -87,7 +89,7 @@ class OutputPolicy(_Strict):
 
     enabled: bool = False
     injection: Switch[Literal["off", "block", "flag", "monitor"]] = Field(
-        "off", description=("the classifier on generated text (e.g. a model repeating injected instructions)")
+        default="off", description=("the classifier on generated text (e.g. a model repeating injected instructions)")
     )
     pii: PiiAction = "off"
     secrets: PiiAction = "block"
@@ -108,14 +110,16 @@ class GuardRuntime(_Strict):
     """How the process runs the classifier (base policy only)."""
 
     model: str | None = Field(
-        None,
+        default=None,
         description=(
             "a Hugging Face style ONNX sequence-classification folder (model*.onnx, tokenizer.json, config.json); "
             "default: the bundled guard_models/minilm-pi"
         ),
     )
     device: Literal["auto", "cuda", "cpu"] = "auto"
-    precision: Literal["auto", "int8", "fp16", "fp32"] = Field("auto", description="auto: int8 on CPU, fp16 on GPU")
+    precision: Literal["auto", "int8", "fp16", "fp32"] = Field(
+        default="auto", description="auto: int8 on CPU, fp16 on GPU"
+    )
     threads: Annotated[int, Field(ge=0, description="ONNX intra-op threads; 0: ONNX's default")] = 0
     max_batch: Annotated[int, Field(ge=1, le=1024)] = 32
     max_wait_us: Annotated[
@@ -124,9 +128,9 @@ class GuardRuntime(_Strict):
 
 
 class GuardSpec(_Strict):
-    enabled: bool = Field(False, description="off: the stage costs one attribute lookup per request")
+    enabled: bool = Field(default=False, description="off: the stage costs one attribute lookup per request")
     unknown_tokenizer: Literal["refuse", "pass"] = Field(
-        "refuse",
+        default="refuse",
         description=(
             "completions prompts sent as token ids are decoded with the model's tokenizer and scanned as text; for a "
             "model whose tokenizer the gateway does not know, refuse them (400 prompt_unscannable) or pass them "

@@ -107,3 +107,16 @@ def test_cancelled_caller_does_not_break_others() -> None:
         assert await second == pytest.approx([0.2, 0.3, 0.4])
 
     run(main())
+
+
+def test_one_batcher_serves_one_event_loop_after_another() -> None:
+    batcher = MicroBatcher(Recorder(), max_batch=4, max_wait_us=0)
+
+    async def scores(first: int) -> list[float]:
+        try:
+            return await batcher.score([[first], [first + 1]])
+        finally:
+            await batcher.aclose()
+
+    assert run(scores(100)) == pytest.approx([0.1, 0.101])
+    assert run(scores(200)) == pytest.approx([0.2, 0.201])
