@@ -108,7 +108,8 @@ def build_admin_app(gateway: Gateway) -> ASGIApp:
             Route("/metrics", metrics, methods=["GET"]),
             Route("/admin/policy", admin_policy, methods=["GET"]),
         ],
-        exception_handlers={HTTPException: http_error, Exception: server_error},
+        # Starlette types every handler as taking any Exception, though it calls each only with its own class.
+        exception_handlers={HTTPException: http_error, Exception: server_error},  # type: ignore[dict-item]
     )
     app.router.redirect_slashes = False  # a redirect would be built from the client's Host header
     token = gateway.config.admin.token()

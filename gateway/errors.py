@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -20,7 +21,7 @@ class GatewayError(Exception):
         type: str = "invalid_request_error",
         code: str | None = None,
         param: str | None = None,
-        headers: dict[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -28,7 +29,7 @@ class GatewayError(Exception):
         self.type = type
         self.code = code
         self.param = param
-        self.headers = headers or {}
+        self.headers = dict(headers or {})
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}

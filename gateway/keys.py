@@ -27,7 +27,7 @@ class Identity:
 class KeyStore:
     def __init__(self, config: AuthConfig) -> None:
         # Indexed by an 8-byte digest prefix an attacker cannot steer; the full digest is confirmed in constant time.
-        self._keys = {}
+        self._keys: dict[bytes, tuple[bytes, str, str]] = {}  # prefix → (digest, tenant, label)
         for key in config.keys:
             digest = key.digest()
             self._keys[digest[:8]] = (digest, key.tenant, key.label)
@@ -44,9 +44,10 @@ class KeyStore:
         if presented is None:
             return None
         digest = hashlib.sha256(presented.encode()).digest()
-        stored, tenant, label = self._keys.get(digest[:8], (b"", None, None))
-        if tenant is None or not hmac.compare_digest(stored, digest):
+        entry = self._keys.get(digest[:8])
+        if entry is None or not hmac.compare_digest(entry[0], digest):
             return None
+        _, tenant, label = entry
         return Identity(tenant, label, digest[:6].hex())
 
 

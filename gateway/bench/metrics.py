@@ -173,9 +173,13 @@ def summarize(
 
 def measured_hit_rate(results: Sequence[RequestResult]) -> tuple[float | None, int, int]:
     """sum(cached_tokens) / sum(prompt_tokens) over successful requests whose usage reported cached_tokens."""
-    rows = [r for r in results if r.success and r.cached_tokens is not None and r.prompt_tokens]
-    cached = sum(r.cached_tokens for r in rows)
-    prompt = sum(r.prompt_tokens for r in rows)
+    counts = [
+        (r.cached_tokens, r.prompt_tokens)
+        for r in results
+        if r.success and r.cached_tokens is not None and r.prompt_tokens
+    ]
+    cached = sum(c for c, _ in counts)
+    prompt = sum(p for _, p in counts)
     return (cached / prompt if prompt else None), cached, prompt
 
 

@@ -77,9 +77,9 @@ def format_table(results: Mapping[str, Mapping[str, Any]]) -> str:
         lines.append(
             lab.ljust(label_width) + "  " + "  ".join(per_run[n].get(lab, "").rjust(w) for n, w in zip(names, widths))
         )
-    errors = {name: r.get("errors") for name, r in results.items() if r.get("errors")}
-    for name, errs in errors.items():
-        lines.append(f"[{name}] errors: " + "; ".join(f"{count}x {msg}" for msg, count in errs.items()))
+    for name, result in results.items():
+        if errors := result.get("errors"):
+            lines.append(f"[{name}] errors: " + "; ".join(f"{count}x {msg}" for msg, count in errors.items()))
     return "\n".join(lines)
 
 
