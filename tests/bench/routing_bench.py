@@ -1,4 +1,4 @@
-"""KV-cache-aware routing benchmark ([3 of 6]): four routing policies in front of the same engine replicas.
+"""KV-cache-aware routing benchmark: four routing policies in front of the same engine replicas.
 
     .venv/bin/python tests/bench/routing_bench.py                 # full run (docs/benchmarks.md), ~15-25 min here
     .venv/bin/python tests/bench/routing_bench.py --quick         # smoke test, a few minutes
