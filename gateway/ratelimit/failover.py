@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from gateway.errors import GatewayError
 from gateway.ratelimit.checks import Backend, BackendError, Check, Settlement, SlotCheck
@@ -16,7 +17,7 @@ log = logging.getLogger(__name__)
 class CircuitBreaker:
     """Open after `failures` errors in a row; while open, callers skip the store until `cooldown` has passed."""
 
-    def __init__(self, failures: int, cooldown: float, clock=time.monotonic) -> None:
+    def __init__(self, failures: int, cooldown: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.failures = failures
         self.cooldown = cooldown
         self._clock = clock

@@ -2,8 +2,8 @@
 
 Each unit of cost pushes the key's theoretical arrival time (TAT) `interval` seconds into the future; a request is
 allowed while the TAT it would leave is no more than `tolerance` (= interval x burst) ahead of now. Over any span of
-time the allowed cost therefore never exceeds burst + elapsed / interval. `lua/gcra.lua` is the same arithmetic
-run inside Redis.
+time the allowed cost therefore never exceeds burst + elapsed / interval. `lua/batch.lua` runs the same arithmetic
+inside Redis.
 """
 
 from __future__ import annotations

@@ -15,7 +15,9 @@ def rate_limit_headers(decided: list[tuple[RateLimitRule, Outcome]]) -> dict[str
     policy, state = [], []
     for rule, outcome in decided:
         window = rule.requests or rule.tokens
-        quota = (window or rule.concurrency).limit
+        limit = window or rule.concurrency
+        assert limit is not None  # a rule has exactly one kind
+        quota = limit.limit
         policy.append(f'"{rule.id}";q={quota};w={math.ceil(window.per)}' if window else f'"{rule.id}";q={quota}')
         state.append(f'"{rule.id}";r={max(outcome.remaining, 0)};t={math.ceil(outcome.reset)}')
         if window:

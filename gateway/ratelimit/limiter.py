@@ -134,6 +134,7 @@ def _too_many(rule: RateLimitRule, outcome: Outcome, headers: dict[str, str]) ->
         message = f"Too many concurrent requests (limit '{rule.id}': {rule.concurrency.limit} in flight)."
     else:
         window = rule.requests or rule.tokens
+        assert window is not None  # a rule has exactly one kind
         message = (
             f"Rate limit reached for {rule.kind} (limit '{rule.id}': {window.limit} per "
             f"{window.per:g}s). Please try again in {outcome.retry_after:.3g}s."

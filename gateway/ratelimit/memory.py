@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from gateway.ratelimit.checks import Check, RateCheck, Settlement, SlotCheck
 from gateway.ratelimit.gcra import Outcome, gcra
@@ -13,7 +14,7 @@ _SWEEP_EVERY = 10_000
 class MemoryBackend:
     name = "memory"
 
-    def __init__(self, clock=time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._tats: dict[str, float] = {}
         self._slots: dict[str, dict[str, float]] = {}
@@ -39,8 +40,8 @@ class MemoryBackend:
                 self._tats[check.key] = tat
             else:
                 self._tats.pop(check.key, None)
-        for check in settlement.releases:
-            self._slots.get(check.key, {}).pop(check.member, None)
+        for slot in settlement.releases:
+            self._slots.get(slot.key, {}).pop(slot.member, None)
 
     # Each check returns its outcome and what to store if all of the request's checks are allowed: a TAT or a lease end.
 

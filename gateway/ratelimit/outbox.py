@@ -27,6 +27,7 @@ import contextlib
 import logging
 from collections import Counter, deque
 from collections.abc import Callable
+from typing import Any
 
 from gateway.ratelimit.checks import BackendError, Settlement
 
@@ -41,10 +42,10 @@ class SettlementOutbox:
     """`send(settlement)` queues one settlement for the store: its future fails with BackendError if the store did
     not take it."""
 
-    def __init__(self, send: Callable[[Settlement], asyncio.Future[object]], cap: int) -> None:
+    def __init__(self, send: Callable[[Settlement], asyncio.Future[Any]], cap: int) -> None:
         self._send = send
         self._cap = cap
-        self._sending: set[asyncio.Future[object]] = set()  # sent at once, not answered yet
+        self._sending: set[asyncio.Future[Any]] = set()  # sent at once, not answered yet
         self._pending: deque[Settlement] = deque()  # kept for retry, oldest first
         self._wake = asyncio.Event()  # set: something new is pending
         self._closing = asyncio.Event()
@@ -72,7 +73,7 @@ class SettlementOutbox:
             await self._task
             self._task = None
 
-    def _sent(self, settlement: Settlement, future: asyncio.Future[object]) -> None:
+    def _sent(self, settlement: Settlement, future: asyncio.Future[Any]) -> None:
         self._sending.discard(future)
         error = None if future.cancelled() else future.exception()
         if isinstance(error, BackendError):
