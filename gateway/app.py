@@ -11,7 +11,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import anyio
@@ -112,7 +112,7 @@ class Gateway:
             self.tracer,
             self.metrics,
         )
-        self.upstream = Upstream(self.tracer, self.metrics, config.telemetry.replica_header)
+        self.upstream = Upstream(self.tracer, self.metrics, self.offload, config.telemetry.replica_header)
 
     def _install(self, policies: PolicySet) -> None:
         self.policies = policies  # one assignment: each request reads one whole policy set
@@ -183,9 +183,9 @@ class ProxyEndpoint:
             )
             try:
                 await self._respond(ctx, watch, scope, receive, send)
-            finally:
+            finally:  # even when the client vanished or a stage failed
                 with anyio.CancelScope(shield=True):
-                    await self._complete(ctx)
+                    await gw.pipeline.settle(ctx)
             span.set_attribute("http.response.status_code", ctx.status)
             if ctx.status >= 500 or ctx.stream_error not in (None, "client_disconnected"):
                 span.set_status(Status(StatusCode.ERROR, ctx.stream_error or str(ctx.status)))
@@ -217,15 +217,6 @@ class ProxyEndpoint:
         await self.gateway.pipeline.run(ctx)
         return await self.gateway.upstream.forward(ctx)
 
-    @staticmethod
-    async def _complete(ctx: RequestContext) -> None:
-        """Run end-of-request hooks even when the client vanished or a stage failed; one failure spares the rest."""
-        for hook in ctx.on_complete:
-            try:
-                await hook(ctx)
-            except Exception:
-                log.exception("end-of-request hook failed for %s", ctx.request_id)
-
     def _account(self, ctx: RequestContext) -> None:
         elapsed = time.perf_counter() - ctx.started
         metrics = self.gateway.metrics
@@ -249,7 +240,7 @@ class ProxyEndpoint:
                     "tenant": ctx.tenant,
                     "model": ctx.model or None,
                     "stream": ctx.stream,
-                    "pool": ctx.pool.name if ctx.pool else None,
+                    "pool": ctx.placement.pool.name if ctx.placement else None,
                     "upstream": ctx.replica.url if ctx.replica else None,
                     "prompt_tokens": ctx.usage.prompt_tokens,
                     "completion_tokens": ctx.usage.completion_tokens,
@@ -323,8 +314,11 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]
-    app = Starlette(
-        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error, Exception: server_error}
-    )
+    # Starlette types every handler as taking any Exception; http_error takes the HTTPException it is registered for
+    handlers: dict[type[Exception], Callable[..., Awaitable[Response]]] = {
+        HTTPException: http_error,
+        Exception: server_error,
+    }
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     app.router.redirect_slashes = False  # its redirect's Location is built from the client's own Host header
     return ByListener(app, build_admin_app(gateway), config.admin.port if config.admin.enabled else None)

@@ -1,10 +1,17 @@
-"""RequestContext: the one object that flows through every stage, from the first byte in to the last byte out."""
+"""RequestContext: the one object that flows through every stage, from the first byte in to the last byte out.
+
+The stages' contracts live here. What a stage leaves for later ones is a typed field; what a later stage cannot run
+without, it reads through an accessor that names the stage it depends on (`placed`), so a pipeline built in the
+wrong order fails saying so. The body the upstream is sent is encoded in one place (`outgoing_body`): a stage that
+rewrites the payload only sets `payload_rewritten`, however many of them do.
+"""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -12,9 +19,17 @@ from opentelemetry.trace import Span
 from starlette.requests import Request
 
 if TYPE_CHECKING:
+    from gateway.admission.fair_queue import FairQueue
+    from gateway.guard.output import OutputGuard
+    from gateway.ratelimit.limiter import Grant
     from gateway.routing.policies import RouteRequest
     from gateway.routing.pool import Pool
     from gateway.routing.replica import KvHold, Replica
+
+
+class StageOrderError(RuntimeError):
+    """A stage read what an earlier stage sets before that stage ran: the pipeline is built wrong (not the client's
+    fault)."""
 
 
 @dataclass(slots=True)
@@ -27,18 +42,31 @@ class Usage:
 
 
 @dataclass(slots=True)
+class Placement:
+    """Where admission put a request: its pool, its shape for routing, and the KV blocks it holds on a replica until
+    it ends. Routing adds the replicas to try, best first."""
+
+    pool: Pool
+    request: RouteRequest
+    kv_hold: KvHold
+    queue: FairQueue | None = None  # the fair queue that let it in: charged the real output when it ends
+    candidates: Sequence[Replica] = ()
+
+
+@dataclass(slots=True)
 class RequestContext:
     """What stages know about one request. Stages read and write it; they never call each other."""
 
     request: Request
     route: str  # "chat" | "completions"
-    span: Span
+    span: Span  # the request's span: every stage's attributes go here
     client_ip: str = ""
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     started: float = field(default_factory=time.perf_counter)
     # parse
-    body: bytes = b""
+    body: bytes = b""  # as received: what the WAF reads, and what sizes a body for the offload executor
     payload: dict[str, Any] = field(default_factory=dict)
+    payload_rewritten: bool = False  # a stage changed the payload: the upstream gets it re-encoded
     json_values: int = 0  # how many values the body holds: with its size, whether its work leaves the event loop
     model: str = ""
     stream: bool = False
@@ -52,25 +80,32 @@ class RequestContext:
     tenant: str | None = None
     key_id: str | None = None  # short digest prefix: identifies a key in limits and logs, reveals nothing
     key_label: str | None = None
-    # admission / route
-    pool: Pool | None = None
-    route_request: RouteRequest | None = None
+    # rate limits: what the request holds (slots, token reservations) until it ends
+    rate_limits: Grant | None = None
+    # admission / route: read `placed` in the stages after admission
+    placement: Placement | None = None
     predicted_cached_tokens: int | None = None  # what routing expected the replica to have cached
-    kv_hold: KvHold | None = None  # KV blocks counted against a replica while this request runs
-    candidates: list[Replica] = field(default_factory=list)
-    # guard: set when the policy turns the output guard on (gateway.guard.output.OutputGuard)
-    output_guard: Any = None
+    # guard: set when the policy turns the output guard on; the upstream relay runs the answer through it
+    output_guard: OutputGuard | None = None
     # upstream / response
     replica: Replica | None = None
     status: int = 0
     usage: Usage = field(default_factory=Usage)
     stream_error: str | None = None
-    annotations: dict[str, Any] = field(default_factory=dict)
     response_headers: dict[str, str] = field(default_factory=dict)
-    # run once when the response has ended, however it ended (settle limits, free slots)
-    on_complete: list[Callable[[RequestContext], Awaitable[None]]] = field(default_factory=list)
 
     @property
     def operation(self) -> str:
         """GenAI semantic-convention operation name."""
         return "chat" if self.route == "chat" else "text_completion"
+
+    @property
+    def placed(self) -> Placement:
+        """Admission's placement, for routing and the upstream call."""
+        if self.placement is None:
+            raise StageOrderError("the request has no placement: admission must run before routing and the upstream")
+        return self.placement
+
+    def outgoing_body(self) -> bytes:
+        """The body the upstream is sent: as received, or the payload re-encoded when a stage rewrote it."""
+        return json.dumps(self.payload).encode() if self.payload_rewritten else self.body

@@ -1,20 +1,32 @@
 """The ordered stage runner: each stage is one module, one span, one latency histogram.
 
-A stage passes by returning, rejects by raising `GatewayError`, and annotates through the context. New stages
-(WAF, rate limits, admission, guard) slot in by being added to the list the app builds; no stage knows another.
+A request passes through two phases of the pipeline, the way Envoy's external processors see a request's headers and
+body on the way in and its end on the way out:
+- the request phase: each stage in order passes by returning, rejects by raising `GatewayError`, and leaves what
+  later stages need on the context (gateway/context.py says what each one sets);
+- the settle phase: once the response has ended, however it ended (answered, refused by a stage, failed upstream,
+  abandoned by its client), every stage that holds something for a request until then (`Settles`: rate-limit slots
+  and token reservations, KV blocks) settles it, in stage order.
+Between the two, the upstream relay runs the answer through the output guard the guard stage may leave.
+
+New stages (WAF, rate limits, admission, guard) slot in by being added to the list the app builds; no stage knows
+another.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from opentelemetry.trace import Status, StatusCode, Tracer
 
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
 from gateway.telemetry import Metrics
+
+log = logging.getLogger(__name__)
 
 
 class Stage(Protocol):
@@ -23,13 +35,25 @@ class Stage(Protocol):
     async def __call__(self, ctx: RequestContext) -> None: ...
 
 
+@runtime_checkable
+class Settles(Protocol):
+    """A stage that holds something for a request until its response ends. `settle` runs for every request that
+    entered the pipeline, also one refused before this stage ran: it settles what the context shows it took."""
+
+    name: str
+
+    async def settle(self, ctx: RequestContext) -> None: ...
+
+
 class Pipeline:
     def __init__(self, stages: Sequence[Stage], tracer: Tracer, metrics: Metrics) -> None:
         self.stages = tuple(stages)
+        self.settling: tuple[Settles, ...] = tuple(s for s in self.stages if isinstance(s, Settles))
         self._tracer = tracer
         self._histograms = {s.name: metrics.stage_duration.labels(stage=s.name) for s in self.stages}
 
     async def run(self, ctx: RequestContext) -> None:
+        """The request phase."""
         traced = ctx.span.is_recording()  # an unsampled request records nothing: skip the span bookkeeping
         for stage in self.stages:
             started = time.perf_counter()
@@ -40,6 +64,14 @@ class Pipeline:
                     await stage(ctx)
             finally:
                 self._histograms[stage.name].observe(time.perf_counter() - started)
+
+    async def settle(self, ctx: RequestContext) -> None:
+        """The settle phase, once the response has ended; one stage failing to settle spares the others."""
+        for stage in self.settling:
+            try:
+                await stage.settle(ctx)
+            except Exception:
+                log.exception("%s stage failed to settle request %s", stage.name, ctx.request_id)
 
     async def _run_traced(self, stage: Stage, ctx: RequestContext) -> None:
         with self._tracer.start_as_current_span(

@@ -23,7 +23,6 @@ disconnect listener during a stream); cancelling an attempt closes its upstream 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -38,6 +37,7 @@ from starlette.responses import Response, StreamingResponse
 
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
+from gateway.offload import Offload
 from gateway.routing.pool import Pool
 from gateway.routing.replica import Replica
 from gateway.sse import DONE, EventFramer, EventTooLarge, event_data
@@ -54,22 +54,30 @@ _MAX_MESSAGE_CHARS = 4096  # of an upstream's error message passed on to the cli
 
 @dataclass(slots=True)
 class _Attempt:
-    """One try at one replica; its response once the status line arrived."""
+    """One try at one replica of the request's pool; its response once the status line arrived."""
 
+    pool: Pool
     replica: Replica
     span: Span
     sent_at: float
     response: aiohttp.ClientResponse | None = None
     content: bytes = b""  # the whole body of a non-streaming or error answer
-    answer: dict | None = None  # a non-streaming 200's body, parsed
+    answer: dict[str, Any] | None = None  # a non-streaming 200's body, parsed
+
+    @property
+    def answered(self) -> aiohttp.ClientResponse:
+        """The response of an attempt whose status line arrived (every attempt `_attempts` returns)."""
+        if self.response is None:
+            raise RuntimeError(f"the attempt at {self.replica.url} has no response yet")
+        return self.response
 
 
 class _Deadline:
     """A request's total deadline (`timeouts.total`, counted from its arrival), in event-loop time."""
 
-    def __init__(self, ctx: RequestContext) -> None:
-        self.total = ctx.pool.config.timeouts.total
-        self.at = asyncio.get_running_loop().time() + self.total - (time.perf_counter() - ctx.started)
+    def __init__(self, pool: Pool, started: float) -> None:
+        self.total = pool.config.timeouts.total
+        self.at = asyncio.get_running_loop().time() + self.total - (time.perf_counter() - started)
 
     def left(self) -> float:
         return self.at - asyncio.get_running_loop().time()
@@ -84,24 +92,29 @@ class _Deadline:
 
 
 class Upstream:
-    def __init__(self, tracer: Tracer, metrics: Metrics, replica_header: bool = False) -> None:
+    def __init__(self, tracer: Tracer, metrics: Metrics, offload: Offload, replica_header: bool = False) -> None:
         self._tracer = tracer
         self._metrics = metrics
+        self._offload = offload  # re-encodes a big rewritten body off the event loop
         self._replica_header = replica_header
 
     async def forward(self, ctx: RequestContext) -> Response:
-        body, strip_usage = _request_body(ctx)
-        deadline = _Deadline(ctx)
+        pool = ctx.placed.pool
+        strip_usage = _ask_for_usage(ctx, pool)
+        big = ctx.payload_rewritten and self._offload.is_big(len(ctx.body), ctx.json_values)
+        body = await self._offload.run(big, ctx.outgoing_body)
+        deadline = _Deadline(pool, ctx.started)
         scope = asyncio.timeout_at(deadline.at)
         try:
             async with scope:
-                attempt = await self._attempts(ctx, body)
+                attempt = await self._attempts(ctx, pool, body)
         except TimeoutError:
             if scope.expired():
                 raise deadline.exceeded() from None
             raise
+        response = attempt.answered
         ctx.replica = attempt.replica
-        ctx.status = attempt.response.status
+        ctx.status = response.status
         headers = {"x-request-id": ctx.request_id, **ctx.response_headers}
         if self._replica_header:
             headers["x-portcullis-replica"] = attempt.replica.url
@@ -119,22 +132,23 @@ class Upstream:
                 attempt.content = await ctx.output_guard.check_body(attempt.content)
         finally:
             self._finish(ctx, attempt)
-        media_type = attempt.response.headers.get("content-type", "application/json")
+        media_type = response.headers.get("content-type", "application/json")
         return Response(attempt.content, status_code=200, headers=headers, media_type=media_type)
 
-    async def _attempts(self, ctx: RequestContext, body: bytes) -> _Attempt:
+    async def _attempts(self, ctx: RequestContext, pool: Pool, body: bytes) -> _Attempt:
         """Try candidates in order; a failure moves on only while the upstream has not answered."""
-        pool = ctx.pool
-        assert pool is not None, "route stage must run before the upstream call"
-        candidates = ctx.candidates[: pool.config.max_attempts]
+        candidates = ctx.placed.candidates[: pool.config.max_attempts]
         failure: GatewayError | None = None
         for number, replica in enumerate(candidates, start=1):
             attempt = _Attempt(
-                replica=replica, span=self._start_span(ctx, replica, number), sent_at=time.perf_counter()
+                pool=pool,
+                replica=replica,
+                span=self._start_span(ctx, pool, replica, number),
+                sent_at=time.perf_counter(),
             )
             replica.outstanding += 1
             try:
-                await self._answer(pool, ctx, attempt, body, retry=number < len(candidates))
+                await self._answer(ctx, attempt, body, retry=number < len(candidates))
                 return attempt
             except (aiohttp.ClientError, TimeoutError, GatewayError) as exc:
                 failure = self._failed(ctx, attempt, number, exc)
@@ -144,17 +158,18 @@ class Upstream:
         assert failure is not None
         raise failure
 
-    async def _answer(self, pool: Pool, ctx: RequestContext, attempt: _Attempt, body: bytes, retry: bool) -> None:
+    async def _answer(self, ctx: RequestContext, attempt: _Attempt, body: bytes, retry: bool) -> None:
         """Send, and wait for the status line; read the whole body unless this is a stream that answered 200."""
-        attempt.response = await self._send(pool, ctx, attempt.replica, attempt.span, body)
-        status = attempt.response.status
+        pool = attempt.pool
+        response = attempt.response = await self._send(pool, ctx, attempt.replica, attempt.span, body)
+        status = response.status
         attempt.span.set_attribute("http.response.status_code", status)
         if retry and status in pool.config.retry_on_status:
             raise GatewayError(502, f"upstream answered {status}", type="upstream_error", code="upstream_status")
         if not (ctx.stream and status == 200):
-            attempt.content = await _read_body(attempt.response, pool)
-            attempt.response.release()
-            self._first_chunk_arrived(ctx, attempt)
+            attempt.content = await _read_body(response, pool)
+            response.release()
+            self._first_chunk_arrived(attempt)
             if status == 200:
                 attempt.answer = _json_or_none(attempt.content)
                 if attempt.answer is None:
@@ -168,8 +183,8 @@ class Upstream:
 
     def _failed(self, ctx: RequestContext, attempt: _Attempt, number: int, exc: Exception) -> GatewayError:
         failure = _as_gateway_error(exc)
-        ctx.pool.record(attempt.replica, ok=False)
-        self._metrics.upstream_errors.labels(pool=ctx.pool.name, kind=failure.code).inc()
+        attempt.pool.record(attempt.replica, ok=False)
+        self._metrics.upstream_errors.labels(pool=attempt.pool.name, kind=failure.code).inc()
         log.warning("upstream %s attempt %d failed: %s", attempt.replica.url, number, failure.message)
         attempt.span.set_status(Status(StatusCode.ERROR, failure.message))
         attempt.span.set_attribute("error.type", failure.code or "upstream_error")
@@ -196,14 +211,14 @@ class Upstream:
         propagate.inject(headers, context=set_span_in_context(span))
         return await pool.session.post(replica.url + _PATHS[ctx.route], data=body, headers=headers)
 
-    def _start_span(self, ctx: RequestContext, replica: Replica, number: int) -> Span:
+    def _start_span(self, ctx: RequestContext, pool: Pool, replica: Replica, number: int) -> Span:
         host, port = replica.address
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": ctx.operation,
             "gen_ai.request.model": ctx.model,
             "server.address": host,
             "server.port": port,
-            "portcullis.pool": ctx.pool.name if ctx.pool else "",
+            "portcullis.pool": pool.name,
             "portcullis.attempt": number,
         }
         for key, attr in (
@@ -215,22 +230,23 @@ class Upstream:
                 attributes[attr] = ctx.payload[key]
         return self._tracer.start_span(f"{ctx.operation} {ctx.model}", kind=SpanKind.CLIENT, attributes=attributes)
 
-    def _first_chunk_arrived(self, ctx: RequestContext, attempt: _Attempt) -> None:
+    def _first_chunk_arrived(self, attempt: _Attempt) -> None:
         ttft = time.perf_counter() - attempt.sent_at
         attempt.span.set_attribute("portcullis.upstream.time_to_first_chunk", ttft)
-        self._metrics.upstream_ttft.labels(pool=ctx.pool.name).observe(ttft)
+        self._metrics.upstream_ttft.labels(pool=attempt.pool.name).observe(ttft)
 
     async def _relay(
         self, ctx: RequestContext, attempt: _Attempt, strip_usage: bool, deadline: _Deadline
     ) -> AsyncIterator[bytes]:
-        framer = EventFramer(ctx.pool.config.max_event_bytes)
+        config, response = attempt.pool.config, attempt.answered
+        framer = EventFramer(config.max_event_bytes)
         saw_done = False
         idle: float | None = None  # the wait for the first chunk is `timeouts.read`'s (a long prefill)
         try:
-            while chunk := await _next_bytes(attempt.response.content, idle, deadline):
+            while chunk := await _next_bytes(response.content, idle, deadline):
                 if idle is None:
-                    self._first_chunk_arrived(ctx, attempt)
-                    idle = ctx.pool.config.timeouts.stream_idle
+                    self._first_chunk_arrived(attempt)
+                    idle = config.timeouts.stream_idle
                 out = []
                 for event in framer.feed(chunk):
                     data = event_data(event)
@@ -264,9 +280,9 @@ class Upstream:
             raise
         finally:
             if saw_done:
-                attempt.response.release()  # complete: the connection goes back to the pool
+                response.release()  # complete: the connection goes back to the pool
             else:
-                attempt.response.close()  # broken or abandoned: drop the connection, so the upstream stops
+                response.close()  # broken or abandoned: drop the connection, so the upstream stops
             self._finish(ctx, attempt)
 
     def _inspect_event(self, ctx: RequestContext, data: bytes, strip_usage: bool) -> bool:
@@ -280,7 +296,7 @@ class Upstream:
         self._record_usage(ctx, chunk)
         return not (strip_usage and chunk.get("usage") and not chunk.get("choices"))
 
-    def _record_usage(self, ctx: RequestContext, body: dict | None) -> None:
+    def _record_usage(self, ctx: RequestContext, body: dict[str, Any] | None) -> None:
         if not body:
             return
         for choice in body.get("choices") or ():
@@ -298,7 +314,7 @@ class Upstream:
 
     def _finish(self, ctx: RequestContext, attempt: _Attempt) -> None:
         """Close the books on one attempt: in-flight count, duration, usage on the span, and the span itself."""
-        pool_name = ctx.pool.name
+        pool_name = attempt.pool.name
         attempt.replica.outstanding -= 1
         self._metrics.upstream_duration.labels(pool=pool_name).observe(time.perf_counter() - attempt.sent_at)
         span, usage = attempt.span, ctx.usage
@@ -318,13 +334,15 @@ class Upstream:
         span.end()
 
 
-def _request_body(ctx: RequestContext) -> tuple[bytes, bool]:
-    """The body to send, and whether the final usage chunk must be stripped (we asked for it, the client did not)."""
+def _ask_for_usage(ctx: RequestContext, pool: Pool) -> bool:
+    """Ask a stream for its final usage chunk where the pool wants it and the client did not: True when the gateway
+    asked, so the relay strips that chunk from what the client gets."""
     options = ctx.payload.get("stream_options") or {}
-    if not (ctx.stream and ctx.pool.config.include_usage) or options.get("include_usage"):
-        return ctx.body, False
-    payload = {**ctx.payload, "stream_options": {**options, "include_usage": True}}
-    return json.dumps(payload).encode(), True
+    if not (ctx.stream and pool.config.include_usage) or options.get("include_usage"):
+        return False
+    ctx.payload["stream_options"] = {**options, "include_usage": True}
+    ctx.payload_rewritten = True
+    return True
 
 
 def _carries_output(choice: object) -> bool:
@@ -379,7 +397,7 @@ async def _next_bytes(content: aiohttp.StreamReader, idle: float | None, deadlin
     except TimeoutError:
         if not scope.expired():
             raise  # aiohttp's own read timeout
-        if by_deadline:
+        if by_deadline and deadline is not None:
             raise deadline.exceeded() from None
         raise GatewayError(
             504, f"upstream sent nothing for {idle:g} s", type="upstream_error", code="upstream_stream_idle"
@@ -427,7 +445,7 @@ def _text(value: Any) -> str | None:
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _json_or_none(data: bytes) -> dict | None:
+def _json_or_none(data: bytes) -> dict[str, Any] | None:
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError:  # also invalid UTF-8 and nesting too deep

@@ -7,15 +7,13 @@ fair queue until capacity frees or its deadline passes.
 
 from __future__ import annotations
 
-import json
-
 from opentelemetry.trace import Tracer
 
 from gateway.admission.fair_queue import FairQueue
-from gateway.context import RequestContext
+from gateway.context import Placement, RequestContext
 from gateway.errors import GatewayError
 from gateway.routing.policies import blocks_needed
-from gateway.routing.pool import Pool, Pools
+from gateway.routing.pool import Pools
 from gateway.routing.replica import KvHold
 from gateway.telemetry import Metrics
 
@@ -42,28 +40,33 @@ class AdmissionStage:
                 code="model_not_found",
                 param="model",
             )
-        ctx.pool = pool
         salt = pool.cache_salt(ctx.tenant)
         if salt is not None or "cache_salt" in ctx.payload:  # a client never picks whose cache it shares
             ctx.payload.pop("cache_salt", None)
             if salt is not None:
                 ctx.payload["cache_salt"] = salt
-            ctx.body = json.dumps(ctx.payload).encode()
-        ctx.route_request = pool.request_shape(ctx.prompt_tokens or 0, ctx.max_tokens or 0, ctx.prompt_token_ids, salt)
+            ctx.payload_rewritten = True
+        request = pool.request_shape(ctx.prompt_tokens or 0, ctx.max_tokens or 0, ctx.prompt_token_ids, salt)
+        placement = ctx.placement = Placement(pool, request, KvHold())
         ctx.span.set_attribute("portcullis.pool", pool.name)
-        ctx.kv_hold = KvHold()
-
-        async def release(done: RequestContext) -> None:
-            done.kv_hold.release()
-            pool.changed()
-
-        ctx.on_complete.append(release)
         queue = self.queues.get(pool.name)
         if queue is not None:
-            await self._admit(ctx, pool, queue)
+            await self._admit(ctx, placement, queue)
 
-    async def _admit(self, ctx: RequestContext, pool: Pool, queue: FairQueue) -> None:
-        request = ctx.route_request
+    async def settle(self, ctx: RequestContext) -> None:
+        """Free the request's KV blocks for the next admission, and charge its fair queue the output it really
+        generated (VTC charges real output, not the reservation)."""
+        placement = ctx.placement
+        if placement is None:
+            return
+        placement.kv_hold.release()
+        placement.pool.changed()
+        completion = ctx.usage.completion_tokens
+        if placement.queue is not None and completion is not None:
+            placement.queue.charge(_tenant(ctx), 0, completion - (ctx.max_tokens or 0))
+
+    async def _admit(self, ctx: RequestContext, placement: Placement, queue: FairQueue) -> None:
+        pool, request, hold = placement.pool, placement.request, placement.kv_hold
         cached = pool.index.matched_blocks(request.block_hashes) if request.block_hashes else {}
 
         def take() -> bool:
@@ -72,20 +75,19 @@ class AdmissionStage:
                 free = replica.free_blocks
                 need = blocks_needed(request, cached.get(replica.url, 0))
                 if replica.available() and (free is None or need <= free):
-                    ctx.kv_hold.move(replica, need)
+                    hold.move(replica, need)
                     return True
             return False
 
-        tenant = ctx.tenant or "anonymous"
         prompt, output = ctx.prompt_tokens or 0, ctx.max_tokens or 0
         with self._tracer.start_as_current_span("admission.queue") as span:
-            waited = await queue.admit(tenant, prompt, output, take, pool.config.admission.queue_timeout)
+            waited = await queue.admit(_tenant(ctx), prompt, output, take, pool.config.admission.queue_timeout)
             span.set_attribute("portcullis.queue.wait_seconds", waited)
             span.set_attribute("portcullis.queue.length", len(queue))
         self._metrics.admission_queue_wait.labels(pool=pool.name).observe(waited)
+        placement.queue = queue
 
-        async def settle(done: RequestContext) -> None:
-            if done.usage.completion_tokens is not None:  # VTC charges real output, not the reservation
-                queue.charge(tenant, 0, done.usage.completion_tokens - output)
 
-        ctx.on_complete.append(settle)
+def _tenant(ctx: RequestContext) -> str:
+    """Whom the fair queue serves and charges."""
+    return ctx.tenant or "anonymous"

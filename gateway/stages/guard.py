@@ -15,8 +15,8 @@ threads: neither holds the event loop. Off (the default), the stage costs one po
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
+from typing import Any
 
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
@@ -126,7 +126,6 @@ class GuardStage:
         policy = spec.pii
         types = policy.types or None
         verdicts: list[Verdict] = []
-        changed = False
         for item in texts:
             findings = pii.find(item.text, types)
             if not findings:
@@ -146,11 +145,10 @@ class GuardStage:
                 )
                 if action == "redact":
                     redact += found
-            if redact:
-                item.holder[item.key] = pii.redact(item.text, sorted(redact, key=lambda f: f.start))
-                changed = True
-        if changed:
-            ctx.body = json.dumps(ctx.payload).encode()
+            if redact and item.holder is not None:  # (no holder: redaction became a block above)
+                holder: Any = item.holder  # a message, content part, payload or prompt list; item.key fits it
+                holder[item.key] = pii.redact(item.text, sorted(redact, key=lambda f: f.start))
+                ctx.payload_rewritten = True
         return verdicts
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from opentelemetry import trace
-
 from gateway.context import RequestContext
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import RateLimitRule
@@ -23,7 +21,7 @@ class RateLimitStage:
         rules = [r for r in self._policies().rate_limits_for(ctx.tenant) if _applies(r, ctx)]
         if not rules:
             return
-        span = trace.get_current_span()
+        span = ctx.span
         traced = span.is_recording()  # unsampled: skip building the attribute lists
         if traced:
             span.set_attribute("portcullis.ratelimit.limits", [r.id for r in rules])
@@ -31,12 +29,13 @@ class RateLimitStage:
         if traced:
             span.set_attribute("portcullis.ratelimit.remaining", [o.remaining for _, _, o in grant.decided])
             span.set_attribute("portcullis.ratelimit.backend", grant.backend.name)
-
-        async def settle(done: RequestContext) -> None:
-            await self._limiter.settle(grant, done)
-
-        ctx.on_complete.append(settle)
+        ctx.rate_limits = grant
         ctx.response_headers.update(grant.headers)
+
+    async def settle(self, ctx: RequestContext) -> None:
+        """Charge the request what it cost against its token reservations, and free its slots."""
+        if ctx.rate_limits is not None:
+            await self._limiter.settle(ctx.rate_limits, ctx)
 
 
 def _applies(rule: RateLimitRule, ctx: RequestContext) -> bool:

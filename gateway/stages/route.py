@@ -10,14 +10,12 @@ class RouteStage:
     name = "route"
 
     async def __call__(self, ctx: RequestContext) -> None:
-        pool, request = ctx.pool, ctx.route_request
-        assert pool is not None and request is not None and ctx.kv_hold is not None, (
-            "admission resolves the pool before routing"
-        )
+        placement = ctx.placed
+        pool, request = placement.pool, placement.request
         ranked = pool.rank(request)
-        ctx.candidates = ranked.replicas
+        placement.candidates = ranked.replicas
         chosen = ranked.replicas[0]
-        ctx.kv_hold.move(chosen, ranked.blocks_needed(chosen, request))
+        placement.kv_hold.move(chosen, ranked.blocks_needed(chosen, request))
         pool.policy.learn(request, chosen)
         ctx.predicted_cached_tokens = ranked.cached_blocks.get(chosen.url, 0) * pool.config.block_size
         ctx.span.set_attributes(

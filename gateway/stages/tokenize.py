@@ -8,9 +8,9 @@ executor, not on the event loop.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from gateway.config import ModelConfig
 from gateway.context import RequestContext
@@ -75,14 +75,17 @@ def _per_choice(ctx: RequestContext, prompt: int, window: int | None, default: i
     other: what a request reserves is always something it could really generate. Naming neither, it gets the
     policy's default, cut to what the window leaves, written into the body the upstream sees.
     """
-    # in the order upstreams honour them
-    named = {f: ctx.payload[f] for f in ("max_completion_tokens", "max_tokens") if ctx.payload.get(f) is not None}
+    # in the order upstreams honour them (parse checked both are positive integers)
+    named: dict[str, int] = {
+        f: ctx.payload[f] for f in ("max_completion_tokens", "max_tokens") if ctx.payload.get(f) is not None
+    }
     if not named:
         if window and prompt >= window:
             raise _too_long(window, prompt, 0)
-        ctx.payload["max_tokens"] = min(default, window - prompt) if window else default
-        ctx.body = json.dumps(ctx.payload).encode()
-        return ctx.payload["max_tokens"]
+        filled = min(default, window - prompt) if window else default
+        ctx.payload["max_tokens"] = filled
+        ctx.payload_rewritten = True
+        return filled
     honoured_field, honoured = next(iter(named.items()))
     largest_field, largest = max(named.items(), key=lambda item: item[1])
     if window and prompt + honoured > window:
@@ -99,7 +102,7 @@ def _per_choice(ctx: RequestContext, prompt: int, window: int | None, default: i
     return largest
 
 
-def _choices(payload: dict, most: int) -> int:
+def _choices(payload: dict[str, Any], most: int) -> int:
     """How many completions the request asks for (n, or best_of for completions), at most `most` (else 400)."""
     choices = 1
     for field in ("n", "best_of"):

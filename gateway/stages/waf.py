@@ -9,10 +9,7 @@ offload executor, not on the event loop.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-
-from opentelemetry import trace
 
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
@@ -21,7 +18,6 @@ from gateway.offload import Offload
 from gateway.policy.loader import PolicySet
 from gateway.telemetry import trace_ids
 from gateway.waf import audit
-from gateway.waf.engine import CompiledWaf, Verdict
 from gateway.waf.parts import RequestView
 
 
@@ -35,7 +31,7 @@ class WafStage:
 
     async def __call__(self, ctx: RequestContext) -> None:
         policies = self._policies()
-        span = trace.get_current_span()
+        span = ctx.span
         if not policies.waf.enabled_anywhere:  # no tenant has rules: not even the caller lookup
             span.set_attributes(
                 {"portcullis.waf.policy_version": policies.waf.base.version, "portcullis.waf.action": "off"}
@@ -58,11 +54,10 @@ class WafStage:
             return
         span.set_attribute("portcullis.waf.rules", verdict.rule_ids)
         if verdict.tags:
-            ctx.annotations["waf_tags"] = verdict.tags
+            span.set_attribute("portcullis.waf.tags", verdict.tags)
         if verdict.redactions and not verdict.blocked:
-            body = await self._offload.run(big, _redacted_body, waf, view, verdict, ctx.payload)
-            if body is not None:
-                ctx.body = body
+            if await self._offload.run(big, waf.redact, view, verdict, ctx.payload):
+                ctx.payload_rewritten = True
                 span.set_attribute("portcullis.waf.redacted", [m.rule.id for m in verdict.redactions])
         if verdict.action not in ("block", "monitor") and not any(m.rule.action == "monitor" for m in verdict.matches):
             return  # scored below the threshold (or tagged/redacted only): on the span, not in the audit log
@@ -96,11 +91,6 @@ class WafStage:
                 code="waf_blocked",
                 param=ids,
             )
-
-
-def _redacted_body(waf: CompiledWaf, view: RequestView, verdict: Verdict, payload: dict) -> bytes | None:
-    """The body re-encoded with the verdict's redactions applied to the payload, or None when nothing changed."""
-    return json.dumps(payload).encode() if waf.redact(view, verdict, payload) else None
 
 
 def view_of(ctx: RequestContext, tenant: str | None, label: str | None) -> RequestView:

@@ -304,3 +304,17 @@ def test_a_client_cannot_choose_a_cache_salt(one_upstream):
         == 200
     )
     assert "cache_salt" not in stats(upstream)["last_body"]  # shared cache: no salt reaches the upstream
+
+
+def test_every_rewrite_of_the_payload_reaches_the_upstream_together(one_upstream):
+    """Three stages and the relay rewrite one request (max_tokens filled, the client's cache salt dropped, usage
+    asked for): the upstream gets one body that carries all of them, and the client's other fields unchanged."""
+    gw, upstream = one_upstream
+    body = chat_body(stream=True, cache_salt="tenant-b", temperature=0.5, fake={"chunks": 2})
+    response = httpx.post(gw.url + "/v1/chat/completions", json=body, headers=HEADERS)
+    assert response.status_code == 200 and sse_data(response.text)[-1] == "[DONE]"
+    sent = stats(upstream)["last_body"]
+    assert sent["max_tokens"] == 1024  # the policy's default, for a request that named none
+    assert "cache_salt" not in sent
+    assert sent["stream_options"] == {"include_usage": True}
+    assert sent["messages"] == body["messages"] and sent["temperature"] == 0.5
