@@ -14,8 +14,10 @@ def client_ip(peer: str, forwarded_for: Sequence[str], trusted: Sequence[Network
     `forwarded_for` is every X-Forwarded-For header line in order: proxies may append a line instead of extending
     the last one, and reading only the first line would hand the choice back to the client.
     """
+    if not trusted:  # no proxy is believed (the default): the peer is the client, as the socket reported it
+        return peer
     hops = [peer]
-    if forwarded_for and trusted:
+    if forwarded_for:
         hops = [peer, *reversed([h.strip() for line in forwarded_for for h in line.split(",") if h.strip()])]
     for hop in hops:
         try:

@@ -48,6 +48,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._head_fed = 0  # bytes received while the current head was incomplete
         self._url_bytes = 0
         self._refused = False
+        self._head_started = 0.0  # loop time of the current head's first byte
         self._head_timer: asyncio.TimerHandle | None = None
 
     # connections
@@ -68,6 +69,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._port = port
         self.open_connections[port] += 1
         super().connection_made(transport)
+        self._head_started = self.loop.time()  # a connection that never sends a byte gets the same deadline
         self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -94,12 +96,15 @@ class BoundedProtocol(HttpToolsProtocol):
                 self._refuse_url()
             elif self._head_fed > self.limits.max_url_bytes + self.limits.max_header_bytes:
                 self._refuse_headers()
+            else:
+                # Armed only for a head that spans reads: most arrive whole, and a timer per request costs time.
+                self._arm_head_timer()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = True
         self._head_fed = self._url_bytes = 0
-        self._arm_head_timer()
+        self._head_started = self.loop.time()
 
     def on_url(self, url: bytes) -> None:
         self._url_bytes += len(url)
@@ -172,7 +177,7 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def _arm_head_timer(self) -> None:
         if self._head_timer is None:
-            self._head_timer = self.loop.call_later(self.limits.header_timeout, self._head_timed_out)
+            self._head_timer = self.loop.call_at(self._head_started + self.limits.header_timeout, self._head_timed_out)
 
     def _cancel_head_timer(self) -> None:
         if self._head_timer is not None:
