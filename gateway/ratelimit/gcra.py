@@ -3,7 +3,7 @@
 Each unit of cost pushes the key's theoretical arrival time (TAT) `interval` seconds into the future; a request is
 allowed while the TAT it would leave is no more than `tolerance` (= interval x burst) ahead of now. Over any span of
 time the allowed cost therefore never exceeds burst + elapsed / interval. `lua/batch.lua` runs the same arithmetic
-inside Redis.
+inside Redis (tests/integration/test_gcra_parity.py holds the two to the same decisions).
 """
 
 from __future__ import annotations
@@ -28,10 +28,14 @@ def _units(span: float, interval: float) -> int:
 
 
 def gcra(tat: float, now: float, interval: float, tolerance: float, cost: float) -> tuple[Outcome, float]:
-    """Decide one request; returns the outcome and the TAT to store (unchanged when denied)."""
+    """Decide one request; returns the outcome and the TAT to store (unchanged when denied).
+
+    The arithmetic is on how far the TAT is ahead of now: small numbers, where rounding stays far below _EPSILON
+    however large the clock's readings grow."""
     tat = max(tat, now)
-    new_tat = tat + interval * cost
-    allow_at = new_tat - tolerance
-    if allow_at > now + _EPSILON:
-        return Outcome(False, _units(tolerance - (tat - now), interval), allow_at - now, tat - now), tat
-    return Outcome(True, _units(tolerance - (new_tat - now), interval), 0.0, new_tat - now), new_tat
+    ahead = tat - now
+    new_ahead = ahead + interval * cost
+    allow_at = new_ahead - tolerance
+    if allow_at > _EPSILON:
+        return Outcome(False, _units(tolerance - ahead, interval), allow_at, ahead), tat
+    return Outcome(True, _units(tolerance - new_ahead, interval), 0.0, new_ahead), now + new_ahead

@@ -50,9 +50,8 @@ class MemoryBackend:
 
     def _slot(self, check: SlotCheck, now: float) -> tuple[Outcome, float]:
         holders = self._slots.setdefault(check.key, {})
-        if len(holders) >= check.limit:  # only a full key is worth scanning for leases that ran out
-            for member in [m for m, expiry in holders.items() if expiry <= now]:
-                del holders[member]
+        for member in [m for m, expiry in holders.items() if expiry <= now]:  # a lease that ran out holds nothing
+            del holders[member]
         if len(holders) >= check.limit:
             wait = min(holders.values()) - now
             return Outcome(False, 0, wait, wait), now

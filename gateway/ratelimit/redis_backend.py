@@ -130,7 +130,7 @@ def _encode(operations: Sequence[Operation]) -> tuple[list[str], list[Arg]]:
             if isinstance(check, RateCheck):
                 args += ("R", check.interval * _US, check.tolerance * _US, check.cost)
             else:
-                args += ("S", check.limit, int(check.lease * 1000), check.member)
+                args += ("S", check.limit, round(check.lease * 1000), check.member)
     return keys, args
 
 

@@ -60,6 +60,20 @@ def test_one_batch_decides_as_if_one_request_came_after_another(redis_server):
     assert sorted(redis_server.client().zrange("portcullis:rl:{three:x}", 0, -1)) == [b"r1", b"r2", b"r3"]
 
 
+def test_a_burst_arriving_together_gets_all_of_it_whatever_the_interval(redis_server):
+    """3 per 2 s: an interval of 666,666.67 µs. A double holds µs since the epoch only to a quarter of one, so
+    summing TATs there rounded the third request's exact fit into a refusal."""
+
+    async def main() -> list[bool]:
+        backend = RedisBackend(redis_server.url, timeout=5.0)
+        check = RateCheck("portcullis:rl:{three:y}", interval=2 / 3, tolerance=2 / 3 * 3, cost=1)
+        outcomes = await asyncio.gather(*(backend.acquire([check]) for _ in range(4)))
+        await backend.aclose()
+        return [o[0].allowed for o in outcomes]
+
+    assert asyncio.run(main()) == [True, True, True, False]
+
+
 def test_an_admission_denied_by_one_limit_consumes_none_of_the_others(redis_server):
     async def main() -> None:
         backend = RedisBackend(redis_server.url, timeout=5.0)

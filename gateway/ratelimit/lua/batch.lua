@@ -1,6 +1,8 @@
 -- A batch of rate-limit operations from one gateway, applied in order in one script call (one round trip for many
 -- requests). GCRA is the arithmetic of gateway/ratelimit/gcra.py with Redis server time as the clock, so every
 -- gateway instance agrees on "now"; GCRA times are microseconds since the epoch, slot leases milliseconds.
+-- A double holds microseconds since the epoch only to a quarter of one, so GCRA reckons how far each TAT is ahead
+-- of now (small numbers, exact enough), and a TAT is stored as whole microseconds and a fraction, both kept.
 -- Requests of one tenant share keys, so each GCRA key is read once and written once per batch, and each slot key is
 -- swept and counted once: the work per request is a few table lookups, not a few Redis commands.
 -- KEYS: one per check, correction and release, in the order ARGV names them.
@@ -16,25 +18,35 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now / 1000)
 
-local tats, changed, writes = {}, {}, {}  -- GCRA key -> TAT in this batch; keys to write back, and their order
+local aheads, changed, writes = {}, {}, {}  -- GCRA key -> its TAT - now in this batch; keys to write back, in order
 local held, leases = {}, {}   -- slot key -> holders within this batch; lease to extend the key's expiry to
 
 -- A key left of another type (a rule that changed kind, same id) is read as empty and overwritten: with one
 -- script per batch, a raised error would fail every request of the batch, not just that rule's.
-local function tat_of(key)
-  if tats[key] == nil then
+local function ahead_of(key)
+  if aheads[key] == nil then
     local stored = redis.pcall('GET', key)
-    tats[key] = type(stored) == 'string' and tonumber(stored) or now
+    local whole, fraction = nil, nil
+    if type(stored) == 'string' then whole, fraction = stored:match('^(%d+)(%.?%d*)$') end
+    aheads[key] = whole and (tonumber(whole) - now) + (tonumber('0' .. fraction) or 0) or 0
   end
-  return math.max(tats[key], now)
+  return math.max(aheads[key], 0)
 end
 
-local function set_tat(key, tat)
+local function set_ahead(key, ahead)
   if not changed[key] then
     changed[key] = true
     writes[#writes + 1] = key
   end
-  tats[key] = tat
+  aheads[key] = ahead
+end
+
+-- now + ahead as whole microseconds and their fraction (to a millionth): a double of the sum would round it
+local function tat_text(ahead)
+  local whole = math.floor(ahead)
+  local fraction = math.floor((ahead - whole) * 1000000 + 0.5)
+  if fraction == 1000000 then whole, fraction = whole + 1, 0 end
+  return string.format('%.0f.%06d', now + whole, fraction)
 end
 
 local function held_of(key)
@@ -52,14 +64,14 @@ end
 
 -- A check answers its outcome and, when it allows, how to take what it allowed once the whole admission is granted.
 local function rate(key, interval, tolerance, cost)
-  local tat = tat_of(key)
-  local new_tat = tat + interval * cost
-  local allow_at = new_tat - tolerance
-  if allow_at > now + 0.001 then
-    return {0, units(tolerance - (tat - now), interval), math.ceil(allow_at - now), math.ceil(tat - now)}
+  local ahead = ahead_of(key)
+  local new_ahead = ahead + interval * cost
+  local allow_at = new_ahead - tolerance
+  if allow_at > 0.001 then
+    return {0, units(tolerance - ahead, interval), math.ceil(allow_at), math.ceil(ahead)}
   end
-  return {1, units(tolerance - (new_tat - now), interval), 0, math.ceil(new_tat - now)},
-    function() set_tat(key, new_tat) end
+  return {1, units(tolerance - new_ahead, interval), 0, math.ceil(new_ahead)},
+    function() set_ahead(key, new_ahead) end
 end
 
 local function slot(key, limit, lease, member)
@@ -99,7 +111,7 @@ while a <= #ARGV do
       for _, take in ipairs(takes) do take() end
     end
   elseif op == 'J' then
-    set_tat(KEYS[k], tat_of(KEYS[k]) + tonumber(ARGV[a + 1]) * tonumber(ARGV[a + 2]))
+    set_ahead(KEYS[k], ahead_of(KEYS[k]) + tonumber(ARGV[a + 1]) * tonumber(ARGV[a + 2]))
     a, k = a + 3, k + 1
   else -- 'Z'
     local removed = redis.pcall('ZREM', KEYS[k], ARGV[a + 1])
@@ -109,11 +121,11 @@ while a <= #ARGV do
 end
 
 for _, key in ipairs(writes) do
-  local tat = tats[key]
-  if tat <= now then
+  local ahead = aheads[key]
+  if ahead <= 0 then
     redis.call('DEL', key)
   else
-    redis.call('SET', key, string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
+    redis.call('SET', key, tat_text(ahead), 'PX', math.ceil(ahead / 1000) + 1)
   end
 end
 for key, lease in pairs(leases) do
