@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import time
 
-from gateway.waf.engine import CompiledWaf, Verdict
+from gateway.waf.engine import CompiledWaf
+from gateway.waf.verdict import Verdict
 
 AUDIT_LOGGER = "portcullis.audit"
 log = logging.getLogger(AUDIT_LOGGER)

@@ -18,8 +18,9 @@ from typing import Any
 
 import yaml
 
-from gateway.waf.engine import CompiledWaf, Verdict
+from gateway.waf.engine import CompiledWaf
 from gateway.waf.parts import RequestView, from_raw_http
+from gateway.waf.verdict import Verdict
 
 DEFAULT_HEADERS = {"Host": "localhost", "User-Agent": "portcullis-policy-test", "Accept": "*/*"}
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from gateway.waf.engine import CompiledWaf, active_rules
+from gateway.waf.compile import active_rules
+from gateway.waf.engine import CompiledWaf
 from gateway.waf.model import RulePack, WafRule, WafSpec
 
 BUILTIN_DIR = Path(__file__).parent / "packs"

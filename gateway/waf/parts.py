@@ -27,7 +27,8 @@ from urllib.parse import parse_qsl, unquote_to_bytes
 from gateway.tool_text import TOOL_KEYS, tool_descriptions
 
 # A value and where it came from (for explanations, and for redaction inside the JSON body).
-Value = tuple[str, str, tuple | None]  # (part name, text, location in the payload or None)
+Location = tuple[str | int, ...]  # keys and indices from the parsed JSON body's root
+Value = tuple[str, str, Location | None]  # (part name, text, location in the payload or None)
 
 _PROMPT_KEYS = frozenset(("messages", "prompt", *TOOL_KEYS))
 

@@ -200,6 +200,25 @@ def test_regexes_over_one_part_through_different_transforms(tmp_path):
         assert fired("quiet-value") == []
 
 
+def test_a_reloaded_policy_remembers_nothing_of_the_old_one(tmp_path):
+    """Transformed values are remembered by the compiled policy, not by the process: a reload compiles a new one,
+    which starts empty and decides alike, and the old one's memories go with it."""
+    rule = {"id": "lowered", "when": {"target": "headers", "transforms": ["lowercase"], "regex": "^shout$"}}
+    directory = write_policy(tmp_path, {"rules": [rule]})
+
+    def shouting() -> RequestView:
+        view = chat()
+        view.headers = [*view.headers, ("x-id", "SHOUT")]
+        return view
+
+    old = load_policy_dir(directory).waf_for(None)
+    assert old.evaluate(shouting()).rule_ids == ["lowered"]
+    assert old.transformed.for_chain(("lowercase",)).get("SHOUT") == "shout"
+    new = load_policy_dir(directory).waf_for(None)
+    assert new.transformed.for_chain(("lowercase",)) == {}
+    assert new.evaluate(shouting()).rule_ids == ["lowered"]
+
+
 def test_overlays_exclusions_and_disable(tmp_path):
     waf = {
         "paranoia_level": 1,
