@@ -25,7 +25,7 @@ def mask(text: str, keep: int = 3) -> str:
     return f"{text[:keep]}…[{len(text)} chars]"
 
 
-def record(verdict: Verdict, waf: CompiledWaf, **request: object) -> dict:
+def record(verdict: Verdict, waf: CompiledWaf, **request: object) -> dict[str, object]:
     return {
         "type": "waf",
         "ts": time.time(),
@@ -52,7 +52,7 @@ def record(verdict: Verdict, waf: CompiledWaf, **request: object) -> dict:
     }
 
 
-def emit(entry: dict) -> None:
+def emit(entry: dict[str, object]) -> None:
     # The JSON-lines formatter prints an `access` payload verbatim.
     log.warning("", extra={"access": entry}) if entry["action"] in ("block", "monitor") else log.info(
         "", extra={"access": entry}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,7 @@ def load_cases(path: Path) -> list[Case]:
     return out
 
 
-def _case(file: str, test: dict, index: int, stage: dict) -> Case:
+def _case(file: str, test: dict[str, Any], index: int, stage: dict[str, Any]) -> Case:
     given = stage.get("input") or {}
     output = stage.get("output") or {}
     log = output.get("log") or {}
@@ -107,7 +108,8 @@ def _parse_raw(raw: bytes) -> RequestView:
     lines = head.decode("latin-1").split("\n")
     method, _, rest = lines[0].partition(" ")
     uri = rest.rpartition(" ")[0] or rest
-    headers = [tuple(x.strip() for x in line.split(":", 1)) for line in lines[1:] if ":" in line]
+    fields = [line.partition(":") for line in lines[1:] if ":" in line]
+    headers = [(name.strip(), value.strip()) for name, _, value in fields]
     return from_raw_http(method or "GET", uri or "/", headers, body)
 
 
@@ -126,7 +128,7 @@ def check(case: Case, verdict: Verdict) -> list[str]:
     return problems
 
 
-def run_cases(cases: list[Case], waf_for) -> list[tuple[Case, Verdict, list[str]]]:
+def run_cases(cases: list[Case], waf_for: Callable[[str | None], CompiledWaf]) -> list[tuple[Case, Verdict, list[str]]]:
     """waf_for(tenant) -> CompiledWaf; each case is decided with all matches collected."""
     results = []
     for case in cases:

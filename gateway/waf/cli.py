@@ -9,15 +9,17 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from gateway.policy.loader import PolicyError, PolicySet, load_policy_dir
 from gateway.waf.cases import load_cases, request_of, run_cases
 from gateway.waf.engine import CompiledWaf
-from gateway.waf.model import WafSpec
+from gateway.waf.model import Condition, WafSpec
 from gateway.waf.packs import builtin_packs, merge_overlay
+from gateway.waf.verdict import RuleMatch
 
 
-def add_verbs(verbs: argparse._SubParsersAction) -> None:
+def add_verbs(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     test = verbs.add_parser(
         "test", help="run request fixtures (go-ftw style YAML) against a policy; non-zero on failure"
     )
@@ -72,7 +74,7 @@ def _explain(args: argparse.Namespace) -> int:
     policies = _load(args.directory)
     if policies is None:
         return 2
-    given: dict = {
+    given: dict[str, Any] = {
         "method": args.method,
         "uri": args.uri,
         "headers": dict(h.split(":", 1) for h in args.header) if args.header else None,
@@ -94,7 +96,7 @@ def _explain(args: argparse.Namespace) -> int:
             view.headers.append(("content-type", "application/json"))
     waf = policies.waf_for(view.tenant)
     verdict = waf.evaluate(view, all_matches=True)
-    out = {
+    out: dict[str, Any] = {
         "policy_version": policies.version,
         "tenant": view.tenant,
         "mode": waf.mode,
@@ -128,7 +130,7 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _why(waf: CompiledWaf, match) -> dict:
+def _why(waf: CompiledWaf, match: RuleMatch) -> dict[str, Any]:
     compiled = next(r for r in waf.rules if r.rule is match.rule)
     return {
         "id": match.rule.id,
@@ -144,7 +146,7 @@ def _why(waf: CompiledWaf, match) -> dict:
     }
 
 
-def _leaves(cond):
+def _leaves(cond: Condition) -> list[Condition]:
     if cond.operator:
         return [cond]
     children = (cond.all or []) + (cond.any or []) + ([cond.not_] if cond.not_ else [])

@@ -130,22 +130,23 @@ def _distinct(waf_set: WafSet) -> Iterator[tuple[str, str | None, CompiledWaf]]:
 def _regex_warnings(where: str, waf: CompiledWaf) -> Iterator[str]:
     for compiled in waf.rules:
         rule = compiled.rule
-        for cond in _regex_leaves(rule.when):
-            parts = ", ".join(cond.target or ())
-            if matches_any_text(cond.regex):
+        for targets, pattern in _regex_leaves(rule.when):
+            parts = ", ".join(targets)
+            if matches_any_text(pattern):
                 yield (
-                    f"warning: {where}: rule {rule.id!r}: regex {cond.regex!r} on {parts} matches any text, "
+                    f"warning: {where}: rule {rule.id!r}: regex {pattern!r} on {parts} matches any text, "
                     f"even empty: the condition only tests that {parts} is present"
                 )
-            elif rule.action == "redact" and matches_empty(cond.regex):
+            elif rule.action == "redact" and matches_empty(pattern):
                 yield (
-                    f"warning: {where}: rule {rule.id!r} (action redact): regex {cond.regex!r} can match the "
+                    f"warning: {where}: rule {rule.id!r} (action redact): regex {pattern!r} can match the "
                     "empty string; empty matches are not redacted (did you mean + rather than *?)"
                 )
 
 
-def _regex_leaves(cond: Condition) -> Iterator[Condition]:
+def _regex_leaves(cond: Condition) -> Iterator[tuple[list[str], str]]:
+    """(targets, pattern) of every regex in the condition, `not` included."""
     if cond.regex is not None:
-        yield cond
+        yield cond.target or [], cond.regex
     for child in (cond.all or []) + (cond.any or []) + ([cond.not_] if cond.not_ else []):
         yield from _regex_leaves(child)

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import operator
 from collections.abc import Callable, Sequence
 
 import ahocorasick
 import libinjection
 import re2
+
+from gateway.waf.model import Numeric
 
 # One RE2 DFA budget per compiled regex/set; RE2 never backtracks, so time stays linear in the input whatever the
 # pattern.
@@ -17,7 +20,7 @@ _OPTIONS = re2.Options()
 _OPTIONS.max_mem = 64 << 20
 
 
-def compile_regex(pattern: str):
+def compile_regex(pattern: str) -> re2._Regexp:
     return re2.compile(pattern, options=_OPTIONS)
 
 
@@ -118,21 +121,16 @@ def is_xss(text: str) -> bool:
     return _xss(text) if len(text) <= 256 else _xss_uncached(text)
 
 
-def numeric_test(spec) -> Callable[[float], bool]:
-    checks = []
-    if spec.gt is not None:
-        checks.append(lambda x, v=spec.gt: x > v)
-    if spec.ge is not None:
-        checks.append(lambda x, v=spec.ge: x >= v)
-    if spec.lt is not None:
-        checks.append(lambda x, v=spec.lt: x < v)
-    if spec.le is not None:
-        checks.append(lambda x, v=spec.le: x <= v)
-    if spec.eq is not None:
-        checks.append(lambda x, v=spec.eq: x == v)
+_BOUNDS = (("gt", operator.gt), ("ge", operator.ge), ("lt", operator.lt), ("le", operator.le), ("eq", operator.eq))
+
+
+def numeric_test(spec: Numeric) -> Callable[[float], bool]:
+    """Every bound the spec gives holds."""
+    checks = [(compare, bound) for name, compare in _BOUNDS if (bound := getattr(spec, name)) is not None]
     if len(checks) == 1:
-        return checks[0]
-    return lambda x: all(c(x) for c in checks)
+        compare, bound = checks[0]
+        return lambda x: compare(x, bound)
+    return lambda x: all(compare(x, bound) for compare, bound in checks)
 
 
 def as_number(text: str) -> float | None:

@@ -240,14 +240,15 @@ class PackRef(_Strict):
     paranoia_level: Level | None = Field(default=None, description="overrides the policy's level for this pack")
 
 
+_DEFAULT_POINTS: dict[Severity, int] = {"critical": 5, "error": 4, "warning": 3, "notice": 2}
+
+
 class Anomaly(_Strict):
     """CRS-style anomaly scoring: each matching `score` rule adds its severity's points; the request is blocked
     when the total reaches the inbound threshold."""
 
     inbound_threshold: Annotated[int, Field(gt=0)] = 5
-    points: dict[Severity, Annotated[int, Field(ge=0)]] = Field(
-        default_factory=lambda: {"critical": 5, "error": 4, "warning": 3, "notice": 2}
-    )
+    points: dict[Severity, Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: dict(_DEFAULT_POINTS))
 
 
 class Exclusion(_Strict):

@@ -46,17 +46,21 @@ class RequestView:
     tenant: str | None = None
     key_label: str | None = None
     model: str = ""
-    _cache: dict[str, list[Value]] = field(default_factory=dict, repr=False)
+    # What is extracted once per request: each part's values, and the pieces several parts are made of.
+    _values: dict[str, list[Value]] = field(default_factory=dict, init=False, repr=False)
+    _headers_by_name: dict[str, list[str]] | None = field(default=None, init=False, repr=False)
+    _form: list[tuple[str, str]] | None = field(default=None, init=False, repr=False)
+    _cookie_pairs: list[tuple[str, str]] | None = field(default=None, init=False, repr=False)
+    _json: _JsonShape | None = field(default=None, init=False, repr=False)
 
     # -- raw pieces -------------------------------------------------------------------------------------------
     def header(self, name: str) -> list[str]:
-        by_name = self._cache.get("\0headers")
+        by_name = self._headers_by_name
         if by_name is None:
-            by_name = {}
+            by_name = self._headers_by_name = {}
             for k, v in self.headers:
                 by_name.setdefault(k, []).append(v)
-            self._cache["\0headers"] = by_name  # type: ignore[assignment]
-        return by_name.get(name, [])  # type: ignore[return-value, union-attr]
+        return by_name.get(name, [])
 
     def content_type(self) -> str:
         values = self.header("content-type")
@@ -68,9 +72,8 @@ class RequestView:
     def _form_args(self) -> list[tuple[str, str]]:
         """Body arguments of a non-JSON body: form fields, multipart fields, XML attribute values and text, or the
         whole body as one argument named 'body' for any other type."""
-        cached = self._cache.get("\0form")
-        if cached is not None:
-            return cached  # type: ignore[return-value]
+        if self._form is not None:
+            return self._form
         out: list[tuple[str, str]] = []
         if self.payload is None and self.body:
             ctype = self.content_type()
@@ -83,27 +86,26 @@ class RequestView:
                 out = [("xml", html.unescape(a or b)) for a, b in _XML_VALUES.findall(text) if (a or b).strip()]
             else:
                 out = [("body", text)]
-        self._cache["\0form"] = out  # type: ignore[assignment]
+        self._form = out
         return out
 
     def _cookies(self) -> list[tuple[str, str]]:
-        cached = self._cache.get("\0cookies")
-        if cached is not None:
-            return cached  # type: ignore[return-value]
+        if self._cookie_pairs is not None:
+            return self._cookie_pairs
         out = []
         for header in self.header("cookie"):
             for pair in header.split(";"):
                 name, sep, value = pair.strip().partition("=")
                 if name or value:
                     out.append((name, value) if sep else ("", name))
-        self._cache["\0cookies"] = out  # type: ignore[assignment]
+        self._cookie_pairs = out
         return out
 
     # -- parts ------------------------------------------------------------------------------------------------
     def values(self, target: str) -> list[Value]:
-        cached = self._cache.get(target)
+        cached = self._values.get(target)
         if cached is None:
-            cached = self._cache[target] = self._extract(target)
+            cached = self._values[target] = self._extract(target)
         return cached
 
     def _extract(self, target: str) -> list[Value]:
@@ -115,7 +117,7 @@ class RequestView:
             value = simple(self)
             return [] if value is None else [(target, str(value), None)]
         if target == "args":
-            out = [(f"arg:{k}", v, None) for k, v in self._query_args() + self._form_args()]
+            out: list[Value] = [(f"arg:{k}", v, None) for k, v in self._query_args() + self._form_args()]
             return out + [(_json_part(loc), text, loc) for loc, text in self.json_shape().leaves]
         if target == "args_names":
             out = [("args_names", k, None) for k, _ in self._query_args() + self._form_args()]
@@ -148,10 +150,9 @@ class RequestView:
         raise KeyError(target)
 
     def json_shape(self) -> _JsonShape:
-        shape = self._cache.get("\0json")
-        if shape is None:
-            shape = self._cache["\0json"] = _walk(self.payload, True)  # type: ignore[assignment]
-        return shape  # type: ignore[return-value]
+        if self._json is None:
+            self._json = _walk(self.payload, True)
+        return self._json
 
 
 _XML_VALUES = re.compile(r'(?<==)"([^"]*)"|>([^<]+)<')
@@ -228,7 +229,7 @@ def _scalar(value: Any) -> str | None:
     return None
 
 
-def _is_prompt(loc: tuple) -> bool:
+def _is_prompt(loc: Location) -> bool:
     """Whether a body location holds prompt text (see the module docstring) rather than an application field."""
     head = loc[0]
     if head == "prompt":
@@ -243,17 +244,17 @@ def _is_prompt(loc: tuple) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class _JsonShape:
-    leaves: list[tuple[tuple, str]]  # (location, text) of every string and number, in document order
+    leaves: list[tuple[Location, str]]  # (location, text) of every string and number, in document order
     keys: list[str]  # every key, wherever it is (the prompt's message dicts included)
     depth: int  # containers nested, 0 for no JSON body
 
 
 def _walk(payload: Any, skip_prompt: bool) -> _JsonShape:
     """One pass over the parsed body for its leaves, keys and depth (three parts read per request)."""
-    leaves: list[tuple[tuple, str]] = []
+    leaves: list[tuple[Location, str]] = []
     keys: list[str] = []
     deepest = 0
-    stack: list[tuple[tuple, Any, int, bool]] = [((), payload, 1, False)]
+    stack: list[tuple[Location, Any, int, bool]] = [((), payload, 1, False)]
     while stack:
         loc, node, depth, hidden = stack.pop()
         if not hidden and skip_prompt and loc and loc[0] in _PROMPT_KEYS:
@@ -274,10 +275,10 @@ def _walk(payload: Any, skip_prompt: bool) -> _JsonShape:
     return _JsonShape(leaves, keys, deepest)
 
 
-def _json_path(payload: Any, steps: list[str]) -> list[tuple[tuple, str]]:
-    frontier: list[tuple[tuple, Any]] = [((), payload)]
+def _json_path(payload: Any, steps: list[str]) -> list[tuple[Location, str]]:
+    frontier: list[tuple[Location, Any]] = [((), payload)]
     for step in steps:
-        nxt = []
+        nxt: list[tuple[Location, Any]] = []
         for loc, node in frontier:
             if isinstance(node, dict):
                 items = node.items() if step == "*" else ([(step, node[step])] if step in node else [])
@@ -327,10 +328,10 @@ def _prompt(payload: Any, role: str | None) -> list[Value]:
     return out
 
 
-_PART_NAMES: dict[tuple, str] = {}  # the same locations recur request after request (model, messages.0.role)
+_PART_NAMES: dict[Location, str] = {}  # the same locations recur request after request (model, messages.0.role)
 
 
-def _json_part(loc: tuple) -> str:
+def _json_part(loc: Location) -> str:
     name = _PART_NAMES.get(loc)
     if name is None:
         if len(_PART_NAMES) > 4096:
@@ -339,7 +340,7 @@ def _json_part(loc: tuple) -> str:
     return name
 
 
-def _dotted(loc: tuple) -> str:
+def _dotted(loc: Location) -> str:
     return ".".join(str(p) for p in loc)
 
 

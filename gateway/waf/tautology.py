@@ -68,7 +68,7 @@ def _holds(a: float | str, operator: str, b: float | str) -> bool:
         return a == b
     if negated:
         return a != b
-    return _ORDERING[operator](a, b)
+    return bool(_ORDERING[operator](a, b))
 
 
 def _value(literal: str) -> float | str:
@@ -101,7 +101,7 @@ def _regexp(text: str, pattern: str) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def _compiled(pattern: str):
+def _compiled(pattern: str) -> re2._Regexp | None:
     """A pattern the request wrote: compiled quietly (no log line per bad pattern) and in a small memory budget."""
     try:
         return re2.compile(pattern, options=_REQUEST_PATTERN)

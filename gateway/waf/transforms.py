@@ -36,7 +36,7 @@ def js_decode(value: str) -> str:
     if "\\" not in value:
         return value
 
-    def one(m: re.Match) -> str:
+    def one(m: re.Match[str]) -> str:
         code = m.group(1) or m.group(2)
         return chr(int(code, 16)) if code else chr(int(m.group(3), 8) & 0xFF)
 
