@@ -12,7 +12,7 @@ from gateway.policy.model import json_schema
 from gateway.waf import cli as waf_cli
 
 
-def add_subcommands(commands: argparse._SubParsersAction) -> None:
+def add_subcommands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     policy = commands.add_parser("policy", help="check policy files, print the policy JSON Schema")
     verbs = policy.add_subparsers(dest="verb", required=True, metavar="VERB")
     check = verbs.add_parser("check", help="validate a policy directory as the gateway would load it")

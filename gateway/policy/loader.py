@@ -16,8 +16,17 @@ from pydantic import TypeAdapter, ValidationError
 from gateway.config import format_key_path
 from gateway.guard.spec import GuardSpec
 from gateway.guard.spec import overlay as guard_overlay
-from gateway.policy.model import AdmissionPolicy, Document, Policy, PolicySpec, RateLimitRule, TenantPolicy
+from gateway.policy.model import (
+    AdmissionPolicy,
+    Document,
+    Metadata,
+    Policy,
+    PolicySpec,
+    RateLimitRule,
+    TenantPolicy,
+)
 from gateway.waf import match_all
+from gateway.waf.engine import CompiledWaf
 from gateway.waf.model import RulePack
 from gateway.waf.packs import WafSet, build_waf_set, builtin_packs, check_packs, known_rule_ids, pack_rules
 
@@ -59,11 +68,11 @@ class PolicySet:
                 if overlay and "guard" in overlay.spec.model_fields_set
                 else None
             )
-            spec = cache[tenant] = guard_overlay(self.base.spec.guard, overlay and overlay.spec.guard, given)
+            guard = overlay.spec.guard if overlay is not None else None
+            spec = cache[tenant] = guard_overlay(self.base.spec.guard, guard, given)
         return spec
 
-    def waf_for(self, tenant: str | None):
-        """The tenant's compiled WAF (gateway.waf.engine.CompiledWaf)."""
+    def waf_for(self, tenant: str | None) -> CompiledWaf:
         return self.waf.for_tenant(tenant)
 
     def rate_limits_for(self, tenant: str | None) -> tuple[RateLimitRule, ...]:
@@ -80,7 +89,7 @@ def _merge(base: list[RateLimitRule], overlay: TenantPolicy) -> tuple[RateLimitR
 
 def empty_policy_set() -> PolicySet:
     """What runs when no policy directory exists: no limits, no rules."""
-    base = Policy(apiVersion="portcullis.dev/v1", kind="Policy", metadata={"name": "empty"}, spec=PolicySpec())
+    base = Policy(apiVersion="portcullis.dev/v1", kind="Policy", metadata=Metadata(name="empty"), spec=PolicySpec())
     return PolicySet(base=base, overlays={}, version="empty")
 
 
@@ -145,7 +154,7 @@ def load_policy_dir(directory: Path) -> PolicySet:
     )
 
 
-def _documents(path: Path, text: bytes, problems: list[str]) -> list[Policy | TenantPolicy]:
+def _documents(path: Path, text: bytes, problems: list[str]) -> list[Policy | TenantPolicy | RulePack]:
     try:
         source = text.decode()
         nodes = list(yaml.compose_all(source))  # for line numbers
@@ -169,7 +178,7 @@ def _documents(path: Path, text: bytes, problems: list[str]) -> list[Policy | Te
     return out
 
 
-def _line_of(node: yaml.Node, loc: tuple) -> int:
+def _line_of(node: yaml.Node, loc: tuple[str | int, ...]) -> int:
     """1-based line of the deepest YAML node on the error's key path."""
     for part in loc:
         child = None
@@ -183,7 +192,7 @@ def _line_of(node: yaml.Node, loc: tuple) -> int:
     return node.start_mark.line + 1
 
 
-def _rule_hint(data: object, loc: tuple) -> str:
+def _rule_hint(data: object, loc: tuple[str | int, ...]) -> str:
     """' (rule id X)' when the error sits inside a rule that has an id."""
     if isinstance(data, dict) and len(loc) >= 2 and loc[0] == "rules" and isinstance(loc[1], int):  # RulePack
         loc, data = ("spec", "rules", *loc[1:]), {"spec": data}

@@ -9,7 +9,7 @@ thresholds are further sections of the same spec, never a second format. The JSO
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 
@@ -48,6 +48,7 @@ Duration = Annotated[
 
 RuleId = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")]
 KeyPart = Literal["api_key", "tenant", "client_ip", "model", "route"]
+_PER_TENANT: tuple[KeyPart, ...] = ("tenant",)  # a rule's default key: one counter per tenant
 
 
 class _Strict(BaseModel):
@@ -88,7 +89,7 @@ class RateLimitRule(_Strict):
     id: RuleId
     description: str = ""
     key: list[KeyPart] = Field(
-        default_factory=lambda: ["tenant"],
+        default_factory=lambda: list(_PER_TENANT),
         description="request parts that identify one counter; [] is one global counter",
     )
     match: Scope = Scope()
@@ -179,7 +180,7 @@ class TenantPolicy(_Strict):
 Document = Annotated[Policy | TenantPolicy | RulePack, Field(discriminator="kind")]
 
 
-def json_schema() -> dict:
+def json_schema() -> dict[str, Any]:
     """The published schema (`policies/schema.json`): any one policy document."""
     schema = TypeAdapter(Document).json_schema()
     return {

@@ -31,7 +31,7 @@ class PolicyReloader:
         self._current = current
         self._debounce_ms = debounce_ms
         self._lock = asyncio.Lock()
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self.loaded_at = time.time()
         self.reloads = 0
@@ -87,7 +87,7 @@ class PolicyReloader:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, object]:
         return {
             "loaded_at": self.loaded_at,
             "reloads": self.reloads,
