@@ -102,7 +102,7 @@ class Upstream:
         pool = ctx.placed.pool
         strip_usage = _ask_for_usage(ctx, pool)
         big = ctx.payload_rewritten and self._offload.is_big(len(ctx.body), ctx.json_values)
-        body = await self._offload.run(big, ctx.outgoing_body)
+        body = await self._offload.run(True, ctx.outgoing_body) if big else ctx.outgoing_body()
         deadline = _Deadline(pool, ctx.started)
         scope = asyncio.timeout_at(deadline.at)
         try:
