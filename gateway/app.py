@@ -36,6 +36,7 @@ from gateway.keys import KeyStore
 from gateway.offload import Offload
 from gateway.pipeline import Pipeline
 from gateway.policy.loader import PolicySet, empty_policy_set, load_policy_dir
+from gateway.policy.reload import PolicyReloader, log_policy_warnings
 from gateway.ratelimit.failover import CircuitBreaker, FailoverBackend
 from gateway.ratelimit.limiter import RateLimiter
 from gateway.ratelimit.memory import MemoryBackend
@@ -59,7 +60,6 @@ from gateway.telemetry import (
     trace_ids,
 )
 from gateway.upstream import Upstream
-from gateway.waf.reload import PolicyReloader, log_policy_warnings
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger(ACCESS_LOGGER)

@@ -81,8 +81,8 @@ class WafStage:
             ids = ",".join(m.rule.id for m in verdict.matches if m.points or m.rule is rule)
             status, message = (
                 (rule.status, rule.message or waf.spec.block.message)
-                if rule.action == "block"
-                else (waf.spec.block.status, waf.spec.block.message)
+                if rule is not None and rule.action == "block"
+                else (waf.spec.block.status, waf.spec.block.message)  # blocked by score: the policy answers
             )
             raise GatewayError(
                 status,
