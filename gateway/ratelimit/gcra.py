@@ -20,7 +20,7 @@ class Outcome:
     reset: float  # seconds until the key is back to its full burst
 
 
-_EPSILON = 1e-9  # seconds: float rounding must not turn an exact fit into a denial or a negative remainder
+EPSILON = 1e-9  # seconds: float rounding must not turn an exact fit into a denial, nor keep a lease past its end
 
 
 def _units(span: float, interval: float) -> int:
@@ -30,12 +30,12 @@ def _units(span: float, interval: float) -> int:
 def gcra(tat: float, now: float, interval: float, tolerance: float, cost: float) -> tuple[Outcome, float]:
     """Decide one request; returns the outcome and the TAT to store (unchanged when denied).
 
-    The arithmetic is on how far the TAT is ahead of now: small numbers, where rounding stays far below _EPSILON
+    The arithmetic is on how far the TAT is ahead of now: small numbers, where rounding stays far below EPSILON
     however large the clock's readings grow."""
     tat = max(tat, now)
     ahead = tat - now
     new_ahead = ahead + interval * cost
     allow_at = new_ahead - tolerance
-    if allow_at > _EPSILON:
+    if allow_at > EPSILON:
         return Outcome(False, _units(tolerance - ahead, interval), allow_at, ahead), tat
     return Outcome(True, _units(tolerance - new_ahead, interval), 0.0, new_ahead), now + new_ahead

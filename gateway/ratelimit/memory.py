@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 
 from gateway.ratelimit.checks import Check, RateCheck, Settlement, SlotCheck
-from gateway.ratelimit.gcra import Outcome, gcra
+from gateway.ratelimit.gcra import EPSILON, Outcome, gcra
 
 _SWEEP_EVERY = 10_000
 
@@ -50,7 +50,7 @@ class MemoryBackend:
 
     def _slot(self, check: SlotCheck, now: float) -> tuple[Outcome, float]:
         holders = self._slots.setdefault(check.key, {})
-        for member in [m for m, expiry in holders.items() if expiry <= now]:  # a lease that ran out holds nothing
+        for member in [m for m, expiry in holders.items() if expiry <= now + EPSILON]:  # ran out: holds nothing
             del holders[member]
         if len(holders) >= check.limit:
             wait = min(holders.values()) - now
