@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,15 @@ Arg = str | int | float
 class RedisBackend:
     name = "redis"
 
-    def __init__(self, url: str, timeout: float, max_pending_settlements: int = 100_000) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout: float,
+        max_pending_settlements: int = 100_000,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        """`clock`: µs since the epoch to decide at instead of Redis's own clock, which every gateway shares; for
+        tests that hold two backends to one clock (it must not run behind real time: keys expire at its instants)."""
         options: dict[str, Any] = dict(parse_url(url))
         connection_class: type[AbstractConnection] = options.pop("connection_class", Connection)
         # no per-read timeout: the whole round trip runs under `timeout` (see _send)
@@ -49,6 +57,7 @@ class RedisBackend:
             **options, socket_timeout=None, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
         )
         self._timeout = timeout
+        self._clock = clock
         self._batches: Coalescer[Operation, list[Outcome] | None] = Coalescer(self._send)
         self.settlements = SettlementOutbox(lambda s: self._batches.submit(s, can_wait=True), max_pending_settlements)
         self._maybe_ran = False  # the batch in flight was sent whole: a failure now leaves unknown whether it ran
@@ -69,7 +78,7 @@ class RedisBackend:
         await self._connection.disconnect()
 
     async def _send(self, operations: Sequence[Operation]) -> list[list[Outcome] | None]:
-        keys, args = _encode(operations)
+        keys, args = _encode(operations, None if self._clock is None else self._clock())
         self._maybe_ran = False
         try:
             async with asyncio.timeout(self._timeout):
@@ -111,10 +120,10 @@ def _pack(command: tuple[Arg, ...]) -> bytes:
     return packed
 
 
-def _encode(operations: Sequence[Operation]) -> tuple[list[str], list[Arg]]:
-    """KEYS and ARGV for lua/batch.lua."""
+def _encode(operations: Sequence[Operation], now: int | None) -> tuple[list[str], list[Arg]]:
+    """KEYS and ARGV for lua/batch.lua; `now` (µs since the epoch) overrides Redis's clock."""
     keys: list[str] = []
-    args: list[Arg] = []
+    args: list[Arg] = [] if now is None else ["T", now]
     for operation in operations:
         if isinstance(operation, Settlement):
             for rate, delta in operation.adjustments:

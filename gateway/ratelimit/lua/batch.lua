@@ -6,7 +6,9 @@
 -- Requests of one tenant share keys, so each GCRA key is read once and written once per batch, and each slot key is
 -- swept and counted once: the work per request is a few table lookups, not a few Redis commands.
 -- KEYS: one per check, correction and release, in the order ARGV names them.
--- ARGV, a sequence of operations:
+-- ARGV, a sequence of operations, optionally after 'T' now: decide at that instant (us since the epoch), not at
+-- Redis's clock (tests hold the memory backend and this script to one clock). Key expiries are absolute instants,
+-- so a chosen clock governs them too, as long as it does not run behind Redis's.
 --   'A' n                         an admission: its next n checks are all granted, or none consumes anything
 --   'R' interval tolerance cost   a GCRA check (us per unit, us of tolerance = interval x burst, units)
 --   'S' limit lease member        a concurrency slot: holders in a sorted set scored by lease expiry (ms), so a
@@ -14,8 +16,13 @@
 --   'J' interval delta            a GCRA correction: a token reservation reconciled with real usage (< 0 refunds)
 --   'Z' member                    a slot release
 -- Returns, for every check of every admission in order: allowed 0|1, remaining units, retry_after us, reset us.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now, a
+if ARGV[1] == 'T' then
+  now, a = tonumber(ARGV[2]), 3
+else
+  local t = redis.call('TIME')
+  now, a = tonumber(t[1]) * 1000000 + tonumber(t[2]), 1
+end
 local now_ms = math.floor(now / 1000)
 
 local aheads, changed, writes = {}, {}, {}  -- GCRA key -> its TAT - now in this batch; keys to write back, in order
@@ -89,7 +96,7 @@ local function slot(key, limit, lease, member)
 end
 
 local out = {}
-local a, k = 1, 1
+local k = 1
 while a <= #ARGV do
   local op = ARGV[a]
   if op == 'A' then
@@ -125,10 +132,10 @@ for _, key in ipairs(writes) do
   if ahead <= 0 then
     redis.call('DEL', key)
   else
-    redis.call('SET', key, tat_text(ahead), 'PX', math.ceil(ahead / 1000) + 1)
+    redis.call('SET', key, tat_text(ahead), 'PXAT', math.ceil((now + ahead) / 1000) + 1)
   end
 end
 for key, lease in pairs(leases) do
-  redis.call('PEXPIRE', key, lease)
+  redis.call('PEXPIREAT', key, now_ms + lease)
 end
 return out
