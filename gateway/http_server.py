@@ -79,7 +79,8 @@ class BoundedProtocol(HttpToolsProtocol):
         self.open_connections[self._port] -= 1
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:  # the app asked to hear of it (gateway/client_exit.py)
-            client_gone = cycle.scope.get("extensions", {}).get(CLIENT_GONE)
+            extensions: dict[str, Any] = cycle.scope.get("extensions") or {}
+            client_gone = extensions.get(CLIENT_GONE)
             if client_gone is not None:
                 client_gone()
         super().connection_lost(exc)
