@@ -9,8 +9,7 @@ body on the way in and its end on the way out:
   and token reservations, KV blocks) settles it, in stage order.
 Between the two, the upstream relay runs the answer through the output guard the guard stage may leave.
 
-New stages (WAF, rate limits, admission, guard) slot in by being added to the list the app builds; no stage knows
-another.
+A stage joins the request by being added to the list gateway/app.py builds; no stage knows another.
 """
 
 from __future__ import annotations

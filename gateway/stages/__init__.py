@@ -1,2 +1,2 @@
-"""Pipeline stages, one module each, in request order: parse → auth → route (WAF, rate limits, admission and
-guard slot in between as they land)."""
+"""Pipeline stages, one module each, in request order: parse → WAF → auth → tokenize → rate limits → admission →
+guard → route (gateway/app.py builds the list)."""
