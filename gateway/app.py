@@ -65,6 +65,10 @@ log = logging.getLogger(__name__)
 access_log = logging.getLogger(ACCESS_LOGGER)
 
 PROBE_TIMEOUT = 2.0
+# Allocations between young-generation collections (CPython's default: 700). A request's objects die young, freed
+# by reference counts, yet 32 requests in flight crossed 700 every ninth request or so: ~40 us of collection per
+# request (6 % of a proxied request's CPU). At 10,000 it all but disappears; cyclic garbage waits at most that long.
+YOUNG_GC_THRESHOLD = 10_000
 
 
 class Gateway:
@@ -302,6 +306,7 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
         warming = asyncio.create_task(asyncio.to_thread(gateway.tokenize.warm))
         await asyncio.to_thread(gateway.guard.warm)  # before serving: the first guarded request must not wait
         gc.freeze()  # what start-up built lives as long as the process: the collector need not rescan it per request
+        gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
         yield
         await warming
         await gateway.reloader.stop()
