@@ -23,6 +23,22 @@ def _forward(bm: BlockManager, batch: ScheduledBatch) -> None:
             seq.token_ids.append(SAMPLED)
 
 
+def _scheduler(num_blocks: int, *seqs: Sequence, prefix_caching: bool = True) -> tuple[BlockManager, Scheduler]:
+    """A KV cache of `num_blocks` 4-token blocks, with the sequences added in order."""
+    bm = BlockManager(num_blocks, 4, enable_prefix_caching=prefix_caching)
+    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100)
+    for seq in seqs:
+        sched.add(seq)
+    return bm, sched
+
+
+def _prefill_and_finish(sched: Scheduler, seq: Sequence) -> None:
+    """Run a prompt through prefill and end it, leaving its full blocks in the prefix cache (when it is on)."""
+    sched.add(seq)
+    _step(sched)
+    sched.finish(seq)
+
+
 def _step(sched: Scheduler) -> list[tuple[str, int]]:
     """Schedule and run one step; the (request id, new tokens) it scheduled, in batch order."""
     batch = sched.schedule()
@@ -44,8 +60,7 @@ def test_admission_is_first_come_first_served_up_to_max_num_seqs():
 
 
 def test_head_of_queue_is_never_overtaken():
-    bm = BlockManager(4, 4)
-    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100)
+    bm, sched = _scheduler(4)
     sched.add(_seq(0, range(5)))  # 2 blocks, leaving 2
     _step(sched)
     big, small = _seq(1, range(100, 113)), _seq(2, range(200, 203))  # 4 blocks, 1 block
@@ -80,11 +95,8 @@ def test_a_long_prompt_waits_behind_a_full_budget():
 
 
 def test_kv_pressure_preempts_the_newest_sequence_which_resumes_from_its_cached_prefix():
-    bm = BlockManager(4, 4)
-    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100)
     a, b = _seq(0, range(7)), _seq(1, range(100, 107))
-    sched.add(a)
-    sched.add(b)
+    bm, sched = _scheduler(4, a, b)
     assert _step(sched) == [("r0", 7), ("r1", 7)]  # all 4 blocks taken
     c = _seq(2, range(200, 203))
     sched.add(c)
@@ -106,11 +118,8 @@ def test_kv_pressure_preempts_the_newest_sequence_which_resumes_from_its_cached_
 
 
 def test_the_newest_sequence_preempts_itself_when_only_it_must_grow():
-    bm = BlockManager(4, 4)
-    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100)
     a, b = _seq(0, range(5)), _seq(1, range(100, 107))
-    sched.add(a)
-    sched.add(b)
+    _, sched = _scheduler(4, a, b)
     _step(sched)
     assert _step(sched) == [("r0", 1), ("r1", 1)]
     batch = sched.schedule()  # b's 9th token needs a third block; a still fits in its two
@@ -119,8 +128,7 @@ def test_the_newest_sequence_preempts_itself_when_only_it_must_grow():
 
 
 def test_prefix_cache_hit_skips_the_cached_blocks():
-    bm = BlockManager(16, 4)
-    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100)
+    bm, sched = _scheduler(16)
     a = _seq(0, range(10))
     sched.add(a)
     _step(sched)
@@ -134,11 +142,8 @@ def test_prefix_cache_hit_skips_the_cached_blocks():
 
 
 def test_without_prefix_caching_the_whole_prompt_is_computed():
-    sched = Scheduler(BlockManager(16, 4, enable_prefix_caching=False), max_num_seqs=8, max_num_batched_tokens=100)
-    a = _seq(0, range(10))
-    sched.add(a)
-    _step(sched)
-    sched.finish(a)
+    _, sched = _scheduler(16, prefix_caching=False)
+    _prefill_and_finish(sched, _seq(0, range(10)))
     b = _seq(1, list(range(8)) + [50, 51, 52])
     sched.add(b)
     assert _step(sched) == [("r1", 11)]
@@ -146,12 +151,8 @@ def test_without_prefix_caching_the_whole_prompt_is_computed():
 
 
 def test_cached_blocks_in_the_free_list_are_not_room_for_new_ones():
-    bm = BlockManager(3, 4)
-    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100)
-    a = _seq(0, range(9))
-    sched.add(a)
-    _step(sched)
-    sched.finish(a)  # 3 free blocks, the first 2 holding a cached prefix
+    bm, sched = _scheduler(3)
+    _prefill_and_finish(sched, _seq(0, range(9)))  # 3 free blocks, the first 2 holding a cached prefix
     too_big = _seq(1, list(range(8)) + [60, 61, 62, 63, 64])  # 2 hits + 2 new blocks > 3 - 2
     sched.add(too_big)
     assert _step(sched) == []
