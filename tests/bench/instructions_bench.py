@@ -1,0 +1,108 @@
+"""Instructions per proxied request, counted by callgrind: a cost figure that a busy or throttled VM cannot move.
+
+    .venv/bin/python tests/bench/instructions_bench.py --baseline /tmp/base [--seconds 30]
+
+On a 2-core VM shared with other jobs, RPS and CPU time per request move by a third between rounds, more than the
+differences worth measuring. Valgrind's instruction count does not. Each gateway (this checkout, then the
+`--baseline` checkout) runs under `valgrind --tool=callgrind` with instrumentation off while it starts and warms up
+(its first request loads tokenizers lazily), then on for `--seconds` of `wrk -c4` load against proxy_bench.py's
+static nginx upstream, with auth, the repository's policies and the access log on. The figure is the event loop's
+and its threads' instructions over the requests completed. Needs valgrind, nginx and wrk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import proxy_bench as pb  # noqa: E402  (a sibling script, not a package)
+
+
+def wrk(port: int, lua: Path, connections: int, seconds: int, counted: bool = True) -> int:
+    """Requests completed; under valgrind a request takes milliseconds, so the timeout is generous. A counted run
+    must have no failures (a warm-up may: the very first request can outlast an upstream timeout while it loads)."""
+    argv = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "60s", "-s", str(lua)]
+    out = subprocess.run([*argv, f"http://127.0.0.1:{port}/v1/chat/completions"], capture_output=True, text=True)
+    if counted and ("Non-2xx" in out.stdout or "Socket errors" in out.stdout):
+        raise RuntimeError(f"wrk saw failed requests:\n{out.stdout}")
+    match = re.search(r"(\d+) requests in", out.stdout)
+    if match is None:
+        raise RuntimeError(f"wrk printed no request count:\n{out.stdout}{out.stderr}")
+    return int(match.group(1))
+
+
+def instructions_per_request(name: str, checkout: Path | None, seconds: int, tmp: Path) -> dict:
+    procs = pb.Procs()
+    out_file = tmp / f"{name}.callgrind"
+    start = pb.Procs.start
+
+    def under_valgrind(self: pb.Procs, label: str, argv: list[str], *args: object, **kwargs: object) -> pb.Service:
+        if label == name:
+            argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out_file}", *argv]
+        return start(self, label, argv, *args, **kwargs)
+
+    pb.Procs.start = under_valgrind
+    try:
+        lua = tmp / "chat.lua"
+        body = json.dumps(pb.REQUEST, separators=(",", ":"))
+        lua.write_text(pb.WRK_LUA.replace("@BODY@", body).replace("@KEY@", pb.API_KEY))
+        static = pb.start_nginx(
+            procs,
+            tmp,
+            f"static-{name}",
+            "static.conf.tmpl",
+            CHAT_COMPLETION=json.dumps(pb.CHAT_COMPLETION, separators=(",", ":")),
+            MODELS=json.dumps(pb.MODELS, separators=(",", ":")),
+        )
+        pb.wait_http(static, "/v1/models", 15)
+        gateway = pb.start_portcullis(procs, tmp, name, static.port, True, checkout=checkout)
+        pb.wait_http(gateway, "/healthz", 900)
+        wrk(gateway.port, lua, 1, 30, counted=False)  # the first request loads what is lazy; then the steady state
+        wrk(gateway.port, lua, 4, 15, counted=False)
+        pid = str(gateway.proc.pid)
+        subprocess.run(["callgrind_control", "--instr=on", pid], check=True, capture_output=True)
+        subprocess.run(["callgrind_control", "--zero", pid], check=True, capture_output=True)
+        requests = wrk(gateway.port, lua, 4, seconds)
+        subprocess.run(["callgrind_control", "--dump", pid], check=True, capture_output=True)
+        subprocess.run(["callgrind_control", "--instr=off", pid], check=True, capture_output=True)
+        time.sleep(1)
+        totals = [
+            int(line.split()[1])
+            for dump in tmp.glob(f"{name}.callgrind*")
+            for line in dump.read_text(errors="replace").splitlines()
+            if line.startswith(("summary:", "totals:"))
+        ]
+        instructions = max(totals)
+        return {"requests": requests, "instructions": instructions, "per_request": round(instructions / requests)}
+    finally:
+        pb.Procs.start = start
+        procs.stop_all()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", type=Path, help="an earlier checkout (git worktree) to count side by side")
+    parser.add_argument("--seconds", type=int, default=30, help="seconds of counted load per gateway (default 30)")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="portcullis-instructions-"))
+    tmp.chmod(0o755)
+    rows = {"current": instructions_per_request("current", None, args.seconds, tmp)}
+    if args.baseline:
+        rows["baseline"] = instructions_per_request("baseline", args.baseline, args.seconds, tmp)
+    for name, row in rows.items():
+        print(f"{name:9} {row['per_request']:>10,} instructions per request ({row['requests']} requests)")
+    if "baseline" in rows:
+        print(f"ratio current / baseline: {rows['current']['per_request'] / rows['baseline']['per_request']:.3f}")
+    print(json.dumps(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
