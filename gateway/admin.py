@@ -14,13 +14,12 @@ from typing import TYPE_CHECKING
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.errors import GatewayError, http_error, server_error
+from gateway.errors import EXCEPTION_HANDLERS, GatewayError
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -108,8 +107,7 @@ def build_admin_app(gateway: Gateway) -> ASGIApp:
             Route("/metrics", metrics, methods=["GET"]),
             Route("/admin/policy", admin_policy, methods=["GET"]),
         ],
-        # Starlette types every handler as taking any Exception, though it calls each only with its own class.
-        exception_handlers={HTTPException: http_error, Exception: server_error},  # type: ignore[dict-item]
+        exception_handlers=EXCEPTION_HANDLERS,
     )
     app.router.redirect_slashes = False  # a redirect would be built from the client's Host header
     token = gateway.config.admin.token()

@@ -11,7 +11,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import aiohttp
 import anyio
@@ -19,7 +19,6 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -30,7 +29,7 @@ from gateway.client_exit import ClientWatch
 from gateway.client_ip import client_ip
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
-from gateway.errors import GatewayError, http_error, server_error
+from gateway.errors import EXCEPTION_HANDLERS, GatewayError
 from gateway.guard.runtime import Guard
 from gateway.keys import KeyStore
 from gateway.offload import Offload
@@ -319,11 +318,6 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]
-    # Starlette types every handler as taking any Exception; http_error takes the HTTPException it is registered for
-    handlers: dict[type[Exception], Callable[..., Awaitable[Response]]] = {
-        HTTPException: http_error,
-        Exception: server_error,
-    }
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
     app.router.redirect_slashes = False  # its redirect's Location is built from the client's own Host header
     return ByListener(app, build_admin_app(gateway), config.admin.port if config.admin.enabled else None)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -58,3 +58,11 @@ async def http_error(request: Request, exc: HTTPException) -> Response:
 async def server_error(request: Request, exc: Exception) -> Response:
     """What no route handled: logged with its traceback by the server, answered in the same shape, never as text."""
     return GatewayError(500, "internal gateway error", type="server_error", code="internal_error").response()
+
+
+# Both apps (public and admin) answer what their routes do not in the OpenAI shape. Starlette types every handler
+# as taking any Exception, though it calls each only with the class it is registered for.
+EXCEPTION_HANDLERS: dict[type[Exception], Callable[..., Awaitable[Response]]] = {
+    HTTPException: http_error,
+    Exception: server_error,
+}
