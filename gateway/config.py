@@ -239,7 +239,25 @@ class PoolConfig(_Strict):
     health: HealthConfig = HealthConfig()
     affinity: AffinityConfig = AffinityConfig()
     admission: AdmissionConfig = AdmissionConfig()
+    api: Literal["openai", "anthropic"] = Field(
+        default="openai",
+        description=(
+            "what the replicas speak: 'openai' (the bundled engine, vLLM, SGLang, OpenAI) gets Anthropic Messages "
+            "requests translated to chat completions; 'anthropic' gets them as sent, with x-api-key and "
+            "anthropic-version"
+        ),
+    )
     api_key_env: str | None = Field(default=None, description="env var holding the upstream API key")
+    anthropic_version: str = Field(
+        default="2023-06-01", description="the anthropic-version header an 'anthropic' pool is sent"
+    )
+    passthrough: list[str] = Field(
+        default_factory=list,
+        description=(
+            "other /v1/ routes this pool serves as they are (e.g. '/v1/files', '/v1/audio/*'): the WAF on the "
+            "request line and headers, auth and request-rate limits apply, the content stages do not"
+        ),
+    )
     timeouts: TimeoutsConfig = TimeoutsConfig()
     max_attempts: Annotated[int, Field(ge=1, le=10)] = 2
     retry_on_status: list[int] = Field(default_factory=lambda: [502, 503, 504])
@@ -266,6 +284,14 @@ class PoolConfig(_Strict):
             ),
         ),
     ] = 1024 * 1024
+
+    @field_validator("passthrough")
+    @classmethod
+    def _passthrough_under_v1(cls, routes: list[str]) -> list[str]:
+        for route in routes:
+            if not route.startswith("/v1/") or "*" in route.rstrip("*"):
+                raise ValueError(f"{route!r}: a passthrough route is a path under /v1/, optionally ending in '*'")
+        return routes
 
     def api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
