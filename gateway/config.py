@@ -169,8 +169,17 @@ class TimeoutsConfig(_Strict):
     ] = 60.0
 
 
+_ZMQ_SCHEMES = ("tcp://", "ipc://", "inproc://")
+
+
 class ReplicaConfig(_Strict):
     url: str
+    kv_events: str | None = Field(
+        default=None, description="a vLLM replica's KV-event PUB endpoint (e.g. tcp://host:5557), for source 'vllm'"
+    )
+    kv_events_replay: str | None = Field(
+        default=None, description="its replay ROUTER endpoint (e.g. tcp://host:5558): missed batches are asked for"
+    )
 
     @field_validator("url")
     @classmethod
@@ -178,6 +187,19 @@ class ReplicaConfig(_Strict):
         if not value.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
+
+    @field_validator("kv_events", "kv_events_replay")
+    @classmethod
+    def _zmq_endpoint(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(_ZMQ_SCHEMES):
+            raise ValueError("a ZMQ endpoint: tcp://host:port, ipc://path or inproc://name")
+        return value
+
+    @model_validator(mode="after")
+    def _replay_needs_events(self) -> ReplicaConfig:
+        if self.kv_events_replay and not self.kv_events:
+            raise ValueError("kv_events_replay is set without kv_events")
+        return self
 
 
 class HealthConfig(_Strict):
@@ -216,6 +238,25 @@ class AdmissionConfig(_Strict):
     queue_timeout: Annotated[float, Field(gt=0)] = 30.0
 
 
+class KvEventsConfig(_Strict):
+    """Where a `kv_events` pool learns its replicas' prefix-cache contents.
+
+    'engine': the bundled engine's NDJSON stream (GET /v1/kv_events). 'vllm': each replica's vLLM ZMQ publisher
+    (`ReplicaConfig.kv_events`), with prompts hashed the way vLLM hashes them: `hash_algo` is vLLM's
+    --prefix-caching-hash-algo, and `hash_seed_env` names the env var holding the PYTHONHASHSEED the replicas run
+    with (without a fixed seed vLLM's hashes are random per process and cannot be predicted). docs/fleets.md.
+    """
+
+    source: Literal["engine", "vllm"] = "engine"
+    topic: str = Field(default="", description="the vLLM publisher's topic (--kv-events-config 'topic')")
+    hash_algo: Literal["sha256", "sha256_cbor"] = "sha256"
+    hash_seed_env: str | None = Field(default=None, description="env var holding the replicas' PYTHONHASHSEED")
+    data_parallel_size: Annotated[int, Field(ge=1, le=64)] = Field(
+        default=1,
+        description="data-parallel ranks per replica: rank r publishes on the endpoint's port + r (vLLM's rule)",
+    )
+
+
 class PoolConfig(_Strict):
     """A set of interchangeable replicas serving the same models."""
 
@@ -239,6 +280,7 @@ class PoolConfig(_Strict):
     health: HealthConfig = HealthConfig()
     affinity: AffinityConfig = AffinityConfig()
     admission: AdmissionConfig = AdmissionConfig()
+    kv_events: KvEventsConfig = KvEventsConfig()
     api: Literal["openai", "anthropic"] = Field(
         default="openai",
         description=(
@@ -293,8 +335,31 @@ class PoolConfig(_Strict):
                 raise ValueError(f"{route!r}: a passthrough route is a path under /v1/, optionally ending in '*'")
         return routes
 
+    @model_validator(mode="after")
+    def _vllm_events_complete(self) -> PoolConfig:
+        if self.kv_events.source != "vllm":
+            return self
+        if self.routing != "kv_events":
+            raise ValueError("kv_events.source 'vllm' is for routing: kv_events")
+        if not self.kv_events.hash_seed_env:
+            raise ValueError("kv_events.hash_seed_env: needed for source 'vllm' (the replicas' PYTHONHASHSEED)")
+        missing = [f"replicas[{i}].kv_events" for i, r in enumerate(self.replicas) if not r.kv_events]
+        if missing:
+            raise ValueError(f"{', '.join(missing)}: a ZMQ endpoint is needed for kv_events.source 'vllm'")
+        return self
+
     def api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    def vllm_hash_seed(self) -> str:
+        """The replicas' PYTHONHASHSEED, read at start like API keys; the file never holds it."""
+        seed = os.environ.get(self.kv_events.hash_seed_env or "")
+        if seed is None:
+            raise ConfigError(
+                f"pool {self.name!r}: kv_events.hash_seed_env: environment variable {self.kv_events.hash_seed_env} "
+                "is not set"
+            )
+        return seed
 
 
 class ApiKeyConfig(_Strict):

@@ -17,8 +17,8 @@ from collections.abc import Callable
 import aiohttp
 
 from backend_engine.block_hash import hash_prompt_blocks
-from gateway.config import PoolConfig
-from gateway.routing import kv_events, scraper
+from gateway.config import ConfigError, PoolConfig
+from gateway.routing import kv_events, scraper, vllm_events
 from gateway.routing.policies import (
     LeastLoad,
     LeastOutstanding,
@@ -30,6 +30,7 @@ from gateway.routing.policies import (
 )
 from gateway.routing.prefix_index import PrefixIndex
 from gateway.routing.replica import Replica
+from gateway.routing.vllm_block_hash import VllmBlockHasher, reported_cached_tokens
 
 _SCRAPED_POLICIES = {"least_load", "prefix_affinity", "kv_events"}
 
@@ -49,6 +50,13 @@ def _policy(config: PoolConfig, index: PrefixIndex) -> RoutingPolicy:
     return _POLICIES_WITHOUT_INDEX[config.routing]()
 
 
+def _rank_endpoint(endpoint: str, rank: int) -> str:
+    try:
+        return vllm_events.rank_endpoint(endpoint, rank)
+    except ValueError as exc:
+        raise ConfigError(f"kv_events.data_parallel_size: {exc}") from None
+
+
 class Pool:
     def __init__(self, config: PoolConfig) -> None:
         self.config = config
@@ -57,6 +65,23 @@ class Pool:
         self.api_key = config.api_key()  # read once at start; the file never holds it
         self.index = PrefixIndex(config.affinity.index_capacity)
         self.policy = _policy(config, self.index)
+        events = config.kv_events
+        self.vllm_hasher = (
+            VllmBlockHasher(events.hash_algo, config.vllm_hash_seed(), config.block_size)
+            if events.source == "vllm"
+            else None
+        )
+        self.vllm_subscriptions = [
+            vllm_events.Subscription(
+                r.url,
+                _rank_endpoint(r.kv_events, rank),
+                _rank_endpoint(r.kv_events_replay, rank) if r.kv_events_replay else None,
+                events.topic,
+            )
+            for r in config.replicas
+            if r.kv_events and events.source == "vllm"
+            for rank in range(events.data_parallel_size)
+        ]
         self.on_change: list[Callable[[], None]] = []  # capacity may have freed (admission re-dispatches)
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -89,7 +114,9 @@ class Pool:
             self._tasks.append(asyncio.create_task(scraper.scrape_forever(self, self.changed)))
         elif path := self.config.health.path:
             self._tasks.append(asyncio.create_task(scraper.probe_forever(self, path)))
-        if self.config.routing == "kv_events":
+        if self.vllm_subscriptions:
+            self._tasks += [asyncio.create_task(vllm_events.follow(s, self.index)) for s in self.vllm_subscriptions]
+        elif self.config.routing == "kv_events":
             self._tasks += [asyncio.create_task(kv_events.follow(self.session, r, self.index)) for r in self.replicas]
 
     def changed(self) -> None:
@@ -105,14 +132,22 @@ class Pool:
     def request_shape(
         self, prompt_tokens: int, max_tokens: int, token_ids: list[int] | None, salt: str | None = None
     ) -> RouteRequest:
-        """A request in KV blocks; prompt block hashes only where the exact token ids are known."""
+        """A request in KV blocks; prompt block hashes (the replicas' own scheme) only where the exact token ids are
+        known."""
         size = self.config.block_size
-        hashes = (
-            hash_prompt_blocks(token_ids, size, salt)
-            if token_ids and self.config.routing in ("prefix_affinity", "kv_events")
-            else []
-        )
+        hashes: list[int] = []
+        if token_ids and self.config.routing in ("prefix_affinity", "kv_events"):
+            if self.vllm_hasher is not None:
+                hashes = self.vllm_hasher.prompt_keys(token_ids, salt)
+            else:
+                hashes = hash_prompt_blocks(token_ids, size, salt)
         return RouteRequest(hashes, math.ceil(prompt_tokens / size), math.ceil(max_tokens / size))
+
+    def predicted_cached_tokens(self, cached_blocks: int, prompt_tokens: int) -> int:
+        """The `cached_tokens` a replica holding `cached_blocks` of the prompt is expected to report."""
+        if self.vllm_hasher is not None:
+            return reported_cached_tokens(cached_blocks, prompt_tokens, self.config.block_size)
+        return cached_blocks * self.config.block_size
 
     def rank(self, request: RouteRequest) -> Ranked:
         """Replicas in the order to try them; ejected ones last (still tried if nothing else is left)."""

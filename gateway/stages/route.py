@@ -17,7 +17,9 @@ class RouteStage:
         chosen = ranked.replicas[0]
         placement.kv_hold.move(chosen, ranked.blocks_needed(chosen, request))
         pool.policy.learn(request, chosen)
-        ctx.predicted_cached_tokens = ranked.cached_blocks.get(chosen.url, 0) * pool.config.block_size
+        ctx.predicted_cached_tokens = pool.predicted_cached_tokens(
+            ranked.cached_blocks.get(chosen.url, 0), ctx.prompt_tokens or 0
+        )
         ctx.span.set_attributes(
             {
                 "portcullis.route.policy": pool.config.routing,
