@@ -203,6 +203,8 @@ class VllmKvPublisher:
             router.close(linger=0)
 
     def close(self) -> None:
+        if self.context.closed:
+            return
         self._stop.set()
         if self._replay_thread is not None:
             self._replay_thread.join(timeout=2)
