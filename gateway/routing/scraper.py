@@ -1,5 +1,5 @@
-"""Active health and load: scrape each replica's Prometheus `/metrics` (vLLM names) on a short interval, or, for
-pools whose policy needs no load figures, probe a health path."""
+"""Active health and load: scrape each replica's Prometheus `/metrics` (vLLM or SGLang names) on a short interval,
+or, for pools whose policy needs no load figures, probe a health path."""
 
 from __future__ import annotations
 
@@ -20,30 +20,52 @@ if TYPE_CHECKING:  # the pool starts these loops: a runtime import would be circ
 log = logging.getLogger(__name__)
 
 
-def engine_load(text: str) -> tuple[int, int, float, int]:
-    """(running, waiting, KV usage fraction, total KV blocks) from vLLM-compatible metrics text."""
-    values = {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0, "vllm:kv_cache_usage_perc": 0.0}
-    total_blocks = 0
+_RUNNING = {"vllm:num_requests_running", "sglang:num_running_reqs"}
+_WAITING = {"vllm:num_requests_waiting", "sglang:num_queue_reqs"}
+# vLLM renamed gpu_cache_usage_perc to kv_cache_usage_perc; both, like SGLang's token_usage, are fractions 0..1
+_KV_USAGE = {"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"}
+
+
+def engine_load(text: str, block_size: int = 16) -> tuple[int, int, float, int]:
+    """(running, waiting, KV usage fraction, total KV blocks of `block_size` tokens) from an engine's metrics text.
+
+    vLLM names (and the bundled engine, which uses them) or SGLang's (python/sglang/srt/metrics/collector.py:
+    `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`, `sglang:max_total_num_tokens`; the
+    `sglang_` spelling too). Counts add up over series (data-parallel ranks), usage is their mean; SGLang series
+    of tensor-parallel ranks other than 0 repeat rank 0's figures and are skipped.
+    """
+    running = waiting = 0.0
+    usage: list[float] = []
+    total_blocks = kv_tokens = 0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in values:
-                values[sample.name] += sample.value
-            elif sample.name == "vllm:cache_config_info" and "num_gpu_blocks" in sample.labels:
+            name = "sglang:" + sample.name[7:] if sample.name.startswith("sglang_") else sample.name
+            if name.startswith("sglang:") and sample.labels.get("tp_rank", "0") != "0":
+                continue
+            if name in _RUNNING:
+                running += sample.value
+            elif name in _WAITING:
+                waiting += sample.value
+            elif name in _KV_USAGE:
+                usage.append(sample.value)
+            elif name == "sglang:max_total_num_tokens":
+                kv_tokens += int(sample.value)
+            elif name == "vllm:cache_config_info" and "num_gpu_blocks" in sample.labels:
                 total_blocks = int(float(sample.labels["num_gpu_blocks"]))
     return (
-        int(values["vllm:num_requests_running"]),
-        int(values["vllm:num_requests_waiting"]),
-        values["vllm:kv_cache_usage_perc"],
-        total_blocks,
+        int(running),
+        int(waiting),
+        sum(usage) / len(usage) if usage else 0.0,
+        total_blocks or kv_tokens // block_size,
     )
 
 
-async def scrape(session: aiohttp.ClientSession, replica: Replica, timeout: float) -> bool:
+async def scrape(session: aiohttp.ClientSession, replica: Replica, timeout: float, block_size: int = 16) -> bool:
     try:
         async with session.get(
             replica.url + "/metrics", timeout=aiohttp.ClientTimeout(total=timeout), raise_for_status=True
         ) as response:
-            replica.observe(*engine_load(await response.text()))
+            replica.observe(*engine_load(await response.text(), block_size))
         return True
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         log.debug("scrape of %s failed: %s", replica.url, exc)
@@ -84,7 +106,8 @@ async def check_forever(
 
 def scrape_forever(pool: Pool, on_change: Callable[[], None]) -> Coroutine[Any, Any, None]:
     interval = pool.config.scrape_interval
-    return check_forever(pool, lambda r: scrape(pool.session, r, interval * 2), interval, on_change)
+    size = pool.config.block_size
+    return check_forever(pool, lambda r: scrape(pool.session, r, interval * 2, size), interval, on_change)
 
 
 def probe_forever(pool: Pool, path: str) -> Coroutine[Any, Any, None]:

@@ -279,3 +279,43 @@ def test_explicit_model_lists_win_over_catch_all_pools():
         assert Pools([_pool("gpt", ["gpt-4o"])]).for_model("llama") is None
     finally:
         asyncio.run(pools.aclose())
+
+
+# Shaped like the example output in SGLang's docs/references/production_metrics.md, with the labels its
+# python/sglang/srt/metrics/collector.py gives the scheduler gauges (a second tensor-parallel rank repeats rank 0).
+SGLANG_METRICS = """# HELP sglang:num_running_reqs The number of running requests
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{engine_type="unified",model_name="Qwen/Qwen3-8B",pp_rank="0",tp_rank="0"} 162.0
+sglang:num_running_reqs{engine_type="unified",model_name="Qwen/Qwen3-8B",pp_rank="0",tp_rank="1"} 162.0
+# HELP sglang:num_used_tokens The number of used tokens
+# TYPE sglang:num_used_tokens gauge
+sglang:num_used_tokens{engine_type="unified",model_name="Qwen/Qwen3-8B",pp_rank="0",tp_rank="0"} 123859.0
+# HELP sglang:token_usage The token usage
+# TYPE sglang:token_usage gauge
+sglang:token_usage{engine_type="unified",model_name="Qwen/Qwen3-8B",pp_rank="0",tp_rank="0"} 0.28
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{engine_type="unified",model_name="Qwen/Qwen3-8B",pp_rank="0",tp_rank="0"} 2826.0
+# HELP sglang:max_total_num_tokens Maximum total number of tokens in the KV cache pool.
+# TYPE sglang:max_total_num_tokens gauge
+sglang:max_total_num_tokens{engine_type="unified",model_name="Qwen/Qwen3-8B",pp_rank="0",tp_rank="0"} 442357.0
+"""
+
+
+def test_sglang_metrics_are_parsed_into_load():
+    assert engine_load(SGLANG_METRICS, block_size=16) == (162, 2826, 0.28, 442357 // 16)
+    underscored = SGLANG_METRICS.replace("sglang:", "sglang_")  # the spelling some SGLang releases expose
+    assert engine_load(underscored, block_size=32) == (162, 2826, 0.28, 442357 // 32)
+
+
+def test_vllms_older_kv_usage_name_and_data_parallel_engines():
+    text = """# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 4.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.5
+vllm:gpu_cache_usage_perc{engine="1",model_name="m"} 0.25
+"""
+    assert engine_load(text) == (7, 1, 0.375, 0)
