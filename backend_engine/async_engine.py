@@ -1,12 +1,15 @@
 """`AsyncEngine`: LLMEngine's step loop on a background thread, one asyncio queue per request.
 
-HTTP handlers never touch engine state: they queue commands (add, abort, reset the prefix cache)
-that the engine thread applies between steps, and read each request's outputs from its own queue.
+HTTP handlers never touch engine state: they queue commands (add, abort, reset the prefix cache,
+embed) that the engine thread applies between steps, and read each request's outputs from its own
+queue. Embeddings run on that thread too, one group of inputs between two steps, so they share the
+KV cache and the array backend with generation without a lock.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
 import threading
@@ -14,6 +17,8 @@ from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from backend_engine.engine import LLMEngine, RequestOutput
 from backend_engine.sequence import SamplingParams
@@ -40,7 +45,13 @@ class ResetPrefixCache:
     pass
 
 
-EngineCommand = AddRequest | AbortRequest | ResetPrefixCache
+@dataclass(frozen=True)
+class Embed:
+    inputs: list[list[int]]
+    future: concurrent.futures.Future[list[np.ndarray]]
+
+
+EngineCommand = AddRequest | AbortRequest | ResetPrefixCache | Embed
 # What a request's queue carries: its outputs, or the error that ends it.
 StreamItem = RequestOutput | BaseException
 
@@ -53,6 +64,7 @@ class AsyncEngine:
         self._commands: deque[EngineCommand] = deque()
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[StreamItem]]] = {}
+        self._embeds: deque[Embed] = deque()  # engine thread only: groups waiting for their turn
         self._stop = False
         self._thread: threading.Thread | None = None
         self._ids = itertools.count()
@@ -110,6 +122,44 @@ class AsyncEngine:
             if not finished:
                 self._submit(AbortRequest(rid))
 
+    async def embed(self, inputs: list[list[int]]) -> list[np.ndarray]:
+        """Each input's mean-pooled final hidden states, computed on the engine thread a group at a time
+        (see `LLMEngine.embedding_groups`), with generation steps in between; cancelling (client gone)
+        drops the groups not yet run."""
+        for ids in inputs:
+            self.engine.validate_embedding_input(ids)
+        futures: list[concurrent.futures.Future[list[np.ndarray]]] = []
+        for group in self.engine.embedding_groups(inputs):
+            futures.append(concurrent.futures.Future())
+            self._submit(Embed([inputs[i] for i in group], futures[-1]))
+        try:
+            return [v for f in futures for v in await asyncio.wrap_future(f)]
+        finally:
+            for f in futures:
+                f.cancel()
+
+    def _embed_next(self) -> None:
+        """Run the oldest waiting embedding group if the KV cache has room for it now."""
+        while self._embeds and self._embeds[0].future.cancelled():
+            self._embeds.popleft()
+        if not self._embeds:
+            return
+        cmd = self._embeds[0]
+        try:
+            vectors = self.engine.embed(cmd.inputs)
+            if vectors is None:
+                if self.engine.has_unfinished():
+                    return  # running sequences hold the blocks: retry after the next step
+                raise RuntimeError("the embedding inputs do not fit the KV cache")
+        except Exception as e:  # noqa: BLE001 - delivered to the caller
+            self._embeds.popleft()
+            if cmd.future.set_running_or_notify_cancel():
+                cmd.future.set_exception(e)
+            return
+        self._embeds.popleft()
+        if cmd.future.set_running_or_notify_cancel():
+            cmd.future.set_result(vectors)
+
     def _deliver(self, rid: str, item: StreamItem) -> None:
         target = self._streams.get(rid)
         if target is not None:
@@ -130,6 +180,8 @@ class AsyncEngine:
                 self._deliver(cmd.request_id, e)
         elif isinstance(cmd, AbortRequest):
             eng.abort(cmd.request_id)
+        elif isinstance(cmd, Embed):
+            self._embeds.append(cmd)  # run one group per step by _embed_next, not all at once here
         else:
             eng.reset_prefix_cache()
 
@@ -138,9 +190,11 @@ class AsyncEngine:
         while not self._stop:
             while self._commands:
                 self._apply(self._commands.popleft())
+            self._embed_next()
             if not eng.has_unfinished():
-                self._wake.wait(0.5)
-                self._wake.clear()
+                if not self._embeds:
+                    self._wake.wait(0.5)
+                    self._wake.clear()
                 continue
             try:
                 outs = eng.step()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -158,6 +159,80 @@ class LLMEngine:
         ok = self.block_manager.reset_prefix_cache()
         self._publish_events()
         return ok
+
+    # --- embeddings -----------------------------------------------------------------------------
+
+    def validate_embedding_input(self, token_ids: Seq[int]) -> None:
+        """Raise ValueError (HTTP 400) for an input the engine cannot embed."""
+        if not token_ids:
+            raise ValueError("each input must contain at least one token")
+        vs = self.loaded.config.vocab_size
+        if any((not isinstance(t, int)) or t < 0 or t >= vs for t in token_ids):
+            raise ValueError(f"token ids must be integers in [0, {vs})")
+        if len(token_ids) > self.max_model_len:
+            raise ValueError(
+                f"input is {len(token_ids)} tokens; this engine's limit is {self.max_model_len} (max_model_len)"
+            )
+
+    def embedding_groups(self, inputs: list[list[int]]) -> list[list[int]]:
+        """Indices of `inputs` in order, grouped for one `embed` call each: at most one step's token budget (or
+        one input alone) and at most the blocks of one max_model_len sequence, which the KV cache always holds
+        once nothing else runs, so every group is eventually admitted."""
+        bm = self.block_manager
+        block_limit = bm.blocks_needed(self.max_model_len)
+        groups: list[list[int]] = []
+        tokens = blocks = 0
+        for i, ids in enumerate(inputs):
+            need = bm.blocks_needed(len(ids))
+            if not groups or tokens + len(ids) > self.config.max_num_batched_tokens or blocks + need > block_limit:
+                groups.append([])
+                tokens = blocks = 0
+            groups[-1].append(i)
+            tokens += len(ids)
+            blocks += need
+        return groups
+
+    def embed(self, inputs: list[list[int]]) -> list[np.ndarray] | None:
+        """Each input's final hidden states mean-pooled (float32, on the host), or None, with nothing done, while
+        the free KV blocks cannot hold the inputs (the caller retries after a step).
+
+        The inputs are prefilled like prompts, in passes of at most one step's token budget, into scratch blocks
+        that are freed, never cached, before this returns."""
+        bm = self.block_manager
+        if sum(bm.blocks_needed(len(ids)) for ids in inputs) > bm.num_free_blocks:
+            return None
+        seqs = [Sequence(next(self._seq_ids), "embedding", list(ids), SamplingParams()) for ids in inputs]
+        sums: dict[int, Any] = {}
+        try:
+            for seq in seqs:
+                ok = bm.ensure_slots(seq, seq.num_tokens)
+                assert ok, "free-block check and allocation disagree"
+            pending = deque(seqs)
+            while pending:
+                items: list[tuple[Sequence, int]] = []
+                budget = self.config.max_num_batched_tokens
+                while pending and budget > 0:
+                    seq = pending[0]
+                    n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+                    items.append((seq, n))
+                    budget -= n
+                    if seq.num_computed_tokens + n < seq.num_tokens:
+                        break  # the rest of this input is the next pass's first chunk
+                    pending.popleft()
+                items = decodes_first(items)
+                fb, _rows = build_forward_batch(items, self.config.block_size)
+                hidden = self.model.final_hidden_states(fb, self.kv_cache)
+                start = 0
+                for seq, n in items:
+                    part = hidden[start : start + n].sum(axis=0)
+                    sums[seq.seq_id] = part if seq.seq_id not in sums else sums[seq.seq_id] + part
+                    seq.num_computed_tokens += n
+                    start += n
+        finally:
+            for seq in seqs:
+                bm.free_sequence(seq)
+            self._publish_events()  # taking free blocks may have evicted cached prefixes
+        return [self.backend.to_numpy(sums[seq.seq_id]) / np.float32(seq.num_tokens) for seq in seqs]
 
     # --- the step -------------------------------------------------------------------------------
 

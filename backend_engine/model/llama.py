@@ -193,6 +193,17 @@ class LlamaModel:
 
     def forward(self, batch: ForwardBatch, kv_cache: list[Any]) -> Any:
         """Run all layers over the flat batch; returns float32 logits [len(logits_indices), V]."""
+        h = self._layers(batch, kv_cache)
+        rows = h[self.be.asarray(batch.logits_indices.astype(np.int64))]
+        return self._mm(self._rms(rows, self.w.final_norm), self.w.lm_head).astype(self.xp.float32, copy=False)
+
+    def final_hidden_states(self, batch: ForwardBatch, kv_cache: list[Any]) -> Any:
+        """Run all layers over the flat batch; returns every row's final hidden state [T, H] (after the final
+        norm, before the LM head): what embeddings pool."""
+        return self._rms(self._layers(batch, kv_cache), self.w.final_norm)
+
+    def _layers(self, batch: ForwardBatch, kv_cache: list[Any]) -> Any:
+        """The residual stream [T, H] after the last layer; fills the batch's KV slots on the way."""
         xp, c, be = self.xp, self.cfg, self.be
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         T = len(batch.input_ids)
@@ -235,9 +246,7 @@ class LlamaModel:
             xp.divide(g, act, out=act)
             act *= u
             h += self._mm(act, lw.w_down)
-
-        rows = h[be.asarray(batch.logits_indices.astype(np.int64))]
-        return self._mm(self._rms(rows, self.w.final_norm), self.w.lm_head).astype(xp.float32, copy=False)
+        return h
 
     def _decode_plan(self, batch: ForwardBatch) -> tuple[Any, Any]:
         """Block tables and the additive length mask, built once and shared by every layer."""
