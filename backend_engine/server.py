@@ -1,9 +1,9 @@
 """OpenAI-compatible HTTP server for the engine (Starlette): the routes.
 
-Routes: /v1/chat/completions and /v1/completions (SSE streaming or not), /v1/models, /tokenize,
-/detokenize, /health, /metrics (vLLM metric names), /v1/kv_events (NDJSON stream of prefix-cache
-block events), /reset_prefix_cache. Bodies are parsed and shaped by `openai_protocol`; errors use
-OpenAI's JSON shape.
+Routes: /v1/chat/completions, /v1/completions and /v1/responses (SSE streaming or not),
+/v1/embeddings, /v1/models, /tokenize, /detokenize, /health, /metrics (vLLM metric names),
+/v1/kv_events (NDJSON stream of prefix-cache block events), /reset_prefix_cache. Bodies are parsed
+and shaped by `openai_protocol`; errors use OpenAI's JSON shape.
 """
 
 from __future__ import annotations
@@ -12,22 +12,36 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from backend_engine import tracing
 from backend_engine.async_engine import AsyncEngine
-from backend_engine.engine import LLMEngine
+from backend_engine.engine import LLMEngine, RequestOutput
 from backend_engine.kv_events import KVEventBus
+from backend_engine.openai_protocol.embeddings import embedding_response, parse_embedding_request
 from backend_engine.openai_protocol.errors import APIError
 from backend_engine.openai_protocol.requests import RequestParser, json_object
 from backend_engine.openai_protocol.responses import ResponseShaper
-from backend_engine.streaming import ClosingStreamingResponse, collect_or_disconnect
+from backend_engine.openai_protocol.responses_api import (
+    ResponseDraft,
+    final_response,
+    parse_responses_request,
+    response_events,
+)
+from backend_engine.streaming import (
+    ClosingStreamingResponse,
+    collect_or_disconnect,
+    generation_error,
+    until_disconnect,
+)
 
 
 class EngineServer:
@@ -64,6 +78,8 @@ class EngineServer:
             Route("/reset_prefix_cache", self.reset_prefix_cache, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/responses", self.responses, methods=["POST"]),
+            Route("/v1/embeddings", self.embeddings, methods=["POST"]),
         ]
         return Starlette(
             routes=routes,
@@ -178,20 +194,64 @@ class EngineServer:
             )
             for k, (ids, sp) in enumerate(req.jobs)
         ]
+        return await self._reply(
+            request,
+            rid,
+            gens,
+            self.shaper.sse(gens, req.n, rid, chat, req.include_usage) if req.stream else None,
+            lambda outs: self.shaper.final_body(outs, req.n, rid, chat),
+        )
+
+    async def responses(self, request: Request) -> Response:
+        try:
+            req = parse_responses_request(await json_object(request), self.parser)
+        except APIError as e:
+            return e.response()
+        draft = ResponseDraft(self.model_name, req.echo)
+        gen = self.async_engine.generate(
+            req.prompt_token_ids,
+            req.params,
+            request_id=draft.id,
+            trace_context=tracing.extract_context(request.headers),
+        )
+        return await self._reply(
+            request,
+            draft.id,
+            [gen],
+            response_events(draft, gen) if req.stream else None,
+            lambda outs: final_response(draft, outs[0]),
+        )
+
+    async def _reply(
+        self,
+        request: Request,
+        rid: str,
+        gens: list[AsyncGenerator[RequestOutput, None]],
+        stream: AsyncIterator[bytes] | None,
+        final_body: Callable[[list[list[RequestOutput]]], dict[str, Any]],
+    ) -> Response:
+        """The SSE `stream` when there is one, else `final_body` of every choice's outputs once all finish."""
         headers = {"x-request-id": request.headers.get("x-request-id", rid)}
-        if req.stream:
-            return ClosingStreamingResponse(
-                self.shaper.sse(gens, req.n, rid, chat, req.include_usage),
-                media_type="text/event-stream",
-                headers=headers,
-            )
+        if stream is not None:
+            return ClosingStreamingResponse(stream, media_type="text/event-stream", headers=headers)
         try:
             outs = await collect_or_disconnect(request, gens)
         except APIError as e:
             return e.response()
         if outs is None:  # client went away: the sequences were aborted
             return Response(status_code=499)
-        return JSONResponse(self.shaper.final_body(outs, req.n, rid, chat), headers=headers)
+        return JSONResponse(final_body(outs), headers=headers)
+
+    async def embeddings(self, request: Request) -> Response:
+        try:
+            # tokenizing up to 2048 inputs: off the event loop
+            req = await run_in_threadpool(parse_embedding_request, await json_object(request), self.parser)
+            pooled = await until_disconnect(request, self.async_engine.embed(req.inputs))
+        except Exception as e:  # noqa: BLE001 - every failure gets OpenAI's error shape
+            return generation_error(e).response()
+        if pooled is None:  # client went away: the groups not yet run were dropped
+            return Response(status_code=499)
+        return JSONResponse(embedding_response(req, pooled, self.model_name))
 
 
 def build_app(engine: LLMEngine, served_model_name: str | None = None) -> Starlette:

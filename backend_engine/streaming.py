@@ -7,14 +7,18 @@ what it opened however it ends: a client disconnect aborts the sequences at once
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from backend_engine.engine import RequestOutput
 from backend_engine.openai_protocol.errors import APIError
+
+log = logging.getLogger("portcullis.engine.server")
+T = TypeVar("T")
 
 
 class ClosingStreamingResponse(StreamingResponse):
@@ -69,23 +73,33 @@ async def merge_choices(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def collect_or_disconnect(
-    request: Request, gens: list[AsyncGenerator[RequestOutput, None]]
-) -> list[list[RequestOutput]] | None:
-    """Every choice's outputs once all finish, or None if the client disconnects first (the sequences
-    are aborted). A failed generation raises APIError: 400 for a rejected request, else 500."""
-    merged = merge_choices(gens)
+def generation_error(e: Exception) -> APIError:
+    """What a failed generation tells the client: 400 for a request the engine rejected, else 500."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, ValueError):
+        return APIError(400, str(e))
+    return APIError(500, f"generation failed: {e}", "server_error", "internal_error")
 
-    async def collect() -> list[list[RequestOutput]]:
-        per: list[list[RequestOutput]] = [[] for _ in gens]
-        try:
-            async for i, o in merged:
-                per[i].append(o)
-        except ValueError as e:
-            raise APIError(400, str(e)) from e
-        except Exception as e:  # noqa: BLE001
-            raise APIError(500, f"generation failed: {e}", "server_error", "internal_error") from e
-        return per
+
+async def outputs_or_error(
+    gens: list[AsyncGenerator[RequestOutput, None]], request_id: str
+) -> AsyncGenerator[tuple[int, RequestOutput] | APIError, None]:
+    """The choices' outputs as `merge_choices` interleaves them; a failure is logged and becomes the last item,
+    so a streamed response reports it instead of ending silently. Closing this aborts the sequences."""
+    merged = merge_choices(gens)
+    try:
+        async for item in merged:
+            yield item
+    except Exception as e:  # noqa: BLE001 - handed to the stream as its last item
+        log.exception("stream %s failed", request_id)
+        yield generation_error(e)
+    finally:
+        await merged.aclose()
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
+    """`work`'s result, or None if the client disconnects first (then `work` is cancelled)."""
 
     async def disconnected() -> None:
         while True:
@@ -93,16 +107,37 @@ async def collect_or_disconnect(
             if msg["type"] == "http.disconnect":
                 return
 
-    work = asyncio.ensure_future(collect())
+    task = asyncio.ensure_future(work)
     watch = asyncio.ensure_future(disconnected())
-    done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    if work in done:
+    done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
         watch.cancel()
-        return work.result()
-    work.cancel()
+        return task.result()
+    task.cancel()
     try:
-        await work
+        await task
     except (asyncio.CancelledError, APIError):
         pass
-    await merged.aclose()
     return None
+
+
+async def collect_or_disconnect(
+    request: Request, gens: list[AsyncGenerator[RequestOutput, None]]
+) -> list[list[RequestOutput]] | None:
+    """Every choice's outputs once all finish, or None if the client disconnects first (the sequences
+    are aborted). A failed generation raises its `generation_error`."""
+    merged = merge_choices(gens)
+
+    async def collect() -> list[list[RequestOutput]]:
+        per: list[list[RequestOutput]] = [[] for _ in gens]
+        try:
+            async for i, o in merged:
+                per[i].append(o)
+        except Exception as e:  # noqa: BLE001
+            raise generation_error(e) from e
+        return per
+
+    try:
+        return await until_disconnect(request, collect())
+    finally:
+        await merged.aclose()

@@ -35,6 +35,13 @@ def field(body: dict[str, Any], key: str, types: type | tuple[type, ...], defaul
     return v
 
 
+def known_fields(body: dict[str, Any], allowed: frozenset[str]) -> None:
+    """400 for the first field outside `allowed`, as OpenAI rejects parameters it does not know."""
+    for key in body:
+        if key not in allowed:
+            raise APIError(400, f"Unknown parameter: '{key}'.", param=key, code="unknown_parameter")
+
+
 def sampling_params(body: dict[str, Any], max_tokens_default: int, chat: bool) -> SamplingParams:
     """SamplingParams from a completions or chat body (their logprobs and max-token fields differ)."""
     if field(body, "best_of", int, 1) not in (1,):
@@ -164,6 +171,28 @@ class RequestParser:
         salt = field(body, "cache_salt", str, None)
         return GenerationRequest(jobs, field(body, "n", int, 1), stream, include_usage, salt)
 
+    def room(self, ids: list[int]) -> int:
+        """The most tokens a completion of `ids` can have: the rest of the context window (at least one)."""
+        return max(self.engine.max_model_len - len(ids), 1)
+
+    def check_job(self, ids: list[int], sp: SamplingParams, max_tokens_param: str | None) -> None:
+        """400 unless the engine can serve `ids` with `sp`; when the client chose the completion's length (in
+        `max_tokens_param`), prompt and completion must fit the context window together."""
+        max_model_len = self.engine.max_model_len
+        if max_tokens_param is not None and len(ids) + sp.max_tokens > max_model_len:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {max_model_len} tokens. "
+                f"However, you requested {len(ids) + sp.max_tokens} tokens ({len(ids)} in the "
+                f"prompt, {sp.max_tokens} for the completion).",
+                param=max_tokens_param,
+                code="context_length_exceeded",
+            )
+        try:
+            self.engine.validate(ids, sp)
+        except ValueError as e:
+            raise APIError(400, str(e)) from e
+
     def _jobs(self, body: dict[str, Any], chat: bool) -> list[tuple[list[int], SamplingParams]]:
         """One (prompt ids, params) job per choice: prompts x n, in OpenAI's choice order."""
         self.check_model(body)
@@ -173,26 +202,11 @@ class RequestParser:
             raise APIError(400, f"n must be between 1 and {MAX_N}", param="n")
         if len(prompts) * n > MAX_CHOICES:
             raise APIError(400, f"at most {MAX_CHOICES} choices (prompts x n) per request", param="prompt")
-        max_model_len = self.engine.max_model_len
+        explicit_max = body.get("max_tokens") is not None or body.get("max_completion_tokens") is not None
         jobs = []
         for ids in prompts:
-            room = max_model_len - len(ids)
-            sp = sampling_params(body, max(room, 1) if chat else 16, chat)
-            if len(ids) + sp.max_tokens > max_model_len and (
-                body.get("max_tokens") is not None or body.get("max_completion_tokens") is not None
-            ):
-                raise APIError(
-                    400,
-                    f"This model's maximum context length is {max_model_len} tokens. "
-                    f"However, you requested {len(ids) + sp.max_tokens} tokens ({len(ids)} in the "
-                    f"prompt, {sp.max_tokens} for the completion).",
-                    param="max_tokens",
-                    code="context_length_exceeded",
-                )
-            try:
-                self.engine.validate(ids, sp)
-            except ValueError as e:
-                raise APIError(400, str(e)) from e
+            sp = sampling_params(body, self.room(ids) if chat else 16, chat)
+            self.check_job(ids, sp, "max_tokens" if explicit_max else None)
             for j in range(n):  # distinct seeds so seeded n>1 samples differ but stay reproducible
                 jobs.append((ids, replace(sp, seed=sp.seed + j if sp.seed is not None else None)))
         return jobs

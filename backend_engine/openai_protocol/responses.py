@@ -6,20 +6,17 @@ A stream that breaks ends with an SSE error event and then `data: [DONE]`.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from backend_engine.engine import RequestOutput
 from backend_engine.model.tokenizer import Tokenizer
 from backend_engine.openai_protocol.errors import APIError
 from backend_engine.sequence import TokenLogprob
-from backend_engine.streaming import merge_choices
-
-log = logging.getLogger("portcullis.engine.server")
+from backend_engine.streaming import outputs_or_error
 
 
 def usage(lasts: list[RequestOutput | None], n: int) -> dict[str, Any]:
@@ -128,40 +125,33 @@ class ResponseShaper:
 
         lasts: list[RequestOutput | None] = [None] * len(gens)
         text_off = [0] * len(gens)
-        merged = merge_choices(gens)
-        try:
-            if chat:
-                for idx in range(len(gens)):
-                    yield event(
-                        [
-                            {
-                                "index": idx,
-                                "delta": {"role": "assistant", "content": ""},
-                                "logprobs": None,
-                                "finish_reason": None,
-                            }
-                        ]
-                    )
-            async for idx, o in merged:
+        if chat:
+            for idx in range(len(gens)):
+                yield event(
+                    [
+                        {
+                            "index": idx,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ]
+                )
+        failed = False
+        async with aclosing(outputs_or_error(gens, rid)) as outputs:
+            async for item in outputs:
+                if isinstance(item, APIError):
+                    yield b"data: " + json.dumps(item.body()).encode() + b"\n\n"
+                    failed = True
+                    break
+                idx, o = item
                 lasts[idx] = o
                 if not o.new_text and not o.finished and not o.logprobs:
                     continue
                 yield event([self._chunk_choice(idx, o, text_off[idx], chat)])
                 text_off[idx] += len(o.new_text)
-            if include_usage:
-                yield event([], usage(lasts, n))
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - report, never end silently
-            log.exception("stream %s failed", rid)
-            err = APIError(
-                400 if isinstance(e, ValueError) else 500,
-                str(e),
-                "invalid_request_error" if isinstance(e, ValueError) else "server_error",
-            )
-            yield b"data: " + json.dumps(err.body()).encode() + b"\n\n"
-        finally:
-            await merged.aclose()
+        if include_usage and not failed:
+            yield event([], usage(lasts, n))
         yield b"data: [DONE]\n\n"
 
     def _chunk_choice(self, idx: int, o: RequestOutput, text_offset: int, chat: bool) -> dict[str, Any]:
