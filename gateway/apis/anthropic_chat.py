@@ -297,7 +297,9 @@ def _user_part(block: dict[str, Any], loc: tuple) -> dict[str, Any] | None:
 def _image_url(source: dict[str, Any], loc: tuple) -> str:
     """An image source as the URL chat's `image_url` part takes: base64 data as a data: URL, a url as itself."""
     if source.get("type") == "base64" and isinstance(source.get("data"), str):
-        return f"data:{source.get('media_type', 'image/png')};base64,{source['data']}"
+        if not isinstance(source.get("media_type"), str):
+            raise _fail((*loc, "media_type"), "required for a base64 image, a string such as 'image/png'")
+        return f"data:{source['media_type']};base64,{source['data']}"
     if source.get("type") == "url" and isinstance(source.get("url"), str):
         return source["url"]
     raise _fail((*loc, "type"), "only base64 and url image sources can be sent to this model")
@@ -366,7 +368,8 @@ def _assistant_message(content: str | list[dict[str, Any]], loc: tuple) -> dict[
             )
         elif kind not in ("thinking", "redacted_thinking"):
             raise _fail((*loc, "content", j, "type"), f"assistant blocks of type {kind!r} cannot be sent to this model")
-    message: dict[str, Any] = {"role": "assistant", "content": _joined_text(texts) if texts else None}
+    text = _joined_text(texts) if texts else None if calls else ""  # content may be null only beside tool calls
+    message: dict[str, Any] = {"role": "assistant", "content": text}
     if calls:
         message["tool_calls"] = calls
     return message

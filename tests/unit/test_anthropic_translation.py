@@ -208,6 +208,8 @@ def test_text_blocks_become_one_string_and_images_in_a_tool_result_join_the_user
     assert messages[0] == {"role": "system", "content": "be brief"}
     assert messages[1] == {"role": "user", "content": "a\nb"}
     assert messages[2]["content"] is None and messages[2]["tool_calls"][0]["function"]["arguments"] == "{}"
+    thought_only = {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm", "signature": "sig"}]}
+    assert messages_to_chat(with_messages(USER, thought_only))["messages"][1] == {"role": "assistant", "content": ""}
     assert messages[3] == {"role": "tool", "tool_call_id": "toolu_1", "content": "here"}
     assert messages[4] == {
         "role": "user",
@@ -235,6 +237,10 @@ def test_text_blocks_become_one_string_and_images_in_a_tool_result_join_the_user
             "messages[0].content[0].source.type",
         ),
         ({"messages": [{"role": "user", "content": [{"type": "search_result"}]}]}, "messages[0].content[0].type"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": "x"}}]}]},
+            "messages[0].content[0].source.media_type",
+        ),
     ],
 )
 def test_what_a_chat_pool_cannot_take_is_refused_by_name(change, param):
