@@ -610,6 +610,7 @@ def test_the_sdk_reads_our_message_and_our_stream_error(sdk_client):
     [
         (400, "invalid_request_error"),
         (401, "authentication_error"),
+        (402, "billing_error"),
         (403, "permission_error"),
         (404, "not_found_error"),
         (408, "invalid_request_error"),
