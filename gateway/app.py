@@ -11,7 +11,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import anyio
@@ -19,12 +19,14 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.admin import ByListener, build_admin_app
+from gateway.apis.routes import APIS, route_error
 from gateway.client_exit import ClientWatch
 from gateway.client_ip import client_ip
 from gateway.config import GatewayConfig
@@ -153,7 +155,7 @@ class Gateway:
 
 
 class ProxyEndpoint:
-    """POST /v1/chat/completions and /v1/completions: the pipeline, then the upstream call."""
+    """POST on a model route (gateway/apis/routes.py): the pipeline, then the upstream call."""
 
     def __init__(self, gateway: Gateway, route: str) -> None:
         self.gateway = gateway
@@ -201,7 +203,7 @@ class ProxyEndpoint:
             response = await watch.unless_client_leaves(self._answer(ctx))
         except GatewayError as err:
             ctx.status = err.status
-            response = err.response()
+            response = ctx.api.error_response(err)
             response.headers["x-request-id"] = ctx.request_id
             ctx.span.set_attribute("error.type", err.code or err.type)
         except ClientDisconnect:  # gone before its answer started: nobody to answer, nothing wrong with the gateway
@@ -211,9 +213,9 @@ class ProxyEndpoint:
         except Exception:
             log.exception("unhandled error serving %s", ctx.request.scope["path"])
             ctx.status = 500
-            response = GatewayError(
-                500, "internal gateway error", type="server_error", code="internal_error"
-            ).response()
+            response = ctx.api.error_response(
+                GatewayError(500, "internal gateway error", type="server_error", code="internal_error")
+            )
         await response(scope, receive, send)
 
     async def _answer(self, ctx: RequestContext) -> Response:
@@ -312,12 +314,15 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
         await gateway.aclose()
 
     routes = [
-        Route("/v1/chat/completions", ProxyEndpoint(gateway, "chat"), methods=["POST"]),
-        Route("/v1/completions", ProxyEndpoint(gateway, "completions"), methods=["POST"]),
+        *(Route(api.path, ProxyEndpoint(gateway, api.name), methods=["POST"]) for api in APIS),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
+    handlers: dict[type[Exception], Callable[..., Awaitable[Response]]] = {
+        **EXCEPTION_HANDLERS,
+        HTTPException: route_error,  # 404s under /v1/ name the routes served
+    }
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     app.router.redirect_slashes = False  # its redirect's Location is built from the client's own Host header
     return ByListener(app, build_admin_app(gateway), config.admin.port if config.admin.enabled else None)

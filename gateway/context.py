@@ -18,6 +18,10 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.trace import Span
 from starlette.requests import Request
 
+from gateway.apis.exchange import Exchange, exchange_for
+from gateway.apis.routes import BY_NAME
+from gateway.apis.shape import Api
+
 if TYPE_CHECKING:
     from gateway.admission.fair_queue import FairQueue
     from gateway.guard.output import OutputGuard
@@ -58,7 +62,7 @@ class RequestContext:
     """What stages know about one request. Stages read and write it; they never call each other."""
 
     request: Request
-    route: str  # "chat" | "completions"
+    route: str  # the request shape's name (gateway/apis/routes.py): "chat", "completions", "responses", ...
     span: Span  # the request's span: every stage's attributes go here
     client_ip: str = ""
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -95,9 +99,20 @@ class RequestContext:
     response_headers: dict[str, str] = field(default_factory=dict)
 
     @property
+    def api(self) -> Api:
+        """The request shape: what its text is, how it is counted, what bounds its output."""
+        return BY_NAME[self.route]
+
+    @property
+    def exchange(self) -> Exchange:
+        """How this request travels to its pool and back (after admission chose the pool)."""
+        pool = self.placed.pool
+        return exchange_for(self.api, pool.config.api, pool.name)
+
+    @property
     def operation(self) -> str:
         """GenAI semantic-convention operation name."""
-        return "chat" if self.route == "chat" else "text_completion"
+        return self.api.operation
 
     @property
     def placed(self) -> Placement:

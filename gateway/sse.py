@@ -83,3 +83,10 @@ def event_data(event: bytes) -> bytes | None:
     if not lines:
         return None
     return b"\n".join(line[6:] if line.startswith(b"data: ") else line[5:] for line in lines)
+
+
+def with_data(event: bytes, data: bytes) -> bytes:
+    """The event with its data replaced (one line) and its other fields (`event:`, `id:`) kept: a rewritten event
+    must keep the type a client dispatches it by."""
+    fields = [line for line in _LINE.split(event) if line and not line.startswith(b"data:")]
+    return b"".join(line + b"\n" for line in fields) + b"data: " + data + b"\n\n"

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gateway.apis.shape import CountForm
 from gateway.errors import invalid_request
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,8 @@ class PromptCount:
 
 
 class PromptCounter(Protocol):
-    def count(self, route: str, payload: dict[str, Any]) -> PromptCount: ...
+    def count(self, form: CountForm, prompt: Any) -> PromptCount:
+        """A prompt as the request shape hands it over (`Api.counted`): chat messages, or a completions prompt."""
 
     def decode(self, ids: list[int]) -> str | None:
         """Token ids back to the text the model reads (special tokens included), for the guard to scan; None when
@@ -41,14 +43,14 @@ class EngineCounter:
 
         self._renderer = load_prompt_renderer(model_path)
 
-    def count(self, route: str, payload: dict[str, Any]) -> PromptCount:
+    def count(self, form: CountForm, prompt: Any) -> PromptCount:
         from backend_engine.model.prompt import PromptError
 
         try:
-            if route == "chat":
-                ids = self._renderer.chat_ids(payload.get("messages"))
+            if form == "chat":
+                ids = self._renderer.chat_ids(prompt)
             else:
-                ids = _completion_ids(payload.get("prompt"), self._renderer.text_ids)
+                ids = _completion_ids(prompt, self._renderer.text_ids)
         except PromptError as exc:
             raise invalid_request(str(exc), param=exc.param) from None
         return PromptCount(len(ids), ids)
@@ -79,12 +81,12 @@ class TiktokenCounter:
                 ) from None
             self._encoding = tiktoken.get_encoding(offline)
 
-    def count(self, route: str, payload: dict[str, Any]) -> PromptCount:
+    def count(self, form: CountForm, prompt: Any) -> PromptCount:
         encode = self._encoding.encode_ordinary
-        if route != "chat":
-            return PromptCount(len(_completion_ids(payload.get("prompt"), encode)), None)
+        if form != "chat":
+            return PromptCount(len(_completion_ids(prompt, encode)), None)
         total = 3
-        for message in payload.get("messages") or ():
+        for message in prompt or ():
             total += 3 + sum(len(encode(v)) for k, v in message.items() if isinstance(v, str))
             content = message.get("content")
             if isinstance(content, list):
@@ -101,15 +103,14 @@ class TiktokenCounter:
 class EstimateCounter:
     """No tokenizer known: about four characters a token, rounded up, so limits err on the safe side."""
 
-    def count(self, route: str, payload: dict[str, Any]) -> PromptCount:
-        if route == "chat":
-            messages = payload.get("messages") or []
+    def count(self, form: CountForm, prompt: Any) -> PromptCount:
+        if form == "chat":
+            messages = prompt or []
             chars = sum(
                 len(m.get("content") if isinstance(m.get("content"), str) else str(m.get("content") or ""))
                 for m in messages
             )
             return PromptCount(math.ceil(chars / 4) + 4 * len(messages), None)
-        prompt = payload.get("prompt")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
             return PromptCount(len(prompt), None)
         return PromptCount(math.ceil(len(str(prompt or "")) / 4) + 1, None)

@@ -23,6 +23,7 @@ disconnect listener during a stream); cancelling an attempt closes its upstream 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -35,17 +36,18 @@ from opentelemetry import propagate
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
 from starlette.responses import Response, StreamingResponse
 
+from gateway.apis.anthropic_chat import ChatStreamToMessages, chat_to_message, messages_to_chat
+from gateway.apis.exchange import Exchange
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
 from gateway.offload import Offload
 from gateway.routing.pool import Pool
 from gateway.routing.replica import Replica
-from gateway.sse import DONE, EventFramer, EventTooLarge, event_data
+from gateway.sse import EventFramer, EventTooLarge, event_data
 from gateway.telemetry import Metrics
 
 log = logging.getLogger(__name__)
 
-_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _KEPT_5XX = (502, 503, 504)  # upstream statuses that mean to a client what they meant to the gateway
 _GATEWAY_CREDENTIAL_STATUSES = (401, 403, 407)  # the upstream judged the gateway's key, not the client's
@@ -99,15 +101,18 @@ class Upstream:
         self._replica_header = replica_header
 
     async def forward(self, ctx: RequestContext) -> Response:
-        pool = ctx.placed.pool
-        strip_usage = _ask_for_usage(ctx, pool)
-        big = ctx.payload_rewritten and self._offload.is_big(len(ctx.body), ctx.json_values)
-        body = await self._offload.run(True, ctx.outgoing_body) if big else ctx.outgoing_body()
+        pool, exchange = ctx.placed.pool, ctx.exchange
+        if exchange.local:
+            return self._count_locally(ctx)
+        strip_usage = exchange.asks_usage and _ask_for_usage(ctx, pool)
+        encode = functools.partial(_outgoing_body, ctx, exchange)
+        big = (ctx.payload_rewritten or exchange.translated) and self._offload.is_big(len(ctx.body), ctx.json_values)
+        body = await self._offload.run(True, encode) if big else encode()
         deadline = _Deadline(pool, ctx.started)
         scope = asyncio.timeout_at(deadline.at)
         try:
             async with scope:
-                attempt = await self._attempts(ctx, pool, body)
+                attempt = await self._attempts(ctx, pool, exchange, body)
         except TimeoutError:
             if scope.expired():
                 raise deadline.exceeded() from None
@@ -120,22 +125,34 @@ class Upstream:
             headers["x-portcullis-replica"] = attempt.replica.url
         if ctx.stream and ctx.status == 200:
             return StreamingResponse(
-                self._relay(ctx, attempt, strip_usage, deadline),
+                self._relay(ctx, attempt, exchange, strip_usage, deadline),
                 headers={**_SSE_HEADERS, **headers},
                 media_type="text/event-stream",
             )
         try:
             if ctx.status != 200:
                 raise _upstream_error(ctx.status, attempt.content)
-            self._record_usage(ctx, attempt.answer)
+            if attempt.answer is not None:
+                exchange.answers.record(ctx.usage, attempt.answer)
             if ctx.output_guard is not None:  # raises GuardBlocked (a GatewayError) on a block
                 attempt.content = await ctx.output_guard.check_body(attempt.content)
         finally:
             self._finish(ctx, attempt)
+        if exchange.translated:  # an OpenAI chat completion, for a client of Anthropic's Messages API
+            answer = orjson.loads(attempt.content)
+            stops = ctx.payload.get("stop_sequences") or ()
+            return Response(orjson.dumps(chat_to_message(answer, ctx.model, stop_sequences=stops)), headers=headers)
         media_type = response.headers.get("content-type", "application/json")
         return Response(attempt.content, status_code=200, headers=headers, media_type=media_type)
 
-    async def _attempts(self, ctx: RequestContext, pool: Pool, body: bytes) -> _Attempt:
+    def _count_locally(self, ctx: RequestContext) -> Response:
+        """Anthropic's count_tokens for a model an OpenAI-compatible pool serves: the tokenize stage's exact count."""
+        ctx.status = 200
+        ctx.exchange.answers.record(ctx.usage, {})
+        body = orjson.dumps({"input_tokens": ctx.prompt_tokens or 0})
+        return Response(body, headers={"x-request-id": ctx.request_id}, media_type="application/json")
+
+    async def _attempts(self, ctx: RequestContext, pool: Pool, exchange: Exchange, body: bytes) -> _Attempt:
         """Try candidates in order; a failure moves on only while the upstream has not answered."""
         candidates = ctx.placed.candidates[: pool.config.max_attempts]
         failure: GatewayError | None = None
@@ -148,7 +165,7 @@ class Upstream:
             )
             replica.outstanding += 1
             try:
-                await self._answer(ctx, attempt, body, retry=number < len(candidates))
+                await self._answer(ctx, attempt, exchange, body, retry=number < len(candidates))
                 return attempt
             except (aiohttp.ClientError, TimeoutError, GatewayError) as exc:
                 failure = self._failed(ctx, attempt, number, exc)
@@ -158,10 +175,12 @@ class Upstream:
         assert failure is not None
         raise failure
 
-    async def _answer(self, ctx: RequestContext, attempt: _Attempt, body: bytes, retry: bool) -> None:
+    async def _answer(
+        self, ctx: RequestContext, attempt: _Attempt, exchange: Exchange, body: bytes, retry: bool
+    ) -> None:
         """Send, and wait for the status line; read the whole body unless this is a stream that answered 200."""
         pool = attempt.pool
-        response = attempt.response = await self._send(pool, ctx, attempt.replica, attempt.span, body)
+        response = attempt.response = await self._send(pool, ctx, exchange, attempt, body)
         status = response.status
         attempt.span.set_attribute("http.response.status_code", status)
         if retry and status in pool.config.retry_on_status:
@@ -198,7 +217,7 @@ class Upstream:
         self._finish(ctx, attempt)
 
     async def _send(
-        self, pool: Pool, ctx: RequestContext, replica: Replica, span: Span, body: bytes
+        self, pool: Pool, ctx: RequestContext, exchange: Exchange, attempt: _Attempt, body: bytes
     ) -> aiohttp.ClientResponse:
         headers = {
             "content-type": "application/json",
@@ -206,10 +225,16 @@ class Upstream:
             "accept-encoding": "identity",
             "x-request-id": ctx.request_id,
         }
-        if pool.api_key:
+        if pool.config.api == "anthropic":
+            headers["anthropic-version"] = pool.config.anthropic_version
+            if beta := ctx.request.headers.get("anthropic-beta"):
+                headers["anthropic-beta"] = beta  # features a client opts in to are its request's, as sent
+            if pool.api_key:
+                headers["x-api-key"] = pool.api_key
+        elif pool.api_key:
             headers["authorization"] = f"Bearer {pool.api_key}"
-        propagate.inject(headers, context=set_span_in_context(span))
-        return await pool.session.post(replica.url + _PATHS[ctx.route], data=body, headers=headers)
+        propagate.inject(headers, context=set_span_in_context(attempt.span))
+        return await pool.session.post(attempt.replica.url + exchange.path, data=body, headers=headers)
 
     def _start_span(self, ctx: RequestContext, pool: Pool, replica: Replica, number: int) -> Span:
         host, port = replica.address
@@ -236,10 +261,15 @@ class Upstream:
         self._metrics.upstream_ttft.labels(pool=attempt.pool.name).observe(ttft)
 
     async def _relay(
-        self, ctx: RequestContext, attempt: _Attempt, strip_usage: bool, deadline: _Deadline
+        self, ctx: RequestContext, attempt: _Attempt, exchange: Exchange, strip_usage: bool, deadline: _Deadline
     ) -> AsyncIterator[bytes]:
         config, response = attempt.pool.config, attempt.answered
         framer = EventFramer(config.max_event_bytes)
+        translator = (
+            ChatStreamToMessages(ctx.model, stop_sequences=ctx.payload.get("stop_sequences") or ())
+            if exchange.translated
+            else None
+        )
         saw_done = False
         idle: float | None = None  # the wait for the first chunk is `timeouts.read`'s (a long prefill)
         try:
@@ -250,13 +280,17 @@ class Upstream:
                 out = []
                 for event in framer.feed(chunk):
                     data = event_data(event)
-                    if data == b"[DONE]":
-                        saw_done = True
-                    elif data is not None and not self._inspect_event(ctx, data, strip_usage):
+                    if data is None:
+                        out.append(event)
                         continue
-                    out.append(event)
+                    parsed = _json_or_none(data)
+                    saw_done = saw_done or exchange.answers.ends(data, parsed)
+                    if parsed is None or self._inspect_event(ctx, exchange, parsed, strip_usage):
+                        out.append(event)
                 if ctx.output_guard is not None:  # holds events back until scanned; raises GuardBlocked
                     out = await ctx.output_guard.feed(out)
+                if translator is not None:
+                    out = _translated(translator, out)
                 if out:
                     yield b"".join(out)
             if not saw_done:
@@ -272,7 +306,7 @@ class Upstream:
             log.warning("upstream %s stream ended early: %s", attempt.replica.url, error.message)
             attempt.span.set_status(Status(StatusCode.ERROR, error.message))
             attempt.span.set_attribute("error.type", error.code or "upstream_error")
-            yield error.sse_event() + DONE
+            yield ctx.api.stream_error(error)
         except BaseException:
             if ctx.stream_error is None:
                 ctx.stream_error = "client_disconnected"
@@ -285,32 +319,13 @@ class Upstream:
                 response.close()  # broken or abandoned: drop the connection, so the upstream stops
             self._finish(ctx, attempt)
 
-    def _inspect_event(self, ctx: RequestContext, data: bytes, strip_usage: bool) -> bool:
-        """Record usage and finish reasons from one chunk; False drops a usage chunk the client did not ask for."""
-        chunk = _json_or_none(data)
-        if chunk is None:
-            return True
-        if "error" in chunk:
+    def _inspect_event(self, ctx: RequestContext, exchange: Exchange, chunk: dict[str, Any], strip_usage: bool) -> bool:
+        """Record usage and finish reasons from one event; False drops a usage chunk the client did not ask for."""
+        if exchange.answers.is_error(chunk):
             ctx.stream_error = "upstream_error_event"
             return True
-        self._record_usage(ctx, chunk)
+        exchange.answers.record(ctx.usage, chunk)
         return not (strip_usage and chunk.get("usage") and not chunk.get("choices"))
-
-    def _record_usage(self, ctx: RequestContext, body: dict[str, Any] | None) -> None:
-        if not body:
-            return
-        for choice in body.get("choices") or ():
-            reason = choice.get("finish_reason") if isinstance(choice, dict) else None
-            if reason:
-                ctx.usage.finish_reasons.append(reason)
-            ctx.usage.generated = ctx.usage.generated or _carries_output(choice)
-        usage = body.get("usage")
-        if isinstance(usage, dict):
-            ctx.usage.prompt_tokens = usage.get("prompt_tokens")
-            ctx.usage.completion_tokens = usage.get("completion_tokens")
-            details = usage.get("prompt_tokens_details")
-            if isinstance(details, dict):
-                ctx.usage.cached_tokens = details.get("cached_tokens")
 
     def _finish(self, ctx: RequestContext, attempt: _Attempt) -> None:
         """Close the books on one attempt: in-flight count, duration, usage on the span, and the span itself."""
@@ -345,15 +360,23 @@ def _ask_for_usage(ctx: RequestContext, pool: Pool) -> bool:
     return True
 
 
-def _carries_output(choice: object) -> bool:
-    """Whether a choice holds generated output (text, content, a tool call, reasoning), not just its role: token
-    limits charge an unreported completion only once output was seen."""
-    if not isinstance(choice, dict):
-        return False
-    if choice.get("text"):
-        return True
-    part = choice.get("delta") or choice.get("message")
-    return isinstance(part, dict) and any(value for key, value in part.items() if key != "role")
+def _outgoing_body(ctx: RequestContext, exchange: Exchange) -> bytes:
+    """What the pool is sent: the request's own body, or its chat-completions translation."""
+    if exchange.translated:
+        return orjson.dumps(messages_to_chat(ctx.payload))
+    return ctx.outgoing_body()
+
+
+def _translated(translator: ChatStreamToMessages, events: list[bytes]) -> list[bytes]:
+    """Chat-completion events as the Anthropic events they make; [DONE] closes the message."""
+    out: list[bytes] = []
+    for event in events:
+        data = event_data(event)
+        if data == b"[DONE]":
+            out += translator.finish()
+        elif data is not None and (chunk := _json_or_none(data)) is not None:
+            out += translator.feed(chunk)
+    return out
 
 
 async def _read_body(response: aiohttp.ClientResponse, pool: Pool) -> bytes:

@@ -2,39 +2,50 @@
 
 Streams: the relay hands each batch of complete SSE events to `feed()`, which returns the events that may go to the
 client now. Text is released only after a scan has seen it together with what follows it: a scan runs when
-`scan_every` new characters have arrived (over the last ones plus some context), and the newest `hold_back`
-characters stay held until the next scan, so a secret or an injected instruction that is still arriving is not
-half-released. The end of a choice (`finish_reason`) or `[DONE]` scans the rest and releases everything. Redaction
-rewrites the held events' text in place (typed placeholders); a block raises `GuardBlocked`, which the relay turns into
-an explicit SSE error event with the verdict and `[DONE]` — never a silent cut.
+`scan_every` new characters have arrived on a channel (a choice, a content part or block: the answer's format says,
+gateway/apis/answers.py) over the last ones plus some context, and the newest `hold_back` characters stay held until
+the next scan, so a secret or an injected instruction that is still arriving is not half-released. The end of a
+channel or of the stream scans the rest and releases everything. Redaction rewrites the held events' text in place
+(typed placeholders), and the copies of a channel's whole text that some formats repeat at its end (Responses'
+`*.done` events and final response) as well; a block raises `GuardBlocked`, which the relay turns into an explicit
+error event in the client's format — never a silent cut.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
+from gateway.apis.answers import AnswerFormat
 from gateway.guard import pii
 from gateway.guard.runtime import Guard, GuardBlocked, Verdict
 from gateway.guard.spec import GuardSpec
-from gateway.sse import event_data
-
-if TYPE_CHECKING:
-    pass
+from gateway.sse import event_data, with_data
 
 CONTEXT_CHARS = 512  # already-released text a scan re-reads before the new text
+
+
+@dataclass(slots=True)
+class _Segment:
+    channel: Hashable
+    holder: dict[str, Any]
+    key: str
+    start: int  # where the piece sits in its channel's text
+    end: int
 
 
 @dataclass
 class _Held:
     event: bytes
     chunk: dict = field(default_factory=dict)  # the event's JSON object; {} for [DONE] and events that are not one
-    segments: list[tuple[int, str, int, int]] = field(default_factory=list)  # (choice index, key, start, end)
+    segments: list[_Segment] = field(default_factory=list)
+    snapshots: list[tuple[Hashable, dict[str, Any], str]] = field(default_factory=list)
 
 
 @dataclass
-class _Choice:
+class _Channel:
     text: str = ""
     scanned: int = 0  # text[:scanned] has been scanned
     released: int = 0  # text[:released] has reached the client
@@ -43,43 +54,42 @@ class _Choice:
 
 
 class OutputGuard:
-    def __init__(self, guard: Guard, spec: GuardSpec, policy_version: str, request_id: str, route: str) -> None:
+    def __init__(
+        self, guard: Guard, spec: GuardSpec, policy_version: str, request_id: str, answers: AnswerFormat
+    ) -> None:
         self._guard = guard
+        self._answers = answers  # the upstream's format: where its text is
         self._spec = spec
         self._policy = spec.output
         self._version = policy_version
         self._request_id = request_id
-        self._route = route
         self._held: list[_Held] = []
-        self._choices: dict[int, _Choice] = {}
+        self._channels: dict[Hashable, _Channel] = {}
         self.verdicts: list[Verdict] = []
         self._recorded: set[tuple[str, str]] = set()
 
     # ---- streams -------------------------------------------------------------------------------------------
     async def feed(self, events: list[bytes]) -> list[bytes]:
         """Take complete SSE events; return those now safe to send (in order). Raises GuardBlocked."""
+        answers = self._answers
         done = False
         for event in events:
             data = event_data(event)
-            if data == b"[DONE]":
+            chunk = (_json(data) if data is not None else None) or {}
+            held = _Held(event, chunk)
+            if data is not None and answers.ends(data, chunk or None):
                 done = True
-                self._held.append(_Held(event))
-                continue
-            held = _Held(event, (_json(data) if data is not None else None) or {})
-            for index, choice in enumerate(held.chunk.get("choices") or ()):
-                if not isinstance(choice, dict):
-                    continue
-                number = choice.get("index", index)
-                state = self._choices.setdefault(number, _Choice())
-                holder, key = _text_holder(choice)
-                if holder is not None:
-                    start = len(state.text)
-                    state.text += holder[key]
-                    held.segments.append((index, key, start, len(state.text)))
-                if choice.get("finish_reason"):
-                    state.finished = True
+            for channel, holder, key in answers.texts(chunk):
+                self._append(held, channel, holder, key)
+            for channel, holder, key in answers.snapshots(chunk):
+                if self._channels.get(channel, _Channel()).text:
+                    held.snapshots.append((channel, holder, key))
+                else:  # the channel's text arrives only whole: read it as its text
+                    self._append(held, channel, holder, key)
+            for channel in answers.ended(chunk):
+                self._channels.setdefault(channel, _Channel()).finished = True
             self._held.append(held)
-        for number, state in self._choices.items():
+        for number, state in self._channels.items():
             final = done or state.finished
             if len(state.text) - state.scanned >= self._policy.scan_every or (
                 final and state.scanned < len(state.text)
@@ -87,80 +97,73 @@ class OutputGuard:
                 await self._scan(number, state)
         return self._release(done)
 
-    async def _scan(self, number: int, state: _Choice) -> None:
+    def _append(self, held: _Held, channel: Hashable, holder: dict[str, Any], key: str) -> None:
+        state = self._channels.setdefault(channel, _Channel())
+        start = len(state.text)
+        state.text += holder[key]
+        held.segments.append(_Segment(channel, holder, key, start, len(state.text)))
+
+    async def _scan(self, channel: Hashable, state: _Channel) -> None:
         start = max(0, min(state.released, state.scanned) - CONTEXT_CHARS)
         end = len(state.text)
-        text = state.text[start:end]
-        await self._check(text, offset=start, state=state, where=f"choices[{number}]")
+        await self._check(state.text[start:end], offset=start, state=state, where=self._answers.where(channel))
         state.scanned = end
-        if any(f for f in state.redactions):
-            self._rewrite(number, state)
+        if state.redactions:
+            self._rewrite(channel, state)
 
     def _release(self, done: bool) -> list[bytes]:
         out: list[bytes] = []
         while self._held:
             held = self._held[0]
-            if not done:
-                ready = True
-                for index, _key, _start, end in held.segments:
-                    state = self._choice_of(held, index)
-                    safe = state.scanned if state.finished else state.scanned - self._policy.hold_back
-                    if end > safe:
-                        ready = False
-                        break
-                if not ready:
-                    break
+            if not done and not all(s.end <= self._safe(self._channels[s.channel]) for s in held.segments):
+                break
             self._held.pop(0)
-            for index, _key, _start, end in held.segments:
-                state = self._choice_of(held, index)
-                state.released = max(state.released, end)
+            for segment in held.segments:
+                state = self._channels[segment.channel]
+                state.released = max(state.released, segment.end)
+            if any(self._channels[channel].redactions for channel, _, _ in held.snapshots):
+                for channel, holder, key in held.snapshots:
+                    state = self._channels[channel]
+                    holder[key] = pii.redact(state.text, sorted(state.redactions, key=lambda f: f.start))
+                held.event = with_data(held.event, json.dumps(held.chunk).encode())
             out.append(held.event)
         return out
 
-    def _choice_of(self, held: _Held, index: int) -> _Choice:
-        choice = held.chunk["choices"][index]
-        return self._choices[choice.get("index", index)]
+    def _safe(self, state: _Channel) -> int:
+        """How much of a channel's text may be released: what was scanned, less the hold-back until it ends."""
+        return state.scanned if state.finished else state.scanned - self._policy.hold_back
 
-    def _rewrite(self, number: int, state: _Choice) -> None:
-        """Re-render held events of this choice from the original text minus every redaction so far."""
+    def _rewrite(self, channel: Hashable, state: _Channel) -> None:
+        """Re-render held events of this channel from the original text minus every redaction so far."""
         findings = sorted(state.redactions, key=lambda f: f.start)
         for held in self._held:
             touched = False
-            for index, key, start, end in held.segments:
-                choice = held.chunk["choices"][index]
-                if choice.get("index", index) != number:
-                    continue
-                if not any(f.start < end and start < f.end for f in findings):
-                    continue
-                holder, _ = _text_holder(choice)
-                assert holder is not None, "a segment is recorded only for a choice that holds text"
-                holder[key] = _redacted_segment(state.text, start, end, findings)
-                touched = True
+            for s in held.segments:
+                if s.channel == channel and any(f.start < s.end and s.start < f.end for f in findings):
+                    s.holder[s.key] = _redacted_segment(state.text, s.start, s.end, findings)
+                    touched = True
             if touched:
-                held.event = b"data: " + json.dumps(held.chunk).encode() + b"\n\n"
+                held.event = with_data(held.event, json.dumps(held.chunk).encode())
 
     # ---- whole answers -------------------------------------------------------------------------------------
     async def check_body(self, content: bytes) -> bytes:
-        """Scan a non-streaming answer's choices; returns the (possibly redacted) body. Raises GuardBlocked."""
+        """Scan a non-streaming answer's texts; returns the (possibly redacted) body. Raises GuardBlocked."""
         body = _json(content)
         if body is None:
             return content
         changed = False
-        for index, choice in enumerate(body.get("choices") or ()):
-            if not isinstance(choice, dict):
+        for channel, holder, key in self._answers.body_texts(body):
+            if not holder[key]:
                 continue
-            holder, key = _text_holder(choice)
-            if holder is None or not holder[key]:
-                continue
-            state = _Choice(text=holder[key])
-            await self._check(state.text, offset=0, state=state, where=f"choices[{index}]")
+            state = _Channel(text=holder[key])
+            await self._check(state.text, offset=0, state=state, where=self._answers.where(channel))
             if state.redactions:
                 holder[key] = pii.redact(state.text, sorted(state.redactions, key=lambda f: f.start))
                 changed = True
         return json.dumps(body).encode() if changed else content
 
     # ---- the checks ----------------------------------------------------------------------------------------
-    async def _check(self, text: str, *, offset: int, state: _Choice, where: str) -> None:
+    async def _check(self, text: str, *, offset: int, state: _Channel, where: str) -> None:
         policy = self._policy
         if policy.pii != "off" or policy.secrets != "off":
             known = {(f.start, f.end) for f in state.redactions}
@@ -204,17 +207,6 @@ class OutputGuard:
             self._guard.record(verdict, self._version)
         if verdict.result == "block":
             raise GuardBlocked(verdict, self._version, self._request_id)
-
-
-def _text_holder(choice: dict) -> tuple[dict | None, str]:
-    """The dict and key holding a choice's text: delta.content, message.content or text."""
-    for outer in ("delta", "message"):
-        inner = choice.get(outer)
-        if isinstance(inner, dict) and isinstance(inner.get("content"), str):
-            return inner, "content"
-    if isinstance(choice.get("text"), str):
-        return choice, "text"
-    return None, ""
 
 
 def _redacted_segment(text: str, start: int, end: int, findings: list[pii.Finding]) -> str:

@@ -137,6 +137,13 @@ class GuardSpec(_Strict):
             "unscanned. Applies while the injection classifier or the PII/secret detectors scan prompts"
         ),
     )
+    embeddings: bool = Field(
+        default=False,
+        description=(
+            "scan embeddings inputs too (PII/secrets and the classifier, as completions prompts): text embedded for "
+            "retrieval is obeyed only when it is retrieved into a prompt, where the guard reads it again"
+        ),
+    )
     injection: InjectionPolicy = InjectionPolicy()
     pii: PiiPolicy = PiiPolicy()
     output: OutputPolicy = OutputPolicy()

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 
+from gateway.apis.routes import RouteName
 from gateway.guard.spec import GuardSpec
 from gateway.waf.model import RulePack, WafSpec
 
@@ -81,7 +82,7 @@ class Concurrency(_Strict):
 class Scope(_Strict):
     """Where a rule applies; an empty list means everywhere."""
 
-    routes: list[Literal["chat", "completions"]] = Field(default_factory=list)
+    routes: list[RouteName] = Field(default_factory=list)
     models: list[str] = Field(default_factory=list)
 
 

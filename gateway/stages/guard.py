@@ -18,10 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gateway.apis.shape import PromptText
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
 from gateway.guard import pii
-from gateway.guard.inputs import Decode, InputText, request_texts, selected
+from gateway.guard.inputs import Decode, request_texts, selected
 from gateway.guard.output import OutputGuard
 from gateway.guard.runtime import HEADER, Guard, GuardBlocked, Verdict
 from gateway.guard.spec import GuardSpec
@@ -29,7 +30,7 @@ from gateway.offload import Offload
 from gateway.policy.loader import PolicySet
 
 # (the texts the classifier scans, their windows as (text index, token ids))
-Scan = tuple[list[InputText], list[tuple[int, list[int]]]]
+Scan = tuple[list[PromptText], list[tuple[int, list[int]]]]
 
 
 class GuardStage:
@@ -56,7 +57,7 @@ class GuardStage:
     async def __call__(self, ctx: RequestContext) -> None:
         policies = self._policies()
         spec = policies.guard_for(ctx.tenant)
-        if not spec.enabled:
+        if not spec.enabled or not ctx.api.guarded(spec.embeddings):
             return
         verdicts: list[Verdict] = []
         if _scans_pii(spec) or spec.injection.enabled:
@@ -74,15 +75,16 @@ class GuardStage:
         flagged = [v.header() for v in verdicts if v.result == "flag"]
         if flagged:
             ctx.response_headers[HEADER] = ", ".join(flagged)
-        if spec.output.enabled:
-            ctx.output_guard = OutputGuard(self.guard, spec, policies.version, ctx.request_id, ctx.route)
+        if spec.output.enabled and ctx.api.generates:
+            answers = ctx.exchange.answers
+            ctx.output_guard = OutputGuard(self.guard, spec, policies.version, ctx.request_id, answers)
 
     def _read(self, ctx: RequestContext, spec: GuardSpec) -> tuple[list[Verdict], Scan | None]:
         """Blocking: the request's texts, PII verdicts (redacting the payload), and the classifier's windows over
         the original texts; no windows when the injection classifier is off or a PII verdict already blocks."""
         scan_pii, injection = _scans_pii(spec), spec.injection.enabled
         roles = set(spec.pii.roles if scan_pii else ()) | set(spec.injection.roles if injection else ())
-        texts = request_texts(ctx.route, ctx.payload, roles, self._decoder(ctx.model, spec))
+        texts = request_texts(ctx.api, ctx.payload, roles, self._decoder(ctx.model, spec))
         verdicts = self._pii(ctx, spec, selected(texts, spec.pii.roles)) if scan_pii else []
         if not injection or any(v.result == "block" for v in verdicts):
             return verdicts, None
@@ -120,7 +122,7 @@ class GuardStage:
             where=texts[index].where if result != "pass" and index >= 0 else None,
         )
 
-    def _pii(self, ctx: RequestContext, spec: GuardSpec, texts: list[InputText]) -> list[Verdict]:
+    def _pii(self, ctx: RequestContext, spec: GuardSpec, texts: list[PromptText]) -> list[Verdict]:
         """Detector verdicts; `redact` rewrites the payload in place. Token-id prompts cannot be rewritten, so there
         redaction blocks."""
         policy = spec.pii

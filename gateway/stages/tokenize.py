@@ -52,11 +52,11 @@ class TokenizeStage:
         return self._counter(model).decode(ids)
 
     def _count(self, ctx: RequestContext) -> PromptCount:
-        return self._counter(ctx.model).count(ctx.route, ctx.payload)
+        return self._counter(ctx.model).count(*ctx.api.counted(ctx.payload))
 
     async def __call__(self, ctx: RequestContext) -> None:
         admission = self._policies().admission_for(ctx.tenant)
-        choices = _choices(ctx.payload, admission.max_n)  # before counting: refusing costs nothing
+        choices = _choices(ctx.payload, ctx.api.choice_fields, admission.max_n)  # before counting: refusing is free
         loaded = ctx.model not in self._models or ctx.model in self._counters
         big = self._offload.is_big(len(ctx.body), ctx.json_values)
         count = await self._offload.run(big or not loaded, self._count, ctx)
@@ -69,21 +69,23 @@ class TokenizeStage:
 def _per_choice(ctx: RequestContext, prompt: int, window: int | None, default: int) -> int:
     """The most tokens one choice may generate, which token limits reserve (times the choices).
 
-    OpenAI and vLLM honour max_completion_tokens when a request names both fields, another upstream may honour
-    max_tokens: the larger one is reserved, and it must fit the context window too. A request whose two fields
-    disagree beyond the window is refused (400), not checked with the one it names first and reserved with the
-    other: what a request reserves is always something it could really generate. Naming neither, it gets the
-    policy's default, cut to what the window leaves, written into the body the upstream sees.
+    Where a shape has two such fields (chat: OpenAI and vLLM honour max_completion_tokens when a request names
+    both, another upstream may honour max_tokens), the larger one is reserved, and it must fit the context window
+    too. A request whose two fields disagree beyond the window is refused (400), not checked with the one it names
+    first and reserved with the other: what a request reserves is always something it could really generate.
+    Naming none, it gets the policy's default, cut to what the window leaves, written into the body the upstream
+    sees. A shape that generates nothing (embeddings) reserves nothing, but its prompt must fit the window.
     """
-    # in the order upstreams honour them (parse checked both are positive integers)
-    named: dict[str, int] = {
-        f: ctx.payload[f] for f in ("max_completion_tokens", "max_tokens") if ctx.payload.get(f) is not None
-    }
+    api = ctx.api
+    # in the order upstreams honour them (parse checked they are positive integers)
+    named: dict[str, int] = {f: ctx.payload[f] for f in api.output_fields if ctx.payload.get(f) is not None}
     if not named:
-        if window and prompt >= window:
+        if window and (prompt >= window if api.generates else prompt > window):  # generating needs room for one
             raise _too_long(window, prompt, 0)
+        if api.fill_field is None:
+            return 0
         filled = min(default, window - prompt) if window else default
-        ctx.payload["max_tokens"] = filled
+        ctx.payload[api.fill_field] = filled
         ctx.payload_rewritten = True
         return filled
     honoured_field, honoured = next(iter(named.items()))
@@ -102,10 +104,10 @@ def _per_choice(ctx: RequestContext, prompt: int, window: int | None, default: i
     return largest
 
 
-def _choices(payload: dict[str, Any], most: int) -> int:
+def _choices(payload: dict[str, Any], fields: tuple[str, ...], most: int) -> int:
     """How many completions the request asks for (n, or best_of for completions), at most `most` (else 400)."""
     choices = 1
-    for field in ("n", "best_of"):
+    for field in fields:
         value = payload.get(field)
         if value is None:
             continue

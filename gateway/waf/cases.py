@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from gateway.apis.routes import BY_PATH
 from gateway.waf.engine import CompiledWaf
 from gateway.waf.parts import RequestView, from_raw_http
 from gateway.waf.verdict import Verdict
@@ -97,7 +98,8 @@ def request_of(given: dict[str, Any]) -> RequestView:
     view = from_raw_http(str(given.get("method", "POST" if body else "GET")), uri, list(headers.items()), body, **known)
     if payload is not None:
         view.payload = payload
-        view.route = "chat" if uri.startswith("/v1/chat") else "completions" if uri.startswith("/v1/") else ""
+        api = BY_PATH.get(view.path)
+        view.route = api.name if api else ""
         if isinstance(payload, dict) and isinstance(payload.get("model"), str):
             view.model = payload["model"]
     return view

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 import re2
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gateway.apis.routes import RouteName
 from gateway.yaml_bools import Switch
 
 _QUIET = re2.Options()
@@ -257,7 +258,7 @@ class Exclusion(_Strict):
     id: str = ""
     rules: list[str] = Field(default_factory=list, description="rule ids (a trailing * matches a prefix)")
     tags: list[str] = Field(default_factory=list, description="rules carrying any of these tags")
-    routes: list[Literal["chat", "completions"]] = Field(default_factory=list)
+    routes: list[RouteName] = Field(default_factory=list)
     paths: list[str] = Field(default_factory=list, description="request path prefixes")
     tenants: list[str] = Field(default_factory=list)
 

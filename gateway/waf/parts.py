@@ -6,11 +6,13 @@ corpus harness, so all three decide alike.
 
 Which parts hold what:
 - `args`: query and form arguments (URL-decoded once), and every JSON string/number *outside the prompt text*;
-  `args_names`: their names (JSON keys included). The prompt — message contents, completions prompts, and the other
-  natural-language or model-written text of a request: tool (function) and parameter descriptions, the arguments
-  of the assistant's earlier tool calls — is its own part, `prompt`, because it may legitimately talk about SQL,
-  shell or HTML (a `run_sql` tool's description, the query the model passed it); LLM packs read it, web-attack
-  packs do not. Tool descriptions count as the `system` role's text, tool-call arguments as the `assistant`'s.
+  `args_names`: their names (JSON keys included). The prompt — what the request's shape (gateway/apis/) says a
+  model reads: message contents, completions prompts, Responses items, Anthropic content blocks, embeddings inputs,
+  and the other natural-language or model-written text of a request: tool (function) and parameter descriptions,
+  the arguments of the assistant's earlier tool calls — is its own part, `prompt`, because it may legitimately talk
+  about SQL, shell or HTML (a `run_sql` tool's description, the query the model passed it); LLM packs read it,
+  web-attack packs do not. Tool descriptions count as the `system` role's text, tool-call arguments as the
+  `assistant`'s, role-less prompts as the `user`'s. A request on no known route has no prompt: all of it is args.
 - `json:PATH` reads the parsed body by dotted path (`*` is any key or index), `prompt:ROLE` one role's messages.
 """
 
@@ -24,13 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
 
-from gateway.tool_text import TOOL_KEYS, tool_descriptions
+from gateway.apis.routes import BY_NAME
+from gateway.apis.shape import PROMPT_ROLE, Api, PromptText
 
 # A value and where it came from (for explanations, and for redaction inside the JSON body).
 Location = tuple[str | int, ...]  # keys and indices from the parsed JSON body's root
 Value = tuple[str, str, Location | None]  # (part name, text, location in the payload or None)
-
-_PROMPT_KEYS = frozenset(("messages", "prompt", *TOOL_KEYS))
 
 
 @dataclass
@@ -123,7 +124,7 @@ class RequestView:
             out = [("args_names", k, None) for k, _ in self._query_args() + self._form_args()]
             return out + [("args_names", k, None) for k in self.json_shape().keys]
         if target == "json_strings":
-            return [(_json_part(loc), text, loc) for loc, text in _walk(self.payload, False).leaves]
+            return [(_json_part(loc), text, loc) for loc, text in _walk(self.payload, None).leaves]
         if target == "headers":
             return [(f"header:{k}", v, None) for k, v in self.headers]
         if target == "header_names":
@@ -133,7 +134,7 @@ class RequestView:
         if target == "cookie_names":
             return [("cookie_names", k, None) for k, _ in self._cookies() if k]
         if target == "prompt":
-            return _prompt(self.payload, None)
+            return self._prompt(None)
         raise KeyError(target)
 
     def _param(self, kind: str, param: str, target: str) -> list[Value]:
@@ -146,13 +147,25 @@ class RequestView:
         if kind == "json":
             return [(target, text, loc) for loc, text in _json_path(self.payload, param.split("."))]
         if kind == "prompt":
-            return _prompt(self.payload, param)
+            return self._prompt(param)
         raise KeyError(target)
 
     def json_shape(self) -> _JsonShape:
         if self._json is None:
-            self._json = _walk(self.payload, True)
+            self._json = _walk(self.payload, self.api())
         return self._json
+
+    def api(self) -> Api | None:
+        """The request's shape, which says where its prompt text is; None off the model routes."""
+        return BY_NAME.get(self.route)
+
+    def _prompt(self, role: str | None) -> list[Value]:
+        """The prompt's texts, or one role's (tool descriptions as 'system', role-less prompts as 'user')."""
+        api = self.api()
+        if api is None or not isinstance(self.payload, dict):
+            return []
+        name = f"prompt:{role}" if role else "prompt"
+        return [(name, t.text, t.loc) for t in api.texts(self.payload) if role is None or _waf_role(t) == role]
 
 
 _XML_VALUES = re.compile(r'(?<==)"([^"]*)"|>([^<]+)<')
@@ -229,19 +242,6 @@ def _scalar(value: Any) -> str | None:
     return None
 
 
-def _is_prompt(loc: Location) -> bool:
-    """Whether a body location holds prompt text (see the module docstring) rather than an application field."""
-    head = loc[0]
-    if head == "prompt":
-        return True
-    if head == "messages":  # messages[i].content..., messages[i].tool_calls[j].function.arguments
-        return len(loc) >= 3 and (
-            loc[2] == "content"
-            or (len(loc) == 6 and loc[2] == "tool_calls" and loc[4] == "function" and loc[5] == "arguments")
-        )
-    return len(loc) >= 3 and loc[-1] == "description"  # tools[i].function..., functions[i]...: any description
-
-
 @dataclass(frozen=True, slots=True)
 class _JsonShape:
     leaves: list[tuple[Location, str]]  # (location, text) of every string and number, in document order
@@ -249,16 +249,17 @@ class _JsonShape:
     depth: int  # containers nested, 0 for no JSON body
 
 
-def _walk(payload: Any, skip_prompt: bool) -> _JsonShape:
-    """One pass over the parsed body for its leaves, keys and depth (three parts read per request)."""
+def _walk(payload: Any, prompt_of: Api | None) -> _JsonShape:
+    """One pass over the parsed body for its leaves, keys and depth (three parts read per request); with a request
+    shape, the leaves leave out its prompt text."""
     leaves: list[tuple[Location, str]] = []
     keys: list[str] = []
     deepest = 0
     stack: list[tuple[Location, Any, int, bool]] = [((), payload, 1, False)]
     while stack:
         loc, node, depth, hidden = stack.pop()
-        if not hidden and skip_prompt and loc and loc[0] in _PROMPT_KEYS:
-            hidden = _is_prompt(loc)
+        if not hidden and prompt_of is not None and loc and loc[0] in prompt_of.prompt_keys:
+            hidden = prompt_of.is_prompt(loc)
         if isinstance(node, dict):
             if depth > deepest:
                 deepest = depth
@@ -293,39 +294,10 @@ def _json_path(payload: Any, steps: list[str]) -> list[tuple[Location, str]]:
     return [(loc, text) for loc, node in frontier if (text := _scalar(node)) is not None]
 
 
-def _prompt(payload: Any, role: str | None) -> list[Value]:
-    """Text of every message (string content, text parts, tool-call arguments), or of one role's; completions prompts
-    as 'user', tool and parameter descriptions as 'system'."""
-    if not isinstance(payload, dict):
-        return []
-    name = f"prompt:{role}" if role else "prompt"
-    out: list[Value] = []
-    messages = payload.get("messages")
-    if isinstance(messages, list):
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict) or (role and message.get("role") != role):
-                continue
-            content = message.get("content")
-            if isinstance(content, str):
-                out.append((name, content, ("messages", i, "content")))
-            elif isinstance(content, list):
-                for j, part in enumerate(content):
-                    if isinstance(part, dict) and isinstance(part.get("text"), str):
-                        out.append((name, part["text"], ("messages", i, "content", j, "text")))
-            calls = message.get("tool_calls")
-            for j, call in enumerate(calls if isinstance(calls, list) else ()):
-                function = call.get("function") if isinstance(call, dict) else None
-                if isinstance(function, dict) and isinstance(function.get("arguments"), str):
-                    out.append((name, function["arguments"], ("messages", i, "tool_calls", j, "function", "arguments")))
-    prompt = payload.get("prompt")
-    if role in (None, "user"):
-        if isinstance(prompt, str):
-            out.append((name, prompt, ("prompt",)))
-        elif isinstance(prompt, list):
-            out.extend((name, p, ("prompt", i)) for i, p in enumerate(prompt) if isinstance(p, str))
-    if role in (None, "system"):
-        out.extend((name, holder[key], loc) for holder, key, loc in tool_descriptions(payload))
-    return out
+def _waf_role(text: PromptText) -> str:
+    if text.kind == "tool_definition":
+        return "system"
+    return "user" if text.role == PROMPT_ROLE else text.role
 
 
 _PART_NAMES: dict[Location, str] = {}  # the same locations recur request after request (model, messages.0.role)

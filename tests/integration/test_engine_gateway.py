@@ -165,7 +165,7 @@ def test_gateway_block_hashes_are_the_engines(stack):
     """The gateway tokenizes and hashes a prompt itself; the engine's KV events must name the same blocks."""
     engine = stack.engines[0]
     messages = [{"role": "system", "content": SYSTEM + " (hash check)"}, {"role": "user", "content": "Hi!"}]
-    ids = EngineCounter(_bundled()).count("chat", {"messages": messages}).token_ids
+    ids = EngineCounter(_bundled()).count("chat", messages).token_ids
     predicted = hash_prompt_blocks(ids, 16)
     assert len(predicted) >= 20
     httpx.post(

@@ -143,7 +143,7 @@ def test_tiktoken_counts_offline_and_unknown_models_are_estimated():
     assert chat.prompt_tokens == 3 + 3 + 1 + 2  # priming + per-message + "user" + "hello world"
     unknown = _ctx("chat", {"model": "other", "max_tokens": 3, "messages": [{"role": "user", "content": "x" * 40}]})
     asyncio.run(counter_stage(unknown))
-    assert unknown.prompt_tokens == EstimateCounter().count("chat", unknown.payload).tokens == 14
+    assert unknown.prompt_tokens == EstimateCounter().count("chat", unknown.payload["messages"]).tokens == 14
 
 
 def test_engine_counter_rejects_unrenderable_prompts_as_400():
@@ -151,5 +151,5 @@ def test_engine_counter_rejects_unrenderable_prompts_as_400():
 
     counter = EngineCounter(default_model_path())
     with pytest.raises(GatewayError) as info:
-        counter.count("chat", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
+        counter.count("chat", [{"role": "user", "content": [{"type": "image_url"}]}])
     assert info.value.status == 400 and info.value.param == "messages"

@@ -11,9 +11,12 @@ import json
 
 import pytest
 
+from gateway.apis.answers import AnswerFormat
 from gateway.guard.output import OutputGuard
 from gateway.guard.runtime import GuardBlocked, Verdict
 from gateway.guard.spec import GuardSpec
+
+CHAT_ANSWERS = AnswerFormat()  # chat and completions answers
 
 
 class MarkerGuard:
@@ -63,7 +66,7 @@ def feed_all(guard: OutputGuard, chunks: list[list[bytes]]) -> list[list[bytes]]
 
 
 def test_text_is_held_back_until_scanned_then_all_released_at_done() -> None:
-    g = OutputGuard(MarkerGuard(), spec(injection="block", hold_back=10, scan_every=20), "v1", "r", "chat")
+    g = OutputGuard(MarkerGuard(), spec(injection="block", hold_back=10, scan_every=20), "v1", "r", CHAT_ANSWERS)
     words = [event(f"word{i:02d} ") for i in range(10)]  # 7 chars each
     released = feed_all(g, [[w] for w in words] + [[event("", "stop"), DONE]])
     assert released[0] == [] and released[1] == []  # 14 chars: no scan yet, nothing out
@@ -74,7 +77,7 @@ def test_text_is_held_back_until_scanned_then_all_released_at_done() -> None:
 
 def test_block_raises_before_the_flagged_text_is_released() -> None:
     fake = MarkerGuard()
-    g = OutputGuard(fake, spec(injection="block", hold_back=16, scan_every=8), "v1", "r", "chat")
+    g = OutputGuard(fake, spec(injection="block", hold_back=16, scan_every=8), "v1", "r", CHAT_ANSWERS)
     out: list[bytes] = []
 
     async def main():
@@ -91,7 +94,7 @@ def test_block_raises_before_the_flagged_text_is_released() -> None:
 
 
 def test_secret_split_across_events_is_redacted_in_place() -> None:
-    g = OutputGuard(MarkerGuard(), spec(secrets="redact", hold_back=64, scan_every=16), "v1", "r", "chat")
+    g = OutputGuard(MarkerGuard(), spec(secrets="redact", hold_back=64, scan_every=16), "v1", "r", CHAT_ANSWERS)
     pieces = ["Your key is AKIA", "IOSFODNN7", "EXAMPLE and more ", "text follows here."]
     released = feed_all(g, [[event(p)] for p in pieces] + [[event("", "stop"), DONE]])
     text = texts([e for r in released for e in r])
@@ -100,7 +103,7 @@ def test_secret_split_across_events_is_redacted_in_place() -> None:
 
 
 def test_secret_block_on_completions_stream() -> None:
-    g = OutputGuard(MarkerGuard(), spec(secrets="block", hold_back=8, scan_every=8), "v1", "r", "completions")
+    g = OutputGuard(MarkerGuard(), spec(secrets="block", hold_back=8, scan_every=8), "v1", "r", CHAT_ANSWERS)
 
     async def main():
         await g.feed([event("token: ghp_" + "a" * 36, chat=False)])
@@ -111,7 +114,7 @@ def test_secret_block_on_completions_stream() -> None:
 
 
 def test_non_text_events_keep_their_order() -> None:
-    g = OutputGuard(MarkerGuard(), spec(injection="block", hold_back=4, scan_every=4), "v1", "r", "chat")
+    g = OutputGuard(MarkerGuard(), spec(injection="block", hold_back=4, scan_every=4), "v1", "r", CHAT_ANSWERS)
     role = b'data: {"choices": [{"index": 0, "delta": {"role": "assistant"}}]}\n\n'
     usage = b'data: {"choices": [], "usage": {"total_tokens": 3}}\n\n'
     released = feed_all(g, [[role, event("hello world, ")], [event("bye", "stop"), usage, DONE]])
@@ -121,10 +124,10 @@ def test_non_text_events_keep_their_order() -> None:
 
 def test_whole_answer_redaction_and_block() -> None:
     body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "mail bob@example.com now"}}]}
-    g = OutputGuard(MarkerGuard(), spec(pii="redact"), "v1", "r", "chat")
+    g = OutputGuard(MarkerGuard(), spec(pii="redact"), "v1", "r", CHAT_ANSWERS)
     out = json.loads(asyncio.run(g.check_body(json.dumps(body).encode())))
     assert out["choices"][0]["message"]["content"] == "mail [REDACTED:EMAIL] now"
-    g = OutputGuard(MarkerGuard(), spec(injection="block"), "v1", "r", "chat")
+    g = OutputGuard(MarkerGuard(), spec(injection="block"), "v1", "r", CHAT_ANSWERS)
     body["choices"][0]["message"]["content"] = "EVILMARK"
     with pytest.raises(GuardBlocked):
         asyncio.run(g.check_body(json.dumps(body).encode()))

@@ -1,0 +1,230 @@
+"""How an upstream's answer is read, per wire format: usage and finish reasons (token limits settle on them, traces
+show them), where the generated text is (the output guard scans and redacts it in place), whether a stream is
+complete, and whether an event is the upstream's own error.
+
+A format reads one request's answer: a whole body, or the stream's events one by one (parsed JSON objects).
+Generated text is addressed as (channel, holder, key): the dict holding a piece of text and its key, and the
+channel the piece belongs to (a choice, a Responses content part, an Anthropic content block), so the guard can
+follow each channel's text across events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.context import Usage
+
+Text = tuple[Hashable, dict[str, Any], str]  # (channel, holder, key): holder[key] is a piece of generated text
+
+
+class AnswerFormat:
+    """The OpenAI chat-completions, completions and embeddings format: `choices`, `usage`, and `[DONE]`."""
+
+    def record(self, usage: Usage, body: dict[str, Any]) -> None:
+        """Usage and finish reasons from a whole answer or from one stream event."""
+        for choice in body.get("choices") or ():
+            reason = choice.get("finish_reason") if isinstance(choice, dict) else None
+            if reason:
+                usage.finish_reasons.append(reason)
+            usage.generated = usage.generated or _carries_output(choice)
+        reported = body.get("usage")
+        if isinstance(reported, dict):
+            usage.prompt_tokens = reported.get("prompt_tokens")
+            usage.completion_tokens = reported.get("completion_tokens")
+            details = reported.get("prompt_tokens_details")
+            if isinstance(details, dict):
+                usage.cached_tokens = details.get("cached_tokens")
+
+    def ends(self, data: bytes, event: dict[str, Any] | None) -> bool:
+        """Whether this event completes the stream (nothing may follow it)."""
+        return data == b"[DONE]"
+
+    def is_error(self, event: dict[str, Any]) -> bool:
+        return "error" in event
+
+    def texts(self, event: dict[str, Any]) -> Iterator[Text]:
+        """The pieces of generated text a stream event carries."""
+        for i, choice in enumerate(event.get("choices") or ()):
+            if isinstance(choice, dict):
+                holder, key = _choice_text(choice)
+                if holder is not None:
+                    yield choice.get("index", i), holder, key
+
+    def ended(self, event: dict[str, Any]) -> Iterator[Hashable]:
+        """The channels a stream event ends."""
+        for i, choice in enumerate(event.get("choices") or ()):
+            if isinstance(choice, dict) and choice.get("finish_reason"):
+                yield choice.get("index", i)
+
+    def snapshots(self, event: dict[str, Any]) -> Iterator[Text]:
+        """Copies of a channel's whole text so far that a stream event repeats (to redact as the pieces were)."""
+        return iter(())
+
+    def where(self, channel: Hashable) -> str:
+        """A channel, for people (verdicts say where they found what they found)."""
+        return f"choices[{channel}]"
+
+    def body_texts(self, body: dict[str, Any]) -> Iterator[Text]:
+        """The generated texts of a whole answer."""
+        for i, choice in enumerate(body.get("choices") or ()):
+            if isinstance(choice, dict):
+                holder, key = _choice_text(choice)
+                if holder is not None:
+                    yield i, holder, key
+
+
+class ResponsesFormat(AnswerFormat):
+    """OpenAI Responses: a Response object, or typed events ending in response.completed / incomplete / failed."""
+
+    _FINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+    def record(self, usage: Usage, body: dict[str, Any]) -> None:
+        kind = body.get("type")
+        if kind in ("response.output_text.delta", "response.function_call_arguments.delta"):
+            usage.generated = True
+        if kind in self._FINAL and isinstance(body.get("response"), dict):
+            body = body["response"]
+        if body.get("object") != "response":
+            return
+        if body.get("output"):
+            usage.generated = True
+        details = body.get("incomplete_details")
+        reason = details.get("reason") if isinstance(details, dict) else None
+        if reason or body.get("status"):
+            usage.finish_reasons.append(reason or body["status"])
+        reported = body.get("usage")
+        if isinstance(reported, dict):
+            usage.prompt_tokens = reported.get("input_tokens")
+            usage.completion_tokens = reported.get("output_tokens")
+            cached = reported.get("input_tokens_details")
+            if isinstance(cached, dict):
+                usage.cached_tokens = cached.get("cached_tokens")
+
+    def ends(self, data: bytes, event: dict[str, Any] | None) -> bool:
+        return event is not None and (event.get("type") in self._FINAL or event.get("type") == "error")
+
+    def is_error(self, event: dict[str, Any]) -> bool:
+        return event.get("type") in ("error", "response.failed")
+
+    def texts(self, event: dict[str, Any]) -> Iterator[Text]:
+        if event.get("type") == "response.output_text.delta" and isinstance(event.get("delta"), str):
+            yield _part(event), event, "delta"
+
+    def ended(self, event: dict[str, Any]) -> Iterator[Hashable]:
+        if event.get("type") == "response.output_text.done":
+            yield _part(event)
+
+    def snapshots(self, event: dict[str, Any]) -> Iterator[Text]:
+        kind = event.get("type")
+        if kind == "response.output_text.done" and isinstance(event.get("text"), str):
+            yield _part(event), event, "text"
+        elif kind == "response.content_part.done" and _is_output_text(event.get("part")):
+            yield _part(event), event["part"], "text"
+        elif kind == "response.output_item.done" and isinstance(event.get("item"), dict):
+            yield from _item_texts(event.get("output_index"), event["item"])
+        elif kind in self._FINAL and isinstance(event.get("response"), dict):
+            yield from self.body_texts(event["response"])
+
+    def body_texts(self, body: dict[str, Any]) -> Iterator[Text]:
+        for i, item in enumerate(body.get("output") or ()):
+            if isinstance(item, dict):
+                yield from _item_texts(i, item)
+
+    def where(self, channel: Hashable) -> str:
+        item, part = channel if isinstance(channel, tuple) else (channel, 0)
+        return f"output[{item}].content[{part}]"
+
+
+class MessagesFormat(AnswerFormat):
+    """Anthropic Messages: a Message object, or events from message_start to message_stop."""
+
+    def record(self, usage: Usage, body: dict[str, Any]) -> None:
+        kind = body.get("type")
+        if kind == "message_start" and isinstance(body.get("message"), dict):
+            body = body["message"]
+            kind = "message"
+        if kind == "content_block_delta" or (kind == "message" and body.get("content")):
+            usage.generated = True
+        delta = body.get("delta") if kind == "message_delta" else body
+        reason = delta.get("stop_reason") if isinstance(delta, dict) and kind in ("message", "message_delta") else None
+        if reason:
+            usage.finish_reasons.append(reason)
+        reported = body.get("usage")
+        if not isinstance(reported, dict) or kind not in ("message", "message_delta"):
+            return
+        if isinstance(reported.get("output_tokens"), int):
+            usage.completion_tokens = reported["output_tokens"]
+        if isinstance(reported.get("input_tokens"), int):  # Anthropic's input_tokens leave out cached tokens
+            cached = [reported.get(k) for k in ("cache_read_input_tokens", "cache_creation_input_tokens")]
+            usage.prompt_tokens = reported["input_tokens"] + sum(c for c in cached if isinstance(c, int))
+            if isinstance(cached[0], int):
+                usage.cached_tokens = cached[0]
+
+    def ends(self, data: bytes, event: dict[str, Any] | None) -> bool:
+        return event is not None and event.get("type") in ("message_stop", "error")
+
+    def is_error(self, event: dict[str, Any]) -> bool:
+        return event.get("type") == "error"
+
+    def texts(self, event: dict[str, Any]) -> Iterator[Text]:
+        delta = event.get("delta")
+        if event.get("type") == "content_block_delta" and isinstance(delta, dict) and delta.get("type") == "text_delta":
+            if isinstance(delta.get("text"), str):
+                yield event.get("index", 0), delta, "text"
+
+    def ended(self, event: dict[str, Any]) -> Iterator[Hashable]:
+        if event.get("type") == "content_block_stop":
+            yield event.get("index", 0)
+
+    def body_texts(self, body: dict[str, Any]) -> Iterator[Text]:
+        for i, block in enumerate(body.get("content") or ()):
+            if isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str):
+                yield i, block, "text"
+
+    def where(self, channel: Hashable) -> str:
+        return f"content[{channel}]"
+
+
+class TokenCountFormat(AnswerFormat):
+    """Anthropic's count_tokens answer: counting a prompt sends it to no model, so it is charged no tokens."""
+
+    def record(self, usage: Usage, body: dict[str, Any]) -> None:
+        usage.prompt_tokens = usage.completion_tokens = 0
+
+
+def _carries_output(choice: object) -> bool:
+    """Whether a choice holds generated output (text, content, a tool call, reasoning), not just its role: token
+    limits charge an unreported completion only once output was seen."""
+    if not isinstance(choice, dict):
+        return False
+    if choice.get("text"):
+        return True
+    part = choice.get("delta") or choice.get("message")
+    return isinstance(part, dict) and any(value for key, value in part.items() if key != "role")
+
+
+def _choice_text(choice: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The dict and key holding a choice's text: delta.content, message.content or text."""
+    for outer in ("delta", "message"):
+        inner = choice.get(outer)
+        if isinstance(inner, dict) and isinstance(inner.get("content"), str):
+            return inner, "content"
+    if isinstance(choice.get("text"), str):
+        return choice, "text"
+    return None, ""
+
+
+def _part(event: dict[str, Any]) -> Hashable:
+    return event.get("output_index", 0), event.get("content_index", 0)
+
+
+def _is_output_text(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") == "output_text" and isinstance(part.get("text"), str)
+
+
+def _item_texts(index: Any, item: dict[str, Any]) -> Iterator[Text]:
+    for j, part in enumerate(item.get("content") or ()):
+        if _is_output_text(part):
+            yield (index, j), part, "text"

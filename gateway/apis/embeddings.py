@@ -1,0 +1,59 @@
+"""OpenAI embeddings (`POST /v1/embeddings`): input as text, texts, token ids or lists of them; nothing generated.
+
+Counted, limited and WAF'd like a completions prompt; the guard scans it only where the policy asks
+(`guard.embeddings`): text sent for embedding is stored and retrieved, not obeyed, until it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from gateway.apis.completions import check_prompt, prompt_texts, token_prompts
+from gateway.apis.openai_fields import USER, check_fields, check_model, is_int
+from gateway.apis.shape import Api, CountForm, Location, PromptText, TokenPrompt
+from gateway.errors import invalid_request
+
+MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
+
+
+class Embeddings(Api):
+    name = "embeddings"
+    path = "/v1/embeddings"
+    operation = "embeddings"
+    streams = False
+    output_fields = ()
+    fill_field = None
+    prompt_keys = frozenset(("input",))
+
+    def check(self, payload: dict[str, Any]) -> None:
+        check_model(payload)
+        check_fields(
+            payload,
+            (
+                USER,
+                ("dimensions", lambda v: is_int(v) and v >= 1, "a positive integer"),
+                ("encoding_format", lambda v: v in ("float", "base64"), "'float' or 'base64'"),
+            ),
+        )
+        if payload.get("stream"):
+            raise invalid_request("embeddings do not stream", param="stream")
+        check_prompt(payload.get("input"), "input")
+        inputs = payload["input"]
+        if isinstance(inputs, list) and not isinstance(inputs[0], int) and len(inputs) > MAX_INPUTS:
+            raise invalid_request(f"'input' may hold at most {MAX_INPUTS} inputs, got {len(inputs)}", param="input")
+
+    def guarded(self, embeddings: bool) -> bool:
+        return embeddings
+
+    def texts(self, payload: dict[str, Any]) -> Iterator[PromptText]:
+        return prompt_texts(payload, "input")
+
+    def token_prompts(self, payload: dict[str, Any]) -> Iterator[TokenPrompt]:
+        return token_prompts(payload, "input")
+
+    def is_prompt(self, loc: Location) -> bool:
+        return loc[0] == "input"
+
+    def counted(self, payload: dict[str, Any]) -> tuple[CountForm, Any]:
+        return "prompt", payload.get("input")
