@@ -26,7 +26,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.admin import ByListener, build_admin_app
-from gateway.apis.routes import APIS, route_error
+from gateway.apis.routes import APIS, BY_PATH, PASSTHROUGH, route_error
 from gateway.client_exit import ClientWatch
 from gateway.client_ip import client_ip
 from gateway.config import GatewayConfig
@@ -47,7 +47,7 @@ from gateway.shape_gate import ShapeGate
 from gateway.stages.admission import AdmissionStage
 from gateway.stages.auth import AuthStage
 from gateway.stages.guard import GuardStage
-from gateway.stages.parse import ParseStage
+from gateway.stages.parse import ParseStage, RawBodyStage
 from gateway.stages.ratelimit import RateLimitStage
 from gateway.stages.route import RouteStage
 from gateway.stages.tokenize import TokenizeStage
@@ -103,13 +103,16 @@ class Gateway:
             metrics=self.metrics,
         )
         self.guard = GuardStage(lambda: self.policies, Guard(self.metrics.registry), self.offload, self.tokenize.decode)
+        parse = ParseStage(config.limits, self.offload, self.shape_gate)
+        waf = WafStage(lambda: self.policies, keys, self.offload)
+        rate_limits = RateLimitStage(lambda: self.policies, RateLimiter(limits, self.metrics))
         self.pipeline = Pipeline(
             [
-                ParseStage(config.limits, self.offload, self.shape_gate),
-                WafStage(lambda: self.policies, keys, self.offload),
+                parse,
+                waf,
                 self.auth,
                 self.tokenize,
-                RateLimitStage(lambda: self.policies, RateLimiter(limits, self.metrics)),
+                rate_limits,
                 AdmissionStage(self.pools, self.tracer, self.metrics),
                 self.guard,
                 RouteStage(),
@@ -117,6 +120,8 @@ class Gateway:
             self.tracer,
             self.metrics,
         )
+        # a pool's passthrough routes: the same stages up to the rate limits, none that read a model request
+        self.passthrough = Pipeline([RawBodyStage(parse), waf, self.auth, rate_limits], self.tracer, self.metrics)
         self.upstream = Upstream(self.tracer, self.metrics, self.offload, config.telemetry.replica_header)
 
     def _install(self, policies: PolicySet) -> None:
@@ -259,6 +264,28 @@ class ProxyEndpoint:
         )
 
 
+class PassthroughEndpoint(ProxyEndpoint):
+    """Any other route under /v1/: passed through to the pool that opted in to it (gateway/apis/passthrough.py);
+    where none did, the 404 that names the routes served."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        super().__init__(gateway, PASSTHROUGH.name)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"]
+        if path in BY_PATH:
+            raise HTTPException(405)  # a model route, asked with another method than POST
+        if self.gateway.pools.for_passthrough(path) is None:
+            raise HTTPException(404)
+        await super().__call__(scope, receive, send)
+
+    async def _answer(self, ctx: RequestContext) -> Response:
+        pool = self.gateway.pools.for_passthrough(ctx.request.scope["path"])
+        assert pool is not None  # checked on arrival; pools do not change while the process runs
+        await self.gateway.passthrough.run(ctx)
+        return await self.gateway.upstream.pass_through(ctx, pool)
+
+
 def _load_policies(config: GatewayConfig) -> PolicySet:
     if not config.policy_dir.is_dir():
         log.warning("policy directory %s not found: no policy limits or rules apply", config.policy_dir)
@@ -318,6 +345,7 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
+        Route("/v1/{rest:path}", PassthroughEndpoint(gateway)),  # last: only what no route above serves
     ]
     handlers: dict[type[Exception], Callable[..., Awaitable[Response]]] = {
         **EXCEPTION_HANDLERS,

@@ -49,6 +49,9 @@ from gateway.telemetry import Metrics
 log = logging.getLogger(__name__)
 
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+# A passthrough request's headers the upstream gets (never the client's credentials), and an answer's the client gets.
+_PASSED_HEADERS = frozenset({"content-type", "accept", "openai-beta", "anthropic-beta"})
+_RETURNED_HEADERS = frozenset({"content-type", "content-disposition", "cache-control"})
 _KEPT_5XX = (502, 503, 504)  # upstream statuses that mean to a client what they meant to the gateway
 _GATEWAY_CREDENTIAL_STATUSES = (401, 403, 407)  # the upstream judged the gateway's key, not the client's
 _MAX_MESSAGE_CHARS = 4096  # of an upstream's error message passed on to the client
@@ -222,19 +225,62 @@ class Upstream:
         headers = {
             "content-type": "application/json",
             "accept": "text/event-stream" if ctx.stream else "application/json",
-            "accept-encoding": "identity",
-            "x-request-id": ctx.request_id,
+            **_pool_headers(pool, ctx, attempt.span),
         }
-        if pool.config.api == "anthropic":
-            headers["anthropic-version"] = pool.config.anthropic_version
-            if beta := ctx.request.headers.get("anthropic-beta"):
-                headers["anthropic-beta"] = beta  # features a client opts in to are its request's, as sent
-            if pool.api_key:
-                headers["x-api-key"] = pool.api_key
-        elif pool.api_key:
-            headers["authorization"] = f"Bearer {pool.api_key}"
-        propagate.inject(headers, context=set_span_in_context(attempt.span))
         return await pool.session.post(attempt.replica.url + exchange.path, data=body, headers=headers)
+
+    async def pass_through(self, ctx: RequestContext, pool: Pool) -> Response:
+        """A passthrough route: the request to the pool's first available replica as it came (method, path, query,
+        body, content type), no retry (a file upload is not idempotent); the answer back as it comes, within the
+        pool's response-size and idle bounds and the request's deadline."""
+        scope = ctx.request.scope
+        replica = pool.rank(pool.request_shape(0, 0, None)).replicas[0]
+        attempt = _Attempt(pool, replica, self._start_span(ctx, pool, replica, 1), time.perf_counter())
+        replica.outstanding += 1
+        headers = {k: v for k, v in ctx.request.headers.items() if k in _PASSED_HEADERS}
+        headers.update(_pool_headers(pool, ctx, attempt.span))
+        query = scope.get("query_string") or b""
+        url = replica.url + scope["path"] + ("?" + query.decode("latin-1") if query else "")
+        deadline = _Deadline(pool, ctx.started)
+        try:
+            async with asyncio.timeout_at(deadline.at):
+                attempt.response = await pool.session.request(scope["method"], url, data=ctx.body, headers=headers)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise self._failed(ctx, attempt, 1, exc) from None
+        except BaseException:
+            self._drop(ctx, attempt)
+            raise
+        response = attempt.response
+        ctx.replica, ctx.status = replica, response.status
+        pool.record(replica, ok=response.status < 500)
+        kept = {k: v for k, v in response.headers.items() if k.lower() in _RETURNED_HEADERS}
+        return StreamingResponse(
+            self._relay_raw(ctx, attempt, deadline),
+            status_code=response.status,
+            headers={**kept, "x-request-id": ctx.request_id, **ctx.response_headers},
+        )
+
+    async def _relay_raw(self, ctx: RequestContext, attempt: _Attempt, deadline: _Deadline) -> AsyncIterator[bytes]:
+        """A passthrough answer's bytes as they come; cut (connection closed, logged) past the size bound or a
+        silence, since its format is not the gateway's to end with an error event."""
+        config, response = attempt.pool.config, attempt.answered
+        sent, complete = 0, False
+        try:
+            while chunk := await _next_bytes(response.content, config.timeouts.stream_idle, deadline):
+                sent += len(chunk)
+                if sent > config.max_response_bytes:
+                    raise _too_large(config.max_response_bytes)
+                yield chunk
+            complete = True
+        except (aiohttp.ClientError, TimeoutError, GatewayError) as exc:
+            ctx.stream_error = _as_gateway_error(exc).code
+            log.warning("passthrough answer from %s cut: %s", attempt.replica.url, _as_gateway_error(exc).message)
+        finally:
+            if complete:
+                response.release()
+            else:
+                response.close()
+            self._finish(ctx, attempt)
 
     def _start_span(self, ctx: RequestContext, pool: Pool, replica: Replica, number: int) -> Span:
         host, port = replica.address
@@ -358,6 +404,21 @@ def _ask_for_usage(ctx: RequestContext, pool: Pool) -> bool:
     ctx.payload["stream_options"] = {**options, "include_usage": True}
     ctx.payload_rewritten = True
     return True
+
+
+def _pool_headers(pool: Pool, ctx: RequestContext, span: Span) -> dict[str, str]:
+    """What every request to a pool carries: the pool's own credentials in its API's way, the request id, the trace."""
+    headers = {"accept-encoding": "identity", "x-request-id": ctx.request_id}
+    if pool.config.api == "anthropic":
+        headers["anthropic-version"] = pool.config.anthropic_version
+        if beta := ctx.request.headers.get("anthropic-beta"):
+            headers["anthropic-beta"] = beta  # features a client opts in to are its request's, as sent
+        if pool.api_key:
+            headers["x-api-key"] = pool.api_key
+    elif pool.api_key:
+        headers["authorization"] = f"Bearer {pool.api_key}"
+    propagate.inject(headers, context=set_span_in_context(span))
+    return headers
 
 
 def _outgoing_body(ctx: RequestContext, exchange: Exchange) -> bytes:

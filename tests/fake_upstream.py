@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import time
 
@@ -93,12 +94,28 @@ def build(name: str, fail_status: int | None) -> Starlette:
     async def get_stats(request: Request) -> Response:
         return JSONResponse(vars(stats))
 
+    async def echo(request: Request) -> Response:
+        """A route the gateway passes through unread (files, audio): says what arrived."""
+        body = await request.body()
+        return JSONResponse(
+            {
+                "method": request.method,
+                "path": request.url.path,
+                "query": request.url.query,
+                "content_type": request.headers.get("content-type"),
+                "authorization": request.headers.get("authorization"),
+                "body_sha256": hashlib.sha256(body).hexdigest(),
+            },
+            status_code=201,
+        )
+
     return Starlette(
         routes=[
             Route("/v1/chat/completions", completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/models", models),
             Route("/_stats", get_stats),
+            Route("/v1/files{rest:path}", echo, methods=["GET", "POST", "DELETE"]),
         ]
     )
 

@@ -12,14 +12,15 @@ from gateway.apis.chat import Chat
 from gateway.apis.completions import Completions
 from gateway.apis.embeddings import Embeddings
 from gateway.apis.messages import CountTokens, Messages
+from gateway.apis.passthrough import Passthrough
 from gateway.apis.responses import Responses
 from gateway.apis.shape import Api
 from gateway.errors import GatewayError, http_error
 
 APIS: tuple[Api, ...] = (Chat(), Completions(), Responses(), Embeddings(), Messages(), CountTokens())
-BY_NAME: dict[str, Api] = {api.name: api for api in APIS}
+PASSTHROUGH = Passthrough()  # any other /v1/ route a pool opts in to
+BY_NAME: dict[str, Api] = {api.name: api for api in (*APIS, PASSTHROUGH)}
 BY_PATH: dict[str, Api] = {api.path: api for api in APIS}
-PASSTHROUGH = "passthrough"  # the route name of a pool's opt-in passthrough routes (no content stages)
 # What policies may scope rules to (rate limits, WAF exclusions); a test keeps it equal to the shapes above.
 RouteName = Literal["chat", "completions", "responses", "embeddings", "messages", "count_tokens", "passthrough"]
 ROUTE_NAMES: tuple[str, ...] = get_args(RouteName)

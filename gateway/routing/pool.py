@@ -17,6 +17,7 @@ from collections.abc import Callable
 import aiohttp
 
 from backend_engine.block_hash import hash_prompt_blocks
+from gateway.apis.passthrough import matches
 from gateway.config import ConfigError, PoolConfig
 from gateway.routing import kv_events, scraper, vllm_events
 from gateway.routing.policies import (
@@ -177,6 +178,10 @@ class Pools:
     def for_model(self, model: str) -> Pool | None:
         explicit = next((p for p in self.pools if model in p.config.models), None)
         return explicit or next((p for p in self.pools if not p.config.models), None)
+
+    def for_passthrough(self, path: str) -> Pool | None:
+        """The first pool that opted in to passing this route through."""
+        return next((p for p in self.pools if any(matches(route, path) for route in p.config.passthrough)), None)
 
     def start(self) -> None:
         for pool in self.pools:

@@ -33,7 +33,7 @@ class ParseStage:
         self._gate = gate
 
     async def __call__(self, ctx: RequestContext) -> None:
-        body = await self._read_body(ctx)
+        body = await self.read_body(ctx)
         await self._gate.check(ctx.route, body)
         payload, values = await self._offload.run(
             self._offload.is_big(len(body)), parse_body, ctx.route, body, self.limits
@@ -45,7 +45,7 @@ class ParseStage:
         ctx.stream = bool(payload.get("stream", False))
         ctx.span.set_attribute("gen_ai.request.model", ctx.model)
 
-    async def _read_body(self, ctx: RequestContext) -> bytes:
+    async def read_body(self, ctx: RequestContext) -> bytes:
         """The body, bounded in bytes as it arrives and in time between its chunks (a slow client holds a slot)."""
         request = ctx.request
         length = request.headers.get("content-length")
@@ -72,6 +72,26 @@ class ParseStage:
             raise GatewayError(
                 408, f"request body stalled for {idle:g}s", code="body_timeout", headers={"connection": "close"}
             ) from None
+
+
+class RawBodyStage:
+    """Parse on a passthrough route: the body read within the same bounds, decoded for the WAF where it is JSON
+    within the same limits; no schema (the upstream's to judge)."""
+
+    name = "parse"
+
+    def __init__(self, parse: ParseStage) -> None:
+        self._parse = parse
+
+    async def __call__(self, ctx: RequestContext) -> None:
+        ctx.body = await self._parse.read_body(ctx)
+        if ctx.body and "json" in ctx.request.headers.get("content-type", ""):
+            try:
+                payload = json_bounds.decode(ctx.body, self._parse.limits)
+            except GatewayError:
+                return  # not JSON within the limits: the WAF reads it as a raw body
+            if isinstance(payload, dict):
+                ctx.payload = payload
 
 
 def parse_body(route: str, body: bytes, limits: LimitsConfig) -> tuple[dict[str, Any], int]:

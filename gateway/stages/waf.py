@@ -102,7 +102,7 @@ def view_of(ctx: RequestContext, tenant: str | None, label: str | None) -> Reque
         query=(scope.get("query_string") or b"").decode("latin-1"),
         headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", ())],
         body=ctx.body,
-        payload=ctx.payload,
+        payload=ctx.payload or None,  # none parsed (a passthrough route's non-JSON body): the WAF reads it raw
         route=ctx.route,
         client_ip=ctx.client_ip,
         tenant=tenant,

@@ -318,3 +318,24 @@ def test_every_rewrite_of_the_payload_reaches_the_upstream_together(one_upstream
     assert "cache_salt" not in sent
     assert sent["stream_options"] == {"include_usage": True}
     assert sent["messages"] == body["messages"] and sent["temperature"] == 0.5
+
+
+def test_passthrough_routes_reach_the_pool_that_opted_in(fake_upstream, gateway):
+    upstream = fake_upstream("files")
+    pools = [pool("main", upstream.url, passthrough=["/v1/files*"], api_key_env="FILES_POOL_KEY")]
+    gw = gateway({"pools": pools, "auth": AUTH}, env={"FILES_POOL_KEY": "sk-pool"})
+    upload = b"line one\nline two\n" * 100
+    response = httpx.post(
+        gw.url + "/v1/files?purpose=batch", files={"file": ("data.jsonl", upload)}, headers=HEADERS, timeout=30
+    )
+    assert response.status_code == 201, response.text
+    echoed = response.json()
+    assert echoed["path"] == "/v1/files" and echoed["query"] == "purpose=batch" and echoed["method"] == "POST"
+    assert echoed["content_type"].startswith("multipart/form-data; boundary=")
+    assert echoed["authorization"] == "Bearer sk-pool", "the pool's key goes upstream, never the client's"
+    assert response.headers["x-request-id"]
+    deleted = httpx.delete(gw.url + "/v1/files/file-1", headers=HEADERS)
+    assert deleted.status_code == 201 and deleted.json()["path"] == "/v1/files/file-1"
+    assert httpx.get(gw.url + "/v1/files").status_code == 401, "auth applies to passthrough routes"
+    other = httpx.post(gw.url + "/v1/audio/speech", json={}, headers=HEADERS)
+    assert other.status_code == 404 and "/v1/responses" in other.json()["error"]["message"]
