@@ -148,5 +148,8 @@ for ch in c.chat.completions.create(model="{DEFAULT_MODEL}", stream=True, max_to
         messages=[{{"role": "user", "content": "Say hello"}}]):
     print(ch.choices[0].delta.content or "", end="", flush=True) if ch.choices else None'
 
+  Also served: {base}/v1/responses (Responses, typed stream events), {base}/v1/embeddings,
+  {base}/v1/messages (Anthropic's Messages API: anthropic.Anthropic(base_url="{base}", api_key="unused"))
+
 Admin plane (loopback only): {admin}/metrics {admin}/readyz {admin}/admin/policy   Stop: Ctrl-C
 """
