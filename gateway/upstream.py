@@ -292,11 +292,10 @@ class Upstream:
             "portcullis.pool": pool.name,
             "portcullis.attempt": number,
         }
-        for key, attr in (
-            ("max_tokens", "gen_ai.request.max_tokens"),
-            ("temperature", "gen_ai.request.temperature"),
-            ("top_p", "gen_ai.request.top_p"),
-        ):
+        limit = next((ctx.payload[f] for f in ctx.api.output_fields if isinstance(ctx.payload.get(f), int)), None)
+        if limit is not None:  # whichever field of its shape bounds the output (max_output_tokens, max_tokens...)
+            attributes["gen_ai.request.max_tokens"] = limit
+        for key, attr in (("temperature", "gen_ai.request.temperature"), ("top_p", "gen_ai.request.top_p")):
             if isinstance(ctx.payload.get(key), (int, float)):
                 attributes[attr] = ctx.payload[key]
         return self._tracer.start_span(f"{ctx.operation} {ctx.model}", kind=SpanKind.CLIENT, attributes=attributes)

@@ -131,3 +131,55 @@ def test_whole_answer_redaction_and_block() -> None:
     body["choices"][0]["message"]["content"] = "EVILMARK"
     with pytest.raises(GuardBlocked):
         asyncio.run(g.check_body(json.dumps(body).encode()))
+
+
+def sse(kind: str, data: dict) -> bytes:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
+
+
+def test_responses_stream_redaction_reaches_every_copy_of_the_text() -> None:
+    """Responses repeat a part's whole text when it ends (output_text.done, content_part.done, output_item.done,
+    response.completed): a redaction must reach them all, or the secret leaks at the end."""
+    from gateway.apis.answers import ResponsesFormat
+
+    g = OutputGuard(MarkerGuard(), spec(pii="redact", hold_back=32, scan_every=16), "v1", "r", ResponsesFormat())
+    pieces = ["Write to ", "alice.smith@", "example.com today", " please."]
+    text = "".join(pieces)
+    part = {"type": "output_text", "text": text, "annotations": []}
+    item = {"id": "msg_1", "type": "message", "role": "assistant", "content": [part]}
+    at = {"output_index": 0, "content_index": 0, "item_id": "msg_1"}
+    events = [sse("response.output_text.delta", {**at, "delta": p}) for p in pieces] + [
+        sse("response.output_text.done", {**at, "text": text}),
+        sse("response.content_part.done", {**at, "part": part}),
+        sse("response.output_item.done", {"output_index": 0, "item": item}),
+        sse("response.completed", {"response": {"object": "response", "status": "completed", "output": [item]}}),
+    ]
+    out = b"".join(x for batch in feed_all(g, [[e] for e in events]) for x in batch)
+    assert b"alice.smith" not in out and b"example.com" not in out
+    assert out.count(b"[REDACTED:EMAIL]") == 5, "the deltas once, and each of the four copies"
+    assert out.count(b"event: response.") == len(events), "rewritten events keep their type"
+    assert g.verdicts[0].where == "output[0].content[0]"
+
+
+def test_anthropic_stream_block_is_raised_before_the_secret_is_released() -> None:
+    from gateway.apis.answers import MessagesFormat
+
+    g = OutputGuard(MarkerGuard(), spec(secrets="block", hold_back=48, scan_every=8), "v1", "r", MessagesFormat())
+    token = "ghp_" + "a" * 36
+    events = [
+        sse("message_start", {"message": {"id": "m", "usage": {"input_tokens": 3, "output_tokens": 0}}}),
+        sse("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+        sse("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": "your token: "}}),
+        sse("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": token}}),
+        sse("content_block_stop", {"index": 0}),
+    ]
+    released: list[bytes] = []
+
+    async def main() -> None:
+        for e in events:
+            released.extend(await g.feed([e]))
+
+    with pytest.raises(GuardBlocked) as info:
+        asyncio.run(main())
+    assert info.value.verdict.where == "content[0]"
+    assert not any(b"ghp_" in e for e in released)

@@ -1,0 +1,162 @@
+"""Request shapes: which texts a model reads (with roles and places), what the WAF keeps out of `args`, how each
+shape is counted, and how each answer format reports usage."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.apis.answers import AnswerFormat, MessagesFormat, ResponsesFormat
+from gateway.apis.routes import BY_NAME, BY_PATH, ROUTE_NAMES
+from gateway.context import Usage
+from gateway.errors import GatewayError
+from gateway.guard.inputs import request_texts
+from gateway.waf.parts import RequestView
+
+SQLI = "1' UNION SELECT password FROM users--"
+
+RESPONSES_REQUEST = {
+    "model": "m",
+    "instructions": "Be brief.",
+    "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "Find order 7."}, {"type": "input_image"}]},
+        {"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": '{"q": "x"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "order 7: shipped"},
+        {"type": "reasoning", "summary": []},
+    ],
+    "tools": [{"type": "function", "name": "lookup", "description": "Looks up an order."}],
+    "metadata": {"ref": SQLI},
+}
+
+MESSAGES_REQUEST = {
+    "model": "m",
+    "max_tokens": 16,
+    "system": [{"type": "text", "text": "Be brief."}],
+    "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "w", "input": {"city": "Paris"}}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "sunny"}]},
+                {"type": "text", "text": "Thanks."},
+            ],
+        },
+    ],
+    "tools": [{"name": "w", "description": "Weather by city.", "input_schema": {"type": "object"}}],
+    "metadata": {"user_id": SQLI},
+}
+
+
+def never_decoded(ids: list[int], where: str) -> None:
+    raise AssertionError("no token ids here")
+
+
+def test_every_route_name_is_a_policy_route_name() -> None:
+    assert set(BY_NAME) == set(ROUTE_NAMES)
+    assert {api.path for api in BY_PATH.values()} >= {"/v1/responses", "/v1/embeddings", "/v1/messages"}
+
+
+def test_responses_texts_have_the_roles_the_guard_reads_them_by() -> None:
+    api = BY_NAME["responses"]
+    api.check(RESPONSES_REQUEST)
+    roles = {"system", "user", "tool", "tool_definitions"}
+    found = [(t.text, t.role, t.where) for t in request_texts(api, RESPONSES_REQUEST, roles, never_decoded)]
+    assert found == [
+        ("Be brief.", "system", "instructions"),
+        ("Find order 7.", "user", "input[0].content[0]"),
+        ("order 7: shipped", "tool", "input[2].output"),
+        ("Looks up an order.", "tool_definitions", "tools[0].description"),
+    ], "the model's own call arguments are not the guard's to read"
+
+
+def test_messages_texts_read_tool_results_as_the_tool_role() -> None:
+    api = BY_NAME["messages"]
+    api.check(MESSAGES_REQUEST)
+    texts = [(t.text, t.role, t.kind) for t in api.texts(MESSAGES_REQUEST)]
+    assert texts == [
+        ("Be brief.", "system", "content"),
+        ("Weather in Paris?", "user", "content"),
+        ("Paris", "assistant", "tool_arguments"),
+        ("sunny", "tool", "content"),
+        ("Thanks.", "user", "content"),
+        ("Weather by city.", "system", "tool_definition"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("route", "payload", "prompt_text"),
+    [
+        ("responses", RESPONSES_REQUEST, "order 7: shipped"),
+        ("messages", MESSAGES_REQUEST, "sunny"),
+        ("embeddings", {"model": "m", "input": ["alpha", "beta"], "user": SQLI}, "beta"),
+    ],
+)
+def test_the_waf_keeps_prompt_text_out_of_args_but_not_application_fields(route, payload, prompt_text) -> None:
+    view = RequestView(route=route, payload=payload)
+    args = [text for _, text, _ in view.values("args")]
+    prompt = [text for _, text, _ in view.values("prompt")]
+    assert SQLI in args, "an application field is an argument on every route"
+    assert prompt_text in prompt and prompt_text not in args
+
+
+def test_a_request_on_no_known_route_has_no_prompt() -> None:
+    view = RequestView(route="", payload={"messages": [{"role": "user", "content": "hello"}]})
+    assert view.values("prompt") == [] and "hello" in [text for _, text, _ in view.values("args")]
+
+
+@pytest.mark.parametrize(
+    ("route", "payload", "param"),
+    [
+        ("responses", {"model": "m", "input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+        ("responses", {"model": "m", "input": [{"type": "function_call", "name": "f"}]}, "input[0].call_id"),
+        ("responses", {"model": "m", "input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+        ("embeddings", {"model": "m", "input": "x", "encoding_format": "hex"}, "encoding_format"),
+        ("embeddings", {"model": "m", "input": ["x"] * 2049}, "input"),
+        ("messages", {"model": "m", "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
+    ],
+)
+def test_bad_requests_name_the_field(route, payload, param) -> None:
+    with pytest.raises(GatewayError) as info:
+        BY_NAME[route].check(payload)
+    assert info.value.status == 400 and info.value.param == param
+
+
+def test_count_tokens_needs_no_max_tokens() -> None:
+    api = BY_NAME["count_tokens"]
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    api.check(body)
+    assert api.counted(body) == ("chat", [{"role": "user", "content": "hi"}])
+
+
+def test_answer_formats_report_usage_as_limits_settle_it() -> None:
+    chat = Usage()
+    AnswerFormat().record(
+        chat, {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4, "prompt_tokens_details": {}}}
+    )
+    assert (chat.prompt_tokens, chat.completion_tokens) == (9, 4)
+
+    responses = Usage()
+    final = {
+        "object": "response",
+        "status": "incomplete",
+        "incomplete_details": {"reason": "max_output_tokens"},
+        "output": [{"type": "message", "content": [{"type": "output_text", "text": "hi"}]}],
+        "usage": {"input_tokens": 12, "output_tokens": 5, "input_tokens_details": {"cached_tokens": 8}},
+    }
+    fmt = ResponsesFormat()
+    fmt.record(responses, {"type": "response.incomplete", "response": final})
+    assert (responses.prompt_tokens, responses.completion_tokens, responses.cached_tokens) == (12, 5, 8)
+    assert responses.finish_reasons == ["max_output_tokens"] and responses.generated
+    assert fmt.ends(b"", {"type": "response.incomplete"}) and not fmt.ends(b"", {"type": "response.created"})
+
+    anthropic = Usage()
+    fmt = MessagesFormat()
+    start = {"type": "message_start", "message": {"usage": {"input_tokens": 3, "cache_read_input_tokens": 40}}}
+    fmt.record(anthropic, start)
+    fmt.record(anthropic, {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x"}})
+    fmt.record(
+        anthropic, {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 7}}
+    )
+    assert (anthropic.prompt_tokens, anthropic.cached_tokens, anthropic.completion_tokens) == (43, 40, 7)
+    assert anthropic.finish_reasons == ["end_turn"] and anthropic.generated
+    assert fmt.ends(b"", {"type": "message_stop"})
