@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -36,6 +37,16 @@ class Process:
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def access_log(self, request_id: str) -> dict:
+        """A gateway's access-log line for one request (it is written once the response has ended)."""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            for line in self.output().splitlines():
+                if request_id in line and '"trace_id"' in line:
+                    return json.loads(line)
+            time.sleep(0.05)
+        raise AssertionError(f"no access-log line for {request_id}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -29,13 +29,7 @@ class AnswerFormat:
             if reason:
                 usage.finish_reasons.append(reason)
             usage.generated = usage.generated or _carries_output(choice)
-        reported = body.get("usage")
-        if isinstance(reported, dict):
-            usage.prompt_tokens = reported.get("prompt_tokens")
-            usage.completion_tokens = reported.get("completion_tokens")
-            details = reported.get("prompt_tokens_details")
-            if isinstance(details, dict):
-                usage.cached_tokens = details.get("cached_tokens")
+        _take_usage(usage, body.get("usage"), "prompt_tokens", "completion_tokens", "prompt_tokens_details")
 
     def ends(self, data: bytes, event: dict[str, Any] | None) -> bool:
         """Whether this event completes the stream (nothing may follow it)."""
@@ -94,13 +88,7 @@ class ResponsesFormat(AnswerFormat):
         reason = details.get("reason") if isinstance(details, dict) else None
         if reason or body.get("status"):
             usage.finish_reasons.append(reason or body["status"])
-        reported = body.get("usage")
-        if isinstance(reported, dict):
-            usage.prompt_tokens = reported.get("input_tokens")
-            usage.completion_tokens = reported.get("output_tokens")
-            cached = reported.get("input_tokens_details")
-            if isinstance(cached, dict):
-                usage.cached_tokens = cached.get("cached_tokens")
+        _take_usage(usage, body.get("usage"), "input_tokens", "output_tokens", "input_tokens_details")
 
     def ends(self, data: bytes, event: dict[str, Any] | None) -> bool:
         return event is not None and (event.get("type") in self._FINAL or event.get("type") == "error")
@@ -192,6 +180,17 @@ class TokenCountFormat(AnswerFormat):
 
     def record(self, usage: Usage, body: dict[str, Any]) -> None:
         usage.prompt_tokens = usage.completion_tokens = 0
+
+
+def _take_usage(usage: Usage, reported: Any, prompt: str, completion: str, details: str) -> None:
+    """An OpenAI usage object's counts; chat and Responses name the same three fields differently."""
+    if not isinstance(reported, dict):
+        return
+    usage.prompt_tokens = reported.get(prompt)
+    usage.completion_tokens = reported.get(completion)
+    cached = reported.get(details)
+    if isinstance(cached, dict):
+        usage.cached_tokens = cached.get("cached_tokens")
 
 
 def _carries_output(choice: object) -> bool:

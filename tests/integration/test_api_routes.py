@@ -8,9 +8,7 @@ on user and tool text (400), and tenant `limited` may send one request a minute 
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
-import time
 from pathlib import Path
 
 import anthropic
@@ -102,16 +100,6 @@ def anthropic_client(gw: Process, key: str = KEY) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0, timeout=120)  # sent as x-api-key
 
 
-def access_log(gw: Process, request_id: str) -> dict:
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        for line in gw.output().splitlines():
-            if request_id in line and '"trace_id"' in line:
-                return json.loads(line)
-        time.sleep(0.05)
-    raise AssertionError(f"no access-log line for {request_id}")
-
-
 # ---- Responses ----------------------------------------------------------------------------------------------------
 
 
@@ -128,7 +116,7 @@ def test_responses_counts_exactly_and_answers_through_the_sdk(gateway, counter) 
     assert response.status in ("completed", "incomplete") and response.output_text.strip()
     expected = counter.count("chat", responses_messages(request)).tokens
     assert response.usage.input_tokens == expected, "the engine rendered what the gateway counted"
-    line = access_log(gateway, raw.headers["x-request-id"])
+    line = gateway.access_log(raw.headers["x-request-id"])
     assert line["path"] == "/v1/responses" and line["prompt_tokens"] == expected
     assert line["completion_tokens"] == response.usage.output_tokens > 0
 
@@ -215,7 +203,7 @@ def test_messages_through_the_anthropic_sdk(gateway, counter) -> None:
     assert message.stop_reason in ("end_turn", "max_tokens")
     expected = counter.count("chat", messages_to_chat(request)["messages"]).tokens
     assert message.usage.input_tokens == expected and message.usage.output_tokens > 0
-    assert access_log(gateway, raw.headers["x-request-id"])["prompt_tokens"] == expected
+    assert gateway.access_log(raw.headers["x-request-id"])["prompt_tokens"] == expected
 
 
 def test_messages_stream_through_the_anthropic_sdk(gateway) -> None:

@@ -97,16 +97,6 @@ def served_requests(engine: Process) -> float:
     )
 
 
-def access_log(gateway: Process, request_id: str) -> dict:
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        for line in gateway.output().splitlines():
-            if request_id in line and '"trace_id"' in line:
-                return json.loads(line)
-        time.sleep(0.05)
-    raise AssertionError(f"no access-log line for {request_id}")
-
-
 def chat(
     gateway: Process, messages: list[dict], max_tokens: int = 8, key: str | None = None, **extra
 ) -> httpx.Response:
@@ -194,7 +184,7 @@ def test_next_turn_goes_where_its_prefix_is_cached_and_predictions_match(stack, 
         assert second.headers["x-portcullis-replica"] == replica
         cached = second.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
         assert cached >= 25 * 16  # the system prompt and the first turn came from the cache
-        entry = access_log(gateway, second.headers["x-request-id"])
+        entry = gateway.access_log(second.headers["x-request-id"])
         assert entry["cached_tokens"] == cached
         if routing == "kv_events":  # precise: the engine's own events, generated blocks included
             assert entry["predicted_cached_tokens"] == cached
@@ -215,7 +205,7 @@ def test_tenant_cache_isolation_keeps_prefixes_apart_and_routing_still_predicts_
     again = chat(gateway, prompt, key="sk-iso-a")
     cached = again.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached >= 25 * 16
-    assert access_log(gateway, again.headers["x-request-id"])["predicted_cached_tokens"] == cached
+    assert gateway.access_log(again.headers["x-request-id"])["predicted_cached_tokens"] == cached
 
 
 def test_killing_the_replica_that_holds_a_prefix_reroutes_cleanly(stack):
