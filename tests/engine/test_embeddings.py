@@ -13,7 +13,7 @@ from backend_engine.batch import build_forward_batch
 from backend_engine.sequence import SamplingParams, Sequence
 from backend_engine.server import EngineServer
 
-from .test_server_responses import MODEL, running_server, wait_idle
+from .served import MODEL, running_server, wait_idle
 
 CAT = "The cat sat on the mat."
 TEXTS = [CAT, "A cat was sitting on the mat.", "Quarterly revenue grew by ten percent."]

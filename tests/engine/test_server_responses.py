@@ -2,51 +2,15 @@
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from backend_engine.server import EngineServer
 
-MODEL = "SmolLM2-135M-Instruct"
+from .served import MODEL, running_server, wait_idle
+
 QUESTION = "What is the capital of France?"
-
-
-@contextmanager
-def running_server(server: EngineServer) -> Iterator[str]:
-    """The engine's app under uvicorn on a loopback socket, in a thread of this process (so a test can look at the
-    engine's blocks); yields the base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    uv = uvicorn.Server(uvicorn.Config(server.app(), log_level="warning"))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not uv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        uv.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
-
-
-def wait_idle(server: EngineServer) -> None:
-    """Until the engine runs nothing and every KV block is free again (or fail)."""
-    engine = server.engine
-    deadline = time.monotonic() + 30
-    while engine.has_unfinished() or engine.block_manager.usage() > 0:
-        assert time.monotonic() < deadline, "the engine kept sequences or blocks"
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
