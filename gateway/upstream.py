@@ -36,10 +36,15 @@ from opentelemetry import propagate
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
 from starlette.responses import Response, StreamingResponse
 
-from gateway.apis.anthropic_chat import ChatStreamToMessages, chat_to_message, messages_to_chat
+from gateway.apis.anthropic_chat import (
+    ChatStreamToMessages,
+    MessagesRequestError,
+    chat_to_message,
+    messages_to_chat,
+)
 from gateway.apis.exchange import Exchange
 from gateway.context import RequestContext
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, invalid_request
 from gateway.offload import Offload
 from gateway.routing.pool import Pool
 from gateway.routing.replica import Replica
@@ -421,10 +426,14 @@ def _pool_headers(pool: Pool, ctx: RequestContext, span: Span) -> dict[str, str]
 
 
 def _outgoing_body(ctx: RequestContext, exchange: Exchange) -> bytes:
-    """What the pool is sent: the request's own body, or its chat-completions translation."""
-    if exchange.translated:
+    """What the pool is sent: the request's own body, or its chat-completions translation (a 400 naming the field
+    that has none: a server tool, a file source)."""
+    if not exchange.translated:
+        return ctx.outgoing_body()
+    try:
         return orjson.dumps(messages_to_chat(ctx.payload))
-    return ctx.outgoing_body()
+    except MessagesRequestError as exc:
+        raise invalid_request(str(exc), param=exc.param) from None
 
 
 def _translated(translator: ChatStreamToMessages, events: list[bytes]) -> list[bytes]:

@@ -71,7 +71,12 @@ class Messages(Api):
         return is_tool_description(loc)
 
     def counted(self, payload: dict[str, Any]) -> tuple[CountForm, Any]:
-        return "chat", messages_to_chat(payload)["messages"]
+        """The chat it is translated to for an OpenAI-compatible pool (exact for its tokenizer). What only an
+        Anthropic pool serves (server tools, file sources) has no translation: its texts, counted as one turn."""
+        try:
+            return "chat", messages_to_chat(payload)["messages"]
+        except MessagesRequestError:
+            return "chat", [{"role": "user", "content": "\n".join(t.text for t in self.texts(payload))}]
 
 
 class CountTokens(Messages):

@@ -254,6 +254,14 @@ def test_messages_refusals_are_anthropic_shaped(gateway) -> None:
     with pytest.raises(anthropic.BadRequestError) as bad:
         client.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "system", "content": "hi"}])
     assert "messages[0].role" in bad.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError) as untranslatable:  # only an Anthropic pool has server tools
+        client.messages.create(
+            model=MODEL,
+            max_tokens=4,
+            messages=[{"role": "user", "content": "Search the web for news."}],
+            tools=[{"type": "web_search_20250305", "name": "web_search"}],
+        )
+    assert "tools[0].type" in untranslatable.value.body["error"]["message"]
     streamed = httpx.post(
         gateway.url + "/v1/messages",
         headers={"x-api-key": KEY},

@@ -121,6 +121,13 @@ def test_bad_requests_name_the_field(route, payload, param) -> None:
     assert info.value.status == 400 and info.value.param == param
 
 
+def test_messages_only_an_anthropic_pool_serves_are_still_counted() -> None:
+    body = {**MESSAGES_REQUEST, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}
+    BY_NAME["messages"].check(body)
+    form, messages = BY_NAME["messages"].counted(body)
+    assert form == "chat" and "Weather in Paris?" in messages[0]["content"] and "sunny" in messages[0]["content"]
+
+
 def test_count_tokens_needs_no_max_tokens() -> None:
     api = BY_NAME["count_tokens"]
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
