@@ -1,0 +1,315 @@
+"""Fake hosted-provider upstreams for gateway tests: Anthropic's Messages API and OpenAI's Responses API (and the
+OpenAI chat completions a Messages request is translated into), run as a real process on a loopback port.
+
+A fake because the real APIs cannot be reached from here. The shapes follow the public references:
+docs.anthropic.com "Messages" API reference, "Streaming Messages" guide (message_start, content_block_start, ping,
+content_block_delta text_delta, content_block_stop, message_delta with stop_reason and usage, message_stop; the
+`error` event) and "Errors" page (`{"type": "error", "error": {"type", "message"}}`, 429 rate_limit_error, 529
+overloaded_error), "Token counting" (`POST /v1/messages/count_tokens` -> `{"input_tokens": n}`); and
+platform.openai.com's Responses API reference and its streaming events (response.created, response.in_progress,
+response.output_item.added, response.content_part.added, response.output_text.delta, response.output_text.done,
+response.content_part.done, response.output_item.done, response.completed). Recorded examples of the Anthropic
+shapes are in tests/api_reference/.
+
+What it answers is the test's choice: the text of the last user message, or `fake.reply` where the body has a
+`fake` object (`{"reply": "...", "chunk": 6, "delay": 0.002, "status": 529, "error_after": 2, "cache_read": 100,
+"cache_creation": 20}`); streams send the text in pieces of `chunk` characters, `delay` seconds apart. Like the
+providers, it refuses a request without its key (`--api-key`: `x-api-key` on the Anthropic routes,
+`Authorization: Bearer` on the OpenAI ones). `GET /_received` returns every request it got (path, headers, body),
+for assertions on the upstream side of the wire.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+# docs.anthropic.com "Errors": the error type each status carries
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+
+
+def input_tokens(body: dict[str, Any]) -> int:
+    """What this fake counts a prompt as (characters over four, as a rough tokenizer would)."""
+    return 1 + len(json.dumps([body.get("system"), body.get("messages"), body.get("input")])) // 4
+
+
+def reply_text(body: dict[str, Any]) -> str:
+    """The answer a test asked for: `fake.reply`, else the last user message's text (any API's shape)."""
+    fake = body.get("fake") or {}
+    if isinstance(fake.get("reply"), str):
+        return fake["reply"]
+    items = body.get("input")
+    if isinstance(items, str):
+        return items
+    turns = body.get("messages", items)
+    for turn in reversed(turns if isinstance(turns, list) else []):
+        if isinstance(turn, dict) and turn.get("role") == "user":
+            content = turn.get("content")
+            if isinstance(content, str):
+                return content
+            return "".join(p.get("text", "") for p in content or () if isinstance(p, dict))
+    return "ok"
+
+
+def sse(kind: str | None, data: dict[str, Any]) -> str:
+    head = f"event: {kind}\n" if kind else ""
+    return f"{head}data: {json.dumps(data)}\n\n"
+
+
+def pieces(body: dict[str, Any], text: str) -> list[str]:
+    size = int((body.get("fake") or {}).get("chunk", 6))
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
+async def pause(body: dict[str, Any]) -> None:
+    await asyncio.sleep(float((body.get("fake") or {}).get("delay", 0.002)))
+
+
+# ---- Anthropic Messages ---------------------------------------------------------------------------------------
+
+
+def anthropic_error(status: int, message: str) -> JSONResponse:
+    kind = ANTHROPIC_ERROR_TYPES.get(status, "api_error")
+    body = {"type": "error", "error": {"type": kind, "message": message}, "request_id": f"req_{uuid.uuid4().hex}"}
+    headers = {"retry-after": "7"} if status == 429 else None
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def message_usage(body: dict[str, Any], output: int) -> dict[str, int]:
+    fake = body.get("fake") or {}
+    return {
+        "input_tokens": input_tokens(body),
+        "cache_creation_input_tokens": int(fake.get("cache_creation", 0)),
+        "cache_read_input_tokens": int(fake.get("cache_read", 0)),
+        "output_tokens": output,
+    }
+
+
+def message(body: dict[str, Any], text: str, content: list[dict[str, Any]], stop: str | None) -> dict[str, Any]:
+    return {
+        "id": f"msg_{uuid.uuid4().hex[:24]}",
+        "type": "message",
+        "role": "assistant",
+        "content": content,
+        "model": body.get("model"),
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": message_usage(body, len(text.split()) if stop else 1),
+    }
+
+
+async def message_events(body: dict[str, Any], text: str) -> AsyncIterator[str]:
+    fake = body.get("fake") or {}
+    parts = pieces(body, text)
+    yield sse("message_start", {"type": "message_start", "message": message(body, text, [], None)})
+    start = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+    yield sse("content_block_start", start)
+    yield sse("ping", {"type": "ping"})
+    for i, part in enumerate(parts):
+        if i == fake.get("error_after"):  # what Anthropic sends when it fails mid-stream (the guide's example)
+            error = {"type": "overloaded_error", "message": "Overloaded"}
+            yield sse("error", {"type": "error", "error": error})
+            return
+        delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": part}}
+        yield sse("content_block_delta", delta)
+        await pause(body)
+    yield sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+    usage = {"output_tokens": len(text.split())}
+    stop = {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": usage}
+    yield sse("message_delta", stop)
+    yield sse("message_stop", {"type": "message_stop"})
+
+
+async def messages(request: Request, body: dict[str, Any]) -> Response:
+    text = reply_text(body)
+    if not body.get("stream"):
+        return JSONResponse(message(body, text, [{"type": "text", "text": text}], "end_turn"))
+    return StreamingResponse(message_events(body, text), media_type="text/event-stream")
+
+
+async def count_tokens(request: Request, body: dict[str, Any]) -> Response:
+    return JSONResponse({"input_tokens": input_tokens(body)})
+
+
+# ---- OpenAI Responses and chat completions ----------------------------------------------------------------------
+
+
+def openai_error(status: int, message: str) -> JSONResponse:
+    error = {"message": message, "type": "server_error" if status >= 500 else "invalid_request_error"}
+    return JSONResponse({"error": {**error, "param": None, "code": None}}, status_code=status)
+
+
+def response_object(body: dict[str, Any], text: str | None, msg_id: str, resp_id: str) -> dict[str, Any]:
+    """A Response: in progress with no output (text None), or completed with the message and usage."""
+    done = text is not None
+    output = [
+        {
+            "type": "message",
+            "id": msg_id,
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
+    ]
+    prompt, generated = input_tokens(body), len((text or "").split())
+    usage = {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": generated,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + generated,
+    }
+    return {
+        "id": resp_id,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "completed" if done else "in_progress",
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "model": body.get("model"),
+        "output": output if done else [],
+        "parallel_tool_calls": True,
+        "previous_response_id": None,
+        "reasoning": {"effort": None, "summary": None},
+        "store": True,
+        "temperature": body.get("temperature", 1.0),
+        "text": {"format": {"type": "text"}},
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": body.get("top_p", 1.0),
+        "truncation": "disabled",
+        "usage": usage if done else None,
+        "user": None,
+        "metadata": {},
+    }
+
+
+async def response_events(body: dict[str, Any], text: str) -> AsyncIterator[str]:
+    msg_id, resp_id = f"msg_{uuid.uuid4().hex}", f"resp_{uuid.uuid4().hex}"
+    final = response_object(body, text, msg_id, resp_id)
+    item, part = final["output"][0], final["output"][0]["content"][0]
+    at = {"item_id": msg_id, "output_index": 0, "content_index": 0}
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": response_object(body, None, msg_id, resp_id)},
+        {"type": "response.in_progress", "response": response_object(body, None, msg_id, resp_id)},
+        {
+            "type": "response.output_item.added",
+            "output_index": 0,
+            "item": {**item, "status": "in_progress", "content": []},
+        },
+        {"type": "response.content_part.added", **at, "part": {**part, "text": ""}},
+    ]
+    for piece in pieces(body, text):
+        events.append({"type": "response.output_text.delta", **at, "delta": piece, "logprobs": []})
+    events += [
+        {"type": "response.output_text.done", **at, "text": text, "logprobs": []},
+        {"type": "response.content_part.done", **at, "part": part},
+        {"type": "response.output_item.done", "output_index": 0, "item": item},
+        {"type": "response.completed", "response": final},
+    ]
+    for number, event in enumerate(events):
+        yield sse(event["type"], {**event, "sequence_number": number})
+        await pause(body)
+
+
+async def responses(request: Request, body: dict[str, Any]) -> Response:
+    text = reply_text(body)
+    if not body.get("stream"):
+        return JSONResponse(response_object(body, text, f"msg_{uuid.uuid4().hex}", f"resp_{uuid.uuid4().hex}"))
+    return StreamingResponse(response_events(body, text), media_type="text/event-stream")
+
+
+async def chat_events(body: dict[str, Any], text: str) -> AsyncIterator[str]:
+    base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time())}
+    base["model"] = body.get("model")
+    yield sse(None, {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+    for piece in pieces(body, text):
+        yield sse(None, {**base, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
+        await pause(body)
+    yield sse(None, {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    if (body.get("stream_options") or {}).get("include_usage"):
+        usage = {"prompt_tokens": input_tokens(body), "completion_tokens": len(text.split())}
+        yield sse(None, {**base, "choices": [], "usage": {**usage, "total_tokens": sum(usage.values())}})
+    yield "data: [DONE]\n\n"
+
+
+async def chat(request: Request, body: dict[str, Any]) -> Response:
+    text = reply_text(body)
+    if body.get("stream"):
+        return StreamingResponse(chat_events(body, text), media_type="text/event-stream")
+    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+    return JSONResponse(
+        {"id": "chatcmpl-fake", "object": "chat.completion", "model": body.get("model"), "choices": [choice]}
+    )
+
+
+# ---- the app ------------------------------------------------------------------------------------------------------
+
+Handler = Callable[[Request, dict[str, Any]], Any]
+
+
+def build(api_key: str) -> Starlette:
+    received: list[dict[str, Any]] = []
+
+    def endpoint(handler: Handler, anthropic: bool) -> Callable[[Request], Any]:
+        async def receive(request: Request) -> Response:
+            body = await request.json()
+            received.append({"path": request.url.path, "headers": dict(request.headers), "body": body})
+            refuse = anthropic_error if anthropic else openai_error
+            sent_key = request.headers.get("x-api-key") if anthropic else request.headers.get("authorization")
+            if sent_key != (api_key if anthropic else f"Bearer {api_key}"):
+                return refuse(401, "invalid x-api-key" if anthropic else "Incorrect API key provided")
+            if anthropic and not request.headers.get("anthropic-version"):
+                return refuse(400, "anthropic-version: header is required")
+            status = (body.get("fake") or {}).get("status")
+            if status:
+                return refuse(int(status), f"fake upstream answers {status}")
+            return await handler(request, body)
+
+        return receive
+
+    async def get_received(request: Request) -> Response:
+        return JSONResponse(received)
+
+    return Starlette(
+        routes=[
+            Route("/v1/messages", endpoint(messages, anthropic=True), methods=["POST"]),
+            Route("/v1/messages/count_tokens", endpoint(count_tokens, anthropic=True), methods=["POST"]),
+            Route("/v1/responses", endpoint(responses, anthropic=False), methods=["POST"]),
+            Route("/v1/chat/completions", endpoint(chat, anthropic=False), methods=["POST"]),
+            Route("/_received", get_received),
+        ]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--api-key", required=True, help="the key every request must carry")
+    args = parser.parse_args()
+    uvicorn.run(build(args.api_key), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
