@@ -26,9 +26,9 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
@@ -52,6 +52,7 @@ from gateway.sse import EventFramer, EventTooLarge, event_data
 from gateway.telemetry import Metrics
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 # A passthrough request's headers the upstream gets (never the client's credentials), and an answer's the client gets.
@@ -147,9 +148,11 @@ class Upstream:
         finally:
             self._finish(ctx, attempt)
         if exchange.translated:  # an OpenAI chat completion, for a client of Anthropic's Messages API
-            answer = orjson.loads(attempt.content)
             stops = ctx.payload.get("stop_sequences") or ()
-            return Response(orjson.dumps(chat_to_message(answer, ctx.model, stop_sequences=stops)), headers=headers)
+            message = _translate_answer(
+                lambda: chat_to_message(orjson.loads(attempt.content), ctx.model, stop_sequences=stops)
+            )
+            return Response(orjson.dumps(message), headers=headers)
         media_type = response.headers.get("content-type", "application/json")
         return Response(attempt.content, status_code=200, headers=headers, media_type=media_type)
 
@@ -444,8 +447,21 @@ def _translated(translator: ChatStreamToMessages, events: list[bytes]) -> list[b
         if data == b"[DONE]":
             out += translator.finish()
         elif data is not None and (chunk := _json_or_none(data)) is not None:
-            out += translator.feed(chunk)
+            out += _translate_answer(functools.partial(translator.feed, chunk))
     return out
+
+
+def _translate_answer(translate: Callable[[], T]) -> T:
+    """A translation of an upstream's answer; a 502 where the answer is not the chat completion it claims to be."""
+    try:
+        return translate()
+    except (AttributeError, TypeError, ValueError, KeyError) as exc:
+        raise GatewayError(
+            502,
+            f"the upstream's answer is not a chat completion the gateway can translate ({type(exc).__name__})",
+            type="upstream_error",
+            code="upstream_bad_response",
+        ) from None
 
 
 async def _read_body(response: aiohttp.ClientResponse, pool: Pool) -> bytes:

@@ -44,13 +44,13 @@ class AnswerFormat:
             if isinstance(choice, dict):
                 holder, key = _choice_text(choice)
                 if holder is not None:
-                    yield choice.get("index", i), holder, key
+                    yield _index(choice.get("index"), i), holder, key
 
     def ended(self, event: dict[str, Any]) -> Iterator[Hashable]:
         """The channels a stream event ends."""
         for i, choice in enumerate(event.get("choices") or ()):
             if isinstance(choice, dict) and choice.get("finish_reason"):
-                yield choice.get("index", i)
+                yield _index(choice.get("index"), i)
 
     def snapshots(self, event: dict[str, Any]) -> Iterator[Text]:
         """Copies of a channel's whole text so far that a stream event repeats (to redact as the pieces were)."""
@@ -111,7 +111,7 @@ class ResponsesFormat(AnswerFormat):
         elif kind == "response.content_part.done" and _is_output_text(event.get("part")):
             yield _part(event), event["part"], "text"
         elif kind == "response.output_item.done" and isinstance(event.get("item"), dict):
-            yield from _item_texts(event.get("output_index"), event["item"])
+            yield from _item_texts(_index(event.get("output_index")), event["item"])
         elif kind in self._FINAL and isinstance(event.get("response"), dict):
             yield from self.body_texts(event["response"])
 
@@ -160,11 +160,11 @@ class MessagesFormat(AnswerFormat):
         delta = event.get("delta")
         if event.get("type") == "content_block_delta" and isinstance(delta, dict) and delta.get("type") == "text_delta":
             if isinstance(delta.get("text"), str):
-                yield event.get("index", 0), delta, "text"
+                yield _index(event.get("index")), delta, "text"
 
     def ended(self, event: dict[str, Any]) -> Iterator[Hashable]:
         if event.get("type") == "content_block_stop":
-            yield event.get("index", 0)
+            yield _index(event.get("index"))
 
     def body_texts(self, body: dict[str, Any]) -> Iterator[Text]:
         for i, block in enumerate(body.get("content") or ()):
@@ -216,14 +216,19 @@ def _choice_text(choice: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
 
 
 def _part(event: dict[str, Any]) -> Hashable:
-    return event.get("output_index", 0), event.get("content_index", 0)
+    return _index(event.get("output_index")), _index(event.get("content_index"))
+
+
+def _index(value: Any, default: int = 0) -> int:
+    """An upstream's index field, as a channel key: an int, whatever the upstream sent."""
+    return value if isinstance(value, int) else default
 
 
 def _is_output_text(part: Any) -> bool:
     return isinstance(part, dict) and part.get("type") == "output_text" and isinstance(part.get("text"), str)
 
 
-def _item_texts(index: Any, item: dict[str, Any]) -> Iterator[Text]:
+def _item_texts(index: int, item: dict[str, Any]) -> Iterator[Text]:
     for j, part in enumerate(item.get("content") or ()):
         if _is_output_text(part):
             yield (index, j), part, "text"
