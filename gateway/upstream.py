@@ -58,7 +58,8 @@ _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 # A passthrough request's headers the upstream gets (never the client's credentials), and an answer's the client gets.
 _PASSED_HEADERS = frozenset({"content-type", "accept", "openai-beta", "anthropic-beta"})
 _RETURNED_HEADERS = frozenset({"content-type", "content-disposition", "cache-control"})
-_KEPT_5XX = (502, 503, 504)  # upstream statuses that mean to a client what they meant to the gateway
+# upstream statuses that mean to a client what they meant to the gateway (529: Anthropic's "overloaded")
+_KEPT_5XX = (502, 503, 504, 529)
 _GATEWAY_CREDENTIAL_STATUSES = (401, 403, 407)  # the upstream judged the gateway's key, not the client's
 _MAX_MESSAGE_CHARS = 4096  # of an upstream's error message passed on to the client
 
@@ -140,7 +141,7 @@ class Upstream:
             )
         try:
             if ctx.status != 200:
-                raise _upstream_error(ctx.status, attempt.content)
+                raise _upstream_error(ctx.status, attempt.content, response.headers.get("retry-after"))
             if attempt.answer is not None:
                 exchange.answers.record(ctx.usage, attempt.answer)
             if ctx.output_guard is not None:  # raises GuardBlocked (a GatewayError) on a block
@@ -512,9 +513,10 @@ async def _next_bytes(content: aiohttp.StreamReader, idle: float | None, deadlin
         ) from None
 
 
-def _upstream_error(status: int, content: bytes) -> GatewayError:
-    """An upstream's non-200 answer, OpenAI-shaped: its own message where it sent an OpenAI-style error (with its
-    status if a 4xx or 502-504), otherwise a 502 that names the status (the body may be an HTML page: not passed on)."""
+def _upstream_error(status: int, content: bytes, retry_after: str | None = None) -> GatewayError:
+    """An upstream's non-200 answer: its own message and type where it sent an OpenAI- or Anthropic-style error (with
+    its status if a 4xx, 502-504 or 529, and its Retry-After), otherwise a 502 that names the status (the body may
+    be an HTML page: not passed on)."""
     error = (_json_or_none(content) or {}).get("error")
     if status in _GATEWAY_CREDENTIAL_STATUSES:
         # about the pool's own key, not the client's: its message may quote part of that key, so it stays in the log
@@ -537,6 +539,7 @@ def _upstream_error(status: int, content: bytes) -> GatewayError:
             type=_text(error.get("type")) or "upstream_error",
             code=_text(error.get("code")),
             param=_text(error.get("param")),
+            headers={"retry-after": retry_after} if retry_after and retry_after.isdigit() else None,
         )
     return GatewayError(
         502,

@@ -41,6 +41,11 @@ _ERROR_TYPES = {
 }
 
 
+# Types OpenAI's errors use too: there they say less than the status does (the gateway's WAF answers 403 with an
+# invalid_request_error to OpenAI clients, which an Anthropic client knows as a permission_error).
+_SHARED_WITH_OPENAI = frozenset({"invalid_request_error", "authentication_error"})
+
+
 def anthropic_error_type(status: int) -> str:
     """Anthropic's error `type` for an HTTP status: the documented ones, other 4xx invalid_request_error, other
     5xx (502 included: the upstream failed) api_error."""
@@ -49,9 +54,12 @@ def anthropic_error_type(status: int) -> str:
     return "invalid_request_error" if 400 <= status < 500 else "api_error"
 
 
-def anthropic_error(status: int, message: str) -> dict[str, Any]:
-    """The error body Anthropic's API and SDKs use: {"type": "error", "error": {"type", "message"}}."""
-    return {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}
+def anthropic_error(status: int, message: str, kind: str | None = None) -> dict[str, Any]:
+    """The error body Anthropic's API and SDKs use: {"type": "error", "error": {"type", "message"}}; `kind` where
+    it already is one of Anthropic's types (an Anthropic upstream's own), else the status's."""
+    specific = kind in _ERROR_TYPES.values() and kind not in _SHARED_WITH_OPENAI
+    known = kind if specific else anthropic_error_type(status)
+    return {"type": "error", "error": {"type": known, "message": message}}
 
 
 class MessagesRequestError(ValueError):

@@ -39,13 +39,13 @@ class Messages(Api):
             raise invalid_request(str(exc), param=exc.param) from None
 
     def error_response(self, error: GatewayError) -> Response:
-        body = anthropic_error(error.status, error.message)
+        body = anthropic_error(error.status, error.message, error.type)
         return Response(
             json.dumps(body), status_code=error.status, headers=error.headers, media_type="application/json"
         )
 
     def stream_error(self, error: GatewayError) -> bytes:
-        body = anthropic_error(error.status, error.message)
+        body = anthropic_error(error.status, error.message, error.type)
         return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
 
     def texts(self, payload: dict[str, Any]) -> Iterator[PromptText]:

@@ -176,13 +176,13 @@ class OutputGuard:
                 if not found:
                     continue
                 types = sorted({f.type for f in found})
-                if action == "redact" and any(f.start < state.released for f in found):
+                if action == "redact" and any(_unredacted_from(f, state.redactions) < state.released for f in found):
                     action = "block"  # part of it already reached the client: refusing is the only honest option
                 self._verdict(
                     Verdict("output", kind, f"guard.output.{kind}.{types[0]}", action, types=types, where=where)
                 )
                 if action == "redact":
-                    state.redactions += found
+                    state.redactions = _merged(state.redactions, found)
         if policy.injection != "off" and text.strip():
             score, _ = await self._guard.classify([text], self._spec.injection, self._spec.runtime, target="output")
             threshold = self._guard.threshold(self._spec.injection)
@@ -207,6 +207,27 @@ class OutputGuard:
             self._guard.record(verdict, self._version)
         if verdict.result == "block":
             raise GuardBlocked(verdict, self._version, self._request_id)
+
+
+def _unredacted_from(finding: pii.Finding, redactions: list[pii.Finding]) -> int:
+    """Where a finding's text stops being covered by the redactions it overlaps (its start, if none)."""
+    covered = [r.end for r in redactions if r.start <= finding.start < r.end]
+    return max(covered, default=finding.start)
+
+
+def _merged(redactions: list[pii.Finding], found: list[pii.Finding]) -> list[pii.Finding]:
+    """Redactions with the new findings added; one that overlaps an earlier one is the same value seen whole now
+    (a scan ended inside an address, the next one saw the rest): it extends that one, so it gets one placeholder."""
+    out = list(redactions)
+    for new in found:
+        near = [r for r in out if r.start < new.end and new.start < r.end]
+        if near:
+            out = [r for r in out if r not in near]
+            new = pii.Finding(
+                near[0].type, new.kind, min(new.start, *(r.start for r in near)), max(new.end, *(r.end for r in near))
+            )
+        out.append(new)
+    return out
 
 
 def _redacted_segment(text: str, start: int, end: int, findings: list[pii.Finding]) -> str:
