@@ -21,7 +21,6 @@ class Embeddings(Api):
     name = "embeddings"
     path = "/v1/embeddings"
     operation = "embeddings"
-    streams = False
     output_fields = ()
     fill_field = None
     prompt_keys = frozenset(("input",))

@@ -84,7 +84,6 @@ class CountTokens(Messages):
 
     name = "count_tokens"
     path = "/v1/messages/count_tokens"
-    streams = False
     output_fields = ()
 
     def guarded(self, embeddings: bool) -> bool:

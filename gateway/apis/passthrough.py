@@ -15,7 +15,6 @@ class Passthrough(Api):
     name = "passthrough"
     path = ""  # any path a pool opts in to
     operation = "passthrough"
-    streams = False
     output_fields = ()
     fill_field = None
 

@@ -61,7 +61,6 @@ class Api:
     name: str  # the route's name in policies, metrics and logs
     path: str
     operation: str  # gen_ai.operation.name
-    streams: bool = True
     # The fields that bound what a request generates, in the order upstreams honour them; the one the policy's
     # default is written into when none is sent (None: the shape requires one, or generates nothing).
     output_fields: tuple[str, ...] = ("max_tokens",)
