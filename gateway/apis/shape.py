@@ -8,6 +8,7 @@ limits reserve them). Each shape is one module beside this one; `gateway/apis/ro
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -55,7 +56,7 @@ class TokenPrompt:
     loc: Location
 
 
-class Api:
+class Api(ABC):
     """One request shape. Subclasses fill in the class attributes and the methods that differ."""
 
     name: str  # the route's name in policies, metrics and logs
@@ -85,24 +86,24 @@ class Api:
         """Whether the input guard reads this shape's requests (`embeddings`: the policy's guard.embeddings)."""
         return True
 
+    @abstractmethod
     def check(self, payload: dict[str, Any]) -> None:
         """The schema essentials every later stage relies on; a 400 (GatewayError) naming the field otherwise."""
-        raise NotImplementedError
 
+    @abstractmethod
     def texts(self, payload: dict[str, Any]) -> Iterator[PromptText]:
         """Every text of the request a model will read, in payload order (the payload passed `check`)."""
-        raise NotImplementedError
 
     def token_prompts(self, payload: dict[str, Any]) -> Iterator[TokenPrompt]:
         """Prompts sent as token ids (completions and embeddings only)."""
         return iter(())
 
+    @abstractmethod
     def is_prompt(self, loc: Location) -> bool:
         """Whether a body location (under one of `prompt_keys`) is prompt text, hidden from the WAF's web-attack
         parts, rather than an application field; a whole subtree is prompt when its root is."""
-        raise NotImplementedError
 
+    @abstractmethod
     def counted(self, payload: dict[str, Any]) -> tuple[CountForm, Any]:
         """The prompt as a tokenizer counts it: ("chat", messages in OpenAI chat shape) or ("prompt", a
         completions-style prompt: text, texts, token ids or lists of them)."""
-        raise NotImplementedError
