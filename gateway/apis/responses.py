@@ -28,6 +28,7 @@ from gateway.apis.shape import Api, CountForm, Location, PromptText
 from gateway.errors import GatewayError, invalid_request
 
 _MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
+_ITEM_FIELDS = frozenset({"type", "role", "id", "call_id", "name", "status"})  # an item's labels: application fields
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal"})
 _FIELDS = (
     STREAM,
@@ -80,8 +81,8 @@ class Responses(Api):
     def is_prompt(self, loc: Location) -> bool:
         if loc[0] == "instructions" or loc == ("input",):
             return True
-        if loc[0] == "input":  # input[i].content..., input[i].arguments, input[i].output...
-            return len(loc) >= 3 and loc[2] in ("content", "arguments", "output")
+        if loc[0] == "input":  # what an item says (content, arguments, output, a reasoning summary, its encrypted
+            return len(loc) >= 3 and loc[2] not in _ITEM_FIELDS  # state), not how it is labelled
         return is_tool_description(loc)
 
     def stream_error(self, error: GatewayError) -> bytes:
@@ -149,6 +150,8 @@ def _item_texts(item: Any, loc: Location) -> Iterator[PromptText]:
         yield PromptText(item["arguments"], "assistant", (*loc, "arguments"), item, "tool_arguments")
     elif kind == "function_call_output":
         yield from _content_texts(item, "output", "tool", loc)
+    elif kind == "reasoning":  # the model's own summary of its reasoning, sent back
+        yield from _content_texts(item, "summary", "assistant", loc)
 
 
 def _content_texts(item: dict[str, Any], key: str, role: str, loc: Location) -> Iterator[PromptText]:

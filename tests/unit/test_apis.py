@@ -21,7 +21,11 @@ RESPONSES_REQUEST = {
         {"role": "user", "content": [{"type": "input_text", "text": "Find order 7."}, {"type": "input_image"}]},
         {"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": '{"q": "x"}'},
         {"type": "function_call_output", "call_id": "c1", "output": "order 7: shipped"},
-        {"type": "reasoning", "summary": []},
+        {
+            "type": "reasoning",
+            "summary": [{"type": "summary_text", "text": "Use the lookup tool."}],
+            "encrypted_content": "gAAAA" + "x" * 40,
+        },
     ],
     "tools": [{"type": "function", "name": "lookup", "description": "Looks up an order."}],
     "metadata": {"ref": SQLI},
@@ -97,6 +101,7 @@ def test_the_waf_keeps_prompt_text_out_of_args_but_not_application_fields(route,
     prompt = [text for _, text, _ in view.values("prompt")]
     assert SQLI in args, "an application field is an argument on every route"
     assert prompt_text in prompt and prompt_text not in args
+    assert not any(text.startswith("gAAAA") for text in args), "a reasoning item's encrypted state is not an argument"
 
 
 def test_a_request_on_no_known_route_has_no_prompt() -> None:
