@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.admin import ByListener, build_admin_app
 from gateway.apis.routes import APIS, BY_PATH, PASSTHROUGH, route_error
+from gateway.billing import Billing
 from gateway.client_exit import ClientWatch
 from gateway.client_ip import client_ip
 from gateway.config import GatewayConfig
@@ -123,6 +124,7 @@ class Gateway:
         # a pool's passthrough routes: the same stages up to the rate limits, none that read a model request
         self.passthrough = Pipeline([RawBodyStage(parse), waf, self.auth, rate_limits], self.tracer, self.metrics)
         self.upstream = Upstream(self.tracer, self.metrics, self.offload, config.telemetry.replica_header)
+        self.billing = Billing(self.metrics, lambda: self.policies)
 
     def _install(self, policies: PolicySet) -> None:
         self.policies = policies  # one assignment: each request reads one whole policy set
@@ -232,6 +234,7 @@ class ProxyEndpoint:
         metrics = self.gateway.metrics
         metrics.requests.labels(route=self.route, status=str(ctx.status)).inc()
         metrics.request_duration.labels(route=self.route).observe(elapsed)
+        cost = self.gateway.billing.record(ctx)
         if not self.gateway.config.telemetry.access_log:
             return
         trace_id, span_id = trace_ids(ctx.span)
@@ -255,6 +258,7 @@ class ProxyEndpoint:
                     "prompt_tokens": ctx.usage.prompt_tokens,
                     "completion_tokens": ctx.usage.completion_tokens,
                     "cached_tokens": ctx.usage.cached_tokens,
+                    "cost": cost,
                     "predicted_cached_tokens": ctx.predicted_cached_tokens,
                     "finish_reasons": ctx.usage.finish_reasons or None,
                     "stream_error": ctx.stream_error,

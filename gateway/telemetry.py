@@ -86,6 +86,24 @@ class Metrics:
         self.tokens = Counter(
             "portcullis_tokens", "Tokens reported by upstreams", ["pool", "model", "kind"], registry=r
         )
+        self.billed_requests = Counter(
+            "portcullis_billed_requests",
+            "Requests per tenant and model, whatever their outcome",
+            ["tenant", "model"],
+            registry=r,
+        )
+        self.billed_tokens = Counter(
+            "portcullis_billed_tokens",
+            "Tokens charged per tenant and model after reconciliation (prompt, cached_prompt, completion)",
+            ["tenant", "model", "kind"],
+            registry=r,
+        )
+        self.spend = Counter(
+            "portcullis_spend",
+            "Spend per tenant and model, priced by the policy's price table",
+            ["tenant", "model", "currency"],
+            registry=r,
+        )
         self.admission_queue_wait = Histogram(
             "portcullis_admission_queue_wait_seconds",
             "Time requests waited for KV capacity",

@@ -49,6 +49,8 @@ def build(name: str, fail_status: int | None) -> Starlette:
         chat = request.url.path.endswith("/chat/completions")
         words = [f"w{i} " for i in range(fake.get("chunks", 3))]
         usage = {"prompt_tokens": 7, "completion_tokens": len(words), "total_tokens": 7 + len(words)}
+        if fake.get("cached"):
+            usage["prompt_tokens_details"] = {"cached_tokens": fake["cached"]}
         base = {
             "id": f"cmpl-{name}",
             "created": int(time.time()),

@@ -126,6 +126,31 @@ class AdmissionPolicy(_Strict):
     ] = 8
 
 
+class Price(_Strict):
+    """What a model's tokens cost, per million tokens, in the table's currency."""
+
+    input: Annotated[float, Field(ge=0)] = 0.0
+    cached_input: Annotated[
+        float | None, Field(ge=0, description="prompt tokens served from a prefix cache; default: the input price")
+    ] = None
+    output: Annotated[float, Field(ge=0)] = 0.0
+
+
+class PriceTable(_Strict):
+    """What a request costs, priced from the tokens it is charged after reconciliation (those token limits settle
+    on): spend per tenant and model in /metrics and each request's cost in the access log."""
+
+    currency: Annotated[str, Field(min_length=1, max_length=8)] = "USD"
+    default: Price = Field(default_factory=Price, description="models the table does not name")
+    models: dict[str, Price] = Field(default_factory=dict)
+
+    def cost(self, model: str, prompt: int, cached: int, completion: int) -> float:
+        """`cached` of the `prompt` tokens came from a prefix cache."""
+        price = self.models.get(model, self.default)
+        cached_price = price.input if price.cached_input is None else price.cached_input
+        return ((prompt - cached) * price.input + cached * cached_price + completion * price.output) / 1_000_000
+
+
 class PolicySpec(_Strict):
     rate_limits: list[RateLimitRule] = Field(default_factory=list)
     admission: AdmissionPolicy | None = Field(default=None, description="in an overlay, replaces the base's whole")
@@ -139,6 +164,9 @@ class PolicySpec(_Strict):
             "guardrails: injection classifier, PII/secrets, output guard; in an overlay, the fields given replace "
             "the base's"
         ),
+    )
+    prices: PriceTable = Field(
+        default_factory=PriceTable, description="per model, per million tokens; the base policy's only"
     )
 
     @model_validator(mode="after")
@@ -166,6 +194,12 @@ class Policy(_Strict):
 
 class TenantSpec(PolicySpec):
     disable: list[RuleId] = Field(default_factory=list, description="base rule ids that do not apply to this tenant")
+
+    @model_validator(mode="after")
+    def _no_prices(self) -> TenantSpec:
+        if "prices" in self.model_fields_set:
+            raise ValueError("'prices' belong to the base policy: a model's tokens cost the same whoever sends them")
+        return self
 
 
 class TenantPolicy(_Strict):

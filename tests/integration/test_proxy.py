@@ -9,6 +9,7 @@ import time
 import httpx
 import openai
 import pytest
+import yaml
 
 from tests.conftest import chat_body, pool
 
@@ -339,3 +340,45 @@ def test_passthrough_routes_reach_the_pool_that_opted_in(fake_upstream, gateway)
     assert httpx.get(gw.url + "/v1/files").status_code == 401, "auth applies to passthrough routes"
     other = httpx.post(gw.url + "/v1/audio/speech", json={}, headers=HEADERS)
     assert other.status_code == 404 and "/v1/responses" in other.json()["error"]["message"]
+
+
+def test_spend_is_priced_from_reconciled_usage_per_tenant_and_model(fake_upstream, gateway, tmp_path):
+    upstream = fake_upstream("priced")
+    policies = tmp_path / "priced-policies"
+    policies.mkdir()
+    prices = {"models": {"test-model": {"input": 2.0, "cached_input": 0.5, "output": 10.0}}, "default": {"input": 1.0}}
+    base = {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "p"}, "spec": {"prices": prices}}
+    (policies / "base.yaml").write_text(yaml.safe_dump(base))
+    gw = gateway(
+        {
+            "pools": [pool("main", upstream.url)],
+            "auth": AUTH,
+            "models": [{"name": "test-model"}],
+            "policy_dir": str(policies),
+        }
+    )
+    cached = httpx.post(
+        gw.url + "/v1/chat/completions", json=chat_body(fake={"chunks": 4, "cached": 5}), headers=HEADERS
+    )
+    streamed = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(stream=True), headers=HEADERS)
+    unpriced = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(model="new-model"), headers=HEADERS)
+    assert cached.status_code == streamed.status_code == unpriced.status_code == 200
+    # 7 prompt tokens (5 from the cache) and 4 completion; then 7 and 3; then 7 at the default input price
+    expected = [(2 * 2 + 5 * 0.5 + 4 * 10) / 1e6, (7 * 2 + 3 * 10) / 1e6, 7 * 1.0 / 1e6]
+    logged = [gw.access_log(r.headers["x-request-id"])["cost"] for r in (cached, streamed, unpriced)]
+    assert logged == pytest.approx(expected)
+    metrics = httpx.get(gw.admin_url + "/metrics").text
+
+    def sample(name: str, **labels: str) -> float:
+        wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        line = next(line for line in metrics.splitlines() if line.startswith(f"{name}{{{wanted}}}"))
+        return float(line.rsplit(" ", 1)[1])
+
+    assert sample("portcullis_spend_total", currency="USD", model="test-model", tenant="team-a") == pytest.approx(
+        sum(expected[:2])
+    )
+    assert sample("portcullis_spend_total", currency="USD", model="other", tenant="team-a") == pytest.approx(7e-6)
+    assert sample("portcullis_billed_tokens_total", kind="cached_prompt", model="test-model", tenant="team-a") == 5
+    assert sample("portcullis_billed_tokens_total", kind="prompt", model="test-model", tenant="team-a") == 9
+    assert sample("portcullis_billed_tokens_total", kind="completion", model="test-model", tenant="team-a") == 7
+    assert sample("portcullis_billed_requests_total", model="test-model", tenant="team-a") == 2

@@ -113,6 +113,25 @@ def test_overlay_problems_are_refused(tmp_path):
     assert "tenant 't' already has an overlay" in str(info.value)
 
 
+def test_prices_belong_to_the_base_policy(tmp_path):
+    path = Path(policy_dir(tmp_path, [RPM], {"t": []}))
+    overlay = yaml.safe_load((path / "tenants" / "t.yaml").read_text())
+    overlay["spec"]["prices"] = {"default": {"input": 0.0}}
+    (path / "tenants" / "t.yaml").write_text(yaml.safe_dump(overlay))
+    with pytest.raises(PolicyError, match="'prices' belong to the base policy"):
+        load_policy_dir(path)
+
+
+def test_a_price_table_prices_cached_prompt_tokens_and_unknown_models() -> None:
+    from gateway.policy.model import PriceTable
+
+    table = PriceTable.model_validate(
+        {"models": {"m": {"input": 3.0, "cached_input": 0.3, "output": 15.0}}, "default": {"input": 1.0, "output": 2.0}}
+    )
+    assert table.cost("m", 1_000_000, 400_000, 100_000) == pytest.approx(0.6 * 3 + 0.4 * 0.3 + 0.1 * 15)
+    assert table.cost("unknown", 1_000_000, 400_000, 0) == pytest.approx(1.0), "cached input defaults to input"
+
+
 def test_published_schema_is_current():
     committed = json.loads((ROOT / "policies" / "schema.json").read_text())
     assert committed == json_schema(), "regenerate: portcullis policy schema > policies/schema.json"

@@ -1,0 +1,39 @@
+"""What a finished request cost, counted per tenant and model: the tokens it is charged (the same reconciliation
+token limits settle on, `charged_tokens`) priced by the policy's price table (`spec.prices`).
+
+Labels stay bounded: tenants come from the configured keys, models are the configured ones or `other`
+(`Metrics.model_label`). A request refused before auth has no tenant and is not billed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gateway.context import RequestContext
+from gateway.policy.loader import PolicySet
+from gateway.ratelimit.limiter import charged_tokens
+from gateway.telemetry import Metrics
+
+
+class Billing:
+    def __init__(self, metrics: Metrics, policies: Callable[[], PolicySet]) -> None:
+        self._metrics = metrics
+        self._policies = policies
+
+    def record(self, ctx: RequestContext) -> float | None:
+        """Count the request's tokens and spend; its cost, or None for a request no tenant sent."""
+        if ctx.tenant is None:
+            return None
+        prompt, completion = charged_tokens(ctx)
+        reported = ctx.usage.cached_tokens
+        cached = min(reported, prompt) if isinstance(reported, int) and reported > 0 else 0
+        prices = self._policies().base.spec.prices
+        cost = prices.cost(ctx.model, prompt, cached, completion)
+        metrics, model = self._metrics, self._metrics.model_label(ctx.model)
+        metrics.billed_requests.labels(tenant=ctx.tenant, model=model).inc()
+        for kind, tokens in (("prompt", prompt - cached), ("cached_prompt", cached), ("completion", completion)):
+            if tokens:
+                metrics.billed_tokens.labels(tenant=ctx.tenant, model=model, kind=kind).inc(tokens)
+        if cost:
+            metrics.spend.labels(tenant=ctx.tenant, model=model, currency=prices.currency).inc(cost)
+        return cost
