@@ -7,6 +7,7 @@ Labels stay bounded: tenants come from the configured keys, models are the confi
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from gateway.context import RequestContext
@@ -19,6 +20,10 @@ class Billing:
     def __init__(self, metrics: Metrics, policies: Callable[[], PolicySet]) -> None:
         self._metrics = metrics
         self._policies = policies
+        # a counter's child per label set, looked up once (prometheus-client's labels() takes a lock each call)
+        self._requests = functools.lru_cache(maxsize=4096)(metrics.billed_requests.labels)
+        self._tokens = functools.lru_cache(maxsize=4096)(metrics.billed_tokens.labels)
+        self._spend = functools.lru_cache(maxsize=4096)(metrics.spend.labels)
 
     def record(self, ctx: RequestContext) -> float | None:
         """Count the request's tokens and spend; its cost, or None for a request no tenant sent."""
@@ -29,11 +34,11 @@ class Billing:
         cached = min(reported, prompt) if isinstance(reported, int) and reported > 0 else 0
         prices = self._policies().base.spec.prices
         cost = prices.cost(ctx.model, prompt, cached, completion)
-        metrics, model = self._metrics, self._metrics.model_label(ctx.model)
-        metrics.billed_requests.labels(tenant=ctx.tenant, model=model).inc()
+        tenant, model = ctx.tenant, self._metrics.model_label(ctx.model)
+        self._requests(tenant, model).inc()
         for kind, tokens in (("prompt", prompt - cached), ("cached_prompt", cached), ("completion", completion)):
             if tokens:
-                metrics.billed_tokens.labels(tenant=ctx.tenant, model=model, kind=kind).inc(tokens)
+                self._tokens(tenant, model, kind).inc(tokens)
         if cost:
-            metrics.spend.labels(tenant=ctx.tenant, model=model, currency=prices.currency).inc(cost)
+            self._spend(tenant, model, prices.currency).inc(cost)
         return cost
