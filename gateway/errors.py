@@ -37,8 +37,10 @@ class GatewayError(Exception):
     def to_json(self) -> bytes:
         return json.dumps(self.body()).encode()
 
-    def response(self) -> Response:
-        return Response(self.to_json(), status_code=self.status, headers=self.headers, media_type="application/json")
+    def response(self, body: dict | None = None) -> Response:
+        """This error answered: OpenAI's body, or the one a route of another shape gives."""
+        content = self.to_json() if body is None else json.dumps(body).encode()
+        return Response(content, status_code=self.status, headers=self.headers, media_type="application/json")
 
     def sse_event(self) -> bytes:
         """The same error as a server-sent event, for streams that already started."""

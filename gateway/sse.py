@@ -8,6 +8,9 @@ chunked, and it holds at most one unfinished event, never more than `max_event_b
 from __future__ import annotations
 
 import re
+from typing import Any
+
+import orjson
 
 _LINE_END = re.compile(rb"[\r\n]")
 _LINE = re.compile(rb"\r\n|\n|\r")
@@ -83,6 +86,11 @@ def event_data(event: bytes) -> bytes | None:
     if not lines:
         return None
     return b"\n".join(line[6:] if line.startswith(b"data: ") else line[5:] for line in lines)
+
+
+def typed_event(data: dict[str, Any]) -> bytes:
+    """One event named by its data's `type`, as Anthropic's and OpenAI Responses' streams name theirs."""
+    return b"event: " + str(data["type"]).encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
 def with_data(event: bytes, data: bytes) -> bytes:

@@ -113,7 +113,7 @@ class Upstream:
     async def forward(self, ctx: RequestContext) -> Response:
         pool, exchange = ctx.placed.pool, ctx.exchange
         if exchange.local:
-            return self._count_locally(ctx)
+            return self._count_locally(ctx, exchange)
         strip_usage = exchange.asks_usage and _ask_for_usage(ctx, pool)
         encode = functools.partial(_outgoing_body, ctx, exchange)
         big = (ctx.payload_rewritten or exchange.translated) and self._offload.is_big(len(ctx.body), ctx.json_values)
@@ -157,10 +157,10 @@ class Upstream:
         media_type = response.headers.get("content-type", "application/json")
         return Response(attempt.content, status_code=200, headers=headers, media_type=media_type)
 
-    def _count_locally(self, ctx: RequestContext) -> Response:
+    def _count_locally(self, ctx: RequestContext, exchange: Exchange) -> Response:
         """Anthropic's count_tokens for a model an OpenAI-compatible pool serves: the tokenize stage's exact count."""
         ctx.status = 200
-        ctx.exchange.answers.record(ctx.usage, {})
+        exchange.answers.record(ctx.usage, {})
         body = orjson.dumps({"input_tokens": ctx.prompt_tokens or 0})
         return Response(body, headers={"x-request-id": ctx.request_id}, media_type="application/json")
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from gateway.sse import typed_event
 from gateway.tool_text import dotted
 
 # --- errors ----------------------------------------------------------------------------------------------------
@@ -502,11 +503,6 @@ def _tool_use_id() -> str:
 # --- stream: chat chunks -> Anthropic events -------------------------------------------------------------------
 
 
-def _event(data: dict[str, Any]) -> bytes:
-    """One SSE event as Anthropic sends it: the event name is the data's `type`."""
-    return b"event: " + data["type"].encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
-
-
 class ChatStreamToMessages:
     """Chat-completion chunks in, Anthropic stream events out (docs.anthropic.com "Streaming Messages").
 
@@ -544,7 +540,7 @@ class ChatStreamToMessages:
         for choice in chunk.get("choices") or ():
             if choice.get("index", 0) == 0:
                 events += self._choice(choice)
-        return [_event(e) for e in events]
+        return [typed_event(e) for e in events]
 
     def finish(self) -> list[bytes]:
         """At the upstream's [DONE]: the open block's content_block_stop, message_delta (stop reason, usage) and
@@ -566,12 +562,12 @@ class ChatStreamToMessages:
         )
         events.append({"type": "message_stop"})
         self._closed = True
-        return [_event(e) for e in events]
+        return [typed_event(e) for e in events]
 
     def error(self, error_type: str, message: str) -> bytes:
         """The `error` event for a stream that breaks after it started; the stream is closed after it."""
         self._closed = True
-        return _event({"type": "error", "error": {"type": error_type, "message": message}})
+        return typed_event({"type": "error", "error": {"type": error_type, "message": message}})
 
     def _upstream_error(self, error: dict[str, Any]) -> bytes:
         code = str(error.get("code") or "")

@@ -7,7 +7,6 @@ An `anthropic` pool receives the request as sent; an `openai` pool receives it t
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +21,7 @@ from gateway.apis.anthropic_chat import (
 from gateway.apis.chat import is_tool_description, tool_definition_texts
 from gateway.apis.shape import Api, CountForm, Location, PromptText
 from gateway.errors import GatewayError, invalid_request
+from gateway.sse import typed_event
 
 
 class Messages(Api):
@@ -39,14 +39,10 @@ class Messages(Api):
             raise invalid_request(str(exc), param=exc.param) from None
 
     def error_response(self, error: GatewayError) -> Response:
-        body = anthropic_error(error.status, error.message, error.type)
-        return Response(
-            json.dumps(body), status_code=error.status, headers=error.headers, media_type="application/json"
-        )
+        return error.response(anthropic_error(error.status, error.message, error.type))
 
     def stream_error(self, error: GatewayError) -> bytes:
-        body = anthropic_error(error.status, error.message, error.type)
-        return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
+        return typed_event(anthropic_error(error.status, error.message, error.type))
 
     def texts(self, payload: dict[str, Any]) -> Iterator[PromptText]:
         system = payload.get("system")

@@ -7,7 +7,6 @@ Its text is read in place (redaction rewrites the items themselves); it is count
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +25,7 @@ from gateway.apis.openai_fields import (
 )
 from gateway.apis.shape import Api, CountForm, Location, PromptText
 from gateway.errors import GatewayError, invalid_request
+from gateway.sse import typed_event
 
 _MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
 _ITEM_FIELDS = frozenset({"type", "role", "id", "call_id", "name", "status"})  # an item's labels: application fields
@@ -94,7 +94,7 @@ class Responses(Api):
             "param": error.param,
             "sequence_number": 0,
         }
-        return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
+        return typed_event(body)
 
     def counted(self, payload: dict[str, Any]) -> tuple[CountForm, Any]:
         from backend_engine.model.prompt import PromptError
