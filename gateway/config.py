@@ -413,6 +413,12 @@ class TelemetryConfig(_Strict):
         description="tell clients which replica served them "
         "(x-portcullis-replica), for load tests; leaks upstream addresses",
     )
+    per_key_metrics: bool = Field(
+        default=False, description="label billed tokens, requests and spend by API key id too"
+    )
+    max_metric_keys: Annotated[
+        int, Field(gt=0, description="key ids given their own label; later keys count under 'other'")
+    ] = 1000
     trust_client_trace: bool = Field(
         default=False,
         description=(
@@ -493,6 +499,10 @@ class AdminConfig(_Strict):
     port: Annotated[int, Field(ge=0, le=65535)] = 9901
     token_env: str | None = Field(default=None, description="env var holding a bearer token the admin plane requires")
     max_connections: Annotated[int, Field(gt=0)] = 64
+    audit_log: Path | None = Field(
+        default=None,
+        description="file the admin API appends one JSON line per action to; unset: the 'portcullis.audit' logger",
+    )
 
     def token(self) -> str | None:
         if not self.token_env:
@@ -501,6 +511,49 @@ class AdminConfig(_Strict):
         if not token:
             raise ConfigError(f"admin.token_env: environment variable {self.token_env} is not set")
         return token
+
+
+class StoreConfig(_Strict):
+    """Where API keys made through the admin API and the spend ledger are kept. 'sqlite': one file (WAL), enough for
+    the instances of one host; 'redis': `redis.url`, shared by every instance. Keys from `auth.keys` work as well."""
+
+    backend: Literal["sqlite", "redis"] = "sqlite"
+    sqlite_path: Path = Field(default=Path("portcullis.db"), description="relative paths are to the working directory")
+    poll_interval: Annotated[
+        float, Field(gt=0, le=1, description="seconds between an instance's looks for changed keys")
+    ] = 0.25
+    flush_interval: Annotated[
+        float, Field(gt=0, le=60, description="seconds the spend ledger gathers costs before writing them")
+    ] = 1.0
+
+
+FallbackTrigger = Literal["429", "5xx", "timeout", "connection_error", "context_length_exceeded"]
+_ALL_TRIGGERS: list[FallbackTrigger] = ["429", "5xx", "timeout", "connection_error", "context_length_exceeded"]
+
+
+class FallbackTarget(_Strict):
+    """Where a failed request goes next: another model (served by whichever pool serves it), or the same model on
+    another pool."""
+
+    model: str | None = None
+    pool: str | None = None
+
+    @model_validator(mode="after")
+    def _one_target(self) -> FallbackTarget:
+        if (self.model is None) == (self.pool is None):
+            raise ValueError("give exactly one of 'model' or 'pool'")
+        return self
+
+
+class FallbackConfig(_Strict):
+    """For requests naming `model`: the targets to try in order when its pool fails before the client got a byte."""
+
+    model: str
+    to: Annotated[list[FallbackTarget], Field(min_length=1, max_length=8)]
+    on: Annotated[list[FallbackTrigger], Field(min_length=1)] = Field(default_factory=lambda: list(_ALL_TRIGGERS))
+    cooldown: Annotated[
+        float, Field(ge=0, description="seconds a pool that failed is passed over for this model's requests")
+    ] = 30.0
 
 
 class GatewayConfig(_Strict):
@@ -519,12 +572,29 @@ class GatewayConfig(_Strict):
     auth: AuthConfig = AuthConfig()
     policy_dir: Path = Path("policies")
     redis: RedisConfig = RedisConfig()
+    store: StoreConfig = StoreConfig()
+    fallbacks: list[FallbackConfig] = Field(default_factory=list)
     telemetry: TelemetryConfig = TelemetryConfig()
 
     @model_validator(mode="after")
     def _admin_apart(self) -> GatewayConfig:
         if self.admin.enabled and self.admin.port and self.admin.port == self.listen.port:
             raise ValueError("admin.port must differ from listen.port: the admin plane is a listener of its own")
+        return self
+
+    @model_validator(mode="after")
+    def _store_has_redis(self) -> GatewayConfig:
+        if self.store.backend == "redis" and not self.redis.url:
+            raise ValueError("store.backend 'redis' needs redis.url")
+        return self
+
+    @model_validator(mode="after")
+    def _fallbacks_name_pools(self) -> GatewayConfig:
+        names = {pool.name for pool in self.pools}
+        for i, fallback in enumerate(self.fallbacks):
+            for j, target in enumerate(fallback.to):
+                if target.pool is not None and target.pool not in names:
+                    raise ValueError(f"fallbacks[{i}].to[{j}].pool: no pool named {target.pool!r}")
         return self
 
     @field_validator("pools")

@@ -117,6 +117,7 @@ def gateway(processes: list[Process], tmp_path: Path) -> Callable[..., Process]:
             **config,
             "listen": {"host": "127.0.0.1", "port": port},
             "admin": {"port": admin_port, **config.get("admin", {})},
+            "store": {"sqlite_path": str(tmp_path / f"portcullis-{port}.db"), **config.get("store", {})},
         }
         path = tmp_path / f"portcullis-{port}.yaml"
         path.write_text(yaml.safe_dump(config))

@@ -151,8 +151,44 @@ class PriceTable(_Strict):
         return ((prompt - cached) * price.input + cached * cached_price + completion * price.output) / 1_000_000
 
 
+BudgetPeriod = Annotated[
+    str,
+    Field(
+        pattern=r"^(day|month|\s*\d+(\.\d+)?\s*(s|m|h|d)\s*)$",
+        description=(
+            "'day' and 'month' are calendar periods in UTC; a duration such as '7d' or '12h' is a fixed window, "
+            "windows counted from the Unix epoch"
+        ),
+    ),
+]
+
+
+class Budget(_Strict):
+    """Spend allowed per period, in the price table's currency. Enforced before the request like token limits:
+    the expected cost (prompt, plus the output budget at the output price) is reserved, and settled on the cost
+    of the reconciled usage. Spent out: 429 `budget_exceeded`."""
+
+    limit: Annotated[float, Field(gt=0)]
+    period: BudgetPeriod = "month"
+    soft: list[Annotated[float, Field(gt=0, lt=1)]] = Field(
+        default_factory=lambda: [0.8],
+        description="fractions of the limit whose crossing logs an event and counts a metric, once per period",
+    )
+
+
+class BudgetRule(Budget):
+    id: RuleId
+    description: str = ""
+    key: Literal["tenant", "api_key"] = Field(
+        default="tenant", description="one budget per tenant, or one per API key (each key its own limit)"
+    )
+
+
 class PolicySpec(_Strict):
     rate_limits: list[RateLimitRule] = Field(default_factory=list)
+    budgets: list[BudgetRule] = Field(
+        default_factory=list, description="spend per tenant or key and period; in an overlay, merged by id"
+    )
     admission: AdmissionPolicy | None = Field(default=None, description="in an overlay, replaces the base's whole")
     waf: WafSpec = Field(
         default_factory=WafSpec,
@@ -171,10 +207,10 @@ class PolicySpec(_Strict):
 
     @model_validator(mode="after")
     def _unique_ids(self) -> PolicySpec:
-        ids = [rule.id for rule in self.rate_limits]
+        ids = [rule.id for rule in self.rate_limits] + [rule.id for rule in self.budgets]
         repeated = sorted({i for i in ids if ids.count(i) > 1})
         if repeated:
-            raise ValueError(f"rate limit ids must be unique, repeated: {', '.join(repeated)}")
+            raise ValueError(f"rate limit and budget ids must be unique, repeated: {', '.join(repeated)}")
         return self
 
 

@@ -1,0 +1,30 @@
+"""The key store's interface: one for the embedded SQLite file and for Redis, so one instance needs no service and
+many instances share one store.
+
+Every change bumps the store's version; an instance asks for the records changed since the version it has seen
+(`changes`), a few times a second, so a revocation reaches every instance within a second without a full reload.
+Records are never deleted: a revoked key keeps its id for the audit log and spend reports.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from gateway.keystore.records import KeyRecord
+
+
+class KeyStoreBackend(Protocol):
+    name: str
+
+    async def put(self, record: KeyRecord) -> None:
+        """Create or replace the record with this id, and bump the version."""
+
+    async def get(self, key_id: str) -> KeyRecord | None: ...
+
+    async def records(self, tenant: str | None = None) -> list[KeyRecord]:
+        """Every record (of one tenant), revoked ones included, oldest first."""
+
+    async def changes(self, since: int) -> tuple[int, list[KeyRecord]]:
+        """The current version and the records changed after version `since` (all of them for 0)."""
+
+    async def aclose(self) -> None: ...
