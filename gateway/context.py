@@ -25,6 +25,7 @@ from gateway.apis.shape import Api
 if TYPE_CHECKING:
     from gateway.admission.fair_queue import FairQueue
     from gateway.guard.output import OutputGuard
+    from gateway.keystore.records import KeyRecord
     from gateway.ratelimit.limiter import Grant
     from gateway.routing.policies import RouteRequest
     from gateway.routing.pool import Pool
@@ -84,6 +85,7 @@ class RequestContext:
     tenant: str | None = None
     key_id: str | None = None  # short digest prefix: identifies a key in limits and logs, reveals nothing
     key_label: str | None = None
+    key: KeyRecord | None = None  # a stored key's record (allowed models, limit overrides, budget); None if static
     # rate limits: what the request holds (slots, token reservations) until it ends
     rate_limits: Grant | None = None
     # admission / route: read `placed` in the stages after admission

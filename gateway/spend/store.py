@@ -1,0 +1,55 @@
+"""The spend ledger's interface, one for the embedded SQLite file and for Redis.
+
+Costs are whole nanos of the price table's currency (1e-9, Google's `Money.nanos`): each request's cost is rounded
+to a nano once, so a ledger's total is exactly the sum of the costs its requests settled on, however many instances
+add to it. Rows are kept per hour, so a report for any day, month or fixed window sums whole hours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+NANOS = 1_000_000_000
+HOUR = 3600
+
+GroupBy = Literal["key", "tenant", "model", "hour", "day", "month"]
+
+
+@dataclass(frozen=True, slots=True)
+class SpendKey:
+    """One ledger row's identity: the hour (Unix seconds at its start) and who spent on what."""
+
+    hour: int
+    key_id: str  # "" for a request no stored or static key identified
+    tenant: str
+    model: str
+
+
+@dataclass(slots=True)
+class SpendTotals:
+    requests: int = 0
+    prompt_tokens: int = 0  # not from a prefix cache
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    cost_nanos: int = 0
+
+    def add(self, other: SpendTotals) -> None:
+        self.requests += other.requests
+        self.prompt_tokens += other.prompt_tokens
+        self.cached_tokens += other.cached_tokens
+        self.completion_tokens += other.completion_tokens
+        self.cost_nanos += other.cost_nanos
+
+
+class SpendStore(Protocol):
+    name: str
+
+    async def add(self, rows: Sequence[tuple[SpendKey, SpendTotals]]) -> None:
+        """Add these totals to the ledger (increments: many instances add to the same rows)."""
+
+    async def rows(self, start: int, end: int) -> list[tuple[SpendKey, SpendTotals]]:
+        """Every row whose hour lies in [start, end)."""
+
+    async def aclose(self) -> None: ...
