@@ -34,7 +34,8 @@ from gateway.config import GatewayConfig
 from gateway.context import RequestContext
 from gateway.errors import EXCEPTION_HANDLERS, GatewayError
 from gateway.guard.runtime import Guard
-from gateway.keys import KeyStore
+from gateway.keystore.keyring import KeyRing
+from gateway.keystore.store import build_key_store
 from gateway.offload import Offload
 from gateway.pipeline import Pipeline
 from gateway.policy.loader import PolicySet, empty_policy_set, load_policy_dir
@@ -84,8 +85,10 @@ class Gateway:
         self.pools = Pools([Pool(p) for p in config.pools])
         self.policies = _load_policies(config)
         self.reloader = PolicyReloader(config.policy_dir, self._install, lambda: self.policies)
-        keys = KeyStore(config.auth)  # shared: the WAF looks callers up, auth refuses them
-        self.auth = AuthStage(keys)
+        self.key_store = build_key_store(config)  # keys made through the admin API
+        # shared: the WAF looks callers up, auth refuses them
+        self.keys = KeyRing(config.auth, self.key_store, config.store.poll_interval)
+        self.auth = AuthStage(self.keys)
         self.offload = Offload(config.limits)  # big bodies' parse, WAF and tokenize run on its threads
         self.shape_gate = ShapeGate(config.limits)  # bodies with very many values are judged out of process
         self.tokenize = TokenizeStage(config.models, lambda: self.policies, self.offload)
@@ -105,7 +108,7 @@ class Gateway:
         )
         self.guard = GuardStage(lambda: self.policies, Guard(self.metrics.registry), self.offload, self.tokenize.decode)
         parse = ParseStage(config.limits, self.offload, self.shape_gate)
-        waf = WafStage(lambda: self.policies, keys, self.offload)
+        waf = WafStage(lambda: self.policies, self.keys, self.offload)
         rate_limits = RateLimitStage(lambda: self.policies, RateLimiter(limits, self.metrics))
         self.pipeline = Pipeline(
             [
@@ -130,6 +133,8 @@ class Gateway:
         self.policies = policies  # one assignment: each request reads one whole policy set
 
     async def aclose(self) -> None:
+        await self.keys.aclose()
+        await self.key_store.aclose()
         await self.pools.aclose()
         await self.guard.guard.aclose()
         if self.redis:
@@ -332,6 +337,7 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await gateway.keys.start()  # before serving: a stored key must work on the first request
         gateway.pools.start()
         gateway.shape_gate.warm()
         gateway.reloader.start()

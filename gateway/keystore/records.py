@@ -64,8 +64,14 @@ class KeyRecord(KeySettings):
 
     def accepts(self, digest: bytes, now: float) -> bool:
         """Whether a presented secret's digest opens this key now (not revoked, not expired, current or in grace)."""
-        if self.revoked_at is not None or (self.expires_at is not None and now >= self.expires_at):
-            return False
+        return self.revoked_at is None and not self.expired(now) and self.matches(digest, now)
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
+
+    def matches(self, digest: bytes, now: float) -> bool:
+        """Whether a presented secret's digest is this key's current secret, or its previous one within the grace
+        period; says nothing of revocation or expiry (auth tells an expired key's holder so, no one else)."""
         if secrets.compare_digest(bytes.fromhex(self.digest), digest):
             return True
         return (

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from gateway.config import GatewayConfig
 from gateway.keystore.records import KeyRecord
+from gateway.keystore.redis_store import RedisKeyStore
+from gateway.keystore.sqlite_store import SqliteKeyStore
 
 
 class KeyStoreBackend(Protocol):
@@ -28,3 +31,11 @@ class KeyStoreBackend(Protocol):
         """The current version and the records changed after version `since` (all of them for 0)."""
 
     async def aclose(self) -> None: ...
+
+
+def build_key_store(config: GatewayConfig) -> KeyStoreBackend:
+    """The key store the config names: the SQLite file, or Redis at `redis.url`."""
+    if config.store.backend == "redis":
+        assert config.redis.url is not None  # the config refuses a redis store without a URL
+        return RedisKeyStore(config.redis.url)
+    return SqliteKeyStore(config.store.sqlite_path)

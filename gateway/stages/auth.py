@@ -1,36 +1,58 @@
-"""Auth stage: the one place that refuses a request for its API key. Keys map to tenants through the KeyStore,
-which holds them only as SHA-256 digests and confirms them in constant time."""
+"""Auth stage: the one place that refuses a request for its API key. The KeyRing (gateway/keystore/keyring.py) says
+whose key it is, or why it opens nothing; a stored key's allowed models are checked here, after parse named the
+model."""
 
 from __future__ import annotations
 
-import logging
+from fnmatch import fnmatchcase
+from typing import Any
 
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
-from gateway.keys import ANONYMOUS, KeyStore, presented_key
+from gateway.keystore.keyring import Identity, KeyRing, Refusal
 
-log = logging.getLogger(__name__)
+MAX_MODEL_IN_MESSAGE = 256  # characters of a refused model's name echoed back
+
+_MESSAGES: dict[Refusal, str] = {
+    "missing_api_key": "missing API key: send 'Authorization: Bearer <key>'",
+    "invalid_api_key": "incorrect API key provided",
+    "expired_api_key": "this API key has expired",
+}
 
 
 class AuthStage:
     name = "auth"
 
-    def __init__(self, keys: KeyStore) -> None:
+    def __init__(self, keys: KeyRing) -> None:
         self._keys = keys
-        if keys.empty:
-            log.warning("auth: no API keys configured; every request is served as tenant %r", ANONYMOUS)
 
     async def __call__(self, ctx: RequestContext) -> None:
-        identity = self._keys.lookup(ctx.request.headers)
-        if identity is None:
-            if presented_key(ctx.request.headers) is None:
-                raise _unauthorized("missing API key: send 'Authorization: Bearer <key>'", "missing_api_key")
-            raise _unauthorized("incorrect API key provided", "invalid_api_key")
+        identity = self._keys.identify(ctx.request.headers)
+        if not isinstance(identity, Identity):
+            raise GatewayError(
+                401,
+                _MESSAGES[identity],
+                type="authentication_error",
+                code=identity,
+                headers={"www-authenticate": 'Bearer realm="portcullis"'},
+            )
+        record = identity.record
+        if record is not None and record.models:
+            model = ctx.model or _named_model(ctx.payload)
+            if model and not any(fnmatchcase(model, allowed) for allowed in record.models):
+                raise GatewayError(
+                    403,
+                    f"this API key may not use model {model[:MAX_MODEL_IN_MESSAGE]!r}",
+                    type="permission_error",
+                    code="model_not_allowed",
+                    param="model",
+                )
         ctx.tenant, ctx.key_label, ctx.key_id = identity.tenant, identity.label or None, identity.key_id or None
+        ctx.key = record
         ctx.span.set_attribute("portcullis.tenant", ctx.tenant)
 
 
-def _unauthorized(message: str, code: str) -> GatewayError:
-    return GatewayError(
-        401, message, type="authentication_error", code=code, headers={"www-authenticate": 'Bearer realm="portcullis"'}
-    )
+def _named_model(payload: dict[str, Any]) -> str:
+    """The model a passthrough route's JSON body names, if any (its parse reads no model)."""
+    model = payload.get("model")
+    return model if isinstance(model, str) else ""

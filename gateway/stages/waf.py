@@ -1,7 +1,7 @@
 """WAF stage: the policy's compiled rules against the raw HTTP parts and the parsed body, before auth.
 
 Runs after parse (it reads ctx.payload) and before auth, so attacks are refused before any per-tenant work. The
-tenant and key label that overlays, exclusions and conditions may need come from the shared `KeyStore` (lookup
+tenant and key label that overlays, exclusions and conditions may need come from the shared `KeyRing` (lookup
 only; auth still decides). Blocks are OpenAI-shaped 403s with `code: waf_blocked` and the rule ids in `param`.
 Rules cost microseconds per JSON value and per kilobyte of text, so a big body is judged (and redacted) on the
 offload executor, not on the event loop.
@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
-from gateway.keys import KeyStore
+from gateway.keystore.keyring import KeyRing
 from gateway.offload import Offload
 from gateway.policy.loader import PolicySet
 from gateway.telemetry import trace_ids
@@ -24,7 +24,7 @@ from gateway.waf.parts import RequestView
 class WafStage:
     name = "waf"
 
-    def __init__(self, policies: Callable[[], PolicySet], keys: KeyStore, offload: Offload) -> None:
+    def __init__(self, policies: Callable[[], PolicySet], keys: KeyRing, offload: Offload) -> None:
         self._policies = policies
         self._keys = keys
         self._offload = offload

@@ -1,0 +1,159 @@
+"""KeyRing: the keys every request is looked up in, held in this process's memory.
+
+Two kinds of key open the gateway: static keys from `auth.keys` in the config (indexed by an 8-byte digest prefix an
+attacker cannot steer, confirmed in constant time), and keys stored through the admin API (indexed by the public id
+inside their secret). A lookup is synchronous and costs one SHA-256 and a dictionary lookup, whatever the number of
+keys: it runs on every request, in the WAF (which needs the tenant before auth decides) and in auth.
+
+Stored keys reach the ring from the key store (gateway/keystore/store.py): loaded whole before the gateway serves,
+then polled for changes every `store.poll_interval` seconds. A poll that fails is logged and retried; the ring keeps
+what it had, so a store outage stops no one whose key was already known (and lets no revoked key back in).
+
+No keys → anonymous: while there are no static keys and no stored key that is not revoked, every request is served
+as tenant 'anonymous'. An expired key still counts (the gateway must not open because a key ran out); revoking the
+last key opens it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from gateway.config import AuthConfig
+from gateway.keystore.records import KeyRecord, key_id_of
+from gateway.keystore.store import KeyStoreBackend
+
+log = logging.getLogger(__name__)
+
+ANONYMOUS = "anonymous"
+
+# Why a request's key was refused; "invalid_api_key" covers unknown and revoked alike.
+Refusal = Literal["missing_api_key", "invalid_api_key", "expired_api_key"]
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    tenant: str
+    label: str
+    key_id: str  # a stored key's public id; a static key's digest prefix; "" when anonymous
+    record: KeyRecord | None = None  # the stored key's record; None for a static key or anonymous
+
+
+_ANONYMOUS = Identity(ANONYMOUS, "", "")
+
+
+class KeyRing:
+    def __init__(self, auth: AuthConfig, backend: KeyStoreBackend, poll_interval: float) -> None:
+        self._static: dict[bytes, tuple[bytes, Identity]] = {}  # digest prefix → (digest, identity)
+        for key in auth.keys:
+            digest = key.digest()
+            self._static[digest[:8]] = (digest, Identity(key.tenant, key.label, digest[:6].hex()))
+        self._stored: dict[str, tuple[KeyRecord, Identity]] = {}  # id → record, for stored keys not revoked
+        self._backend = backend
+        self._poll_interval = poll_interval
+        self.version = 0  # the store version the ring holds
+        self._poller: asyncio.Task[None] | None = None
+        self._failing = False
+        self._was_anonymous: bool | None = None
+
+    @property
+    def anonymous(self) -> bool:
+        return not self._static and not self._stored
+
+    def lookup(self, headers: Mapping[str, str]) -> Identity | None:
+        """The identity a request's key belongs to (anonymous when no keys are configured), or None: a lookup never
+        refuses, the auth stage does."""
+        found = self.identify(headers)
+        return found if isinstance(found, Identity) else None
+
+    def identify(self, headers: Mapping[str, str]) -> Identity | Refusal:
+        """The identity a request's key opens now, or why it opens none."""
+        if not self._static and not self._stored:
+            return _ANONYMOUS
+        presented = presented_key(headers)
+        if presented is None:
+            return "missing_api_key"
+        digest = hashlib.sha256(presented.encode()).digest()
+        key_id = key_id_of(presented)
+        stored = self._stored.get(key_id) if key_id else None
+        if stored is not None:
+            record, identity = stored
+            now = time.time()
+            if not record.matches(digest, now):
+                return "invalid_api_key"
+            return "expired_api_key" if record.expired(now) else identity
+        entry = self._static.get(digest[:8])
+        if entry is None or not hmac.compare_digest(entry[0], digest):
+            return "invalid_api_key"
+        return entry[1]
+
+    async def start(self) -> None:
+        """Load the stored keys (before the gateway serves: a failure here stops it starting), then poll."""
+        await self.refresh()
+        self._poller = asyncio.create_task(self._poll(), name="keyring-poll")
+
+    async def refresh(self) -> None:
+        """Apply the store's changes since the version held."""
+        version, changed = await self._backend.changes(self.version)
+        full = version < self.version  # the store went back (a Redis without persistence restarted): reload whole
+        if full:
+            version, changed = await self._backend.changes(0)
+        stored = {} if full else self._stored
+        for record in changed:
+            if record.revoked_at is None:
+                stored[record.id] = (record, Identity(record.tenant, record.label, record.id, record))
+            else:
+                stored.pop(record.id, None)
+        self._stored, self.version = stored, version
+        self._log_anonymous()
+
+    async def aclose(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self._poll_interval)
+            try:
+                await self.refresh()
+            except Exception as err:
+                if not self._failing:
+                    log.warning(
+                        "key store %s: polling failed (%s: %s); keys stay as of version %d, retrying",
+                        self._backend.name,
+                        type(err).__name__,
+                        err,
+                        self.version,
+                    )
+                self._failing = True
+                continue
+            if self._failing:
+                log.warning("key store %s: polling works again, at version %d", self._backend.name, self.version)
+                self._failing = False
+
+    def _log_anonymous(self) -> None:
+        anonymous = self.anonymous
+        if anonymous != self._was_anonymous:
+            if anonymous:
+                log.warning("auth: no API keys configured; every request is served as tenant %r", ANONYMOUS)
+            elif self._was_anonymous:
+                log.warning("auth: API keys configured; requests without a valid key are refused")
+            self._was_anonymous = anonymous
+
+
+def presented_key(headers: Mapping[str, str]) -> str | None:
+    auth = headers.get("authorization")
+    if auth:
+        scheme, _, token = auth.partition(" ")
+        return token.strip() or None if scheme.lower() == "bearer" else None
+    return headers.get("x-api-key") or headers.get("api-key")
