@@ -1,4 +1,4 @@
-"""The admin plane: metrics, detailed readiness and policy status, on a listener of their own.
+"""The admin plane: metrics, detailed readiness, policy status, stored keys and spend, on a listener of their own.
 
 What these answer (tenant names, the policy directory, the last reload error, replica URLs, every metric) helps
 an attacker map the deployment, so none of it is served on the public port: `ByListener` sends each connection to
@@ -9,6 +9,7 @@ loopback by default; with `admin.token_env` set it also requires `Authorization:
 from __future__ import annotations
 
 import hmac
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -19,6 +20,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.admin_api.keys import KeysApi
+from gateway.admin_api.openapi import openapi_document
+from gateway.admin_api.spend import spend_route
+from gateway.audit import AuditLog
 from gateway.errors import EXCEPTION_HANDLERS, GatewayError
 
 if TYPE_CHECKING:
@@ -63,7 +68,16 @@ class RequireToken:
         await self.app(scope, receive, send)
 
 
+async def gateway_error(request: Request, exc: GatewayError) -> Response:
+    """What an admin route refuses (a bad body, an unknown key), in the same OpenAI error shape."""
+    return exc.response()
+
+
 def build_admin_app(gateway: Gateway) -> ASGIApp:
+    token = gateway.config.admin.token()
+    keys = KeysApi(gateway, AuditLog(gateway.config.admin.audit_log), token_required=token is not None)
+    document = openapi_document()
+
     async def readyz(request: Request) -> Response:
         ready, pools = await gateway.readiness()
         return JSONResponse(
@@ -100,15 +114,25 @@ def build_admin_app(gateway: Gateway) -> ASGIApp:
             }
         )
 
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(document)
+
+    handlers: dict[type[Exception], Callable[..., Awaitable[Response]]] = {
+        **EXCEPTION_HANDLERS,
+        GatewayError: gateway_error,
+    }
+
     app = Starlette(
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/admin/policy", admin_policy, methods=["GET"]),
+            Route("/admin/openapi.json", openapi, methods=["GET"]),
+            *keys.routes(),
+            Route("/admin/spend", spend_route(gateway), methods=["GET"]),
         ],
-        exception_handlers=EXCEPTION_HANDLERS,
+        exception_handlers=handlers,
     )
     app.router.redirect_slashes = False  # a redirect would be built from the client's Host header
-    token = gateway.config.admin.token()
     return RequireToken(app, token) if token else app
