@@ -1,0 +1,265 @@
+"""The key store's backends against one contract (a real SQLite file, a real redis-server), and the KeyRing's lookup
+and polling on top of a real store."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ApiKeyConfig, AuthConfig
+from gateway.keystore.keyring import ANONYMOUS, Identity, KeyRing
+from gateway.keystore.records import KeyRecord, digest_of, new_key_id, new_secret
+from gateway.keystore.redis_store import RedisKeyStore
+from gateway.keystore.sqlite_store import SqliteKeyStore
+from gateway.keystore.store import KeyStoreBackend
+from tests.conftest import RedisServer
+
+OpenStore = Callable[[], KeyStoreBackend]
+
+
+def stored_key(tenant: str = "team-a", **settings) -> tuple[str, KeyRecord]:
+    """A new secret and the record the admin API would store for it."""
+    key_id = new_key_id()
+    secret = new_secret(key_id)
+    now = settings.pop("created_at", time.time())
+    record = KeyRecord(id=key_id, tenant=tenant, digest=digest_of(secret), created_at=now, updated_at=now, **settings)
+    return secret, record
+
+
+def bearer(secret: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {secret}"}
+
+
+def opened(ring: KeyRing, secret: str) -> str | None:
+    """The id of the key a secret opens (None: it opens nothing)."""
+    identity = ring.lookup(bearer(secret))
+    return identity.key_id if identity else None
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenStore]:
+    """Opens another backend object on the same store (one file, one redis-server) each time it is called."""
+    if request.param == "sqlite":
+        yield lambda: SqliteKeyStore(tmp_path / "keys.db")
+    else:
+        server: RedisServer = request.getfixturevalue("redis_server")
+        yield lambda: RedisKeyStore(server.url)
+
+
+def run(open_store: OpenStore, scenario: Callable[..., Awaitable[None]], stores: int = 1) -> None:
+    async def main() -> None:
+        opened = [open_store() for _ in range(stores)]
+        try:
+            await scenario(*opened)
+        finally:
+            for store in opened:
+                await store.aclose()
+
+    asyncio.run(main())
+
+
+def test_put_get_and_records_oldest_first(open_store: OpenStore) -> None:
+    _, older = stored_key("team-a", created_at=1000.0)
+    _, newer = stored_key("team-b", created_at=2000.0)
+    _, oldest = stored_key("team-a", created_at=500.0, label="first")
+
+    async def scenario(store: KeyStoreBackend) -> None:
+        assert await store.get(older.id) is None
+        for record in (older, newer, oldest):
+            await store.put(record)
+        assert await store.get(newer.id) == newer
+        assert [r.id for r in await store.records()] == [oldest.id, older.id, newer.id]
+        assert await store.records("team-a") == [oldest, older]
+        assert await store.records("team-c") == []
+        revoked = older.model_copy(update={"revoked_at": 3000.0, "label": "gone"})
+        await store.put(revoked)  # replaces: revoked records stay, for the audit log
+        assert await store.get(older.id) == revoked
+        assert len(await store.records()) == 3
+
+    run(open_store, scenario)
+
+
+def test_changes_since_a_version(open_store: OpenStore) -> None:
+    _, first = stored_key()
+    _, second = stored_key()
+
+    async def scenario(store: KeyStoreBackend) -> None:
+        assert await store.changes(0) == (0, [])
+        await store.put(first)
+        v1, changed = await store.changes(0)
+        assert v1 > 0 and changed == [first]
+        await store.put(second)
+        v2, changed = await store.changes(v1)
+        assert v2 > v1 and changed == [second]
+        assert await store.changes(v2) == (v2, [])
+        revoked = first.model_copy(update={"revoked_at": time.time()})
+        await store.put(revoked)
+        v3, changed = await store.changes(v2)
+        assert v3 > v2 and changed == [revoked]
+        assert (await store.changes(0))[1] == [second, revoked]  # in the order of their last change
+
+    run(open_store, scenario)
+
+
+def test_concurrent_puts_from_two_store_objects_each_get_their_own_version(open_store: OpenStore) -> None:
+    records = [stored_key(f"team-{i % 3}")[1] for i in range(40)]
+
+    async def scenario(one: KeyStoreBackend, two: KeyStoreBackend) -> None:
+        await asyncio.gather(*(store.put(r) for r, store in zip(records, [one, two] * 20)))
+        version, changed = await two.changes(0)
+        assert version == len(records)
+        assert sorted(r.id for r in changed) == sorted(r.id for r in records)
+        # every put bumped the version once: after version k, exactly the puts numbered above k remain
+        for since in range(0, version, 7):
+            assert len((await one.changes(since))[1]) == version - since
+
+    run(open_store, scenario, stores=2)
+
+
+def test_sqlite_store_keeps_its_records_across_objects(tmp_path: Path) -> None:
+    _, record = stored_key()
+
+    async def scenario() -> None:
+        store = SqliteKeyStore(tmp_path / "keys.db")
+        await store.put(record)
+        await store.aclose()
+        reopened = SqliteKeyStore(tmp_path / "keys.db")
+        assert await reopened.changes(0) == (1, [record])
+        await reopened.aclose()
+
+    asyncio.run(scenario())
+
+
+STATIC_SECRET = "sk-static-team"
+
+
+def static_keys() -> AuthConfig:
+    return AuthConfig(
+        keys=[ApiKeyConfig(tenant="static-team", sha256=hashlib.sha256(STATIC_SECRET.encode()).hexdigest())]
+    )
+
+
+def ring_on(records: list[KeyRecord], path: Path, auth: AuthConfig | None = None) -> KeyRing:
+    """A ring loaded from a real SQLite store (at `path`) holding these records."""
+
+    async def load() -> KeyRing:
+        store = SqliteKeyStore(path)
+        for record in records:
+            await store.put(record)
+        ring = KeyRing(auth or AuthConfig(), store, poll_interval=1.0)
+        await ring.refresh()
+        await store.aclose()
+        return ring
+
+    return asyncio.run(load())
+
+
+def test_ring_opens_a_stored_key_with_its_current_secret(tmp_path: Path) -> None:
+    secret, record = stored_key("team-a", label="ci")
+    ring = ring_on([record], tmp_path / "ring.db")
+    identity = ring.identify(bearer(secret))
+    assert isinstance(identity, Identity)
+    assert (identity.tenant, identity.label, identity.key_id, identity.record) == ("team-a", "ci", record.id, record)
+    assert ring.lookup({"x-api-key": secret}) == identity
+    assert ring.identify(bearer(new_secret(record.id))) == "invalid_api_key"  # its id, another secret
+    assert ring.identify(bearer(new_secret(new_key_id()))) == "invalid_api_key"
+    assert ring.identify({}) == "missing_api_key"
+    assert ring.lookup(bearer("sk-nothing")) is None
+
+
+def rotated_key(grace_left: float) -> tuple[str, str, KeyRecord]:
+    """A key's secret before and after a rotation, and its record with `grace_left` seconds of grace for the old."""
+    old_secret, record = stored_key()
+    secret = new_secret(record.id)
+    update = {
+        "digest": digest_of(secret),
+        "previous_digest": digest_of(old_secret),
+        "previous_valid_until": time.time() + grace_left,
+    }
+    return old_secret, secret, record.model_copy(update=update)
+
+
+def test_ring_accepts_a_rotated_out_secret_only_within_its_grace(tmp_path: Path) -> None:
+    old_in_grace, new_in_grace, in_grace = rotated_key(60)
+    old_past_grace, new_past_grace, past_grace = rotated_key(-1)
+    ring = ring_on([in_grace, past_grace], tmp_path / "ring.db")
+    assert opened(ring, old_in_grace) == in_grace.id
+    assert opened(ring, new_in_grace) == in_grace.id
+    assert ring.identify(bearer(old_past_grace)) == "invalid_api_key"
+    assert opened(ring, new_past_grace) == past_grace.id
+
+
+def test_ring_refuses_expired_and_revoked_keys(tmp_path: Path) -> None:
+    expired_secret, expired = stored_key(expires_at=time.time() - 1)
+    revoked_secret, revoked = stored_key(revoked_at=time.time() - 1)
+    expired_and_revoked_secret, expired_and_revoked = stored_key(expires_at=time.time() - 1, revoked_at=time.time())
+    live_secret, live = stored_key(expires_at=time.time() + 60)
+    ring = ring_on([expired, revoked, expired_and_revoked, live], tmp_path / "ring.db")
+    assert ring.identify(bearer(expired_secret)) == "expired_api_key"
+    assert ring.lookup(bearer(expired_secret)) is None
+    assert ring.identify(bearer(revoked_secret)) == "invalid_api_key"  # as an unknown key: never says revoked
+    assert ring.identify(bearer(expired_and_revoked_secret)) == "invalid_api_key"
+    assert ring.identify(bearer(new_secret(expired.id))) == "invalid_api_key"  # only its holder learns it expired
+    assert opened(ring, live_secret) == live.id
+
+
+def test_ring_keeps_static_keys_beside_stored_ones(tmp_path: Path) -> None:
+    secret, record = stored_key("team-a")
+    ring = ring_on([record], tmp_path / "ring.db", static_keys())
+    static = ring.lookup(bearer(STATIC_SECRET))
+    assert static is not None and static.tenant == "static-team" and static.record is None
+    assert static.key_id == hashlib.sha256(STATIC_SECRET.encode()).hexdigest()[:12]
+    assert opened(ring, secret) == record.id
+    assert ring.identify(bearer(STATIC_SECRET + "x")) == "invalid_api_key"
+
+
+def test_ring_is_anonymous_only_without_static_or_unrevoked_stored_keys(tmp_path: Path) -> None:
+    anonymous = Identity(ANONYMOUS, "", "")
+    assert ring_on([], tmp_path / "none.db").identify({}) == anonymous
+    assert ring_on([stored_key(revoked_at=1.0)[1]], tmp_path / "revoked.db").identify(bearer("sk-any")) == anonymous
+    expired_only = ring_on([stored_key(expires_at=1.0)[1]], tmp_path / "expired.db")
+    assert expired_only.identify({}) == "missing_api_key"  # an expired key keeps the gateway closed
+    assert ring_on([], tmp_path / "static.db", static_keys()).identify({}) == "missing_api_key"
+
+
+def test_ring_polls_changes_and_keeps_its_keys_through_a_store_outage(redis_server: RedisServer) -> None:
+    secret, record = stored_key()
+    later_secret, later = stored_key()
+
+    async def until(condition: Callable[[], bool], timeout: float = 5.0) -> float:
+        started = time.monotonic()
+        while not condition():
+            assert time.monotonic() - started < timeout, "the ring did not catch up"
+            await asyncio.sleep(0.01)
+        return time.monotonic() - started
+
+    async def scenario() -> None:
+        writer = RedisKeyStore(redis_server.url)
+        ring = KeyRing(static_keys(), RedisKeyStore(redis_server.url), poll_interval=0.05)  # never anonymous
+        await ring.start()
+        await writer.put(record)
+        await until(lambda: opened(ring, secret) == record.id)
+        await writer.put(record.model_copy(update={"revoked_at": time.time()}))
+        assert await until(lambda: opened(ring, secret) is None) < 1.0
+        await writer.put(record)
+        await until(lambda: opened(ring, secret) == record.id)
+        await writer.aclose()
+
+        redis_server.kill()
+        await asyncio.sleep(0.3)  # several failed polls
+        assert opened(ring, secret) == record.id  # still the keys it had
+
+        redis_server.start()  # empty: its version starts again, below the ring's
+        writer = RedisKeyStore(redis_server.url)
+        await writer.put(later)
+        await until(lambda: opened(ring, later_secret) == later.id)
+        assert opened(ring, secret) is None  # reloaded whole: the keys the store lost are gone
+        await writer.aclose()
+        await ring.aclose()
+
+    asyncio.run(scenario())
