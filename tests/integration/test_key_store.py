@@ -1,0 +1,132 @@
+"""Stored keys through real gateway processes: shared by instances on one redis-server, kept across a restart in a
+SQLite file, refused for models they may not call. Keys are written with the store's own classes, as the admin API
+does."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from gateway.keystore.records import KeyRecord, digest_of, new_key_id, new_secret
+from gateway.keystore.redis_store import RedisKeyStore
+from gateway.keystore.sqlite_store import SqliteKeyStore
+from gateway.keystore.store import KeyStoreBackend
+from tests.conftest import Process, chat_body, pool
+
+STATIC_KEY = "sk-static-operator"
+STATIC_KEYS = {"keys": [{"tenant": "operator", "sha256": hashlib.sha256(STATIC_KEY.encode()).hexdigest()}]}
+
+
+def new_key(tenant: str = "team-a", **settings) -> tuple[str, KeyRecord]:
+    key_id = new_key_id()
+    secret = new_secret(key_id)
+    now = time.time()
+    return secret, KeyRecord(
+        id=key_id, tenant=tenant, digest=digest_of(secret), created_at=now, updated_at=now, **settings
+    )
+
+
+def put(store: KeyStoreBackend, record: KeyRecord) -> None:
+    async def write() -> None:
+        await store.put(record)
+        await store.aclose()
+
+    asyncio.run(write())
+
+
+def chat(gw: Process, secret: str) -> httpx.Response:
+    return httpx.post(
+        gw.url + "/v1/chat/completions", json=chat_body(), headers={"authorization": f"Bearer {secret}"}, timeout=10
+    )
+
+
+def until_status(gw: Process, secret: str, status: int, timeout: float = 5.0) -> float:
+    """Seconds until the gateway answers `status` for this key."""
+    started = time.monotonic()
+    while (answer := chat(gw, secret)).status_code != status:
+        assert time.monotonic() - started < timeout, f"still {answer.status_code}: {answer.text}"
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+def openai_client(gw: Process, secret: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.url + "/v1", api_key=secret, max_retries=0, timeout=30)
+
+
+def test_instances_sharing_redis_see_a_key_and_its_revocation_within_a_second(fake_upstream, gateway, redis_server):
+    upstream = fake_upstream()
+    config = {
+        "pools": [pool("main", upstream.url)],
+        "auth": STATIC_KEYS,
+        "redis": {"url": redis_server.url},
+        "store": {"backend": "redis"},
+    }
+    one, two = gateway(config), gateway(config)
+    secret, record = new_key("team-shared")
+    assert chat(one, secret).status_code == 401
+    put(RedisKeyStore(redis_server.url), record)
+    for gw in (one, two):
+        until_status(gw, secret, 200)
+        reply = openai_client(gw, secret).chat.completions.create(
+            model="test-model", messages=[{"role": "user", "content": "hello"}]
+        )
+        assert reply.choices[0].message.content
+
+    put(RedisKeyStore(redis_server.url), record.model_copy(update={"revoked_at": time.time()}))
+    assert until_status(two, secret, 401) < 1.0
+    with pytest.raises(openai.AuthenticationError) as refused:
+        openai_client(one, secret).chat.completions.create(
+            model="test-model", messages=[{"role": "user", "content": "hello"}]
+        )
+    assert refused.value.code == "invalid_api_key"  # as an unknown key: revocation is not disclosed
+    assert chat(one, STATIC_KEY).status_code == 200  # static keys work beside stored ones
+
+
+def test_sqlite_store_keeps_keys_across_a_restart(fake_upstream, gateway, tmp_path: Path):
+    upstream = fake_upstream()
+    config = {"pools": [pool("main", upstream.url)], "store": {"sqlite_path": str(tmp_path / "keys.db")}}
+    first = gateway(config)
+    secret, record = new_key("team-kept")
+    put(SqliteKeyStore(tmp_path / "keys.db"), record)  # another process writes the file the gateway polls
+    until_status(first, secret, 200)
+    first.stop()
+
+    second = gateway(config)
+    assert chat(second, secret).status_code == 200  # loaded before it served its first request
+    assert chat(second, "sk-unknown").status_code == 401
+
+
+def test_a_key_is_refused_models_its_globs_do_not_match(fake_upstream, gateway, tmp_path: Path):
+    upstream = fake_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url)], "store": {"sqlite_path": str(tmp_path / "keys.db")}})
+    secret, record = new_key("team-limited", models=["test-*", "gpt-4o"])
+    expired_secret, expired = new_key("team-limited", expires_at=time.time() - 1)
+    put(SqliteKeyStore(tmp_path / "keys.db"), record)
+    put(SqliteKeyStore(tmp_path / "keys.db"), expired)
+    until_status(gw, secret, 200)
+
+    client = openai_client(gw, secret)
+    client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hello"}])
+    with pytest.raises(openai.PermissionDeniedError) as refused:
+        client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hello"}])
+    assert refused.value.code == "model_not_allowed"
+    assert refused.value.type == "permission_error"
+    assert "gpt-4o-mini" in refused.value.message
+
+    messages = anthropic.Anthropic(base_url=gw.url, api_key=secret, max_retries=0, timeout=30).messages
+    with pytest.raises(anthropic.PermissionDeniedError) as refused_messages:
+        messages.create(model="claude-x", max_tokens=8, messages=[{"role": "user", "content": "hello"}])
+    assert refused_messages.value.body["error"]["type"] == "permission_error"  # type: ignore[index]
+
+    with pytest.raises(openai.AuthenticationError) as expired_error:
+        openai_client(gw, expired_secret).chat.completions.create(
+            model="test-model", messages=[{"role": "user", "content": "hello"}]
+        )
+    assert expired_error.value.code == "expired_api_key"
