@@ -33,6 +33,7 @@ from gateway.client_ip import client_ip
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
 from gateway.errors import EXCEPTION_HANDLERS, GatewayError
+from gateway.fallbacks import ContextWindowFallback, Fallbacks
 from gateway.guard.runtime import Guard
 from gateway.keystore.keyring import KeyRing
 from gateway.keystore.store import build_key_store
@@ -62,7 +63,7 @@ from gateway.telemetry import (
     incoming_trace,
     trace_ids,
 )
-from gateway.upstream import Upstream
+from gateway.upstream import PoolFailed, Upstream
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger(ACCESS_LOGGER)
@@ -110,16 +111,19 @@ class Gateway:
         parse = ParseStage(config.limits, self.offload, self.shape_gate)
         waf = WafStage(lambda: self.policies, self.keys, self.offload)
         rate_limits = RateLimitStage(lambda: self.policies, RateLimiter(limits, self.metrics))
+        self.fallbacks = Fallbacks(config.fallbacks, self.pools, config.models, self.metrics.fallbacks)
+        self.admission = AdmissionStage(self.pools.pools, self.fallbacks, self.tracer, self.metrics)
+        self.route = RouteStage()
         self.pipeline = Pipeline(
             [
                 parse,
                 waf,
                 self.auth,
-                self.tokenize,
+                ContextWindowFallback(self.tokenize, self.fallbacks),
                 rate_limits,
-                AdmissionStage(self.pools, self.tracer, self.metrics),
+                self.admission,
                 self.guard,
-                RouteStage(),
+                self.route,
             ],
             self.tracer,
             self.metrics,
@@ -231,8 +235,19 @@ class ProxyEndpoint:
         await response(scope, receive, send)
 
     async def _answer(self, ctx: RequestContext) -> Response:
-        await self.gateway.pipeline.run(ctx)
-        return await self.gateway.upstream.forward(ctx)
+        """The pipeline, then the upstream; a pool that fails the request before the client heard a byte hands it
+        to the model's next fallback (gateway/fallbacks.py), placed there as admission and routing place any."""
+        gw = self.gateway
+        await gw.pipeline.run(ctx)
+        while True:
+            try:
+                return await gw.upstream.forward(ctx)
+            except PoolFailed as failure:
+                pool = gw.fallbacks.after(ctx, failure.trigger)
+                if pool is None:
+                    raise
+                await gw.admission.move(ctx, pool)
+                await gw.route(ctx)
 
     def _account(self, ctx: RequestContext) -> None:
         elapsed = time.perf_counter() - ctx.started
@@ -256,7 +271,8 @@ class ProxyEndpoint:
                     "status": ctx.status,
                     "duration_ms": round(elapsed * 1000, 3),
                     "tenant": ctx.tenant,
-                    "model": ctx.model or None,
+                    "model": ctx.model or None,  # the model that served: the one asked for, or its fallback's
+                    "fallback_from": ctx.fallback_from,
                     "stream": ctx.stream,
                     "pool": ctx.placement.pool.name if ctx.placement else None,
                     "upstream": ctx.replica.url if ctx.replica else None,

@@ -590,11 +590,20 @@ class GatewayConfig(_Strict):
 
     @model_validator(mode="after")
     def _fallbacks_name_pools(self) -> GatewayConfig:
+        """Every target is somewhere: a pool that exists, a model some pool serves; one list per model."""
         names = {pool.name for pool in self.pools}
+        catch_all = any(not pool.models for pool in self.pools)
+        served = {model for pool in self.pools for model in pool.models}
+        seen: set[str] = set()
         for i, fallback in enumerate(self.fallbacks):
+            if fallback.model in seen:
+                raise ValueError(f"fallbacks[{i}].model: {fallback.model!r} has fallbacks listed already")
+            seen.add(fallback.model)
             for j, target in enumerate(fallback.to):
                 if target.pool is not None and target.pool not in names:
                     raise ValueError(f"fallbacks[{i}].to[{j}].pool: no pool named {target.pool!r}")
+                if target.model is not None and not catch_all and target.model not in served:
+                    raise ValueError(f"fallbacks[{i}].to[{j}].model: no pool serves {target.model!r}")
         return self
 
     @field_validator("pools")

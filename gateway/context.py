@@ -93,7 +93,11 @@ class RequestContext:
     predicted_cached_tokens: int | None = None  # what routing expected the replica to have cached
     # guard: set when the policy turns the output guard on; the upstream relay runs the answer through it
     output_guard: OutputGuard | None = None
+    # fallbacks (gateway/fallbacks.py): the model the client asked for, once a fallback step serves it instead
+    fallback_from: str | None = None
+    fallback_step: int = 0  # 0: the requested model on its own pool; n: the model's n-th fallback target
     # upstream / response
+    usage_asked: bool = False  # the gateway asked a stream for usage the client did not: stripped from its answer
     replica: Replica | None = None
     status: int = 0
     usage: Usage = field(default_factory=Usage)

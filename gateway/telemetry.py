@@ -104,6 +104,12 @@ class Metrics:
             ["tenant", "model", "currency"],
             registry=r,
         )
+        self.fallbacks = Counter(
+            "portcullis_fallbacks",
+            "Requests moved to a fallback target, by requested model, target (model or pool) and trigger",
+            ["model", "to", "trigger"],
+            registry=r,
+        )
         self.admission_queue_wait = Histogram(
             "portcullis_admission_queue_wait_seconds",
             "Time requests waited for KV capacity",

@@ -16,6 +16,11 @@ the silence between an answer's chunks once its body has begun (the wait for the
 Upstream errors reach the client OpenAI-shaped: the upstream's own message (and its status, if a 4xx or 502-504)
 where it sent an OpenAI-style error, 502 for anything else (an HTML error page, a non-JSON or non-UTF-8 body).
 
+A pool that fails a request before the client heard anything (every attempt failed, or the last one answered an
+error) raises `PoolFailed`, which names the failure in fallback terms (gateway/fallbacks.py) where it is one of them:
+the caller may place the request on another pool and forward it again. Every answer names the model that served it
+(`x-portcullis-model`).
+
 A client that leaves cancels the work done for it (gateway/client_exit.py until the answer starts, Starlette's
 disconnect listener during a stream); cancelling an attempt closes its upstream connection, so the upstream stops.
 """
@@ -43,6 +48,7 @@ from gateway.apis.anthropic_chat import (
     messages_to_chat,
 )
 from gateway.apis.exchange import Exchange
+from gateway.config import FallbackTrigger
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, invalid_request
 from gateway.offload import Offload
@@ -62,6 +68,17 @@ _RETURNED_HEADERS = frozenset({"content-type", "content-disposition", "cache-con
 _KEPT_5XX = (502, 503, 504, 529)
 _GATEWAY_CREDENTIAL_STATUSES = (401, 403, 407)  # the upstream judged the gateway's key, not the client's
 _MAX_MESSAGE_CHARS = 4096  # of an upstream's error message passed on to the client
+
+
+class PoolFailed(GatewayError):
+    """The request's pool failed it before the client heard a byte: what the client is told if nothing else serves
+    it, and the fallback trigger the failure is."""
+
+    def __init__(self, error: GatewayError, trigger: FallbackTrigger) -> None:
+        super().__init__(
+            error.status, error.message, type=error.type, code=error.code, param=error.param, headers=error.headers
+        )
+        self.trigger: FallbackTrigger = trigger
 
 
 @dataclass(slots=True)
@@ -130,7 +147,7 @@ class Upstream:
         response = attempt.answered
         ctx.replica = attempt.replica
         ctx.status = response.status
-        headers = {"x-request-id": ctx.request_id, **ctx.response_headers}
+        headers = {"x-request-id": ctx.request_id, "x-portcullis-model": ctx.model, **ctx.response_headers}
         if self._replica_header:
             headers["x-portcullis-replica"] = attempt.replica.url
         if ctx.stream and ctx.status == 200:
@@ -141,7 +158,9 @@ class Upstream:
             )
         try:
             if ctx.status != 200:
-                raise _upstream_error(ctx.status, attempt.content, response.headers.get("retry-after"))
+                error = _upstream_error(ctx.status, attempt.content, response.headers.get("retry-after"))
+                error.headers["x-portcullis-model"] = ctx.model
+                raise _with_trigger(error, _status_trigger(ctx.status, error))
             if attempt.answer is not None:
                 exchange.answers.record(ctx.usage, attempt.answer)
             if ctx.output_guard is not None:  # raises GuardBlocked (a GatewayError) on a block
@@ -162,7 +181,8 @@ class Upstream:
         ctx.status = 200
         exchange.answers.record(ctx.usage, {})
         body = orjson.dumps({"input_tokens": ctx.prompt_tokens or 0})
-        return Response(body, headers={"x-request-id": ctx.request_id}, media_type="application/json")
+        headers = {"x-request-id": ctx.request_id, "x-portcullis-model": ctx.model}
+        return Response(body, headers=headers, media_type="application/json")
 
     async def _attempts(self, ctx: RequestContext, pool: Pool, exchange: Exchange, body: bytes) -> _Attempt:
         """Try candidates in order; a failure moves on only while the upstream has not answered."""
@@ -213,7 +233,7 @@ class Upstream:
         pool.record(attempt.replica, ok=status < 500)
 
     def _failed(self, ctx: RequestContext, attempt: _Attempt, number: int, exc: Exception) -> GatewayError:
-        failure = _as_gateway_error(exc)
+        failure = _with_trigger(_as_gateway_error(exc), _attempt_trigger(exc))
         attempt.pool.record(attempt.replica, ok=False)
         self._metrics.upstream_errors.labels(pool=attempt.pool.name, kind=failure.code).inc()
         log.warning("upstream %s attempt %d failed: %s", attempt.replica.url, number, failure.message)
@@ -301,6 +321,9 @@ class Upstream:
             "portcullis.pool": pool.name,
             "portcullis.attempt": number,
         }
+        if ctx.fallback_from is not None:  # a fallback step's attempt: the model and pool above are the target's
+            attributes["portcullis.fallback.step"] = ctx.fallback_step
+            attributes["portcullis.fallback.from"] = ctx.fallback_from
         limit = next((ctx.payload[f] for f in ctx.api.output_fields if isinstance(ctx.payload.get(f), int)), None)
         if limit is not None:  # whichever field of its shape bounds the output (max_output_tokens, max_tokens...)
             attributes["gen_ai.request.max_tokens"] = limit
@@ -406,11 +429,13 @@ class Upstream:
 def _ask_for_usage(ctx: RequestContext, pool: Pool) -> bool:
     """Ask a stream for its final usage chunk where the pool wants it and the client did not: True when the gateway
     asked, so the relay strips that chunk from what the client gets."""
+    if ctx.usage_asked:  # on a pool tried before this one (fallbacks): still the gateway's ask, not the client's
+        return True
     options = ctx.payload.get("stream_options") or {}
     if not (ctx.stream and pool.config.include_usage) or options.get("include_usage"):
         return False
     ctx.payload["stream_options"] = {**options, "include_usage": True}
-    ctx.payload_rewritten = True
+    ctx.payload_rewritten = ctx.usage_asked = True
     return True
 
 
@@ -547,6 +572,29 @@ def _upstream_error(status: int, content: bytes, retry_after: str | None = None)
         type="upstream_error",
         code="upstream_bad_response",
     )
+
+
+def _with_trigger(error: GatewayError, trigger: FallbackTrigger | None) -> GatewayError:
+    return error if trigger is None else PoolFailed(error, trigger)
+
+
+def _attempt_trigger(exc: Exception) -> FallbackTrigger | None:
+    """The fallback trigger a failed attempt is: a timeout (connect, read, a body that stalled), or a connection the
+    upstream refused or dropped; None for the rest (an answer the gateway cannot use is not the pool being down)."""
+    if isinstance(exc, TimeoutError) or (isinstance(exc, GatewayError) and exc.code == "upstream_stream_idle"):
+        return "timeout"
+    if isinstance(exc, aiohttp.ClientError):
+        return "connection_error"
+    return None
+
+
+def _status_trigger(status: int, error: GatewayError) -> FallbackTrigger | None:
+    """The fallback trigger an upstream's error answer is, by its own status and (a 400) its OpenAI-style code."""
+    if status == 429:
+        return "429"
+    if status >= 500:
+        return "5xx"
+    return "context_length_exceeded" if status == 400 and error.code == "context_length_exceeded" else None
 
 
 def _text(value: Any) -> str | None:

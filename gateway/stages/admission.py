@@ -3,17 +3,23 @@
 A request needs ceil((prompt + max_tokens − predicted cached prefix) / block size) blocks on a replica. If no
 available replica has that many free (scraped usage, corrected locally between scrapes), it waits in the pool's
 fair queue until capacity frees or its deadline passes.
+
+The pool is the model's unless its fallbacks say otherwise (gateway/fallbacks.py): one cooling down for the model
+is passed over on arrival, and a request its pool failed is placed again, on the next one, by `move`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from opentelemetry.trace import Tracer
 
 from gateway.admission.fair_queue import FairQueue
 from gateway.context import Placement, RequestContext
 from gateway.errors import GatewayError
+from gateway.fallbacks import Fallbacks
 from gateway.routing.policies import blocks_needed
-from gateway.routing.pool import Pools
+from gateway.routing.pool import Pool
 from gateway.routing.replica import KvHold
 from gateway.telemetry import Metrics
 
@@ -21,18 +27,18 @@ from gateway.telemetry import Metrics
 class AdmissionStage:
     name = "admission"
 
-    def __init__(self, pools: Pools, tracer: Tracer, metrics: Metrics) -> None:
-        self.pools = pools
+    def __init__(self, pools: Sequence[Pool], fallbacks: Fallbacks, tracer: Tracer, metrics: Metrics) -> None:
+        self.fallbacks = fallbacks
         self._tracer = tracer
         self._metrics = metrics
         self.queues: dict[str, FairQueue] = {}
-        for pool in pools.pools:
+        for pool in pools:
             if pool.config.admission.enabled:
                 queue = self.queues[pool.name] = FairQueue(pool.config.admission.max_queue)
                 pool.on_change.append(queue.dispatch)
 
     async def __call__(self, ctx: RequestContext) -> None:
-        pool = self.pools.for_model(ctx.model)
+        pool = self.fallbacks.first(ctx)
         if pool is None:
             raise GatewayError(
                 404,
@@ -40,6 +46,17 @@ class AdmissionStage:
                 code="model_not_found",
                 param="model",
             )
+        await self._place(ctx, pool)
+
+    async def move(self, ctx: RequestContext, pool: Pool) -> None:
+        """Place a request again, on the pool its fallbacks chose after its pool failed it: what it held on the
+        failed pool is settled as its end would settle it, then it is admitted on the new one as on arrival."""
+        if ctx.placement is not None:
+            self._release(ctx, ctx.placement)
+            ctx.placement = None
+        await self._place(ctx, pool)
+
+    async def _place(self, ctx: RequestContext, pool: Pool) -> None:
         salt = pool.cache_salt(ctx.tenant)
         if salt is not None or "cache_salt" in ctx.payload:  # a client never picks whose cache it shares
             ctx.payload.pop("cache_salt", None)
@@ -56,9 +73,10 @@ class AdmissionStage:
     async def settle(self, ctx: RequestContext) -> None:
         """Free the request's KV blocks for the next admission, and charge its fair queue the output it really
         generated (VTC charges real output, not the reservation)."""
-        placement = ctx.placement
-        if placement is None:
-            return
+        if ctx.placement is not None:
+            self._release(ctx, ctx.placement)
+
+    def _release(self, ctx: RequestContext, placement: Placement) -> None:
         placement.kv_hold.release()
         placement.pool.changed()
         completion = ctx.usage.completion_tokens
