@@ -10,7 +10,7 @@ import queue
 import sys
 
 from backend_engine import cli as engine_cli
-from gateway import up
+from gateway import keys_cli, up
 from gateway.bench import cli as bench_cli
 from gateway.config import CONFIG_ENV, ConfigError, load_config
 from gateway.guard import cli as guard_cli
@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     engine_cli.add_subcommands(commands)
     bench_cli.add_subcommands(commands)
     guard_cli.add_subcommands(commands)
+    keys_cli.add_subcommands(commands)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -19,7 +19,7 @@ from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.errors import GatewayError, invalid_request
+from gateway.errors import invalid_request
 from gateway.spend.store import GroupBy
 
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ class SpendRow(BaseModel):
     cached_tokens: int
     completion_tokens: int
     cost: float = Field(description="in the price table's currency")
+    cost_nanos: int = Field(description="the cost exactly, in 1e-9 of the currency: the sum of each request's cost")
     currency: str
 
 
@@ -119,10 +120,7 @@ def spend_csv(query: SpendQuery, rows: Sequence[dict]) -> str:
 def spend_route(gateway: Gateway) -> Callable[[Request], Awaitable[Response]]:
     async def spend(request: Request) -> Response:
         query = parse_spend_query(request.query_params, request.headers.get("accept", ""))
-        ledger = getattr(gateway, "spend", None)
-        if ledger is None:
-            raise GatewayError(503, "the spend ledger is not enabled", type="server_error", code="spend_unavailable")
-        rows = await ledger.report(query.start, query.end, query.group_by, query.tenant, query.key_id)
+        rows = await gateway.spend.report(query.start, query.end, query.group_by, query.tenant, query.key_id)
         if query.csv:
             return Response(spend_csv(query, rows), media_type="text/csv; charset=utf-8")
         window = {"start": _iso(query.start), "end": _iso(query.end)}

@@ -91,6 +91,7 @@ def test_csv_has_the_groups_asked_for_then_totals_and_defuses_formulas():
             "cached_tokens": 64,
             "completion_tokens": 30,
             "cost": 0.000012345,
+            "cost_nanos": 12345,
             "currency": "USD",
         }
     ]
@@ -98,7 +99,12 @@ def test_csv_has_the_groups_asked_for_then_totals_and_defuses_formulas():
     assert header[:3] == ["model", "key_id", "period"] and "tenant" not in header
     cells = dict(zip(header, line, strict=True))
     assert cells["model"].startswith("'=")
-    assert cells["cost"] == "0.000012345" and cells["requests"] == "3" and cells["currency"] == "USD"
+    assert (
+        cells["cost"] == "0.000012345"
+        and cells["cost_nanos"] == "12345"
+        and cells["requests"] == "3"
+        and cells["currency"] == "USD"
+    )
 
 
 def test_a_refused_body_names_the_field_without_echoing_it():
