@@ -60,6 +60,7 @@ class KeyRing:
         self._poll_interval = poll_interval
         self.version = 0  # the store version the ring holds
         self._poller: asyncio.Task[None] | None = None
+        self._refreshing = asyncio.Lock()  # one refresh at a time: an older answer must not undo a newer one
         self._failing = False
         self._was_anonymous: bool | None = None
 
@@ -100,11 +101,16 @@ class KeyRing:
         self._poller = asyncio.create_task(self._poll(), name="keyring-poll")
 
     async def refresh(self) -> None:
-        """Apply the store's changes since the version held."""
-        version, changed = await self._backend.changes(self.version)
-        full = version < self.version  # the store went back (a Redis without persistence restarted): reload whole
-        if full:
-            version, changed = await self._backend.changes(0)
+        """Apply the store's changes since the version held (the poller does; so may a writer that wants its change
+        seen here at once)."""
+        async with self._refreshing:
+            version, changed = await self._backend.changes(self.version)
+            full = version < self.version  # the store went back (a Redis without persistence restarted): reload it
+            if full:
+                version, changed = await self._backend.changes(0)
+            self._apply(version, changed, full)
+
+    def _apply(self, version: int, changed: list[KeyRecord], full: bool) -> None:
         stored = {} if full else self._stored
         for record in changed:
             if record.revoked_at is None:

@@ -62,10 +62,6 @@ class KeyRecord(KeySettings):
         """The record as the admin API and the audit log show it: no digests."""
         return self.model_dump(exclude={"digest", "previous_digest"})
 
-    def accepts(self, digest: bytes, now: float) -> bool:
-        """Whether a presented secret's digest opens this key now (not revoked, not expired, current or in grace)."""
-        return self.revoked_at is None and not self.expired(now) and self.matches(digest, now)
-
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at
 
