@@ -50,7 +50,7 @@ class KeysApi:
     def routes(self) -> list[Route]:
         return [
             Route("/admin/keys", self.create, methods=["POST"]),
-            Route("/admin/keys", self.list, methods=["GET"]),
+            Route("/admin/keys", self.list_keys, methods=["GET"]),
             Route("/admin/keys/{key_id}", self.get, methods=["GET"]),
             Route("/admin/keys/{key_id}", self.update, methods=["PATCH"]),
             Route("/admin/keys/{key_id}/rotate", self.rotate, methods=["POST"]),
@@ -71,7 +71,7 @@ class KeysApi:
             await self.store.put(record)
         return self._changed(request, "create", None, record, status=201, secret=secret)
 
-    async def list(self, request: Request) -> Response:
+    async def list_keys(self, request: Request) -> Response:
         tenant = request.query_params.get("tenant")
         if tenant is not None and not 0 < len(tenant) <= 128:
             raise invalid_request("'tenant' must be 1 to 128 characters", param="tenant")

@@ -1,10 +1,13 @@
-"""The admin API's parts that need no gateway process: the spend query, its CSV, body validation and the OpenAPI
-document (validated by openapi-spec-validator, and checked against the routes the admin app really serves)."""
+"""The admin API's parts that need no gateway process: the spend query, its CSV, body validation, the audit log
+without a file, and the OpenAPI document (validated by openapi-spec-validator, and checked against the routes the
+admin app really serves)."""
 
 from __future__ import annotations
 
 import csv
 import io
+import json
+import logging
 from datetime import UTC, date, datetime
 
 import pytest
@@ -17,9 +20,11 @@ from gateway.admin_api.bodies import validated
 from gateway.admin_api.openapi import openapi_document
 from gateway.admin_api.spend import SpendQuery, parse_spend_query, spend_csv
 from gateway.app import Gateway
-from gateway.config import load_config
+from gateway.audit import AUDIT_LOGGER, Actor, AuditLog
+from gateway.config import ConfigError, load_config
 from gateway.errors import GatewayError
 from gateway.keystore.records import KeySettings
+from gateway.telemetry import JsonLineFormatter
 
 
 def seconds(text: str) -> int:
@@ -140,3 +145,17 @@ def test_the_openapi_document_is_valid_and_describes_every_admin_route(admin_rou
     assert document["components"]["securitySchemes"]["adminToken"]["scheme"] == "bearer"
     view = document["components"]["schemas"]["KeyView"]["properties"]
     assert "digest" not in view and "previous_digest" not in view and "revoked_at" in view
+
+
+def test_audit_lines_go_to_the_audit_logger_without_a_file(caplog):
+    actor = Actor("admin-token", "10.0.0.1", "bob")
+    with caplog.at_level(logging.INFO, logger=AUDIT_LOGGER):
+        AuditLog(None).record("revoke", actor, "abcdef123456", "acme", {"revoked_at": None}, {"revoked_at": 1.0}, "r1")
+    (record,) = [r for r in caplog.records if r.name == AUDIT_LOGGER]
+    line = json.loads(JsonLineFormatter().format(record))
+    assert (line["action"], line["actor"]["name"], line["after"]) == ("revoke", "bob", {"revoked_at": 1.0})
+
+
+def test_an_audit_file_that_cannot_be_written_stops_start_up(tmp_path):
+    with pytest.raises(ConfigError, match="admin.audit_log"):
+        AuditLog(tmp_path / "no-such-directory" / "audit.jsonl")
