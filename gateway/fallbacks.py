@@ -10,7 +10,8 @@ seconds and the request moves on to the next step that is not cooling and whose 
 
 context_length_exceeded is the request's fault, not the pool's: nothing cools, and the request goes to the next
 step with another model whose window fits it (cooling or not: nowhere else could serve it). The gateway knows it
-before any upstream does where the model's `context_window` is configured (`ContextWindowFallback`).
+before any upstream does where the model's `context_window` is configured (`ContextWindowFallback`). A model with
+no configured window is one the gateway bounds nowhere: every request fits it, here as in the tokenize stage.
 """
 
 from __future__ import annotations

@@ -2,7 +2,10 @@
 
 It stands in for an LLM server where the test needs control the engine cannot give: exact chunk timing, abrupt
 connection drops, slow headers, forced error statuses. A request steers it with a `fake` object in the JSON body
-(the gateway forwards bodies unchanged): `{"chunks": 5, "delay": 0.1, "abort_after": 2, "header_delay": 1.0}`.
+(the gateway forwards bodies unchanged): `{"chunks": 5, "delay": 0.1, "abort_after": 2, "header_delay": 1.0}`. Its
+command line sets what holds for every request, so one upstream of several can be the broken one: `--fail-status`
+(with `--fail-code`, the OpenAI-style error code its error body carries, e.g. context_length_exceeded) and `--slow`
+(seconds before any answer's headers).
 `GET /_stats` reports what it saw (requests, cancelled streams, last headers and body) so tests can assert on the
 upstream side of the wire.
 """
@@ -31,7 +34,7 @@ class Stats:
         self.last_body: dict = {}
 
 
-def build(name: str, fail_status: int | None) -> Starlette:
+def build(name: str, fail_status: int | None, fail_code: str | None = None, slow: float = 0.0) -> Starlette:
     stats = Stats()
 
     async def completions(request: Request) -> Response:
@@ -41,11 +44,12 @@ def build(name: str, fail_status: int | None) -> Starlette:
         stats.last_body = body
         fake = body.get("fake") or {}
         if fail_status:
+            kind = "invalid_request_error" if fail_status < 500 else "server_error"
             return JSONResponse(
-                {"error": {"message": f"{name} forced failure", "type": "server_error", "code": None, "param": None}},
+                {"error": {"message": f"{name} forced failure", "type": kind, "code": fail_code, "param": None}},
                 status_code=fail_status,
             )
-        await asyncio.sleep(fake.get("header_delay", 0))
+        await asyncio.sleep(slow or fake.get("header_delay", 0))
         chat = request.url.path.endswith("/chat/completions")
         words = [f"w{i} " for i in range(fake.get("chunks", 3))]
         usage = {"prompt_tokens": 7, "completion_tokens": len(words), "total_tokens": 7 + len(words)}
@@ -127,8 +131,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--name", default="fake")
     parser.add_argument("--fail-status", type=int, help="answer every completion with this status")
+    parser.add_argument("--fail-code", help="the error code of those answers' OpenAI-style error body")
+    parser.add_argument("--slow", type=float, default=0.0, help="seconds before every completion's headers")
     args = parser.parse_args()
-    uvicorn.run(build(args.name, args.fail_status), host="127.0.0.1", port=args.port, log_level="warning")
+    app = build(args.name, args.fail_status, args.fail_code, args.slow)
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":
