@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from gateway.keystore.records import KeyRecord
 
-BUSY_TIMEOUT_MS = 5000
+BUSY_TIMEOUT_MS = 5000  # sqlite3.connect's timeout: the connection's busy_timeout
 _VERSION = "api_keys.version"  # the meta row's name
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS api_keys (
@@ -76,11 +76,13 @@ class SqliteKeyStore:
 
     def _connection(self) -> sqlite3.Connection:
         if self._db is None:
-            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
-            db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            db.execute("PRAGMA journal_mode = WAL")
-            db.execute("PRAGMA synchronous = NORMAL")  # WAL's recommended setting: durable at each checkpoint
-            db.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} COMMIT;")
+            try:
+                db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+                db.execute("PRAGMA journal_mode = WAL")
+                db.execute("PRAGMA synchronous = NORMAL")  # WAL's recommended setting: durable at each checkpoint
+                db.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} COMMIT;")
+            except sqlite3.Error as err:  # a missing directory, a file that is not a database: say which file
+                raise sqlite3.OperationalError(f"key store {self.path}: {err}") from err
             self._db = db
         return self._db
 
