@@ -47,6 +47,11 @@ from gateway.ratelimit.memory import MemoryBackend
 from gateway.ratelimit.redis_backend import RedisBackend
 from gateway.routing.pool import Pool, Pools
 from gateway.shape_gate import ShapeGate
+from gateway.spend.budgets import BudgetSeeder
+from gateway.spend.ledger import SpendLedger
+from gateway.spend.redis_ledger import RedisSpendStore
+from gateway.spend.sqlite_ledger import SqliteSpendStore
+from gateway.spend.store import SpendStore
 from gateway.stages.admission import AdmissionStage
 from gateway.stages.auth import AuthStage
 from gateway.stages.guard import GuardStage
@@ -100,8 +105,12 @@ class Gateway:
         )
         if self.redis:
             self.metrics.watch_settlements(self.redis.settlements)
+        self.spend = SpendLedger(
+            _spend_store(config), config.store.flush_interval, lambda: self.policies.base.spec.prices.currency
+        )
+        local_limits = MemoryBackend()
         limits = FailoverBackend(
-            self.redis or MemoryBackend(),
+            self.redis or local_limits,
             MemoryBackend(),
             fail_open=config.redis.on_failure == "fail_open",
             breaker=CircuitBreaker(config.redis.breaker_failures, config.redis.breaker_cooldown),
@@ -110,7 +119,9 @@ class Gateway:
         self.guard = GuardStage(lambda: self.policies, Guard(self.metrics.registry), self.offload, self.tokenize.decode)
         parse = ParseStage(config.limits, self.offload, self.shape_gate)
         waf = WafStage(lambda: self.policies, self.keys, self.offload)
-        rate_limits = RateLimitStage(lambda: self.policies, RateLimiter(limits, self.metrics))
+        # without Redis, budgets live in this process: each period's past spend is read back from the ledger
+        seeder = None if self.redis else BudgetSeeder(self.spend, local_limits)
+        rate_limits = RateLimitStage(lambda: self.policies, RateLimiter(limits, self.metrics, seeder))
         self.fallbacks = Fallbacks(config.fallbacks, self.pools, config.models, self.metrics.fallbacks)
         self.admission = AdmissionStage(self.pools.pools, self.fallbacks, self.tracer, self.metrics)
         self.route = RouteStage()
@@ -131,7 +142,7 @@ class Gateway:
         # a pool's passthrough routes: the same stages up to the rate limits, none that read a model request
         self.passthrough = Pipeline([RawBodyStage(parse), waf, self.auth, rate_limits], self.tracer, self.metrics)
         self.upstream = Upstream(self.tracer, self.metrics, self.offload, config.telemetry.replica_header)
-        self.billing = Billing(self.metrics, lambda: self.policies)
+        self.billing = Billing(self.metrics, lambda: self.policies, self.spend, config.telemetry)
 
     def _install(self, policies: PolicySet) -> None:
         self.policies = policies  # one assignment: each request reads one whole policy set
@@ -141,6 +152,7 @@ class Gateway:
         await self.key_store.aclose()
         await self.pools.aclose()
         await self.guard.guard.aclose()
+        await self.spend.aclose()  # before Redis goes: it may hold the ledger
         if self.redis:
             await self.redis.aclose()
         self.offload.close()
@@ -311,6 +323,14 @@ class PassthroughEndpoint(ProxyEndpoint):
         return await self.gateway.upstream.pass_through(ctx, pool)
 
 
+def _spend_store(config: GatewayConfig) -> SpendStore:
+    """The spend ledger lives where the keys do (`store.backend`)."""
+    if config.store.backend == "redis":
+        assert config.redis.url is not None  # the config's validation requires it
+        return RedisSpendStore(config.redis.url)
+    return SqliteSpendStore(config.store.sqlite_path)
+
+
 def _load_policies(config: GatewayConfig) -> PolicySet:
     if not config.policy_dir.is_dir():
         log.warning("policy directory %s not found: no policy limits or rules apply", config.policy_dir)
@@ -357,6 +377,7 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
         gateway.pools.start()
         gateway.shape_gate.warm()
         gateway.reloader.start()
+        gateway.spend.start()
         warming = asyncio.create_task(asyncio.to_thread(gateway.tokenize.warm))
         await asyncio.to_thread(gateway.guard.warm)  # before serving: the first guarded request must not wait
         gc.freeze()  # what start-up built lives as long as the process: the collector need not rescan it per request

@@ -104,6 +104,18 @@ class Metrics:
             ["tenant", "model", "currency"],
             registry=r,
         )
+        self.budget_decisions = Counter(
+            "portcullis_budget_decisions",
+            "Budget decisions per budget (policy rule id, or 'key' for a key's own)",
+            ["budget", "result", "backend"],
+            registry=r,
+        )
+        self.budget_thresholds = Counter(
+            "portcullis_budget_soft_threshold_crossings",
+            "Soft budget thresholds crossed (once per budget period, payer and gateway process)",
+            ["budget", "threshold"],
+            registry=r,
+        )
         self.fallbacks = Counter(
             "portcullis_fallbacks",
             "Requests moved to a fallback target, by requested model, target (model or pool) and trigger",
@@ -131,6 +143,22 @@ class Metrics:
             "Tokens charged to token limits after reconciliation",
             ["limit"],
             registry=r,
+        )
+
+    def count_per_key(self) -> None:
+        """Billing counters per API key id as well (`telemetry.per_key_metrics`)."""
+        r = self.registry
+        self.key_billed_requests = Counter(
+            "portcullis_key_billed_requests", "Requests per API key id and model", ["key_id", "model"], registry=r
+        )
+        self.key_billed_tokens = Counter(
+            "portcullis_key_billed_tokens",
+            "Tokens charged per API key id and model (prompt, cached_prompt, completion)",
+            ["key_id", "model", "kind"],
+            registry=r,
+        )
+        self.key_spend = Counter(
+            "portcullis_key_spend", "Spend per API key id and model", ["key_id", "model", "currency"], registry=r
         )
 
     def watch_settlements(self, outbox: SettlementOutbox) -> None:

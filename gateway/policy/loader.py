@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 from pydantic import TypeAdapter, ValidationError
@@ -18,6 +19,7 @@ from gateway.guard.spec import GuardSpec
 from gateway.guard.spec import overlay as guard_overlay
 from gateway.policy.model import (
     AdmissionPolicy,
+    BudgetRule,
     Document,
     Metadata,
     Policy,
@@ -31,6 +33,7 @@ from gateway.waf.model import RulePack
 from gateway.waf.packs import WafSet, build_waf_set, builtin_packs, check_packs, known_rule_ids, pack_rules
 
 _DOCUMENT = TypeAdapter(Document)
+R = TypeVar("R", RateLimitRule, BudgetRule)
 
 
 _DEFAULT_ADMISSION = AdmissionPolicy()  # built once: every request asks for it
@@ -46,12 +49,14 @@ class PolicySet:
     overlays: dict[str, TenantPolicy]
     version: str
     _rate_limits: dict[str, tuple[RateLimitRule, ...]] = field(default_factory=dict, repr=False)
+    _budgets: dict[str, tuple[BudgetRule, ...]] = field(default_factory=dict, repr=False)
     waf: WafSet = field(default_factory=WafSet.empty, repr=False)  # compiled once here, per tenant
     _guards: dict[str | None, GuardSpec] = field(default_factory=dict, repr=False, compare=False)
     warnings: tuple[str, ...] = ()  # rules that match every request (gateway.waf.match_all); logged, not fatal
 
     def __post_init__(self) -> None:
         self._rate_limits.update({t: _merge(self.base.spec.rate_limits, o) for t, o in self.overlays.items()})
+        self._budgets.update({t: _merge_budgets(self.base.spec.budgets, o) for t, o in self.overlays.items()})
 
     def admission_for(self, tenant: str | None) -> AdmissionPolicy:
         overlay = self.overlays.get(tenant) if tenant else None
@@ -80,11 +85,25 @@ class PolicySet:
             return self._rate_limits[tenant]
         return tuple(self.base.spec.rate_limits)
 
+    def budgets_for(self, tenant: str | None) -> tuple[BudgetRule, ...]:
+        if tenant in self._budgets:
+            return self._budgets[tenant]
+        return tuple(self.base.spec.budgets)
+
 
 def _merge(base: list[RateLimitRule], overlay: TenantPolicy) -> tuple[RateLimitRule, ...]:
-    replaced = {rule.id: rule for rule in overlay.spec.rate_limits}
-    kept = [replaced.pop(rule.id, rule) for rule in base if rule.id not in overlay.spec.disable]
-    return (*kept, *replaced.values())
+    return _by_id(base, overlay.spec.rate_limits, overlay.spec.disable)
+
+
+def _merge_budgets(base: list[BudgetRule], overlay: TenantPolicy) -> tuple[BudgetRule, ...]:
+    return _by_id(base, overlay.spec.budgets, overlay.spec.disable)
+
+
+def _by_id(base: list[R], given: list[R], disabled: list[str]) -> tuple[R, ...]:
+    """An overlay's rules replace the base's with the same id and add the others; `disable` drops base ids."""
+    replaced: dict[str, R] = {rule.id: rule for rule in given}
+    kept: list[R] = [replaced.pop(rule.id, rule) for rule in base if rule.id not in disabled]
+    return tuple(kept + list(replaced.values()))
 
 
 def empty_policy_set() -> PolicySet:

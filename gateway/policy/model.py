@@ -144,20 +144,21 @@ class PriceTable(_Strict):
     default: Price = Field(default_factory=Price, description="models the table does not name")
     models: dict[str, Price] = Field(default_factory=dict)
 
-    def cost(self, model: str, prompt: int, cached: int, completion: int) -> float:
-        """`cached` of the `prompt` tokens came from a prefix cache."""
+    def cost_nanos(self, model: str, prompt: int, cached: int, completion: int) -> int:
+        """In whole nanos (1e-9) of the currency, rounded once per request, so spend adds up exactly; `cached` of
+        the `prompt` tokens came from a prefix cache. A price per million tokens is nanos per thousand tokens."""
         price = self.models.get(model, self.default)
         cached_price = price.input if price.cached_input is None else price.cached_input
-        return ((prompt - cached) * price.input + cached * cached_price + completion * price.output) / 1_000_000
+        return round(((prompt - cached) * price.input + cached * cached_price + completion * price.output) * 1000)
 
 
 BudgetPeriod = Annotated[
     str,
     Field(
-        pattern=r"^(day|month|\s*\d+(\.\d+)?\s*(s|m|h|d)\s*)$",
+        pattern=r"^(day|month|\s*[1-9]\d*\s*(h|d)\s*)$",
         description=(
-            "'day' and 'month' are calendar periods in UTC; a duration such as '7d' or '12h' is a fixed window, "
-            "windows counted from the Unix epoch"
+            "'day' and 'month' are calendar periods in UTC; whole hours or days such as '12h' or '7d' are a fixed "
+            "window, windows counted from the Unix epoch (whole hours: the spend ledger keeps hours)"
         ),
     ),
 ]

@@ -28,15 +28,31 @@ class SlotCheck:
     member: str
 
 
-Check = RateCheck | SlotCheck
+@dataclass(frozen=True, slots=True)
+class BudgetCheck:
+    """Reserve `cost` nanos of a spend budget of `limit` for the period ending at `resets_at` (Unix seconds; the key
+    names the period, so a new period starts from nothing). The reservation is held by `member` (the request) until
+    a settlement names its final cost, once: settling twice changes nothing, so a settlement whose answer was lost
+    can be sent again. Nanos are whole numbers: spend adds up exactly."""
+
+    key: str
+    limit: int
+    cost: int
+    resets_at: float
+    member: str
+
+
+Check = RateCheck | SlotCheck | BudgetCheck
 
 
 @dataclass(frozen=True, slots=True)
 class Settlement:
-    """What to undo or correct after a decision: cost deltas for rate keys, slots to free."""
+    """What to undo or correct after a decision: cost deltas for rate keys, slots to free, and budget reservations
+    with the final cost that replaces each (0 gives one back)."""
 
     adjustments: tuple[tuple[RateCheck, float], ...] = ()
     releases: tuple[SlotCheck, ...] = ()
+    spend: tuple[tuple[BudgetCheck, int], ...] = ()
 
 
 class BackendError(Exception):

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 
 from gateway.errors import GatewayError
-from gateway.ratelimit.checks import Backend, BackendError, Check, Settlement, SlotCheck
+from gateway.ratelimit.checks import Backend, BackendError, BudgetCheck, Check, Settlement, SlotCheck
 from gateway.ratelimit.gcra import Outcome
 from gateway.telemetry import Metrics
 
@@ -64,8 +64,8 @@ class FailoverBackend:
                 log.warning(
                     "rate limit store error (%s): %s", "failing open" if self.fail_open else "failing closed", exc
                 )
-                if exc.maybe_applied:  # the store may have granted slots this request never learned of
-                    await self._give_back_slots(checks)
+                if exc.maybe_applied:  # the store may have granted slots or budget this request never learned of
+                    await self._give_back(checks)
         if not self.fail_open:
             raise GatewayError(
                 503,
@@ -76,9 +76,11 @@ class FailoverBackend:
             )
         return await self.fallback.acquire(checks), self.fallback
 
-    async def _give_back_slots(self, checks: list[Check]) -> None:
-        """Release (once the store answers again) what a lost admission may have taken. Only the slots: freeing one
-        that was never taken is harmless, while refunding tokens that were never charged would grant extra."""
+    async def _give_back(self, checks: list[Check]) -> None:
+        """Release (once the store answers again) what a lost admission may have taken: slots, and budget
+        reservations settled at no cost. Both apply once at most, so giving back what was never taken is harmless;
+        refunding tokens that were never charged would grant extra, so those are left."""
         slots = tuple(check for check in checks if isinstance(check, SlotCheck))
-        if slots:
-            await self.primary.settle(Settlement(releases=slots))
+        spend = tuple((check, 0) for check in checks if isinstance(check, BudgetCheck))
+        if slots or spend:
+            await self.primary.settle(Settlement(releases=slots, spend=spend))

@@ -1,8 +1,8 @@
-"""One decision for every limit that applies to a request, and its settlement when the response ends.
+"""One decision for every limit and budget that applies to a request, and its settlement when the response ends.
 
 Tokens are reserved up front (prompt + the output budget the tokenize stage settled on: max_tokens x n) and
-reconciled when the request ends (see `charged_tokens`). A backend decides all of a request's limits at once and
-consumes nothing when any of them denies.
+reconciled when the request ends (`gateway/spend/charge.py`); so is a budget's spend (gateway/spend/budgets.py). A
+backend decides all of a request's limits and budgets at once and consumes nothing when any of them denies.
 """
 
 from __future__ import annotations
@@ -10,15 +10,20 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from dataclasses import dataclass
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
-from gateway.policy.model import RateLimitRule, TokenRate
-from gateway.ratelimit.checks import Backend, Check, RateCheck, Settlement, SlotCheck
+from gateway.policy.model import PriceTable, RateLimitRule, TokenRate
+from gateway.ratelimit.checks import Backend, BudgetCheck, Check, RateCheck, Settlement, SlotCheck
 from gateway.ratelimit.failover import FailoverBackend
 from gateway.ratelimit.gcra import Outcome
 from gateway.ratelimit.headers import rate_limit_headers
+from gateway.spend import budgets
+from gateway.spend.budgets import AppliedBudget, BudgetSeeder, SoftThresholds
+from gateway.spend.charge import charge, charged_tokens
 from gateway.telemetry import Metrics
 
 KEY_PREFIX = "portcullis:rl:"
@@ -26,59 +31,104 @@ KEY_PREFIX = "portcullis:rl:"
 
 @dataclass(slots=True)
 class Grant:
-    """Limits a request holds until it ends."""
+    """Limits and budget reservations a request holds until it ends."""
 
     backend: Backend
     decided: list[tuple[RateLimitRule, Check, Outcome]]
     headers: dict[str, str]
+    budgets: list[tuple[AppliedBudget, BudgetCheck]] = field(default_factory=list)
+    prices: PriceTable | None = None  # the table the budgets reserved at: the same one settles them
 
 
 class RateLimiter:
-    def __init__(self, backend: FailoverBackend, metrics: Metrics) -> None:
+    def __init__(self, backend: FailoverBackend, metrics: Metrics, seeder: BudgetSeeder | None = None) -> None:
+        """`seeder`: where budgets live in this process only (no Redis), how a period's past spend is read back."""
         self.backend = backend
+        self._seeder = seeder
+        self._thresholds = SoftThresholds(metrics)
         # labels() builds and looks up a tuple under a lock (~2 µs): keep each counter's children at hand
         self._decisions = functools.lru_cache(maxsize=4096)(metrics.ratelimit_decisions.labels)
+        self._budget_decisions = functools.lru_cache(maxsize=4096)(metrics.budget_decisions.labels)
         self._tokens_charged = functools.lru_cache(maxsize=4096)(metrics.ratelimit_tokens_charged.labels)
 
-    async def admit(self, ctx: RequestContext, rules: list[RateLimitRule]) -> Grant:
-        """Decide all rules in one round trip; raise 429 if any denies."""
-        checks = [_check(rule, ctx) for rule in rules]
-        outcomes, backend = await self.backend.acquire(checks)
-        decided = list(zip(rules, checks, outcomes))
-        denied = [(rule, out) for rule, _, out in decided if not out.allowed]
-        for rule, outcome in zip(rules, outcomes):
+    async def admit(
+        self,
+        ctx: RequestContext,
+        rules: Sequence[RateLimitRule],
+        applied: Sequence[AppliedBudget] = (),
+        prices: PriceTable | None = None,
+    ) -> Grant:
+        """Decide all rules and budgets in one round trip; raise 429 if any denies."""
+        checks: list[Check] = [_check(rule, ctx) for rule in rules]
+        spend: list[tuple[AppliedBudget, BudgetCheck]] = []
+        if applied:
+            assert prices is not None  # budgets are priced
+            cost, now = budgets.reservation(ctx, prices), time.time()
+            spend = [(budget, budgets.check(budget, cost, now, ctx.request_id)) for budget in applied]
+            if self._seeder is not None:
+                await self._seeder.seed(spend)
+        outcomes, backend = await self.backend.acquire([*checks, *(c for _, c in spend)])
+        limited, spent = outcomes[: len(rules)], outcomes[len(rules) :]
+        decided = list(zip(rules, checks, limited))
+        for rule, outcome in zip(rules, limited):
             self._decisions(rule.id, "allowed" if outcome.allowed else "limited", backend.name).inc()
-        headers = rate_limit_headers(list(zip(rules, outcomes)))
+        headers = rate_limit_headers(list(zip(rules, limited))) if rules else {}
+        if spend:
+            currency = prices.currency if prices else ""
+            headers.update(budgets.headers([(b, o) for (b, _), o in zip(spend, spent)], currency))
+            for (budget, budget_check), outcome in zip(spend, spent):
+                self._budget_decisions(budget.id, "allowed" if outcome.allowed else "exceeded", backend.name).inc()
+                if outcome.allowed:
+                    self._thresholds.observe(budget, budget_check, outcome)
+        denied = [(rule, out) for rule, _, out in decided if not out.allowed]
         if denied:
             rule, outcome = max(denied, key=lambda pair: pair[1].retry_after)
             raise _too_many(rule, outcome, headers)
-        return Grant(backend, decided, headers)
+        for (budget, _), outcome in zip(spend, spent):
+            if not outcome.allowed:
+                raise budgets.exceeded(budget, outcome, prices.currency if prices else "", headers)
+        return Grant(backend, decided, headers, spend, prices)
 
     async def settle(self, grant: Grant, ctx: RequestContext) -> None:
-        """Reconcile token reservations with what the request cost and free concurrency slots."""
+        """Reconcile token and spend reservations with what the request cost, and free concurrency slots."""
         adjustments, releases = [], []
         prompt, completion = charged_tokens(ctx)
         for rule, check, _ in grant.decided:
             if isinstance(check, SlotCheck):
                 releases.append(check)
-            elif rule.tokens:
+            elif rule.tokens and isinstance(check, RateCheck):
                 charged = {"input": prompt, "output": completion, "total": prompt + completion}[rule.tokens.count]
                 if charged != check.cost:
                     adjustments.append((check, charged - check.cost))
                 self._tokens_charged(rule.id).inc(charged)
-        await grant.backend.settle(Settlement(tuple(adjustments), tuple(releases)))
+        spend: tuple[tuple[BudgetCheck, int], ...] = ()
+        if grant.budgets:
+            assert grant.prices is not None
+            cost = charge(ctx, grant.prices).cost_nanos
+            spend = tuple((check, cost) for _, check in grant.budgets)
+        await grant.backend.settle(Settlement(tuple(adjustments), tuple(releases), spend))
 
 
-def _check(rule: RateLimitRule, ctx: RequestContext) -> Check:
+def _check(rule: RateLimitRule, ctx: RequestContext) -> RateCheck | SlotCheck:
     key = _counter_key(rule, ctx)
+    limit = _limit_for(rule, ctx.key.limits if ctx.key is not None else None)
     if rule.requests:
-        interval = rule.requests.per / rule.requests.limit
-        return RateCheck(key, interval, interval * (rule.requests.burst or rule.requests.limit), 1)
+        interval = rule.requests.per / limit
+        return RateCheck(key, interval, interval * (rule.requests.burst or limit), 1)
     if rule.tokens:
-        interval = rule.tokens.per / rule.tokens.limit
-        return RateCheck(key, interval, interval * rule.tokens.limit, _reservation(rule.tokens, ctx))
+        interval = rule.tokens.per / limit
+        return RateCheck(key, interval, interval * limit, _reservation(rule.tokens, ctx))
     assert rule.concurrency is not None
-    return SlotCheck(key, rule.concurrency.limit, rule.concurrency.lease, ctx.request_id)
+    return SlotCheck(key, limit, rule.concurrency.lease, ctx.request_id)
+
+
+def _limit_for(rule: RateLimitRule, overrides: Mapping[str, int] | None) -> int:
+    """The rule's limit, or the calling key's own for it (a stored key's `limits`, by rule id)."""
+    if overrides and rule.id in overrides:
+        return int(overrides[rule.id])
+    window = rule.requests or rule.tokens or rule.concurrency
+    assert window is not None  # a rule has exactly one kind
+    return window.limit
 
 
 _FIELDS = {"api_key": "key_id", "tenant": "tenant", "client_ip": "client_ip", "model": "model", "route": "route"}
@@ -99,34 +149,6 @@ def _reservation(tokens: TokenRate, ctx: RequestContext) -> int:
     """Prompt tokens as counted by the tokenize stage, plus the output budget it settled on."""
     prompt, output = ctx.prompt_tokens or 0, ctx.max_tokens or 0
     return {"input": prompt, "output": output, "total": prompt + output}[tokens.count]
-
-
-def charged_tokens(ctx: RequestContext) -> tuple[int, int]:
-    """Prompt and completion tokens a finished request is charged.
-
-    What the upstream reports is charged exactly, each part on its own. A part it did not report is inferred:
-    - the upstream never accepted the request (it answered an error status such as 502/503/504, could not be
-      reached, timed out before answering, or a later stage refused the request): nothing. An upstream that failed
-      a request has not served its prompt (OpenAI and vLLM bill nothing for an error), and a client must not pay
-      for the upstream's failure; the slot and the request rate still bound how often it can try;
-    - the upstream accepted it (200) and so read the prompt: the prompt as counted by the tokenize stage. The
-      completion costs nothing when no output reached the gateway (the stream ended or broke, or the client left,
-      before any token); once output was seen, an unreported completion keeps its whole reservation, since how
-      much more the upstream generated is unknown and a client must not skip the bill by hanging up.
-    """
-    usage = ctx.usage
-    accepted = ctx.replica is not None and ctx.status == 200
-    prompt, completion = _count(usage.prompt_tokens), _count(usage.completion_tokens)
-    if prompt is None:
-        prompt = (ctx.prompt_tokens or 0) if accepted else 0
-    if completion is None:
-        completion = (ctx.max_tokens or 0) if accepted and usage.generated else 0
-    return prompt, completion
-
-
-def _count(reported: object) -> int | None:
-    """A token count as an upstream reported it, if it is one."""
-    return reported if isinstance(reported, int) and not isinstance(reported, bool) and reported >= 0 else None
 
 
 def _too_many(rule: RateLimitRule, outcome: Outcome, headers: dict[str, str]) -> GatewayError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from gateway.ratelimit.checks import Check, RateCheck, Settlement, SlotCheck
+from gateway.ratelimit.checks import BudgetCheck, Check, RateCheck, Settlement, SlotCheck
 from gateway.ratelimit.gcra import EPSILON, Outcome, gcra
 
 _SWEEP_EVERY = 10_000
@@ -14,23 +14,37 @@ _SWEEP_EVERY = 10_000
 class MemoryBackend:
     name = "memory"
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time
+    ) -> None:
+        """`wall_clock`: Unix seconds, for budgets, whose periods are calendar days and months."""
         self._clock = clock
+        self._wall_clock = wall_clock
         self._tats: dict[str, float] = {}
         self._slots: dict[str, dict[str, float]] = {}
+        self._spent: dict[str, tuple[int, float]] = {}  # budget key → (nanos spent or reserved, period end)
+        self._held: dict[tuple[str, str], int] = {}  # (budget key, request) → its reservation, until settled
         self._ops = 0
 
     async def acquire(self, checks: list[Check]) -> list[Outcome]:
         now = self._clock()
         self._maybe_sweep(now)
-        decided = [self._rate(c, now) if isinstance(c, RateCheck) else self._slot(c, now) for c in checks]
+        decided = [self._decide(c, now) for c in checks]
         if all(outcome.allowed for outcome, _ in decided):
             for check, (_, stored) in zip(checks, decided):
                 if isinstance(check, RateCheck):
                     self._tats[check.key] = stored
-                else:
+                elif isinstance(check, SlotCheck):
                     self._slots[check.key][check.member] = stored
+                else:
+                    self._spent[check.key] = (int(stored), check.resets_at)
+                    self._held[check.key, check.member] = check.cost
         return [outcome for outcome, _ in decided]
+
+    def seed(self, check: BudgetCheck, spent: int) -> None:
+        """Start a budget's period from what the spend ledger says was spent in it (after a restart)."""
+        held, _ = self._spent.get(check.key, (0, check.resets_at))
+        self._spent[check.key] = (held + spent, check.resets_at)
 
     async def settle(self, settlement: Settlement) -> None:
         now = self._clock()
@@ -42,8 +56,31 @@ class MemoryBackend:
                 self._tats.pop(check.key, None)
         for slot in settlement.releases:
             self._slots.get(slot.key, {}).pop(slot.member, None)
+        for budget, cost in settlement.spend:
+            reserved = self._held.pop((budget.key, budget.member), None)
+            if reserved is not None and budget.key in self._spent:
+                spent, resets_at = self._spent[budget.key]
+                self._spent[budget.key] = (spent + cost - reserved, resets_at)
 
-    # Each check returns its outcome and what to store if all of the request's checks are allowed: a TAT or a lease end.
+    # Each check returns its outcome and what to store if all of the request's checks are allowed: a TAT, a lease end
+    # or a budget's new spend.
+
+    def _decide(self, check: Check, now: float) -> tuple[Outcome, float]:
+        if isinstance(check, RateCheck):
+            return self._rate(check, now)
+        if isinstance(check, SlotCheck):
+            return self._slot(check, now)
+        return self._budget(check)
+
+    def _budget(self, check: BudgetCheck) -> tuple[Outcome, float]:
+        now = self._wall_clock()
+        spent, resets_at = self._spent.get(check.key, (0, check.resets_at))
+        if resets_at <= now:  # the period ended: its key is not asked for again, this is a clock at the boundary
+            spent = 0
+        reset = max(check.resets_at - now, 0.0)
+        if spent + check.cost > check.limit:
+            return Outcome(False, max(check.limit - spent, 0), reset, reset), spent
+        return Outcome(True, check.limit - spent - check.cost, 0.0, reset), spent + check.cost
 
     def _rate(self, check: RateCheck, now: float) -> tuple[Outcome, float]:
         return gcra(self._tats.get(check.key, now), now, check.interval, check.tolerance, check.cost)
@@ -64,3 +101,6 @@ class MemoryBackend:
             return
         self._tats = {k: t for k, t in self._tats.items() if t > now}
         self._slots = {k: h for k, h in self._slots.items() if any(e > now for e in h.values())}
+        wall = self._wall_clock()
+        self._spent = {k: held for k, held in self._spent.items() if held[1] > wall}
+        self._held = {k: cost for k, cost in self._held.items() if k[0] in self._spent}

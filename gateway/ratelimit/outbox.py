@@ -156,4 +156,6 @@ def _retryable(settlement: Settlement, error: BackendError, dropped: Counter[str
     if not error.maybe_applied or not settlement.adjustments:
         return [settlement]
     dropped["correction_maybe_applied"] += 1
-    return [Settlement(releases=settlement.releases)] if settlement.releases else []
+    # releases and budget settlements apply once however often they are sent: those are sent again
+    kept = Settlement(releases=settlement.releases, spend=settlement.spend)
+    return [kept] if kept.releases or kept.spend else []

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from redis.asyncio.connection import AbstractConnection, Connection, parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from gateway.ratelimit.checks import BackendError, Check, RateCheck, Settlement
+from gateway.ratelimit.checks import BackendError, BudgetCheck, Check, RateCheck, Settlement
 from gateway.ratelimit.coalesce import Coalescer
 from gateway.ratelimit.gcra import Outcome
 from gateway.ratelimit.outbox import SettlementOutbox
@@ -69,7 +70,7 @@ class RedisBackend:
 
     async def settle(self, settlement: Settlement) -> None:
         """Handed to the outbox, not awaited: the response has ended, and the outbox delivers it whenever it can."""
-        if settlement.adjustments or settlement.releases:
+        if settlement.adjustments or settlement.releases or settlement.spend:
             self.settlements.add(settlement)
 
     async def aclose(self) -> None:
@@ -132,12 +133,17 @@ def _encode(operations: Sequence[Operation], now: int | None) -> tuple[list[str]
             for slot in operation.releases:
                 keys.append(slot.key)
                 args += ("Z", slot.member)
+            for budget, cost in operation.spend:
+                keys.append(budget.key)
+                args += ("K", budget.member, cost)
             continue
         args += ("A", len(operation))
         for check in operation:
             keys.append(check.key)
             if isinstance(check, RateCheck):
                 args += ("R", check.interval * _US, check.tolerance * _US, check.cost)
+            elif isinstance(check, BudgetCheck):
+                args += ("B", check.limit, check.cost, math.ceil(check.resets_at * 1000), check.member)
             else:
                 args += ("S", check.limit, round(check.lease * 1000), check.member)
     return keys, args

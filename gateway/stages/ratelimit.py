@@ -1,4 +1,5 @@
-"""Rate-limit stage: every policy limit that applies to this request, decided at once; settled when it ends."""
+"""Rate-limit stage: every policy limit and budget that applies to this request, decided at once; settled when it
+ends."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from gateway.context import RequestContext
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import RateLimitRule
 from gateway.ratelimit.limiter import RateLimiter
+from gateway.spend import budgets
 
 
 class RateLimitStage:
@@ -18,14 +20,18 @@ class RateLimitStage:
         self._limiter = limiter
 
     async def __call__(self, ctx: RequestContext) -> None:
-        rules = [r for r in self._policies().rate_limits_for(ctx.tenant) if _applies(r, ctx)]
-        if not rules:
+        policies = self._policies()
+        rules = [r for r in policies.rate_limits_for(ctx.tenant) if _applies(r, ctx)]
+        applied = budgets.applicable(ctx, policies.budgets_for(ctx.tenant))
+        if not rules and not applied:
             return
         span = ctx.span
         traced = span.is_recording()  # unsampled: skip building the attribute lists
         if traced:
             span.set_attribute("portcullis.ratelimit.limits", [r.id for r in rules])
-        grant = await self._limiter.admit(ctx, rules)
+            if applied:
+                span.set_attribute("portcullis.budgets", [b.id for b in applied])
+        grant = await self._limiter.admit(ctx, rules, applied, policies.base.spec.prices)
         if traced:
             span.set_attribute("portcullis.ratelimit.remaining", [o.remaining for _, _, o in grant.decided])
             span.set_attribute("portcullis.ratelimit.backend", grant.backend.name)
@@ -33,7 +39,7 @@ class RateLimitStage:
         ctx.response_headers.update(grant.headers)
 
     async def settle(self, ctx: RequestContext) -> None:
-        """Charge the request what it cost against its token reservations, and free its slots."""
+        """Charge the request what it cost against its token and spend reservations, and free its slots."""
         if ctx.rate_limits is not None:
             await self._limiter.settle(ctx.rate_limits, ctx)
 

@@ -128,8 +128,9 @@ def test_a_price_table_prices_cached_prompt_tokens_and_unknown_models() -> None:
     table = PriceTable.model_validate(
         {"models": {"m": {"input": 3.0, "cached_input": 0.3, "output": 15.0}}, "default": {"input": 1.0, "output": 2.0}}
     )
-    assert table.cost("m", 1_000_000, 400_000, 100_000) == pytest.approx(0.6 * 3 + 0.4 * 0.3 + 0.1 * 15)
-    assert table.cost("unknown", 1_000_000, 400_000, 0) == pytest.approx(1.0), "cached input defaults to input"
+    assert table.cost_nanos("m", 1_000_000, 400_000, 100_000) == 3_420_000_000  # 0.6 x 3 + 0.4 x 0.3 + 0.1 x 15
+    assert table.cost_nanos("unknown", 1_000_000, 400_000, 0) == 1_000_000_000, "cached input defaults to input"
+    assert table.cost_nanos("m", 1, 0, 0) == 3_000, "one token at 3 per million is 3,000 nanos, exactly"
 
 
 def test_published_schema_is_current():

@@ -13,8 +13,13 @@
 --   'R' interval tolerance cost   a GCRA check (us per unit, us of tolerance = interval x burst, units)
 --   'S' limit lease member        a concurrency slot: holders in a sorted set scored by lease expiry (ms), so a
 --                                 gateway that dies without releasing frees its slots when their leases run out
+--   'B' limit cost expire_at member  a spend budget: whole nanos spent in the period the key names, which ends at
+--                                 expire_at (ms since the epoch); allowed while spent + cost <= limit; the
+--                                 reservation is held by member in the hash <key>:held until settled
 --   'J' interval delta            a GCRA correction: a token reservation reconciled with real usage (< 0 refunds)
 --   'Z' member                    a slot release
+--   'K' member cost               a budget settlement: member's reservation replaced by its final cost, once
+--                                 (a repeated settlement finds no reservation and changes nothing)
 -- Returns, for every check of every admission in order: allowed 0|1, remaining units, retry_after us, reset us.
 local now, a
 if ARGV[1] == 'T' then
@@ -27,6 +32,7 @@ local now_ms = math.floor(now / 1000)
 
 local aheads, changed, writes = {}, {}, {}  -- GCRA key -> its TAT - now in this batch; keys to write back, in order
 local held, leases = {}, {}   -- slot key -> holders within this batch; lease to extend the key's expiry to
+local spent = {}              -- budget key -> nanos spent in its period, as this batch leaves it
 
 -- A key left of another type (a rule that changed kind, same id) is read as empty and overwritten: with one
 -- script per batch, a raised error would fail every request of the batch, not just that rule's.
@@ -95,6 +101,30 @@ local function slot(key, limit, lease, member)
   end
 end
 
+local function spent_of(key)
+  if spent[key] == nil then
+    local stored = redis.pcall('GET', key)
+    spent[key] = type(stored) == 'string' and tonumber(stored) or 0
+  end
+  return spent[key]
+end
+
+-- nanos are passed on to INCRBY as the decimal text they came in: Redis adds them as 64-bit integers, exactly
+local function budget(key, limit, cost_text, expire_at, member)
+  local used, cost = spent_of(key), tonumber(cost_text)
+  local reset = math.max(expire_at - now_ms, 0) * 1000
+  if used + cost > limit then
+    return {0, math.max(limit - used, 0), reset, reset}
+  end
+  return {1, limit - used - cost, 0, reset}, function()
+    if type(redis.pcall('INCRBY', key, cost_text)) ~= 'number' then redis.call('SET', key, cost_text) end
+    redis.call('PEXPIREAT', key, expire_at)
+    redis.pcall('HSET', key .. ':held', member, cost_text)
+    redis.call('PEXPIREAT', key .. ':held', expire_at)
+    spent[key] = used + cost
+  end
+end
+
 local out = {}
 local k = 1
 while a <= #ARGV do
@@ -107,6 +137,9 @@ while a <= #ARGV do
       local outcome, take
       if ARGV[a] == 'R' then
         outcome, take = rate(KEYS[k], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]))
+      elseif ARGV[a] == 'B' then
+        outcome, take = budget(KEYS[k], tonumber(ARGV[a + 1]), ARGV[a + 2], tonumber(ARGV[a + 3]), ARGV[a + 4])
+        a = a + 1  -- a budget check has one argument more than the others
       else
         outcome, take = slot(KEYS[k], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3])
       end
@@ -119,6 +152,17 @@ while a <= #ARGV do
     end
   elseif op == 'J' then
     set_ahead(KEYS[k], ahead_of(KEYS[k]) + tonumber(ARGV[a + 1]) * tonumber(ARGV[a + 2]))
+    a, k = a + 3, k + 1
+  elseif op == 'K' then
+    local held_key = KEYS[k] .. ':held'
+    local reserved = redis.pcall('HGET', held_key, ARGV[a + 1])
+    if type(reserved) == 'string' then
+      redis.call('HDEL', held_key, ARGV[a + 1])
+      local delta = tonumber(ARGV[a + 2]) - tonumber(reserved)
+      if delta ~= 0 and type(redis.pcall('INCRBY', KEYS[k], string.format('%d', delta))) == 'number' then
+        if spent[KEYS[k]] ~= nil then spent[KEYS[k]] = spent[KEYS[k]] + delta end
+      end
+    end
     a, k = a + 3, k + 1
   else -- 'Z'
     local removed = redis.pcall('ZREM', KEYS[k], ARGV[a + 1])

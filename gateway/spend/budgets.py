@@ -1,0 +1,183 @@
+"""Budgets: spend per tenant or key and period, decided with the request's rate limits in one round trip.
+
+A request reserves what it may cost (its prompt at the input price, plus its whole output budget at the output
+price: the most it can cost) before it goes upstream, and its reservation is replaced by what it did cost when it
+ends. The store decides each reservation atomically against the spend of the period, so however many requests and
+instances race, the reservations admitted never sum past the limit, and the spend a period ends with is exactly the
+sum of its requests' settled costs. A period is a key of its own (`...:<period start>`): it starts from nothing.
+
+Without Redis a budget's counter lives in this process: its first use after a start reads the period's spend back
+from the spend ledger (`BudgetSeeder`), so a restart does not hand out the budget again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import functools
+import hashlib
+import logging
+import math
+import re
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from gateway.context import RequestContext
+from gateway.errors import GatewayError
+from gateway.policy.model import Budget, PriceTable
+from gateway.ratelimit.checks import BudgetCheck
+from gateway.ratelimit.gcra import Outcome
+from gateway.ratelimit.memory import MemoryBackend
+from gateway.spend.ledger import SpendLedger
+from gateway.spend.store import NANOS
+from gateway.telemetry import Metrics
+
+log = logging.getLogger("portcullis.budget")
+
+KEY_PREFIX = "portcullis:budget:"
+KEY_BUDGET_ID = "key"  # the id of a stored key's own budget, beside the policy's budget rule ids
+_WINDOW = re.compile(r"^\s*(\d+)\s*(h|d)\s*$")
+_UNIT = {"h": 3600, "d": 86400}
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedBudget:
+    """A budget as it applies to one request: whose spend it bounds."""
+
+    id: str
+    scope: str  # "tenant" | "api_key"
+    who: str
+    budget: Budget
+
+
+def applicable(ctx: RequestContext, rules: Sequence) -> list[AppliedBudget]:
+    """The policy's budget rules for the request's tenant or key, and the key's own budget."""
+    applied = []
+    for rule in rules:
+        who = ctx.tenant if rule.key == "tenant" else ctx.key_id
+        if who:
+            applied.append(AppliedBudget(rule.id, rule.key, who, rule))
+    if ctx.key is not None and ctx.key.budget is not None and ctx.key_id:
+        applied.append(AppliedBudget(KEY_BUDGET_ID, "api_key", ctx.key_id, ctx.key.budget))
+    return applied
+
+
+def period(budget: Budget, now: float) -> tuple[float, float]:
+    """The start and end (Unix seconds) of the budget's period that holds `now`."""
+    if budget.period in ("day", "month"):
+        day = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        if budget.period == "day":
+            start = day.timestamp()
+            return start, start + 86400
+        first = day.replace(day=1)
+        days = calendar.monthrange(first.year, first.month)[1]
+        return first.timestamp(), first.timestamp() + days * 86400
+    length = window_seconds(budget.period)
+    start = math.floor(now / length) * length
+    return start, start + length
+
+
+def window_seconds(text: str) -> int:
+    match = _WINDOW.match(text)
+    assert match is not None  # the policy model's pattern admitted it
+    return int(match.group(1)) * _UNIT[match.group(2)]
+
+
+def check(applied: AppliedBudget, reservation: int, now: float, request_id: str) -> BudgetCheck:
+    start, end = period(applied.budget, now)
+    key = _key(applied.id, applied.who, int(start))
+    return BudgetCheck(key, round(applied.budget.limit * NANOS), reservation, end, request_id)
+
+
+@functools.lru_cache(maxsize=65536)
+def _key(budget_id: str, who: str, start: int) -> str:
+    """`portcullis:budget:{id:digest}:start` (a Redis Cluster hash tag per budget and payer, a key per period)."""
+    return f"{KEY_PREFIX}{{{budget_id}:{hashlib.sha256(who.encode()).hexdigest()[:24]}}}:{start}"
+
+
+def reservation(ctx: RequestContext, prices: PriceTable) -> int:
+    """The most the request can cost: its counted prompt, uncached, and its whole output budget."""
+    return prices.cost_nanos(ctx.model, ctx.prompt_tokens or 0, 0, ctx.max_tokens or 0)
+
+
+def headers(decided: Sequence[tuple[AppliedBudget, Outcome]], currency: str) -> dict[str, str]:
+    """The tightest budget's limit, what is left of it and when it resets."""
+    applied, outcome = min(decided, key=lambda pair: pair[1].remaining / (pair[0].budget.limit * NANOS))
+    return {
+        "x-portcullis-budget": applied.id,
+        "x-portcullis-budget-limit": f"{applied.budget.limit:g} {currency}",
+        "x-portcullis-budget-remaining": f"{max(outcome.remaining, 0) / NANOS:.9g} {currency}",
+        "x-portcullis-budget-reset": str(math.ceil(outcome.reset)),
+    }
+
+
+def exceeded(applied: AppliedBudget, outcome: Outcome, currency: str, headers: dict[str, str]) -> GatewayError:
+    whose = "tenant" if applied.scope == "tenant" else "API key"
+    return GatewayError(
+        429,
+        f"Budget exceeded: this {whose}'s budget '{applied.id}' of {applied.budget.limit:g} {currency} per "
+        f"{applied.budget.period} has {max(outcome.remaining, 0) / NANOS:.9g} {currency} left, less than this request "
+        f"may cost. It resets in {math.ceil(outcome.reset)}s.",
+        type="insufficient_quota",
+        code="budget_exceeded",
+        param=applied.id,
+        headers={**headers, "retry-after": str(max(1, math.ceil(outcome.retry_after)))},
+    )
+
+
+class SoftThresholds:
+    """Logs and counts each soft threshold a budget's spend crosses, once per period and process."""
+
+    def __init__(self, metrics: Metrics, capacity: int = 65536) -> None:
+        self._counter = metrics.budget_thresholds
+        self._reported: OrderedDict[str, float] = OrderedDict()  # budget key → highest threshold reported
+        self._capacity = capacity
+
+    def observe(self, applied: AppliedBudget, budget_check: BudgetCheck, outcome: Outcome) -> None:
+        used = 1 - outcome.remaining / budget_check.limit
+        crossed = [t for t in applied.budget.soft if used >= t]
+        if not crossed or self._reported.get(budget_check.key, 0.0) >= max(crossed):
+            return
+        threshold = max(crossed)
+        self._reported[budget_check.key] = threshold
+        self._reported.move_to_end(budget_check.key)
+        if len(self._reported) > self._capacity:
+            self._reported.popitem(last=False)
+        self._counter.labels(budget=applied.id, threshold=f"{threshold:g}").inc()
+        log.warning(
+            "budget soft threshold crossed",
+            extra={
+                "budget": applied.id,
+                "scope": applied.scope,
+                "who": applied.who,
+                "threshold": threshold,
+                "used": round(used, 6),
+                "limit": applied.budget.limit,
+            },
+        )
+
+
+class BudgetSeeder:
+    """Without a shared store, starts each budget period this process has not seen from the ledger's spend."""
+
+    def __init__(self, ledger: SpendLedger, memory: MemoryBackend) -> None:
+        self._ledger = ledger
+        self._memory = memory
+        self._seeded: dict[str, asyncio.Future[None]] = {}
+
+    async def seed(self, checks: Sequence[tuple[AppliedBudget, BudgetCheck]]) -> None:
+        for applied, budget_check in checks:
+            done = self._seeded.get(budget_check.key)
+            if done is None:
+                done = self._seeded[budget_check.key] = asyncio.get_running_loop().create_future()
+                try:
+                    start, _ = period(applied.budget, budget_check.resets_at - 1)
+                    self._memory.seed(budget_check, await self._ledger.spent(applied.scope, applied.who, start))
+                    done.set_result(None)
+                except BaseException as exc:
+                    del self._seeded[budget_check.key]
+                    done.set_exception(exc)
+                    raise
+            await asyncio.shield(done)

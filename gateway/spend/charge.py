@@ -1,0 +1,52 @@
+"""What a finished request is charged: its tokens, reconciled the same way for token limits, budgets and billing,
+and their cost from the policy's price table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.context import RequestContext
+from gateway.policy.model import PriceTable
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    prompt: int
+    cached: int  # of the prompt tokens, served from a prefix cache
+    completion: int
+    cost_nanos: int
+
+
+def charge(ctx: RequestContext, prices: PriceTable) -> Charge:
+    prompt, completion = charged_tokens(ctx)
+    reported = ctx.usage.cached_tokens
+    cached = min(reported, prompt) if isinstance(reported, int) and reported > 0 else 0
+    return Charge(prompt, cached, completion, prices.cost_nanos(ctx.model, prompt, cached, completion))
+
+
+def charged_tokens(ctx: RequestContext) -> tuple[int, int]:
+    """Prompt and completion tokens a finished request is charged.
+
+    What the upstream reports is charged exactly, each part on its own. A part it did not report is inferred:
+    - the upstream never accepted the request (it answered an error status such as 502/503/504, could not be
+      reached, timed out before answering, or a later stage refused the request): nothing. An upstream that failed
+      a request has not served its prompt (OpenAI and vLLM bill nothing for an error), and a client must not pay
+      for the upstream's failure; the slot and the request rate still bound how often it can try;
+    - the upstream accepted it (200) and so read the prompt: the prompt as counted by the tokenize stage. The
+      completion costs nothing when no output reached the gateway (the stream ended or broke, or the client left,
+      before any token); once output was seen, an unreported completion keeps its whole reservation, since how
+      much more the upstream generated is unknown and a client must not skip the bill by hanging up.
+    """
+    usage = ctx.usage
+    accepted = ctx.replica is not None and ctx.status == 200
+    prompt, completion = _count(usage.prompt_tokens), _count(usage.completion_tokens)
+    if prompt is None:
+        prompt = (ctx.prompt_tokens or 0) if accepted else 0
+    if completion is None:
+        completion = (ctx.max_tokens or 0) if accepted and usage.generated else 0
+    return prompt, completion
+
+
+def _count(reported: object) -> int | None:
+    """A token count as an upstream reported it, if it is one."""
+    return reported if isinstance(reported, int) and not isinstance(reported, bool) and reported >= 0 else None

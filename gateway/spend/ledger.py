@@ -1,0 +1,145 @@
+"""The spend ledger: each finished request's tokens and cost, gathered in memory and written to the store about
+once a second, so billing costs the request path a dictionary update and the store a write per second per instance.
+
+What a flush could not write (the store is down) is kept and written with the next one; a stopping gateway writes
+what it holds. A process killed outright loses at most its last `flush_interval` of spend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+
+from gateway.spend.store import HOUR, NANOS, GroupBy, SpendKey, SpendStore, SpendTotals
+
+log = logging.getLogger(__name__)
+
+_PERIOD_FORMATS = {"hour": "%Y-%m-%dT%H:00Z", "day": "%Y-%m-%d", "month": "%Y-%m"}
+
+
+class SpendLedger:
+    def __init__(
+        self,
+        store: SpendStore,
+        flush_interval: float,
+        currency: Callable[[], str] = lambda: "USD",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`currency`: the price table's, as the policy now has it (reports name it)."""
+        self.store = store
+        self._currency = currency
+        self._flush_interval = flush_interval
+        self._clock = clock
+        self._pending: dict[SpendKey, SpendTotals] = {}
+        self._flushing = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+
+    def record(
+        self, key_id: str, tenant: str, model: str, prompt: int, cached: int, completion: int, cost_nanos: int
+    ) -> None:
+        """Count one finished request (`cached` of its `prompt` tokens came from a prefix cache)."""
+        now = int(self._clock())
+        key = SpendKey(now - now % HOUR, key_id, tenant, model)
+        totals = self._pending.get(key)
+        if totals is None:
+            totals = self._pending[key] = SpendTotals()
+        totals.requests += 1
+        totals.prompt_tokens += prompt - cached
+        totals.cached_tokens += cached
+        totals.completion_tokens += completion
+        totals.cost_nanos += cost_nanos
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._flush_forever())
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.flush()
+        if self._pending:
+            log.error("spend ledger: %d rows could not be written before stopping", len(self._pending))
+        await self.store.aclose()
+
+    async def flush(self) -> None:
+        """Write what was gathered; on failure keep it for the next flush."""
+        async with self._flushing:
+            rows, self._pending = self._pending, {}
+            if not rows:
+                return
+            try:
+                await self.store.add(list(rows.items()))
+            except Exception as exc:  # the store's errors vary (sqlite3, redis, OSError): keep the rows whatever
+                log.warning("spend ledger: %s store unavailable (%s); kept for the next flush", self.store.name, exc)
+                for key, totals in rows.items():
+                    self._pending.setdefault(key, SpendTotals()).add(totals)
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._flush_interval)
+            await self.flush()
+
+    async def spent(self, scope: str, who: str, start: float) -> int:
+        """Nanos spent since `start` (an hour boundary) by a tenant (`scope` 'tenant') or a key ('api_key')."""
+        await self.flush()
+        field = "tenant" if scope == "tenant" else "key_id"
+        rows = await self.store.rows(int(start), int(self._clock()) + HOUR)
+        return sum(totals.cost_nanos for key, totals in rows if getattr(key, field) == who)
+
+    async def report(
+        self,
+        start: int,
+        end: int,
+        group_by: Sequence[GroupBy],
+        tenant: str | None = None,
+        key_id: str | None = None,
+    ) -> list[dict]:
+        """Totals over [start, end) (Unix seconds; hours are counted whole), one row per group."""
+        await self.flush()
+        groups: dict[tuple, SpendTotals] = {}
+        for key, totals in await self.store.rows(start, end):
+            if (tenant is not None and key.tenant != tenant) or (key_id is not None and key.key_id != key_id):
+                continue
+            group = tuple(_group_value(key, part) for part in group_by)
+            groups.setdefault(group, SpendTotals()).add(totals)
+        currency = self._currency()
+        report = [
+            {
+                **{_FIELD_NAMES[part]: value for part, value in zip(group_by, group)},
+                "requests": totals.requests,
+                "prompt_tokens": totals.prompt_tokens,
+                "cached_tokens": totals.cached_tokens,
+                "completion_tokens": totals.completion_tokens,
+                "cost": totals.cost_nanos / NANOS,
+                "cost_nanos": totals.cost_nanos,
+                "currency": currency,
+            }
+            for group, totals in groups.items()
+        ]
+        report.sort(key=lambda row: (row.get("period", ""), -row["cost_nanos"]))
+        return report
+
+
+_FIELD_NAMES = {
+    "key": "key_id",
+    "tenant": "tenant",
+    "model": "model",
+    "hour": "period",
+    "day": "period",
+    "month": "period",
+}
+
+
+def _group_value(key: SpendKey, part: GroupBy) -> str:
+    if part == "key":
+        return key.key_id
+    if part == "tenant":
+        return key.tenant
+    if part == "model":
+        return key.model
+    return datetime.fromtimestamp(key.hour, UTC).strftime(_PERIOD_FORMATS[part])

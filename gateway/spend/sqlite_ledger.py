@@ -1,0 +1,63 @@
+"""The spend ledger in the embedded SQLite file (the key store's file by default): one row per hour, key, tenant and
+model, added to by upsert, so several processes of one host can share it."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+
+from gateway.spend.store import SpendKey, SpendTotals
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS spend (
+    hour INTEGER NOT NULL, key_id TEXT NOT NULL, tenant TEXT NOT NULL, model TEXT NOT NULL,
+    requests INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL, cost_nanos INTEGER NOT NULL,
+    PRIMARY KEY (hour, key_id, tenant, model)
+) WITHOUT ROWID
+"""
+_ADD = """
+INSERT INTO spend VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (hour, key_id, tenant, model) DO UPDATE SET
+    requests = requests + excluded.requests, prompt_tokens = prompt_tokens + excluded.prompt_tokens,
+    cached_tokens = cached_tokens + excluded.cached_tokens,
+    completion_tokens = completion_tokens + excluded.completion_tokens, cost_nanos = cost_nanos + excluded.cost_nanos
+"""
+
+
+class SqliteSpendStore:
+    name = "sqlite"
+
+    def __init__(self, path: Path) -> None:
+        # one connection, used by one worker thread at a time (the lock), never by the event loop
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=5.0)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(_SCHEMA)
+        self._lock = asyncio.Lock()
+
+    async def add(self, rows: Sequence[tuple[SpendKey, SpendTotals]]) -> None:
+        values = [
+            (k.hour, k.key_id, k.tenant, k.model, t.requests, t.prompt_tokens, t.cached_tokens,
+             t.completion_tokens, t.cost_nanos)
+            for k, t in rows
+        ]  # fmt: skip
+        async with self._lock:
+            await asyncio.to_thread(self._add, values)
+
+    def _add(self, values: list[tuple]) -> None:
+        with self._db:  # one transaction: a flush is added whole or not at all
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany(_ADD, values)
+
+    async def rows(self, start: int, end: int) -> list[tuple[SpendKey, SpendTotals]]:
+        async with self._lock:
+            found = await asyncio.to_thread(
+                lambda: self._db.execute("SELECT * FROM spend WHERE hour >= ? AND hour < ?", (start, end)).fetchall()
+            )
+        return [(SpendKey(*row[:4]), SpendTotals(*row[4:])) for row in found]
+
+    async def aclose(self) -> None:
+        async with self._lock:
+            self._db.close()

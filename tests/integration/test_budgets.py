@@ -1,0 +1,167 @@
+"""Budgets: spend reserved before a request and settled on its cost, exact across gateway instances.
+
+Real parts throughout: redis-server, gateway processes, a fake OpenAI-compatible upstream process (tests/
+fake_upstream.py, which reports 7 prompt tokens and one completion token per chunk).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from gateway.ratelimit.checks import BudgetCheck, Settlement
+from gateway.ratelimit.memory import MemoryBackend
+from gateway.ratelimit.redis_backend import RedisBackend
+from tests.conftest import chat_body, pool
+
+KEY = "sk-budget-test"
+AUTH = {"keys": [{"tenant": "team-a", "sha256": hashlib.sha256(KEY.encode()).hexdigest()}]}
+HEADERS = {"authorization": f"Bearer {KEY}"}
+# 1 per million input tokens and 2 per million output tokens: 1,000 and 2,000 nanos a token
+PRICES = {"models": {"test-model": {"input": 1.0, "output": 2.0}}}
+NANOS = 1_000_000_000
+
+
+def budget_policies(tmp_path, limit: float, period: str = "day") -> str:
+    directory = tmp_path / "budget-policies"
+    directory.mkdir(exist_ok=True)
+    spec = {"prices": PRICES, "budgets": [{"id": "team-spend", "key": "tenant", "limit": limit, "period": period}]}
+    base = {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "b"}, "spec": spec}
+    (directory / "base.yaml").write_text(yaml.safe_dump(base))
+    return str(directory)
+
+
+def gateway_config(upstream_url: str, policies: str, **extra) -> dict:
+    return {
+        "pools": [pool("main", upstream_url)],
+        "auth": AUTH,
+        "models": [{"name": "test-model"}],
+        "policy_dir": policies,
+        "telemetry": {"access_log": True},
+        **extra,
+    }
+
+
+def ask(url: str, max_tokens: int = 10) -> httpx.Response:
+    return httpx.post(url + "/v1/chat/completions", json=chat_body(max_tokens=max_tokens), headers=HEADERS, timeout=30)
+
+
+def nanos(gw, response: httpx.Response) -> int:
+    return round(gw.access_log(response.headers["x-request-id"])["cost"] * NANOS)
+
+
+def test_budget_backends_decide_alike(redis_server):
+    """The same reservations and settlements, in the same order, get the same answers from both backends."""
+
+    async def run() -> None:
+        memory, shared = MemoryBackend(), RedisBackend(redis_server.url, 2.0)
+        resets_at = time.time() + 3600
+        rng = random.Random(7)
+        held: list[tuple[BudgetCheck, int]] = []
+        try:
+            for step in range(300):
+                if held and rng.random() < 0.4:
+                    check, cost = held.pop(rng.randrange(len(held)))
+                    settlement = Settlement(spend=((check, cost),))
+                    await memory.settle(settlement)
+                    await shared.settle(settlement)
+                    assert not len(shared.settlements), "sent at once, ahead of the next admission"
+                    continue
+                check = BudgetCheck(f"parity:{step % 2}", 50_000, rng.randrange(1, 9_000), resets_at, f"r{step}")
+                [mine], [theirs] = await memory.acquire([check]), await shared.acquire([check])
+                assert (mine.allowed, mine.remaining) == (theirs.allowed, theirs.remaining), step
+                if mine.allowed:
+                    held.append((check, rng.randrange(0, check.cost + 1)))
+                    if rng.random() < 0.1:  # a settlement sent twice (its answer was lost) applies once
+                        held.append(held[-1])
+        finally:
+            await shared.aclose()
+
+    asyncio.run(run())
+
+
+def test_two_gateways_share_a_budget_exactly(fake_upstream, gateway, redis_server, tmp_path):
+    upstream = fake_upstream("spend")
+    limit_nanos = 1_000_000  # 0.001: about 70 requests of 13,000 nanos, 200 sent at once
+    config = gateway_config(
+        upstream.url,
+        budget_policies(tmp_path, limit_nanos / NANOS),
+        # a timeout this 2-core machine's 200 concurrent requests do not trip: failing open would leave Redis
+        redis={"url": redis_server.url, "timeout": 2.0},
+        store={"backend": "redis"},
+    )
+    gateways = [gateway(config), gateway(config)]
+    start = threading.Barrier(200)
+
+    def one(i: int) -> tuple[int, httpx.Response]:
+        start.wait()
+        return i % 2, ask(gateways[i % 2].url)
+
+    with ThreadPoolExecutor(200) as pool_:
+        answers = list(pool_.map(one, range(200)))
+    served = [(g, r) for g, r in answers if r.status_code == 200]
+    refused = [r for _, r in answers if r.status_code != 200]
+    assert served and refused, "a budget of ~70 requests lets some of 200 through and refuses others"
+    for response in refused:
+        assert response.status_code == 429
+        assert response.json()["error"]["code"] == "budget_exceeded"
+        assert float(response.headers["retry-after"]) >= 1
+        assert response.headers["x-portcullis-budget-remaining"].endswith(" USD")
+    # spend up to the end: the budget is used until less than one request's reservation is left
+    while (last := ask(gateways[0].url)).status_code == 200:
+        served.append((0, last))
+    assert last.json()["error"]["code"] == "budget_exceeded"
+    reservation = 7 * 1000 + 10 * 2000  # at most: the prompt counted by estimate may differ from the upstream's 7
+    costs = [nanos(gateways[g], r) for g, r in served]
+    assert all(cost == 7 * 1000 + 3 * 2000 for cost in costs), "each request settles on the upstream's usage"
+    spent = sum(costs)
+    assert limit_nanos - 2 * reservation < spent <= limit_nanos
+    # the budget's counter in Redis is exactly the sum of the settled costs (reservations all replaced)
+    deadline = time.monotonic() + 5
+    client = redis_server.client()
+    while True:
+        counters = [int(client.get(k)) for k in client.scan_iter("portcullis:budget:*")]
+        if counters == [spent] or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert counters == [spent]
+
+
+def test_a_budget_survives_a_restart_with_the_embedded_store(fake_upstream, gateway, tmp_path, processes):
+    upstream = fake_upstream("restart")
+    config = gateway_config(
+        upstream.url, budget_policies(tmp_path, 0.0001), store={"sqlite_path": str(tmp_path / "spend.db")}
+    )
+    first = gateway(config)
+    spent = 0
+    while (response := ask(first.url)).status_code == 200:
+        spent += nanos(first, response)
+    assert response.json()["error"]["code"] == "budget_exceeded"
+    assert 0 < spent <= 100_000
+    first.stop()  # a clean stop writes the ledger
+    processes.remove(first)
+    second = gateway(config)
+    again = ask(second.url)
+    assert again.status_code == 429, "the restarted gateway reads the period's spend back from the ledger"
+    remaining = float(again.headers["x-portcullis-budget-remaining"].split()[0])
+    assert remaining * NANOS == pytest.approx(100_000 - spent, abs=1)
+
+
+def test_the_official_client_sees_budget_exhaustion_as_a_rate_limit_error(fake_upstream, gateway, tmp_path):
+    upstream = fake_upstream("sdk")
+    gw = gateway(gateway_config(upstream.url, budget_policies(tmp_path, 0.00003)))
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0)
+    client.chat.completions.create(model="test-model", messages=[{"role": "user", "content": "hi"}], max_tokens=10)
+    with pytest.raises(openai.RateLimitError) as refused:
+        client.chat.completions.create(model="test-model", messages=[{"role": "user", "content": "hi"}], max_tokens=10)
+    assert refused.value.code == "budget_exceeded"
+    assert "team-spend" in refused.value.message
