@@ -165,3 +165,65 @@ def test_the_official_client_sees_budget_exhaustion_as_a_rate_limit_error(fake_u
         client.chat.completions.create(model="test-model", messages=[{"role": "user", "content": "hi"}], max_tokens=10)
     assert refused.value.code == "budget_exceeded"
     assert "team-spend" in refused.value.message
+
+
+def test_a_stored_key_has_its_own_budget_and_limits(fake_upstream, gateway, tmp_path):
+    """Keys made through the admin API: one with a budget of its own and its own limit for a per-key policy rule,
+    one without; the per-key billing counters name each."""
+    directory = tmp_path / "key-policies"
+    directory.mkdir()
+    per_key = {"id": "per-key-rpm", "key": ["api_key"], "requests": {"limit": 1, "per": "1h"}}
+    spec = {"prices": PRICES, "rate_limits": [per_key]}
+    (directory / "base.yaml").write_text(
+        yaml.safe_dump({"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "k"}, "spec": spec})
+    )
+    gw = gateway(
+        {
+            "pools": [pool("main", fake_upstream("keys").url)],
+            "models": [{"name": "test-model"}],
+            "policy_dir": str(directory),
+            "auth": AUTH,  # a static key too: the gateway is never anonymous while the stored keys load
+            "telemetry": {"per_key_metrics": True},
+        }
+    )
+    admin = httpx.Client(base_url=gw.admin_url)
+    own = admin.post(
+        "/admin/keys",
+        json={"tenant": "acme", "limits": {"per-key-rpm": 100}, "budget": {"limit": 0.00004, "period": "day"}},
+    ).json()
+    plain = admin.post("/admin/keys", json={"tenant": "acme"}).json()
+
+    def ask_with(secret: str) -> httpx.Response:
+        return httpx.post(
+            gw.url + "/v1/chat/completions",
+            json=chat_body(max_tokens=10),
+            headers={"authorization": f"Bearer {secret}"},
+            timeout=30,
+        )
+
+    deadline = time.monotonic() + 3
+    while (first := ask_with(own["secret"])).status_code == 401 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the key reaches the gateway's key ring by its poll
+    assert first.status_code == 200
+    outcomes = [first] + [ask_with(own["secret"]) for _ in range(4)]
+    codes = [r.status_code for r in outcomes]
+    # 40,000 nanos: two requests of 13,000 settle, a third's reservation (up to 27,000) no longer fits
+    assert codes[:2] == [200, 200] and 429 in codes[2:], codes
+    refused = next(r for r in outcomes if r.status_code == 429).json()["error"]
+    assert (refused["code"], refused["param"]) == ("budget_exceeded", "key"), "its own budget, not its rate limit"
+    assert ask_with(plain["secret"]).status_code == 200
+    limited = ask_with(plain["secret"]).json()["error"]
+    assert (limited["code"], limited["param"]) == ("rate_limit_exceeded", "per-key-rpm"), "the policy's 1 an hour"
+    metrics = httpx.get(gw.admin_url + "/metrics").text
+    served_by_own = sum(r.status_code == 200 for r in outcomes)
+
+    def sample(name: str, key_id: str) -> float:
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith(name + "{") and f'key_id="{key_id}"' in line
+        )
+
+    assert sample("portcullis_key_billed_requests_total", own["id"]) == len(outcomes), "refused ones count too"
+    assert sample("portcullis_key_spend_total", own["id"]) == pytest.approx(served_by_own * 13_000 / NANOS)
+    assert sample("portcullis_key_billed_requests_total", plain["id"]) == 2
