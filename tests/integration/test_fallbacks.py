@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from tests.conftest import ROOT, Process, chat_body, free_port, pool, spawn
+from tests.integration.test_tracing import http_receiver  # noqa: F401  (a fixture: the in-test OTLP receiver)
 
 PRIMARY, BACKUP = "big-model", "backup-model"
 
@@ -74,6 +75,28 @@ def test_a_429_from_the_primary_is_served_by_the_fallback_model_through_the_open
     assert metric(gw, "429") == 1
     logged = gw.access_log(raw.headers["x-request-id"])
     assert (logged["model"], logged["fallback_from"], logged["pool"]) == (BACKUP, PRIMARY, "backup")
+
+
+def test_each_attempt_is_one_span_and_the_fallback_says_its_step_model_and_pool(
+    upstream,
+    gateway,
+    http_receiver,  # noqa: F811
+):
+    endpoint, received = http_receiver
+    primary, backup = upstream("primary", "--fail-status", "503"), upstream("backup")
+    traced = {"telemetry": {"otlp": {"enabled": True, "endpoint": endpoint, "protocol": "http/protobuf"}}}
+    gw = gateway({**config([primary.url], backup.url), **traced})
+    assert chat(gw).status_code == 200
+    spans = received.wait_for(f"chat {BACKUP}")
+    attempts = [s for s in spans if s["kind"] == 3]  # SPAN_KIND_CLIENT
+    assert [(s["name"], s["attributes"]["portcullis.pool"]) for s in attempts] == [
+        (f"chat {PRIMARY}", "primary"),
+        (f"chat {BACKUP}", "backup"),
+    ]
+    first, fallback = (a["attributes"] for a in attempts)
+    assert "portcullis.fallback.step" not in first
+    assert (fallback["portcullis.fallback.step"], fallback["portcullis.fallback.from"]) == (1, PRIMARY)
+    assert fallback["gen_ai.request.model"] == BACKUP
 
 
 def test_an_answer_without_fallback_names_its_own_model(upstream, gateway):
