@@ -361,7 +361,9 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
                 for model in replica["models"]:
                     if isinstance(model, dict) and isinstance(model.get("id"), str):
                         seen.setdefault(model["id"], model)
-        return JSONResponse({"object": "list", "data": list(seen.values())})
+        key = ctx.key  # a stored key lists only the models it may call
+        listed = [entry for model, entry in seen.items() if key is None or key.allows(model)]
+        return JSONResponse({"object": "list", "data": listed})
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})

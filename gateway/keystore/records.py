@@ -12,6 +12,7 @@ import hashlib
 import re
 import secrets
 import time
+from fnmatch import fnmatchcase
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -45,6 +46,10 @@ class KeySettings(BaseModel):
     metadata: Annotated[
         dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]], Field(max_length=32)
     ] = Field(default_factory=dict)
+
+    def allows(self, model: str) -> bool:
+        """Whether this key may call `model` (its globs; none: any model)."""
+        return not self.models or any(fnmatchcase(model, allowed) for allowed in self.models)
 
 
 class KeyRecord(KeySettings):

@@ -4,7 +4,6 @@ model."""
 
 from __future__ import annotations
 
-from fnmatch import fnmatchcase
 from typing import Any
 
 from gateway.context import RequestContext
@@ -39,7 +38,7 @@ class AuthStage:
         record = identity.record
         if record is not None and record.models:
             model = ctx.model or _named_model(ctx.payload)
-            if model and not any(fnmatchcase(model, allowed) for allowed in record.models):
+            if model and not record.allows(model):
                 raise GatewayError(
                     403,
                     f"this API key may not use model {model[:MAX_MODEL_IN_MESSAGE]!r}",

@@ -105,7 +105,12 @@ def test_sqlite_store_keeps_keys_across_a_restart(fake_upstream, gateway, tmp_pa
 
 def test_a_key_is_refused_models_its_globs_do_not_match(fake_upstream, gateway, tmp_path: Path):
     upstream = fake_upstream()
-    gw = gateway({"pools": [pool("main", upstream.url)], "store": {"sqlite_path": str(tmp_path / "keys.db")}})
+    gw = gateway(
+        {
+            "pools": [pool("main", upstream.url, models=["gpt-4o", "o3", "test-model"])],
+            "store": {"sqlite_path": str(tmp_path / "keys.db")},
+        }
+    )
     secret, record = new_key("team-limited", models=["test-*", "gpt-4o"])
     expired_secret, expired = new_key("team-limited", expires_at=time.time() - 1)
     put(SqliteKeyStore(tmp_path / "keys.db"), record)
@@ -114,6 +119,8 @@ def test_a_key_is_refused_models_its_globs_do_not_match(fake_upstream, gateway, 
 
     client = openai_client(gw, secret)
     client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hello"}])
+    listed = sorted(m.id for m in client.models.list())
+    assert listed == ["gpt-4o", "test-model"], "the model list shows only what the key may call"
     with pytest.raises(openai.PermissionDeniedError) as refused:
         client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hello"}])
     assert refused.value.code == "model_not_allowed"
