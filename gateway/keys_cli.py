@@ -20,6 +20,8 @@ from typing import Any
 
 import httpx
 
+from gateway.spend.store import amount_text
+
 URL_ENV = "PORTCULLIS_ADMIN_URL"
 TOKEN_ENV = "PORTCULLIS_ADMIN_TOKEN"
 DEFAULT_URL = "http://127.0.0.1:9901"
@@ -187,7 +189,8 @@ def _spend(args: argparse.Namespace, admin: AdminClient) -> int:
     groups = ["period" if g in ("hour", "day", "month") else "key_id" if g == "key" else g for g in report["group_by"]]
     columns = (*groups, *_SPEND_TOTALS)
     print(f"spend from {report['start']} to {report['end']}")
-    print(_table(columns, [[_shown(column, row.get(column)) for column in columns] for row in report["data"]]))
+    rows = [{**row, "cost": amount_text(row["cost_nanos"])} for row in report["data"]]  # exact, never 1.6e-05
+    print(_table(columns, [[_shown(column, row.get(column)) for column in columns] for row in rows]))
     return 0
 
 

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.errors import invalid_request
-from gateway.spend.store import GroupBy
+from gateway.spend.store import GroupBy, amount_text
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -113,7 +113,9 @@ def spend_csv(query: SpendQuery, rows: Sequence[dict]) -> str:
     columns = query.columns()
     writer.writerow(columns)
     for row in rows:
-        writer.writerow(_cell(row.get(column)) for column in columns)
+        writer.writerow(
+            amount_text(row["cost_nanos"]) if column == "cost" else _cell(row.get(column)) for column in columns
+        )
     return out.getvalue()
 
 
@@ -174,8 +176,6 @@ def _iso(seconds: int) -> str:
 
 
 def _cell(value: object) -> object:
-    if isinstance(value, float):
-        return f"{value:.9f}".rstrip("0").rstrip(".")  # costs are whole nanos: exact, never in exponent form
     if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
         return "'" + value
     return "" if value is None else value

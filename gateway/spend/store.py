@@ -43,6 +43,13 @@ class SpendTotals:
         self.cost_nanos += other.cost_nanos
 
 
+def amount_text(nanos: int) -> str:
+    """An amount of whole nanos as exact decimal text ('0.000016', never '1.6e-05')."""
+    sign, nanos = ("-", -nanos) if nanos < 0 else ("", nanos)
+    units, fraction = divmod(nanos, NANOS)
+    return f"{sign}{units}.{fraction:09d}".rstrip("0").rstrip(".")
+
+
 class SpendStore(Protocol):
     name: str
 
