@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Gateway proxy overhead benchmark: Portcullis vs nginx vs LiteLLM in front of the same static upstream.
 
-    python tests/bench/proxy_bench.py [--duration 10] [--out results.json] [--profile-dir DIR]
+    python tests/bench/proxy_bench.py [--duration 10] [--out results.json] [--profile-dir DIR] [--keys [--keys-pairs N]]
 
 One run, all on 127.0.0.1 free ports:
 
@@ -14,6 +14,12 @@ One run, all on 127.0.0.1 free ports:
 
 then wrk against each: `-t1 -c32` for throughput and `-t1 -c1 --latency` for p50/p99, POSTing a small non-streaming
 chat request with an Authorization header. "Added" latency is a target's p50/p99 minus the direct upstream's.
+
+With --keys, three more rows, access log off: the config's static key ("Portcullis, static key", the baseline), and
+a key made in the key store before the gateway starts (SQLite, then Redis on a local redis-server) with a priced
+policy and two budgets (per tenant, per key) no run spends; wrk sends each row's own key. After the run the budget
+rows' /metrics must count budget decisions. --keys-pairs N alternates short c32 runs of each key-store row and the
+static-key row (A B B A ...) and reports the median RPS and CPU-per-request ratios with their quartiles.
 
 With --profile-dir, py-spy (from .bench/tools-venv, or $PY_SPY) records the access-log-on gateway during an extra
 32-connection run and the script prints a self-time summary grouped by package.
@@ -93,6 +99,13 @@ end
 """
 
 
+def write_wrk_script(path: Path, key: str, request: dict | None = None) -> Path:
+    """wrk's Lua script POSTing `request` (default REQUEST) with `key` as the bearer token."""
+    body = json.dumps(request or REQUEST, separators=(",", ":"))
+    path.write_text(WRK_LUA.replace("@BODY@", body).replace("@KEY@", key))
+    return path
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # processes
 
@@ -109,6 +122,7 @@ class Service:
     proc: subprocess.Popen
     port: int
     log_path: Path
+    admin_port: int | None = None  # a gateway's admin listener (/metrics)
 
 
 @dataclass
@@ -250,38 +264,72 @@ LIMITS_POLICY = {
 }
 
 
+# What the key-store rows add: a price table and a budget per tenant and one per key, with limits no run spends, so
+# every request reserves spend on both and settles its cost, and none is refused.
+BUDGETS_POLICY = {
+    "apiVersion": "portcullis.dev/v1",
+    "kind": "Policy",
+    "metadata": {"name": "bench-budgets"},
+    "spec": {
+        "prices": {"models": {MODEL: {"input": 1.0, "output": 2.0}}},
+        "budgets": [
+            {"id": "tenant-spend", "key": "tenant", "limit": 10**9, "period": "month"},
+            {"id": "key-spend", "key": "api_key", "limit": 10**9, "period": "month"},
+        ],
+    },
+}
+
+
+# --keys' baseline: the same policy less the prices and budgets (not the repo's, which may gain stages meanwhile).
+NO_BUDGETS_POLICY = {**BUDGETS_POLICY, "metadata": {"name": "bench-no-budgets"}, "spec": {}}
+STATIC_KEY_ROW = "portcullis_static_key"  # --keys' baseline: the config's key
+KEY_STORE_ROWS = (  # target, label, store backend: a stored key and BUDGETS_POLICY
+    ("portcullis_keys_sqlite", "Portcullis + key store (SQLite) + budget", "sqlite"),
+    ("portcullis_keys_redis", "Portcullis + key store (Redis) + budget", "redis"),
+)
+
+
 def start_portcullis(
     procs: Procs,
     tmp: Path,
     name: str,
     upstream_port: int,
     access_log: bool,
-    limits_redis: str | None = None,
-    limits: bool = False,
+    redis_url: str | None = None,
+    policy: dict | None = None,
+    store: str = "sqlite",
+    static_key: bool = True,
     checkout: Path | None = None,
 ) -> Service:
-    """One gateway worker; with `limits`, the LIMITS_POLICY in memory, or in Redis at `limits_redis`.
+    """One gateway worker with the repo's policies, or `policy` alone; with `redis_url`, limits (and a `store` of
+    'redis': keys and spend) in Redis. Its SQLite key store is a file of its own in `tmp` (see `sqlite_path`);
+    `static_key`: the config's key (API_KEY) works, besides any stored one.
 
     `checkout` runs an earlier commit's gateway (a `git worktree` of it) with this venv, for a side-by-side row; it
-    gets the same config, less the admin listener, which it predates.
+    gets the same config, less the admin listener and the key store, which it predates.
     """
     port = free_port()
     policy_dir = (checkout or REPO) / "policies"
-    if limits:
+    if policy is not None:
         policy_dir = tmp / f"{name}-policies"
         policy_dir.mkdir()
-        (policy_dir / "base.yaml").write_text(json.dumps(LIMITS_POLICY))
-    config = {
+        (policy_dir / "base.yaml").write_text(json.dumps(policy))
+    config: dict = {
         "listen": {"host": "127.0.0.1", "port": port},
         "pools": [{"name": "static", "replicas": [{"url": f"http://127.0.0.1:{upstream_port}"}]}],
-        "auth": {"keys": [{"tenant": "bench", "sha256": hashlib.sha256(API_KEY.encode()).hexdigest()}]},
+        "auth": {"keys": [{"tenant": "bench", "sha256": hashlib.sha256(API_KEY.encode()).hexdigest()}]}
+        if static_key
+        else {},
         "policy_dir": str(policy_dir),
         "telemetry": {"access_log": access_log},
     }
+    admin_port = None
     if checkout is None:
-        config["admin"] = {"port": free_port()}
-    if limits_redis:
-        config["redis"] = {"url": limits_redis, "on_failure": "fail_closed", "timeout": 2.0}
+        admin_port = free_port()
+        config["admin"] = {"port": admin_port}
+        config["store"] = {"backend": store, "sqlite_path": str(sqlite_path(tmp, name))}
+    if redis_url:
+        config["redis"] = {"url": redis_url, "on_failure": "fail_closed", "timeout": 2.0}
     path = tmp / f"{name}.yaml"
     path.write_text(json.dumps(config, indent=2))  # JSON is YAML
     exe = Path(sys.prefix) / "bin" / "portcullis"
@@ -293,7 +341,71 @@ def start_portcullis(
         argv = [sys.executable, "-P", "-m", "gateway.cli", "serve", "--config", str(path)]  # -P: not the cwd
         env["PYTHONPATH"] = str(checkout)  # before the venv's editable install of this checkout
     # stdout/stderr to a file, as a collector would take them: the access log is JSON lines on stderr.
-    return procs.start(name, argv, port, tmp / f"{name}.log", env=env)
+    service = procs.start(name, argv, port, tmp / f"{name}.log", env=env)
+    service.admin_port = admin_port
+    return service
+
+
+def sqlite_path(tmp: Path, name: str) -> Path:
+    """The gateway `name`'s SQLite key store and spend ledger: one per gateway, none left in the working directory."""
+    return tmp / f"{name}.db"
+
+
+def store_key(store: str, tmp: Path, name: str, redis_url: str | None = None) -> str:
+    """Write a key for tenant 'bench' into gateway `name`'s key store (its SQLite file, or Redis at `redis_url`), as
+    the admin API would, before that gateway starts; returns the secret wrk is to send."""
+    import asyncio
+
+    from gateway.keystore.records import KeyRecord, digest_of, new_key_id, new_secret
+    from gateway.keystore.redis_store import RedisKeyStore
+    from gateway.keystore.sqlite_store import SqliteKeyStore
+
+    key_id = new_key_id()
+    secret = new_secret(key_id)
+    at = time.time()
+    record = KeyRecord(tenant="bench", label=name, id=key_id, digest=digest_of(secret), created_at=at, updated_at=at)
+
+    async def put() -> None:
+        if store == "redis":
+            assert redis_url is not None
+            backend: RedisKeyStore | SqliteKeyStore = RedisKeyStore(redis_url)
+        else:
+            backend = SqliteKeyStore(sqlite_path(tmp, name))
+        try:
+            await backend.put(record)
+        finally:
+            await backend.aclose()
+
+    asyncio.run(put())
+    return secret
+
+
+def start_redis(procs: Procs, tmp: Path) -> Service:
+    """A local redis-server that keeps nothing on disk, ready for commands."""
+    port = free_port()
+    argv = [shutil.which("redis-server") or "redis-server", "--port", str(port), "--save", "", "--appendonly", "no"]
+    redis = procs.start("redis", [*argv, "--dir", str(tmp)], port, tmp / "redis.log")
+    deadline = time.monotonic() + 15
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+            conn.sendall(b"PING\r\n")
+            if conn.recv(64).startswith(b"+PONG"):
+                return redis
+        if redis.proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"redis-server not ready on :{port}; see {redis.log_path}:\n{tail(redis.log_path)}")
+        time.sleep(0.1)
+
+
+def budget_decisions(service: Service) -> float:
+    """The gateway's portcullis_budget_decisions_total, all budgets and results together, from its admin /metrics."""
+    import httpx
+
+    text = httpx.get(f"http://127.0.0.1:{service.admin_port}/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("portcullis_budget_decisions_total")
+    )
 
 
 def start_litellm(procs: Procs, tmp: Path, upstream_port: int) -> Service | None:
@@ -367,35 +479,57 @@ def litellm_version() -> str | None:
 # load
 
 
-def ab_pairs(current: Service, baseline: Service, lua: Path, pairs: int, seconds: float = 5.0) -> dict:
-    """Short c32 runs of this checkout's gateway and the baseline's, alternating (A B B A ...), so that load from
-    outside lands on both; the ratio of each adjacent pair, then their median, is what the change costs. Each run also
-    records the gateway's CPU per request, which outside load disturbs far less than its RPS."""
+def ab_pairs(
+    current: Service,
+    baseline: Service,
+    lua: Path,
+    pairs: int,
+    seconds: float = 5.0,
+    current_lua: Path | None = None,
+    store: Service | None = None,
+) -> dict:
+    """Short c32 runs of one gateway (`current`, e.g. this checkout's) and a `baseline`, alternating (A B B A ...), so
+    that load from outside lands on both; the ratio of each adjacent pair, then their median, is what the difference
+    costs. Each run also records the gateway's CPU per request, which outside load disturbs far less than its RPS.
+
+    `current_lua`: current's own wrk script (its own key), else `lua`; `store`: a process current's requests also
+    cost (redis-server), whose CPU per request is recorded beside, not in, the ratio."""
     ratios, cpu_ratios = [], []
     rps: dict[str, list[float]] = {"current": [], "baseline": []}
     cpu: dict[str, list[float]] = {"current": [], "baseline": []}
+    errors = {"current": 0, "baseline": 0}
+    store_cpu: list[float] = []
     for number in range(pairs):
-        order = [("current", current), ("baseline", baseline)]
+        order = [("current", current, current_lua or lua), ("baseline", baseline, lua)]
         measured, spent = {}, {}
-        for name, service in order if number % 2 == 0 else reversed(order):
+        for name, service, script in order if number % 2 == 0 else reversed(order):
             cpu0 = group_cpu_seconds(service.proc.pid)
-            run = run_wrk(service.port, lua, 32, seconds)
+            store_cpu0 = group_cpu_seconds(store.proc.pid) if store and name == "current" else 0.0
+            run = run_wrk(service.port, script, 32, seconds)
+            requests = max(run["requests"], 1)
             measured[name] = run["rps"]
-            spent[name] = (group_cpu_seconds(service.proc.pid) - cpu0) / max(run["requests"], 1) * 1e6
+            spent[name] = (group_cpu_seconds(service.proc.pid) - cpu0) / requests * 1e6
+            if store and name == "current":
+                store_cpu.append(round((group_cpu_seconds(store.proc.pid) - store_cpu0) / requests * 1e6, 1))
             rps[name].append(round(measured[name], 1))
             cpu[name].append(round(spent[name], 1))
+            errors[name] += run["errors"]
         ratios.append(measured["current"] / measured["baseline"])
         cpu_ratios.append(spent["current"] / spent["baseline"])
-    return {
+    result = {
         "pairs": pairs,
         "seconds": seconds,
         "rps": rps,
         "cpu_us_per_request": cpu,
+        "errors": errors,
         "median_ratio": _median_with_quartiles(ratios)[0],
         "ratio_quartiles": _median_with_quartiles(ratios)[1],
         "median_cpu_ratio": _median_with_quartiles(cpu_ratios)[0],
         "cpu_ratio_quartiles": _median_with_quartiles(cpu_ratios)[1],
     }
+    if store_cpu:
+        result["store_cpu_us_per_request"] = store_cpu
+    return result
 
 
 def _median_with_quartiles(values: list[float]) -> tuple[float, list[float]]:
@@ -852,8 +986,9 @@ def loadavg() -> list[float]:
 
 def table(results: list[dict]) -> str:
     direct = next((r for r in results if r["target"] == "direct"), None)
+    width = max(30, *(len(r["label"]) for r in results))
     header = (
-        f"{'target':<30} {'RPS c32':>9} {'err':>5} {'p50 c1 ms':>10} {'p99 c1 ms':>10} "
+        f"{'target':<{width}} {'RPS c32':>9} {'err':>5} {'p50 c1 ms':>10} {'p99 c1 ms':>10} "
         f"{'+p50 ms':>8} {'+p99 ms':>8} {'RPS c1':>8} {'CPU us/req':>10} {'CPU util':>8}"
     )
     lines = [header, "-" * len(header)]
@@ -866,8 +1001,31 @@ def table(results: list[dict]) -> str:
             add99 = f"{p99 - direct['c1']['p99_us'] / 1000:.3f}"
         errors = sum(x["errors"] for x in r["all_rounds"]) if "all_rounds" in r else c32["errors"] + c1["errors"]
         lines.append(
-            f"{r['label']:<30} {c32['rps']:>9.0f} {errors:>5} {p50:>10.3f} {p99:>10.3f} "
+            f"{r['label']:<{width}} {c32['rps']:>9.0f} {errors:>5} {p50:>10.3f} {p99:>10.3f} "
             f"{add50:>8} {add99:>8} {c1['rps']:>8.0f} {c32['cpu_us_per_request']:>10} {c32['cpu_util']:>8}"
+        )
+    return "\n".join(lines)
+
+
+def keys_table(keys_ab: dict[str, dict]) -> str:
+    """Each key-store row against the static-key row, from alternating pairs: what the acceptance reads."""
+    first = next(iter(keys_ab.values()))
+    header = (
+        f"{'against Portcullis, static key':<42} {'RPS ratio':>9} {'quartiles':>15} {'CPU/req ratio':>13} "
+        f"{'quartiles':>15} {'redis us/req':>12} {'err':>5}"
+    )
+    lines = [
+        f"\nalternating pairs ({first['pairs']} x {first['seconds']:g} s each, c32, access log off), medians:",
+        header,
+        "-" * len(header),
+    ]
+    for ab in keys_ab.values():
+        store = ab.get("store_cpu_us_per_request")
+        redis_cpu = f"{sorted(store)[len(store) // 2]:.1f}" if store else "-"
+        lines.append(
+            f"{ab['label']:<42} {ab['median_ratio']:>9.3f} {str(ab['ratio_quartiles']):>15} "
+            f"{ab['median_cpu_ratio']:>13.3f} {str(ab['cpu_ratio_quartiles']):>15} {redis_cpu:>12} "
+            f"{sum(ab['errors'].values()):>5}"
         )
     return "\n".join(lines)
 
@@ -916,6 +1074,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="add rows with rate limits on (memory and a local redis-server), access log off",
     )
+    parser.add_argument(
+        "--keys",
+        action="store_true",
+        help="add rows, access log off: the static key, and a stored key (SQLite, Redis) with two budgets on",
+    )
+    parser.add_argument(
+        "--keys-pairs",
+        type=int,
+        default=0,
+        help="with --keys: this many alternating 5 s c32 pairs of each key-store row and the static-key row",
+    )
     args = parser.parse_args(argv)
 
     for tool in ("nginx", "wrk"):
@@ -935,8 +1104,7 @@ def main(argv: list[str] | None = None) -> int:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     try:
-        lua = tmp / "chat.lua"
-        lua.write_text(WRK_LUA.replace("@BODY@", json.dumps(REQUEST, separators=(",", ":"))).replace("@KEY@", API_KEY))
+        lua = write_wrk_script(tmp / "chat.lua", API_KEY)
 
         static = start_nginx(
             procs,
@@ -969,33 +1137,35 @@ def main(argv: list[str] | None = None) -> int:
             wait_http(svc, "/healthz", 60)
             targets.append(("portcullis_baseline", f"Portcullis at {commit} (access log on)", svc, True))
         stores: dict[str, Service] = {}  # target -> the store whose CPU its requests cost too
+        bearer: dict[str, str] = {}  # target -> the key it takes, where not API_KEY
+        scripts: dict[str, Path] = {}  # target -> its wrk script, where not `lua`
+        redis = start_redis(procs, tmp) if args.limits or args.keys else None
         if args.limits:
-            redis_port = free_port()
-            redis = procs.start(
-                "redis",
-                [
-                    shutil.which("redis-server") or "redis-server",
-                    "--port",
-                    str(redis_port),
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--dir",
-                    str(tmp),
-                ],
-                redis_port,
-                tmp / "redis.log",
-            )
+            assert redis is not None
             stores["portcullis_limits_redis"] = redis
-            time.sleep(0.5)
             for key, label, url in (
                 ("portcullis_limits_memory", "Portcullis + limits in memory", None),
                 ("portcullis_limits_redis", "Portcullis + limits in Redis", f"redis://127.0.0.1:{redis.port}/0"),
             ):
-                svc = start_portcullis(procs, tmp, key, static.port, False, limits_redis=url, limits=True)
+                svc = start_portcullis(procs, tmp, key, static.port, False, redis_url=url, policy=LIMITS_POLICY)
                 wait_http(svc, "/healthz", 60)
                 targets.append((key, label, svc, True))
+        if args.keys:
+            assert redis is not None
+            svc = start_portcullis(procs, tmp, STATIC_KEY_ROW, static.port, False, policy=NO_BUDGETS_POLICY)
+            wait_http(svc, "/healthz", 60)
+            targets.append((STATIC_KEY_ROW, "Portcullis, static key", svc, True))
+            for key, label, store in KEY_STORE_ROWS:
+                url = f"redis://127.0.0.1:{redis.port}/1" if store == "redis" else None  # apart from --limits' db
+                bearer[key] = store_key(store, tmp, key, url)
+                scripts[key] = write_wrk_script(tmp / f"{key}.lua", bearer[key])
+                svc = start_portcullis(
+                    procs, tmp, key, static.port, False, url, policy=BUDGETS_POLICY, store=store, static_key=False
+                )
+                wait_http(svc, "/healthz", 60)
+                targets.append((key, label, svc, True))
+                if url:
+                    stores[key] = redis
         if not args.skip_litellm:
             litellm = start_litellm(procs, tmp, static.port)
             if litellm is not None:
@@ -1005,19 +1175,23 @@ def main(argv: list[str] | None = None) -> int:
         wait_idle([svc for key, _, svc, _ in targets if key.startswith("portcullis")])
         checks = {}
         for key, label, svc, auth in targets:
-            check = check_chat(svc.port)
+            check = check_chat(svc.port, bearer.get(key, API_KEY))
             # LiteLLM without a database answers an unknown key with 400 ("No connected db"), not 401.
             if auth and not 400 <= check["wrong_key_status"] < 500:
                 raise RuntimeError(f"{label}: a wrong key got {check['wrong_key_status']}; auth is not on")
             check["auth_on"] = auth
             checks[key] = check
+        budgeted = {key: svc for key, _, svc, _ in targets if key in {row for row, _, _ in KEY_STORE_ROWS}}
+        for key, svc in budgeted.items():  # the check's request was decided on the budgets: the counter moved
+            if budget_decisions(svc) <= 0:
+                raise RuntimeError(f"{key}: no budget decisions counted after a request; the budgets are not on")
         # Rounds interleave the targets, so a burst of outside load lands on all of them rather than on one.
         runs: dict[str, list[dict]] = collections.defaultdict(list)
         for round_no in range(args.repeat):
             for key, _label, svc, _auth in targets:
-                runs[key].append(
-                    measure(key, svc, lua, args.duration, args.warmup if round_no == 0 else 0, stores.get(key))
-                )
+                script = scripts.get(key, lua)
+                warmup = args.warmup if round_no == 0 else 0
+                runs[key].append(measure(key, svc, script, args.duration, warmup, stores.get(key)))
         for key, label, _svc, _auth in targets:
             results.append(pick_median(runs[key]) | {"label": label, "check": checks[key]})
 
@@ -1027,6 +1201,16 @@ def main(argv: list[str] | None = None) -> int:
             current = next(svc for key, _, svc, _ in targets if key == "portcullis_access_log_on")
             baseline = next(svc for key, _, svc, _ in targets if key == "portcullis_baseline")
             report["ab"] = ab_pairs(current, baseline, lua, args.ab_pairs)
+        if budgeted and args.keys_pairs:
+            static_key = next(svc for key, _, svc, _ in targets if key == STATIC_KEY_ROW)
+            report["keys_ab"] = {
+                key: ab_pairs(svc, static_key, lua, args.keys_pairs, current_lua=scripts[key], store=stores.get(key))
+                | {"label": label}
+                for key, label, svc, _ in targets
+                if key in budgeted
+            }
+        if budgeted:
+            report["budget_decisions"] = {key: budget_decisions(svc) for key, svc in budgeted.items()}
         report["loadavg_end"] = loadavg()
 
         for key, _, svc, _ in targets:
@@ -1065,6 +1249,10 @@ def main(argv: list[str] | None = None) -> int:
             f"median RPS ratio {ab['median_ratio']} (quartiles {ab['ratio_quartiles']}), "
             f"median CPU-per-request ratio {ab['median_cpu_ratio']} (quartiles {ab['cpu_ratio_quartiles']})"
         )
+    if report.get("keys_ab"):
+        print(keys_table(report["keys_ab"]))
+    for key, count in report.get("budget_decisions", {}).items():
+        print(f"{key}: portcullis_budget_decisions_total {count:.0f}")
     for r in results:
         if "store_cpu_us_per_request" in r["c32"]:
             print(f"{r['label']}: redis-server CPU {r['c32']['store_cpu_us_per_request']} us/req on top (c32 run)")
