@@ -247,12 +247,14 @@ def trace_ids(span: Span) -> tuple[str, str]:
 
 
 class JsonLineFormatter(logging.Formatter):
-    """Access-log records are dicts passed as `extra={"access": {...}}`; emit them as one JSON object a line."""
+    """Access-log records are dicts passed as `extra={"access": {...}}`; emit them as one JSON object a line. Other
+    records may carry an event's fields as `extra={"fields": {...}}`, written beside their message."""
 
     def format(self, record: logging.LogRecord) -> str:
         payload = getattr(record, "access", None)
         if payload is None:
             payload = {"level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
+            payload.update(getattr(record, "fields", None) or {})
             if record.exc_info:
                 payload["exception"] = self.formatException(record.exc_info)
         return json.dumps(payload, separators=(",", ":"), default=str)

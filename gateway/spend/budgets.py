@@ -149,12 +149,15 @@ class SoftThresholds:
         log.warning(
             "budget soft threshold crossed",
             extra={
-                "budget": applied.id,
-                "scope": applied.scope,
-                "who": applied.who,
-                "threshold": threshold,
-                "used": round(used, 6),
-                "limit": applied.budget.limit,
+                "fields": {
+                    "event": "budget_soft_threshold",
+                    "budget": applied.id,
+                    "scope": applied.scope,
+                    "who": applied.who,
+                    "threshold": threshold,
+                    "used": round(used, 6),
+                    "limit": applied.budget.limit,
+                }
             },
         )
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import random
 import threading
 import time
@@ -147,6 +148,11 @@ def test_a_budget_survives_a_restart_with_the_embedded_store(fake_upstream, gate
         spent += nanos(first, response)
     assert response.json()["error"]["code"] == "budget_exceeded"
     assert 0 < spent <= 100_000
+    soft = [json.loads(line) for line in first.output().splitlines() if '"budget_soft_threshold"' in line]
+    assert [(event["budget"], event["threshold"]) for event in soft] == [("team-spend", 0.8)], "once per period"
+    assert 'portcullis_budget_soft_threshold_crossings_total{budget="team-spend",threshold="0.8"} 1.0' in (
+        httpx.get(first.admin_url + "/metrics").text
+    )
     first.stop()  # a clean stop writes the ledger
     processes.remove(first)
     second = gateway(config)
