@@ -104,10 +104,10 @@ class Metrics:
             ["tenant", "model", "currency"],
             registry=r,
         )
-        self.budget_decisions = Counter(
-            "portcullis_budget_decisions",
-            "Budget decisions per budget (policy rule id, or 'key' for a key's own)",
-            ["budget", "result", "backend"],
+        self.budgets_exceeded = Counter(
+            "portcullis_budget_exceeded",
+            "Requests refused for a budget (policy rule id, or 'key' for a key's own)",
+            ["budget", "backend"],
             registry=r,
         )
         self.budget_thresholds = Counter(

@@ -48,7 +48,7 @@ class RateLimiter:
         self._thresholds = SoftThresholds(metrics)
         # labels() builds and looks up a tuple under a lock (~2 µs): keep each counter's children at hand
         self._decisions = functools.lru_cache(maxsize=4096)(metrics.ratelimit_decisions.labels)
-        self._budget_decisions = functools.lru_cache(maxsize=4096)(metrics.budget_decisions.labels)
+        self._budgets_exceeded = functools.lru_cache(maxsize=4096)(metrics.budgets_exceeded.labels)
         self._tokens_charged = functools.lru_cache(maxsize=4096)(metrics.ratelimit_tokens_charged.labels)
 
     async def admit(
@@ -77,9 +77,10 @@ class RateLimiter:
             currency = prices.currency if prices else ""
             headers.update(budgets.headers([(b, o) for (b, _), o in zip(spend, spent)], currency))
             for (budget, budget_check), outcome in zip(spend, spent):
-                self._budget_decisions(budget.id, "allowed" if outcome.allowed else "exceeded", backend.name).inc()
                 if outcome.allowed:
                     self._thresholds.observe(budget, budget_check, outcome)
+                else:
+                    self._budgets_exceeded(budget.id, backend.name).inc()
         denied = [(rule, out) for rule, _, out in decided if not out.allowed]
         if denied:
             rule, outcome = max(denied, key=lambda pair: pair[1].retry_after)

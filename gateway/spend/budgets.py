@@ -31,7 +31,7 @@ from gateway.ratelimit.checks import BudgetCheck
 from gateway.ratelimit.gcra import Outcome
 from gateway.ratelimit.memory import MemoryBackend
 from gateway.spend.ledger import SpendLedger
-from gateway.spend.store import NANOS
+from gateway.spend.store import NANOS, amount_text
 from gateway.telemetry import Metrics
 
 log = logging.getLogger("portcullis.budget")
@@ -44,12 +44,18 @@ _UNIT = {"h": 3600, "d": 86400}
 
 @dataclass(frozen=True, slots=True)
 class AppliedBudget:
-    """A budget as it applies to one request: whose spend it bounds."""
+    """A budget as it applies to one payer: whose spend it bounds, and its limit in nanos."""
 
     id: str
     scope: str  # "tenant" | "api_key"
     who: str
     budget: Budget
+    limit: int  # nanos
+    quiet_above: int  # nanos left above which no soft threshold has been crossed
+
+
+_applied: dict[tuple[str, str, int], AppliedBudget] = {}  # (id, payer, id(budget)) → built once, not per request
+_APPLIED_CAPACITY = 65536
 
 
 def applicable(ctx: RequestContext, rules: Sequence) -> list[AppliedBudget]:
@@ -58,14 +64,37 @@ def applicable(ctx: RequestContext, rules: Sequence) -> list[AppliedBudget]:
     for rule in rules:
         who = ctx.tenant if rule.key == "tenant" else ctx.key_id
         if who:
-            applied.append(AppliedBudget(rule.id, rule.key, who, rule))
+            applied.append(_applied_budget(rule.id, rule.key, who, rule))
     if ctx.key is not None and ctx.key.budget is not None and ctx.key_id:
-        applied.append(AppliedBudget(KEY_BUDGET_ID, "api_key", ctx.key_id, ctx.key.budget))
+        applied.append(_applied_budget(KEY_BUDGET_ID, "api_key", ctx.key_id, ctx.key.budget))
     return applied
 
 
+def _applied_budget(budget_id: str, scope: str, who: str, budget: Budget) -> AppliedBudget:
+    found = _applied.get((budget_id, who, id(budget)))
+    if found is None or found.budget is not budget:  # an id reused by a policy reloaded since is built anew
+        if len(_applied) >= _APPLIED_CAPACITY:
+            _applied.clear()
+        limit = round(budget.limit * NANOS)
+        quiet_above = limit - math.floor(min(budget.soft, default=1) * limit)
+        found = _applied[budget_id, who, id(budget)] = AppliedBudget(budget_id, scope, who, budget, limit, quiet_above)
+    return found
+
+
+_current: dict[str, tuple[float, float]] = {}  # period name → the one that held the last `now` asked about
+
+
 def period(budget: Budget, now: float) -> tuple[float, float]:
-    """The start and end (Unix seconds) of the budget's period that holds `now`."""
+    """The start and end (Unix seconds) of the budget's period that holds `now` (kept while it lasts: every
+    request asks)."""
+    known = _current.get(budget.period)
+    if known is not None and known[0] <= now < known[1]:
+        return known
+    found = _current[budget.period] = _period(budget, now)
+    return found
+
+
+def _period(budget: Budget, now: float) -> tuple[float, float]:
     if budget.period in ("day", "month"):
         day = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
         if budget.period == "day":
@@ -87,8 +116,7 @@ def window_seconds(text: str) -> int:
 
 def check(applied: AppliedBudget, reservation: int, now: float, request_id: str) -> BudgetCheck:
     start, end = period(applied.budget, now)
-    key = _key(applied.id, applied.who, int(start))
-    return BudgetCheck(key, round(applied.budget.limit * NANOS), reservation, end, request_id)
+    return BudgetCheck(_key(applied.id, applied.who, int(start)), applied.limit, reservation, end, request_id)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -104,11 +132,14 @@ def reservation(ctx: RequestContext, prices: PriceTable) -> int:
 
 def headers(decided: Sequence[tuple[AppliedBudget, Outcome]], currency: str) -> dict[str, str]:
     """The tightest budget's limit, what is left of it and when it resets."""
-    applied, outcome = min(decided, key=lambda pair: pair[1].remaining / (pair[0].budget.limit * NANOS))
+    applied, outcome = decided[0]
+    for other, other_outcome in decided[1:]:
+        if other_outcome.remaining * applied.limit < outcome.remaining * other.limit:  # a smaller share left
+            applied, outcome = other, other_outcome
     return {
         "x-portcullis-budget": applied.id,
         "x-portcullis-budget-limit": f"{applied.budget.limit:g} {currency}",
-        "x-portcullis-budget-remaining": f"{max(outcome.remaining, 0) / NANOS:.9g} {currency}",
+        "x-portcullis-budget-remaining": f"{amount_text(max(outcome.remaining, 0))} {currency}",
         "x-portcullis-budget-reset": str(math.ceil(outcome.reset)),
     }
 
@@ -118,7 +149,7 @@ def exceeded(applied: AppliedBudget, outcome: Outcome, currency: str, headers: d
     return GatewayError(
         429,
         f"Budget exceeded: this {whose}'s budget '{applied.id}' of {applied.budget.limit:g} {currency} per "
-        f"{applied.budget.period} has {max(outcome.remaining, 0) / NANOS:.9g} {currency} left, less than this request "
+        f"{applied.budget.period} has {amount_text(max(outcome.remaining, 0))} {currency} left, less than this request "
         f"may cost. It resets in {math.ceil(outcome.reset)}s.",
         type="insufficient_quota",
         code="budget_exceeded",
@@ -136,6 +167,8 @@ class SoftThresholds:
         self._capacity = capacity
 
     def observe(self, applied: AppliedBudget, budget_check: BudgetCheck, outcome: Outcome) -> None:
+        if outcome.remaining > applied.quiet_above:  # below every threshold: the common case, decided at once
+            return
         used = 1 - outcome.remaining / budget_check.limit
         crossed = [t for t in applied.budget.soft if used >= t]
         if not crossed or self._reported.get(budget_check.key, 0.0) >= max(crossed):

@@ -396,16 +396,21 @@ def start_redis(procs: Procs, tmp: Path) -> Service:
         time.sleep(0.1)
 
 
-def budget_decisions(service: Service) -> float:
-    """The gateway's portcullis_budget_decisions_total, all budgets and results together, from its admin /metrics."""
+def budget_left(service: Service, key: str) -> str:
+    """What one request's answer says is left of its tightest budget (`x-portcullis-budget-remaining`); fails when
+    the answer names no budget, i.e. the budgets are not on."""
     import httpx
 
-    text = httpx.get(f"http://127.0.0.1:{service.admin_port}/metrics", timeout=10).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("portcullis_budget_decisions_total")
+    response = httpx.post(
+        f"http://127.0.0.1:{service.port}/v1/chat/completions",
+        json=REQUEST,
+        headers={"authorization": f"Bearer {key}"},
+        timeout=30,
     )
+    left = response.headers.get("x-portcullis-budget-remaining")
+    if response.status_code != 200 or left is None:
+        raise RuntimeError(f"{service.name}: answered {response.status_code} with no budget header; budgets are not on")
+    return f"{response.headers['x-portcullis-budget']}: {left} left"
 
 
 def start_litellm(procs: Procs, tmp: Path, upstream_port: int) -> Service | None:
@@ -1182,9 +1187,7 @@ def main(argv: list[str] | None = None) -> int:
             check["auth_on"] = auth
             checks[key] = check
         budgeted = {key: svc for key, _, svc, _ in targets if key in {row for row, _, _ in KEY_STORE_ROWS}}
-        for key, svc in budgeted.items():  # the check's request was decided on the budgets: the counter moved
-            if budget_decisions(svc) <= 0:
-                raise RuntimeError(f"{key}: no budget decisions counted after a request; the budgets are not on")
+        budget_before = {key: budget_left(svc, bearer[key]) for key, svc in budgeted.items()}
         # Rounds interleave the targets, so a burst of outside load lands on all of them rather than on one.
         runs: dict[str, list[dict]] = collections.defaultdict(list)
         for round_no in range(args.repeat):
@@ -1209,8 +1212,11 @@ def main(argv: list[str] | None = None) -> int:
                 for key, label, svc, _ in targets
                 if key in budgeted
             }
-        if budgeted:
-            report["budget_decisions"] = {key: budget_decisions(svc) for key, svc in budgeted.items()}
+        if budgeted:  # what the run spent of each budget
+            report["budget_left"] = {
+                key: {"before": budget_before[key], "after": budget_left(svc, bearer[key])}
+                for key, svc in budgeted.items()
+            }
         report["loadavg_end"] = loadavg()
 
         for key, _, svc, _ in targets:
@@ -1251,8 +1257,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if report.get("keys_ab"):
         print(keys_table(report["keys_ab"]))
-    for key, count in report.get("budget_decisions", {}).items():
-        print(f"{key}: portcullis_budget_decisions_total {count:.0f}")
+    for key, left in report.get("budget_left", {}).items():
+        print(f"{key}: budget before the runs {left['before']}, after {left['after']}")
     for r in results:
         if "store_cpu_us_per_request" in r["c32"]:
             print(f"{r['label']}: redis-server CPU {r['c32']['store_cpu_us_per_request']} us/req on top (c32 run)")
