@@ -169,7 +169,10 @@ class Budget(_Strict):
     the expected cost (prompt, plus the output budget at the output price) is reserved, and settled on the cost
     of the reconciled usage. Spent out: 429 `budget_exceeded`."""
 
-    limit: Annotated[float, Field(gt=0)]
+    limit: Annotated[
+        float,
+        Field(gt=0, le=9_000_000, description="at most 9 million: spend is counted exactly in nanos up to 2^53"),
+    ]
     period: BudgetPeriod = "month"
     soft: list[Annotated[float, Field(gt=0, lt=1)]] = Field(
         default_factory=lambda: [0.8],

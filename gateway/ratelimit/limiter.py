@@ -36,7 +36,7 @@ class Grant:
     backend: Backend
     decided: list[tuple[RateLimitRule, Check, Outcome]]
     headers: dict[str, str]
-    budgets: list[tuple[AppliedBudget, BudgetCheck]] = field(default_factory=list)
+    budgets: list[BudgetCheck] = field(default_factory=list)
     prices: PriceTable | None = None  # the table the budgets reserved at: the same one settles them
 
 
@@ -60,35 +60,52 @@ class RateLimiter:
     ) -> Grant:
         """Decide all rules and budgets in one round trip; raise 429 if any denies."""
         checks: list[Check] = [_check(rule, ctx) for rule in rules]
-        spend: list[tuple[AppliedBudget, BudgetCheck]] = []
+        reserved: list[BudgetCheck] = []
         if applied:
             assert prices is not None  # budgets are priced
-            cost, now = budgets.reservation(ctx, prices), time.time()
-            spend = [(budget, budgets.check(budget, cost, now, ctx.request_id)) for budget in applied]
+            cost, now, member = budgets.reservation(ctx, prices), time.time(), ctx.request_id
+            reserved = [budgets.check(budget, cost, now, member) for budget in applied]
             if self._seeder is not None:
-                await self._seeder.seed(spend)
-        outcomes, backend = await self.backend.acquire([*checks, *(c for _, c in spend)])
-        limited, spent = outcomes[: len(rules)], outcomes[len(rules) :]
+                await self._seeder.seed(applied, reserved)
+            checks += reserved
+        outcomes, backend = await self.backend.acquire(checks)
+        limited = outcomes[: len(rules)]
         decided = list(zip(rules, checks, limited))
         for rule, outcome in zip(rules, limited):
             self._decisions(rule.id, "allowed" if outcome.allowed else "limited", backend.name).inc()
         headers = rate_limit_headers(list(zip(rules, limited))) if rules else {}
-        if spend:
-            currency = prices.currency if prices else ""
-            headers.update(budgets.headers([(b, o) for (b, _), o in zip(spend, spent)], currency))
-            for (budget, budget_check), outcome in zip(spend, spent):
-                if outcome.allowed:
-                    self._thresholds.observe(budget, budget_check, outcome)
-                else:
-                    self._budgets_exceeded(budget.id, backend.name).inc()
+        spent = outcomes[len(rules) :]
+        if reserved:
+            assert prices is not None
+            headers.update(budgets.headers(applied, spent, prices.currency))
         denied = [(rule, out) for rule, _, out in decided if not out.allowed]
         if denied:
             rule, outcome = max(denied, key=lambda pair: pair[1].retry_after)
             raise _too_many(rule, outcome, headers)
-        for (budget, _), outcome in zip(spend, spent):
-            if not outcome.allowed:
-                raise budgets.exceeded(budget, outcome, prices.currency if prices else "", headers)
-        return Grant(backend, decided, headers, spend, prices)
+        if reserved:
+            assert prices is not None
+            self._budgets_decided(applied, reserved, spent, headers, prices.currency, backend.name)
+        return Grant(backend, decided, headers, reserved, prices)
+
+    def _budgets_decided(
+        self,
+        applied: Sequence[AppliedBudget],
+        reserved: Sequence[BudgetCheck],
+        outcomes: Sequence[Outcome],
+        headers: dict[str, str],
+        currency: str,
+        backend: str,
+    ) -> None:
+        """Soft thresholds for the budgets that fitted; 429 for the first that did not."""
+        exceeded = None
+        for budget, budget_check, outcome in zip(applied, reserved, outcomes):
+            if outcome.allowed:
+                self._thresholds.observe(budget, budget_check, outcome)
+            else:
+                self._budgets_exceeded(budget.id, backend).inc()
+                exceeded = exceeded or (budget, outcome)
+        if exceeded is not None:
+            raise budgets.exceeded(*exceeded, currency, headers)
 
     async def settle(self, grant: Grant, ctx: RequestContext) -> None:
         """Reconcile token and spend reservations with what the request cost, and free concurrency slots."""
@@ -106,7 +123,7 @@ class RateLimiter:
         if grant.budgets:
             assert grant.prices is not None
             cost = charge(ctx, grant.prices).cost_nanos
-            spend = tuple((check, cost) for _, check in grant.budgets)
+            spend = tuple((check, cost) for check in grant.budgets)
         await grant.backend.settle(Settlement(tuple(adjustments), tuple(releases), spend))
 
 

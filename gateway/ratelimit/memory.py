@@ -42,9 +42,9 @@ class MemoryBackend:
         return [outcome for outcome, _ in decided]
 
     def seed(self, check: BudgetCheck, spent: int) -> None:
-        """Start a budget's period from what the spend ledger says was spent in it (after a restart)."""
-        held, _ = self._spent.get(check.key, (0, check.resets_at))
-        self._spent[check.key] = (held + spent, check.resets_at)
+        """Start a budget's period from what the spend ledger says was spent in it (after a restart); a period this
+        process already counts keeps its own count, which is the more recent."""
+        self._spent.setdefault(check.key, (spent, check.resets_at))
 
     async def settle(self, settlement: Settlement) -> None:
         now = self._clock()

@@ -130,15 +130,15 @@ def reservation(ctx: RequestContext, prices: PriceTable) -> int:
     return prices.cost_nanos(ctx.model, ctx.prompt_tokens or 0, 0, ctx.max_tokens or 0)
 
 
-def headers(decided: Sequence[tuple[AppliedBudget, Outcome]], currency: str) -> dict[str, str]:
+def headers(applied: Sequence[AppliedBudget], outcomes: Sequence[Outcome], currency: str) -> dict[str, str]:
     """The tightest budget's limit, what is left of it and when it resets."""
-    applied, outcome = decided[0]
-    for other, other_outcome in decided[1:]:
-        if other_outcome.remaining * applied.limit < outcome.remaining * other.limit:  # a smaller share left
-            applied, outcome = other, other_outcome
+    tightest, outcome = applied[0], outcomes[0]
+    for other, other_outcome in zip(applied[1:], outcomes[1:]):
+        if other_outcome.remaining * tightest.limit < outcome.remaining * other.limit:  # a smaller share left
+            tightest, outcome = other, other_outcome
     return {
-        "x-portcullis-budget": applied.id,
-        "x-portcullis-budget-limit": f"{applied.budget.limit:g} {currency}",
+        "x-portcullis-budget": tightest.id,
+        "x-portcullis-budget-limit": f"{tightest.budget.limit:g} {currency}",
         "x-portcullis-budget-remaining": f"{amount_text(max(outcome.remaining, 0))} {currency}",
         "x-portcullis-budget-reset": str(math.ceil(outcome.reset)),
     }
@@ -195,6 +195,9 @@ class SoftThresholds:
         )
 
 
+_SEEDED_CAPACITY = 65536
+
+
 class BudgetSeeder:
     """Without a shared store, starts each budget period this process has not seen from the ledger's spend."""
 
@@ -203,14 +206,18 @@ class BudgetSeeder:
         self._memory = memory
         self._seeded: dict[str, asyncio.Future[None]] = {}
 
-    async def seed(self, checks: Sequence[tuple[AppliedBudget, BudgetCheck]]) -> None:
-        for applied, budget_check in checks:
+    async def seed(self, applied: Sequence[AppliedBudget], checks: Sequence[BudgetCheck]) -> None:
+        for budget, budget_check in zip(applied, checks):
             done = self._seeded.get(budget_check.key)
+            if done is not None and done.done():  # every request after the period's first
+                continue
             if done is None:
+                if len(self._seeded) >= _SEEDED_CAPACITY:  # forgetting is safe: a period counted is never re-seeded
+                    self._seeded = {key: seeding for key, seeding in self._seeded.items() if not seeding.done()}
                 done = self._seeded[budget_check.key] = asyncio.get_running_loop().create_future()
                 try:
-                    start, _ = period(applied.budget, budget_check.resets_at - 1)
-                    self._memory.seed(budget_check, await self._ledger.spent(applied.scope, applied.who, start))
+                    start, _ = period(budget.budget, budget_check.resets_at - 1)
+                    self._memory.seed(budget_check, await self._ledger.spent(budget.scope, budget.who, start))
                     done.set_result(None)
                 except BaseException as exc:
                     del self._seeded[budget_check.key]

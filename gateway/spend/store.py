@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 NANOS = 1_000_000_000
 HOUR = 3600
@@ -17,9 +17,9 @@ HOUR = 3600
 GroupBy = Literal["key", "tenant", "model", "hour", "day", "month"]
 
 
-@dataclass(frozen=True, slots=True)
-class SpendKey:
-    """One ledger row's identity: the hour (Unix seconds at its start) and who spent on what."""
+class SpendKey(NamedTuple):
+    """One ledger row's identity: the hour (Unix seconds at its start) and who spent on what (a tuple: built and
+    hashed for every request)."""
 
     hour: int
     key_id: str  # "" for a request no stored or static key identified

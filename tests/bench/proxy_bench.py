@@ -273,8 +273,8 @@ BUDGETS_POLICY = {
     "spec": {
         "prices": {"models": {MODEL: {"input": 1.0, "output": 2.0}}},
         "budgets": [
-            {"id": "tenant-spend", "key": "tenant", "limit": 10**9, "period": "month"},
-            {"id": "key-spend", "key": "api_key", "limit": 10**9, "period": "month"},
+            {"id": "tenant-spend", "key": "tenant", "limit": 9_000_000, "period": "month"},
+            {"id": "key-spend", "key": "api_key", "limit": 9_000_000, "period": "month"},
         ],
     },
 }
