@@ -283,6 +283,9 @@ BUDGETS_POLICY = {
 # --keys' baseline: the same policy less the prices and budgets (not the repo's, which may gain stages meanwhile).
 NO_BUDGETS_POLICY = {**BUDGETS_POLICY, "metadata": {"name": "bench-no-budgets"}, "spec": {}}
 STATIC_KEY_ROW = "portcullis_static_key"  # --keys' baseline: the config's key
+# a second static-key gateway, paired with the first like the key-store rows: how far two identical gateways' ratio
+# strays on this machine, the noise floor to read the others against
+CONTROL_ROW = "portcullis_static_key_control"
 KEY_STORE_ROWS = (  # target, label, store backend: a stored key and BUDGETS_POLICY
     ("portcullis_keys_sqlite", "Portcullis + key store (SQLite) + budget", "sqlite"),
     ("portcullis_keys_redis", "Portcullis + key store (Redis) + budget", "redis"),
@@ -1157,9 +1160,13 @@ def main(argv: list[str] | None = None) -> int:
                 targets.append((key, label, svc, True))
         if args.keys:
             assert redis is not None
-            svc = start_portcullis(procs, tmp, STATIC_KEY_ROW, static.port, False, policy=NO_BUDGETS_POLICY)
-            wait_http(svc, "/healthz", 60)
-            targets.append((STATIC_KEY_ROW, "Portcullis, static key", svc, True))
+            for key, label in (
+                (STATIC_KEY_ROW, "Portcullis, static key"),
+                (CONTROL_ROW, "Portcullis, static key again"),
+            ):
+                svc = start_portcullis(procs, tmp, key, static.port, False, policy=NO_BUDGETS_POLICY)
+                wait_http(svc, "/healthz", 60)
+                targets.append((key, label, svc, True))
             for key, label, store in KEY_STORE_ROWS:
                 url = f"redis://127.0.0.1:{redis.port}/1" if store == "redis" else None  # apart from --limits' db
                 bearer[key] = store_key(store, tmp, key, url)
@@ -1207,10 +1214,12 @@ def main(argv: list[str] | None = None) -> int:
         if budgeted and args.keys_pairs:
             static_key = next(svc for key, _, svc, _ in targets if key == STATIC_KEY_ROW)
             report["keys_ab"] = {
-                key: ab_pairs(svc, static_key, lua, args.keys_pairs, current_lua=scripts[key], store=stores.get(key))
+                key: ab_pairs(
+                    svc, static_key, lua, args.keys_pairs, current_lua=scripts.get(key, lua), store=stores.get(key)
+                )
                 | {"label": label}
                 for key, label, svc, _ in targets
-                if key in budgeted
+                if key in budgeted or key == CONTROL_ROW
             }
         if budgeted:  # what the run spent of each budget
             report["budget_left"] = {
