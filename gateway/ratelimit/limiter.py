@@ -110,7 +110,14 @@ class RateLimiter:
     async def settle(self, grant: Grant, ctx: RequestContext) -> None:
         """Reconcile token and spend reservations with what the request cost, and free concurrency slots."""
         adjustments, releases = [], []
-        prompt, completion = charged_tokens(ctx)
+        spend: tuple[tuple[BudgetCheck, int], ...] = ()
+        if grant.budgets:
+            assert grant.prices is not None
+            charged_cost = charge(ctx, grant.prices)
+            prompt, completion = charged_cost.prompt, charged_cost.completion
+            spend = tuple((check, charged_cost.cost_nanos) for check in grant.budgets)
+        else:
+            prompt, completion = charged_tokens(ctx)
         for rule, check, _ in grant.decided:
             if isinstance(check, SlotCheck):
                 releases.append(check)
@@ -119,11 +126,6 @@ class RateLimiter:
                 if charged != check.cost:
                     adjustments.append((check, charged - check.cost))
                 self._tokens_charged(rule.id).inc(charged)
-        spend: tuple[tuple[BudgetCheck, int], ...] = ()
-        if grant.budgets:
-            assert grant.prices is not None
-            cost = charge(ctx, grant.prices).cost_nanos
-            spend = tuple((check, cost) for check in grant.budgets)
         await grant.backend.settle(Settlement(tuple(adjustments), tuple(releases), spend))
 
 

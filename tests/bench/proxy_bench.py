@@ -400,8 +400,8 @@ def start_redis(procs: Procs, tmp: Path) -> Service:
 
 
 def budget_left(service: Service, key: str) -> str:
-    """What one request's answer says is left of its tightest budget (`x-portcullis-budget-remaining`); fails when
-    the answer names no budget, i.e. the budgets are not on."""
+    """What one request's answer says of its tightest budget (`x-portcullis-budget`); fails when the answer names no
+    budget, i.e. the budgets are not on."""
     import httpx
 
     response = httpx.post(
@@ -410,10 +410,10 @@ def budget_left(service: Service, key: str) -> str:
         headers={"authorization": f"Bearer {key}"},
         timeout=30,
     )
-    left = response.headers.get("x-portcullis-budget-remaining")
-    if response.status_code != 200 or left is None:
+    budget = response.headers.get("x-portcullis-budget")
+    if response.status_code != 200 or budget is None:
         raise RuntimeError(f"{service.name}: answered {response.status_code} with no budget header; budgets are not on")
-    return f"{response.headers['x-portcullis-budget']}: {left} left"
+    return budget
 
 
 def start_litellm(procs: Procs, tmp: Path, upstream_port: int) -> Service | None:

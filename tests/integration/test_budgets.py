@@ -111,17 +111,18 @@ def test_two_gateways_share_a_budget_exactly(fake_upstream, gateway, redis_serve
         answers = list(pool_.map(one, range(200)))
     served = [(g, r) for g, r in answers if r.status_code == 200]
     refused = [r for _, r in answers if r.status_code != 200]
+    reservation = 7 * 1000 + 10 * 2000  # about: the prompt counted by estimate may differ from the upstream's 7
     assert served and refused, "a budget of ~70 requests lets some of 200 through and refuses others"
     for response in refused:
         assert response.status_code == 429
         assert response.json()["error"]["code"] == "budget_exceeded"
         assert float(response.headers["retry-after"]) >= 1
-        assert response.headers["x-portcullis-budget-remaining"].endswith(" USD")
+        budget = dict(part.split("=") for part in response.headers["x-portcullis-budget"].split("; ")[1:])
+        assert budget["currency"] == "USD" and float(budget["remaining"]) < 2 * reservation / NANOS
     # spend up to the end: the budget is used until less than one request's reservation is left
     while (last := ask(gateways[0].url)).status_code == 200:
         served.append((0, last))
     assert last.json()["error"]["code"] == "budget_exceeded"
-    reservation = 7 * 1000 + 10 * 2000  # at most: the prompt counted by estimate may differ from the upstream's 7
     costs = [nanos(gateways[g], r) for g, r in served]
     assert all(cost == 7 * 1000 + 3 * 2000 for cost in costs), "each request settles on the upstream's usage"
     spent = sum(costs)
@@ -156,9 +157,14 @@ def test_a_budget_survives_a_restart_with_the_embedded_store(fake_upstream, gate
     first.stop()  # a clean stop writes the ledger
     processes.remove(first)
     second = gateway(config)
+    report = httpx.get(second.admin_url + "/admin/spend", params={"group_by": "tenant"}).json()["data"]
+    assert [(row["tenant"], row["cost_nanos"]) for row in report] == [("team-a", spent)], "the ledger kept the spend"
     again = ask(second.url)
     assert again.status_code == 429, "the restarted gateway reads the period's spend back from the ledger"
-    remaining = float(again.headers["x-portcullis-budget-remaining"].split()[0])
+    name, *fields = again.headers["x-portcullis-budget"].split("; ")
+    budget = dict(field.split("=") for field in fields)
+    assert name == "team-spend" and float(budget["limit"]) == 0.0001
+    remaining = float(budget["remaining"])
     assert remaining * NANOS == pytest.approx(100_000 - spent, abs=1)
 
 

@@ -1,6 +1,6 @@
 """Stored keys through real gateway processes: shared by instances on one redis-server, kept across a restart in a
-SQLite file, refused for models they may not call. Keys are written with the store's own classes, as the admin API
-does."""
+SQLite file, refused for models they may not call. Keys are made and revoked through one instance's admin API, or
+written with the store's own classes as that API does."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import openai
 import pytest
 
 from gateway.keystore.records import KeyRecord, digest_of, new_key_id, new_secret
-from gateway.keystore.redis_store import RedisKeyStore
 from gateway.keystore.sqlite_store import SqliteKeyStore
 from gateway.keystore.store import KeyStoreBackend
 from tests.conftest import Process, chat_body, pool
@@ -69,9 +68,8 @@ def test_instances_sharing_redis_see_a_key_and_its_revocation_within_a_second(fa
         "store": {"backend": "redis"},
     }
     one, two = gateway(config), gateway(config)
-    secret, record = new_key("team-shared")
-    assert chat(one, secret).status_code == 401
-    put(RedisKeyStore(redis_server.url), record)
+    created = httpx.post(one.admin_url + "/admin/keys", json={"tenant": "team-shared"}).json()  # through one
+    secret = created["secret"]
     for gw in (one, two):
         until_status(gw, secret, 200)
         reply = openai_client(gw, secret).chat.completions.create(
@@ -79,7 +77,8 @@ def test_instances_sharing_redis_see_a_key_and_its_revocation_within_a_second(fa
         )
         assert reply.choices[0].message.content
 
-    put(RedisKeyStore(redis_server.url), record.model_copy(update={"revoked_at": time.time()}))
+    revoked = httpx.post(f"{one.admin_url}/admin/keys/{created['id']}/revoke")  # through one: the other refuses it
+    assert revoked.status_code == 200 and revoked.json()["revoked_at"]
     assert until_status(two, secret, 401) < 1.0
     with pytest.raises(openai.AuthenticationError) as refused:
         openai_client(one, secret).chat.completions.create(
