@@ -140,8 +140,8 @@ def headers(applied: Sequence[AppliedBudget], outcomes: Sequence[Outcome], curre
             tightest, outcome = other, other_outcome
     left = amount_text(max(outcome.remaining, 0))
     return {
-        HEADER: f"{tightest.id}; limit={tightest.budget.limit:g}; remaining={left}; reset={math.ceil(outcome.reset)}; "
-        f"currency={currency}"
+        HEADER: f"{tightest.id}; limit={amount_text(tightest.limit)}; remaining={left}; "
+        f"reset={math.ceil(outcome.reset)}; currency={currency}"
     }
 
 

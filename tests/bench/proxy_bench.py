@@ -17,8 +17,8 @@ chat request with an Authorization header. "Added" latency is a target's p50/p99
 
 With --keys, three more rows, access log off: the config's static key ("Portcullis, static key", the baseline), and
 a key made in the key store before the gateway starts (SQLite, then Redis on a local redis-server) with a priced
-policy and two budgets (per tenant, per key) no run spends; wrk sends each row's own key. After the run the budget
-rows' /metrics must count budget decisions. --keys-pairs N alternates short c32 runs of each key-store row and the
+policy and a budget rule (per tenant) no run spends; wrk sends each row's own key. The budget rows' answers must
+name their budget. --keys-pairs N alternates short c32 runs of each key-store row and the
 static-key row (A B B A ...) and reports the median RPS and CPU-per-request ratios with their quartiles.
 
 With --profile-dir, py-spy (from .bench/tools-venv, or $PY_SPY) records the access-log-on gateway during an extra
@@ -264,7 +264,7 @@ LIMITS_POLICY = {
 }
 
 
-# What the key-store rows add: a price table and a budget per tenant and one per key, with limits no run spends, so
+# What the key-store rows add: a price table and a budget rule per tenant, with a limit no run spends, so
 # every request reserves spend on both and settles its cost, and none is refused.
 BUDGETS_POLICY = {
     "apiVersion": "portcullis.dev/v1",
@@ -274,7 +274,6 @@ BUDGETS_POLICY = {
         "prices": {"models": {MODEL: {"input": 1.0, "output": 2.0}}},
         "budgets": [
             {"id": "tenant-spend", "key": "tenant", "limit": 9_000_000, "period": "month"},
-            {"id": "key-spend", "key": "api_key", "limit": 9_000_000, "period": "month"},
         ],
     },
 }
@@ -1085,7 +1084,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keys",
         action="store_true",
-        help="add rows, access log off: the static key, and a stored key (SQLite, Redis) with two budgets on",
+        help="add rows, access log off: the static key, and a stored key (SQLite, Redis) with a budget rule on",
     )
     parser.add_argument(
         "--keys-pairs",
