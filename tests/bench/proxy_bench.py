@@ -265,7 +265,7 @@ LIMITS_POLICY = {
 
 
 # What the key-store rows add: a price table and a budget rule per tenant, with a limit no run spends, so
-# every request reserves spend on both and settles its cost, and none is refused.
+# every request reserves spend and settles its cost, and none is refused.
 BUDGETS_POLICY = {
     "apiVersion": "portcullis.dev/v1",
     "kind": "Policy",
