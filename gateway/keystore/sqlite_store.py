@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
+from gateway import sqlite_wal
 from gateway.keystore.records import KeyRecord
 
 BUSY_TIMEOUT_MS = 5000  # sqlite3.connect's timeout: the connection's busy_timeout
@@ -77,8 +78,7 @@ class SqliteKeyStore:
     def _connection(self) -> sqlite3.Connection:
         if self._db is None:
             try:
-                db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
-                db.execute("PRAGMA journal_mode = WAL")
+                db = sqlite_wal.connect(self.path, BUSY_TIMEOUT_MS / 1000)
                 db.execute("PRAGMA synchronous = NORMAL")  # WAL's recommended setting: durable at each checkpoint
                 db.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} COMMIT;")
             except sqlite3.Error as err:  # a missing directory, a file that is not a database: say which file

@@ -4,10 +4,10 @@ model, added to by upsert, so several processes of one host can share it."""
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
+from gateway import sqlite_wal
 from gateway.spend.store import SpendKey, SpendTotals
 
 _SCHEMA = """
@@ -32,8 +32,7 @@ class SqliteSpendStore:
 
     def __init__(self, path: Path) -> None:
         # one connection, used by one worker thread at a time (the lock), never by the event loop
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=5.0)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db = sqlite_wal.connect(path, 5.0, check_same_thread=False)
         self._db.execute(_SCHEMA)
         self._lock = asyncio.Lock()
 
