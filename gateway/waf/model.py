@@ -49,6 +49,7 @@ PLAIN_TARGETS = (
     "args",
     "args_names",
     "headers",
+    "header_values",
     "header_names",
     "cookies",
     "cookie_names",
@@ -61,6 +62,7 @@ PLAIN_TARGETS = (
     "client_ip",
     "content_type",
     "json_strings",
+    "base64",
     # numbers
     "body_size",
     "header_count",

@@ -14,6 +14,12 @@ Which parts hold what:
   web-attack packs do not. Tool descriptions count as the `system` role's text, tool-call arguments as the
   `assistant`'s, role-less prompts as the `user`'s. A request on no known route has no prompt: all of it is args.
 - `json:PATH` reads the parsed body by dotted path (`*` is any key or index), `prompt:ROLE` one role's messages.
+- `header_values`: the headers a client fills with free text that servers log or act on (User-Agent, Referer,
+  X-Forwarded-*, X-Api-Version, any custom header: where real exploit traffic such as Log4Shell arrives), each
+  read the way its syntax says: Referer and Origin as the URL and its decoded query values, X-Forwarded-For and
+  Forwarded item by item. Left out are the headers whose syntax the gateway itself checks or that carry
+  credentials (Host, Content-*, Accept*, Authorization, API keys, Cookie: its values are `cookies`).
+- `base64`: every argument, cookie and header value that is base64 text (see `gateway/waf/decode.py`), decoded.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from urllib.parse import parse_qsl, unquote_to_bytes
 
 from gateway.apis.routes import BY_NAME
 from gateway.apis.shape import PROMPT_ROLE, Api, PromptText
+from gateway.waf.decode import base64_layers
 
 # A value and where it came from (for explanations, and for redaction inside the JSON body).
 Location = tuple[str | int, ...]  # keys and indices from the parsed JSON body's root
@@ -131,6 +138,16 @@ class RequestView:
             return [("header_names", k, None) for k, _ in self.headers]
         if target == "cookies":
             return [(f"cookie:{k}", v, None) for k, v in self._cookies()]
+        if target == "header_values":
+            return [
+                (f"header:{k}", v, None)
+                for k, value in self.headers
+                if k not in _OPAQUE_HEADERS
+                for v in _header_items(k, value)
+            ]
+        if target == "base64":
+            sources = [v for t in ("args", "cookies", "header_values") for v in self.values(t)]
+            return [(f"{part} (base64)", text, None) for part, raw, _ in sources for text in base64_layers(raw)]
         if target == "cookie_names":
             return [("cookie_names", k, None) for k, _ in self._cookies() if k]
         if target == "prompt":
@@ -166,6 +183,40 @@ class RequestView:
             return []
         name = f"prompt:{role}" if role else "prompt"
         return [(name, t.text, t.loc) for t in api.texts(self.payload) if role is None or _waf_role(t) == role]
+
+
+# Headers whose syntax the gateway checks, that hold credentials, or whose values are read elsewhere (cookies).
+_OPAQUE_HEADERS = frozenset(
+    {
+        "host",
+        "content-type",
+        "content-length",
+        "content-encoding",
+        "transfer-encoding",
+        "accept",
+        "accept-encoding",
+        "accept-language",
+        "accept-charset",
+        "authorization",
+        "proxy-authorization",
+        "x-api-key",
+        "api-key",
+        "cookie",
+        "connection",
+        "traceparent",
+        "tracestate",
+    }
+)
+
+
+def _header_items(name: str, value: str) -> list[str]:
+    """A header value as its syntax splits it: a URL and its decoded query values, or a list's items."""
+    if name in ("referer", "origin"):
+        _, _, query = value.partition("?")
+        return [value, *(v for _, v in parse_qsl(query, keep_blank_values=True))] if query else [value]
+    if name in ("x-forwarded-for", "forwarded", "via"):
+        return [item.strip() for item in value.split(",")] if "," in value else [value]
+    return [value]
 
 
 _XML_VALUES = re.compile(r'(?<==)"([^"]*)"|>([^<]+)<')
