@@ -12,7 +12,7 @@ import hmac
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.requests import Request
@@ -93,7 +93,7 @@ def build_admin_app(gateway: Gateway) -> ASGIApp:
                 gateway.metrics.upstream_outstanding.labels(pool=pool.name, replica=replica.url).set(
                     replica.outstanding
                 )
-        return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(gateway.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     async def admin_policy(request: Request) -> Response:
         policies = gateway.policies

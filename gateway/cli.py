@@ -10,7 +10,7 @@ import queue
 import sys
 
 from backend_engine import cli as engine_cli
-from gateway import keys_cli, up
+from gateway import keys_cli, up, workers
 from gateway.bench import cli as bench_cli
 from gateway.config import CONFIG_ENV, ConfigError, load_config
 from gateway.guard import cli as guard_cli
@@ -38,39 +38,63 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--host", help="override listen.host")
     serve.add_argument("--port", type=int, help="override listen.port")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    # set by the supervisor when it starts a worker (gateway/workers.py), never by hand
+    serve.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--supervisor-pid", type=int, help=argparse.SUPPRESS)
     serve.set_defaults(func=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
+    """One process serving, as a gateway of its own or as one of a supervisor's workers; or, with `listen.workers`
+    above 1, the supervisor of that many workers."""
     from gateway.app import build_app
     from gateway.http_server import serve
     from gateway.policy.loader import PolicyError
 
-    configure_logging(args.log_level)
+    worker = args.worker_index
+    configure_logging(args.log_level, {} if worker is None else {"worker": worker})
+    if worker is not None:
+        workers.follow_supervisor(args.supervisor_pid)
     try:
         config = load_config(args.config)
+    except ConfigError as exc:
+        return _cannot_start(exc)
+    listen = {
+        "host": args.host or config.listen.host,
+        "port": args.port if args.port is not None else config.listen.port,
+    }
+    config = config.model_copy(update={"listen": config.listen.model_copy(update=listen)})
+    if worker is None and config.listen.worker_count() > 1:
+        return workers.Supervisor(config, args.log_level).run()
+    if worker:
+        config = workers.without_admin(config)
+    try:
         app = build_app(config)
     except (ConfigError, PolicyError) as exc:
-        print(f"portcullis: {exc}", file=sys.stderr)
-        return 2
-    host = args.host or config.listen.host
-    port = args.port if args.port is not None else config.listen.port
+        return _cannot_start(exc)
+    on_started = None if worker is None else workers.report_serving(args.ready_fd)
     try:
-        serve(app, config, host, port)
+        serve(app, config, config.listen.host, config.listen.port, reuse_port=worker is not None, on_started=on_started)
     except OSError as exc:  # a listener that cannot bind (port in use, address not local)
         print(f"portcullis: cannot listen: {exc}", file=sys.stderr)
-        return 2
+        return workers.START_FAILED
     return 0
 
 
-def configure_logging(level: str) -> None:
+def _cannot_start(exc: Exception) -> int:
+    print(f"portcullis: {exc}", file=sys.stderr)
+    return workers.START_FAILED
+
+
+def configure_logging(level: str, process_fields: dict[str, object] | None = None) -> None:
     """Everything to stderr as JSON lines, the access log included, so one collector parses all of it.
 
     Records are formatted and written by a listener thread: the event loop only enqueues them (formatting and a
     write per access-log line on the loop cost ~150 µs a request in the proxy benchmark).
     """
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonLineFormatter())
+    handler.setFormatter(JsonLineFormatter(process_fields))
     records: queue.SimpleQueue = queue.SimpleQueue()
     listener = logging.handlers.QueueListener(records, handler)
     listener.start()

@@ -8,6 +8,7 @@ file, the key path and the problem. Secrets never live in the file: pools and ke
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from pathlib import Path
 from typing import Annotated, Literal
@@ -26,9 +27,51 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on, not the host's count: its CPU affinity (cpusets, `taskset`), capped by a
+    cgroup CPU quota (a container's CPU limit), which leaves affinity alone."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = _cgroup_cpu_quota()
+    return max(1, min(cores, math.ceil(quota))) if quota else cores
+
+
+def _cgroup_cpu_quota() -> float | None:
+    """CPUs' worth of time per period the cgroup allows (cgroup v2 `cpu.max`, else v1's CFS files); None: no limit."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        v1 = Path("/sys/fs/cgroup/cpu")
+        quota_us = int((v1 / "cpu.cfs_quota_us").read_text())
+        return None if quota_us <= 0 else quota_us / int((v1 / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 class ListenConfig(_Strict):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    workers: int | Literal["auto"] = Field(
+        default=1,
+        description=(
+            "gateway processes sharing the public port (SO_REUSEPORT), supervised by `portcullis serve`; "
+            "'auto': one per usable core. 1: one process serves, no supervisor (docs/fleets.md, Workers)"
+        ),
+    )
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _whole_workers_or_auto(cls, value: object) -> object:
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ValueError(
+            f"must be a whole number of processes (1 or more) or 'auto' (one per usable core), not {value!r}"
+        )
+
+    def worker_count(self) -> int:
+        return self.workers if isinstance(self.workers, int) else usable_cores()
 
 
 class LimitsConfig(_Strict):

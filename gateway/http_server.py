@@ -9,7 +9,8 @@ most its `max_connections` open; one more gets 503 and is closed at once. Every 
 the connection. Parsing stays with llhttp: nothing here reads HTTP syntax.
 
 `serve` binds the public listener and the admin listener (gateway/app.py routes each connection by the port it
-arrived on) and runs one uvicorn server over both. uvicorn's own proxy-header rewriting is off: the client's
+arrived on) and runs one uvicorn server over both; with `listen.workers` above 1 each worker process runs one
+(gateway/workers.py), the admin listener only in worker 0. uvicorn's own proxy-header rewriting is off: the client's
 address is the socket peer, and only gateway/client_ip.py decides whether an X-Forwarded-For is believed.
 """
 
@@ -20,6 +21,7 @@ import json
 import logging
 import socket
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -195,16 +197,41 @@ def protocol_class(limits: LimitsConfig, listener_caps: dict[int, int]) -> type[
     )
 
 
-def bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A listening socket; with `reuse_port`, one of several (one per worker) the kernel spreads connections over."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family, backlog=BACKLOG)
+    sock = socket.create_server((host, port), family=family, backlog=BACKLOG, reuse_port=reuse_port)
     sock.setblocking(False)
     return sock
 
 
-def serve(app: Any, config: GatewayConfig, host: str, port: int) -> None:
-    """Run `app` on the public listener and, when enabled, the admin listener, until SIGINT/SIGTERM."""
-    listeners = [bind(host, port)]
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling `on_started` once its lifespan has started and its listeners accept."""
+
+    def __init__(self, config: uvicorn.Config, on_started: Callable[[], None] | None) -> None:
+        super().__init__(config)
+        self._on_started = on_started
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self._on_started is not None:
+            self._on_started()
+
+
+def serve(
+    app: Any,
+    config: GatewayConfig,
+    host: str,
+    port: int,
+    *,
+    reuse_port: bool = False,
+    on_started: Callable[[], None] | None = None,
+) -> None:
+    """Run `app` on the public listener and, when enabled, the admin listener, until SIGINT/SIGTERM.
+
+    A worker (gateway/workers.py) binds the public port with `reuse_port`, and its supervisor learns through
+    `on_started` that it serves."""
+    listeners = [bind(host, port, reuse_port)]
     caps = {listeners[0].getsockname()[1]: config.limits.max_connections}
     if config.admin.enabled:
         admin = bind(config.admin.host, config.admin.port)
@@ -223,4 +250,4 @@ def serve(app: Any, config: GatewayConfig, host: str, port: int) -> None:
         timeout_graceful_shutdown=10,
         backlog=BACKLOG,
     )
-    uvicorn.Server(server_config).run(sockets=listeners)
+    _Server(server_config, on_started).run(sockets=listeners)

@@ -1,5 +1,8 @@
 """OpenTelemetry tracing and Prometheus metrics, built per app (no global providers or registries).
 
+With `listen.workers` above 1 each worker process writes its samples to files in the directory the supervisor names in
+PROMETHEUS_MULTIPROC_DIR (prometheus_client's multiprocess mode), and the one worker serving /metrics sums them.
+
 With OTLP export off, spans are created by an always-off sampler: trace ids still exist (for the access log and the
 `traceparent` sent upstream) but nothing is recorded, so tracing costs next to nothing until an operator enables it.
 """
@@ -19,8 +22,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
 from opentelemetry.trace import Link, Span, format_span_id, format_trace_id
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 from gateway.config import GatewayConfig, OtlpConfig, TelemetryConfig
 
@@ -28,6 +33,7 @@ if TYPE_CHECKING:
     from gateway.ratelimit.outbox import SettlementOutbox
 
 ACCESS_LOGGER = "portcullis.access"
+MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client reads it when first imported
 OTHER_MODEL = "other"  # the model label of every model the config does not name
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -44,6 +50,10 @@ class Metrics:
     def __init__(self, known_models: frozenset[str] = frozenset()) -> None:
         self.known_models = known_models
         self.registry = CollectorRegistry()
+        self._all_workers: CollectorRegistry | None = None  # with workers: every worker's samples, read from files
+        if directory := os.environ.get(MULTIPROCESS_DIR_ENV):
+            self._all_workers = CollectorRegistry()
+            MultiProcessCollector(self._all_workers, directory)
         r = self.registry
         self.requests = Counter("portcullis_requests", "Requests by route and status", ["route", "status"], registry=r)
         self.request_duration = Histogram(
@@ -79,9 +89,10 @@ class Metrics:
         )
         self.upstream_outstanding = Gauge(
             "portcullis_upstream_outstanding_requests",
-            "Requests in flight per replica",
+            "Requests in flight per replica (with workers: those of the worker serving /metrics)",
             ["pool", "replica"],
             registry=r,
+            multiprocess_mode="livesum",  # a restarted worker's old value leaves with it
         )
         self.tokens = Counter(
             "portcullis_tokens", "Tokens reported by upstreams", ["pool", "model", "kind"], registry=r
@@ -162,8 +173,19 @@ class Metrics:
         )
 
     def watch_settlements(self, outbox: SettlementOutbox) -> None:
-        """Report, at each scrape, the settlements kept for the rate-limit store and those it never got."""
-        self.registry.register(_SettlementsCollector(outbox))
+        """Report, at each scrape, the settlements kept for the rate-limit store and those it never got (with
+        workers: those of the worker serving /metrics)."""
+        self._register_read_at_scrape(_SettlementsCollector(outbox))
+
+    def _register_read_at_scrape(self, collector: Collector) -> None:
+        """A collector that reads this process's state when scraped; no file holds it for other workers to sum."""
+        self.registry.register(collector)
+        if self._all_workers is not None:
+            self._all_workers.register(collector)
+
+    def exposition(self) -> bytes:
+        """The /metrics text: this process's metrics, or with workers every worker's, summed."""
+        return generate_latest(self._all_workers if self._all_workers is not None else self.registry)
 
     def model_label(self, model: str) -> str:
         """The model as a label value: a configured model's name, else `other`. A label per name a client sends
@@ -248,7 +270,12 @@ def trace_ids(span: Span) -> tuple[str, str]:
 
 class JsonLineFormatter(logging.Formatter):
     """Access-log records are dicts passed as `extra={"access": {...}}`; emit them as one JSON object a line. Other
-    records may carry an event's fields as `extra={"fields": {...}}`, written beside their message."""
+    records may carry an event's fields as `extra={"fields": {...}}`, written beside their message. `process_fields`
+    go on every line: a worker's index, so the lines of several workers sharing one stderr can be told apart."""
+
+    def __init__(self, process_fields: Mapping[str, object] | None = None) -> None:
+        super().__init__()
+        self.process_fields = dict(process_fields or {})
 
     def format(self, record: logging.LogRecord) -> str:
         payload = getattr(record, "access", None)
@@ -257,4 +284,6 @@ class JsonLineFormatter(logging.Formatter):
             payload.update(getattr(record, "fields", None) or {})
             if record.exc_info:
                 payload["exception"] = self.formatException(record.exc_info)
+        if self.process_fields:
+            payload = {**payload, **self.process_fields}
         return json.dumps(payload, separators=(",", ":"), default=str)

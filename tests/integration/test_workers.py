@@ -1,0 +1,219 @@
+"""`listen.workers: 2`: real worker processes sharing one port under a real supervisor, with a real Redis."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.conftest import ROOT, Process, chat_body, free_port, policy_dir, pool, spawn
+
+KEY = "sk-workers"
+AUTH = {"keys": [{"tenant": "t1", "sha256": hashlib.sha256(KEY.encode()).hexdigest()}]}
+
+
+def start_workers(processes: list[Process], tmp_path: Path, config: dict, workers: int = 2) -> Process:
+    """`portcullis serve` with `listen.workers`, returned once every worker serves."""
+    port, admin_port = free_port(), free_port()
+    config = {
+        **config,
+        "listen": {"host": "127.0.0.1", "port": port, "workers": workers},
+        "admin": {"port": admin_port},
+        "store": {"sqlite_path": str(tmp_path / "portcullis.db")},
+    }
+    path = tmp_path / "portcullis.yaml"
+    path.write_text(yaml.safe_dump(config))
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)]
+    gateway = spawn(cmd, port, tmp_path / "gateway.log")
+    gateway.admin_url = f"http://127.0.0.1:{admin_port}"
+    processes.append(gateway)
+    wait_for(lambda: f"all {workers} workers serving" in gateway.output(), what="every worker serving")
+    return gateway
+
+
+def wait_for(condition, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not seen within {timeout:.0f}s: {what}")
+        time.sleep(0.1)
+
+
+def children(pid: int) -> list[int]:
+    """Live (not zombie) processes whose parent is `pid`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+            if int(ppid) == pid and state != "Z":
+                found.append(int(entry.name))
+    return sorted(found)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def cmdline(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+
+
+def worker_pids(gateway: Process) -> dict[int, int]:
+    """The supervisor's live workers, by index."""
+    found = {}
+    for pid in children(gateway.proc.pid):
+        args = cmdline(pid)
+        found[int(args[args.index("--worker-index") + 1])] = pid
+    return found
+
+
+def access_lines(gateway: Process, since: int = 0) -> list[dict]:
+    lines = gateway.output()[since:].splitlines()
+    return [json.loads(line) for line in lines if '"trace_id"' in line]
+
+
+def fresh_connection_posts(gateway: Process, count: int) -> list[int]:
+    """`count` chat requests, each on a connection of its own (so the kernel spreads them over the workers)."""
+
+    def one(_: int) -> int:
+        with httpx.Client(timeout=30) as client:
+            return client.post(
+                gateway.url + "/v1/chat/completions", json=chat_body(), headers={"authorization": f"Bearer {KEY}"}
+            ).status_code
+
+    with ThreadPoolExecutor(8) as threads:
+        return list(threads.map(one, range(count)))
+
+
+def metric(gateway: Process, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in httpx.get(gateway.admin_url + "/metrics").text.splitlines():
+        match = re.match(rf"^{name}\{{(.*)\}} (\S+)$", line)
+        if match and all(f'{k}="{v}"' in match.group(1) for k, v in labels.items()):
+            total += float(match.group(2))
+    return total
+
+
+def test_a_redis_rate_limit_is_exact_across_workers_and_metrics_count_every_worker(
+    processes, fake_upstream, redis_server, tmp_path
+):
+    upstream = fake_upstream()
+    # an hour's window: no request comes back into the limit while the test runs on a slow machine
+    rules = [{"id": "tenant-20", "key": ["tenant"], "requests": {"limit": 20, "per": "1h"}}]
+    gateway = start_workers(
+        processes,
+        tmp_path,
+        {
+            "pools": [pool("main", upstream.url)],
+            "auth": AUTH,
+            "policy_dir": policy_dir(tmp_path, rules),
+            "redis": {"url": redis_server.url, "timeout": 5.0, "on_failure": "fail_closed"},
+        },
+    )
+    statuses = fresh_connection_posts(gateway, 60)
+    assert statuses.count(200) == 20 and statuses.count(429) == 40
+    served_by = {line["worker"] for line in access_lines(gateway)}
+    assert served_by == {0, 1}, "both workers took connections"
+    assert httpx.get(upstream.url + "/_stats").json()["requests"] == 20
+    # worker 0 serves /metrics and counts what worker 1 served too
+    assert metric(gateway, "portcullis_requests_total", route="chat") == 60
+    assert metric(gateway, "portcullis_ratelimit_decisions_total", result="allowed", backend="redis") == 20
+
+
+def test_a_killed_worker_is_restarted_while_the_port_keeps_answering(processes, fake_upstream, tmp_path):
+    upstream = fake_upstream()
+    gateway = start_workers(processes, tmp_path, {"pools": [pool("main", upstream.url)], "auth": AUTH})
+    before = worker_pids(gateway)
+    os.kill(before[1], signal.SIGKILL)
+    wait_for(lambda: not alive(before[1]), what="the killed worker gone")
+    restarted_at = len(gateway.output())
+    assert fresh_connection_posts(gateway, 20) == [200] * 20  # worker 0 alone holds the port meanwhile
+    wait_for(lambda: "worker 1 exited with status -9: restarting" in gateway.output(), what="the restart logged")
+
+    def both_serve() -> bool:
+        fresh_connection_posts(gateway, 4)
+        return {line["worker"] for line in access_lines(gateway, restarted_at)} == {0, 1}
+
+    wait_for(both_serve, what="the new worker 1 taking connections")
+    after = worker_pids(gateway)
+    assert after[0] == before[0] and after[1] != before[1]
+
+
+def test_sigterm_to_the_supervisor_ends_every_worker_and_removes_its_files(processes, fake_upstream, tmp_path):
+    upstream = fake_upstream()
+    gateway = start_workers(processes, tmp_path, {"pools": [pool("main", upstream.url)], "auth": AUTH})
+    workers = list(worker_pids(gateway).values())
+    args = cmdline(workers[0])
+    directory = Path(args[args.index("--config") + 1]).parent
+    assert directory.is_dir() and any((directory / "metrics").iterdir())
+    gateway.proc.send_signal(signal.SIGTERM)
+    assert gateway.proc.wait(timeout=30) == 0
+    assert not any(alive(pid) for pid in workers)
+    assert not directory.exists()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(gateway.url + "/healthz")
+
+
+def test_workers_do_not_outlive_a_killed_supervisor(processes, fake_upstream, tmp_path):
+    upstream = fake_upstream()
+    gateway = start_workers(processes, tmp_path, {"pools": [pool("main", upstream.url)], "auth": AUTH})
+    workers = list(worker_pids(gateway).values())
+    assert len(workers) == 2
+    gateway.proc.kill()
+    gateway.proc.wait()
+    wait_for(lambda: not any(alive(pid) for pid in workers), what="every worker gone", timeout=30)
+
+
+def test_a_public_port_in_use_fails_at_once(tmp_path, fake_upstream):
+    taken = socket.create_server(("127.0.0.1", 0))
+    config = {
+        "listen": {"host": "127.0.0.1", "port": taken.getsockname()[1], "workers": 2},
+        "pools": [pool("main", fake_upstream().url)],
+    }
+    with taken:
+        done = run_serve(config, tmp_path)
+    assert done.returncode == 2 and "cannot listen" in done.stderr and "Address already in use" in done.stderr
+    assert "worker 0 started" not in done.stderr
+
+
+def test_a_worker_that_cannot_start_stops_the_supervisor_with_status_2(tmp_path, fake_upstream):
+    taken = socket.create_server(("127.0.0.1", 0))  # worker 0 binds the admin port: it cannot
+    config = {
+        "listen": {"host": "127.0.0.1", "port": free_port(), "workers": 2},
+        "admin": {"port": taken.getsockname()[1]},
+        "store": {"sqlite_path": str(tmp_path / "portcullis.db")},
+        "pools": [pool("main", fake_upstream().url)],
+    }
+    with taken:
+        done = run_serve(config, tmp_path)
+    assert done.returncode == 2
+    assert "worker 0 exited with status 2 before serving: stopping" in done.stderr
+    worker_pids = [int(pid) for pid in re.findall(r"worker \d started \(pid (\d+)\)", done.stderr)]
+    assert len(worker_pids) == 2 and not any(alive(pid) for pid in worker_pids)
+
+
+def run_serve(config: dict, tmp_path: Path) -> subprocess.CompletedProcess:
+    """`portcullis serve` run to its end (one that cannot start)."""
+    path = tmp_path / "portcullis.yaml"
+    path.write_text(yaml.safe_dump(config))
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
