@@ -63,6 +63,7 @@ PLAIN_TARGETS = (
     "content_type",
     "json_strings",
     "base64",
+    "foreign_urls",
     # numbers
     "body_size",
     "header_count",

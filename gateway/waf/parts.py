@@ -19,6 +19,8 @@ Which parts hold what:
   read the way its syntax says: Referer and Origin as the URL and its decoded query values, X-Forwarded-For and
   Forwarded item by item. Left out are the headers whose syntax the gateway itself checks or that carry
   credentials (Host, Content-*, Accept*, Authorization, API keys, Cookie: its values are `cookies`).
+- `foreign_urls`: query and form arguments that are a URL to another host than the request's Host (an off-site
+  reference: what remote file inclusion sends).
 - `base64`: every argument, cookie and header value that is base64 text (see `gateway/waf/decode.py`), decoded.
 """
 
@@ -109,6 +111,18 @@ class RequestView:
         self._cookie_pairs = out
         return out
 
+    def _foreign(self, value: str) -> bool:
+        """Whether the value is a URL to another site than the request's Host: another host that is not a
+        subdomain of it, or another port (userinfo aside; 80 and 443 are the Host's own when it names none)."""
+        match = _URL_HOST.match(value.strip())
+        if match is None:
+            return False
+        given = self.header("host")
+        host, _, port = (given[0].lower() if given else "").rpartition("@")[2].partition(":")
+        url_host, url_port = match.group(1).lower(), match.group(2) or ""
+        same_port = url_port == port or (not port and url_port in ("", "80", "443"))
+        return not (same_port and host and (url_host == host or url_host.endswith("." + host)))
+
     # -- parts ------------------------------------------------------------------------------------------------
     def values(self, target: str) -> list[Value]:
         cached = self._values.get(target)
@@ -145,6 +159,8 @@ class RequestView:
                 if k not in _OPAQUE_HEADERS
                 for v in _header_items(k, value)
             ]
+        if target == "foreign_urls":
+            return [(f"arg:{k}", v, None) for k, v in self._query_args() + self._form_args() if self._foreign(v)]
         if target == "base64":
             sources = [v for t in ("args", "cookies", "header_values") for v in self.values(t)]
             return [(f"{part} (base64)", text, None) for part, raw, _ in sources for text in base64_layers(raw)]
@@ -218,6 +234,8 @@ def _header_items(name: str, value: str) -> list[str]:
         return [item.strip() for item in value.split(",")] if "," in value else [value]
     return [value]
 
+
+_URL_HOST = re.compile(r"(?i)[a-z][a-z0-9+.-]*://(?:[^/?#@]*@)?(\[[^\]]*\]|[^/?#:]*)(?::(\d*))?")
 
 _XML_VALUES = re.compile(r'(?<==)"([^"]*)"|>([^<]+)<')
 

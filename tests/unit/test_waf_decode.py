@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import time
+from urllib.parse import quote
 
 import pytest
 
@@ -117,3 +118,20 @@ def test_ordinary_headers_and_tokens_pass(web_waf):
     ]
     view = from_raw_http("GET", "/?state=" + b64('{"page": 2, "sort": "date"}'), headers, b"")
     assert not web_waf.evaluate(view).blocked
+
+
+@pytest.mark.parametrize(
+    ("value", "foreign"),
+    [
+        ("https://evil.example/x", True),
+        ("https://api.example.com.evil.example/", True),
+        ("https://api.example.com:1234/", True),
+        ("https://api.example.com/v1", False),
+        ("https://www.api.example.com/v1", False),  # a subdomain of the Host
+        ("http://user:pw@api.example.com:443/", False),
+        ("not a url", False),
+    ],
+)
+def test_foreign_urls_are_arguments_pointing_at_another_site(value, foreign):
+    view = from_raw_http("GET", "/?u=" + quote(value, safe=""), [("Host", "api.example.com")], b"")
+    assert bool(view.values("foreign_urls")) is foreign

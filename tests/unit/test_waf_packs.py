@@ -326,6 +326,26 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "llm-encoding-120": ([("prompt", "A" * 1200)], [("prompt", "A" * 900 + " " + "A" * 900)]),
     "llm-encoding-130": ([("bodysize", str(1024 * 1024 + 10))], [("bodysize", "5000")]),
     "llm-encoding-140": ([("prompt", "%41" * 70)], [("prompt", "100% sure")]),
+    # rfi
+    "rfi-100": (
+        [("q", "http://198.51.100.7/shell.txt"), ("json", "https://[2001:db8::1]/x.php")],
+        [("q", "https://example.com/a"), ("json", "version 10.0.0.1")],
+    ),
+    "rfi-110": ([("rawq", "_CONF[path]=https://x.example")], [("rawq", "page=2"), ("rawq", "link=https://x.example")]),
+    "rfi-120": (
+        [("q", "https://x.example/shell.txt?"), ("q", "ftp?")],
+        [("q", "https://x.example/a?b=1"), ("q", "why?")],
+    ),
+    "rfi-130": (
+        [
+            ("q", "gopher://127.0.0.1:6379/_INFO"),
+            ("json", "jar:http://x.example/a.zip!/b"),
+            ("q", "http://a.example%2f@b.example/"),
+        ],
+        [("q", "https://example.com/path"), ("json", "file name")],
+    ),
+    "rfi-140": ([("path", "/v1/https://x.example/a")], [("path", "/v1/chat/completions")]),
+    "rfi-150": ([("q", "https://x.example/shell.txt")], [("json", "https://x.example/shell.txt")]),
     # java
     "java-100": (
         [
