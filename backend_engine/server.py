@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from backend_engine import tracing
-from backend_engine.async_engine import AsyncEngine
+from backend_engine.async_engine import AsyncEngine, ChoiceOutputs
 from backend_engine.engine import LLMEngine, RequestOutput
 from backend_engine.kv_events import KVEventBus
 from backend_engine.openai_protocol.embeddings import embedding_response, parse_embedding_request
@@ -183,22 +183,16 @@ class EngineServer:
         except APIError as e:
             return e.response()
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        ctx = tracing.extract_context(request.headers)
-        gens = [
-            self.async_engine.generate(
-                ids,
-                sp,
-                request_id=f"{rid}-{k}" if len(req.jobs) > 1 else rid,
-                cache_salt=req.cache_salt,
-                trace_context=ctx,
-            )
-            for k, (ids, sp) in enumerate(req.jobs)
-        ]
+        outputs = self.async_engine.generate(
+            req.jobs, request_id=rid, cache_salt=req.cache_salt, trace_context=tracing.extract_context(request.headers)
+        )
+        num_choices = len(req.jobs)
         return await self._reply(
             request,
             rid,
-            gens,
-            self.shaper.sse(gens, req.n, rid, chat, req.include_usage) if req.stream else None,
+            outputs,
+            num_choices,
+            self.shaper.sse(outputs, num_choices, req.n, rid, chat, req.include_usage) if req.stream else None,
             lambda outs: self.shaper.final_body(outs, req.n, rid, chat),
         )
 
@@ -208,17 +202,17 @@ class EngineServer:
         except APIError as e:
             return e.response()
         draft = ResponseDraft(self.model_name, req.echo)
-        gen = self.async_engine.generate(
-            req.prompt_token_ids,
-            req.params,
+        outputs = self.async_engine.generate(
+            [(req.prompt_token_ids, req.params)],
             request_id=draft.id,
             trace_context=tracing.extract_context(request.headers),
         )
         return await self._reply(
             request,
             draft.id,
-            [gen],
-            response_events(draft, gen) if req.stream else None,
+            outputs,
+            1,
+            response_events(draft, outputs) if req.stream else None,
             lambda outs: final_response(draft, outs[0]),
         )
 
@@ -226,7 +220,8 @@ class EngineServer:
         self,
         request: Request,
         rid: str,
-        gens: list[AsyncGenerator[RequestOutput, None]],
+        outputs: AsyncGenerator[ChoiceOutputs, None],
+        num_choices: int,
         stream: AsyncIterator[bytes] | None,
         final_body: Callable[[list[list[RequestOutput]]], dict[str, Any]],
     ) -> Response:
@@ -235,7 +230,7 @@ class EngineServer:
         if stream is not None:
             return ClosingStreamingResponse(stream, media_type="text/event-stream", headers=headers)
         try:
-            outs = await collect_or_disconnect(request, gens)
+            outs = await collect_or_disconnect(request, outputs, num_choices)
         except APIError as e:
             return e.response()
         if outs is None:  # client went away: the sequences were aborted

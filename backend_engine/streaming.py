@@ -1,4 +1,4 @@
-"""Between the engine's per-choice output streams and the HTTP response: merging, collecting, closing.
+"""Between a request's output stream and the HTTP response: joining a choice's outputs, collecting, closing.
 
 A stream left unclosed keeps its sequence running until garbage collection, so everything here closes
 what it opened however it ends: a client disconnect aborts the sequences at once.
@@ -7,13 +7,15 @@ what it opened however it ends: a client disconnect aborts the sequences at once
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
+from backend_engine.async_engine import ChoiceOutputs
 from backend_engine.engine import RequestOutput
 from backend_engine.openai_protocol.errors import APIError
 
@@ -34,43 +36,24 @@ class ClosingStreamingResponse(StreamingResponse):
                 await aclose()
 
 
-async def merge_choices(
-    gens: list[AsyncGenerator[RequestOutput, None]],
-) -> AsyncGenerator[tuple[int, RequestOutput], None]:
-    """Interleave several choices' outputs as they arrive, tagged with the choice index; closing this
-    aborts the rest."""
-    if len(gens) == 1:
-        try:
-            async for o in gens[0]:
-                yield 0, o
-        finally:
-            await gens[0].aclose()  # a closed stream must abort its sequence now, not at GC
-        return
-    q: asyncio.Queue[tuple[int, RequestOutput | Exception | None]] = asyncio.Queue()
+def per_choice(outputs: ChoiceOutputs) -> list[tuple[int, RequestOutput]]:
+    """One output per choice, in the order the choices first appear: a choice's outputs from several steps (a
+    reader that fell behind) joined into one, so the client gets one event for them instead of one per token."""
+    joined: dict[int, RequestOutput] = {}
+    for index, out in outputs:
+        prev = joined.get(index)
+        joined[index] = out if prev is None else joined_output(prev, out)
+    return list(joined.items())
 
-    async def pump(i: int, g: AsyncIterator[RequestOutput]) -> None:
-        try:
-            async for o in g:
-                await q.put((i, o))
-            await q.put((i, None))
-        except Exception as e:  # noqa: BLE001 - handed to the consumer
-            await q.put((i, e))
 
-    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
-    try:
-        remaining = len(gens)
-        while remaining:
-            i, item = await q.get()
-            if item is None:
-                remaining -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield i, item
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+def joined_output(first: RequestOutput, then: RequestOutput) -> RequestOutput:
+    """`first` followed by `then`: their tokens, text and logprobs together, `then`'s finish and counts."""
+    return dataclasses.replace(
+        then,
+        new_token_ids=first.new_token_ids + then.new_token_ids,
+        new_text=first.new_text + then.new_text,
+        logprobs=first.logprobs + then.logprobs,
+    )
 
 
 def generation_error(e: Exception) -> APIError:
@@ -83,19 +66,18 @@ def generation_error(e: Exception) -> APIError:
 
 
 async def outputs_or_error(
-    gens: list[AsyncGenerator[RequestOutput, None]], request_id: str
-) -> AsyncGenerator[tuple[int, RequestOutput] | APIError, None]:
-    """The choices' outputs as `merge_choices` interleaves them; a failure is logged and becomes the last item,
-    so a streamed response reports it instead of ending silently. Closing this aborts the sequences."""
-    merged = merge_choices(gens)
+    outputs: AsyncGenerator[ChoiceOutputs, None], request_id: str
+) -> AsyncGenerator[ChoiceOutputs | APIError, None]:
+    """The request's outputs as the engine hands them over; a failure is logged and becomes the last item, so a
+    streamed response reports it instead of ending silently. Closing this aborts the sequences."""
     try:
-        async for item in merged:
-            yield item
+        async for batch in outputs:
+            yield batch
     except Exception as e:  # noqa: BLE001 - handed to the stream as its last item
         log.exception("stream %s failed", request_id)
         yield generation_error(e)
     finally:
-        await merged.aclose()
+        await outputs.aclose()
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
@@ -122,17 +104,17 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
 
 
 async def collect_or_disconnect(
-    request: Request, gens: list[AsyncGenerator[RequestOutput, None]]
+    request: Request, outputs: AsyncGenerator[ChoiceOutputs, None], num_choices: int
 ) -> list[list[RequestOutput]] | None:
     """Every choice's outputs once all finish, or None if the client disconnects first (the sequences
     are aborted). A failed generation raises its `generation_error`."""
-    merged = merge_choices(gens)
 
     async def collect() -> list[list[RequestOutput]]:
-        per: list[list[RequestOutput]] = [[] for _ in gens]
+        per: list[list[RequestOutput]] = [[] for _ in range(num_choices)]
         try:
-            async for i, o in merged:
-                per[i].append(o)
+            async for batch in outputs:
+                for i, o in batch:
+                    per[i].append(o)
         except Exception as e:  # noqa: BLE001
             raise generation_error(e) from e
         return per
@@ -140,4 +122,4 @@ async def collect_or_disconnect(
     try:
         return await until_disconnect(request, collect())
     finally:
-        await merged.aclose()
+        await outputs.aclose()

@@ -6,17 +6,19 @@ A stream that breaks ends with an SSE error event and then `data: [DONE]`.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
+import orjson
+
+from backend_engine.async_engine import ChoiceOutputs
 from backend_engine.engine import RequestOutput
 from backend_engine.model.tokenizer import Tokenizer
 from backend_engine.openai_protocol.errors import APIError
 from backend_engine.sequence import TokenLogprob
-from backend_engine.streaming import outputs_or_error
+from backend_engine.streaming import outputs_or_error, per_choice
 
 
 def usage(lasts: list[RequestOutput | None], n: int) -> dict[str, Any]:
@@ -104,55 +106,49 @@ class ResponseShaper:
         }
 
     async def sse(
-        self, gens: list[AsyncGenerator[RequestOutput, None]], n: int, rid: str, chat: bool, include_usage: bool
+        self,
+        outputs: AsyncGenerator[ChoiceOutputs, None],
+        num_choices: int,
+        n: int,
+        rid: str,
+        chat: bool,
+        include_usage: bool,
     ) -> AsyncIterator[bytes]:
-        """The streaming response: one chunk per output that carries text, logprobs or a finish, a chat's
+        """The streaming response: one write per engine step of every chunk the step makes, one chunk per choice
+        that got text, logprobs or a finish (a choice's steps joined into one when the reader fell behind), a chat's
         role chunks first, the usage chunk last when asked for, then `data: [DONE]`."""
-        created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
-
-        def event(choices: list[dict[str, Any]], usage_body: dict[str, Any] | None = None) -> bytes:
-            d: dict[str, Any] = {
-                "id": rid,
-                "object": obj,
-                "created": created,
-                "model": self.model_name,
-                "choices": choices,
-            }
-            if include_usage:
-                d["usage"] = usage_body
-            return b"data: " + json.dumps(d).encode() + b"\n\n"
-
-        lasts: list[RequestOutput | None] = [None] * len(gens)
-        text_off = [0] * len(gens)
+        envelope: dict[str, Any] = {"id": rid, "object": obj, "created": int(time.time()), "model": self.model_name}
+        # A chunk is head + its choices + tail: only the choices are serialised per chunk.
+        head = b"data: " + orjson.dumps(envelope)[:-1] + b',"choices":['
+        tail = b'],"usage":null}\n\n' if include_usage else b"]}\n\n"
+        lasts: list[RequestOutput | None] = [None] * num_choices
+        text_off = [0] * num_choices
         if chat:
-            for idx in range(len(gens)):
-                yield event(
-                    [
-                        {
-                            "index": idx,
-                            "delta": {"role": "assistant", "content": ""},
-                            "logprobs": None,
-                            "finish_reason": None,
-                        }
-                    ]
-                )
+            role = {"role": "assistant", "content": ""}
+            yield b"".join(
+                head + orjson.dumps({"index": i, "delta": role, "logprobs": None, "finish_reason": None}) + tail
+                for i in range(num_choices)
+            )
         failed = False
-        async with aclosing(outputs_or_error(gens, rid)) as outputs:
-            async for item in outputs:
-                if isinstance(item, APIError):
-                    yield b"data: " + json.dumps(item.body()).encode() + b"\n\n"
+        async with aclosing(outputs_or_error(outputs, rid)) as batches:
+            async for batch in batches:
+                if isinstance(batch, APIError):
+                    yield b"data: " + orjson.dumps(batch.body()) + b"\n\n"
                     failed = True
                     break
-                idx, o = item
-                lasts[idx] = o
-                if not o.new_text and not o.finished and not o.logprobs:
-                    continue
-                yield event([self._chunk_choice(idx, o, text_off[idx], chat)])
-                text_off[idx] += len(o.new_text)
+                chunks = []
+                for idx, o in per_choice(batch):
+                    lasts[idx] = o
+                    if o.new_text or o.finished or o.logprobs:
+                        chunks.append(head + orjson.dumps(self._chunk_choice(idx, o, text_off[idx], chat)) + tail)
+                        text_off[idx] += len(o.new_text)
+                if chunks:
+                    yield b"".join(chunks)
+        end = b""
         if include_usage and not failed:
-            yield event([], usage(lasts, n))
-        yield b"data: [DONE]\n\n"
+            end = b"data: " + orjson.dumps(envelope | {"choices": [], "usage": usage(lasts, n)}) + b"\n\n"
+        yield end + b"data: [DONE]\n\n"
 
     def _chunk_choice(self, idx: int, o: RequestOutput, text_offset: int, chat: bool) -> dict[str, Any]:
         """One choice's delta in a chunk; a finished choice also carries its stop reason."""

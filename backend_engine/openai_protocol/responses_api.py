@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -17,13 +16,16 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
+from backend_engine.async_engine import ChoiceOutputs
 from backend_engine.engine import RequestOutput
 from backend_engine.model.prompt import PromptError
 from backend_engine.openai_protocol.errors import APIError
 from backend_engine.openai_protocol.requests import RequestParser, field, known_fields
 from backend_engine.openai_protocol.responses_input import responses_messages
 from backend_engine.sequence import SamplingParams
-from backend_engine.streaming import outputs_or_error
+from backend_engine.streaming import outputs_or_error, per_choice
 
 REQUEST_FIELDS = frozenset(
     {
@@ -194,38 +196,51 @@ def final_response(draft: ResponseDraft, outputs: list[RequestOutput]) -> dict[s
     return draft.finished("".join(o.new_text for o in outputs), outputs[-1])
 
 
-async def response_events(draft: ResponseDraft, gen: AsyncGenerator[RequestOutput, None]) -> AsyncIterator[bytes]:
+async def response_events(draft: ResponseDraft, outputs: AsyncGenerator[ChoiceOutputs, None]) -> AsyncIterator[bytes]:
     """The streamed response as OpenAI sends it: created, in_progress, the message item and its text part opened,
-    one text delta per engine step that adds text, then each closed and `response.completed` (or
-    `response.incomplete`). A failure ends the stream with an `error` event and `response.failed`."""
+    one text delta per engine step that adds text (the steps a slow reader missed joined into one), then each
+    closed and `response.completed` (or `response.incomplete`). A failure ends the stream with an `error` event
+    and `response.failed`."""
     numbers = itertools.count()
 
     def event(type_: str, **fields: Any) -> bytes:
-        data = json.dumps({"type": type_, "sequence_number": next(numbers), **fields})
-        return f"event: {type_}\ndata: {data}\n\n".encode()
+        data = orjson.dumps({"type": type_, "sequence_number": next(numbers), **fields})
+        return b"event: " + type_.encode() + b"\ndata: " + data + b"\n\n"
 
     where = {"item_id": draft.message_id, "output_index": 0, "content_index": 0}
-    yield event("response.created", response=draft.body("in_progress", []))
-    yield event("response.in_progress", response=draft.body("in_progress", []))
-    yield event("response.output_item.added", output_index=0, item=draft.message("in_progress", None))
-    yield event("response.content_part.added", **where, part=_output_text(""))
+    yield b"".join(
+        [
+            event("response.created", response=draft.body("in_progress", [])),
+            event("response.in_progress", response=draft.body("in_progress", [])),
+            event("response.output_item.added", output_index=0, item=draft.message("in_progress", None)),
+            event("response.content_part.added", **where, part=_output_text("")),
+        ]
+    )
     pieces: list[str] = []
     last: RequestOutput | None = None
-    async with aclosing(outputs_or_error([gen], draft.id)) as outputs:
-        async for item in outputs:
-            if isinstance(item, APIError):
-                yield event("error", code=item.code or item.type, message=item.message, param=item.param)
-                failure = {"code": "server_error" if item.status >= 500 else "invalid_prompt", "message": item.message}
-                yield event("response.failed", response=draft.body("failed", [], error=failure))
+    async with aclosing(outputs_or_error(outputs, draft.id)) as batches:
+        async for batch in batches:
+            if isinstance(batch, APIError):
+                failure = {
+                    "code": "server_error" if batch.status >= 500 else "invalid_prompt",
+                    "message": batch.message,
+                }
+                yield event("error", code=batch.code or batch.type, message=batch.message, param=batch.param) + event(
+                    "response.failed", response=draft.body("failed", [], error=failure)
+                )
                 return
-            _, last = item
+            ((_, last),) = per_choice(batch)
             if last.new_text:
                 pieces.append(last.new_text)
                 yield event("response.output_text.delta", **where, delta=last.new_text, logprobs=[])
     assert last is not None, "a generation that ends without failing has a finished output"
     text = "".join(pieces)
-    yield event("response.output_text.done", **where, text=text, logprobs=[])
-    yield event("response.content_part.done", **where, part=_output_text(text))
-    yield event("response.output_item.done", output_index=0, item=draft.message(_status(last), text))
     response = draft.finished(text, last)
-    yield event(f"response.{response['status']}", response=response)
+    yield b"".join(
+        [
+            event("response.output_text.done", **where, text=text, logprobs=[]),
+            event("response.content_part.done", **where, part=_output_text(text)),
+            event("response.output_item.done", output_index=0, item=draft.message(_status(last), text)),
+            event(f"response.{response['status']}", response=response),
+        ]
+    )
