@@ -1,8 +1,9 @@
 """`portcullis up`: the whole stack on one machine — bundled engine replicas plus the gateway in front of them.
 
 This is what `make run` starts: no config file, no Redis, no other service. Engines run as child processes on
-consecutive loopback ports; the gateway runs in this process and stops them whenever it exits: SIGTERM, SIGINT,
-a gateway that fails to start or stops, an engine that never becomes healthy. An engine that dies while the
+consecutive loopback ports; the gateway runs in this process (with `--workers`, this process supervises gateway
+workers: gateway/workers.py) and stops them whenever it exits: SIGTERM, SIGINT, a gateway that fails to start or
+stops, an engine that never becomes healthy. An engine that dies while the
 gateway runs is logged at once (its pool goes on with the other replicas). Only SIGKILL leaves them running.
 """
 
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Literal
 
 import httpx
 
@@ -33,6 +35,12 @@ def add_subcommand(commands: argparse._SubParsersAction) -> None:
     up.add_argument("--engine-port", type=int, default=8001, help="first engine port; replicas count up from it")
     up.add_argument("--port", type=int, default=8080, help="gateway port")
     up.add_argument("--admin-port", type=int, default=9901, help="admin plane port (metrics, readiness, policy)")
+    up.add_argument(
+        "--workers",
+        type=_workers,
+        default=1,
+        help="gateway processes on the port (listen.workers): a number or 'auto'; the engines need cores too",
+    )
     up.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     up.set_defaults(func=run_up)
 
@@ -41,6 +49,7 @@ def run_up(args: argparse.Namespace) -> int:
     from gateway.app import build_app
     from gateway.cli import configure_logging
     from gateway.http_server import serve
+    from gateway.workers import Supervisor
 
     configure_logging(args.log_level)
     ports = [args.engine_port + i for i in range(args.replicas)]
@@ -56,7 +65,7 @@ def run_up(args: argparse.Namespace) -> int:
         for port, engine in zip(ports, engines):
             _report_exit(port, engine, stopping)
         config = GatewayConfig(
-            listen=ListenConfig(port=args.port),
+            listen=ListenConfig(port=args.port, workers=args.workers),
             admin=AdminConfig(port=args.admin_port),
             pools=[
                 PoolConfig(
@@ -67,11 +76,20 @@ def run_up(args: argparse.Namespace) -> int:
             ],
         )
         print(_banner(args.port, args.admin_port, ports), file=sys.stderr, flush=True)
+        if config.listen.worker_count() > 1:
+            return Supervisor(config, args.log_level).run()
         serve(build_app(config), config, config.listen.host, args.port)
     finally:
         stopping.set()
         _stop_engines(engines)
     return 0
+
+
+def _workers(text: str) -> int | Literal["auto"]:
+    try:
+        return ListenConfig(workers=text if text == "auto" else int(text)).workers
+    except ValueError:  # pydantic's ValidationError is one
+        raise argparse.ArgumentTypeError(f"a whole number of processes (1 or more) or 'auto', not {text!r}") from None
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
