@@ -87,7 +87,7 @@ def run_up(args: argparse.Namespace) -> int:
 
 def _workers(text: str) -> int | Literal["auto"]:
     try:
-        return ListenConfig(workers=text if text == "auto" else int(text)).workers
+        return ListenConfig(workers="auto" if text == "auto" else int(text)).workers
     except ValueError:  # pydantic's ValidationError is one
         raise argparse.ArgumentTypeError(f"a whole number of processes (1 or more) or 'auto', not {text!r}") from None
 
