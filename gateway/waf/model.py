@@ -37,6 +37,7 @@ Transform = Literal[
     "cmd_line",
     "quote_split_words",
     "normalize_path",
+    "remove_processing_instructions",
     "trim",
 ]
 

@@ -20,6 +20,7 @@ _CMD_SEP = re.compile(r",")
 _SLASHES = re.compile(r"[\\/]+")
 _DOT_SEGMENT = re.compile(r"(?:(?<=/)|^)\./")
 _B64 = re.compile(r"^[A-Za-z0-9+/_-]+={0,2}$")
+_PROCESSING_INSTRUCTION = re.compile(r"<\?(?!php\b|=)[A-Za-z][\w.:-]*(?:\s[^<>]*)?\?>", re.I)
 _SHELL_WORD_BREAK = re.compile(r"[\s;|&`()<>]+")
 _QUOTE_INSIDE_WORD = re.compile(r"""\w['"]+\w""")
 
@@ -99,6 +100,9 @@ TRANSFORMS: dict[str, Callable[[str], str]] = {
     "cmd_line": cmd_line,
     "quote_split_words": quote_split_words,
     "normalize_path": normalize_path,
+    # XML declarations and other processing instructions (<?xml ...?>, <?xpacket ...?>) are no markup a browser
+    # runs; PHP's own open tags stay.
+    "remove_processing_instructions": lambda v: _PROCESSING_INSTRUCTION.sub(" ", v) if "<?" in v else v,
     "trim": str.strip,
 }
 

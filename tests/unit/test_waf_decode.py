@@ -135,3 +135,10 @@ def test_ordinary_headers_and_tokens_pass(web_waf):
 def test_foreign_urls_are_arguments_pointing_at_another_site(value, foreign):
     view = from_raw_http("GET", "/?u=" + quote(value, safe=""), [("Host", "api.example.com")], b"")
     assert bool(view.values("foreign_urls")) is foreign
+
+
+def test_xml_declarations_are_no_markup_but_what_follows_them_is(web_waf):
+    declaration = quote('<?xml version="1.0" encoding="UTF-8"?>', safe="")
+    assert not web_waf.evaluate(from_raw_http("GET", "/?doc=" + declaration, [("Host", "gw")], b"")).blocked
+    svg = quote("<svg onload=alert(1)>", safe="")
+    assert web_waf.evaluate(from_raw_http("GET", "/?doc=" + declaration + svg, [("Host", "gw")], b"")).blocked

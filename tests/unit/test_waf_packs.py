@@ -326,6 +326,40 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "llm-encoding-120": ([("prompt", "A" * 1200)], [("prompt", "A" * 900 + " " + "A" * 900)]),
     "llm-encoding-130": ([("bodysize", str(1024 * 1024 + 10))], [("bodysize", "5000")]),
     "llm-encoding-140": ([("prompt", "%41" * 70)], [("prompt", "100% sure")]),
+    # php
+    "php-100": (
+        [("q", "<?php system($_GET['c']); ?>"), ("json", "<?= `id` ?>")],
+        [("q", "<?xml version='1.0'?>"), ("q", "why?")],
+    ),
+    "php-110": (
+        [("h:x-filename", "shell.php5..."), ("h:x-filename", "a.phtml"), ("q", "sess_d8ew88tqmabdcokhumchy8htqm")],
+        [("h:x-filename", "photo.jpg"), ("q", "session")],
+    ),
+    "php-120": (
+        [("q", "allow_url_include=1"), ("json", "auto_prepend_file=/tmp/x")],
+        [("q", "a=b"), ("json", "engine: v8")],
+    ),
+    "php-130": ([("q", "$_GET['x']"), ("json", "${'sys'.'tem'}")], [("q", "$5 each"), ("json", "cost_$_total")]),
+    "php-140": (
+        [("q", "php://filter/convert.base64-encode/resource=index.php"), ("json", "phar://upload/x.jpg")],
+        [("q", "php is a language"), ("json", "https://x.example/a.zip")],
+    ),
+    "php-150": (
+        [("q", "system('id')"), ("json", "FOObase64_decode ($x)"), ("q", 'passthru/**/("id")')],
+        [("q", "the system (of rules)s"), ("json", "file a complaint")],
+    ),
+    "php-160": (
+        [("q", "array_map('system', ['id'])"), ("path", "/v1/str_repeat(1)")],
+        [("q", "str_x"), ("json", "array (of)")],
+    ),
+    "php-170": (
+        [("q", "$a(1)"), ("q", "(system)(ls)"), ("json", '"system"(id)')],
+        [("q", "$5 (cheap)"), ("q", 'a "dog" (cat)')],
+    ),
+    "php-180": (
+        [("q", 'O:8:"stdClass":1:{s:1:"a";i:2;}'), ("cookie", 'a:1:{s:1:"x";i:1;}')],
+        [("q", "O:8 ratio"), ("json", "a:1")],
+    ),
     # rfi
     "rfi-100": (
         [("q", "http://198.51.100.7/shell.txt"), ("json", "https://[2001:db8::1]/x.php")],
