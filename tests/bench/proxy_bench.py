@@ -24,6 +24,9 @@ static-key row (A B B A ...) and reports the median RPS and CPU-per-request rati
 With --profile-dir, py-spy (from .bench/tools-venv, or $PY_SPY) records the access-log-on gateway during an extra
 32-connection run and the script prints a self-time summary grouped by package.
 
+With --workers-compare, only this: the gateway with listen.workers 1, then 2, wrk and the static upstream pinned
+(taskset) to --load-cpus in both runs; RPS, latency and CPU per request of the gateway's whole process tree.
+
 Not a pytest module (no test_ prefix, no test functions): it needs nginx, wrk and minutes of wall time.
 """
 
@@ -302,10 +305,13 @@ def start_portcullis(
     store: str = "sqlite",
     static_key: bool = True,
     checkout: Path | None = None,
+    workers: int = 1,
 ) -> Service:
     """One gateway worker with the repo's policies, or `policy` alone; with `redis_url`, limits (and a `store` of
     'redis': keys and spend) in Redis. Its SQLite key store is a file of its own in `tmp` (see `sqlite_path`);
     `static_key`: the config's key (API_KEY) works, besides any stored one.
+
+    `workers`: listen.workers (--workers-compare).
 
     `checkout` runs an earlier commit's gateway (a `git worktree` of it) with this venv, for a side-by-side row; it
     gets the same config, less the admin listener and the key store, which it predates.
@@ -325,6 +331,8 @@ def start_portcullis(
         "policy_dir": str(policy_dir),
         "telemetry": {"access_log": access_log},
     }
+    if workers != 1:
+        config["listen"]["workers"] = workers
     admin_port = None
     if checkout is None:
         admin_port = free_port()
@@ -570,8 +578,13 @@ def pick_median(runs: list[dict]) -> dict:
     return result
 
 
-def run_wrk(port: int, lua: Path, connections: int, duration: float, latency: bool = False) -> dict:
+def run_wrk(
+    port: int, lua: Path, connections: int, duration: float, latency: bool = False, cpus: str | None = None
+) -> dict:
+    """wrk -t1 against `port`; `cpus`: pinned there (a taskset list)."""
     argv = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s", "--timeout", "10s", "-s", str(lua)]
+    if cpus is not None:
+        argv = ["taskset", "-c", cpus, *argv]
     if latency:
         argv.append("--latency")
     argv.append(f"http://127.0.0.1:{port}/v1/chat/completions")
@@ -1048,6 +1061,128 @@ def add_latency_deltas(results: list[dict]) -> None:
 # --------------------------------------------------------------------------------------------------------------------
 
 
+# --------------------------------------------------------------------------------------------------------------------
+# --workers-compare: one gateway process against two (listen.workers)
+
+COMPARED_WORKERS = (1, 2)
+
+
+def workers_compare(args: argparse.Namespace) -> int:
+    """The gateway (auth on, access log off) with listen.workers 1, then 2, one at a time in front of the static
+    upstream. wrk and the upstream run pinned to --load-cpus in both runs, so the cores the gateway may take are the
+    only difference; on a 2-core machine the second worker shares the load generator's core. Reported: RPS and
+    latency at 32 connections, and the CPU per request of the gateway's whole process tree (supervisor included)."""
+    tmp = Path(tempfile.mkdtemp(prefix="portcullis-workers-bench-"))
+    tmp.chmod(0o755)
+    procs = Procs()
+    rows: list[dict] = []
+    try:
+        lua = write_wrk_script(tmp / "chat.lua", API_KEY)
+        static = start_nginx(
+            procs,
+            tmp,
+            "static",
+            "static.conf.tmpl",
+            CHAT_COMPLETION=json.dumps(CHAT_COMPLETION, separators=(",", ":")),
+            MODELS=json.dumps(MODELS, separators=(",", ":")),
+        )
+        wait_http(static, "/v1/models", 15)
+        for pid in tree_pids(static.proc.pid):
+            subprocess.run(["taskset", "-a", "-p", "-c", args.load_cpus, str(pid)], check=True, capture_output=True)
+        for workers in COMPARED_WORKERS:
+            svc = start_portcullis(procs, tmp, f"portcullis_workers_{workers}", static.port, False, workers=workers)
+            wait_http(svc, "/healthz", 60)
+            wait_serving(svc, workers)
+            wait_tree_idle(svc.proc.pid)
+            check_chat(svc.port)
+            if args.warmup > 0:
+                run_wrk(svc.port, lua, 32, args.warmup, cpus=args.load_cpus)
+            cpu0 = tree_cpu_seconds(svc.proc.pid)
+            c32 = run_wrk(svc.port, lua, 32, args.duration, cpus=args.load_cpus)
+            cpu = tree_cpu_seconds(svc.proc.pid) - cpu0
+            rows.append(
+                {
+                    "workers": workers,
+                    "processes": len(tree_pids(svc.proc.pid)),
+                    "rps": round(c32["rps"]),
+                    "errors": c32["errors"],
+                    "p50_ms": c32["p50_us"] / 1000,
+                    "p99_ms": c32["p99_us"] / 1000,
+                    "cpu_us_per_request": round(cpu / c32["requests"] * 1e6, 1) if c32["requests"] else None,
+                    "cpu_util": round(cpu / (c32["duration_us"] / 1e6), 3),
+                }
+            )
+            procs.stop(svc)  # one gateway at a time: an idle one still takes a little CPU
+    finally:
+        procs.stop_all()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(
+        f"\nmachine: {machine()}\n"
+        f"wrk -t1 -c32 and the static upstream pinned to cores {args.load_cpus}, {args.duration:g}s"
+    )
+    print(
+        f"{'workers':>7} {'processes':>9} {'RPS c32':>9} {'err':>5} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'CPU us/req':>10} {'CPU util':>8}"
+    )
+    for r in rows:
+        print(
+            f"{r['workers']:>7} {r['processes']:>9} {r['rps']:>9} {r['errors']:>5} {r['p50_ms']:>8.3f} "
+            f"{r['p99_ms']:>8.3f} {r['cpu_us_per_request']:>10} {r['cpu_util']:>8}"
+        )
+    if args.out:
+        report = {"machine": machine(), "load_cpus": args.load_cpus, "duration_s": args.duration, "workers": rows}
+        args.out.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def wait_serving(service: Service, workers: int, timeout: float = 60.0) -> None:
+    """Until every worker serves (the supervisor logs it), not just the first to answer /healthz."""
+    deadline = time.monotonic() + timeout
+    while workers > 1 and f"all {workers} workers serving".encode() not in service.log_path.read_bytes():
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"{service.name}: not every worker serving after {timeout:g}s:\n{tail(service.log_path)}"
+            )
+        time.sleep(0.2)
+
+
+def wait_tree_idle(root: int, timeout: float = 60.0) -> None:
+    """`wait_idle` for a process tree: each worker warms its tokenizer in the background after it serves."""
+    deadline = time.monotonic() + timeout
+    before = tree_cpu_seconds(root)
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        after = tree_cpu_seconds(root)
+        if after - before < 0.05:
+            return
+        before = after
+
+
+def tree_pids(root: int) -> list[int]:
+    """`root` and every live process below it (workers run in process groups of their own)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+    tree = [root]
+    for pid in tree:
+        tree += [child for child, parent in parents.items() if parent == pid]
+    return tree
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """User+system CPU of `root` and the live processes below it."""
+    ticks = 0
+    for pid in tree_pids(root):
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run (default 10)")
@@ -1092,12 +1227,24 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="with --keys: this many alternating 5 s c32 pairs of each key-store row and the static-key row",
     )
+    parser.add_argument(
+        "--workers-compare",
+        action="store_true",
+        help="only this: the gateway with listen.workers 1, then 2, wrk and the upstream pinned to --load-cpus",
+    )
+    parser.add_argument(
+        "--load-cpus",
+        default=str(max(os.sched_getaffinity(0))),
+        help="with --workers-compare: the cores (taskset list) of wrk and the static upstream (default: the last)",
+    )
     args = parser.parse_args(argv)
 
     for tool in ("nginx", "wrk"):
         if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
             print(f"error: {tool} not found (apt-get install -y nginx-light wrk)", file=sys.stderr)
             return 2
+    if args.workers_compare:
+        return workers_compare(args)
 
     tmp = Path(tempfile.mkdtemp(prefix="portcullis-proxy-bench-"))
     tmp.chmod(0o755)
