@@ -326,6 +326,33 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "llm-encoding-120": ([("prompt", "A" * 1200)], [("prompt", "A" * 900 + " " + "A" * 900)]),
     "llm-encoding-130": ([("bodysize", str(1024 * 1024 + 10))], [("bodysize", "5000")]),
     "llm-encoding-140": ([("prompt", "%41" * 70)], [("prompt", "100% sure")]),
+    # generic
+    "generic-100": (
+        [("q", "require('child_process').exec('id')"), ("json", "process.mainModule.require('fs')")],
+        [("json", "requires a child process"), ("q", "console output")],
+    ),
+    "generic-110": (
+        [("qname", "__proto__[admin]"), ("q", "constructor.prototype.x=1")],
+        [("q", "prototype"), ("qname", "constructor")],
+    ),
+    "generic-120": (
+        [
+            ("q", "http://169.254.169.254/latest/meta-data/"),
+            ("json", "gopher://127.0.0.1:6379/_"),
+            ("q", "http://0x7f000001/"),
+        ],
+        [("q", "https://example.com/"), ("json", "127.0.0.1 is loopback")],
+    ),
+    "generic-130": ([("q", "data:text/html,<b>x</b>")], [("q", "data: 42"), ("json", "metadata")]),
+    "generic-140": (
+        [("q", "Kernel.exec('id')"), ("json", "while(true);")],
+        [("q", "while (waiting)"), ("json", "Process data")],
+    ),
+    "generic-150": (
+        [("q", "{{7*7}}"), ("json", "{% import os %}")],
+        [("q", "{{username}}"), ("json", "50% off {today}")],
+    ),
+    "generic-160": ([("qname", "user__password__startswith")], [("qname", "user_name"), ("qname", "__init__")]),
     # php
     "php-100": (
         [("q", "<?php system($_GET['c']); ?>"), ("json", "<?= `id` ?>")],

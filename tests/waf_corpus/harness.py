@@ -36,7 +36,7 @@ from gateway.waf.parts import RequestView, from_raw_http
 CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpora" / "waf"
 CRS = CORPUS / "crs-regression-tests"
 LIBINJECTION = CORPUS / "libinjection"
-WEB_PACKS = ["scanners", "protocol-attack", "lfi", "rce", "xss", "sqli", "java", "rfi", "php"]
+WEB_PACKS = ["scanners", "protocol-attack", "lfi", "rce", "xss", "sqli", "java", "rfi", "php", "generic"]
 
 
 @dataclass
