@@ -198,9 +198,17 @@ def protocol_class(limits: LimitsConfig, listener_caps: dict[int, int]) -> type[
 
 
 def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
-    """A listening socket; with `reuse_port`, one of several (one per worker) the kernel spreads connections over."""
+    """A listening socket; with `reuse_port`, a bound one of several (one per worker) that the kernel spreads
+    connections over once each listens. uvicorn makes it listen after the app's start-up: a worker that is still
+    starting (a restarted one) is given no connections to keep waiting."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family, backlog=BACKLOG, reuse_port=reuse_port)
+    if not reuse_port:
+        sock = socket.create_server((host, port), family=family, backlog=BACKLOG)
+    else:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
     sock.setblocking(False)
     return sock
 

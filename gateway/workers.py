@@ -135,7 +135,7 @@ class Supervisor:
                 status = worker.proc.poll()
                 if status is None:
                     continue
-                served = worker.serving
+                served = worker.serving or self._reported_serving(worker)
                 self._reap(worker)
                 if not all_served and not served:
                     log.error("worker %d exited with status %d before serving: stopping", worker.index, status)
@@ -175,6 +175,13 @@ class Supervisor:
             worker = pipes[fd]
             worker.serving = os.read(fd, 1) != b""
             self._close_ready_pipe(worker)
+
+    def _reported_serving(self, worker: Worker) -> bool:
+        """Whether an exited worker's report that it served still waits, unread, in its pipe."""
+        if worker.ready_pipe is None:
+            return False
+        readable, _, _ = select.select([worker.ready_pipe], [], [], 0)
+        return bool(readable) and os.read(worker.ready_pipe, 1) != b""
 
     def _close_ready_pipe(self, worker: Worker) -> None:
         if worker.ready_pipe is not None:
