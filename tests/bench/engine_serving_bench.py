@@ -7,7 +7,9 @@ For each compute mode and pair, back to back: `engine_bench.py`'s engine in a ch
 prefill), then `portcullis engine serve` with the same settings, driven over loopback by a lean asyncio client
 (/v1/completions, token-id prompts, stream on, ignore_eos): the same two figures, counted from the stream's usage and
 timed at the client. Each figure comes with the CPU seconds the engine's process spent per output token, which a
-shared machine moves less than wall time. The ratio API / in-process is what the serving path keeps.
+shared machine moves less than wall time, and the API side with its event-loop thread's CPU per token (the HTTP
+server's own share: parsing, hand-over, SSE chunks, socket writes). The ratio API / in-process is what the serving
+path keeps.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process (all its threads) so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main_thread_cpu_seconds(pid: int) -> float:
+    """CPU time of a process's main thread so far, to the nanosecond (the scheduler's own count)."""
+    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) / 1e9
 
 
 # --- in-process ---------------------------------------------------------------------------------------
@@ -140,23 +147,26 @@ def through_api(threads: int, compute: str) -> dict:
     proc, port = start_server(threads, compute)
     try:
         asyncio.run(stream_completion(port, SHORT, 4))  # warm-up
-        c0 = cpu_seconds(proc.pid)
+        c0, loop0 = cpu_seconds(proc.pid), main_thread_cpu_seconds(proc.pid)
         tokens, first, last = asyncio.run(stream_completion(port, SHORT, DECODE_TOKENS))
         single_cpu = (cpu_seconds(proc.pid) - c0) / tokens
+        single_loop = (main_thread_cpu_seconds(proc.pid) - loop0) / tokens
         assert tokens == DECODE_TOKENS and first is not None
 
         async def many() -> int:
             done = await asyncio.gather(*(stream_completion(port, p, STREAM_TOKENS) for p in stream_prompts(STREAMS)))
             return sum(n for n, _, _ in done)
 
-        c0, t0 = cpu_seconds(proc.pid), time.perf_counter()
+        c0, loop0, t0 = cpu_seconds(proc.pid), main_thread_cpu_seconds(proc.pid), time.perf_counter()
         total = asyncio.run(many())
         wall = time.perf_counter() - t0
         return {
             "single_tok_s": (tokens - 1) / (last - first),
             "single_cpu_ms_per_tok": 1000 * single_cpu,
+            "single_event_loop_us_per_tok": 1e6 * single_loop,
             "streams_tok_s": total / wall,
             "streams_cpu_ms_per_tok": 1000 * (cpu_seconds(proc.pid) - c0) / total,
+            "streams_event_loop_us_per_tok": 1e6 * (main_thread_cpu_seconds(proc.pid) - loop0) / total,
         }
     finally:
         proc.terminate()
@@ -212,6 +222,12 @@ def table(out: dict) -> str:
             b = median(r["api"][key] for r in rows)
             ratio = median(r["api"][key] / r["in-process"][key] for r in rows)
             lines.append(f"| {compute} | {label} | {a:.1f} | {b:.1f} | {ratio:.2f} |")
+        for key, label in [
+            ("single_event_loop_us_per_tok", "1 stream"),
+            ("streams_event_loop_us_per_tok", f"{STREAMS} streams"),
+        ]:
+            loop_cpu = median(r["api"][key] for r in rows)
+            lines.append(f"| {compute} | {label}, event-loop thread CPU us / token | | {loop_cpu:.0f} | |")
     return "\n".join(lines)
 
 
