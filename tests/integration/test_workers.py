@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -75,6 +76,12 @@ def alive(pid: int) -> bool:
 
 def cmdline(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+
+
+def supervisor_directory(worker: int) -> Path:
+    """The supervisor's own directory (the workers' config and metrics), from a worker's command line."""
+    args = cmdline(worker)
+    return Path(args[args.index("--config") + 1]).parent
 
 
 def worker_pids(gateway: Process) -> dict[int, int]:
@@ -163,8 +170,7 @@ def test_sigterm_to_the_supervisor_ends_every_worker_and_removes_its_files(proce
     upstream = fake_upstream()
     gateway = start_workers(processes, tmp_path, {"pools": [pool("main", upstream.url)], "auth": AUTH})
     workers = list(worker_pids(gateway).values())
-    args = cmdline(workers[0])
-    directory = Path(args[args.index("--config") + 1]).parent
+    directory = supervisor_directory(workers[0])
     assert directory.is_dir() and any((directory / "metrics").iterdir())
     gateway.proc.send_signal(signal.SIGTERM)
     assert gateway.proc.wait(timeout=30) == 0
@@ -179,9 +185,11 @@ def test_workers_do_not_outlive_a_killed_supervisor(processes, fake_upstream, tm
     gateway = start_workers(processes, tmp_path, {"pools": [pool("main", upstream.url)], "auth": AUTH})
     workers = list(worker_pids(gateway).values())
     assert len(workers) == 2
+    directory = supervisor_directory(workers[0])
     gateway.proc.kill()
     gateway.proc.wait()
     wait_for(lambda: not any(alive(pid) for pid in workers), what="every worker gone", timeout=30)
+    shutil.rmtree(directory)  # what a killed supervisor cannot remove
 
 
 def test_a_public_port_in_use_fails_at_once(tmp_path, fake_upstream):
