@@ -26,10 +26,12 @@ if TYPE_CHECKING:
     from gateway.admission.fair_queue import FairQueue
     from gateway.guard.output import OutputGuard
     from gateway.keystore.records import KeyRecord
+    from gateway.policy.model import PriceTable
     from gateway.ratelimit.limiter import Grant
     from gateway.routing.policies import RouteRequest
     from gateway.routing.pool import Pool
     from gateway.routing.replica import KvHold, Replica
+    from gateway.spend.charge import Charge
 
 
 class StageOrderError(RuntimeError):
@@ -103,6 +105,8 @@ class RequestContext:
     usage: Usage = field(default_factory=Usage)
     stream_error: str | None = None
     response_headers: dict[str, str] = field(default_factory=dict)
+    # what the ended request is charged, at which price table (gateway/spend/charge.py): settlement and billing ask
+    charged: tuple[PriceTable, Charge] | None = None
 
     @property
     def api(self) -> Api:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -59,32 +58,34 @@ class RateLimiter:
         prices: PriceTable | None = None,
     ) -> Grant:
         """Decide all rules and budgets in one round trip; raise 429 if any denies."""
-        checks: list[Check] = [_check(rule, ctx) for rule in rules]
+        checks: list[Check] = [_check(rule, ctx) for rule in rules] if rules else []
         reserved: list[BudgetCheck] = []
         if applied:
             assert prices is not None  # budgets are priced
-            cost, now, member = budgets.reservation(ctx, prices), time.time(), ctx.request_id
-            reserved = [budgets.check(budget, cost, now, member) for budget in applied]
-            if self._seeder is not None:
+            reserved = budgets.checks(applied, ctx, prices)
+            if self._seeder is not None and not self._seeder.seeded(reserved):
                 await self._seeder.seed(applied, reserved)
             checks += reserved
         outcomes, backend = await self.backend.acquire(checks)
-        limited = outcomes[: len(rules)]
-        decided = list(zip(rules, checks, limited))
-        for rule, outcome in zip(rules, limited):
-            self._decisions(rule.id, "allowed" if outcome.allowed else "limited", backend.name).inc()
-        headers = rate_limit_headers(list(zip(rules, limited))) if rules else {}
-        spent = outcomes[len(rules) :]
+        decided: list[tuple[RateLimitRule, Check, Outcome]] = []
+        headers: dict[str, str] = {}
+        denied = None
+        if rules:
+            limited = outcomes[: len(rules)]
+            decided = list(zip(rules, checks, limited))
+            for rule, outcome in zip(rules, limited):
+                self._decisions(rule.id, "allowed" if outcome.allowed else "limited", backend.name).inc()
+                if not outcome.allowed and (denied is None or outcome.retry_after > denied[1].retry_after):
+                    denied = rule, outcome
+            headers = rate_limit_headers(list(zip(rules, limited)))
         if reserved:
             assert prices is not None
+            spent = outcomes[len(rules) :] if rules else outcomes
             headers.update(budgets.headers(applied, spent, prices.currency))
-        denied = [(rule, out) for rule, _, out in decided if not out.allowed]
-        if denied:
-            rule, outcome = max(denied, key=lambda pair: pair[1].retry_after)
-            raise _too_many(rule, outcome, headers)
-        if reserved:
-            assert prices is not None
-            self._budgets_decided(applied, reserved, spent, headers, prices.currency, backend.name)
+            if denied is None:
+                self._budgets_decided(applied, reserved, spent, headers, prices.currency, backend.name)
+        if denied is not None:
+            raise _too_many(*denied, headers)
         return Grant(backend, decided, headers, reserved, prices)
 
     def _budgets_decided(
@@ -115,7 +116,10 @@ class RateLimiter:
             assert grant.prices is not None
             charged_cost = charge(ctx, grant.prices)
             prompt, completion = charged_cost.prompt, charged_cost.completion
-            spend = tuple((check, charged_cost.cost_nanos) for check in grant.budgets)
+            spend = tuple([(check, charged_cost.cost_nanos) for check in grant.budgets])
+            if not grant.decided:  # budgets alone: nothing else to settle
+                await grant.backend.settle(Settlement(spend=spend))
+                return
         else:
             prompt, completion = charged_tokens(ctx)
         for rule, check, _ in grant.decided:

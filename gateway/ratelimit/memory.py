@@ -28,18 +28,25 @@ class MemoryBackend:
 
     async def acquire(self, checks: list[Check]) -> list[Outcome]:
         now = self._clock()
-        self._maybe_sweep(now)
-        decided = [self._decide(c, now) for c in checks]
-        if all(outcome.allowed for outcome, _ in decided):
-            for check, (_, stored) in zip(checks, decided):
-                if isinstance(check, RateCheck):
-                    self._tats[check.key] = stored
-                elif isinstance(check, SlotCheck):
-                    self._slots[check.key][check.member] = stored
-                else:
-                    self._spent[check.key] = (int(stored), check.resets_at)
+        self._ops += 1
+        if not self._ops % _SWEEP_EVERY:
+            self._sweep(now)
+        outcomes, stored, allowed = [], [], True
+        for check in checks:  # one pass, no intermediate lists: every limited request runs this
+            outcome, value = self._decide(check, now)
+            outcomes.append(outcome)
+            stored.append(value)
+            allowed = allowed and outcome.allowed
+        if allowed:
+            for check, value in zip(checks, stored):
+                if isinstance(check, BudgetCheck):
+                    self._spent[check.key] = (int(value), check.resets_at)
                     self._held[check.key, check.member] = check.cost
-        return [outcome for outcome, _ in decided]
+                elif isinstance(check, RateCheck):
+                    self._tats[check.key] = value
+                else:
+                    self._slots[check.key][check.member] = value
+        return outcomes
 
     def seed(self, check: BudgetCheck, spent: int) -> None:
         """Start a budget's period from what the spend ledger says was spent in it (after a restart); a period this
@@ -47,7 +54,7 @@ class MemoryBackend:
         self._spent.setdefault(check.key, (spent, check.resets_at))
 
     async def settle(self, settlement: Settlement) -> None:
-        now = self._clock()
+        now = self._clock() if settlement.adjustments else 0.0
         for check, delta in settlement.adjustments:
             tat = max(self._tats.get(check.key, now), now) + check.interval * delta
             if tat > now:
@@ -94,11 +101,9 @@ class MemoryBackend:
             return Outcome(False, 0, wait, wait), now
         return Outcome(True, check.limit - len(holders) - 1, 0.0, 0.0), now + check.lease
 
-    def _maybe_sweep(self, now: float) -> None:
-        """Drop keys that are back at full capacity so memory stays bounded by active keys."""
-        self._ops += 1
-        if self._ops % _SWEEP_EVERY:
-            return
+    def _sweep(self, now: float) -> None:
+        """Drop keys that are back at full capacity so memory stays bounded by active keys (every `_SWEEP_EVERY`
+        decisions)."""
         self._tats = {k: t for k, t in self._tats.items() if t > now}
         self._slots = {k: h for k, h in self._slots.items() if any(e > now for e in h.values())}
         wall = self._wall_clock()

@@ -19,9 +19,10 @@ import hashlib
 import logging
 import math
 import re
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from gateway.context import RequestContext
@@ -43,6 +44,16 @@ _WINDOW = re.compile(r"^\s*(\d+)\s*(h|d)\s*$")
 _UNIT = {"h": 3600, "d": 86400}
 
 
+@dataclass(slots=True)
+class PeriodCounter:
+    """A payer's budget counter for the period that held its last request: kept while the period lasts, so a
+    request looks up neither its period nor its key."""
+
+    start: float = 0.0
+    end: float = 0.0
+    key: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class AppliedBudget:
     """A budget as it applies to one payer: whose spend it bounds, and its limit in nanos."""
@@ -53,6 +64,8 @@ class AppliedBudget:
     budget: Budget
     limit: int  # nanos
     quiet_above: int  # nanos left above which no soft threshold has been crossed
+    header_head: str  # the header up to its remaining amount: "<id>; limit=20; remaining="
+    counter: PeriodCounter = field(default_factory=PeriodCounter)
 
 
 _applied: dict[tuple[str, str, int], AppliedBudget] = {}  # (id, payer, id(budget)) → built once, not per request
@@ -78,7 +91,10 @@ def _applied_budget(budget_id: str, scope: str, who: str, budget: Budget) -> App
             _applied.clear()
         limit = round(budget.limit * NANOS)
         quiet_above = limit - math.floor(min(budget.soft, default=1) * limit)
-        found = _applied[budget_id, who, id(budget)] = AppliedBudget(budget_id, scope, who, budget, limit, quiet_above)
+        head = f"{budget_id}; limit={amount_text(limit)}; remaining="
+        found = _applied[budget_id, who, id(budget)] = AppliedBudget(
+            budget_id, scope, who, budget, limit, quiet_above, head
+        )
     return found
 
 
@@ -115,9 +131,17 @@ def window_seconds(text: str) -> int:
     return int(match.group(1)) * _UNIT[match.group(2)]
 
 
-def check(applied: AppliedBudget, reservation: int, now: float, request_id: str) -> BudgetCheck:
-    start, end = period(applied.budget, now)
-    return BudgetCheck(_key(applied.id, applied.who, int(start)), applied.limit, reservation, end, request_id)
+def checks(applied: Sequence[AppliedBudget], ctx: RequestContext, prices: PriceTable) -> list[BudgetCheck]:
+    """Each budget's reservation of the most the request can cost, in the period that holds now."""
+    cost, now, member = reservation(ctx, prices), time.time(), ctx.request_id
+    reserved = []
+    for budget in applied:
+        counter = budget.counter
+        if not counter.start <= now < counter.end:
+            counter.start, counter.end = period(budget.budget, now)
+            counter.key = _key(budget.id, budget.who, int(counter.start))
+        reserved.append(BudgetCheck(counter.key, budget.limit, cost, counter.end, member))
+    return reserved
 
 
 @functools.lru_cache(maxsize=65536)
@@ -138,11 +162,8 @@ def headers(applied: Sequence[AppliedBudget], outcomes: Sequence[Outcome], curre
     for other, other_outcome in zip(applied[1:], outcomes[1:]):
         if other_outcome.remaining * tightest.limit < outcome.remaining * other.limit:  # a smaller share left
             tightest, outcome = other, other_outcome
-    left = amount_text(max(outcome.remaining, 0))
-    return {
-        HEADER: f"{tightest.id}; limit={amount_text(tightest.limit)}; remaining={left}; "
-        f"reset={math.ceil(outcome.reset)}; currency={currency}"
-    }
+    left = amount_text(outcome.remaining) if outcome.remaining > 0 else "0"
+    return {HEADER: f"{tightest.header_head}{left}; reset={math.ceil(outcome.reset)}; currency={currency}"}
 
 
 def exceeded(applied: AppliedBudget, outcome: Outcome, currency: str, headers: dict[str, str]) -> GatewayError:
@@ -206,6 +227,14 @@ class BudgetSeeder:
         self._ledger = ledger
         self._memory = memory
         self._seeded: dict[str, asyncio.Future[None]] = {}
+
+    def seeded(self, checks: Sequence[BudgetCheck]) -> bool:
+        """Every period these checks count is seeded already (every request after a period's first)."""
+        for budget_check in checks:
+            done = self._seeded.get(budget_check.key)
+            if done is None or not done.done():
+                return False
+        return True
 
     async def seed(self, applied: Sequence[AppliedBudget], checks: Sequence[BudgetCheck]) -> None:
         for budget, budget_check in zip(applied, checks):

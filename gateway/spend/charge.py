@@ -3,14 +3,13 @@ and their cost from the policy's price table."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gateway.context import RequestContext
 from gateway.policy.model import PriceTable
 
 
-@dataclass(frozen=True, slots=True)
-class Charge:
+class Charge(NamedTuple):
     prompt: int
     cached: int  # of the prompt tokens, served from a prefix cache
     completion: int
@@ -18,10 +17,16 @@ class Charge:
 
 
 def charge(ctx: RequestContext, prices: PriceTable) -> Charge:
+    """What the ended request is charged at `prices`: worked out once, for its budgets' settlement and its bill."""
+    known = ctx.charged
+    if known is not None and known[0] is prices:
+        return known[1]
     prompt, completion = charged_tokens(ctx)
     reported = ctx.usage.cached_tokens
     cached = min(reported, prompt) if isinstance(reported, int) and reported > 0 else 0
-    return Charge(prompt, cached, completion, prices.cost_nanos(ctx.model, prompt, cached, completion))
+    charged = Charge(prompt, cached, completion, prices.cost_nanos(ctx.model, prompt, cached, completion))
+    ctx.charged = prices, charged
+    return charged
 
 
 def charged_tokens(ctx: RequestContext) -> tuple[int, int]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple, Protocol
 
 NANOS = 1_000_000_000
+_PLACES = len(str(NANOS)) - 1  # decimal places of a nano
 HOUR = 3600
 
 GroupBy = Literal["key", "tenant", "model", "hour", "day", "month"]
@@ -45,9 +46,11 @@ class SpendTotals:
 
 def amount_text(nanos: int) -> str:
     """An amount of whole nanos as exact decimal text ('0.000016', never '1.6e-05')."""
-    sign, nanos = ("-", -nanos) if nanos < 0 else ("", nanos)
-    units, fraction = divmod(nanos, NANOS)
-    return f"{sign}{units}.{fraction:09d}".rstrip("0").rstrip(".")
+    if nanos < 0:
+        return "-" + amount_text(-nanos)
+    digits = str(nanos).rjust(_PLACES + 1, "0")  # string slicing: this runs for every budgeted answer's header
+    fraction = digits[-_PLACES:].rstrip("0")
+    return f"{digits[:-_PLACES]}.{fraction}" if fraction else digits[:-_PLACES]
 
 
 class SpendStore(Protocol):
