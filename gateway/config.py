@@ -256,7 +256,11 @@ class HealthConfig(_Strict):
 
 
 class AffinityConfig(_Strict):
-    """Cache-aware routing (see gateway/routing/policies.py): the replica holding the longest cached prefix wins when
+    """Cache-aware routing (see gateway/routing/policies.py). `scorer: expected_ttft` (default): the replica with the
+    least prefill work ahead of the request's first token, in prompt tokens (uncached part of the prompt + this
+    gateway's queued prefill there + other senders' waiting requests + `decode_weight` per decoding sequence).
+
+    `scorer: rules`, the earlier policy: the replica holding the longest cached prefix wins when
     that prefix covers at least `match_threshold` of the prompt and the replica has room for the rest; otherwise the
     replica with the least work and KV in use. When in-flight load is imbalanced beyond both thresholds
     (max > min + abs and max > rel x min), the least-loaded replica wins, so a hot prefix cannot pile onto one.
@@ -271,6 +275,10 @@ class AffinityConfig(_Strict):
     max_share: Annotated[float, Field(ge=1)] = 1.25
     share_window: Annotated[int, Field(gt=0)] = 256
     index_capacity: Annotated[int, Field(gt=0)] = 200_000
+    scorer: Literal["expected_ttft", "rules"] = "expected_ttft"
+    decode_weight: Annotated[float, Field(ge=0)] = Field(
+        default=16.0, description="prompt tokens of prefill one decoding sequence is worth (docs/benchmarks.md)"
+    )
 
 
 class AdmissionConfig(_Strict):

@@ -364,6 +364,8 @@ class Upstream:
                     saw_done = saw_done or exchange.answers.ends(data, parsed)
                     if parsed is None or self._inspect_event(ctx, exchange, parsed, strip_usage):
                         out.append(event)
+                if ctx.usage.generated:  # the first output token came: routing stops counting this prefill
+                    ctx.placed.kv_hold.prefill_done()
                 if ctx.output_guard is not None:  # holds events back until scanned; raises GuardBlocked
                     out = await ctx.output_guard.feed(out)
                 if translator is not None:

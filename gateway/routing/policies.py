@@ -4,18 +4,28 @@
 - `least_outstanding`: fewest requests in flight from this gateway (needs no scraping).
 - `least_load`: fewest requests running + waiting on the replica (scraped, corrected locally between scrapes),
   KV usage breaking near-ties.
-- `prefix_affinity` / `kv_events`: cache first, load as the guard (SGLang's cache-aware rule, priced in blocks):
+- `prefix_affinity` / `kv_events`: the least expected time to first token (`ExpectedTtft`, the default scorer):
+  every replica is priced in prompt tokens of prefill work it would do before this request's first token:
+      the prompt minus the prefix predicted cached there
+    + the prefill this gateway already sent there that has not produced a first token yet
+    + other senders' waiting requests (scraped; priced at this prompt's length, the scrape has no token counts)
+    + `decode_weight` x sequences decoding there (each rides along in every step of the prefill; calibrated with
+      tests/bench/decode_weight_bench.py, docs/benchmarks.md)
+  Replicas where the request's KV blocks do not fit go last; ties keep the rotation. One unit for every term, so
+  no term needs a hand-tuned weight against another, unlike a weighted sum of normalised scores (llm-d's
+  prefix-cache + queue + KV-utilisation scorers) or SGLang's switch between longest match and shortest queue at
+  balance thresholds: a long cached prefix wins exactly while the prefill it saves exceeds the queue it waits in.
+  `affinity.scorer: rules` keeps the previous rule-based policy (`PrefixAffinity`, below).
+  Both learn from this gateway's own routing decisions; `kv_events` also follows the engines' KV-event streams,
+  which add the blocks replies fill and remove evicted ones.
+- `affinity.scorer: rules` (`PrefixAffinity`): cache first, load as the guard (SGLang's cache-aware rule, in blocks):
   1. if in-flight load is imbalanced past both thresholds, the least-loaded replica wins;
   2. replicas that took more than `max_share` x their fair share of recent decisions step aside (unless all did);
   3. among the rest, if some replica holds at least `match_threshold` of the prompt's blocks and has free KV
      blocks for the rest of the request, the longest match wins (ties: least loaded);
-  4. else (a new prefix) cost = requests in flight + KV blocks in use / blocks per request, so cold prompts
-     spread over the least busy replicas.
-  Measured here (docs/benchmarks.md), the Dynamo-style additive cost (uncached prefill blocks + active blocks)
-  sent most follow-up turns to idle cold replicas: one in-flight 1,000-token request holds more blocks than a
-  cached system prompt saves, while on a CPU engine the cold prefill costs ~7x the warm one.
-  Both learn from this gateway's own routing decisions; `kv_events` also follows the engines' KV-event streams,
-  which add the blocks replies fill and remove evicted ones.
+  4. else (a new prefix) cost = requests in flight + KV blocks in use / blocks per request.
+  It counts requests, not work: measured on shared-prefix workloads under cache pressure (docs/benchmarks.md),
+  its gain over round robin swung between runs and never reached the tail.
 """
 
 from __future__ import annotations
@@ -37,6 +47,8 @@ class RouteRequest:
     block_hashes: list[int] = field(default_factory=list)  # the prompt's full blocks, engine hashing
     prompt_blocks: int = 0
     decode_blocks: int = 0
+    prompt_tokens: int = 0
+    block_size: int = 16
 
 
 def blocks_needed(request: RouteRequest, cached_blocks: int) -> int:
@@ -51,6 +63,14 @@ class Ranked:
 
     def blocks_needed(self, replica: Replica, request: RouteRequest) -> int:
         return blocks_needed(request, self.cached_blocks.get(replica.url, 0))
+
+    def uncached_tokens(self, replica: Replica, request: RouteRequest) -> int:
+        """The prompt tokens `replica` is expected to compute: those past the prefix predicted cached there."""
+        return uncached_tokens(request, self.cached_blocks.get(replica.url, 0))
+
+
+def uncached_tokens(request: RouteRequest, cached_blocks: int) -> int:
+    return max(0, request.prompt_tokens - cached_blocks * request.block_size)
 
 
 class RoutingPolicy(Protocol):
@@ -95,6 +115,39 @@ class LeastLoad(RoutingPolicy):
 
     def rank(self, replicas: list[Replica], request: RouteRequest) -> Ranked:
         return Ranked(sorted(self._rotate(replicas), key=lambda r: r.load + r.kv_usage), {})
+
+
+def expected_prefill(replica: Replica, request: RouteRequest, cached_blocks: int, decode_weight: float) -> float:
+    """Prefill work, in prompt tokens, between routing `request` to `replica` and its first token there."""
+    return (
+        uncached_tokens(request, cached_blocks)
+        + replica.prefill_tokens
+        + replica.foreign_waiting * request.prompt_tokens
+        + decode_weight * replica.decoding
+    )
+
+
+class ExpectedTtft(RoutingPolicy):
+    """The replica with the least prefill work ahead of this request's first token (module docstring)."""
+
+    def __init__(self, index: PrefixIndex, config: AffinityConfig) -> None:
+        self._rotate = Rotation()
+        self.index = index
+        self.decode_weight = config.decode_weight
+
+    def rank(self, replicas: list[Replica], request: RouteRequest) -> Ranked:
+        cached = self.index.matched_blocks(request.block_hashes) if request.block_hashes else {}
+
+        def key(replica: Replica) -> tuple[bool, float]:
+            held = cached.get(replica.url, 0)
+            free = replica.free_blocks
+            fits = free is None or blocks_needed(request, held) <= free
+            return not fits, expected_prefill(replica, request, held, self.decode_weight)
+
+        return Ranked(sorted(self._rotate(replicas), key=key), cached)
+
+    def learn(self, request: RouteRequest, replica: Replica) -> None:
+        self.index.add(request.block_hashes, replica.url)
 
 
 class PrefixAffinity(RoutingPolicy):

@@ -21,6 +21,7 @@ from gateway.apis.passthrough import matches
 from gateway.config import ConfigError, PoolConfig
 from gateway.routing import kv_events, scraper, vllm_events
 from gateway.routing.policies import (
+    ExpectedTtft,
     LeastLoad,
     LeastOutstanding,
     PrefixAffinity,
@@ -47,7 +48,8 @@ def _policy(config: PoolConfig, index: PrefixIndex) -> RoutingPolicy:
     if config.routing in ("prefix_affinity", "kv_events"):
         # kv_events learns from its own decisions too: a follow-up turn often arrives before the engine's event
         # for the first turn's blocks does; the events then confirm them, or remove them on eviction.
-        return PrefixAffinity(index, config.affinity)
+        scorer = ExpectedTtft if config.affinity.scorer == "expected_ttft" else PrefixAffinity
+        return scorer(index, config.affinity)
     return _POLICIES_WITHOUT_INDEX[config.routing]()
 
 
@@ -142,7 +144,7 @@ class Pool:
                 hashes = self.vllm_hasher.prompt_keys(token_ids, salt)
             else:
                 hashes = hash_prompt_blocks(token_ids, size, salt)
-        return RouteRequest(hashes, math.ceil(prompt_tokens / size), math.ceil(max_tokens / size))
+        return RouteRequest(hashes, math.ceil(prompt_tokens / size), math.ceil(max_tokens / size), prompt_tokens, size)
 
     def predicted_cached_tokens(self, cached_blocks: int, prompt_tokens: int) -> int:
         """The `cached_tokens` a replica holding `cached_blocks` of the prompt is expected to report."""

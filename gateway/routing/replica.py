@@ -13,6 +13,8 @@ class Replica:
     # this gateway's own view, always current
     outstanding: int = 0  # requests in flight from this gateway
     reserved_blocks: int = 0  # KV blocks this gateway's in-flight requests are expected to hold
+    prefilling: int = 0  # requests this gateway sent that have not produced their first token yet
+    prefill_tokens: int = 0  # their prompt tokens still to compute (predicted cached prefix excluded)
     # the replica's view, from its last /metrics scrape
     running: int = 0
     waiting: int = 0
@@ -20,6 +22,7 @@ class Replica:
     total_blocks: int = 0  # 0 until a scrape says
     outstanding_at_scrape: int = 0
     reserved_at_scrape: int = 0
+    prefilling_at_scrape: int = 0
     # health: active (scrapes) and passive (upstream attempts)
     failures: int = 0
     ejected_until: float = 0.0
@@ -52,6 +55,19 @@ class Replica:
         if total_blocks:
             self.total_blocks = total_blocks
         self.outstanding_at_scrape, self.reserved_at_scrape = self.outstanding, self.reserved_blocks
+        self.prefilling_at_scrape = self.prefilling
+
+    @property
+    def foreign_waiting(self) -> int:
+        """Requests waiting on the replica beyond this gateway's own not-yet-started ones, at the last scrape: other
+        senders' queue, whose prompt lengths the scrape does not tell."""
+        return max(0, self.waiting - self.prefilling_at_scrape)
+
+    @property
+    def decoding(self) -> int:
+        """Sequences past their prefill on the replica (and other senders' running ones), corrected between
+        scrapes: every step of a new prompt's prefill carries them."""
+        return max(0, self.load - self.prefilling - self.foreign_waiting)
 
     def record(self, ok: bool, failures_to_eject: int, eject_seconds: float) -> None:
         """Passive and active health: eject after consecutive failures, re-admit once the ejection lapses."""
@@ -69,21 +85,38 @@ class Replica:
 
 @dataclass(slots=True)
 class KvHold:
-    """KV blocks a request is expected to occupy on one replica, counted there until the response ends.
+    """What a request is expected to put on one replica: KV blocks, counted there until the response ends, and its
+    prefill (uncached prompt tokens), counted until its first token arrives.
 
-    Admission claims blocks where they fit; routing may then move them to the replica it prefers. Either way
-    the replica's `reserved_blocks` stays right, and `release` is safe to call more than once.
+    Admission claims blocks where they fit; routing may then move them, with the prefill, to the replica it prefers.
+    Either way the replica's `reserved_blocks` and `prefill_tokens` stay right; `release` and `prefill_done` are
+    safe to call more than once.
     """
 
     replica: Replica | None = None
     blocks: int = 0
+    prefill: int = 0
+    prefilling: bool = False
 
-    def move(self, replica: Replica, blocks: int) -> None:
+    def move(self, replica: Replica, blocks: int, prefill: int | None = None) -> None:
+        """Hold `blocks` on `replica`; with `prefill` (routing's move), also that many tokens of queued prefill."""
         self.release()
         replica.reserved_blocks += blocks
         self.replica, self.blocks = replica, blocks
+        if prefill is not None:
+            replica.prefilling += 1
+            replica.prefill_tokens += prefill
+            self.prefill, self.prefilling = prefill, True
+
+    def prefill_done(self) -> None:
+        """The first token arrived: the replica no longer has this request's prefill ahead of others."""
+        if self.replica is not None and self.prefilling:
+            self.replica.prefilling -= 1
+            self.replica.prefill_tokens -= self.prefill
+            self.prefill, self.prefilling = 0, False
 
     def release(self) -> None:
+        self.prefill_done()
         if self.replica is not None:
             self.replica.reserved_blocks -= self.blocks
             self.replica, self.blocks = None, 0
