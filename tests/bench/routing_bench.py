@@ -1,20 +1,22 @@
-"""KV-cache-aware routing benchmark: four routing policies in front of the same engine replicas.
+"""KV-cache-aware routing benchmark: routing policies in front of the same engine replicas, over seeds, KV sizes
+and compute modes, reported as the median and spread (min-max) over seeds.
 
-    .venv/bin/python tests/bench/routing_bench.py                 # full run (docs/benchmarks.md), ~15-25 min here
-    .venv/bin/python tests/bench/routing_bench.py --quick         # smoke test, a few minutes
-    .venv/bin/python tests/bench/routing_bench.py --out-dir /tmp/r --no-doc-png --policies round_robin kv_events
+    .venv/bin/python tests/bench/routing_bench.py --compute int8 --kv-mib 128 --seeds 0 1 2   # cache pressure
+    .venv/bin/python tests/bench/routing_bench.py --compute int8 float32 --kv-mib 128 1024   # every cell
+    .venv/bin/python tests/bench/routing_bench.py --quick                                    # smoke test
 
-Starts N engine replicas (`portcullis engine serve --threads 1`, one BLAS thread each) on free loopback ports, then,
-for each scenario (the shared-prefix workload with tenants in turn, then with a hot tenant taking a share of the
-conversations) and each routing policy: starts one gateway process (`routing: <policy>`, `scrape_interval: 0.2`,
-`telemetry.replica_header: true`) in front of the same engines, empties every engine's prefix cache
-(POST /reset_prefix_cache, so each policy starts cold), runs the same seeded request sequence through it with
-gateway.bench.run_benchmark, and stops the gateway. The plan fingerprints are checked equal across policies.
+For each cell (compute mode x KV MiB per replica x scenario) it starts N engine replicas (`portcullis engine serve
+--threads 1 --compute C --kv-cache-bytes K`) on free loopback ports and reads their KV capacity from /metrics; the
+cell is under cache pressure when one replica cannot hold every tenant's system prompt. Then for each seed and each
+policy: starts one gateway process (`routing: <policy>`, `scrape_interval: 0.2`, `telemetry.replica_header: true`),
+empties every engine's prefix cache (POST /reset_prefix_cache, so each policy starts cold), runs the seeded request
+sequence through it with gateway.bench.run_benchmark, and stops the gateway. Plan fingerprints are checked equal
+across the policies of a seed. Gains are round robin's TTFT over the policy's, per seed, then summarised.
 
-Writes to --out-dir (default .bench/routing/, gitignored): results.json ({"meta", "scenarios": {scenario: {"runs":
-{policy: result}}}}, results as gateway/bench/__init__.py describes), summary.txt (the summary and the full
-format_table per scenario), ttft_<scenario>.png (plot_ttft); and copies the uniform scenario's PNG to
-docs/routing_ttft.png unless --no-doc-png. Everything it starts is stopped on exit, errors included.
+Writes to --out-dir (default .bench/routing/, gitignored): results.json ({"meta", "runs": [{cell, seed, policy,
+result}], "table"}), summary.txt (the table, per-run detail, the targets), ttft_<cell>.png (plot_ttft, first seed);
+copies the first cell's plot to docs/routing_ttft.png with --doc-png. Everything it starts is stopped on exit,
+errors included.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import json
 import platform
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -38,10 +41,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from gateway.bench import BenchConfig, format_table, plot_ttft, run_benchmark  # noqa: E402
+from gateway.bench import BenchConfig, plot_ttft, run_benchmark  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
-POLICIES = ("round_robin", "least_load", "prefix_affinity", "kv_events")
+POLICIES = ("round_robin", "least_outstanding", "least_load", "prefix_affinity", "kv_events")
+DEFAULT_POLICIES = ("round_robin", "prefix_affinity", "kv_events")
 CACHE_AWARE = ("prefix_affinity", "kv_events")
 
 
@@ -113,7 +117,7 @@ def machine() -> dict:
     }
 
 
-def start_engines(n: int, kv_cache_bytes: str, logs: Path) -> list[Proc]:
+def start_engines(n: int, kv_cache_bytes: str, compute: str, logs: Path) -> list[Proc]:
     engines = []
     for i in range(n):  # one at a time: model loads compete for the same cores
         port = free_port()
@@ -129,6 +133,8 @@ def start_engines(n: int, kv_cache_bytes: str, logs: Path) -> list[Proc]:
             "1",
             "--kv-cache-bytes",
             kv_cache_bytes,
+            "--compute",
+            compute,
         ]
         engines.append(spawn(f"engine-{i}", cmd, port, logs / f"engine-{i}.log", "/health", timeout=600))
     return engines
@@ -249,32 +255,101 @@ def summarize(runs: dict[str, dict], engine_urls: list[str]) -> tuple[list[dict]
     return rows, "\n".join(lines)
 
 
-def targets(uniform: list[dict], hot: list[dict]) -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    compute: str
+    kv_mib: int
+    scenario: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.compute}-{self.kv_mib}MiB-{self.scenario}"
+
+
+def kv_capacity_tokens(url: str) -> int:
+    """The engine's KV cache size in tokens, from its cache_config_info metric."""
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("vllm:cache_config_info{"):
+            labels = dict(part.split("=") for part in line[line.index("{") + 1 : line.index("}")].split(","))
+            return int(float(labels["num_gpu_blocks"].strip('"'))) * int(labels["block_size"].strip('"'))
+    raise RuntimeError(f"{url}/metrics has no vllm:cache_config_info")
+
+
+def spread(values: list[float], fmt: str = "{:.0f}") -> str:
+    """Median [min-max] of per-seed figures."""
+    if not values:
+        return "n/a"
+    median = statistics.median(values)
+    return f"{fmt.format(median)} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
+
+
+def aggregate(records: list[dict]) -> tuple[list[dict], str]:
+    """One row per cell and policy: TTFT p50/p99 and the gain over round robin, median [min-max] over seeds."""
+    by_cell: dict[str, dict[str, dict[int, dict]]] = {}
+    for rec in records:
+        by_cell.setdefault(rec["cell"], {}).setdefault(rec["policy"], {})[rec["seed"]] = rec
+    rows = []
+    for cell, policies in by_cell.items():
+        base = policies.get("round_robin", {})
+        for policy, seeds in policies.items():
+            recs = list(seeds.values())
+            first = recs[0]
+            gains = {
+                q: [base[s][q] / r[q] for s, r in seeds.items() if s in base and r[q]] for q in ("ttft_p50", "ttft_p99")
+            }
+            rows.append(
+                {
+                    "cell": cell,
+                    "compute": first["compute"],
+                    "kv_mib": first["kv_mib"],
+                    "kv_tokens": first["kv_tokens"],
+                    "pressure": first["pressure"],
+                    "policy": policy,
+                    "seeds": sorted(seeds),
+                    "ttft_p50": [r["ttft_p50"] for r in recs],
+                    "ttft_p99": [r["ttft_p99"] for r in recs],
+                    "p50_gain": gains["ttft_p50"],
+                    "p99_gain": gains["ttft_p99"],
+                    "hit": [r["hit"] for r in recs if r["hit"] is not None],
+                    "max_over_mean": [r["max_over_mean"] for r in recs if r["max_over_mean"] is not None],
+                    "completed": sum(r["completed"] for r in recs),
+                    "failed": sum(r["failed"] for r in recs),
+                }
+            )
+    lines = [
+        "median [min-max] over seeds; gain = round_robin's TTFT / the policy's, per seed",
+        "",
+        "| compute | KV per replica | cache pressure | policy | seeds | TTFT p50 (ms) | TTFT p99 (ms) "
+        "| p50 gain | p99 gain | hit rate | max/mean requests | ok/failed |",
+        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        gain50 = spread(r["p50_gain"], "{:.2f}x") if r["policy"] != "round_robin" else "-"
+        gain99 = spread(r["p99_gain"], "{:.2f}x") if r["policy"] != "round_robin" else "-"
+        lines.append(
+            f"| {r['compute']} | {r['kv_mib']} MiB ({r['kv_tokens']:,} tokens) | {'yes' if r['pressure'] else 'no'} "
+            f"| {r['policy']} | {len(r['seeds'])} | {spread(r['ttft_p50'])} | {spread(r['ttft_p99'])} | {gain50} "
+            f"| {gain99} | {spread(r['hit'], '{:.2f}')} | {spread(r['max_over_mean'], '{:.2f}')} "
+            f"| {r['completed']}/{r['failed']} |"
+        )
+    return rows, "\n".join(lines)
+
+
+def targets(rows: list[dict]) -> list[str]:
+    """Never worse than round robin (median over seeds) on p50 and p99 in any cell; under cache pressure at least
+    2x on p50 and a p99 cut."""
     out = []
-    rr = next((r for r in uniform if r["policy"] == "round_robin"), None)
-    for r in uniform:
-        if r["policy"] in CACHE_AWARE and rr and r["ttft_p50"]:
-            x = rr["ttft_p50"] / r["ttft_p50"]
-            out.append(
-                f"{r['policy']}: TTFT p50 {x:.2f}x better than round_robin (target >= 3): "
-                f"{'MET' if x >= 3 else 'not met'}"
-            )
-        if r["policy"] in CACHE_AWARE and r["hit_over_oracle"] is not None:
-            out.append(
-                f"{r['policy']}: hit rate {r['hit']:.3f} = {r['hit_over_oracle']:.2f} x oracle {r['oracle']:.3f}"
-                f" (target >= 0.9): {'MET' if r['hit_over_oracle'] >= 0.9 else 'not met'}"
-            )
-        if r["policy"] in CACHE_AWARE and r["max_over_mean"] is not None:
-            out.append(
-                f"{r['policy']}: uniform max/mean requests per replica {r['max_over_mean']:.2f} "
-                f"(target <= 1.3): {'MET' if r['max_over_mean'] <= 1.3 else 'not met'}"
-            )
-    for r in hot:
-        if r["policy"] in CACHE_AWARE and r["max_over_mean"] is not None:
-            out.append(
-                f"{r['policy']}: hot-tenant max/mean requests per replica {r['max_over_mean']:.2f} "
-                f"(target <= 1.5): {'MET' if r['max_over_mean'] <= 1.5 else 'not met'}"
-            )
+    for r in rows:
+        if r["policy"] not in CACHE_AWARE or not r["p50_gain"] or not r["p99_gain"]:
+            continue
+        p50, p99 = statistics.median(r["p50_gain"]), statistics.median(r["p99_gain"])
+        worst = min(r["p50_gain"] + r["p99_gain"])
+        ok = p50 >= 1 and p99 >= 1
+        line = f"{r['cell']} {r['policy']}: p50 {p50:.2f}x, p99 {p99:.2f}x (worst seed {worst:.2f}x): "
+        line += f"not worse than round_robin {'MET' if ok else 'NOT MET'}"
+        if r["pressure"]:
+            line += f"; p50 >= 2x {'MET' if p50 >= 2 else 'not met'}, p99 cut {'MET' if p99 > 1 else 'not met'}"
+        out.append(line)
     return out
 
 
@@ -283,19 +358,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke test: small prompts and few requests")
     ap.add_argument("--out-dir", type=Path, default=ROOT / ".bench" / "routing")
     ap.add_argument("--engines", type=int, default=4)
-    ap.add_argument("--kv-cache-bytes", default="1G", help="per engine; the whole working set fits (see the doc)")
-    ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     ap.add_argument(
-        "--hot-policies",
-        nargs="*",
-        default=None,
-        choices=POLICIES,
-        help="policies for the hot-tenant scenario (default: all of --policies); none to skip it",
+        "--kv-mib",
+        type=int,
+        nargs="+",
+        default=[128, 1024],
+        help="KV cache MiB per replica, one cell each: small enough that the tenants' prompts do not fit in one "
+        "replica (cache pressure) and large enough that they do",
     )
+    ap.add_argument("--compute", nargs="+", default=["int8", "float32"], choices=["int8", "float32"])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES), choices=POLICIES)
     ap.add_argument(
         "--scenarios",
         nargs="+",
-        default=["uniform", "hot"],
+        default=["uniform"],
         choices=["uniform", "hot"],
         help="uniform: tenants in turn; hot: one tenant takes --hot-tenant-share of the conversations",
     )
@@ -308,17 +385,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--output-len", type=int, default=16)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-doc-png", action="store_true", help="do not copy the plot to docs/routing_ttft.png")
+    ap.add_argument("--doc-png", action="store_true", help="copy the first cell's plot to docs/routing_ttft.png")
     ap.add_argument("--keep-logs", action="store_true", help="keep engine/gateway logs and configs in out-dir/logs")
     args = ap.parse_args(argv)
     if args.quick:
         args.tenants, args.system_prompt_len, args.conversations, args.turns = 4, 200, 4, 2
         args.num_requests, args.concurrency, args.output_len = 8, 4, 4
-        args.no_doc_png = True
-        if args.hot_policies is None:
-            args.hot_policies = ["kv_events"]
-    hot_policies = args.policies if args.hot_policies is None else args.hot_policies
+        args.seeds, args.compute, args.kv_mib = args.seeds[:1], args.compute[:1], args.kv_mib[:1]
 
     out = args.out_dir
     logs = out / "logs"
@@ -340,96 +413,120 @@ def main(argv: list[str] | None = None) -> int:
         num_requests=args.num_requests,
         concurrency=args.concurrency,
         output_len=args.output_len,
-        seed=args.seed,
         ignore_eos=True,
         tokenizer="bundled",
         model=MODEL,
         request_timeout_s=900,
     )
-    scenarios = [("uniform", base, args.policies)] if "uniform" in args.scenarios else []
-    if hot_policies and "hot" in args.scenarios:
-        scenarios.append(("hot", dataclasses.replace(base, hot_tenant_share=args.hot_tenant_share), hot_policies))
-
-    results: dict[str, dict] = {}
-    summaries: dict[str, list[dict]] = {}
-    text: list[str] = []
+    shared_prefixes = args.tenants * args.system_prompt_len
+    cells = [Cell(c, kv, sc) for c in args.compute for kv in args.kv_mib for sc in args.scenarios]
+    records: list[dict] = []
+    loads: list[str] = []
+    detail: list[str] = []
     engines: list[Proc] = []
     gateway: Proc | None = None
     try:
-        t = time.monotonic()
-        engines = start_engines(args.engines, args.kv_cache_bytes, logs)
-        warm_up(engines)
-        urls = [e.url for e in engines]
-        print(f"routing_bench: {len(engines)} engines up in {time.monotonic() - t:.0f}s: {' '.join(urls)}", flush=True)
-        for scenario, config, policies in scenarios:
-            runs: dict[str, dict] = {}
-            for policy in policies:
-                t = time.monotonic()
-                gateway = start_gateway(policy, engines, logs, scenario)
-                try:
-                    run = run_benchmark(
-                        dataclasses.replace(
-                            config, name=policy, base_url=gateway.url + "/v1", reset_prefix_cache=tuple(urls)
+        for cell in cells:
+            t = time.monotonic()
+            engines = start_engines(args.engines, f"{cell.kv_mib}M", cell.compute, logs)
+            warm_up(engines)
+            urls = [e.url for e in engines]
+            kv_tokens = kv_capacity_tokens(urls[0])
+            pressure = kv_tokens < shared_prefixes
+            print(
+                f"routing_bench: [{cell.name}] {len(engines)} engines up in {time.monotonic() - t:.0f}s, "
+                f"{kv_tokens} KV tokens each vs {shared_prefixes} tokens of system prompts: "
+                f"{'cache pressure' if pressure else 'no cache pressure'}",
+                flush=True,
+            )
+            config = base
+            if cell.scenario == "hot":
+                config = dataclasses.replace(base, hot_tenant_share=args.hot_tenant_share)
+            for seed in args.seeds:
+                runs: dict[str, dict] = {}
+                for policy in args.policies:
+                    t = time.monotonic()
+                    gateway = start_gateway(policy, engines, logs, cell.name)
+                    try:
+                        run = run_benchmark(
+                            dataclasses.replace(
+                                config,
+                                seed=seed,
+                                name=policy,
+                                base_url=gateway.url + "/v1",
+                                reset_prefix_cache=tuple(urls),
+                            )
                         )
+                    finally:
+                        gateway.stop()
+                        gateway = None
+                    bad_resets = {u: o for u, o in (run["reset_prefix_cache"] or {}).items() if o != "ok"}
+                    if bad_resets:
+                        raise RuntimeError(f"could not reset prefix caches: {bad_resets}")
+                    runs[policy] = run
+                    loads.append(uptime())
+                    print(
+                        f"routing_bench: [{cell.name} seed {seed}] {policy}: {run['completed']} ok, "
+                        f"{run['failed']} failed, TTFT p50 {run['ttft_ms']['p50']:.0f} ms, "
+                        f"p99 {run['ttft_ms']['p99']:.0f} ms, hit {run['prefix_cache']['measured_hit_rate']}, "
+                        f"{time.monotonic() - t:.0f}s, load {loads[-1]}",
+                        flush=True,
                     )
-                finally:
-                    gateway.stop()
-                    gateway = None
-                bad_resets = {u: o for u, o in (run["reset_prefix_cache"] or {}).items() if o != "ok"}
-                if bad_resets:
-                    raise RuntimeError(f"could not reset prefix caches: {bad_resets}")
-                runs[policy] = run
-                print(
-                    f"routing_bench: [{scenario}] {policy}: {run['completed']} ok, {run['failed']} failed, "
-                    f"TTFT p50 {run['ttft_ms']['p50']:.0f} ms, hit {run['prefix_cache']['measured_hit_rate']}, "
-                    f"{time.monotonic() - t:.0f}s, load {uptime()}",
-                    flush=True,
-                )
-            prints = {r["plan"]["fingerprint"] for r in runs.values()}
-            if len(prints) != 1:
-                raise RuntimeError(f"[{scenario}] request sequences differ across policies: {prints}")
-            results[scenario] = {
-                "config": {k: v for k, v in runs[policies[0]]["config"].items() if k not in ("name", "base_url")},
-                "fingerprint": prints.pop(),
-                "engines": urls,
-                "runs": runs,
-            }
-            rows, table = summarize(runs, urls)
-            summaries[scenario] = rows
-            results[scenario]["summary"] = rows
-            share = f", hot tenant share {config.hot_tenant_share}" if config.hot_tenant_share is not None else ""
-            text += [f"## {scenario}{share}", table, "", format_table(runs), ""]
-            png = plot_ttft(runs, out / f"ttft_{scenario}.png")
-            print(f"routing_bench: wrote {png}", flush=True)
+                prints = {r["plan"]["fingerprint"] for r in runs.values()}
+                if len(prints) != 1:
+                    raise RuntimeError(f"[{cell.name} seed {seed}] request sequences differ: {prints}")
+                rows, table = summarize(runs, urls)
+                detail += [f"## {cell.name}, seed {seed}", table, ""]
+                for row in rows:
+                    records.append(
+                        {
+                            **dataclasses.asdict(cell),
+                            "cell": cell.name,
+                            "seed": seed,
+                            "kv_tokens": kv_tokens,
+                            "pressure": pressure,
+                            **row,
+                            "result": runs[row["policy"]],
+                        }
+                    )
+                if seed == args.seeds[0]:
+                    print(f"routing_bench: wrote {plot_ttft(runs, out / f'ttft_{cell.name}.png')}", flush=True)
+            for e in reversed(engines):
+                e.stop()
+            engines = []
     finally:
         if gateway:
             gateway.stop()
         for e in reversed(engines):
             e.stop()
         meta["loadavg_end"] = uptime()
+        meta["loadavg_after_each_run"] = loads
         meta["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        (out / "results.json").write_text(json.dumps({"meta": meta, "scenarios": results}, indent=1))
+        rows, table = aggregate(records)
+        (out / "results.json").write_text(json.dumps({"meta": meta, "runs": records, "table": rows}, indent=1))
         if not args.keep_logs:
             shutil.rmtree(logs, ignore_errors=True)
 
-    checks = targets(summaries.get("uniform", []), summaries.get("hot", []))
-    text += [
-        "## targets",
-        *checks,
-        "",
-        f"load average: start {meta['loadavg_start']}, end {meta['loadavg_end']}; machine {meta['machine']}",
-    ]
-    report = "\n".join(text)
-    (out / "summary.txt").write_text(report + "\n")
+    report = "\n".join(
+        [
+            table,
+            "",
+            "## targets",
+            *targets(rows),
+            "",
+            f"load average (1/5/15 min): start {meta['loadavg_start']}, end {meta['loadavg_end']}, after each run "
+            f"{'; '.join(loads)}",
+            f"machine {meta['machine']}",
+        ]
+    )
+    (out / "summary.txt").write_text(report + "\n\n" + "\n".join(detail) + "\n")
     print(report)
-    if not args.no_doc_png and (out / "ttft_uniform.png").exists():
-        shutil.copyfile(out / "ttft_uniform.png", ROOT / "docs" / "routing_ttft.png")
-        print(
-            f"routing_bench: copied the plot to docs/routing_ttft.png "
-            f"({(ROOT / 'docs' / 'routing_ttft.png').stat().st_size // 1024} KB)"
-        )
+    first_plot = out / f"ttft_{cells[0].name}.png"
+    if args.doc_png and first_plot.exists():
+        shutil.copyfile(first_plot, ROOT / "docs" / "routing_ttft.png")
+        print("routing_bench: copied the plot to docs/routing_ttft.png")
     print(f"routing_bench: results in {out}")
-    return 0 if all(r["completed"] for rows in summaries.values() for r in rows) else 1
+    return 0 if records and all(r["completed"] and not r["failed"] for r in records) else 1
 
 
 if __name__ == "__main__":
