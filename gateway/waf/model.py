@@ -38,6 +38,7 @@ Transform = Literal[
     "quote_split_words",
     "normalize_path",
     "remove_processing_instructions",
+    "remove_inert_markup",
     "trim",
 ]
 

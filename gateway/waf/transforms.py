@@ -23,6 +23,18 @@ _B64 = re.compile(r"^[A-Za-z0-9+/_-]+={0,2}$")
 _PROCESSING_INSTRUCTION = re.compile(r"<\?(?!php\b|=)[A-Za-z][\w.:-]*(?:\s[^<>]*)?\?>", re.I)
 _SHELL_WORD_BREAK = re.compile(r"[\s;|&`()<>]+")
 _QUOTE_INSIDE_WORD = re.compile(r"""\w['"]+\w""")
+# A complete formatting tag (or its end tag) whose attributes are all presentational or a link to a path or an
+# http(s) URL, every value quoted: markup people paste from a page or a CMS, which runs nothing. Used lowercase,
+# after entity decoding, so `javascript&#58;` arrives as the colon that disqualifies a value.
+_INERT_ELEMENT = (
+    r"(?:a|abbr|b|blockquote|br|code|dd|div|dl|dt|em|h[1-6]|hr|i|li|ol|p|pre|q|s|small|span|strong|sub|sup|"
+    r"table|tbody|td|tfoot|th|thead|tr|u|ul)"
+)
+_INERT_ATTRIBUTE = (
+    r"\s+(?:class|id|title|lang|dir|align|valign|width|height|border|cellpadding|cellspacing|colspan|rowspan|href|"
+    r"name|rel|target|alt)\s*=\s*(?:\"(?:https?://)?[^\"<>:`]*\"|'(?:https?://)?[^'<>:`]*')"
+)
+_INERT_MARKUP = re.compile(rf"<{_INERT_ELEMENT}(?:{_INERT_ATTRIBUTE})*\s*/?>|</{_INERT_ELEMENT}\s*>")
 
 
 def url_decode(value: str) -> str:
@@ -103,6 +115,9 @@ TRANSFORMS: dict[str, Callable[[str], str]] = {
     # XML declarations and other processing instructions (<?xml ...?>, <?xpacket ...?>) are no markup a browser
     # runs; PHP's own open tags stay.
     "remove_processing_instructions": lambda v: _PROCESSING_INSTRUCTION.sub(" ", v) if "<?" in v else v,
+    # Formatting markup with presentational attributes only (<a href="/faq">, <span class="x">, </b>), removed so
+    # that what is left is the markup that could run something.
+    "remove_inert_markup": lambda v: _INERT_MARKUP.sub(" ", v) if "<" in v else v,
     "trim": str.strip,
 }
 

@@ -36,10 +36,17 @@ def test_libinjection_false_positive_list_passes_at_pl1(results):
     assert results[1]["libinjection false_positives"].pass_rate >= 0.98  # the issue's target
 
 
+def test_libinjection_false_positive_list_passes_at_pl2(results):
+    """Prose with apostrophes, inch marks, quoted search phrases and pasted formatting markup is no injection."""
+    tally = results[2]["libinjection false_positives"]
+    assert tally.pass_rate >= 0.95, f"passed {tally.passed}/{tally.benign}"
+
+
 def test_libinjection_attack_lists_are_caught(results):
     assert results[1]["libinjection sqli"].catch_rate >= 0.97
     assert results[1]["libinjection xss"].catch_rate >= 0.99
-    assert results[2]["libinjection sqli"].catch_rate >= 0.99
+    assert results[2]["libinjection sqli"].catch_rate >= 0.995
+    assert results[2]["libinjection xss"].catch_rate >= 0.999
 
 
 @pytest.mark.parametrize(
@@ -47,10 +54,10 @@ def test_libinjection_attack_lists_are_caught(results):
     [
         # the issue's targets at PL2 (>= 90% caught, >= 95% of no-match stages pass), asserted where met
         ("REQUEST-930-APPLICATION-ATTACK-LFI", 2, 0.90, 0.95),
-        ("REQUEST-941-APPLICATION-ATTACK-XSS", 2, 0.90, 0.95),
+        ("REQUEST-941-APPLICATION-ATTACK-XSS", 2, 0.946, 0.95),
         # catch target met; the no-match stages left failing are mostly attack payloads CRS labels only for a sibling
         # rule: regression floors (docs/benchmarks.md)
-        ("REQUEST-942-APPLICATION-ATTACK-SQLI", 2, 0.92, 0.91),
+        ("REQUEST-942-APPLICATION-ATTACK-SQLI", 2, 0.928, 0.91),
         ("REQUEST-932-APPLICATION-ATTACK-RCE", 2, 0.94, 0.85),
         ("REQUEST-930-APPLICATION-ATTACK-LFI", 1, 0.90, 0.95),
         ("REQUEST-942-APPLICATION-ATTACK-SQLI", 1, 0.31, 0.96),

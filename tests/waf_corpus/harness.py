@@ -7,7 +7,8 @@ multipart into fields, XML into attribute values and text, any other type is one
 packs run (not the gateway's own protocol pack, which would refuse every non-`POST /v1/...` request). An attack
 stage (go-ftw `expect_ids`) counts as caught when the WAF blocks it (anomaly score >= 5); a stage expecting no
 match (`no_expect_ids`) counts as passed when the WAF does not block it. libinjection lines are URL-encoded query
-values: `GET /?x=<line>`.
+values: `GET /?x=<line>`, sent with the User-Agent every CRS stage sends, so that a list judges its values and not the
+missing header (a request without a User-Agent scores 2 more at paranoia level 2, scanner-120).
 
 A no-match stage only says that *its* CRS rule must stay quiet, so some carry the very payload another stage of the
 corpus expects to be caught (932230's `;cat /path/file.gz` is 932236's attack). Such a stage is *contested*: no WAF
@@ -36,6 +37,7 @@ from gateway.waf.parts import RequestView, from_raw_http
 CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpora" / "waf"
 CRS = CORPUS / "crs-regression-tests"
 LIBINJECTION = CORPUS / "libinjection"
+TEST_AGENT = "OWASP CRS test agent"  # go-ftw's User-Agent in every CRS stage
 WEB_PACKS = ["scanners", "protocol-attack", "lfi", "rce", "xss", "sqli", "java", "rfi", "php", "generic"]
 
 
@@ -118,6 +120,12 @@ def crs_families(waf: CompiledWaf, misses: dict | None = None) -> dict[str, Tall
     return out
 
 
+def libinjection_request(line: str) -> RequestView:
+    return from_raw_http(
+        "GET", "/?x=" + line.replace("&", "%26"), [("Host", "localhost"), ("User-Agent", TEST_AGENT)], b""
+    )
+
+
 def libinjection_lists(waf: CompiledWaf, misses: dict | None = None) -> dict[str, Tally]:
     out: dict[str, Tally] = defaultdict(Tally)
     for path in sorted(LIBINJECTION.glob("*.txt")):
@@ -126,7 +134,7 @@ def libinjection_lists(waf: CompiledWaf, misses: dict | None = None) -> dict[str
         for line in path.read_text(errors="replace").splitlines():
             if not line.strip() or line.startswith("#"):
                 continue
-            view = from_raw_http("GET", "/?x=" + line.replace("&", "%26"), [("Host", "localhost")], b"")
+            view = libinjection_request(line)
             blocked = waf.evaluate(view).blocked
             if kind == "false_positives":
                 tally.benign += 1
@@ -189,9 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                                 [h for h in v.headers if h[0] not in ("host", "accept", "user-agent")][:3],
                             )
                         else:
-                            from gateway.waf.parts import from_raw_http as raw
-
-                            v = raw("GET", "/?x=" + item.replace("&", "%26"), [], b"")
+                            v = libinjection_request(item)
                             print(kind, [m.rule.id for m in waf.evaluate(v, all_matches=True).matches], item[:200])
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
