@@ -50,7 +50,7 @@ def _shared_arena() -> None:
     ort.create_and_register_allocator(info, None)
 
 
-def _session(model: bytes) -> Any:
+def session(model: bytes) -> Any:
     import onnxruntime as ort
 
     _shared_arena()
@@ -61,7 +61,9 @@ def _session(model: bytes) -> Any:
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
-def _graph(w: BlockQuantized) -> bytes:
+def matmul_nodes(w: BlockQuantized, x: str, y: str) -> tuple[list[Any], list[Any]]:
+    """ONNX nodes and initializers computing `y = x @ W.T` for a float32 input named `x` [T, in]; every name
+    they add starts with `y`, so several matrices can share one graph."""
     from onnx import TensorProto, helper
 
     rows, cols = w.shape
@@ -69,16 +71,13 @@ def _graph(w: BlockQuantized) -> bytes:
     codes = w.codes.reshape(rows, nb, BLOCK)
     if w.bits == 4:
         codes = codes[..., 0::2] | (codes[..., 1::2] << 4)  # MatMulNBits packs element 2i low, 2i + 1 high
-
-    def const(name: str, array: np.ndarray, kind: int) -> TensorProto:
-        return helper.make_tensor(name, kind, array.shape, np.ascontiguousarray(array).tobytes(), raw=True)
-
-    inits = [const("codes", codes, TensorProto.UINT8), const("scale", w.scale.reshape(-1), TensorProto.FLOAT)]
+    q = y if w.offset is None else f"{y}_q"
+    inits = [constant(f"{y}_codes", codes, TensorProto.UINT8), constant(f"{y}_scale", w.scale.reshape(-1))]
     nodes = [
         helper.make_node(
             "MatMulNBits",
-            ["x", "codes", "scale"],
-            ["y" if w.offset is None else "y_q"],
+            [x, f"{y}_codes", f"{y}_scale"],
+            [q],
             domain="com.microsoft",
             K=cols,
             N=rows,
@@ -89,23 +88,34 @@ def _graph(w: BlockQuantized) -> bytes:
     ]
     if w.offset is not None:
         inits += [
-            const("offset", w.offset.T, TensorProto.FLOAT),  # [blocks, out]
-            const("blocked", np.array([0, nb, BLOCK], np.int64), TensorProto.INT64),
-            const("last", np.array([2], np.int64), TensorProto.INT64),
+            constant(f"{y}_offset", w.offset.T),  # [blocks, out]
+            constant(f"{y}_blocked", np.array([0, nb, BLOCK], np.int64), TensorProto.INT64),
+            constant(f"{y}_last", np.array([2], np.int64), TensorProto.INT64),
         ]
         nodes += [
-            helper.make_node("Reshape", ["x", "blocked"], ["x_blocks"]),
-            helper.make_node("ReduceSum", ["x_blocks", "last"], ["x_sums"], keepdims=0),
-            helper.make_node("MatMul", ["x_sums", "offset"], ["y_offset"]),
-            helper.make_node("Add", ["y_q", "y_offset"], ["y"]),
+            helper.make_node("Reshape", [x, f"{y}_blocked"], [f"{y}_x_blocks"]),
+            helper.make_node("ReduceSum", [f"{y}_x_blocks", f"{y}_last"], [f"{y}_x_sums"], keepdims=0),
+            helper.make_node("MatMul", [f"{y}_x_sums", f"{y}_offset"], [f"{y}_o"]),
+            helper.make_node("Add", [q, f"{y}_o"], [y]),
         ]
-    graph = helper.make_graph(
-        nodes,
-        "int8_matmul",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", cols])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", rows])],
-        inits,
-    )
+    return nodes, inits
+
+
+def constant(name: str, array: np.ndarray, kind: int = 1) -> Any:
+    """An initializer (default kind: float32) holding `array`'s bytes."""
+    from onnx import helper
+
+    return helper.make_tensor(name, kind, array.shape, np.ascontiguousarray(array).tobytes(), raw=True)
+
+
+def float_graph(nodes: list[Any], inits: list[Any], inputs: dict[str, int], outputs: dict[str, int]) -> bytes:
+    """A serialized model over float32 [T, width] inputs and outputs (`name: width`)."""
+    from onnx import TensorProto, helper
+
+    def values(widths: dict[str, int]) -> list[Any]:
+        return [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["T", c]) for n, c in widths.items()]
+
+    graph = helper.make_graph(nodes, "int8", values(inputs), values(outputs), inits)
     model = helper.make_model(
         graph,
         ir_version=9,  # what onnxruntime >= 1.15 reads, whatever `onnx` writes
@@ -118,8 +128,9 @@ class Int8Matmul:
     """One weight matrix [out, in] as a callable: `m(x)` = x [T, in] @ W.T, float32 in and out."""
 
     def __init__(self, w: BlockQuantized) -> None:
-        self.nbytes = w.codes.nbytes * w.bits // 8 + w.scale.nbytes + (0 if w.offset is None else w.offset.nbytes)
-        self._session = _session(_graph(w))
+        self.nbytes = w.nbytes
+        rows, cols = w.shape
+        self._session = session(float_graph(*matmul_nodes(w, "x", "y"), {"x": cols}, {"y": rows}))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self._session.run(None, {"x": np.ascontiguousarray(x, dtype=np.float32)})[0]

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from backend_engine.backend import ArrayBackend
+from backend_engine.model.int8_layers import Int8LayerStack
 from backend_engine.model.int8_matmul import Int8Matmul
 from backend_engine.model.quant_blocks import BlockQuantized
 
@@ -52,7 +53,8 @@ class LlamaWeights:
     embed: Any  # [V, H] (float32: rows are looked up, not multiplied)
     layers: list[LayerWeights]
     final_norm: Any  # [H]
-    lm_head: Any  # [H, V]
+    lm_head: Any  # [H, V], or an `Int8Matmul`
+    int8_layers: Int8LayerStack | None = None  # `--compute int8`: every layer's matrices and norms (then layers=[])
 
 
 @dataclass
@@ -82,18 +84,19 @@ def _dense(t: Any) -> np.ndarray:
 
 
 def _matrix(parts: list[Any], be: ArrayBackend) -> Any:
-    """One stored weight from HF-layout parts ([out, in] each, fused along out): an `Int8Matmul` when every part
+    """One stored weight from HF-layout parts ([out, in] each, fused along out): `BlockQuantized` when every part
     kept its quantized blocks (`--compute int8`), else pre-transposed [in, out] in the backend's dtype."""
     if all(isinstance(p, BlockQuantized) for p in parts):
         stacked = BlockQuantized.stack_rows(parts)
         if stacked is not None:
-            return Int8Matmul(stacked)
+            return stacked
     return be.asarray(np.concatenate([_dense(p) for p in parts], axis=0).T, be.weight_dtype)
 
 
 def hf_tensors_to_weights(cfg: LlamaConfig, t: dict[str, Any], be: ArrayBackend) -> LlamaWeights:
-    """Build fused, pre-transposed weights from Hugging Face-named tensors ([out, in]): float32 arrays, or
-    `BlockQuantized` matrices that `--compute int8` multiplies without dequantizing."""
+    """Build fused, pre-transposed weights from Hugging Face-named tensors ([out, in]): float32 arrays, or, when
+    the tensors kept their quantized blocks (`--compute int8`), onnxruntime graphs that multiply them as blocks."""
+    int8 = any(isinstance(v, BlockQuantized) for v in t.values())
     layers = []
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
@@ -108,12 +111,14 @@ def hf_tensors_to_weights(cfg: LlamaConfig, t: dict[str, Any], be: ArrayBackend)
             )
         )
     embed = t.pop("model.embed_tokens.weight")
-    head = t.pop("lm_head.weight", None)
+    head = _matrix([t.pop("lm_head.weight", embed)], be)
+    stack = Int8LayerStack(layers, cfg.rms_eps) if int8 else None
     return LlamaWeights(
         embed=be.asarray(_dense(embed), np.float32),
-        layers=layers,
+        layers=[] if stack else layers,  # the graphs hold the blocks: keeping them too would double the memory
         final_norm=be.asarray(t.pop("model.norm.weight"), np.float32),
-        lm_head=_matrix([embed if head is None else head], be),
+        lm_head=Int8Matmul(head) if isinstance(head, BlockQuantized) else head,
+        int8_layers=stack,
     )
 
 
@@ -151,7 +156,7 @@ class LlamaModel:
         self.xp = xp
 
     def weight_bytes(self) -> int:
-        n = 0
+        n = 0 if self.w.int8_layers is None else self.w.int8_layers.nbytes
         for lw in self.w.layers:
             n += sum(int(a.nbytes) for a in vars(lw).values())
         return n + int(self.w.embed.nbytes + self.w.final_norm.nbytes + self.w.lm_head.nbytes)
@@ -218,9 +223,12 @@ class LlamaModel:
         dec = self._decode_plan(batch) if D else None
 
         h = self.w.embed[ids]  # [T, H] float32
-        for li, lw in enumerate(self.w.layers):
-            x = self._rms(h, lw.attn_norm)
-            qkv = self._mm(x, lw.wqkv)
+        stack = self.w.int8_layers
+        qkv: Any = None if stack is None else stack.first(h)
+        for li in range(c.num_layers):
+            if stack is None:
+                lw = self.w.layers[li]
+                qkv = self._mm(self._rms(h, lw.attn_norm), lw.wqkv)
             qk = self._rope(qkv[:, : (nh + nkv) * hd].reshape(T, nh + nkv, hd), cos, sin)
             q = qk[:, :nh]  # [T, nh, hd]
             k = qk[:, nh:]  # [T, nkv, hd]
@@ -236,17 +244,24 @@ class LlamaModel:
                 attn[sp.start : sp.start + sp.num_tokens] = self._prefill_attention(
                     q[sp.start : sp.start + sp.num_tokens], cache, sp
                 )
-            h += self._mm(attn, lw.wo)
-            x = self._rms(h, lw.ffn_norm)
-            gu = self._mm(x, lw.w_gate_up)
-            inter = c.intermediate_size
-            g, u = gu[:, :inter], gu[:, inter:]
-            act = xp.exp(-g)  # SiLU(g) * u in one buffer: at decode sizes allocation costs as much as the math
-            act += 1.0
-            xp.divide(g, act, out=act)
-            act *= u
-            h += self._mm(act, lw.w_down)
+            if stack is None:
+                self._mlp(h, attn, lw)
+            else:
+                h, qkv = stack.after_attention(li, h, attn)
         return h
+
+    def _mlp(self, h: Any, attn: Any, lw: LayerWeights) -> None:
+        """The layer after attention, in place on the residual stream h: output projection, then the MLP."""
+        xp = self.xp
+        h += self._mm(attn, lw.wo)
+        gu = self._mm(self._rms(h, lw.ffn_norm), lw.w_gate_up)
+        inter = self.cfg.intermediate_size
+        g, u = gu[:, :inter], gu[:, inter:]
+        act = xp.exp(-g)  # SiLU(g) * u in one buffer: at decode sizes allocation costs as much as the math
+        act += 1.0
+        xp.divide(g, act, out=act)
+        act *= u
+        h += self._mm(act, lw.w_down)
 
     def _decode_plan(self, batch: ForwardBatch) -> tuple[Any, Any]:
         """Block tables and the additive length mask, built once and shared by every layer."""

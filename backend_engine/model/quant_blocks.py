@@ -39,6 +39,13 @@ class BlockQuantized:
     def shape(self) -> tuple[int, int]:
         return self.codes.shape
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes as the kernel keeps them: codes packed to `bits`, float32 scales and offsets."""
+        return (
+            self.codes.nbytes * self.bits // 8 + self.scale.nbytes + (0 if self.offset is None else self.offset.nbytes)
+        )
+
     def dequantize(self) -> np.ndarray:
         rows, cols = self.shape
         blocks = self.codes.reshape(rows, cols // BLOCK, BLOCK).astype(np.float32) - self.zero

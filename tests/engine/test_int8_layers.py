@@ -1,0 +1,71 @@
+"""`--compute int8` runs each layer's token-wise work as one onnxruntime graph: it must compute what the
+per-matrix path (one `Int8Matmul` per weight, norms and SiLU in numpy) computes, on the bundled model's weights."""
+
+import numpy as np
+import pytest
+
+from backend_engine.config import default_model_path
+from backend_engine.model.gguf import load_gguf
+from backend_engine.model.int8_matmul import Int8Matmul
+from backend_engine.model.llama import LayerWeights, LlamaModel, hf_tensors_to_weights
+from backend_engine.model.quant_blocks import BlockQuantized
+
+
+@pytest.fixture(scope="module")
+def blocks_and_model(cpu_backend):
+    cfg, tensors, _ = load_gguf(default_model_path(), keep_blocks=True)
+    model = LlamaModel(cfg, hf_tensors_to_weights(cfg, dict(tensors), cpu_backend), cpu_backend)
+    return tensors, model
+
+
+def per_matrix_layer(tensors: dict, i: int) -> LayerWeights:
+    p = f"model.layers.{i}."
+    return LayerWeights(
+        attn_norm=tensors[p + "input_layernorm.weight"],
+        wqkv=Int8Matmul(BlockQuantized.stack_rows([tensors[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])),
+        wo=Int8Matmul(tensors[p + "self_attn.o_proj.weight"]),
+        ffn_norm=tensors[p + "post_attention_layernorm.weight"],
+        w_gate_up=Int8Matmul(BlockQuantized.stack_rows([tensors[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up")])),
+        w_down=Int8Matmul(tensors[p + "mlp.down_proj.weight"]),
+    )
+
+
+def relative(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+# Both paths round activations to int8; a norm output that differs in its last float bit can round to the
+# neighbouring code, which moves an output by ~1e-3 relative. A wrong weight, norm or gate order moves it by ~1.
+SAME = 5e-3
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_layer_graph_matches_the_per_matrix_path(blocks_and_model, rows):
+    tensors, model = blocks_and_model
+    stack = model.w.int8_layers
+    assert stack is not None and model.w.layers == []  # the graphs hold the weights, once
+    rng = np.random.default_rng(rows)
+    h = rng.standard_normal((rows, model.cfg.hidden_size)).astype(np.float32)
+    attn = 0.3 * rng.standard_normal((rows, model.cfg.hidden_size)).astype(np.float32)
+
+    layer3, layer4 = per_matrix_layer(tensors, 3), per_matrix_layer(tensors, 4)
+    want_h = h.copy()
+    model._mlp(want_h, attn, layer3)
+    want_qkv = layer4.wqkv(model._rms(want_h, layer4.attn_norm))
+    got_h, got_qkv = stack.after_attention(3, h, attn)
+
+    assert relative(got_h, want_h) < SAME
+    assert relative(got_qkv, want_qkv) < SAME
+    layer0 = per_matrix_layer(tensors, 0)
+    assert relative(stack.first(h), layer0.wqkv(model._rms(h, layer0.attn_norm))) < SAME
+
+
+def test_last_layer_graph_returns_the_residual_only(blocks_and_model):
+    tensors, model = blocks_and_model
+    last = model.cfg.num_layers - 1
+    h = np.random.default_rng(0).standard_normal((2, model.cfg.hidden_size)).astype(np.float32)
+    attn = np.zeros_like(h)
+    want = h.copy()
+    model._mlp(want, attn, per_matrix_layer(tensors, last))
+    got, qkv = model.w.int8_layers.after_attention(last, h, attn)
+    assert qkv is None and relative(got, want) < SAME
