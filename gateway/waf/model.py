@@ -39,6 +39,8 @@ Transform = Literal[
     "normalize_path",
     "remove_processing_instructions",
     "remove_inert_markup",
+    "remove_xml_data_markup",
+    "remove_string_lists",
     "trim",
 ]
 

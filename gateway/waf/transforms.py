@@ -35,6 +35,25 @@ _INERT_ATTRIBUTE = (
     r"name|rel|target|alt)\s*=\s*(?:\"(?:https?://)?[^\"<>:`]*\"|'(?:https?://)?[^'<>:`]*')"
 )
 _INERT_MARKUP = re.compile(rf"<{_INERT_ELEMENT}(?:{_INERT_ATTRIBUTE})*\s*/?>|</{_INERT_ELEMENT}\s*>")
+# A value that opens with a processing instruction (<?xml ...?>, <?xpacket ...?>; not PHP's <?php or <?=) is an XML
+# document, not a fragment of a page. Its element tags are data (<order>, </id>, <x:xmpmeta xmlns:x="...">) unless
+# the element is one a browser runs or loads (script, iframe, img, a, ...) or an attribute is an event handler or
+# holds a scheme; those stay for the XSS rules to read. An SVG document's own <svg> tag runs nothing by itself: its
+# scripts come from such elements and attributes.
+_XML_DOCUMENT = re.compile(r"\s*<\?(?!php\b|=)[A-Za-z]", re.I)
+_SCRIPT_CAPABLE = (
+    r"(?:script|iframe|frame|frameset|object|embed|applet|math|base|meta|link|style|img|image|a|form|input|"
+    r"button|body|html|foreignobject|use|animate|set|handler|listener|xss|import|template|portal|video|audio|source)"
+)
+_XML_DATA_TAG = re.compile(
+    rf"</?(?!{_SCRIPT_CAPABLE}\b)[a-z_][\w.-]*(?::[a-z_][\w.-]*)?"
+    r"(?:\s+(?:xmlns(?::[\w.-]+)?\s*=\s*(?:\"[^\"<>`]*\"|'[^'<>`]*')|(?!on)[a-z_][\w.-]*(?::(?!on)[\w.-]+)?\s*=\s*"
+    r"(?:\"[^\"<>:`]*\"|'[^'<>:`]*')))*\s*/?>",
+    re.I,
+)
+# A bracketed list of two or more quoted strings (['a','b'], ["x", "y"]): a JSON or Python literal, whose
+# quote-comma-quote is the list's punctuation, not SQL's.
+_STRING_LIST = re.compile(r"""\[\s*(?:'[^'\\\[\]]*'|"[^"\\\[\]]*")(?:\s*,\s*(?:'[^'\\\[\]]*'|"[^"\\\[\]]*"))+\s*\]""")
 
 
 def url_decode(value: str) -> str:
@@ -93,6 +112,13 @@ def quote_split_words(value: str) -> str:
     )
 
 
+def remove_xml_data_markup(value: str) -> str:
+    """In an XML document, the element tags that are data (see _XML_DATA_TAG) removed; any other value unchanged."""
+    if not _XML_DOCUMENT.match(value):
+        return value
+    return _XML_DATA_TAG.sub(" ", value)
+
+
 def normalize_path(value: str) -> str:
     value = _SLASHES.sub("/", value)
     return _DOT_SEGMENT.sub("", value)
@@ -118,6 +144,8 @@ TRANSFORMS: dict[str, Callable[[str], str]] = {
     # Formatting markup with presentational attributes only (<a href="/faq">, <span class="x">, </b>), removed so
     # that what is left is the markup that could run something.
     "remove_inert_markup": lambda v: _INERT_MARKUP.sub(" ", v) if "<" in v else v,
+    "remove_xml_data_markup": remove_xml_data_markup,
+    "remove_string_lists": lambda v: _STRING_LIST.sub("[]", v) if "[" in v else v,
     "trim": str.strip,
 }
 

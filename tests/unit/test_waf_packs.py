@@ -149,7 +149,10 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     ),
     "sqli-181": ([("q", "ascii(substring((select pw),1,1))")], [("q", "substring of a word")]),
     "sqli-182": ([("q", "1 order by 3--")], [("q", "in order to buy")]),
-    "sqli-183": ([("q", "1 /*!50000union*/ select")], [("q", "a /* comment */ b")]),
+    "sqli-183": (
+        [("q", "1 /*!50000union*/ select"), ("q", "select 0x616263"), ("q", "x=0x41414141")],
+        [("q", "a /* comment */ b"), ("q", "http:0xABCDEF")],
+    ),
     "sqli-184": (
         [("q", "a<>b"), ("q", "x rlike y"), ("q", "id != 3"), ("q", "||"), ("q", "x=||(k=!1)")],
         [("q", "likely yes"), ("q", "11!=11"), ("q", "88213||sort=||page=3"), ("q", "7|12|||AB||C|||")],
@@ -224,6 +227,7 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
             ("q", "user'collate foo"),
             ("q", "what's up? 'a'"),
             ("q", "the trade union selected two delegates from Leeds"),
+            ("q", '<?xpacket begin="?" id="W5M0MpCehiHzreSzNTczkc9d"?>'),
         ],
     ),
     "sqli-187": (
@@ -236,6 +240,8 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
             ("q", "ROCK-N'-ROLL"),
             ("q", "{{ d|date_format:'%m %d' }}"),
             ("q", 'LAMP 3/4"-1/2" SHADE'),
+            ("q", "{'key':['value1','value2']}"),
+            ("json", '["a", "b", "c"]'),
         ],
     ),
     "sqli-188": ([("q", "xp_cmdshell"), ("q", "`users`")], [("q", "xp points"), ("q", "use `git log` here")]),
@@ -252,8 +258,16 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "sqli-191": ([("q", "'abc")], [("q", "abc"), ("q", "boots 10';")]),
     # xss
     "xss-100": (
-        [("q", "<script>alert(1)</script>"), ("q", 'style=x:expression(alert(1))">')],
-        [("q", "1 < 2 and 3 > 2"), ("q", "style=color:red;background:url(https://example.com/x)")],
+        [
+            ("q", "<script>alert(1)</script>"),
+            ("q", 'style=x:expression(alert(1))">'),
+            ("q", '<?xml version="1.0"?><svg onload="alert(1)"></svg>'),
+        ],
+        [
+            ("q", "1 < 2 and 3 > 2"),
+            ("q", "style=color:red;background:url(https://example.com/x)"),
+            ("q", '<?xpacket begin="?" id="W5M0"?><x:xmpmeta xmlns:x="adobe:ns:meta/">'),
+        ],
     ),
     "xss-110": ([("q", "%3Cscript%3E"), ("h:referer", "<script src=//x>")], [("q", "scripted reply")]),
     "xss-120": ([("q", "<img src=x onerror=alert(1)>")], [("q", "<b>bold</b>")]),
@@ -262,7 +276,10 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "xss-130": ([("q", "jav&#x09;ascript:alert(1)")], [("q", "see the javascript docs")]),
     "xss-131": ([("q", "ja&tab;vascript&colon;alert(1)")], [("q", "java script tutorial")]),
     "xss-192": ([("q", "(![]+[])[+!+[]]")], [("q", "a[0] + b[1]")]),
-    "xss-140": ([("q", "<iframe src=//evil>")], [("q", "an iframe is an element")]),
+    "xss-140": (
+        [("q", "<iframe src=//evil>"), ("q", "<svg>"), ("q", '<?xml version="1.0"?><svg><iframe src=//x>')],
+        [("q", "an iframe is an element"), ("q", '<?xml version="1.0"?><svg width="10"></svg>')],
+    ),
     "xss-150": (
         [("q", "document.cookie"), ("q", "x;alert(1)")],
         [("q", "the cookie document"), ("q", "\u00bcalert(1)")],
@@ -275,6 +292,9 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
             ("q", '<a href="docs"'),
             ("q", '<a href="javascript&#58;x">y</a>'),
             ("q", '<span class="x" style="x">'),
+            ("q", "<order><id>1</id></order>"),
+            ("q", '<?xml version="1.0"?><order><x:a x:onload="b"/></order>'),
+            ("q", '<?xml version="1.0"?><doc><a href="javascript:x">'),
         ],
         [
             ("q", "a < b"),
@@ -284,6 +304,8 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
             ("q", 'read <a href="/docs/faq.html">the FAQ</a>'),
             ("q", '<span class="note">Bonjour</span><br />'),
             ("q", '<table width="80%" border="0"><tr><td>1</td></tr></table>'),
+            ("q", '<?xml version="1.0" encoding="UTF-8"?><order><id>12345</id><note/></order>'),
+            ("q", '<?xpacket begin="?"?><x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF lang="en"></rdf:RDF>'),
         ],
     ),
     "xss-193": ([("q", "-->")], [("q", "a -> b")]),
@@ -292,8 +314,19 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
         [("h:x-data", '<!ENTITY xxe SYSTEM "file:///etc/passwd">'), ("q", "!ENTITY % p SYSTEM")],
         [("q", "an entity in the system")],
     ),
-    "xss-170": ([("q", "width:expression(alert(1))")], [("q", "an expression of joy")]),
-    "xss-180": ([("q", '"><b'), ("q", "</i><svg")], [("q", 'say "hi"'), ("q", 'shop_7">Ceramics</a>')]),
+    "xss-170": (
+        [
+            ("q", "width:expression(alert(1))"),
+            ("q", "{{constructor.constructor('alert(1)')()}}"),
+            ("q", "<% if True %>49<% endif %>"),
+            ("q", "<%= 7*7 %>"),
+        ],
+        [("q", "an expression of joy"), ("q", "Hello {{username}}"), ("q", "<%=title%>"), ("q", "{{ user.name }}")],
+    ),
+    "xss-180": (
+        [("q", '"><b'), ("q", "</i><svg"), ("q", "<?xml version='1.0'?><o><id>\"><script>")],
+        [("q", 'say "hi"'), ("q", 'shop_7">Ceramics</a>'), ("q", '<?xml version="1.0"?><o><id>1</id></o>')],
+    ),
     "xss-190": ([("path", "/v1/chat/completions/<svg/onload=alert(1)>")], [("path", "/v1/models")]),
     "xss-191": ([("q", "<f o r m")], [("q", "<- arrow")]),
     # lfi
@@ -367,7 +400,10 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
         [("q", "\r\nMAIL FROM:<a@b.com>"), ("q", "\r\na001 EXAMINE INBOX"), ("q", "\r\nRETR 1")],
         [("q", "mail from: me"), ("q", "line one\nline two")],
     ),
-    "rce-270": ([("q", "$[2+2]"), ("q", "{l,-lh}s"), ("q", "!-1")], [("q", '{"a": 1}'), ("q", "wow!")]),
+    "rce-270": (
+        [("q", "$[2+2]"), ("q", "{l,-lh}s"), ("q", "!-1"), ("q", "c{a,oun}t"), ("q", "{,cd,/etc,}")],
+        [("q", '{"a": 1}'), ("q", "wow!"), ("q", "/[a-z]{1,5}/"), ("q", "\\d{2,}")],
+    ),
     "rce-280": (
         [("q", "$_SERVER['test'];"), ("q", 'process["env"]'), ("q", "@{[system 'id']}")],
         [("cookie", '[["AKsRol96","x=="]]'), ("q", "pick ['a'] or ['b']")],
@@ -463,8 +499,8 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
         [("q", "the system (of rules)s"), ("json", "file a complaint")],
     ),
     "php-160": (
-        [("q", "array_map('system', ['id'])"), ("path", "/v1/str_repeat(1)")],
-        [("q", "str_x"), ("json", "array (of)")],
+        [("q", "array_map('system', ['id'])"), ("path", "/v1/str_repeat(1)"), ("q", "is_array()"), ("q", "date_add (")],
+        [("q", "str_x"), ("json", "array (of)"), ("q", "sodium_add_to_recipe(foo)")],
     ),
     "php-170": (
         [("q", "$a(1)"), ("q", "(system)(ls)"), ("json", '"system"(id)')],
