@@ -11,6 +11,8 @@
     + other senders' waiting requests (scraped; priced at this prompt's length, the scrape has no token counts)
     + `decode_weight` x sequences decoding there (each rides along in every step of the prefill; calibrated with
       tests/bench/decode_weight_bench.py, docs/benchmarks.md)
+    + the cached tokens its new blocks would evict from a full replica (under cache pressure a miss is paid twice:
+      now, and when the evicted prefix's owner comes back; the index's per-replica count against the scraped size)
   Replicas where the request's KV blocks do not fit go last; ties keep the rotation. One unit for every term, so
   no term needs a hand-tuned weight against another, unlike a weighted sum of normalised scores (llm-d's
   prefix-cache + queue + KV-utilisation scorers) or SGLang's switch between longest match and shortest queue at
@@ -117,10 +119,23 @@ class LeastLoad(RoutingPolicy):
         return Ranked(sorted(self._rotate(replicas), key=lambda r: r.load + r.kv_usage), {})
 
 
-def expected_prefill(replica: Replica, request: RouteRequest, cached_blocks: int, decode_weight: float) -> float:
-    """Prefill work, in prompt tokens, between routing `request` to `replica` and its first token there."""
+def evicted_tokens(replica: Replica, request: RouteRequest, cached_blocks: int, held_blocks: int) -> int:
+    """Cached tokens the request would push out of a full replica: blocks it adds beyond what is left of the
+    replica's KV after the `held_blocks` the index believes cached there (0 until a scrape gives the size)."""
+    if not replica.total_blocks:
+        return 0
+    overflow = held_blocks + blocks_needed(request, cached_blocks) - replica.total_blocks
+    return max(0, overflow) * request.block_size
+
+
+def expected_prefill(
+    replica: Replica, request: RouteRequest, cached_blocks: int, decode_weight: float, held_blocks: int = 0
+) -> float:
+    """Prefill work, in prompt tokens, that routing `request` to `replica` costs: what runs there before its first
+    token, plus the cached prefixes it would evict (each is prefilled again when its owner comes back)."""
     return (
         uncached_tokens(request, cached_blocks)
+        + evicted_tokens(replica, request, cached_blocks, held_blocks)
         + replica.prefill_tokens
         + replica.foreign_waiting * request.prompt_tokens
         + decode_weight * replica.decoding
@@ -142,12 +157,13 @@ class ExpectedTtft(RoutingPolicy):
             held = cached.get(replica.url, 0)
             free = replica.free_blocks
             fits = free is None or blocks_needed(request, held) <= free
-            return not fits, expected_prefill(replica, request, held, self.decode_weight)
+            cost = expected_prefill(replica, request, held, self.decode_weight, self.index.blocks_held(replica.url))
+            return not fits, cost
 
         return Ranked(sorted(self._rotate(replicas), key=key), cached)
 
     def learn(self, request: RouteRequest, replica: Replica) -> None:
-        self.index.add(request.block_hashes, replica.url)
+        self.index.add(request.block_hashes, replica.url, replica.total_blocks or None)
 
 
 class PrefixAffinity(RoutingPolicy):
@@ -190,5 +206,5 @@ class PrefixAffinity(RoutingPolicy):
         return Ranked(order + sorted((r for r in rotated if r not in order), key=busy), cached)
 
     def learn(self, request: RouteRequest, replica: Replica) -> None:
-        self.index.add(request.block_hashes, replica.url)
+        self.index.add(request.block_hashes, replica.url, replica.total_blocks or None)
         self.recent.add(replica.url)

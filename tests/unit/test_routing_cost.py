@@ -139,3 +139,33 @@ def test_pools_score_by_expected_ttft_unless_configured_for_the_rules():
         assert (request.prompt_tokens, request.block_size, len(request.block_hashes)) == (100, 16, 6)
     rules = Pool(PoolConfig(name="p", replicas=replicas, routing="kv_events", affinity={"scorer": "rules"}))
     assert isinstance(rules.policy, PrefixAffinity)
+
+
+def test_under_cache_pressure_a_miss_also_pays_for_the_prefixes_it_evicts():
+    """Both replicas are full of cached blocks; the holder has one cold prefill queued. Without counting eviction
+    the empty-queued replica wins (64 + 1,000 > 1,024); counting the 1,040 tokens the cold copy would push out of
+    the other replica's cache, the holder is cheaper."""
+    policy, index = scorer()
+    holder, other = Replica(url="http://holder"), Replica(url="http://other")
+    request = prompt(1024)
+    index.add(request.block_hashes[:60], holder.url)
+    index.add(prompt(1600, start=50_000).block_hashes, other.url)  # another tenant's 100 blocks fill `other`
+    for replica in (holder, other):
+        replica.observe(running=0, waiting=0, kv_usage=0.0, total_blocks=100)
+    queue_prefill(holder, 1000)
+    assert policy.rank([other, holder], request).replicas[0] is holder
+    roomy = Replica(url="http://roomy")
+    roomy.observe(running=0, waiting=0, kv_usage=0.0, total_blocks=1000)  # a cold replica with room: nothing evicted
+    assert policy.rank([holder, roomy], request).replicas[0] is roomy
+
+
+def test_a_decision_fed_index_forgets_what_a_full_replica_must_have_evicted():
+    index = PrefixIndex(10_000)
+    first, second = prompt(320), prompt(320, start=9_000)  # 20 blocks each
+    index.add(first.block_hashes, "r", replica_capacity=30)
+    index.add(second.block_hashes, "r", replica_capacity=30)
+    assert index.blocks_held("r") == 30
+    assert index.matched_blocks(first.block_hashes) == {}  # its leading blocks were the least recently routed
+    assert index.matched_blocks(second.block_hashes) == {"r": 20}
+    index.clear("r")
+    assert index.blocks_held("r") == 0 and len(index) == 0
