@@ -68,6 +68,7 @@ PLAIN_TARGETS = (
     "json_strings",
     "base64",
     "foreign_urls",
+    "lookalike_urls",
     # numbers
     "body_size",
     "header_count",

@@ -21,6 +21,8 @@ Which parts hold what:
   credentials (Host, Content-*, Accept*, Authorization, API keys, Cookie: its values are `cookies`).
 - `foreign_urls`: query and form arguments that are a URL to another host than the request's Host (an off-site
   reference: what remote file inclusion sends).
+- `lookalike_urls`: query and form arguments that are a URL borrowing the request's Host to go elsewhere: its own
+  name on another port, or a host that begins with its name (example.com.evil.net).
 - `base64`: every argument, cookie and header value that is base64 text (see `gateway/waf/decode.py`), decoded.
 """
 
@@ -111,17 +113,38 @@ class RequestView:
         self._cookie_pairs = out
         return out
 
-    def _foreign(self, value: str) -> bool:
-        """Whether the value is a URL to another site than the request's Host: another host that is not a
-        subdomain of it, or another port (userinfo aside; 80 and 443 are the Host's own when it names none)."""
+    def _url_site(self, value: str) -> tuple[str, str, str, str] | None:
+        """(URL host, URL port, Host, Host port) when the value is a URL; userinfo aside."""
         match = _URL_HOST.match(value.strip())
         if match is None:
-            return False
+            return None
         given = self.header("host")
         host, _, port = (given[0].lower() if given else "").rpartition("@")[2].partition(":")
-        url_host, url_port = match.group(1).lower(), match.group(2) or ""
+        return match.group(1).lower(), match.group(2) or "", host, port
+
+    def _foreign(self, value: str) -> bool:
+        """Whether the value is a URL to another site than the request's Host: another host that is not a
+        subdomain of it, or another port (80 and 443 are the Host's own when it names none)."""
+        site = self._url_site(value)
+        if site is None:
+            return False
+        url_host, url_port, host, port = site
         same_port = url_port == port or (not port and url_port in ("", "80", "443"))
         return not (same_port and host and (url_host == host or url_host.endswith("." + host)))
+
+    def _lookalike(self, value: str) -> bool:
+        """Whether the value is a URL that borrows the request's Host to reach somewhere else: the Host (or a
+        subdomain) on another explicit port, an internal service behind the site's own name, or a host that starts
+        with the Host's name without being it or under it (example.com.evil.net, example.com-cdn.io), the shape
+        that slips past an allow-list testing a prefix."""
+        site = self._url_site(value)
+        if site is None or not site[2]:
+            return False
+        url_host, url_port, host, port = site
+        own = url_host == host or url_host.endswith("." + host)
+        if own:
+            return url_port not in ("", port) and not (not port and url_port in ("80", "443"))
+        return url_host.startswith((host + ".", host + "-"))
 
     # -- parts ------------------------------------------------------------------------------------------------
     def values(self, target: str) -> list[Value]:
@@ -161,6 +184,8 @@ class RequestView:
             ]
         if target == "foreign_urls":
             return [(f"arg:{k}", v, None) for k, v in self._query_args() + self._form_args() if self._foreign(v)]
+        if target == "lookalike_urls":
+            return [(f"arg:{k}", v, None) for k, v in self._query_args() + self._form_args() if self._lookalike(v)]
         if target == "base64":
             sources = [v for t in ("args", "cookies", "header_values") for v in self.values(t)]
             return [(f"{part} (base64)", text, None) for part, raw, _ in sources for text in base64_layers(raw)]

@@ -530,6 +530,10 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     ),
     "rfi-140": ([("path", "/v1/https://x.example/a")], [("path", "/v1/chat/completions")]),
     "rfi-150": ([("q", "https://x.example/shell.txt")], [("json", "https://x.example/shell.txt")]),
+    "rfi-160": (
+        [("q", "http://gw:6379/"), ("q", "https://gw.evil.example/a"), ("q", "https://gw-cdn.example/")],
+        [("q", "https://gw/a"), ("q", "https://api.gw/a"), ("q", "https://gw:443/a"), ("q", "https://example.com/")],
+    ),
     # java
     "java-100": (
         [
