@@ -5,8 +5,12 @@
     # one side only, JSON to stdout (--compute int8: quantized weights x int8 activations):
     .venv/bin/python tests/bench/engine_bench.py --backend portcullis --threads 2 --compute int8
 
+    # a short run for before/after pairs on a shared machine: single stream and 32 streams only
+    .venv/bin/python tests/bench/engine_bench.py --backend portcullis --threads 2 --compute int8 --quick
+
 Measures, with greedy decoding and ignore-EOS so every run produces the same token counts:
-  * single-stream decode tok/s (128 tokens after a short prompt; TTFT excluded),
+  * single-stream decode tok/s (128 tokens after a short prompt; TTFT excluded), and the process's CPU time
+    per token over the same tokens (steadier than wall time when other work shares the cores),
   * TTFT of a 1,000-token prompt cold, and again with its first 999 tokens cached,
   * aggregate output tok/s with 1, 8, 32 and 64 concurrent streams (64 new tokens each).
 The engine is driven in-process through LLMEngine (continuous batching), llama.cpp through
@@ -27,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DECODE_TOKENS = 128
 STREAM_TOKENS = 64
 CONCURRENCY = (1, 8, 32, 64)
+QUICK_CONCURRENCY = (32,)
 LONG_PROMPT = 1000
 
 
@@ -61,7 +66,7 @@ SHORT = [6403, 1980, 253, 655]  # "Once upon a time"
 # --- this engine ------------------------------------------------------------------------------------
 
 
-def bench_portcullis(threads: int, compute: str) -> dict:
+def bench_portcullis(threads: int, compute: str, quick: bool) -> dict:
     sys.path.insert(0, str(ROOT))
     from backend_engine.config import EngineConfig
     from backend_engine.engine import LLMEngine
@@ -82,18 +87,21 @@ def bench_portcullis(threads: int, compute: str) -> dict:
     eng.generate([SHORT], greedy(4))  # warm-up
 
     res: dict = {"backend": f"portcullis engine ({compute})", "threads": threads}
+    cpu0 = time.process_time()
     seq = eng.generate([SHORT], greedy(DECODE_TOKENS))[0]
     res["single_stream_decode_tok_s"] = (DECODE_TOKENS - 1) / (seq.last_token_time - seq.first_token_time)
+    res["single_stream_cpu_ms_per_token"] = 1000 * (time.process_time() - cpu0) / DECODE_TOKENS
 
-    lp = long_prompt()
-    cold = eng.generate([lp], greedy(1))[0]
-    res["ttft_cold_1000_s"] = cold.first_token_time - cold.arrival_time
-    warm = eng.generate([lp[:-1] + [lp[-1] + 1]], greedy(1))[0]
-    res["ttft_cached_1000_s"] = warm.first_token_time - warm.arrival_time
-    res["ttft_cached_tokens"] = warm.num_cached_tokens
+    if not quick:
+        lp = long_prompt()
+        cold = eng.generate([lp], greedy(1))[0]
+        res["ttft_cold_1000_s"] = cold.first_token_time - cold.arrival_time
+        warm = eng.generate([lp[:-1] + [lp[-1] + 1]], greedy(1))[0]
+        res["ttft_cached_1000_s"] = warm.first_token_time - warm.arrival_time
+        res["ttft_cached_tokens"] = warm.num_cached_tokens
 
     res["aggregate_tok_s"] = {}
-    for n in CONCURRENCY:
+    for n in QUICK_CONCURRENCY if quick else CONCURRENCY:
         prompts = stream_prompts(n)
         t0 = time.perf_counter()
         seqs = eng.generate(prompts, greedy(STREAM_TOKENS))
@@ -105,24 +113,24 @@ def bench_portcullis(threads: int, compute: str) -> dict:
 
 
 def breakdown(eng, n: int) -> dict:
-    """Where a decode step's time goes at n streams: weight matmuls, paged attention, the rest."""
+    """Where a decode step's time goes at n streams: weight matmuls (with `--compute int8`, the per-layer graphs,
+    which also hold the norms and the MLP's SiLU), paged attention, the rest."""
     from backend_engine.sequence import SamplingParams
 
     m = eng.model
     acc = {"matmul_s": 0.0, "attention_s": 0.0}
-    orig_mm, orig_att = m._mm, m._decode_attention
+    timed = [(m, "_mm", "matmul_s"), (m, "_decode_attention", "attention_s")]
+    if getattr(m.w, "int8_layers", None) is not None:  # older commits have no layer graphs
+        timed += [(m.w.int8_layers, "first", "matmul_s"), (m.w.int8_layers, "after_attention", "matmul_s")]
 
-    def mm(x, w):
-        t = time.perf_counter()
-        r = orig_mm(x, w)
-        acc["matmul_s"] += time.perf_counter() - t
-        return r
+    def timer(fn, key):
+        def timed_fn(*a):
+            t = time.perf_counter()
+            r = fn(*a)
+            acc[key] += time.perf_counter() - t
+            return r
 
-    def att(*a):
-        t = time.perf_counter()
-        r = orig_att(*a)
-        acc["attention_s"] += time.perf_counter() - t
-        return r
+        return timed_fn
 
     seqs = [
         eng.add_request(f"bd{i}", p, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
@@ -130,7 +138,8 @@ def breakdown(eng, n: int) -> dict:
     ]
     while any(s.num_output_tokens < 8 for s in seqs):  # get past prefill
         eng.step()
-    m._mm, m._decode_attention = mm, att
+    for obj, name, key in timed:
+        setattr(obj, name, timer(getattr(obj, name), key))
     t0 = time.perf_counter()
     steps = 0
     try:
@@ -138,7 +147,8 @@ def breakdown(eng, n: int) -> dict:
             eng.step()
             steps += 1
     finally:
-        m._mm, m._decode_attention = orig_mm, orig_att
+        for obj, name, _key in timed:
+            delattr(obj, name)  # the instance attribute shadowed the method
     total = time.perf_counter() - t0
     while any(not s.is_finished for s in seqs):
         eng.step()
@@ -153,7 +163,7 @@ def breakdown(eng, n: int) -> dict:
 # --- llama.cpp ------------------------------------------------------------------------------------
 
 
-def bench_llamacpp(threads: int) -> dict:
+def bench_llamacpp(threads: int, quick: bool) -> dict:
     from llama_cpp import Llama
 
     llm = Llama(
@@ -183,15 +193,18 @@ def bench_llamacpp(threads: int) -> dict:
     res: dict = {"backend": "llama.cpp (llama-cpp-python)", "threads": threads}
     run(SHORT, 4)
     llm.reset()
+    cpu0 = time.process_time()
     _, dec, n = run(SHORT, DECODE_TOKENS)
     res["single_stream_decode_tok_s"] = (n - 1) / dec
-    lp = long_prompt()
-    llm.reset()
-    res["ttft_cold_1000_s"] = run(lp, 1)[0]
-    # llama-cpp-python keeps the previous tokens' KV and re-evaluates only past the common prefix.
-    res["ttft_cached_1000_s"] = run(lp[:-1] + [lp[-1] + 1], 1)[0]
+    res["single_stream_cpu_ms_per_token"] = 1000 * (time.process_time() - cpu0) / n
+    if not quick:
+        lp = long_prompt()
+        llm.reset()
+        res["ttft_cold_1000_s"] = run(lp, 1)[0]
+        # llama-cpp-python keeps the previous tokens' KV and re-evaluates only past the common prefix.
+        res["ttft_cached_1000_s"] = run(lp[:-1] + [lp[-1] + 1], 1)[0]
     res["aggregate_tok_s"] = {}
-    for c in CONCURRENCY:
+    for c in QUICK_CONCURRENCY if quick else CONCURRENCY:
         t0 = time.perf_counter()
         total = 0
         for p in stream_prompts(c):  # served one after another: no cross-stream batching
@@ -212,7 +225,8 @@ def compare(args: argparse.Namespace) -> dict:
     for py, backend, compute in runs:
         load0 = os.getloadavg()[0]
         p = subprocess.run(
-            [py, __file__, "--backend", backend, "--threads", str(args.threads), "--compute", compute],
+            [py, __file__, "--backend", backend, "--threads", str(args.threads), "--compute", compute]
+            + (["--quick"] if args.quick else []),
             capture_output=True,
             text=True,
             cwd=ROOT,
@@ -240,10 +254,12 @@ def machine() -> str:
 
 
 def markdown(out: dict) -> str:
+    """A table of the metrics every result has (a --quick run has fewer)."""
     rs = out["results"]
     head = "| metric | " + " | ".join(r["backend"] for r in rs) + " |\n|---|" + "---|" * len(rs) + "\n"
     rows = [
         ("single-stream decode (tok/s)", lambda r: f"{r['single_stream_decode_tok_s']:.1f}"),
+        ("single-stream CPU time per token (ms)", lambda r: f"{r['single_stream_cpu_ms_per_token']:.2f}"),
         ("TTFT, 1,000-token prompt, cold (s)", lambda r: f"{r['ttft_cold_1000_s']:.3f}"),
         ("TTFT, same prompt with 999-token prefix cached (s)", lambda r: f"{r['ttft_cached_1000_s']:.3f}"),
         ("cold / cached TTFT", lambda r: f"{r['ttft_cold_1000_s'] / r['ttft_cached_1000_s']:.0f}x"),
@@ -252,7 +268,12 @@ def markdown(out: dict) -> str:
         (f"aggregate output tok/s, {c} streams", lambda r, c=c: f"{r['aggregate_tok_s'][str(c)]:.1f}")
         for c in CONCURRENCY
     ]
-    body = "".join(f"| {name} | " + " | ".join(f(r) for r in rs) + " |\n" for name, f in rows)
+    body = ""
+    for name, f in rows:
+        try:
+            body += f"| {name} | " + " | ".join(f(r) for r in rs) + " |\n"
+        except KeyError:
+            continue  # not measured by every side in this run
     return head + body
 
 
@@ -269,6 +290,7 @@ def main() -> int:
         default=["float32", "int8"],
         help="this engine's matmul modes to run (--backend takes the first)",
     )
+    ap.add_argument("--quick", action="store_true", help="single-stream decode and 32 streams only")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
     if args.compare:
@@ -279,9 +301,9 @@ def main() -> int:
     if args.backend is None:
         ap.error("--backend or --compare")
     res = (
-        bench_portcullis(args.threads, args.compute[0])
+        bench_portcullis(args.threads, args.compute[0], args.quick)
         if args.backend == "portcullis"
-        else bench_llamacpp(args.threads)
+        else bench_llamacpp(args.threads, args.quick)
     )
     print(json.dumps(res))
     return 0
