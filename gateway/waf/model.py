@@ -69,6 +69,8 @@ PLAIN_TARGETS = (
     "base64",
     "foreign_urls",
     "lookalike_urls",
+    "param_names",
+    "referer_site",
     # numbers
     "body_size",
     "header_count",

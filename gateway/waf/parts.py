@@ -23,6 +23,8 @@ Which parts hold what:
   reference: what remote file inclusion sends).
 - `lookalike_urls`: query and form arguments that are a URL borrowing the request's Host to go elsewhere: its own
   name on another port, or a host that begins with its name (example.com.evil.net).
+- `param_names`: the names of query and form arguments (not JSON keys: a link or a form can plant those).
+- `referer_site`: `none`, `same` (the Host or a subdomain of it) or `other`.
 - `base64`: every argument, cookie and header value that is base64 text (see `gateway/waf/decode.py`), decoded.
 """
 
@@ -132,6 +134,17 @@ class RequestView:
         same_port = url_port == port or (not port and url_port in ("", "80", "443"))
         return not (same_port and host and (url_host == host or url_host.endswith("." + host)))
 
+    def _referer_site(self) -> str:
+        """`none` without a Referer, `same` for the Host or a subdomain of it (any port), else `other`."""
+        referer = self.header("referer")
+        if not referer:
+            return "none"
+        site = self._url_site(referer[0])
+        if site is None:
+            return "other"
+        url_host, _, host, _ = site
+        return "same" if host and (url_host == host or url_host.endswith("." + host)) else "other"
+
     def _lookalike(self, value: str) -> bool:
         """Whether the value is a URL that borrows the request's Host to reach somewhere else: the Host (or a
         subdomain) on another explicit port, an internal service behind the site's own name, or a host that starts
@@ -184,6 +197,8 @@ class RequestView:
             ]
         if target == "foreign_urls":
             return [(f"arg:{k}", v, None) for k, v in self._query_args() + self._form_args() if self._foreign(v)]
+        if target == "param_names":
+            return [("param_names", k, None) for k, _ in self._query_args() + self._form_args()]
         if target == "lookalike_urls":
             return [(f"arg:{k}", v, None) for k, v in self._query_args() + self._form_args() if self._lookalike(v)]
         if target == "base64":
@@ -321,6 +336,7 @@ _SIMPLE = {
     "json_keys": lambda v: len(v.json_shape().keys),
     "invalid_utf8": _invalid_utf8,
     "prompt_size": _prompt_size,
+    "referer_site": RequestView._referer_site,
 }
 
 

@@ -64,9 +64,14 @@ def test_libinjection_attack_lists_are_caught(results):
         ("REQUEST-941-APPLICATION-ATTACK-XSS", 1, 0.52, 0.96),
         ("REQUEST-932-APPLICATION-ATTACK-RCE", 1, 0.55, 0.86),
         ("REQUEST-944-APPLICATION-ATTACK-JAVA", 2, 0.99, 1.0),
-        ("REQUEST-933-APPLICATION-ATTACK-PHP", 2, 0.96, 0.86),
-        ("REQUEST-934-APPLICATION-ATTACK-GENERIC", 2, 0.94, 0.76),
-        ("REQUEST-931-APPLICATION-ATTACK-RFI", 2, 0.83, 1.0),
+        ("REQUEST-933-APPLICATION-ATTACK-PHP", 2, 0.96, 0.93),
+        ("REQUEST-934-APPLICATION-ATTACK-GENERIC", 2, 0.94, 0.86),
+        ("REQUEST-931-APPLICATION-ATTACK-RFI", 2, 0.91, 1.0),
+        ("REQUEST-921-PROTOCOL-ATTACK", 2, 0.93, 0.95),
+        ("REQUEST-921-PROTOCOL-ATTACK", 1, 0.74, 0.95),
+        ("REQUEST-943-APPLICATION-ATTACK-SESSION-FIXATION", 2, 0.95, 1.0),
+        ("REQUEST-920-PROTOCOL-ENFORCEMENT", 2, 0.44, 0.96),
+        ("REQUEST-920-PROTOCOL-ENFORCEMENT", 1, 0.08, 0.98),
         ("REQUEST-913-SCANNER-DETECTION", 1, 1.0, 1.0),
         ("REQUEST-913-SCANNER-DETECTION", 2, 1.0, 1.0),
     ],
@@ -75,6 +80,21 @@ def test_crs_family_floors(results, family, level, catch, passed):
     tally = results[level][family]
     assert tally.catch_rate >= catch, f"{family} PL{level}: caught {tally.caught}/{tally.attacks}"
     assert tally.pass_rate >= passed, f"{family} PL{level}: passed {tally.passed}/{tally.benign}"
+
+
+@pytest.mark.parametrize(
+    "family",
+    [
+        "REQUEST-933-APPLICATION-ATTACK-PHP",
+        "REQUEST-920-PROTOCOL-ENFORCEMENT",
+        "REQUEST-921-PROTOCOL-ATTACK",
+        "REQUEST-943-APPLICATION-ATTACK-SESSION-FIXATION",
+    ],
+)
+def test_uncontested_no_match_stages_pass_at_pl2(results, family):
+    """The issue's target of 95 % of no-match stages, over those that send no other stage's attack."""
+    tally = results[2][family]
+    assert tally.uncontested_pass_rate >= 0.95, f"passed {tally.uncontested_passed}/{tally.uncontested}"
 
 
 def test_rce_no_match_stages_pass_at_pl2_once_contested_ones_are_set_aside(results):

@@ -15,7 +15,7 @@ import pytest
 from gateway.waf import tautology
 from gateway.waf.model import WafSpec
 from gateway.waf.packs import builtin_packs, compile_waf, pack_rules
-from gateway.waf.parts import RequestView
+from gateway.waf.parts import RequestView, from_raw_http
 from gateway.waf.transforms import quote_split_words
 
 CHAT = "/v1/chat/completions"
@@ -67,6 +67,11 @@ def request(where: str, text: str) -> RequestView:
         payload["messages"][0]["content"] = "a" * int(text)
     elif where == "noua":
         headers = [(k, v) for k, v in headers if k != "user-agent"]
+    elif where == "raw":  # "METHOD /uri\nName: value\n...": a request with several headers of the case's own
+        line, *lines = text.split("\n")
+        method, uri = line.split(" ", 1)
+        extra = [(k.strip().lower(), v.strip()) for k, _, v in (h.partition(":") for h in lines)]
+        return from_raw_http(method, uri, [("host", "gw"), *extra], b"")
     body = json.dumps(payload).encode()
     return RequestView(
         method="POST", path=path, query=query, headers=headers, body=body, payload=payload, route="chat", model="m"
@@ -534,6 +539,85 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
         [("q", "http://gw:6379/"), ("q", "https://gw.evil.example/a"), ("q", "https://gw-cdn.example/")],
         [("q", "https://gw/a"), ("q", "https://api.gw/a"), ("q", "https://gw:443/a"), ("q", "https://example.com/")],
     ),
+    # session fixation
+    "session-100": (
+        [
+            ("q", "document.cookie='sid=1'"),
+            ("q", '<meta http-equiv="Set-Cookie" content="a=b">'),
+            ("q", "x.cookie;expires="),
+        ],
+        [("q", "cookie policy; expires soon"), ("q", "a.cookie == b")],
+    ),
+    "session-110": (
+        [
+            ("qname", "PHPSESSID"),
+            ("qname", "jsessionid"),
+            ("qname", "connect.sid"),
+            ("qname", "next-auth.session-token"),
+        ],
+        [
+            ("qname", "session_token"),
+            ("qname", "assessment"),
+            ("json", "sessionid"),
+            ("raw", "GET /login?sessionid=abc\nReferer: https://gw/login"),
+        ],
+    ),
+    # protocol attacks in values
+    "proto-attack-130": (
+        [("rawq", "x=test%0Dnext=more"), ("rawq", "a=1&%0d%0arest")],
+        [("rawq", "x=line%0AMore%20text"), ("rawq", "x=a%20b")],
+    ),
+    "proto-attack-140": (
+        [("q", "admin)(|(uid=*"), ("q", "*)!(sn=*"), ("cookie", "v)(uid=*")],
+        [("q", "(&(objectClass=user)(cn=a))"), ("q", "f(x)(y)"), ("q", "see (a)(b=c)")],
+    ),
+    "proto-attack-150": ([("rawq", "unix:AAAA|http://x.example/")], [("q", "unix: a | b")]),
+    "proto-attack-160": ([("h:cookie", "$Version=1; a=b")], [("h:cookie", "Version=1; a=b")]),
+    "proto-attack-170": (
+        [
+            ("ctype", 'application/x-www-form-urlencoded;boundary="application/json"'),
+            ("ctype", "text/plain; x=text/xml"),
+        ],
+        [
+            ("ctype", 'multipart/related; type="application/xop+xml"; boundary=x'),
+            ("ctype", "application/json; charset=utf-8"),
+        ],
+    ),
+    # protocol enforcement
+    "enforce-100": (
+        [("h:transfer-encoding", "gzip, chunked"), ("h:content-length", "12, 12"), ("h:content-length", "-1")],
+        [("h:transfer-encoding", "chunked"), ("h:content-length", "12")],
+    ),
+    "enforce-105": (
+        [("raw", "POST /v1/chat/completions\nContent-Length: 7\nTransfer-Encoding: chunked")],
+        [("raw", "POST /v1/chat/completions\nContent-Length: 7")],
+    ),
+    "enforce-110": (
+        [("raw", "GET /v1/models\nContent-Length: 7"), ("raw", "HEAD /v1/models\nTransfer-Encoding: chunked")],
+        [("raw", "GET /v1/models\nContent-Length: 0"), ("raw", "POST /v1/models\nContent-Length: 7")],
+    ),
+    "enforce-120": (
+        [("h:range", "bytes=0-,5-0,5-1,5-2,5-3,5-4"), ("h:request-range", "bytes=-,")],
+        [("h:range", "bytes=0-1023"), ("h:range", "bytes=0-1,5-9")],
+    ),
+    "enforce-130": ([("h:proxy", "http://x.example"), ("h:request-range", "bytes=0-1")], [("h:x-proxy-id", "1")]),
+    "enforce-140": (
+        [("rawq", "_method=DELETE"), ("h:x-http-method-override", "PUT"), ("raw", "GET /v1/models?a=1&_method=POST")],
+        [("rawq", "_method=X"), ("rawq", "x_method=delete"), ("rawq", "_method=post")],
+    ),
+    "enforce-150": (
+        [("ctype", "my-new-content-type"), ("ctype", "text/xml; blah"), ("ctype", "%{(#nike='multipart/form-data')")],
+        [
+            ("ctype", "application/json; charset=utf-8"),
+            ("ctype", "multipart/form-data; boundary=----WebKitFormBoundary7MA4YWxkTrZu0gW"),
+            ("ctype", "application/*+json"),
+        ],
+    ),
+    "enforce-160": (
+        [("ctype", "application/json; charset=utf-7"), ("ctype", "application/json; charset=utf-8; charset=utf-7")],
+        [("ctype", "application/json; charset=UTF-8"), ("ctype", "text/plain; charset='iso-8859-15'")],
+    ),
+    "enforce-170": ([("h:connection", "keep-alive, close")], [("h:connection", "keep-alive")]),
     # java
     "java-100": (
         [

@@ -38,7 +38,20 @@ CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpora" / "wa
 CRS = CORPUS / "crs-regression-tests"
 LIBINJECTION = CORPUS / "libinjection"
 TEST_AGENT = "OWASP CRS test agent"  # go-ftw's User-Agent in every CRS stage
-WEB_PACKS = ["scanners", "protocol-attack", "lfi", "rce", "xss", "sqli", "java", "rfi", "php", "generic"]
+WEB_PACKS = [
+    "scanners",
+    "protocol-attack",
+    "protocol-enforcement",
+    "lfi",
+    "rce",
+    "xss",
+    "sqli",
+    "java",
+    "rfi",
+    "php",
+    "generic",
+    "session-fixation",
+]
 
 
 @dataclass
