@@ -9,6 +9,7 @@ from collections.abc import Callable
 from gateway.errors import GatewayError
 from gateway.ratelimit.checks import Backend, BackendError, BudgetCheck, Check, Settlement, SlotCheck
 from gateway.ratelimit.gcra import Outcome
+from gateway.ratelimit.memory import MemoryBackend
 from gateway.telemetry import Metrics
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,12 @@ class FailoverBackend:
         self.fail_open = fail_open
         self.breaker = breaker
         self._errors = metrics.ratelimit_backend_errors.labels(backend=primary.name)
+
+    @property
+    def local(self) -> MemoryBackend | None:
+        """The backend itself when it is this process's memory (no shared store: nothing to fail over from), which
+        the rate limiter then calls without a coroutine."""
+        return self.primary if isinstance(self.primary, MemoryBackend) else None
 
     async def acquire(self, checks: list[Check]) -> tuple[list[Outcome], Backend]:
         """Outcomes and the backend that produced them (settle against the same one)."""

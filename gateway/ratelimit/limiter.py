@@ -20,6 +20,7 @@ from gateway.ratelimit.checks import Backend, BudgetCheck, Check, RateCheck, Set
 from gateway.ratelimit.failover import FailoverBackend
 from gateway.ratelimit.gcra import Outcome
 from gateway.ratelimit.headers import rate_limit_headers
+from gateway.ratelimit.memory import MemoryBackend
 from gateway.spend import budgets
 from gateway.spend.budgets import AppliedBudget, BudgetSeeder, SoftThresholds
 from gateway.spend.charge import charge, charged_tokens
@@ -43,6 +44,7 @@ class RateLimiter:
     def __init__(self, backend: FailoverBackend, metrics: Metrics, seeder: BudgetSeeder | None = None) -> None:
         """`seeder`: where budgets live in this process only (no Redis), how a period's past spend is read back."""
         self.backend = backend
+        self._local = backend.local
         self._seeder = seeder
         self._thresholds = SoftThresholds(metrics)
         # labels() builds and looks up a tuple under a lock (~2 µs): keep each counter's children at hand
@@ -66,7 +68,11 @@ class RateLimiter:
             if self._seeder is not None and not self._seeder.seeded(reserved):
                 await self._seeder.seed(applied, reserved)
             checks += reserved
-        outcomes, backend = await self.backend.acquire(checks)
+        backend: Backend
+        if self._local is not None:
+            outcomes, backend = self._local.decide(checks), self._local
+        else:
+            outcomes, backend = await self.backend.acquire(checks)
         decided: list[tuple[RateLimitRule, Check, Outcome]] = []
         headers: dict[str, str] = {}
         denied = None
@@ -82,46 +88,40 @@ class RateLimiter:
             assert prices is not None
             spent = outcomes[len(rules) :] if rules else outcomes
             headers.update(budgets.headers(applied, spent, prices.currency))
-            if denied is None:
-                self._budgets_decided(applied, reserved, spent, headers, prices.currency, backend.name)
+            if denied is None:  # soft thresholds for the budgets that fitted; 429 for the first that did not
+                exceeded = None
+                for budget, budget_check, outcome in zip(applied, reserved, spent):
+                    if not outcome.allowed:
+                        self._budgets_exceeded(budget.id, backend.name).inc()
+                        exceeded = exceeded or (budget, outcome)
+                    elif outcome.remaining <= budget.quiet_above:  # past a soft threshold: rarely
+                        self._thresholds.observe(budget, budget_check, outcome)
+                if exceeded is not None:
+                    raise budgets.exceeded(*exceeded, prices.currency, headers)
         if denied is not None:
             raise _too_many(*denied, headers)
         return Grant(backend, decided, headers, reserved, prices)
 
-    def _budgets_decided(
-        self,
-        applied: Sequence[AppliedBudget],
-        reserved: Sequence[BudgetCheck],
-        outcomes: Sequence[Outcome],
-        headers: dict[str, str],
-        currency: str,
-        backend: str,
-    ) -> None:
-        """Soft thresholds for the budgets that fitted; 429 for the first that did not."""
-        exceeded = None
-        for budget, budget_check, outcome in zip(applied, reserved, outcomes):
-            if outcome.allowed:
-                self._thresholds.observe(budget, budget_check, outcome)
-            else:
-                self._budgets_exceeded(budget.id, backend).inc()
-                exceeded = exceeded or (budget, outcome)
-        if exceeded is not None:
-            raise budgets.exceeded(*exceeded, currency, headers)
-
     async def settle(self, grant: Grant, ctx: RequestContext) -> None:
         """Reconcile token and spend reservations with what the request cost, and free concurrency slots."""
-        adjustments, releases = [], []
-        spend: tuple[tuple[BudgetCheck, int], ...] = ()
+        settlement = self._settlement(grant, ctx)
+        if isinstance(grant.backend, MemoryBackend):  # in this process: nothing to wait for
+            grant.backend.apply(settlement)
+        else:
+            await grant.backend.settle(settlement)
+
+    def _settlement(self, grant: Grant, ctx: RequestContext) -> Settlement:
         if grant.budgets:
             assert grant.prices is not None
             charged_cost = charge(ctx, grant.prices)
-            prompt, completion = charged_cost.prompt, charged_cost.completion
             spend = tuple([(check, charged_cost.cost_nanos) for check in grant.budgets])
             if not grant.decided:  # budgets alone: nothing else to settle
-                await grant.backend.settle(Settlement(spend=spend))
-                return
+                return Settlement(spend=spend)
+            prompt, completion = charged_cost.prompt, charged_cost.completion
         else:
+            spend = ()
             prompt, completion = charged_tokens(ctx)
+        adjustments, releases = [], []
         for rule, check, _ in grant.decided:
             if isinstance(check, SlotCheck):
                 releases.append(check)
@@ -130,7 +130,7 @@ class RateLimiter:
                 if charged != check.cost:
                     adjustments.append((check, charged - check.cost))
                 self._tokens_charged(rule.id).inc(charged)
-        await grant.backend.settle(Settlement(tuple(adjustments), tuple(releases), spend))
+        return Settlement(tuple(adjustments), tuple(releases), spend)
 
 
 def _check(rule: RateLimitRule, ctx: RequestContext) -> RateCheck | SlotCheck:

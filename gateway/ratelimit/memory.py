@@ -27,18 +27,22 @@ class MemoryBackend:
         self._ops = 0
 
     async def acquire(self, checks: list[Check]) -> list[Outcome]:
+        return self.decide(checks)
+
+    def decide(self, checks: list[Check]) -> list[Outcome]:
+        """`acquire` without a coroutine: the rate limiter calls it directly, since nothing here waits."""
         now = self._clock()
         self._ops += 1
         if not self._ops % _SWEEP_EVERY:
             self._sweep(now)
-        outcomes, stored, allowed = [], [], True
-        for check in checks:  # one pass, no intermediate lists: every limited request runs this
-            outcome, value = self._decide(check, now)
+        outcomes, values, allowed = [], [], True
+        for check in checks:  # a plain loop: every limited request runs this, and comprehensions cost frames
+            outcome, value = self._budget(check) if isinstance(check, BudgetCheck) else self._rate_or_slot(check, now)
             outcomes.append(outcome)
-            stored.append(value)
+            values.append(value)
             allowed = allowed and outcome.allowed
         if allowed:
-            for check, value in zip(checks, stored):
+            for check, value in zip(checks, values):
                 if isinstance(check, BudgetCheck):
                     self._spent[check.key] = (int(value), check.resets_at)
                     self._held[check.key, check.member] = check.cost
@@ -54,16 +58,22 @@ class MemoryBackend:
         self._spent.setdefault(check.key, (spent, check.resets_at))
 
     async def settle(self, settlement: Settlement) -> None:
-        now = self._clock() if settlement.adjustments else 0.0
-        for check, delta in settlement.adjustments:
-            tat = max(self._tats.get(check.key, now), now) + check.interval * delta
-            if tat > now:
-                self._tats[check.key] = tat
-            else:
-                self._tats.pop(check.key, None)
-        for slot in settlement.releases:
+        self.apply(settlement)
+
+    def apply(self, settlement: Settlement) -> None:
+        """`settle` without a coroutine."""
+        adjustments, releases, spend = settlement
+        if adjustments:
+            now = self._clock()
+            for check, delta in adjustments:
+                tat = max(self._tats.get(check.key, now), now) + check.interval * delta
+                if tat > now:
+                    self._tats[check.key] = tat
+                else:
+                    self._tats.pop(check.key, None)
+        for slot in releases:
             self._slots.get(slot.key, {}).pop(slot.member, None)
-        for budget, cost in settlement.spend:
+        for budget, cost in spend:
             reserved = self._held.pop((budget.key, budget.member), None)
             if reserved is not None and budget.key in self._spent:
                 spent, resets_at = self._spent[budget.key]
@@ -72,18 +82,17 @@ class MemoryBackend:
     # Each check returns its outcome and what to store if all of the request's checks are allowed: a TAT, a lease end
     # or a budget's new spend.
 
-    def _decide(self, check: Check, now: float) -> tuple[Outcome, float]:
+    def _rate_or_slot(self, check: Check, now: float) -> tuple[Outcome, float]:
         if isinstance(check, RateCheck):
             return self._rate(check, now)
-        if isinstance(check, SlotCheck):
-            return self._slot(check, now)
-        return self._budget(check)
+        assert isinstance(check, SlotCheck)
+        return self._slot(check, now)
 
     def _budget(self, check: BudgetCheck) -> tuple[Outcome, float]:
         now = self._wall_clock()
-        spent, resets_at = self._spent.get(check.key, (0, check.resets_at))
-        if resets_at <= now:  # the period ended: its key is not asked for again, this is a clock at the boundary
-            spent = 0
+        counted = self._spent.get(check.key)
+        # a period that ended is not asked for again: this is a clock at the boundary
+        spent = counted[0] if counted is not None and counted[1] > now else 0
         reset = max(check.resets_at - now, 0.0)
         if spent + check.cost > check.limit:
             return Outcome(False, max(check.limit - spent, 0), reset, reset), spent

@@ -133,7 +133,9 @@ def window_seconds(text: str) -> int:
 
 def checks(applied: Sequence[AppliedBudget], ctx: RequestContext, prices: PriceTable) -> list[BudgetCheck]:
     """Each budget's reservation of the most the request can cost, in the period that holds now."""
-    cost, now, member = reservation(ctx, prices), time.time(), ctx.request_id
+    # the most it can cost: its counted prompt, uncached, and its whole output budget
+    cost = prices.cost_nanos(ctx.model, ctx.prompt_tokens or 0, 0, ctx.max_tokens or 0)
+    now, member = time.time(), ctx.request_id
     reserved = []
     for budget in applied:
         counter = budget.counter
@@ -150,18 +152,14 @@ def _key(budget_id: str, who: str, start: int) -> str:
     return f"{KEY_PREFIX}{{{budget_id}:{hashlib.sha256(who.encode()).hexdigest()[:24]}}}:{start}"
 
 
-def reservation(ctx: RequestContext, prices: PriceTable) -> int:
-    """The most the request can cost: its counted prompt, uncached, and its whole output budget."""
-    return prices.cost_nanos(ctx.model, ctx.prompt_tokens or 0, 0, ctx.max_tokens or 0)
-
-
 def headers(applied: Sequence[AppliedBudget], outcomes: Sequence[Outcome], currency: str) -> dict[str, str]:
     """The tightest budget's limit, what is left of it and when it resets (seconds), in one header: one per
     answer costs the response path less than four."""
     tightest, outcome = applied[0], outcomes[0]
-    for other, other_outcome in zip(applied[1:], outcomes[1:]):
-        if other_outcome.remaining * tightest.limit < outcome.remaining * other.limit:  # a smaller share left
-            tightest, outcome = other, other_outcome
+    if len(applied) > 1:
+        for other, other_outcome in zip(applied, outcomes):
+            if other_outcome.remaining * tightest.limit < outcome.remaining * other.limit:  # a smaller share left
+                tightest, outcome = other, other_outcome
     left = amount_text(outcome.remaining) if outcome.remaining > 0 else "0"
     return {HEADER: f"{tightest.header_head}{left}; reset={math.ceil(outcome.reset)}; currency={currency}"}
 
@@ -227,12 +225,12 @@ class BudgetSeeder:
         self._ledger = ledger
         self._memory = memory
         self._seeded: dict[str, asyncio.Future[None]] = {}
+        self._done: set[str] = set()  # the keys of `_seeded` whose seeding is over
 
     def seeded(self, checks: Sequence[BudgetCheck]) -> bool:
         """Every period these checks count is seeded already (every request after a period's first)."""
         for budget_check in checks:
-            done = self._seeded.get(budget_check.key)
-            if done is None or not done.done():
+            if budget_check.key not in self._done:
                 return False
         return True
 
@@ -244,11 +242,13 @@ class BudgetSeeder:
             if done is None:
                 if len(self._seeded) >= _SEEDED_CAPACITY:  # forgetting is safe: a period counted is never re-seeded
                     self._seeded = {key: seeding for key, seeding in self._seeded.items() if not seeding.done()}
+                    self._done.clear()
                 done = self._seeded[budget_check.key] = asyncio.get_running_loop().create_future()
                 try:
                     start, _ = period(budget.budget, budget_check.resets_at - 1)
                     self._memory.seed(budget_check, await self._ledger.spent(budget.scope, budget.who, start))
                     done.set_result(None)
+                    self._done.add(budget_check.key)
                 except BaseException as exc:
                     del self._seeded[budget_check.key]
                     done.set_exception(exc)

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple, Protocol
 
 NANOS = 1_000_000_000
-_PLACES = len(str(NANOS)) - 1  # decimal places of a nano
 HOUR = 3600
 
 GroupBy = Literal["key", "tenant", "model", "hour", "day", "month"]
@@ -48,9 +47,7 @@ def amount_text(nanos: int) -> str:
     """An amount of whole nanos as exact decimal text ('0.000016', never '1.6e-05')."""
     if nanos < 0:
         return "-" + amount_text(-nanos)
-    digits = str(nanos).rjust(_PLACES + 1, "0")  # string slicing: this runs for every budgeted answer's header
-    fraction = digits[-_PLACES:].rstrip("0")
-    return f"{digits[:-_PLACES]}.{fraction}" if fraction else digits[:-_PLACES]
+    return f"{nanos // NANOS}.{nanos % NANOS:09d}".rstrip("0").rstrip(".")
 
 
 class SpendStore(Protocol):
