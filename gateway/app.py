@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import time
@@ -188,6 +189,10 @@ class ProxyEndpoint:
     def __init__(self, gateway: Gateway, route: str) -> None:
         self.gateway = gateway
         self.route = route
+        self._requests = functools.lru_cache(maxsize=64)(  # by status: one child per status, looked up once
+            lambda status: gateway.metrics.requests.labels(route=route, status=str(status))
+        )
+        self._duration = gateway.metrics.request_duration.labels(route=route)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw = self.gateway
@@ -263,9 +268,8 @@ class ProxyEndpoint:
 
     def _account(self, ctx: RequestContext) -> None:
         elapsed = time.perf_counter() - ctx.started
-        metrics = self.gateway.metrics
-        metrics.requests.labels(route=self.route, status=str(ctx.status)).inc()
-        metrics.request_duration.labels(route=self.route).observe(elapsed)
+        self._requests(ctx.status).inc()
+        self._duration.observe(elapsed)
         cost = self.gateway.billing.record(ctx)
         if not self.gateway.config.telemetry.access_log:
             return

@@ -55,7 +55,7 @@ from gateway.offload import Offload
 from gateway.routing.pool import Pool
 from gateway.routing.replica import Replica
 from gateway.sse import EventFramer, EventTooLarge, event_data
-from gateway.telemetry import Metrics
+from gateway.telemetry import Metrics, cached_labels
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -124,6 +124,9 @@ class Upstream:
     def __init__(self, tracer: Tracer, metrics: Metrics, offload: Offload, replica_header: bool = False) -> None:
         self._tracer = tracer
         self._metrics = metrics
+        self._ttft = cached_labels(metrics.upstream_ttft)  # by pool
+        self._duration = cached_labels(metrics.upstream_duration)  # by pool
+        self._tokens = cached_labels(metrics.tokens)  # by pool, model, kind
         self._offload = offload  # re-encodes a big rewritten body off the event loop
         self._replica_header = replica_header
 
@@ -335,7 +338,7 @@ class Upstream:
     def _first_chunk_arrived(self, attempt: _Attempt) -> None:
         ttft = time.perf_counter() - attempt.sent_at
         attempt.span.set_attribute("portcullis.upstream.time_to_first_chunk", ttft)
-        self._metrics.upstream_ttft.labels(pool=attempt.pool.name).observe(ttft)
+        self._ttft(attempt.pool.name).observe(ttft)
 
     async def _relay(
         self, ctx: RequestContext, attempt: _Attempt, exchange: Exchange, strip_usage: bool, deadline: _Deadline
@@ -410,19 +413,16 @@ class Upstream:
         """Close the books on one attempt: in-flight count, duration, usage on the span, and the span itself."""
         pool_name = attempt.pool.name
         attempt.replica.outstanding -= 1
-        self._metrics.upstream_duration.labels(pool=pool_name).observe(time.perf_counter() - attempt.sent_at)
+        self._duration(pool_name).observe(time.perf_counter() - attempt.sent_at)
         span, usage = attempt.span, ctx.usage
         if ctx.replica is attempt.replica:
             if usage.prompt_tokens is not None:
                 span.set_attribute("gen_ai.usage.input_tokens", usage.prompt_tokens)
-                self._metrics.tokens.labels(
-                    pool=pool_name, model=self._metrics.model_label(ctx.model), kind="prompt"
-                ).inc(usage.prompt_tokens)
+                self._tokens(pool_name, self._metrics.model_label(ctx.model), "prompt").inc(usage.prompt_tokens)
             if usage.completion_tokens is not None:
                 span.set_attribute("gen_ai.usage.output_tokens", usage.completion_tokens)
-                self._metrics.tokens.labels(
-                    pool=pool_name, model=self._metrics.model_label(ctx.model), kind="completion"
-                ).inc(usage.completion_tokens)
+                completion = self._tokens(pool_name, self._metrics.model_label(ctx.model), "completion")
+                completion.inc(usage.completion_tokens)
             if usage.finish_reasons:
                 span.set_attribute("gen_ai.response.finish_reasons", usage.finish_reasons)
         span.end()
