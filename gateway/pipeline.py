@@ -37,11 +37,14 @@ class Stage(Protocol):
 @runtime_checkable
 class Settles(Protocol):
     """A stage that holds something for a request until its response ends. `settle` runs for every request that
-    entered the pipeline, also one refused before this stage ran: it settles what the context shows it took."""
+    entered the pipeline, also one refused before this stage ran: it settles what the context shows it took.
+
+    It never waits: what needs I/O (a shared store's settlement) is handed to a delivery of its own, so the settle
+    phase is one uninterruptible step, which no client leaving or task cancelled can cut short."""
 
     name: str
 
-    async def settle(self, ctx: RequestContext) -> None: ...
+    def settle(self, ctx: RequestContext) -> None: ...
 
 
 class Pipeline:
@@ -64,11 +67,11 @@ class Pipeline:
             finally:
                 self._histograms[stage.name].observe(time.perf_counter() - started)
 
-    async def settle(self, ctx: RequestContext) -> None:
+    def settle(self, ctx: RequestContext) -> None:
         """The settle phase, once the response has ended; one stage failing to settle spares the others."""
         for stage in self.settling:
             try:
-                await stage.settle(ctx)
+                stage.settle(ctx)
             except Exception:
                 log.exception("%s stage failed to settle request %s", stage.name, ctx.request_id)
 

@@ -71,6 +71,7 @@ class Backend(Protocol):
     async def acquire(self, checks: list[Check]) -> list[Outcome]:
         """Decide one request's checks (each on its own key) atomically: if any is denied, none consumes anything."""
 
-    async def settle(self, settlement: Settlement) -> None:
-        """Apply cost corrections (negative refunds) and free slots; may return before the store has applied them,
-        and then delivers them later (a store that is down gets them when it is back)."""
+    def settle(self, settlement: Settlement) -> None:
+        """Apply cost corrections (negative refunds) and free slots, or hand them to a delivery that does: it never
+        waits (the settle phase runs after the response, and nothing may interrupt it halfway), and a store that is
+        down gets them when it is back."""

@@ -72,7 +72,7 @@ class FailoverBackend:
                     "rate limit store error (%s): %s", "failing open" if self.fail_open else "failing closed", exc
                 )
                 if exc.maybe_applied:  # the store may have granted slots or budget this request never learned of
-                    await self._give_back(checks)
+                    self._give_back(checks)
         if not self.fail_open:
             raise GatewayError(
                 503,
@@ -83,11 +83,11 @@ class FailoverBackend:
             )
         return await self.fallback.acquire(checks), self.fallback
 
-    async def _give_back(self, checks: list[Check]) -> None:
+    def _give_back(self, checks: list[Check]) -> None:
         """Release (once the store answers again) what a lost admission may have taken: slots, and budget
         reservations settled at no cost. Both apply once at most, so giving back what was never taken is harmless;
         refunding tokens that were never charged would grant extra, so those are left."""
         slots = tuple(check for check in checks if isinstance(check, SlotCheck))
         spend = tuple((check, 0) for check in checks if isinstance(check, BudgetCheck))
         if slots or spend:
-            await self.primary.settle(Settlement(releases=slots, spend=spend))
+            self.primary.settle(Settlement(releases=slots, spend=spend))

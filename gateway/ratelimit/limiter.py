@@ -20,7 +20,6 @@ from gateway.ratelimit.checks import Backend, BudgetCheck, Check, RateCheck, Set
 from gateway.ratelimit.failover import FailoverBackend
 from gateway.ratelimit.gcra import Outcome
 from gateway.ratelimit.headers import rate_limit_headers
-from gateway.ratelimit.memory import MemoryBackend
 from gateway.spend import budgets
 from gateway.spend.budgets import AppliedBudget, BudgetSeeder, SoftThresholds
 from gateway.spend.charge import charge, charged_tokens
@@ -102,13 +101,9 @@ class RateLimiter:
             raise _too_many(*denied, headers)
         return Grant(backend, decided, headers, reserved, prices)
 
-    async def settle(self, grant: Grant, ctx: RequestContext) -> None:
+    def settle(self, grant: Grant, ctx: RequestContext) -> None:
         """Reconcile token and spend reservations with what the request cost, and free concurrency slots."""
-        settlement = self._settlement(grant, ctx)
-        if isinstance(grant.backend, MemoryBackend):  # in this process: nothing to wait for
-            grant.backend.apply(settlement)
-        else:
-            await grant.backend.settle(settlement)
+        grant.backend.settle(self._settlement(grant, ctx))
 
     def _settlement(self, grant: Grant, ctx: RequestContext) -> Settlement:
         if grant.budgets:

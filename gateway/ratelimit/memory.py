@@ -57,11 +57,7 @@ class MemoryBackend:
         process already counts keeps its own count, which is the more recent."""
         self._spent.setdefault(check.key, (spent, check.resets_at))
 
-    async def settle(self, settlement: Settlement) -> None:
-        self.apply(settlement)
-
-    def apply(self, settlement: Settlement) -> None:
-        """`settle` without a coroutine."""
+    def settle(self, settlement: Settlement) -> None:
         adjustments, releases, spend = settlement
         if adjustments:
             now = self._clock()

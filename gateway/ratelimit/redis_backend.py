@@ -68,7 +68,7 @@ class RedisBackend:
         assert outcomes is not None  # an admission answers its outcomes; only settlements answer None
         return outcomes
 
-    async def settle(self, settlement: Settlement) -> None:
+    def settle(self, settlement: Settlement) -> None:
         """Handed to the outbox, not awaited: the response has ended, and the outbox delivers it whenever it can."""
         if settlement.adjustments or settlement.releases or settlement.spend:
             self.settlements.add(settlement)

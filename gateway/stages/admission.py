@@ -70,7 +70,7 @@ class AdmissionStage:
         if queue is not None:
             await self._admit(ctx, placement, queue)
 
-    async def settle(self, ctx: RequestContext) -> None:
+    def settle(self, ctx: RequestContext) -> None:
         """Free the request's KV blocks for the next admission, and charge its fair queue the output it really
         generated (VTC charges real output, not the reservation)."""
         if ctx.placement is not None:

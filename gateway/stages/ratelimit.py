@@ -38,10 +38,10 @@ class RateLimitStage:
         ctx.rate_limits = grant
         ctx.response_headers.update(grant.headers)
 
-    async def settle(self, ctx: RequestContext) -> None:
+    def settle(self, ctx: RequestContext) -> None:
         """Charge the request what it cost against its token and spend reservations, and free its slots."""
         if ctx.rate_limits is not None:
-            await self._limiter.settle(ctx.rate_limits, ctx)
+            self._limiter.settle(ctx.rate_limits, ctx)
 
 
 def _applies(rule: RateLimitRule, ctx: RequestContext) -> bool:

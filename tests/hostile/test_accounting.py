@@ -212,7 +212,7 @@ def test_settlements_kept_during_an_outage_are_bounded_and_delivered_oldest_firs
         redis_server.client().save()
         redis_server.kill()
         for slot in held:
-            await backend.settle(Settlement(releases=(slot,)))
+            backend.settle(Settlement(releases=(slot,)))
             await asyncio.sleep(0.05)
         redis_server.start()
         deadline = time.monotonic() + 5

@@ -73,8 +73,8 @@ def test_budget_backends_decide_alike(redis_server):
                 if held and rng.random() < 0.4:
                     check, cost = held.pop(rng.randrange(len(held)))
                     settlement = Settlement(spend=((check, cost),))
-                    await memory.settle(settlement)
-                    await shared.settle(settlement)
+                    memory.settle(settlement)
+                    shared.settle(settlement)
                     assert not len(shared.settlements), "sent at once, ahead of the next admission"
                     continue
                 check = BudgetCheck(f"parity:{step % 2}", 50_000, rng.randrange(1, 9_000), resets_at, f"r{step}")

@@ -71,7 +71,7 @@ class Backends:
     @staticmethod
     async def _on(backend: MemoryBackend | RedisBackend, operation: list[Check] | Settlement) -> list[Outcome]:
         if isinstance(operation, Settlement):
-            await backend.settle(operation)
+            backend.settle(operation)
             return []
         return await backend.acquire(operation)
 

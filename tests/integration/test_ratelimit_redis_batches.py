@@ -47,7 +47,7 @@ def test_one_batch_decides_as_if_one_request_came_after_another(redis_server):
         # the second request would need 120 of 100 tokens: refused, so it takes no slot either
         assert [[o.allowed for o in pair] for pair in first] == [[True, True], [True, False]]
         # one batch: a release and a refund, then admissions that need what they gave back
-        await backend.settle(Settlement(adjustments=((tokens, -60),), releases=(slots[0],)))
+        backend.settle(Settlement(adjustments=((tokens, -60),), releases=(slots[0],)))
         second = await asyncio.gather(*(backend.acquire([check]) for check in slots[1:]))
         assert [o[0].allowed for o in second] == [True, True, True, False]
         assert [o[0].remaining for o in second] == [2, 1, 0, 0]
@@ -95,7 +95,7 @@ def test_settlements_apply_without_being_awaited(redis_server):
         slot = SlotCheck("portcullis:rl:{one:x}", 1, 30, "r1")
         tokens = RateCheck("portcullis:rl:{tpm:x}", interval=0.01, tolerance=1.0, cost=80)  # 100-token burst
         assert all(o.allowed for o in await backend.acquire([slot, tokens]))
-        await backend.settle(Settlement(adjustments=((tokens, -50),), releases=(slot,)))  # used 30 of 80
+        backend.settle(Settlement(adjustments=((tokens, -50),), releases=(slot,)))  # used 30 of 80
         outcomes = await backend.acquire([SlotCheck(slot.key, 1, 30, "r2"), RateCheck(tokens.key, 0.01, 1.0, 70)])
         assert [o.allowed for o in outcomes] == [True, True]
         assert outcomes[1].remaining == 0
@@ -156,10 +156,10 @@ def test_a_lone_settlement_goes_within_the_linger_and_closing_sends_what_is_queu
         backend = RedisBackend(redis_server.url, timeout=5.0)
         first, second = SlotCheck(slots, 2, 30, "r1"), SlotCheck(slots, 2, 30, "r2")
         assert all(o[0].allowed for o in await asyncio.gather(backend.acquire([first]), backend.acquire([second])))
-        await backend.settle(Settlement(releases=(first,)))  # nothing else comes to ride with
+        backend.settle(Settlement(releases=(first,)))  # nothing else comes to ride with
         await asyncio.sleep(0.1)
         assert held(slots) == 1
-        await backend.settle(Settlement(releases=(second,)))
+        backend.settle(Settlement(releases=(second,)))
         await backend.aclose()  # at once: the release is still queued
 
     asyncio.run(main())
@@ -181,7 +181,7 @@ def test_a_key_left_of_another_kind_fails_no_batch(redis_server):
             backend.acquire([RateCheck("portcullis:rl:{changed:y}", interval=1.0, tolerance=5.0, cost=1)]),
             backend.acquire([other]),
         )
-        await backend.settle(Settlement(releases=(SlotCheck("portcullis:rl:{changed:y}", 1, 30, "r9"),)))
+        backend.settle(Settlement(releases=(SlotCheck("portcullis:rl:{changed:y}", 1, 30, "r9"),)))
         await backend.aclose()
         return [o[0] for o in outcomes]
 
@@ -203,7 +203,7 @@ def test_a_settlement_the_store_may_have_applied_is_retried_for_its_release_only
         backend = RedisBackend(redis_server.url, timeout=0.3)
         assert all(o.allowed for o in await backend.acquire([slot, tokens]))
         redis_server.client().execute_command("CLIENT", "PAUSE", 1000, "ALL")
-        await backend.settle(Settlement(adjustments=((tokens, -50),), releases=(slot,)))
+        backend.settle(Settlement(adjustments=((tokens, -50),), releases=(slot,)))
         await asyncio.sleep(1.5)  # the settlement times out, the pause ends, the retry goes through
         outcome = (await backend.acquire([RateCheck(tokens.key, 10.0, 1000.0, 0)]))[0]
         dropped = dict(backend.settlements.dropped)

@@ -73,7 +73,7 @@ def test_memory_slots_are_leased_and_released():
     outcomes = [asyncio.run(backend.acquire([check]))[0] for check in checks]
     assert [o.allowed for o in outcomes] == [True, True, False]
     assert outcomes[2].retry_after == pytest.approx(30)
-    asyncio.run(backend.settle(Settlement(releases=(checks[0],))))
+    backend.settle(Settlement(releases=(checks[0],)))
     assert asyncio.run(backend.acquire([checks[2]]))[0].allowed
     clock.now += 31  # a holder that never released (crashed gateway) loses its slot with its lease
     assert [asyncio.run(backend.acquire([SlotCheck("k", 2, 30, f"r{i}")]))[0].allowed for i in (9, 10, 11)] == [
@@ -99,8 +99,8 @@ def test_memory_token_reservation_is_refunded_and_overcharged():
     backend = MemoryBackend(clock)
     reserve = RateCheck("t", interval=0.01, tolerance=1.0, cost=80)  # 100 tokens of burst
     assert asyncio.run(backend.acquire([reserve]))[0].remaining == 20
-    asyncio.run(backend.settle(Settlement(adjustments=((reserve, -50),))))  # used 30 of 80
+    backend.settle(Settlement(adjustments=((reserve, -50),)))  # used 30 of 80
     assert asyncio.run(backend.acquire([RateCheck("t", 0.01, 1.0, 70)]))[0].allowed
-    asyncio.run(backend.settle(Settlement(adjustments=((reserve, 5),))))  # 5 more than reserved
+    backend.settle(Settlement(adjustments=((reserve, 5),)))  # 5 more than reserved
     outcome = asyncio.run(backend.acquire([RateCheck("t", 0.01, 1.0, 1)]))[0]
     assert not outcome.allowed and outcome.retry_after == pytest.approx(0.06)
