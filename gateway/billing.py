@@ -10,7 +10,6 @@ billed.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 from gateway.config import TelemetryConfig
@@ -19,7 +18,7 @@ from gateway.policy.loader import PolicySet
 from gateway.spend.charge import charge
 from gateway.spend.ledger import SpendLedger
 from gateway.spend.store import NANOS
-from gateway.telemetry import Metrics
+from gateway.telemetry import Metrics, cached_labels
 
 _KINDS = ("prompt", "cached_prompt", "completion")
 OTHER_KEYS = "other"  # the key label of keys beyond `telemetry.max_metric_keys`
@@ -32,17 +31,16 @@ class Billing:
         self._metrics = metrics
         self._policies = policies
         self._ledger = ledger
-        # a counter's child per label set, looked up once (prometheus-client's labels() takes a lock each call)
-        self._requests = functools.lru_cache(maxsize=4096)(metrics.billed_requests.labels)
-        self._tokens = functools.lru_cache(maxsize=4096)(metrics.billed_tokens.labels)
-        self._spend = functools.lru_cache(maxsize=4096)(metrics.spend.labels)
+        self._requests = cached_labels(metrics.billed_requests)
+        self._tokens = cached_labels(metrics.billed_tokens)
+        self._spend = cached_labels(metrics.spend)
         self._key_labels: set[str] | None = set() if telemetry.per_key_metrics else None
         self._max_key_labels = telemetry.max_metric_keys
         if self._key_labels is not None:
             metrics.count_per_key()
-            self._key_requests = functools.lru_cache(maxsize=4096)(metrics.key_billed_requests.labels)
-            self._key_tokens = functools.lru_cache(maxsize=4096)(metrics.key_billed_tokens.labels)
-            self._key_spend = functools.lru_cache(maxsize=4096)(metrics.key_spend.labels)
+            self._key_requests = cached_labels(metrics.key_billed_requests)
+            self._key_tokens = cached_labels(metrics.key_billed_tokens)
+            self._key_spend = cached_labels(metrics.key_spend)
 
     def record(self, ctx: RequestContext) -> float | None:
         """Count the request's tokens and spend; its cost, or None for a request no tenant sent."""
