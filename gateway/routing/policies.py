@@ -154,11 +154,11 @@ class ExpectedTtft(RoutingPolicy):
         cached = self.index.matched_blocks(request.block_hashes) if request.block_hashes else {}
 
         def key(replica: Replica) -> tuple[bool, float]:
-            held = cached.get(replica.url, 0)
+            matched = cached.get(replica.url, 0)
             free = replica.free_blocks
-            fits = free is None or blocks_needed(request, held) <= free
-            cost = expected_prefill(replica, request, held, self.decode_weight, self.index.blocks_held(replica.url))
-            return not fits, cost
+            fits = free is None or blocks_needed(request, matched) <= free
+            held = self.index.blocks_held(replica.url)
+            return not fits, expected_prefill(replica, request, matched, self.decode_weight, held)
 
         return Ranked(sorted(self._rotate(replicas), key=key), cached)
 
