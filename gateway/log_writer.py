@@ -3,11 +3,14 @@
 The event loop only enqueues: a log record (through the root logger's QueueHandler), or an access-log line as the
 dict of its fields (`log_access`), which skips building a LogRecord altogether: a record, its copy for the queue
 and the stdlib's JSON encoder cost several times what the line itself does, and the access log writes one line per
-request. Lines go to stderr as JSON, so one collector parses all of them; a burst of requests costs one write.
+request. Access-log lines are handed over together, `ACCESS_FLUSH_DELAY` after the first of them: waking the writer
+thread once per line costs a thread switch per request. Lines go to stderr as JSON, so one collector parses all of
+them; a burst of requests costs one write.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import logging.handlers
 import queue
@@ -19,7 +22,8 @@ import orjson
 
 from gateway.telemetry import ACCESS_LOGGER, JsonLineFormatter
 
-_BATCH = 1024  # lines per write at most
+_BATCH = 1024  # queued items per write at most
+ACCESS_FLUSH_DELAY = 0.01  # seconds an access-log line may wait for others to go with it
 _STOP = object()
 
 
@@ -30,6 +34,19 @@ class LogWriter:
         self._formatter = formatter
         self._extra = formatter.process_fields
         self._thread = threading.Thread(target=self._run, name="log-writer", daemon=True)
+        self._access: list[dict[str, Any]] = []  # access-log lines not handed over yet
+        self._access_flush: asyncio.TimerHandle | None = None
+
+    def put_access(self, fields: dict[str, Any]) -> None:
+        """Queue one access-log line; called on the event loop."""
+        self._access.append(fields)
+        if self._access_flush is None:
+            self._access_flush = asyncio.get_running_loop().call_later(ACCESS_FLUSH_DELAY, self._hand_over_access)
+
+    def _hand_over_access(self) -> None:
+        self._access_flush = None
+        lines, self._access = self._access, []
+        self.queue.put(lines)
 
     def start(self) -> None:
         self._thread.start()
@@ -37,6 +54,8 @@ class LogWriter:
     def stop(self) -> None:
         """Write what is queued, then end the thread."""
         if self._thread.is_alive():
+            if self._access:
+                self.queue.put(self._access)
             self.queue.put(_STOP)
             self._thread.join()
 
@@ -58,10 +77,12 @@ class LogWriter:
             if _STOP in batch:
                 return
 
-    def _line(self, item: logging.LogRecord | dict[str, Any]) -> str:
-        if isinstance(item, dict):  # an access-log line
-            fields = {**item, **self._extra} if self._extra else item
-            return orjson.dumps(fields, default=str).decode() + "\n"
+    def _line(self, item: logging.LogRecord | list[dict[str, Any]]) -> str:
+        if isinstance(item, list):  # access-log lines
+            extra = self._extra
+            return "".join(
+                orjson.dumps({**fields, **extra} if extra else fields, default=str).decode() + "\n" for fields in item
+            )
         return self._formatter.format(item) + "\n"
 
 
@@ -85,6 +106,6 @@ def log_access(fields: dict[str, Any]) -> None:
     """One access-log line: straight onto the writer's queue where one is installed (`portcullis serve`), else
     through the `portcullis.access` logger."""
     if _writer is not None:
-        _writer.queue.put(fields)
+        _writer.put_access(fields)
     else:
         logging.getLogger(ACCESS_LOGGER).info("", extra={"access": fields})
