@@ -37,6 +37,7 @@ from gateway.fallbacks import ContextWindowFallback, Fallbacks
 from gateway.guard.runtime import Guard
 from gateway.keystore.keyring import KeyRing
 from gateway.keystore.store import build_key_store
+from gateway.log_writer import log_access
 from gateway.offload import Offload
 from gateway.pipeline import Pipeline
 from gateway.policy.loader import PolicySet, empty_policy_set, load_policy_dir
@@ -61,7 +62,6 @@ from gateway.stages.route import RouteStage
 from gateway.stages.tokenize import TokenizeStage
 from gateway.stages.waf import WafStage
 from gateway.telemetry import (
-    ACCESS_LOGGER,
     Metrics,
     build_tracer_provider,
     configured_models,
@@ -71,7 +71,6 @@ from gateway.telemetry import (
 from gateway.upstream import PoolFailed, Upstream
 
 log = logging.getLogger(__name__)
-access_log = logging.getLogger(ACCESS_LOGGER)
 
 PROBE_TIMEOUT = 2.0
 # Allocations between young-generation collections (CPython's default: 700). A request's objects die young, freed
@@ -272,34 +271,31 @@ class ProxyEndpoint:
         if not self.gateway.config.telemetry.access_log:
             return
         trace_id, span_id = trace_ids(ctx.span)
-        access_log.info(
-            "",
-            extra={
-                "access": {
-                    "ts": time.time(),
-                    "request_id": ctx.request_id,
-                    "trace_id": trace_id,
-                    "span_id": span_id,
-                    "method": ctx.request.method,
-                    "path": ctx.request.scope["path"],
-                    "status": ctx.status,
-                    "duration_ms": round(elapsed * 1000, 3),
-                    "tenant": ctx.tenant,
-                    "model": ctx.model or None,  # the model that served: the one asked for, or its fallback's
-                    "fallback_from": ctx.fallback_from,
-                    "stream": ctx.stream,
-                    "pool": ctx.placement.pool.name if ctx.placement else None,
-                    "upstream": ctx.replica.url if ctx.replica else None,
-                    "prompt_tokens": ctx.usage.prompt_tokens,
-                    "completion_tokens": ctx.usage.completion_tokens,
-                    "cached_tokens": ctx.usage.cached_tokens,
-                    "cost": cost,
-                    "predicted_cached_tokens": ctx.predicted_cached_tokens,
-                    "finish_reasons": ctx.usage.finish_reasons or None,
-                    "stream_error": ctx.stream_error,
-                    "client": ctx.request.client.host if ctx.request.client else None,
-                }
-            },
+        log_access(
+            {
+                "ts": time.time(),
+                "request_id": ctx.request_id,
+                "trace_id": trace_id,
+                "span_id": span_id,
+                "method": ctx.request.method,
+                "path": ctx.request.scope["path"],
+                "status": ctx.status,
+                "duration_ms": round(elapsed * 1000, 3),
+                "tenant": ctx.tenant,
+                "model": ctx.model or None,  # the model that served: the one asked for, or its fallback's
+                "fallback_from": ctx.fallback_from,
+                "stream": ctx.stream,
+                "pool": ctx.placement.pool.name if ctx.placement else None,
+                "upstream": ctx.replica.url if ctx.replica else None,
+                "prompt_tokens": ctx.usage.prompt_tokens,
+                "completion_tokens": ctx.usage.completion_tokens,
+                "cached_tokens": ctx.usage.cached_tokens,
+                "cost": cost,
+                "predicted_cached_tokens": ctx.predicted_cached_tokens,
+                "finish_reasons": ctx.usage.finish_reasons or None,
+                "stream_error": ctx.stream_error,
+                "client": ctx.request.client.host if ctx.request.client else None,
+            }
         )
 
 

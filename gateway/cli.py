@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import logging
-import logging.handlers
-import queue
 import sys
 
 from backend_engine import cli as engine_cli
-from gateway import keys_cli, up, workers
+from gateway import keys_cli, log_writer, up, workers
 from gateway.bench import cli as bench_cli
 from gateway.config import CONFIG_ENV, ConfigError, load_config
 from gateway.guard import cli as guard_cli
 from gateway.policy import cli as policy_cli
-from gateway.telemetry import ACCESS_LOGGER, JsonLineFormatter
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,20 +86,11 @@ def _cannot_start(exc: Exception) -> int:
 def configure_logging(level: str, process_fields: dict[str, object] | None = None) -> None:
     """Everything to stderr as JSON lines, the access log included, so one collector parses all of it.
 
-    Records are formatted and written by a listener thread: the event loop only enqueues them (formatting and a
-    write per access-log line on the loop cost ~150 µs a request in the proxy benchmark). `process_fields` go on
-    every line (a worker's index).
+    Lines are formatted and written by a thread of their own (gateway/log_writer.py): the event loop only enqueues
+    them (formatting and a write per access-log line on the loop cost ~150 µs a request in the proxy benchmark).
+    `process_fields` go on every line (a worker's index).
     """
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonLineFormatter(process_fields))
-    records: queue.SimpleQueue = queue.SimpleQueue()
-    listener = logging.handlers.QueueListener(records, handler)
-    listener.start()
-    atexit.register(listener.stop)  # drains what is queued
-    root = logging.getLogger()
-    root.handlers[:] = [logging.handlers.QueueHandler(records)]
-    root.setLevel(level.upper())
-    logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO)
+    atexit.register(log_writer.install(level, process_fields).stop)  # drains what is queued
 
 
 if __name__ == "__main__":
