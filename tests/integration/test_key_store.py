@@ -114,7 +114,8 @@ def test_a_key_is_refused_models_its_globs_do_not_match(fake_upstream, gateway, 
     expired_secret, expired = new_key("team-limited", expires_at=time.time() - 1)
     put(SqliteKeyStore(tmp_path / "keys.db"), record)
     put(SqliteKeyStore(tmp_path / "keys.db"), expired)
-    until_status(gw, secret, 200)
+    # a gateway that holds no key at all serves anyone: wait until it refuses the expired key, so it holds them
+    until_status(gw, expired_secret, 401)
 
     client = openai_client(gw, secret)
     client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hello"}])
