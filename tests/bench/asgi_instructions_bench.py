@@ -73,16 +73,7 @@ async def _drive(app: str, checkout: Path, requests: int, warm: float) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="portcullis-asgi-bench-"))
     procs = pb.Procs()
     try:
-        compact = {"separators": (",", ":")}
-        upstream = pb.start_nginx(
-            procs,
-            tmp,
-            "static",
-            "static.conf.tmpl",
-            CHAT_COMPLETION=json.dumps(pb.CHAT_COMPLETION, **compact),
-            MODELS=json.dumps(pb.MODELS, **compact),
-        )
-        pb.wait_http(upstream, "/v1/models", 15)
+        upstream = pb.start_static_upstream(procs, tmp)
         policy = pb.BUDGETS_POLICY if app.endswith("budget") else pb.NO_BUDGETS_POLICY
         (tmp / "policies").mkdir()
         (tmp / "policies" / "base.yaml").write_text(json.dumps(policy))

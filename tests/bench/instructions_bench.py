@@ -53,15 +53,7 @@ def instructions_per_request(name: str, checkout: Path | None, seconds: int, tmp
         lua = tmp / "chat.lua"
         body = json.dumps(pb.REQUEST, separators=(",", ":"))
         lua.write_text(pb.WRK_LUA.replace("@BODY@", body).replace("@KEY@", pb.API_KEY))
-        static = pb.start_nginx(
-            procs,
-            tmp,
-            f"static-{name}",
-            "static.conf.tmpl",
-            CHAT_COMPLETION=json.dumps(pb.CHAT_COMPLETION, separators=(",", ":")),
-            MODELS=json.dumps(pb.MODELS, separators=(",", ":")),
-        )
-        pb.wait_http(static, "/v1/models", 15)
+        static = pb.start_static_upstream(procs, tmp, f"static-{name}")
         gateway = pb.start_portcullis(procs, tmp, name, static.port, True, checkout=checkout)
         pb.wait_http(gateway, "/healthz", 900)
         wrk(gateway.port, lua, 1, 30, counted=False)  # the first request loads what is lazy; then the steady state

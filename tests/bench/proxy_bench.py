@@ -251,6 +251,22 @@ def start_nginx(procs: Procs, tmp: Path, name: str, template: str, **values: obj
     return service
 
 
+def start_static_upstream(procs: Procs, tmp: Path, name: str = "static") -> Service:
+    """The static upstream every gateway row proxies to: nginx answering a fixed chat.completion and model list,
+    ready for requests."""
+    compact = {"separators": (",", ":")}
+    static = start_nginx(
+        procs,
+        tmp,
+        name,
+        "static.conf.tmpl",
+        CHAT_COMPLETION=json.dumps(CHAT_COMPLETION, **compact),
+        MODELS=json.dumps(MODELS, **compact),
+    )
+    wait_http(static, "/v1/models", 15)
+    return static
+
+
 # Rate limits as a typical policy sets them (requests per key, tokens per tenant, concurrency per tenant), with
 # quotas no benchmark reaches: every request pays for a full decision and its settlement, none is refused.
 LIMITS_POLICY = {
@@ -913,15 +929,7 @@ def compare_policies(
         for header, value in (headers or {}).items():
             script = script.replace('wrk.method = "POST"', f'wrk.method = "POST"\nwrk.headers["{header}"] = "{value}"')
         lua.write_text(script)
-        static = start_nginx(
-            procs,
-            tmp,
-            "static",
-            "static.conf.tmpl",
-            CHAT_COMPLETION=json.dumps(CHAT_COMPLETION, separators=(",", ":")),
-            MODELS=json.dumps(MODELS, separators=(",", ":")),
-        )
-        wait_http(static, "/v1/models", 15)
+        static = start_static_upstream(procs, tmp)
         targets = {}
         for variant, spec in specs.items():
             policies = tmp / f"{variant}-policies"
@@ -1078,15 +1086,7 @@ def workers_compare(args: argparse.Namespace) -> int:
     rows: list[dict] = []
     try:
         lua = write_wrk_script(tmp / "chat.lua", API_KEY)
-        static = start_nginx(
-            procs,
-            tmp,
-            "static",
-            "static.conf.tmpl",
-            CHAT_COMPLETION=json.dumps(CHAT_COMPLETION, separators=(",", ":")),
-            MODELS=json.dumps(MODELS, separators=(",", ":")),
-        )
-        wait_http(static, "/v1/models", 15)
+        static = start_static_upstream(procs, tmp)
         for pid in tree_pids(static.proc.pid):
             subprocess.run(["taskset", "-a", "-p", "-c", args.load_cpus, str(pid)], check=True, capture_output=True)
         for workers in COMPARED_WORKERS:
@@ -1260,15 +1260,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         lua = write_wrk_script(tmp / "chat.lua", API_KEY)
 
-        static = start_nginx(
-            procs,
-            tmp,
-            "static",
-            "static.conf.tmpl",
-            CHAT_COMPLETION=json.dumps(CHAT_COMPLETION, separators=(",", ":")),
-            MODELS=json.dumps(MODELS, separators=(",", ":")),
-        )
-        wait_http(static, "/v1/models", 15)
+        static = start_static_upstream(procs, tmp)
         proxy = start_nginx(procs, tmp, "nginx-proxy", "proxy.conf.tmpl", UPSTREAM_PORT=static.port)
         wait_http(proxy, "/v1/models", 15)
 
