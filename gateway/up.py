@@ -21,6 +21,7 @@ from typing import Literal
 
 import httpx
 
+from gateway import child_processes
 from gateway.config import AdminConfig, GatewayConfig, ListenConfig, PoolConfig, ReplicaConfig
 
 ENGINE_START_TIMEOUT = 300.0
@@ -103,19 +104,7 @@ def _stop_engines(engines: list[subprocess.Popen]) -> None:
     meanwhile is ignored, so it cannot cut this short."""
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_IGN)
-    for engine in engines:
-        if engine.poll() is None:
-            engine.terminate()
-    deadline = time.monotonic() + ENGINE_STOP_TIMEOUT
-    for engine in engines:
-        try:
-            engine.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            log.warning(
-                "engine pid %d did not stop within %.0fs of SIGTERM: killing it", engine.pid, ENGINE_STOP_TIMEOUT
-            )
-            engine.kill()
-            engine.wait()
+    child_processes.stop(engines, "engine", ENGINE_STOP_TIMEOUT)
 
 
 def _report_exit(port: int, engine: subprocess.Popen, stopping: threading.Event) -> None:

@@ -44,6 +44,7 @@ from types import FrameType
 
 from prometheus_client import multiprocess
 
+from gateway import child_processes
 from gateway.config import GatewayConfig
 from gateway.telemetry import MULTIPROCESS_DIR_ENV
 
@@ -197,19 +198,8 @@ class Supervisor:
 
     def _stop_workers(self) -> None:
         """Pass the stop signal on (SIGTERM if none came), then kill what is left after STOP_TIMEOUT."""
-        running = [w.proc for w in self.workers if w.proc is not None and w.proc.poll() is None]
-        for proc in running:
-            proc.send_signal(self.stop_signal or signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT
-        for proc in running:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning(
-                    "worker pid %d still running %.0fs after the stop signal: killing it", proc.pid, STOP_TIMEOUT
-                )
-                proc.kill()
-                proc.wait()
+        started = [w.proc for w in self.workers if w.proc is not None]
+        child_processes.stop(started, "worker", STOP_TIMEOUT, self.stop_signal or signal.SIGTERM)
         for worker in self.workers:
             if worker.proc is not None:
                 self._reap(worker)
