@@ -68,7 +68,7 @@ class KeysApi:
         at = now()
         record = KeyRecord(**settings.model_dump(), id=key_id, digest=digest_of(secret), created_at=at, updated_at=at)
         async with self.writes:
-            await self.store.put(record)
+            await self._put(record)
         return self._changed(request, "create", None, record, status=201, secret=secret)
 
     async def list_keys(self, request: Request) -> Response:
@@ -88,7 +88,7 @@ class KeysApi:
             current = before.model_dump(include=set(KeySettings.model_fields))
             settings = validated(KeySettings, {**current, **changes})
             after = before.model_copy(update={**dict(settings), "updated_at": now()})
-            await self.store.put(after)
+            await self._put(after)
         return self._changed(request, "update", before, after)
 
     async def rotate(self, request: Request) -> Response:
@@ -107,7 +107,7 @@ class KeysApi:
                     "updated_at": at,
                 }
             )
-            await self.store.put(after)
+            await self._put(after)
         return self._changed(request, "rotate", before, after, secret=secret)
 
     async def revoke(self, request: Request) -> Response:
@@ -117,8 +117,14 @@ class KeysApi:
                 return JSONResponse(before.public())
             at = now()
             after = before.model_copy(update={"revoked_at": at, "updated_at": at})
-            await self.store.put(after)
+            await self._put(after)
         return self._changed(request, "revoke", before, after)
+
+    async def _put(self, record: KeyRecord) -> None:
+        """Store a change and apply it to this instance's key ring at once: the instance that answered a revoke
+        refuses the key from its next request on; the others see it at their next poll."""
+        await self.store.put(record)
+        await self.gateway.keys.refresh()
 
     async def _record(self, request: Request) -> KeyRecord:
         key_id = request.path_params["key_id"]
