@@ -18,7 +18,7 @@ from gateway.offload import Offload
 from gateway.policy.loader import PolicySet
 from gateway.telemetry import trace_ids
 from gateway.waf import audit
-from gateway.waf.parts import RequestView
+from gateway.waf.parts import RequestView, header_text
 
 
 class WafStage:
@@ -100,7 +100,7 @@ def view_of(ctx: RequestContext, tenant: str | None, label: str | None) -> Reque
         method=scope.get("method", "POST"),
         path=raw_path.decode("latin-1"),
         query=(scope.get("query_string") or b"").decode("latin-1"),
-        headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", ())],
+        headers=[(k.decode("latin-1"), header_text(v)) for k, v in scope.get("headers", ())],
         body=ctx.body,
         payload=ctx.payload or None,  # none parsed (a passthrough route's non-JSON body): the WAF reads it raw
         route=ctx.route,

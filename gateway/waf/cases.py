@@ -37,6 +37,7 @@ class Case:
     verdict: str | None = None
     expect_ids: list[str] = field(default_factory=list)
     no_expect_ids: list[str] = field(default_factory=list)
+    given: dict[str, Any] = field(default_factory=dict)  # the stage's `input` as written
 
     @property
     def name(self) -> str:
@@ -69,6 +70,7 @@ def _case(file: str, test: dict[str, Any], index: int, stage: dict[str, Any]) ->
         verdict=output.get("verdict"),
         expect_ids=[str(i) for i in (log.get("expect_ids") or output.get("expect_ids") or [])],
         no_expect_ids=[str(i) for i in (log.get("no_expect_ids") or output.get("no_expect_ids") or [])],
+        given=given,
     )
 
 

@@ -81,7 +81,9 @@ def phrase_matcher(phrases: Sequence[str]) -> Callable[[str], tuple[int, int] | 
 def _sqli(text: str) -> int:
     """Tokens in libinjection's SQLi fingerprint, 0 when it is not SQLi. libinjection reads English words such as
     'left' or 'quarter' before a parenthesis as SQL functions; a fingerprint of nothing but words, functions,
-    brackets, numbers and commas, in a value that is mostly words, is prose, not a query."""
+    brackets, numbers and commas, in a value that is mostly words, is prose, not a query. A value opening with a
+    T-SQL statement word (WHILE, WAITFOR, EXEC) runs nothing unless a string, comment, variable or query follows it:
+    it cannot leave the application's literal without one."""
     result = libinjection.is_sql_injection(text)
     if not result["is_sqli"]:
         return 0
@@ -90,6 +92,8 @@ def _sqli(text: str) -> int:
         fingerprint = fingerprint.decode()
     if set(fingerprint) <= _PROSE_TOKENS and not _CALL.search(text) and _PROSE.search(text):
         return 0
+    if fingerprint[0] == "T" and set(fingerprint[1:]) <= _PROSE_TOKENS:
+        return 0  # a T-SQL statement word opening the value ("while (foo) is bar."), with no string, comment or query
     return len(fingerprint)
 
 

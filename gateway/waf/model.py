@@ -70,6 +70,7 @@ PLAIN_TARGETS = (
     "foreign_urls",
     "lookalike_urls",
     "param_names",
+    "multipart_names",
     "referer_site",
     # numbers
     "body_size",

@@ -24,6 +24,8 @@ Which parts hold what:
 - `lookalike_urls`: query and form arguments that are a URL borrowing the request's Host to go elsewhere: its own
   name on another port, or a host that begins with its name (example.com.evil.net).
 - `param_names`: the names of query and form arguments (not JSON keys: a link or a form can plant those).
+- `multipart_names`: the `name` and `filename` parameters of a multipart body's Content-Disposition lines, as sent
+  (quotes, semicolons and backslashes in them are where multipart parsers disagree).
 - `referer_site`: `none`, `same` (the Host or a subdomain of it) or `other`.
 - `base64`: every argument, cookie and header value that is base64 text (see `gateway/waf/decode.py`), decoded.
 """
@@ -102,6 +104,12 @@ class RequestView:
                 out = [("body", text)]
         self._form = out
         return out
+
+    def _multipart_names(self) -> list[str]:
+        if not self.body or not self.content_type().startswith("multipart/"):
+            return []
+        text = self.body.decode("utf-8", errors="replace")
+        return [a or b for line in _DISPOSITION.findall(text) for a, b in _DISPOSITION_NAME.findall(line)]
 
     def _cookies(self) -> list[tuple[str, str]]:
         if self._cookie_pairs is not None:
@@ -199,6 +207,8 @@ class RequestView:
             return [(f"arg:{k}", v, None) for k, v in self._query_args() + self._form_args() if self._foreign(v)]
         if target == "param_names":
             return [("param_names", k, None) for k, _ in self._query_args() + self._form_args()]
+        if target == "multipart_names":
+            return [("multipart_names", name, None) for name in self._multipart_names()]
         if target == "lookalike_urls":
             return [(f"arg:{k}", v, None) for k, v in self._query_args() + self._form_args() if self._lookalike(v)]
         if target == "base64":
@@ -276,6 +286,9 @@ def _header_items(name: str, value: str) -> list[str]:
 
 
 _URL_HOST = re.compile(r"(?i)[a-z][a-z0-9+.-]*://(?:[^/?#@]*@)?(\[[^\]]*\]|[^/?#:]*)(?::(\d*))?")
+
+_DISPOSITION = re.compile(r"(?im)^content-disposition:([^\r\n]*)")
+_DISPOSITION_NAME = re.compile(r'(?i)\b(?:file)?name\*?\s*=\s*(?:"([^"]*)"|([^;\s]*))')
 
 _XML_VALUES = re.compile(r'(?<==)"([^"]*)"|>([^<]+)<')
 
@@ -424,6 +437,15 @@ def _json_part(loc: Location) -> str:
 
 def _dotted(loc: Location) -> str:
     return ".".join(str(p) for p in loc)
+
+
+def header_text(raw: bytes) -> str:
+    """A header value as text: UTF-8 when it is (a cookie or Referer carrying U+2019 reads as that quote), else
+    byte for byte (latin-1), so no byte is lost or replaced."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
 
 
 def from_raw_http(method: str, uri: str, headers: list[tuple[str, str]], body: bytes, **known: Any) -> RequestView:

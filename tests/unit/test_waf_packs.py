@@ -67,6 +67,17 @@ def request(where: str, text: str) -> RequestView:
         payload["messages"][0]["content"] = "a" * int(text)
     elif where == "noua":
         headers = [(k, v) for k, v in headers if k != "user-agent"]
+    elif where == "multipart":  # the Content-Disposition parameters of a one-part multipart body
+        body = f"--b\r\nContent-Disposition: form-data; {text}\r\n\r\nv\r\n--b--\r\n".encode()
+        return from_raw_http(
+            "POST", "/upload", [("host", "gw"), ("content-type", "multipart/form-data; boundary=b")], body
+        )
+    elif where == "rawbody":  # "METHOD /uri\nName: value\n\nbody": headers of the case's own and a raw body
+        head, _, raw = text.partition("\n\n")
+        line, *lines = head.split("\n")
+        method, uri = line.split(" ", 1)
+        extra = [(k.strip().lower(), v.strip()) for k, _, v in (h.partition(":") for h in lines)]
+        return from_raw_http(method, uri, [("host", "gw"), *extra], raw.encode())
     elif where == "raw":  # "METHOD /uri\nName: value\n...": a request with several headers of the case's own
         line, *lines = text.split("\n")
         method, uri = line.split(" ", 1)
@@ -89,7 +100,10 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
             ("json", "One quarter (24%) of people have had an affair and cheated on a partner at some point"),
         ],
     ),
-    "sqli-101": ([("q", "1' or 1=1")], [("q", "rock and roll")]),
+    "sqli-101": (
+        [("q", "1' or 1=1"), ("q", "1;waitfor delay '0:0:5'--")],
+        [("q", "rock and roll"), ("q", "while (foo) is bar."), ("q", "while (1) is 1")],
+    ),
     "sqli-102": ([("path", "/v1/chat/completions/1'%20or%20'a'='a")], [("path", "/v1/chat/completions")]),
     "sqli-110": ([("q", "1 UNION/**/ALL SELECT null,null")], [("q", "the union selected a leader")]),
     "sqli-120": ([("q", "x' or 'a'='a")], [("q", "x or y")]),
@@ -156,7 +170,7 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "sqli-182": ([("q", "1 order by 3--")], [("q", "in order to buy")]),
     "sqli-183": (
         [("q", "1 /*!50000union*/ select"), ("q", "select 0x616263"), ("q", "x=0x41414141")],
-        [("q", "a /* comment */ b"), ("q", "http:0xABCDEF")],
+        [("q", "a /* comment */ b"), ("q", "http:0xABCDEF"), ("q", "0x41414141A9FEA9FE")],
     ),
     "sqli-184": (
         [("q", "a<>b"), ("q", "x rlike y"), ("q", "id != 3"), ("q", "||"), ("q", "x=||(k=!1)")],
@@ -600,7 +614,14 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
         [("h:range", "bytes=0-,5-0,5-1,5-2,5-3,5-4"), ("h:request-range", "bytes=-,")],
         [("h:range", "bytes=0-1023"), ("h:range", "bytes=0-1,5-9")],
     ),
-    "enforce-130": ([("h:proxy", "http://x.example"), ("h:request-range", "bytes=0-1")], [("h:x-proxy-id", "1")]),
+    "enforce-130": (
+        [("h:proxy", "http://x.example"), ("h:content-encoding", "gzip"), ("h:lock-token", "<opaquelocktoken:1>")],
+        [("h:x-proxy-id", "1"), ("h:accept-encoding", "gzip"), ("h:content-range", "bytes 0-1/2")],
+    ),
+    "enforce-131": (
+        [("h:request-range", "bytes=0-1"), ("h:translate", "f"), ("h:accept-charset", "utf-7")],
+        [("h:range", "bytes=0-1"), ("h:accept-language", "en")],
+    ),
     "enforce-140": (
         [("rawq", "_method=DELETE"), ("h:x-http-method-override", "PUT"), ("raw", "GET /v1/models?a=1&_method=POST")],
         [("rawq", "_method=X"), ("rawq", "x_method=delete"), ("rawq", "_method=post")],
@@ -618,6 +639,35 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
         [("ctype", "application/json; charset=UTF-8"), ("ctype", "text/plain; charset='iso-8859-15'")],
     ),
     "enforce-170": ([("h:connection", "keep-alive, close")], [("h:connection", "keep-alive")]),
+    "enforce-180": (
+        [
+            ("multipart", 'name="fi;le"'),
+            ("multipart", 'name="a"; filename="x.php\\"'),
+            ("multipart", 'name="&amp;f;x"'),
+        ],
+        [("multipart", 'name="file"; filename="report.pdf"'), ("multipart", 'name="caf&eacute;&amp;bar"')],
+    ),
+    "enforce-190": (
+        [("rawbody", 'POST /v1/chat/completions\n\n{"model": "m"}')],
+        [("rawbody", "POST /v1/chat/completions\nContent-Type: application/json\n\n{}"), ("raw", "GET /v1/models")],
+    ),
+    "enforce-200": ([("h:host", ""), ("h:host", "  ")], [("h:host", "gw.example.com:8443")]),
+    "enforce-210": (
+        [("rawq", "x=%uff0fetc"), ("path", "/v1/%uFF0E%uFF0E/x")],
+        [("rawq", "x=%25uff0f"), ("q", "uff0f")],
+    ),
+    "enforce-220": (
+        [("rawq", "x=%1G"), ("rawq", "x=%7%6F"), ("rawq", "x=abc%"), ("path", "/v1/a%zz")],
+        [("rawq", "x=%41%42"), ("rawq", "x=50%25"), ("q", "50% off")],
+    ),
+    "enforce-230": (
+        [("path", "/index.php~"), ("path", "/config.php~/x")],
+        [("path", "/v1/files/a~b"), ("path", "/~user/x")],
+    ),
+    "enforce-240": (
+        [("rawbody", "POST /x?a=%5Cu0061lert\nContent-Type: application/x-www-form-urlencoded\n\nb=1")],
+        [("json", "\\u0061 is an escape"), ("q", "u0061")],
+    ),
     # java
     "java-100": (
         [

@@ -1,14 +1,18 @@
 """Evaluation harness over ../shared/corpora/waf: the OWASP CRS regression tests and libinjection's lists, decided
 by the same WAF engine the gateway runs, on synthetic requests (no proxy in between).
 
-Mapping (see docs/benchmarks.md): each go-ftw stage's method, uri (path and query), headers and data become a
-RequestView; a body without Content-Type or form-encoded is parsed as form arguments, JSON into its leaves,
-multipart into fields, XML into attribute values and text, any other type is one argument. Only the web-attack
-packs run (not the gateway's own protocol pack, which would refuse every non-`POST /v1/...` request). An attack
-stage (go-ftw `expect_ids`) counts as caught when the WAF blocks it (anomaly score >= 5); a stage expecting no
-match (`no_expect_ids`) counts as passed when the WAF does not block it. libinjection lines are URL-encoded query
-values: `GET /?x=<line>`, sent with the User-Agent every CRS stage sends, so that a list judges its values and not the
-missing header (a request without a User-Agent scores 2 more at paranoia level 2, scanner-120).
+Mapping (see docs/benchmarks.md): each go-ftw stage is turned into the bytes go-ftw sends and passed through the
+parsers of the gateway's HTTP server (tests/waf_corpus/wire.py): a request the server refuses with 400 before the
+app sees it (an invalid method or HTTP version, a target without a path) counts as *refused*, that is blocked;
+otherwise the method, target, headers and the body as the server framed it become a RequestView; a body without
+Content-Type or form-encoded is parsed as form arguments, JSON into its leaves, multipart into fields, XML into
+attribute values and text, any other type is one argument. The web-attack packs run, and the gateway's own
+`protocol` pack without the two rules that pin its API's shape (POST, application/json), which would refuse every
+other request. An attack stage (go-ftw `expect_ids`) counts as caught when it is refused or the WAF blocks it
+(anomaly score >= 5); a stage expecting no match (`no_expect_ids`) counts as passed when it is neither.
+libinjection lines are URL-encoded query values: `GET /?x=<line>`, sent with the User-Agent every CRS stage
+sends, so that a list judges its values and not the missing header (a request without a User-Agent scores 2 more
+at paranoia level 2, scanner-120).
 
 A no-match stage only says that *its* CRS rule must stay quiet, so some carry the very payload another stage of the
 corpus expects to be caught (932230's `;cat /path/file.gz` is 932236's attack). Such a stage is *contested*: no WAF
@@ -30,15 +34,17 @@ from pathlib import Path
 
 from gateway.waf.cases import Case, load_cases
 from gateway.waf.engine import CompiledWaf
-from gateway.waf.model import WafSpec
+from gateway.waf.model import Exclusion, WafSpec
 from gateway.waf.packs import compile_waf, pack_rules
 from gateway.waf.parts import RequestView, from_raw_http
+from tests.waf_corpus.wire import served, wire_bytes
 
 CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpora" / "waf"
 CRS = CORPUS / "crs-regression-tests"
 LIBINJECTION = CORPUS / "libinjection"
 TEST_AGENT = "OWASP CRS test agent"  # go-ftw's User-Agent in every CRS stage
 WEB_PACKS = [
+    "protocol",
     "scanners",
     "protocol-attack",
     "protocol-enforcement",
@@ -62,6 +68,7 @@ class Tally:
     passed: int = 0
     uncontested: int = 0  # no-match stages whose payload is no attack stage's
     uncontested_passed: int = 0
+    refused: int = 0  # stages the HTTP server answers before the WAF runs
 
     @property
     def catch_rate(self) -> float:
@@ -76,9 +83,21 @@ class Tally:
         return self.uncontested_passed / self.uncontested if self.uncontested else float("nan")
 
 
+API_SHAPE = Exclusion(id="api-shape", rules=["protocol-100", "protocol-110"])  # POST and JSON only
+
+
 def web_waf(level: int) -> CompiledWaf:
-    spec = WafSpec(paranoia_level=level, packs=WEB_PACKS)
+    spec = WafSpec(paranoia_level=level, packs=WEB_PACKS, exclusions=[API_SHAPE])
     return compile_waf(spec, pack_rules({}), "harness")
+
+
+def as_served(case: Case) -> RequestView | None:
+    """The stage's request as the gateway's HTTP server hands it to the WAF, None when the server refuses it."""
+    request = served(wire_bytes(case.given))
+    if request is None:
+        return None
+    uri = request.path + ("?" + request.query if request.query else "")
+    return from_raw_http(request.method, uri, request.headers, request.body)
 
 
 def crs_cases() -> dict[str, list[Case]]:
@@ -90,8 +109,10 @@ def crs_cases() -> dict[str, list[Case]]:
 
 
 def payload_values(view: RequestView) -> set[str]:
-    """What a stage sends that could carry an attack: arguments and their names, cookies, Referer, User-Agent, path."""
-    values = {text.strip() for target in ("args", "args_names", "cookies") for _, text, _ in view.values(target)}
+    """What a stage sends that could carry an attack: arguments and their names, multipart field and file names,
+    cookies, Referer, User-Agent, path."""
+    targets = ("args", "args_names", "multipart_names", "cookies")
+    values = {text.strip() for target in targets for _, text, _ in view.values(target)}
     values |= {
         text.strip() for part, text, _ in view.values("headers") if part in ("header:referer", "header:user-agent")
     }
@@ -124,7 +145,9 @@ def crs_families(waf: CompiledWaf, misses: dict | None = None, only: list[str] |
             continue
         tally = out[family] = Tally()
         for case in cases:
-            blocked = waf.evaluate(case.view).blocked
+            view = as_served(case)
+            tally.refused += view is None
+            blocked = view is None or waf.evaluate(view).blocked
             if case.expect_ids:
                 tally.attacks += 1
                 tally.caught += blocked
@@ -195,19 +218,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nparanoia level {level}: {len(waf.rules)} rules, {elapsed:.1f}s")
         print(
             f"{'family':48} {'attacks':>8} {'caught':>8} {'rate':>7} {'benign':>7} {'passed':>7} {'rate':>7} "
-            f"{'uncont.':>7} {'rate':>7}"
+            f"{'uncont.':>7} {'rate':>7} {'refused':>7}"
         )
         for name, t in tallies.items():
             print(
                 f"{name:48} {t.attacks:8} {t.caught:8} {t.catch_rate:7.1%} {t.benign:7} {t.passed:7} "
-                f"{t.pass_rate:7.1%} {t.uncontested:7} {t.uncontested_pass_rate:7.1%}"
+                f"{t.pass_rate:7.1%} {t.uncontested:7} {t.uncontested_pass_rate:7.1%} {t.refused:7}"
             )
         if args.misses:
             for family, items in misses.items():
                 if args.misses in family:
                     for kind, item in items:
                         if hasattr(item, "view"):
-                            v = item.view
+                            v = as_served(item)
+                            if v is None:
+                                print(kind, item.name.rpartition("/")[2], "refused by the HTTP server")
+                                continue
                             fired = [f"{m.rule.id}@{m.hit.part}" for m in waf.evaluate(v, all_matches=True).matches]
                             print(
                                 kind,
