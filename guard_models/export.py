@@ -1,12 +1,13 @@
-"""Export a trained checkpoint to ONNX (fp32 + int8 dynamic quantization), pick the threshold on the validation
-splits with the exported int8 model (what the CPU serves), and write config.json + validation.json.
+"""Export a trained checkpoint to ONNX (fp32 + int8 dynamic quantization) with the calibration and threshold that
+crossval.py chose, and report the exported int8 model (what the CPU serves) on data it never trained on.
 
-    .bench/guard-train/venv/bin/python guard_models/export.py --checkpoint .bench/guard-train/run/epoch2 \\
-        --out guard_models/minilm-pi [--fp16]
+    .bench/guard-train/venv/bin/python guard_models/export.py --checkpoint .bench/guard-train/run/epoch2 \
+        --crossval .bench/guard-train/cv/crossval.json --out guard_models/minilm-pi [--fp16]
 
-The int8 file is the committed one; model.onnx (fp32) stays beside it under .bench unless --keep-fp32. The threshold
-maximises the worse source's F1 with each source's false-positive rate held to the targets (neuralchemy 3 %,
-S-Labs 1.5 %), penalising any excess (gateway.guard.evaluation.choose_threshold).
+The int8 file is the committed one; model.onnx (fp32) stays under --work. config.json gets `portcullis.calibration`
+and `portcullis.threshold`; crossval.json is copied beside it (the spread the threshold came with, which
+`portcullis guard eval` prints); validation.json holds the figures at that threshold on the validation splits and on
+the test part of guard_models/data/ (never trained on, never used to choose anything).
 """
 
 from __future__ import annotations
@@ -76,35 +77,36 @@ def export(checkpoint: Path, out: Path, work: Path, fp16: bool, max_length: int)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def validate(out: Path, caps: dict[str, float]) -> dict:
-    from train import load_split
+def ship(out: Path, crossval: Path) -> None:
+    """Write the cross-validated calibration and threshold into config.json, and the whole report beside it."""
+    chosen = json.loads(crossval.read_text())
+    config = json.loads((out / "config.json").read_text())
+    config["portcullis"]["calibration"] = chosen["calibration"]
+    config["portcullis"]["threshold"] = chosen["threshold"]
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    shutil.copy(crossval, out / "crossval.json")
 
-    from gateway.guard.evaluation import choose_threshold, metrics
+
+def validate(out: Path) -> dict:
+    from train import load_split, load_written
+
+    from gateway.guard.evaluation import metrics
     from gateway.guard.model import load_model
 
     model = load_model(out, device="cpu", precision="int8")
-    rows = load_split("validation")
+    rows = load_split("validation") + load_written("test")
     started = time.perf_counter()
     scores = model.score_texts([r["text"] for r in rows], window=model.max_length, stride=32)
     elapsed = time.perf_counter() - started
-    groups = {}
-    for source in ("neuralchemy", "s-labs"):
-        idx = [i for i, r in enumerate(rows) if r["source"] == source]
-        groups[source] = ([rows[i]["label"] for i in idx], [scores[i] for i in idx])
-    threshold = choose_threshold(groups, caps)
-    report = {
-        "model": "model_int8.onnx",
-        "threshold": threshold,
-        "fpr_caps": caps,
-        "seconds": round(elapsed, 1),
-        "sources": {},
+    report: dict = {"model": "model_int8.onnx", "threshold": model.threshold, "seconds": round(elapsed, 1)}
+    report["sources"] = {
+        source: metrics(
+            [r["label"] for r in rows if r["source"] == source],
+            [s for r, s in zip(rows, scores) if r["source"] == source],
+            model.threshold or 0.5,
+        )
+        for source in sorted({r["source"] for r in rows})
     }
-    for source, (labels, s) in groups.items():
-        report["sources"][source] = {"at_threshold": metrics(labels, s, threshold), "at_0.5": metrics(labels, s)}
-    report["all"] = metrics([r["label"] for r in rows], scores, threshold)
-    config = json.loads((out / "config.json").read_text())
-    config["portcullis"]["threshold"] = threshold
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "validation.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
@@ -112,18 +114,15 @@ def validate(out: Path, caps: dict[str, float]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", type=Path, required=True)
+    ap.add_argument("--crossval", type=Path, required=True, help="crossval.py's crossval.json")
     ap.add_argument("--out", type=Path, default=ROOT / "guard_models" / "minilm-pi")
     ap.add_argument("--work", type=Path, default=ROOT / ".bench" / "guard-train" / "export")
     ap.add_argument("--fp16", action="store_true", help="also write model_fp16.onnx (GPU) under --work")
     ap.add_argument("--max-length", type=int, default=128, help="the window the model was fine-tuned on")
-    ap.add_argument("--cap-neuralchemy", type=float, default=0.03)
-    ap.add_argument("--cap-s-labs", type=float, default=0.015)
-    ap.add_argument("--validate-only", action="store_true")
     args = ap.parse_args()
-    if not args.validate_only:
-        export(args.checkpoint, args.out, args.work, args.fp16, args.max_length)
-    report = validate(args.out, {"neuralchemy": args.cap_neuralchemy, "s-labs": args.cap_s_labs})
-    print(json.dumps(report, indent=2))
+    export(args.checkpoint, args.out, args.work, args.fp16, args.max_length)
+    ship(args.out, args.crossval)
+    print(json.dumps(validate(args.out), indent=2))
 
 
 if __name__ == "__main__":

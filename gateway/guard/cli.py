@@ -166,6 +166,9 @@ def _eval(args: argparse.Namespace) -> int:
                     + "\n"
                 )
     report = {"model": str(model.path), "device": model.device, **metrics(labels, scores, threshold)}
+    shipped = shipped_spread(model, threshold)
+    if shipped is not None:
+        report["crossval"] = shipped
     if args.group_column:
         groups: dict[str, list[int]] = {}
         for i, row in enumerate(rows):
@@ -176,3 +179,23 @@ def _eval(args: argparse.Namespace) -> int:
         }
     print(json.dumps(report, indent=2))
     return 0
+
+
+def shipped_spread(model: GuardModel, threshold: float) -> dict | None:
+    """The model card's cross-validated figures at its shipped threshold (mean, spread over folds and seeds), for
+    comparison with your own data's; None for a folder without crossval.json or when another threshold is used."""
+    path = model.folder / "crossval.json"
+    if not path.is_file():
+        return None
+    try:
+        chosen = json.loads(path.read_text())
+        if chosen["threshold"] != threshold:
+            return None
+        return {
+            "threshold": chosen["threshold"],
+            "folds": chosen["folds"],
+            "seeds": chosen["seeds"],
+            "out_of_fold": {group: figures["spread"] for group, figures in chosen["out_of_fold"].items()},
+        }
+    except (ValueError, KeyError, TypeError):
+        return None

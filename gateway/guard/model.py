@@ -81,7 +81,8 @@ class GuardModel:
     pad_id: int
     input_names: list[str]
     providers: list[str]
-    threshold: float | None = None  # the model card's validation-chosen threshold, if the folder has one
+    threshold: float | None = None  # the model card's threshold, if the folder has one
+    calibration: tuple[float, float] = (1.0, 0.0)  # Platt scale and bias on the logit margin; (1, 0): softmax as is
     name: str = ""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -136,10 +137,9 @@ class GuardModel:
             feeds["token_type_ids"] = np.zeros_like(input_ids)
         feeds = {k: v for k, v in feeds.items() if k in self.input_names}
         logits = self.session.run(None, feeds)[0].astype(np.float32)
-        logits -= logits.max(axis=1, keepdims=True)
-        probs = np.exp(logits)
-        probs /= probs.sum(axis=1, keepdims=True)
-        return probs[:, self.malicious].sum(axis=1)
+        scale, bias = self.calibration
+        margin = malicious_margin(logits, self.malicious)
+        return 1.0 / (1.0 + np.exp(-(scale * margin + bias)))
 
     def score_texts(
         self, texts: list[str], window: int | None = None, stride: int = 32, batch_size: int = 32
@@ -155,6 +155,13 @@ class GuardModel:
                 i = flat[k][0]
                 scores[i] = max(scores[i], float(s))
         return scores
+
+
+def malicious_margin(logits: np.ndarray, malicious: list[int]) -> np.ndarray:
+    """log P(malicious) - log P(benign) per row: the logit the calibration scales. With no calibration its sigmoid
+    is the softmax mass of the malicious labels, so uncalibrated third-party models score exactly as before."""
+    benign = [i for i in range(logits.shape[1]) if i not in malicious]
+    return np.logaddexp.reduce(logits[:, malicious], axis=1) - np.logaddexp.reduce(logits[:, benign], axis=1)
 
 
 def load_model(
@@ -237,6 +244,7 @@ def load_model(
         input_names=[i.name for i in session.get_inputs()],
         providers=active,
         threshold=extra.get("threshold"),
+        calibration=calibration_of(extra, folder),
         name=str(extra.get("name") or folder.name),
     )
     log.info(
@@ -248,3 +256,16 @@ def load_model(
         threads or os.cpu_count(),
     )
     return model
+
+
+def calibration_of(extra: dict, folder: Path) -> tuple[float, float]:
+    """`portcullis.calibration` {"scale", "bias"} of config.json: Platt scaling fitted on held-out folds, so a
+    threshold means the same probability across retrains."""
+    calibration = extra.get("calibration") or {}
+    try:
+        scale, bias = float(calibration.get("scale", 1.0)), float(calibration.get("bias", 0.0))
+    except (TypeError, ValueError, AttributeError):
+        raise GuardModelError(f"{folder}/config.json: portcullis.calibration needs numbers scale and bias") from None
+    if not scale > 0:
+        raise GuardModelError(f"{folder}/config.json: portcullis.calibration.scale must be positive")
+    return scale, bias

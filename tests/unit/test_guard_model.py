@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -88,6 +89,35 @@ def test_any_hf_style_folder_loads_by_label_names(tmp_path: Path) -> None:
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(GuardModelError, match="malicious_labels"):
         load_model(folder, device="cpu")
+
+
+def with_calibration(tmp_path: Path, name: str, calibration: object) -> Path:
+    """A copy of the bundled model whose config.json carries `calibration` (None: none at all)."""
+    folder = tmp_path / name
+    shutil.copytree(DEFAULT_MODEL_DIR, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["portcullis"].pop("calibration", None)
+    if calibration is not None:
+        config["portcullis"]["calibration"] = calibration
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_calibration_scales_and_shifts_the_logit_margin(tmp_path: Path) -> None:
+    texts = [INJECTION, "What is the capital of France?", "debug this config: region=us-east-1"]
+    raw = load_model(with_calibration(tmp_path, "raw", None), device="cpu").score_texts(texts)
+    calibrated = load_model(
+        with_calibration(tmp_path, "calibrated", {"scale": 0.5, "bias": -1.0}), device="cpu"
+    ).score_texts(texts)
+    for p, q in zip(raw, calibrated):
+        margin = math.log(p / (1 - p))
+        assert q == pytest.approx(1 / (1 + math.exp(-(0.5 * margin - 1.0))), abs=1e-3)
+
+
+@pytest.mark.parametrize("calibration", [{"scale": 0, "bias": 0}, {"scale": "x"}, [1, 2]])
+def test_a_broken_calibration_is_named(tmp_path: Path, calibration: object) -> None:
+    with pytest.raises(GuardModelError, match="calibration"):
+        load_model(with_calibration(tmp_path, "broken", calibration), device="cpu")
 
 
 def test_missing_files_are_named(tmp_path: Path) -> None:
