@@ -1,4 +1,5 @@
-"""Values that hide a payload under base64: decoded so the rules read what the server would.
+"""Values that hide a payload under base64, whole or as a data: URI's payload: decoded so the rules read what the
+server would.
 
 A value counts as base64 text only when all of it is base64 (standard or URL-safe alphabet, padded or not), it is
 at least `MIN_LENGTH` characters long, and it decodes to UTF-8 that is mostly printable: a word, a number, a hex
@@ -19,6 +20,9 @@ MAX_LAYERS = 2
 MAX_BYTES = 64 * 1024
 PRINTABLE_SHARE = 0.9
 
+# A data: URI with a base64 payload (RFC 2397; PHP's data:// wrapper too): group 1 is everything before the payload,
+# group 2 the payload, which is read decoded like any base64 value.
+DATA_URI = re.compile(r"(data:(?://)?[\w/+.-]*(?:;[\w.=-]+)*);base64,([A-Za-z0-9+/_-]*={0,2})", re.I)
 _STANDARD = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 _URL_SAFE = re.compile(r"[A-Za-z0-9_-]+={0,2}")
 
@@ -62,7 +66,13 @@ def _layers(value: str) -> tuple[str, ...]:
 
 
 def base64_layers(value: str) -> tuple[str, ...]:
-    """Each decoded layer of a base64 value, outermost first (empty for a value that is not base64 text)."""
+    """Each decoded layer of a base64 value or of a data: URI's base64 payload, outermost first (empty for a value
+    that is neither)."""
     if len(value) < MIN_LENGTH or value[0] in " {[<\"'":
         return ()
+    if value[:5].lower() == "data:":
+        data_uri = DATA_URI.fullmatch(value.rstrip())
+        if data_uri is None:
+            return ()
+        value = data_uri.group(2)
     return _layers_of_short(value) if len(value) <= 512 else _layers(value)

@@ -41,6 +41,7 @@ Transform = Literal[
     "remove_inert_markup",
     "remove_xml_data_markup",
     "remove_string_lists",
+    "remove_data_uri_payloads",
     "trim",
 ]
 

@@ -27,7 +27,8 @@ Which parts hold what:
 - `multipart_names`: the `name` and `filename` parameters of a multipart body's Content-Disposition lines, as sent
   (quotes, semicolons and backslashes in them are where multipart parsers disagree).
 - `referer_site`: `none`, `same` (the Host or a subdomain of it) or `other`.
-- `base64`: every argument, cookie and header value that is base64 text (see `gateway/waf/decode.py`), decoded.
+- `base64`: every argument, cookie and header value that is base64 text, or a data: URI's base64 payload (see
+  `gateway/waf/decode.py`), decoded.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ import unicodedata
 from collections.abc import Callable
 from urllib.parse import unquote
 
+from gateway.waf.decode import DATA_URI
+
 _PERCENT_U = re.compile(r"%u([0-9a-fA-F]{4})")
 _WS = re.compile(r"\s+")
 _SQL_COMMENT = re.compile(r"/\*.*?(?:\*/|$)", re.S)
@@ -146,6 +148,9 @@ TRANSFORMS: dict[str, Callable[[str], str]] = {
     "remove_inert_markup": lambda v: _INERT_MARKUP.sub(" ", v) if "<" in v else v,
     "remove_xml_data_markup": remove_xml_data_markup,
     "remove_string_lists": lambda v: _STRING_LIST.sub("[]", v) if "[" in v else v,
+    # A data: URI's base64 payload dropped, its media type kept: the payload is read decoded (the `base64` part),
+    # and its `;base64,` parameter is no `; base64` command.
+    "remove_data_uri_payloads": lambda v: DATA_URI.sub(r"\1", v) if ";base64," in v else v,
     "trim": str.strip,
 }
 

@@ -52,7 +52,7 @@ def test_libinjection_attack_lists_are_caught(results):
 @pytest.mark.parametrize(
     "family, level, catch, passed",
     [
-        # the issue's targets at PL2 (>= 90% caught, >= 95% of no-match stages pass), asserted where met
+        # the targets at PL2 (>= 90% caught, >= 95% of no-match stages pass), asserted where met
         ("REQUEST-930-APPLICATION-ATTACK-LFI", 2, 0.90, 0.95),
         ("REQUEST-941-APPLICATION-ATTACK-XSS", 2, 0.946, 0.94),
         # catch target met; the no-match stages left failing are mostly attack payloads CRS labels only for a sibling
@@ -65,7 +65,7 @@ def test_libinjection_attack_lists_are_caught(results):
         ("REQUEST-932-APPLICATION-ATTACK-RCE", 1, 0.55, 0.86),
         ("REQUEST-944-APPLICATION-ATTACK-JAVA", 2, 0.99, 1.0),
         ("REQUEST-933-APPLICATION-ATTACK-PHP", 2, 0.96, 0.93),
-        ("REQUEST-934-APPLICATION-ATTACK-GENERIC", 2, 0.94, 0.86),
+        ("REQUEST-934-APPLICATION-ATTACK-GENERIC", 2, 0.949, 0.94),
         ("REQUEST-931-APPLICATION-ATTACK-RFI", 2, 0.91, 1.0),
         ("REQUEST-921-PROTOCOL-ATTACK", 2, 0.93, 0.95),
         ("REQUEST-921-PROTOCOL-ATTACK", 1, 0.74, 0.95),
@@ -86,12 +86,13 @@ def test_crs_family_floors(results, family, level, catch, passed):
     "family",
     [
         "REQUEST-933-APPLICATION-ATTACK-PHP",
+        "REQUEST-934-APPLICATION-ATTACK-GENERIC",
         "REQUEST-921-PROTOCOL-ATTACK",
         "REQUEST-943-APPLICATION-ATTACK-SESSION-FIXATION",
     ],
 )
 def test_uncontested_no_match_stages_pass_at_pl2(results, family):
-    """The issue's target of 95 % of no-match stages, over those that send no other stage's attack."""
+    """The target of 95 % of no-match stages, over those that send no other stage's attack."""
     tally = results[2][family]
     assert tally.uncontested_pass_rate >= 0.95, f"passed {tally.uncontested_passed}/{tally.uncontested}"
 

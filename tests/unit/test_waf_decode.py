@@ -27,6 +27,18 @@ def test_base64_text_is_decoded_in_either_alphabet_padded_or_not(alphabet, padde
     assert base64_layers(b64(text, alphabet, padded)) == (text,)
 
 
+@pytest.mark.parametrize(
+    "prefix", ["data:text/plain;base64,", "data://text/plain;charset=utf-8;base64,", "DATA:;base64,"]
+)
+def test_a_data_uri_payload_is_decoded(prefix):
+    assert base64_layers(prefix + b64("<?php system('id'); ?>")) == ("<?php system('id'); ?>",)
+
+
+def test_a_data_uri_without_base64_text_yields_nothing():
+    assert base64_layers("data:text/plain,hello world") == ()
+    assert base64_layers("data:image/png;base64," + base64.b64encode(bytes(range(256))).decode()) == ()
+
+
 def test_two_layers_at_most():
     assert base64_layers(b64(b64("cat /etc/passwd"))) == (b64("cat /etc/passwd"), "cat /etc/passwd")
     three = b64(b64(b64("cat /etc/passwd")))

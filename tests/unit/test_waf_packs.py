@@ -292,7 +292,10 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "xss-120": ([("q", "<img src=x onerror=alert(1)>")], [("q", "<b>bold</b>")]),
     "xss-121": ([("q", '" onmouseover=alert(1) x="')], [("q", '"quoted" words')]),
     "xss-122": ([("q", " onload=alert(1)"), ("q", '"onzoom=')], [("q", "going onwards = good"), ("q", "aGk/onafe=")]),
-    "xss-130": ([("q", "jav&#x09;ascript:alert(1)")], [("q", "see the javascript docs")]),
+    "xss-130": (
+        [("q", "jav&#x09;ascript:alert(1)"), ("q", "data:text/html;base64,PGI+eDwvYj4=")],
+        [("q", "see the javascript docs"), ("q", "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAAB")],
+    ),
     "xss-131": ([("q", "ja&tab;vascript&colon;alert(1)")], [("q", "java script tutorial")]),
     "xss-192": ([("q", "(![]+[])[+!+[]]")], [("q", "a[0] + b[1]")]),
     "xss-140": (
@@ -358,8 +361,14 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "lfi-160": ([("path", "/v1/x/proc/self/environ")], [("path", "/v1/processes/1")]),
     # rce
     "rce-100": (
-        [("q", "x; cat /etc/passwd"), ("q", "a | id"), ("q", ";$a cat $a test.txt"), ("q", "a; sh$XX -c id")],
-        [("q", "cats; dogs"), ("q", "price; $5 each")],
+        [
+            ("q", "x; cat /etc/passwd"),
+            ("q", "a | id"),
+            ("q", ";$a cat $a test.txt"),
+            ("q", "a; sh$XX -c id"),
+            ("q", "data://text/plain;base64,Y2F0IC9ldGMvcGFzc3dkOyBpZA=="),  # its payload: cat /etc/passwd; id
+        ],
+        [("q", "cats; dogs"), ("q", "price; $5 each"), ("q", "data://text/plain;base64,SSBsb3ZlIFBIUAo=")],
     ),
     "rce-151": (
         [("q", "'wh'oami"), ("q", '"w"get localhost'), ("q", "x; c'a't /etc/passwd"), ("q", "'i'p a")],
@@ -485,7 +494,10 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
         ],
         [("q", "https://example.com/"), ("json", "127.0.0.1 is loopback")],
     ),
-    "generic-130": ([("q", "data:text/html,<b>x</b>")], [("q", "data: 42"), ("json", "metadata")]),
+    "generic-130": (
+        [("q", "data:text/html,<b>x</b>"), ("q", "data:text/plain;base64,SSBsb3ZlIFBIUAo=")],
+        [("q", "data: 42"), ("json", "metadata"), ("q", "data://text/plain;base64,SSBsb3ZlIFBIUAo=")],
+    ),
     "generic-140": (
         [("q", "Kernel.exec('id')"), ("json", "while(true);")],
         [("q", "while (waiting)"), ("json", "Process data")],
@@ -511,7 +523,11 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "php-130": ([("q", "$_GET['x']"), ("json", "${'sys'.'tem'}")], [("q", "$5 each"), ("json", "cost_$_total")]),
     "php-140": (
         [("q", "php://filter/convert.base64-encode/resource=index.php"), ("json", "phar://upload/x.jpg")],
-        [("q", "php is a language"), ("json", "https://x.example/a.zip")],
+        [
+            ("q", "php is a language"),
+            ("json", "https://x.example/a.zip"),
+            ("q", "data://text/plain;base64,SSBsb3ZlIFBIUAo="),
+        ],
     ),
     "php-150": (
         [("q", "system('id')"), ("json", "FOObase64_decode ($x)"), ("q", 'passthru/**/("id")')],
