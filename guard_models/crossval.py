@@ -9,9 +9,11 @@ spread over folds is thus the spread over data and seeds together. A fold alread
 folds can run as separate processes (`--fold 0 --fold 1 ...`). When every fold is scored:
 
 - calibration: Platt scaling (a scale and a bias on the logit margin) fitted on all out-of-fold margins;
-- threshold: on the calibrated out-of-fold scores, the best worst-source F1 with each source's false-positive rate
-  held under its cap (`gateway.guard.evaluation.choose_threshold`); the caps sit below the targets so that the
-  spread over folds fits under them;
+- threshold: on the calibrated out-of-fold scores of the two public sources, the best worse-source F1 with each
+  source's false-positive rate held under its cap (`gateway.guard.evaluation.choose_threshold`); the caps sit below
+  the targets so that the spread over folds fits under them. This project's written rows (hard negatives and
+  multilingual attacks) are reported at that threshold, not used to choose it: capping their false-positive rate
+  too pushed the threshold to where every source lost a tenth of its recall;
 - the figures at that threshold for every fold, with their mean, standard deviation, minimum and maximum.
 
 Everything goes to <out>/crossval.json, which export.py ships into the model's config.json.
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import statistics
 from pathlib import Path
@@ -30,17 +31,12 @@ from train import SOURCES, fine_tune, load_split, load_written, logger, parser, 
 
 from gateway.guard.evaluation import choose_threshold, metrics
 
-CAPS = {"neuralchemy": 0.025, "s-labs": 0.008, "written": 0.008}  # targets: 3 %, 1 %, 1 % on unseen data
+CAPS = {"neuralchemy": 0.025, "s-labs": 0.008}  # the targets on unseen data: 3 % and 1 %
 FIGURES = ("f1", "precision", "recall", "fpr", "roc_auc")
 
 
 def pooled() -> list[dict]:
     return load_split("train") + load_written("train")
-
-
-def source_group(row: dict) -> str:
-    """The group a row is judged in: this project's written rows (hard negatives and multilingual attacks) as one."""
-    return row["source"] if row["source"] in SOURCES else "written"
 
 
 def assign_folds(rows: list[dict], k: int, seed: int = 0) -> list[int]:
@@ -87,12 +83,13 @@ def platt(margins: list[float], labels: list[int]) -> tuple[float, float]:
 
 
 def spread(per_fold: list[dict]) -> dict:
-    """Mean, standard deviation, minimum and maximum of each figure over folds (ROC-AUC only where defined)."""
+    """Mean, standard deviation, minimum and maximum over folds of each figure that a group's labels define: all of
+    them for a group of both labels; the false-positive rate of benign rows alone, the recall of attacks alone."""
+    names = FIGURES if per_fold[0]["positives"] not in (0, per_fold[0]["n"]) else ()
+    names = names or (("recall",) if per_fold[0]["positives"] else ("fpr",))
     out = {}
-    for name in FIGURES:
+    for name in names:
         values = [m[name] for m in per_fold]
-        if any(math.isnan(v) for v in values):
-            continue
         out[name] = {
             "mean": round(statistics.fmean(values), 4),
             "std": round(statistics.stdev(values), 4) if len(values) > 1 else 0.0,
@@ -112,10 +109,10 @@ def summarize(rows: list[dict], folds: list[int], results: list[dict], out: Path
 
     groups: dict[str, tuple[list[int], list[float]]] = {}
     for i in order:
-        labels, scores = groups.setdefault(source_group(rows[i]), ([], []))
+        labels, scores = groups.setdefault(rows[i]["source"], ([], []))
         labels.append(rows[i]["label"])
         scores.append(score(held[i]))
-    threshold = choose_threshold(groups, CAPS)
+    threshold = choose_threshold({source: groups[source] for source in SOURCES}, CAPS)
 
     def figures(indices: list[int], margins: dict[int, float] | list[float], table: list[dict]) -> dict:
         return metrics([table[i]["label"] for i in indices], [score(margins[i]) for i in indices], threshold)
@@ -133,10 +130,10 @@ def summarize(rows: list[dict], folds: list[int], results: list[dict], out: Path
     }
     for group in sorted(groups):
         per_fold = [
-            figures([i for i in order if folds[i] == r["fold"] and source_group(rows[i]) == group], held, rows)
+            figures([i for i in order if folds[i] == r["fold"] and rows[i]["source"] == group], held, rows)
             for r in results
         ]
-        members = [i for i in order if source_group(rows[i]) == group]
+        members = [i for i in order if rows[i]["source"] == group]
         report["out_of_fold"][group] = {"pooled": figures(members, held, rows), "spread": spread(per_fold)}
     for source in SOURCES:
         members = [i for i, r in enumerate(validation) if r["source"] == source]

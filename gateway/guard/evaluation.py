@@ -23,7 +23,7 @@ def metrics(labels: list[int], scores: list[float], threshold: float = 0.5) -> d
         "recall": round(recall, 4),
         "fpr": round(fp / (fp + tn), 4) if fp + tn else 0.0,
         "accuracy": round((tp + tn) / len(labels), 4) if labels else 0.0,
-        "roc_auc": round(roc_auc(labels, scores), 4),
+        "roc_auc": None if math.isnan(auc := roc_auc(labels, scores)) else round(auc, 4),  # JSON has no NaN
         "tp": tp,
         "fp": fp,
         "fn": fn,
