@@ -135,11 +135,12 @@ def test_function_messages_are_scanned_and_redacted_like_tool_messages(recommend
         [
             {"role": "user", "content": BENIGN},
             call,
-            {"role": "function", "name": "lookup", "content": "Ask bob@example.org, he knows."},
+            {"role": "function", "name": "lookup", "content": "Found 1 result: Bob Smith, bob@example.org, Sales."},
         ],
     )
     assert served.status_code == 200, served.text
-    assert upstream_stats(upstream)["last_body"]["messages"][2]["content"] == "Ask [REDACTED:EMAIL], he knows."
+    redacted = upstream_stats(upstream)["last_body"]["messages"][2]["content"]
+    assert redacted == "Found 1 result: Bob Smith, [REDACTED:EMAIL], Sales."
     attack = chat(
         gw, [{"role": "user", "content": BENIGN}, call, {"role": "function", "name": "lookup", "content": INJECTION}]
     )
