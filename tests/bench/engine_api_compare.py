@@ -1,0 +1,135 @@
+"""The engine's headline table: `portcullis engine serve` and llama.cpp's native `llama-server` (parallel slots,
+continuous batching) on the same GGUF, measured the way users meet them — streamed through their OpenAI APIs with
+`portcullis bench serve`, the same request sequence against both, one cell after the other in one run.
+
+    .venv/bin/python tests/bench/engine_api_compare.py --llama-server .bench/llama-build/bin/llama-server \\
+        --compute int8 --threads 2 [--json results.json]
+
+llama-server is built from the llama.cpp sources the llama-cpp-python sdist vendors (docs/benchmarks.md, "Engine
+through its API"). Cells: 1 stream (128 tokens), 8 / 32 / 64 concurrent streams (64 tokens each), and a
+shared-prefix workload (tenants' long system prompts, multi-turn conversations). Greedy decoding, EOS ignored so
+both produce every token asked for. Both servers stay up for the whole run; the idle one costs no CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from backend_engine.config import default_model_path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# (cell name, bench serve arguments)
+CELLS = [
+    ("1 stream", ["--concurrency", "1", "--num-requests", "4", "--output-len", "128", "--input-len", "32"]),
+    ("8 streams", ["--concurrency", "8", "--num-requests", "32", "--output-len", "64", "--input-len", "32"]),
+    ("32 streams", ["--concurrency", "32", "--num-requests", "64", "--output-len", "64", "--input-len", "32"]),
+    ("64 streams", ["--concurrency", "64", "--num-requests", "128", "--output-len", "64", "--input-len", "32"]),
+    (
+        "shared prefix, 16 streams",
+        [
+            "--workload", "shared-prefix", "--concurrency", "16", "--tenants", "4", "--system-prompt-len", "600",
+            "--conversations", "16", "--turns", "3", "--user-len", "40", "--output-len", "48",
+        ],
+    ),
+]  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(name: str, url: str, proc: subprocess.Popen, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{name} exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"{name} at {url} did not come up in {timeout:.0f}s")
+
+
+def start_servers(args: argparse.Namespace, gguf: Path, logs: Path) -> tuple[dict[str, str], list[subprocess.Popen]]:
+    engine_port, llama_port = free_port(), free_port()
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "engine", "serve", "--model", str(gguf), "--port", str(engine_port)]
+        + ["--compute", args.compute, "--threads", str(args.threads), "--max-num-seqs", str(args.slots)],
+        stdout=open(logs / "engine.log", "w"),
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
+    llama = subprocess.Popen(
+        [args.llama_server, "-m", str(gguf), "--port", str(llama_port), "-t", str(args.threads)]
+        + ["-np", str(args.slots), "-c", str(args.slots * args.ctx_per_slot), "--cont-batching", "-b", "2048"],
+        stdout=open(logs / "llama-server.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
+    urls = {"portcullis": f"http://127.0.0.1:{engine_port}", "llama-server": f"http://127.0.0.1:{llama_port}"}
+    for (name, url), proc in zip(urls.items(), (engine, llama)):
+        wait_ready(name, url, proc)
+    return urls, [engine, llama]
+
+
+def run_cell(urls: dict[str, str], cell_args: list[str], out: Path) -> dict:
+    runs = [f"{name}={url}" for name, url in urls.items()]
+    command = [sys.executable, "-m", "gateway.cli", "bench", "serve", "--runs", *runs, "--ignore-eos"]
+    command += ["--temperature", "0", "--no-request-rows", "--json", str(out), *cell_args]
+    subprocess.run(command, cwd=ROOT, check=False, stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())["runs"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--llama-server", required=True, help="path to the llama-server binary")
+    ap.add_argument("--gguf", type=Path, help="default: the bundled SmolLM2-135M")
+    ap.add_argument("--compute", default="int8", choices=["int8", "float32"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--slots", type=int, default=64, help="llama-server -np and the engine's --max-num-seqs")
+    ap.add_argument("--ctx-per-slot", type=int, default=1024, help="llama-server context per slot")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    gguf = args.gguf or Path(default_model_path())
+    with tempfile.TemporaryDirectory() as tmp:
+        urls, procs = start_servers(args, gguf, Path(tmp))
+        table: dict[str, dict] = {}
+        try:
+            for name, cell_args in CELLS:
+                table[name] = run_cell(urls, cell_args, Path(tmp) / "cell.json")
+                print(
+                    f"{name}: " + ", ".join(f"{n} {r['output_throughput']:.1f} tok/s" for n, r in table[name].items())
+                )
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.wait(timeout=30)
+    print("\n| cell | " + " | ".join(f"{n}: tok/s, TTFT p50, TPOT p50" for n in urls) + " |")
+    print("|---|" + "---|" * len(urls))
+    for name, runs in table.items():
+        cells = [
+            f"{r['output_throughput']:.1f}, {r['ttft_ms']['p50']:.0f} ms, {r['tpot_ms']['p50']:.1f} ms"
+            if r.get("completed")
+            else f"failed ({r.get('errors')})"
+            for r in (runs.get(n, {}) for n in urls)
+        ]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    if args.json:
+        args.json.write_text(json.dumps(table, indent=2))
+
+
+if __name__ == "__main__":
+    main()
