@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gc
 import logging
 import time
@@ -64,6 +63,7 @@ from gateway.stages.waf import WafStage
 from gateway.telemetry import (
     Metrics,
     build_tracer_provider,
+    cached_labels,
     configured_models,
     incoming_trace,
     trace_ids,
@@ -187,9 +187,7 @@ class ProxyEndpoint:
     def __init__(self, gateway: Gateway, route: str) -> None:
         self.gateway = gateway
         self.route = route
-        self._requests = functools.lru_cache(maxsize=64)(  # by status: one child per status, looked up once
-            lambda status: gateway.metrics.requests.labels(route=route, status=str(status))
-        )
+        self._requests = cached_labels(gateway.metrics.requests)  # by route and status
         self._duration = gateway.metrics.request_duration.labels(route=route)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -265,7 +263,7 @@ class ProxyEndpoint:
 
     def _account(self, ctx: RequestContext) -> None:
         elapsed = time.perf_counter() - ctx.started
-        self._requests(ctx.status).inc()
+        self._requests(self.route, str(ctx.status)).inc()
         self._duration.observe(elapsed)
         cost = self.gateway.billing.record(ctx)
         if not self.gateway.config.telemetry.access_log:

@@ -85,8 +85,8 @@ def platt(margins: list[float], labels: list[int]) -> tuple[float, float]:
 def spread(per_fold: list[dict]) -> dict:
     """Mean, standard deviation, minimum and maximum over folds of each figure that a group's labels define: all of
     them for a group of both labels; the false-positive rate of benign rows alone, the recall of attacks alone."""
-    names = FIGURES if per_fold[0]["positives"] not in (0, per_fold[0]["n"]) else ()
-    names = names or (("recall",) if per_fold[0]["positives"] else ("fpr",))
+    positives, n = per_fold[0]["positives"], per_fold[0]["n"]
+    names = FIGURES if 0 < positives < n else ("recall",) if positives else ("fpr",)
     out = {}
     for name in names:
         values = [m[name] for m in per_fold]
