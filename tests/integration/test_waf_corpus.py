@@ -1,7 +1,7 @@
 """The WAF against ../shared/corpora/waf (OWASP CRS regression tests, libinjection lists) at paranoia levels 1 and 2.
 
 Floors are what the packs measure today (docs/benchmarks.md has every family); a rule change that loses detection
-or adds false positives fails here. Where the issue's targets are met they are asserted as such.
+or adds false positives fails here. Where the coverage targets are met they are asserted as such.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def results() -> dict[int, dict]:
 
 
 def test_libinjection_false_positive_list_passes_at_pl1(results):
-    assert results[1]["libinjection false_positives"].pass_rate >= 0.98  # the issue's target
+    assert results[1]["libinjection false_positives"].pass_rate >= 0.98  # the false-positive target
 
 
 def test_libinjection_false_positive_list_passes_at_pl2(results):
