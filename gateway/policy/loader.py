@@ -48,15 +48,19 @@ class PolicySet:
     base: Policy
     overlays: dict[str, TenantPolicy]
     version: str
-    _rate_limits: dict[str, tuple[RateLimitRule, ...]] = field(default_factory=dict, repr=False)
-    _budgets: dict[str, tuple[BudgetRule, ...]] = field(default_factory=dict, repr=False)
+    _rate_limits: dict[str | None, tuple[RateLimitRule, ...]] = field(default_factory=dict, repr=False)
+    _budgets: dict[str | None, tuple[BudgetRule, ...]] = field(default_factory=dict, repr=False)
     waf: WafSet = field(default_factory=WafSet.empty, repr=False)  # compiled once here, per tenant
     _guards: dict[str | None, GuardSpec] = field(default_factory=dict, repr=False, compare=False)
     warnings: tuple[str, ...] = ()  # rules that match every request (gateway.waf.match_all); logged, not fatal
 
     def __post_init__(self) -> None:
+        # every tenant's rules merged once here, and the base's under None for the tenants with no overlay: each
+        # request looks its rules up, none rebuilds them
         self._rate_limits.update({t: _merge(self.base.spec.rate_limits, o) for t, o in self.overlays.items()})
+        self._rate_limits[None] = tuple(self.base.spec.rate_limits)
         self._budgets.update({t: _merge_budgets(self.base.spec.budgets, o) for t, o in self.overlays.items()})
+        self._budgets[None] = tuple(self.base.spec.budgets)
 
     def admission_for(self, tenant: str | None) -> AdmissionPolicy:
         overlay = self.overlays.get(tenant) if tenant else None
@@ -81,14 +85,12 @@ class PolicySet:
         return self.waf.for_tenant(tenant)
 
     def rate_limits_for(self, tenant: str | None) -> tuple[RateLimitRule, ...]:
-        if tenant in self._rate_limits:
-            return self._rate_limits[tenant]
-        return tuple(self.base.spec.rate_limits)
+        found = self._rate_limits.get(tenant)
+        return self._rate_limits[None] if found is None else found
 
     def budgets_for(self, tenant: str | None) -> tuple[BudgetRule, ...]:
-        if tenant in self._budgets:
-            return self._budgets[tenant]
-        return tuple(self.base.spec.budgets)
+        found = self._budgets.get(tenant)
+        return self._budgets[None] if found is None else found
 
 
 def _merge(base: list[RateLimitRule], overlay: TenantPolicy) -> tuple[RateLimitRule, ...]:

@@ -3,7 +3,7 @@ ends."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from gateway.context import RequestContext
 from gateway.policy.loader import PolicySet
@@ -21,7 +21,9 @@ class RateLimitStage:
 
     async def __call__(self, ctx: RequestContext) -> None:
         policies = self._policies()
-        rules = [r for r in policies.rate_limits_for(ctx.tenant) if _applies(r, ctx)]
+        rules: Sequence[RateLimitRule] = policies.rate_limits_for(ctx.tenant)
+        if rules:
+            rules = [r for r in rules if _applies(r, ctx)]
         applied = budgets.applicable(ctx, policies.budgets_for(ctx.tenant))
         if not rules and not applied:
             return
