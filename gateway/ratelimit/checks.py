@@ -5,6 +5,7 @@ four times as much."""
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Protocol
 
 from gateway.ratelimit.gcra import Outcome
@@ -40,6 +41,9 @@ class BudgetCheck(NamedTuple):
     resets_at: float
     member: str
 
+
+# A BudgetCheck from a tuple, built in C (a NamedTuple's own __new__ is a Python call): one per budget per request.
+new_budget_check = functools.partial(tuple.__new__, BudgetCheck)
 
 Check = RateCheck | SlotCheck | BudgetCheck
 

@@ -8,6 +8,7 @@ inside Redis (tests/integration/test_gcra_parity.py holds the two to the same de
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -21,6 +22,10 @@ class Outcome(NamedTuple):
     retry_after: float  # seconds until this request would be allowed (0 when allowed)
     reset: float  # seconds until the key is back to its full burst
 
+
+# An Outcome from a tuple, built in C: a NamedTuple's own __new__ is a Python call, and the hot paths build one per
+# check per request.
+new_outcome = functools.partial(tuple.__new__, Outcome)
 
 EPSILON = 1e-9  # seconds: float rounding must not turn an exact fit into a denial, nor keep a lease past its end
 

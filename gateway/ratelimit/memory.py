@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from gateway.ratelimit.checks import BudgetCheck, Check, RateCheck, Settlement, SlotCheck
-from gateway.ratelimit.gcra import EPSILON, Outcome, gcra
+from gateway.ratelimit.gcra import EPSILON, Outcome, gcra, new_outcome
 
 _SWEEP_EVERY = 10_000
+
+# What a check would store if the whole request is allowed: (the dictionary, the key, the value).
+Writes = list[tuple[dict[Any, Any], Any, Any]]
 
 
 class MemoryBackend:
@@ -35,21 +39,23 @@ class MemoryBackend:
         self._ops += 1
         if not self._ops % _SWEEP_EVERY:
             self._sweep(now)
-        outcomes, values, allowed = [], [], True
+        # each check decides and lists what it would store (a TAT, a lease end, a budget's spend and reservation);
+        # the writes are made only if every check allowed the request
+        outcomes: list[Outcome] = []
+        writes: Writes = []
+        allowed = True
         for check in checks:  # a plain loop: every limited request runs this, and comprehensions cost frames
-            outcome, value = self._budget(check) if isinstance(check, BudgetCheck) else self._rate_or_slot(check, now)
+            if isinstance(check, BudgetCheck):
+                outcome = self._budget(check, writes)
+            elif isinstance(check, RateCheck):
+                outcome = self._rate(check, now, writes)
+            else:
+                outcome = self._slot(check, now, writes)
             outcomes.append(outcome)
-            values.append(value)
             allowed = allowed and outcome.allowed
         if allowed:
-            for check, value in zip(checks, values):
-                if isinstance(check, BudgetCheck):
-                    self._spent[check.key] = (int(value), check.resets_at)
-                    self._held[check.key, check.member] = check.cost
-                elif isinstance(check, RateCheck):
-                    self._tats[check.key] = value
-                else:
-                    self._slots[check.key][check.member] = value
+            for store, key, value in writes:
+                store[key] = value
         return outcomes
 
     def seed(self, check: BudgetCheck, spent: int) -> None:
@@ -75,36 +81,35 @@ class MemoryBackend:
                 spent, resets_at = self._spent[budget.key]
                 self._spent[budget.key] = (spent + cost - reserved, resets_at)
 
-    # Each check returns its outcome and what to store if all of the request's checks are allowed: a TAT, a lease end
-    # or a budget's new spend.
+    # Each check returns its outcome and adds to `writes` what to store if all of the request's checks are allowed.
 
-    def _rate_or_slot(self, check: Check, now: float) -> tuple[Outcome, float]:
-        if isinstance(check, RateCheck):
-            return self._rate(check, now)
-        assert isinstance(check, SlotCheck)
-        return self._slot(check, now)
-
-    def _budget(self, check: BudgetCheck) -> tuple[Outcome, float]:
+    def _budget(self, check: BudgetCheck, writes: Writes) -> Outcome:
+        key, limit, cost, resets_at, member = check
         now = self._wall_clock()
-        counted = self._spent.get(check.key)
+        counted = self._spent.get(key)
         # a period that ended is not asked for again: this is a clock at the boundary
-        spent = counted[0] if counted is not None and counted[1] > now else 0
-        reset = max(check.resets_at - now, 0.0)
-        if spent + check.cost > check.limit:
-            return Outcome(False, max(check.limit - spent, 0), reset, reset), spent
-        return Outcome(True, check.limit - spent - check.cost, 0.0, reset), spent + check.cost
+        left = limit - counted[0] if counted is not None and counted[1] > now else limit
+        reset = resets_at - now if resets_at > now else 0.0
+        if cost > left:
+            return Outcome(False, left if left > 0 else 0, reset, reset)
+        writes.append((self._spent, key, (limit - left + cost, resets_at)))
+        writes.append((self._held, (key, member), cost))
+        return new_outcome((True, left - cost, 0.0, reset))
 
-    def _rate(self, check: RateCheck, now: float) -> tuple[Outcome, float]:
-        return gcra(self._tats.get(check.key, now), now, check.interval, check.tolerance, check.cost)
+    def _rate(self, check: RateCheck, now: float, writes: Writes) -> Outcome:
+        outcome, tat = gcra(self._tats.get(check.key, now), now, check.interval, check.tolerance, check.cost)
+        writes.append((self._tats, check.key, tat))
+        return outcome
 
-    def _slot(self, check: SlotCheck, now: float) -> tuple[Outcome, float]:
+    def _slot(self, check: SlotCheck, now: float, writes: Writes) -> Outcome:
         holders = self._slots.setdefault(check.key, {})
         for member in [m for m, expiry in holders.items() if expiry <= now + EPSILON]:  # ran out: holds nothing
             del holders[member]
         if len(holders) >= check.limit:
             wait = min(holders.values()) - now
-            return Outcome(False, 0, wait, wait), now
-        return Outcome(True, check.limit - len(holders) - 1, 0.0, 0.0), now + check.lease
+            return Outcome(False, 0, wait, wait)
+        writes.append((holders, check.member, now + check.lease))
+        return Outcome(True, check.limit - len(holders) - 1, 0.0, 0.0)
 
     def _sweep(self, now: float) -> None:
         """Drop keys that are back at full capacity so memory stays bounded by active keys (every `_SWEEP_EVERY`

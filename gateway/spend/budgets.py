@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
 from gateway.policy.model import Budget, PriceTable
-from gateway.ratelimit.checks import BudgetCheck
+from gateway.ratelimit.checks import BudgetCheck, new_budget_check
 from gateway.ratelimit.gcra import Outcome
 from gateway.ratelimit.memory import MemoryBackend
 from gateway.spend.ledger import SpendLedger
@@ -142,7 +142,7 @@ def checks(applied: Sequence[AppliedBudget], ctx: RequestContext, prices: PriceT
         if not counter.start <= now < counter.end:
             counter.start, counter.end = period(budget.budget, now)
             counter.key = _key(budget.id, budget.who, int(counter.start))
-        reserved.append(BudgetCheck(counter.key, budget.limit, cost, counter.end, member))
+        reserved.append(new_budget_check((counter.key, budget.limit, cost, counter.end, member)))
     return reserved
 
 

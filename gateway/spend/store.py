@@ -47,7 +47,9 @@ def amount_text(nanos: int) -> str:
     """An amount of whole nanos as exact decimal text ('0.000016', never '1.6e-05')."""
     if nanos < 0:
         return "-" + amount_text(-nanos)
-    return f"{nanos // NANOS}.{nanos % NANOS:09d}".rstrip("0").rstrip(".")
+    digits = str(nanos).rjust(10, "0")  # a budget's header writes one per answer: slicing text beats divmod here
+    fraction = digits[-9:].rstrip("0")
+    return f"{digits[:-9]}.{fraction}" if fraction else digits[:-9]
 
 
 class SpendStore(Protocol):
