@@ -12,6 +12,7 @@ import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
@@ -82,23 +83,38 @@ class RateLimiter:
                 if not outcome.allowed and (denied is None or outcome.retry_after > denied[1].retry_after):
                     denied = rule, outcome
             headers = rate_limit_headers(list(zip(rules, limited)))
-        if reserved:
-            assert prices is not None
-            spent = outcomes[len(rules) :] if rules else outcomes
-            headers.update(budgets.headers(applied, spent, prices.currency))
-            if denied is None:  # soft thresholds for the budgets that fitted; 429 for the first that did not
-                exceeded = None
-                for budget, budget_check, outcome in zip(applied, reserved, spent):
-                    if not outcome.allowed:
-                        self._budgets_exceeded(budget.id, backend.name).inc()
-                        exceeded = exceeded or (budget, outcome)
-                    elif outcome.remaining <= budget.quiet_above:  # past a soft threshold: rarely
-                        self._thresholds.observe(budget, budget_check, outcome)
-                if exceeded is not None:
-                    raise budgets.exceeded(*exceeded, prices.currency, headers)
         if denied is not None:
             raise _too_many(*denied, headers)
+        if reserved:
+            assert prices is not None
+            self._spend(applied, reserved, outcomes[len(rules) :], backend, prices.currency, headers)
         return Grant(backend, decided, headers, reserved, prices)
+
+    def _spend(
+        self,
+        applied: Sequence[AppliedBudget],
+        reserved: Sequence[BudgetCheck],
+        outcomes: Sequence[Outcome],
+        backend: Backend,
+        currency: str,
+        headers: dict[str, str],
+    ) -> None:
+        """Refuse (429) for the first budget the request did not fit; note the soft thresholds of those it did. The
+        answer says what is left of the tightest budget once one is past its first soft threshold (and on a refusal):
+        far from it the header would tell a client nothing it acts on, and writing it costs every answer more than
+        the budget's own decision."""
+        exceeded, near = None, False
+        for budget, budget_check, outcome in zip(applied, reserved, outcomes):
+            if not outcome.allowed:
+                self._budgets_exceeded(budget.id, backend.name).inc()
+                exceeded = exceeded or (budget, outcome)
+            elif outcome.remaining <= budget.quiet_above:  # past a soft threshold: rarely
+                self._thresholds.observe(budget, budget_check, outcome)
+                near = True
+        if exceeded is not None or near:
+            headers.update(budgets.headers(applied, outcomes, currency))
+        if exceeded is not None:
+            raise budgets.exceeded(*exceeded, currency, headers)
 
     def settle(self, grant: Grant, ctx: RequestContext) -> None:
         """Reconcile token and spend reservations with what the request cost, and free concurrency slots."""
@@ -108,7 +124,7 @@ class RateLimiter:
         if grant.budgets:
             assert grant.prices is not None
             charged_cost = charge(ctx, grant.prices)
-            spend = tuple([(check, charged_cost.cost_nanos) for check in grant.budgets])
+            spend = tuple(zip(grant.budgets, repeat(charged_cost.cost_nanos)))
             if not grant.decided:  # budgets alone: nothing else to settle
                 return Settlement(spend=spend)
             prompt, completion = charged_cost.prompt, charged_cost.completion

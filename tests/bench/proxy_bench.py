@@ -17,9 +17,10 @@ chat request with an Authorization header. "Added" latency is a target's p50/p99
 
 With --keys, three more rows, access log off: the config's static key ("Portcullis, static key", the baseline), and
 a key made in the key store before the gateway starts (SQLite, then Redis on a local redis-server) with a priced
-policy and a budget rule (per tenant) no run spends; wrk sends each row's own key. The budget rows' answers must
-name their budget. --keys-pairs N alternates short c32 runs of each key-store row and the
-static-key row (A B B A ...) and reports the median RPS and CPU-per-request ratios with their quartiles.
+policy and a budget rule (per tenant) no run spends; wrk sends each row's own key. Before and after the runs, a
+request priced past the limit must be refused for the budget, saying what is left. --keys-pairs N alternates short
+c32 runs of each key-store row and the static-key row (A B B A ...) and reports the median RPS and CPU-per-request
+ratios with their quartiles.
 
 With --profile-dir, py-spy (from .bench/tools-venv, or $PY_SPY) records the access-log-on gateway during an extra
 32-connection run and the script prints a self-time summary grouped by package.
@@ -298,6 +299,10 @@ BUDGETS_POLICY = {
 }
 
 
+# output tokens whose price alone (2.0 per million) is past BUDGETS_POLICY's limit: a request that reserves them is
+# refused for its budget, and the refusal says what is left
+PROBE_MAX_TOKENS = 5 * 10**12
+
 # --keys' baseline: the same policy less the prices and budgets (not the repo's, which may gain stages meanwhile).
 NO_BUDGETS_POLICY = {**BUDGETS_POLICY, "metadata": {"name": "bench-no-budgets"}, "spec": {}}
 STATIC_KEY_ROW = "portcullis_static_key"  # --keys' baseline: the config's key
@@ -423,19 +428,23 @@ def start_redis(procs: Procs, tmp: Path) -> Service:
 
 
 def budget_left(service: Service, key: str) -> str:
-    """What one request's answer says of its tightest budget (`x-portcullis-budget`); fails when the answer names no
-    budget, i.e. the budgets are not on."""
+    """What is left of the key's tightest budget (`x-portcullis-budget`), as a refusal says it: asked with a request
+    whose output budget alone costs more than BUDGETS_POLICY's limit (answers far from a soft threshold carry no
+    budget header). Fails when the request is not refused for its budget, i.e. the budgets are not on."""
     import httpx
 
     response = httpx.post(
         f"http://127.0.0.1:{service.port}/v1/chat/completions",
-        json=REQUEST,
+        json={**REQUEST, "max_tokens": PROBE_MAX_TOKENS},
         headers={"authorization": f"Bearer {key}"},
         timeout=30,
     )
     budget = response.headers.get("x-portcullis-budget")
-    if response.status_code != 200 or budget is None:
-        raise RuntimeError(f"{service.name}: answered {response.status_code} with no budget header; budgets are not on")
+    code = response.json().get("error", {}).get("code") if response.status_code == 429 else None
+    if code != "budget_exceeded" or budget is None:
+        raise RuntimeError(
+            f"{service.name}: answered {response.status_code} to a request past its budget; budgets off?"
+        )
     return budget
 
 

@@ -144,11 +144,15 @@ def test_a_budget_survives_a_restart_with_the_embedded_store(fake_upstream, gate
         upstream.url, budget_policies(tmp_path, 0.0001), store={"sqlite_path": str(tmp_path / "spend.db")}
     )
     first = gateway(config)
-    spent = 0
+    spent, named = 0, []  # per served answer, in order: whether it named the budget
     while (response := ask(first.url)).status_code == 200:
+        named.append("x-portcullis-budget" in response.headers)
         spent += nanos(first, response)
     assert response.json()["error"]["code"] == "budget_exceeded"
     assert 0 < spent <= 100_000
+    # answers name the budget only once it is past its soft threshold (0.8): the first say nothing, the last do
+    assert not named[0] and named[-1], named
+    assert named == sorted(named), "once past the threshold, every answer says what is left"
     soft = [json.loads(line) for line in first.output().splitlines() if '"budget_soft_threshold"' in line]
     assert [(event["budget"], event["threshold"]) for event in soft] == [("team-spend", 0.8)], "once per period"
     assert 'portcullis_budget_soft_threshold_crossings_total{budget="team-spend",threshold="0.8"} 1.0' in (
