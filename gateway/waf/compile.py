@@ -12,6 +12,7 @@ import re2
 
 from gateway.waf import matchers, tautology
 from gateway.waf.model import Condition, Exclusion, SqliOptions, WafRule, WafSpec
+from gateway.waf.parts import COUNTS
 from gateway.waf.request_state import PartScan, Reading, RequestState, remember
 from gateway.waf.verdict import NOT_HIT, Hit
 
@@ -20,9 +21,7 @@ Span = tuple[int, int]
 Find = Callable[[str], Span | None]  # an operator on one transformed value: the matching span, or None
 
 # Parts that hold a number: no RE2 set reads them, their few regexes are searched directly.
-_NUMERIC_TARGETS = frozenset(
-    {"body_size", "header_count", "arg_count", "json_depth", "json_keys", "invalid_utf8", "prompt_size"}
-)
+_NUMERIC_TARGETS = frozenset(COUNTS)
 _UNKNOWN = (-1, -1, -1)  # a leaf's memory has no answer for these texts yet (None is the answer "no match")
 
 
@@ -128,6 +127,8 @@ class _Compiler:
         reading = Reading(tuple(cond.target or ()), tuple(cond.transforms))
         if cond.regex is not None:
             return self._regex(cond.regex, reading)
+        if cond.number is not None and not reading.chain and len(reading.targets) == 1 and reading.targets[0] in COUNTS:
+            return _count_leaf(reading.targets[0], matchers.numeric_test(cond.number)), None
         operator, find = _finder(cond)
         return _leaf(reading, operator, find), None
 
@@ -232,6 +233,21 @@ def _leaf(reading: Reading, operator: str, find: Find) -> Node:
         return None
 
     return scan
+
+
+def _count_leaf(target: str, holds: Callable[[float], bool]) -> Node:
+    """A `number` condition on a count (body size, header count, JSON depth): the int compared as it is, with no
+    text to make or remember unless it holds (most such rules run on every request and hold on almost none)."""
+    read = COUNTS[target]
+
+    def count(state: RequestState) -> Hit | None:
+        value = read(state.view)
+        if not holds(value):
+            return None
+        text = str(value)
+        return Hit(target, text, 0, len(text), "number", None)
+
+    return count
 
 
 def _regex_leaves(cond: Condition) -> list[tuple[tuple[str, ...], str]]:

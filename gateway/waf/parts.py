@@ -37,6 +37,7 @@ import html
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
@@ -72,12 +73,23 @@ class RequestView:
 
     # -- raw pieces -------------------------------------------------------------------------------------------
     def header(self, name: str) -> list[str]:
+        return self._header_index().get(name, [])
+
+    def _header_index(self) -> dict[str, list[str]]:
         by_name = self._headers_by_name
         if by_name is None:
             by_name = self._headers_by_name = {}
             for k, v in self.headers:
                 by_name.setdefault(k, []).append(v)
-        return by_name.get(name, [])
+        return by_name
+
+    def sources(self) -> set[str]:
+        """What the request has of the sources `part_source` names: its header names, and ARGUMENTS when it has
+        query or form arguments."""
+        out = set(self._header_index())
+        if self.query or (self.payload is None and self.body):
+            out.add(ARGUMENTS)
+        return out
 
     def content_type(self) -> str:
         values = self.header("content-type")
@@ -276,6 +288,26 @@ _OPAQUE_HEADERS = frozenset(
 )
 
 
+ARGUMENTS = "?arguments"  # not a header name: the source of the parts read from query and form arguments
+_ARGUMENT_PARTS = frozenset({"param_names", "foreign_urls", "lookalike_urls"})
+
+
+def part_source(target: str) -> str | None:
+    """The one source a part is read from, when there is one: a header's name (cookies: `cookie`; a multipart body's
+    names need its Content-Type), or ARGUMENTS. A request without that source has nothing in the part, which
+    `RequestView.sources` tells by a lookup, without extracting the part."""
+    kind, _, param = target.partition(":")
+    if kind == "header" and param:
+        return param.lower()
+    if kind == "cookie" or target in ("cookies", "cookie_names"):
+        return "cookie"
+    if target == "multipart_names":
+        return "content-type"
+    if (kind == "arg" and param) or target in _ARGUMENT_PARTS:
+        return ARGUMENTS
+    return None
+
+
 def _header_items(name: str, value: str) -> list[str]:
     """A header value as its syntax splits it: a URL and its decoded query values, or a list's items."""
     if name in ("referer", "origin"):
@@ -331,7 +363,19 @@ def _prompt_size(view: RequestView) -> int:
     return sum(len(text) for _, text, _ in view.values("prompt"))
 
 
-_SIMPLE = {
+# Parts that are a count: a `number` condition reads them as the int they are, any other operator as its text.
+COUNTS: dict[str, Callable[[RequestView], int]] = {
+    "body_size": lambda v: len(v.body),
+    "header_count": lambda v: len(v.headers),
+    "arg_count": lambda v: len(v._query_args()) + len(v._form_args()),
+    "json_depth": lambda v: v.json_shape().depth,
+    "json_keys": lambda v: len(v.json_shape().keys),
+    "invalid_utf8": _invalid_utf8,
+    "prompt_size": _prompt_size,
+}
+
+_SIMPLE: dict[str, Callable[[RequestView], object]] = {
+    **COUNTS,
     "method": lambda v: v.method,
     "path": lambda v: v.path,
     "uri": lambda v: v.path + ("?" + v.query if v.query else ""),
@@ -343,13 +387,6 @@ _SIMPLE = {
     "route": lambda v: v.route or None,
     "client_ip": lambda v: v.client_ip or None,
     "content_type": lambda v: v.content_type() or None,
-    "body_size": lambda v: len(v.body),
-    "header_count": lambda v: len(v.headers),
-    "arg_count": lambda v: len(v._query_args()) + len(v._form_args()),
-    "json_depth": lambda v: v.json_shape().depth,
-    "json_keys": lambda v: len(v.json_shape().keys),
-    "invalid_utf8": _invalid_utf8,
-    "prompt_size": _prompt_size,
     "referer_site": RequestView._referer_site,
 }
 

@@ -8,16 +8,18 @@ its leaves, its `TransformCache`): a policy reload compiles a new one and the ol
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import NamedTuple, TypeVar
 
 from gateway.waf import matchers, transforms
-from gateway.waf.parts import RequestView, Value
+from gateway.waf.parts import RequestView, Value, part_source
 
 SHORT = 256  # values up to this many characters are decided once and remembered
 CACHE_ENTRIES = 4096  # per part scan, leaf and transform chain; a full memory starts over
 _TRANSFORM_CACHED = 512  # values up to this many characters are remembered transformed
 
 NO_LEAVES: frozenset[int] = frozenset()
+_TEXT = itemgetter(1)  # a `Value`'s text
 
 _Key = TypeVar("_Key")
 _Answer = TypeVar("_Answer")
@@ -61,12 +63,14 @@ class PartScan:
     newlines. Each short value's answer is remembered, keyed by the raw text (a hit skips the transforms too), and
     so is a whole part made of them (the same JSON keys, the same arguments). A new short value that every transform
     of the part leaves as it is (request ids, trace context, tokens) reads the same through every chain: one scan of
-    a set holding all the part's regexes decides it."""
+    a set holding all the part's regexes decides it. A part read from one header (or from the arguments) is not even
+    extracted when the request lacks that `source`."""
 
-    __slots__ = ("target", "sets", "seen", "seen_parts", "every", "steps")
+    __slots__ = ("target", "source", "sets", "seen", "seen_parts", "every", "steps")
 
     def __init__(self, target: str, sets: list[tuple[tuple[str, ...], matchers.RegexSet]]) -> None:
         self.target = target
+        self.source = part_source(target)
         self.sets = sets
         self.seen: dict[str, frozenset[int]] = {}
         self.seen_parts: dict[tuple[str, ...], frozenset[int]] = {}
@@ -122,7 +126,10 @@ class RequestState:
         self.raw: dict[str, tuple[tuple[str, ...], bool]] = {}  # target -> (raw texts, whether all are short)
         self.short_raw: dict[tuple[str, ...], tuple[tuple[str, ...], ...] | None] = {}  # see short_texts
         found: set[int] = set()
+        present = view.sources()
         for scan in scans:
+            if scan.source is not None and scan.source not in present:
+                continue
             texts, short = self.part(scan.target)
             if texts:
                 hits = scan.candidates(texts, short)
@@ -134,8 +141,8 @@ class RequestState:
         """The raw texts of one part, and whether none is longer than SHORT."""
         out = self.raw.get(target)
         if out is None:
-            texts = tuple(text for _, text, _ in self.view.values(target))
-            out = self.raw[target] = (texts, all(len(text) <= SHORT for text in texts))
+            texts = tuple(map(_TEXT, self.view.values(target)))
+            out = self.raw[target] = (texts, max(map(len, texts), default=0) <= SHORT)
         return out
 
     def short_texts(self, targets: tuple[str, ...]) -> tuple[tuple[str, ...], ...] | None:
