@@ -54,14 +54,14 @@ def test_libinjection_attack_lists_are_caught(results):
     [
         # the targets at PL2 (>= 90% caught, >= 95% of no-match stages pass), asserted where met
         ("REQUEST-930-APPLICATION-ATTACK-LFI", 2, 0.90, 0.95),
-        ("REQUEST-941-APPLICATION-ATTACK-XSS", 2, 0.946, 0.94),
+        ("REQUEST-941-APPLICATION-ATTACK-XSS", 2, 0.946, 0.962),
         # catch target met; the no-match stages left failing are mostly attack payloads CRS labels only for a sibling
         # rule: regression floors (docs/benchmarks.md)
         ("REQUEST-942-APPLICATION-ATTACK-SQLI", 2, 0.928, 0.89),
         ("REQUEST-932-APPLICATION-ATTACK-RCE", 2, 0.94, 0.84),
         ("REQUEST-930-APPLICATION-ATTACK-LFI", 1, 0.90, 0.95),
         ("REQUEST-942-APPLICATION-ATTACK-SQLI", 1, 0.31, 0.94),
-        ("REQUEST-941-APPLICATION-ATTACK-XSS", 1, 0.52, 0.94),
+        ("REQUEST-941-APPLICATION-ATTACK-XSS", 1, 0.52, 0.962),
         ("REQUEST-932-APPLICATION-ATTACK-RCE", 1, 0.55, 0.86),
         ("REQUEST-944-APPLICATION-ATTACK-JAVA", 2, 0.99, 1.0),
         ("REQUEST-933-APPLICATION-ATTACK-PHP", 2, 0.96, 0.93),
@@ -70,8 +70,8 @@ def test_libinjection_attack_lists_are_caught(results):
         ("REQUEST-921-PROTOCOL-ATTACK", 2, 0.93, 0.95),
         ("REQUEST-921-PROTOCOL-ATTACK", 1, 0.74, 0.95),
         ("REQUEST-943-APPLICATION-ATTACK-SESSION-FIXATION", 2, 0.95, 1.0),
-        ("REQUEST-920-PROTOCOL-ENFORCEMENT", 2, 0.75, 0.91),
-        ("REQUEST-920-PROTOCOL-ENFORCEMENT", 1, 0.41, 0.93),
+        ("REQUEST-920-PROTOCOL-ENFORCEMENT", 2, 0.787, 0.926),
+        ("REQUEST-920-PROTOCOL-ENFORCEMENT", 1, 0.424, 0.947),
         ("REQUEST-913-SCANNER-DETECTION", 1, 1.0, 1.0),
         ("REQUEST-913-SCANNER-DETECTION", 2, 1.0, 1.0),
     ],
@@ -89,6 +89,7 @@ def test_crs_family_floors(results, family, level, catch, passed):
         "REQUEST-934-APPLICATION-ATTACK-GENERIC",
         "REQUEST-921-PROTOCOL-ATTACK",
         "REQUEST-943-APPLICATION-ATTACK-SESSION-FIXATION",
+        "REQUEST-920-PROTOCOL-ENFORCEMENT",
     ],
 )
 def test_uncontested_no_match_stages_pass_at_pl2(results, family):

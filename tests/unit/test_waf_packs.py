@@ -356,7 +356,10 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "lfi-110": ([("q", "../../etc/hosts"), ("h:x-file", "..\\..\\boot.ini")], [("q", "wait... what/why")]),
     "lfi-120": ([("q", "/etc/passwd"), ("q", "C:\\Windows\\win.ini")], [("q", "etc. and so on")]),
     "lfi-130": ([("path", "/.git/config"), ("path", "/.env")], [("path", "/.well-known/security.txt")]),
-    "lfi-140": ([("path", "/backup.sql"), ("q", "db.sql.gz")], [("path", "/v1/chat/completions")]),
+    "lfi-140": (
+        [("path", "/backup.sql"), ("q", "db.sql.gz"), ("path", "/get/dump%2Erdb")],
+        [("path", "/v1/chat/completions"), ("q", "rdb snapshots and AOF")],
+    ),
     "lfi-150": ([("q", "/etc/shadow"), ("q", "file:///etc/x")], [("q", "etc/ is a folder")]),
     "lfi-160": ([("path", "/v1/x/proc/self/environ")], [("path", "/v1/processes/1")]),
     # rce
@@ -455,7 +458,11 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "protocol-140": ([("bodysize", str(9 * 1024 * 1024))], [("bodysize", "1000")]),
     "protocol-150": ([("depth", "40")], [("depth", "5")]),
     "protocol-160": ([("keys", "10001")], [("keys", "100")]),
-    "protocol-170": ([("rawq", "x=%ff%fe")], [("rawq", "x=%C3%A9t%C3%A9")]),
+    "protocol-170": ([("rawq", "x=%ff%fe"), ("path", "/v1/%FFchat")], [("rawq", "x=%C3%A9t%C3%A9")]),
+    "protocol-175": (
+        [("rawq", "x=%c0%af"), ("rawq", "x=%E2%A3")],
+        [("rawq", "x%FD=1"), ("path", "/v1/%FFchat"), ("rawq", "x=%C3%A9t%C3%A9"), ("json", "garbled \ufffd text")],
+    ),
     "protocol-180": ([("rawq", "x=a%00b")], [("rawq", "x=a+b")]),
     "protocol-190": ([("rawq", "&".join(f"a{i}=1" for i in range(70)))], [("rawq", "a=1&b=2")]),
     "protocol-200": ([("depth", "14")], [("depth", "5")]),
@@ -643,18 +650,37 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
         [("rawq", "_method=X"), ("rawq", "x_method=delete"), ("rawq", "_method=post")],
     ),
     "enforce-150": (
-        [("ctype", "my-new-content-type"), ("ctype", "text/xml; blah"), ("ctype", "%{(#nike='multipart/form-data')")],
+        [
+            ("ctype", "my-new-content-type"),
+            ("ctype", "text/xml; blah"),
+            ("ctype", "%{(#nike='multipart/form-data')"),
+            ("ctype", "multipart/form-data; boundary=  test_data_123456"),
+        ],
         [
             ("ctype", "application/json; charset=utf-8"),
             ("ctype", "multipart/form-data; boundary=----WebKitFormBoundary7MA4YWxkTrZu0gW"),
             ("ctype", "application/*+json"),
+            ("ctype", "multipart/form-data; boundary = x"),
+            ("ctype", 'multipart/form-data; boundary="a  b"'),
         ],
     ),
     "enforce-160": (
         [("ctype", "application/json; charset=utf-7"), ("ctype", "application/json; charset=utf-8; charset=utf-7")],
         [("ctype", "application/json; charset=UTF-8"), ("ctype", "text/plain; charset='iso-8859-15'")],
     ),
+    "enforce-161": (
+        [("h:accept", "text/html;q=0.9;charset=CP1026,*/*;q=0.8"), ("h:accept", "application/json; charset=utf-16")],
+        [
+            ("h:accept", "application/json"),
+            ("h:accept", "text/html;q=0.9;charset=utf-8, *;q=0.1"),
+            ("h:accept", 'text/html;charset="windows-1252";,*/*;q=0.8'),
+        ],
+    ),
     "enforce-170": ([("h:connection", "keep-alive, close")], [("h:connection", "keep-alive")]),
+    "enforce-250": (
+        [("h:accept-encoding", ",".join(["A" * 30] * 4))],
+        [("h:accept-encoding", "gzip, deflate, br, zstd"), ("h:accept-encoding", "gzip;q=1.0, identity; q=0.5, *;q=0")],
+    ),
     "enforce-180": (
         [
             ("multipart", 'name="fi;le"'),
