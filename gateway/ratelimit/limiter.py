@@ -126,7 +126,7 @@ class RateLimiter:
             charged_cost = charge(ctx, grant.prices)
             spend = tuple(zip(grant.budgets, repeat(charged_cost.cost_nanos)))
             if not grant.decided:  # budgets alone: nothing else to settle
-                return Settlement(spend=spend)
+                return Settlement((), (), spend)
             prompt, completion = charged_cost.prompt, charged_cost.completion
         else:
             spend = ()

@@ -75,11 +75,11 @@ class MemoryBackend:
                     self._tats.pop(check.key, None)
         for slot in releases:
             self._slots.get(slot.key, {}).pop(slot.member, None)
-        for budget, cost in spend:
-            reserved = self._held.pop((budget.key, budget.member), None)
-            if reserved is not None and budget.key in self._spent:
-                spent, resets_at = self._spent[budget.key]
-                self._spent[budget.key] = (spent + cost - reserved, resets_at)
+        for (key, _, _, _, member), cost in spend:
+            reserved = self._held.pop((key, member), None)
+            counted = self._spent.get(key)
+            if reserved is not None and counted is not None:
+                self._spent[key] = (counted[0] + cost - reserved, counted[1])
 
     # Each check returns its outcome and adds to `writes` what to store if all of the request's checks are allowed.
 

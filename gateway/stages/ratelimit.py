@@ -38,7 +38,8 @@ class RateLimitStage:
             span.set_attribute("portcullis.ratelimit.remaining", [o.remaining for _, _, o in grant.decided])
             span.set_attribute("portcullis.ratelimit.backend", grant.backend.name)
         ctx.rate_limits = grant
-        ctx.response_headers.update(grant.headers)
+        if grant.headers:
+            ctx.response_headers.update(grant.headers)
 
     def settle(self, ctx: RequestContext) -> None:
         """Charge the request what it cost against its token and spend reservations, and free its slots."""
