@@ -130,7 +130,11 @@ class _Compiler:
         if cond.number is not None and not reading.chain and len(reading.targets) == 1 and reading.targets[0] in COUNTS:
             return _count_leaf(reading.targets[0], matchers.numeric_test(cond.number)), None
         operator, find = _finder(cond)
-        return _leaf(reading, operator, find), None
+        leaf = _leaf(reading, operator, find)
+        length = cond.length
+        if length is not None and not reading.chain and length.lt is None and length.le is None and length.eq is None:
+            return _longest_first(reading.targets, matchers.numeric_test(length), leaf), None
+        return leaf, None
 
     def _regex(self, pattern: str, reading: Reading) -> tuple[Node, frozenset[int] | None]:
         regex = matchers.compile_regex(pattern)
@@ -248,6 +252,20 @@ def _count_leaf(target: str, holds: Callable[[float], bool]) -> Node:
         return Hit(target, text, 0, len(text), "number", None)
 
     return count
+
+
+def _longest_first(targets: tuple[str, ...], fits: Callable[[float], bool], leaf: Node) -> Node:
+    """A minimum length on untransformed parts (a header over 8 KiB): no value fits unless the longest does, which
+    the raw texts tell without trying each value, so the leaf runs only when one may hold."""
+
+    def longest(state: RequestState) -> Hit | None:
+        for target in targets:
+            texts, _ = state.part(target)
+            if texts and fits(max(map(len, texts))):
+                return leaf(state)
+        return None
+
+    return longest
 
 
 def _regex_leaves(cond: Condition) -> list[tuple[tuple[str, ...], str]]:
