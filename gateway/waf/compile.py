@@ -23,6 +23,7 @@ Find = Callable[[str], Span | None]  # an operator on one transformed value: the
 # Parts that hold a number: no RE2 set reads them, their few regexes are searched directly.
 _NUMERIC_TARGETS = frozenset(COUNTS)
 _UNKNOWN = (-1, -1, -1)  # a leaf's memory has no answer for these texts yet (None is the answer "no match")
+_UNKNOWN_SPAN = (-1, -1)  # likewise for one text
 
 
 @dataclass(frozen=True)
@@ -213,28 +214,42 @@ def _text(value: object) -> str:
 def _leaf(reading: Reading, operator: str, find: Find) -> Node:
     """A leaf that tries `find` on each transformed value. Every operator is a pure function of the text, so when
     the parts read are all short their outcome (which value, which span) is remembered by their raw texts: the
-    same arguments, keys and headers on the next request cost one lookup."""
-    targets = reading.targets
+    same arguments, keys and headers on the next request cost one lookup, and when some of them are new (a request
+    id among the headers) each value seen before costs a lookup of its own."""
+    targets, chain = reading
     memo: dict[tuple[tuple[str, ...], ...], tuple[int, int, int] | None] = {}
+    spans: dict[str, Span | None] = {}  # short raw text -> where `find` matches it transformed
+
+    def first(state: RequestState, texts: tuple[tuple[str, ...], ...]) -> tuple[int, int, int] | None:
+        """(value index, span) of the first value `find` matches, deciding each new short text once."""
+        index = 0
+        for part_texts in texts:
+            for raw in part_texts:
+                span = spans.get(raw, _UNKNOWN_SPAN)
+                if span is _UNKNOWN_SPAN:
+                    span = find(state.transform(chain, raw))
+                    remember(spans, raw, span)
+                if span is not None:
+                    return index, span[0], span[1]
+                index += 1
+        return None
 
     def scan(state: RequestState) -> Hit | None:
         texts = state.short_texts(targets)
-        if texts is not None:
-            known = memo.get(texts, _UNKNOWN)
-            if known is None:
-                return None
-            if known is not _UNKNOWN:
-                part, text, loc = state.get(reading)[known[0]]
-                return Hit(part, text, known[1], known[2], operator, loc)
-        for i, (part, text, loc) in enumerate(state.get(reading)):
-            span = find(text)
-            if span is not None:
-                if texts is not None:
-                    remember(memo, texts, (i, span[0], span[1]))
-                return Hit(part, text, span[0], span[1], operator, loc)
-        if texts is not None:
-            remember(memo, texts, None)
-        return None
+        if texts is None:
+            for part, text, loc in state.get(reading):
+                found = find(text)
+                if found is not None:
+                    return Hit(part, text, found[0], found[1], operator, loc)
+            return None
+        known = memo.get(texts, _UNKNOWN)
+        if known is _UNKNOWN:
+            known = first(state, texts)
+            remember(memo, texts, known)
+        if known is None:
+            return None
+        part, text, loc = state.get(reading)[known[0]]
+        return Hit(part, text, known[1], known[2], operator, loc)
 
     return scan
 

@@ -167,18 +167,31 @@ class RequestState:
             self.transformed[reading] = out
         return out
 
+    def transform(self, chain: tuple[str, ...], text: str) -> str:
+        """One raw text through the chain, as `get` gives it."""
+        if not chain:
+            return text
+        cache = self._cache.for_chain(chain)
+        done = cache.get(text)
+        return done if done is not None else _through(cache, chain, text)
+
     def _one(self, target: str, chain: tuple[str, ...]) -> list[Value]:
         raw = self.view.values(target)
         if not chain or not raw:
             return raw
         cache = self._cache.for_chain(chain)
-        apply = transforms.apply
         out: list[Value] = []
         for part, text, loc in raw:
             done = cache.get(text)
             if done is None:
-                done = apply(chain, text)
-                if len(text) <= _TRANSFORM_CACHED:
-                    cache[text] = done
+                done = _through(cache, chain, text)
             out.append((part, done, loc))
         return out
+
+
+def _through(cache: dict[str, str], chain: tuple[str, ...], text: str) -> str:
+    """The text transformed, remembered in the chain's cache when it is short enough."""
+    done = transforms.apply(chain, text)
+    if len(text) <= _TRANSFORM_CACHED:
+        cache[text] = done
+    return done
