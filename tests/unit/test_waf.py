@@ -200,6 +200,58 @@ def test_regexes_over_one_part_through_different_transforms(tmp_path):
         assert fired("quiet-value") == []
 
 
+def test_parts_a_request_may_lack_are_read_whenever_it_has_them(tmp_path):
+    """A part read from one header, the cookies or the arguments is skipped for a request without them: a rule must
+    still see it in the request that has it, whatever the case of the header name the rule gives."""
+    rules = [
+        {"id": "one-header", "when": {"target": "header:X-Upload-Name", "regex": "[.]php$"}},
+        {"id": "one-cookie", "when": {"target": "cookie:session", "regex": "^admin$"}},
+        {"id": "one-argument", "when": {"target": "arg:next", "regex": "^//"}},
+        {"id": "argument-names", "when": {"target": "param_names", "regex": "^debug$"}},
+    ]
+    waf = load_policy_dir(write_policy(tmp_path, {"rules": rules})).waf_for(None)
+
+    def fired(headers=(), query="", form: bytes | None = None) -> list[str]:
+        view = chat(query=query)
+        view.headers = [*view.headers, *headers]
+        if form is not None:
+            view.payload, view.body = None, form
+            view.headers = [(k, v) for k, v in view.headers if k != "content-type"]
+            view.headers.append(("content-type", "application/x-www-form-urlencoded"))
+        return waf.evaluate(view, all_matches=True).rule_ids
+
+    for _ in range(2):  # fresh and remembered
+        assert fired() == []
+        assert fired([("x-upload-name", "shell.php")]) == ["one-header"]
+        assert fired([("cookie", "theme=dark; session=admin")]) == ["one-cookie"]
+        assert fired(query="next=//evil.example") == ["one-argument"]
+        assert fired(form=b"debug=1&next=//evil.example") == ["one-argument", "argument-names"]
+
+
+def test_a_hit_among_values_some_of_which_are_new_names_its_own_value(tmp_path):
+    """A non-regex leaf remembers each short value's outcome: when a request brings a new value next to ones seen
+    before, the hit still names the value that matched, and its span, wherever it sits."""
+    rules = [
+        {"id": "agent", "when": {"target": "headers", "phrases": ["evilbot"]}},
+        {"id": "huge", "when": {"target": ["header_names", "headers"], "length": {"gt": 300}}},
+    ]
+    waf = load_policy_dir(write_policy(tmp_path, {"rules": rules})).waf_for(None)
+
+    def hits(*extra: tuple[str, str]) -> list[tuple[str, str, str]]:
+        view = chat()
+        view.headers = [*view.headers, *extra]
+        return [(m.rule.id, m.hit.part, m.hit.matched) for m in waf.evaluate(view, all_matches=True).matches]
+
+    assert hits(("x-request-id", "1"), ("x-note", "hello")) == []
+    assert hits(("x-request-id", "2"), ("x-note", "an evilbot ran")) == [("agent", "header:x-note", "evilbot")]
+    assert hits(("x-note", "an evilbot ran"), ("x-request-id", "3")) == [("agent", "header:x-note", "evilbot")]
+    assert hits(("x-request-id", "4"), ("x-a", "evilbot"), ("x-note", "an evilbot ran")) == [
+        ("agent", "header:x-a", "evilbot")
+    ]
+    assert hits(("x-request-id", "5"), ("x-big", "b" * 301)) == [("huge", "header:x-big", "b" * 64)]
+    assert hits(("x-request-id", "6"), ("x-" + "n" * 300, "v")) == [("huge", "header_names", "x-" + "n" * 62)]
+
+
 def test_a_reloaded_policy_remembers_nothing_of_the_old_one(tmp_path):
     """Transformed values are remembered by the compiled policy, not by the process: a reload compiles a new one,
     which starts empty and decides alike, and the old one's memories go with it."""
