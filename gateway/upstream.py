@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import aiohttp
 import orjson
 from opentelemetry import propagate
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
+from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
 from starlette.responses import Response, StreamingResponse
 
 from gateway.apis.anthropic_chat import (
@@ -315,6 +315,10 @@ class Upstream:
             self._finish(ctx, attempt)
 
     def _start_span(self, ctx: RequestContext, pool: Pool, replica: Replica, number: int) -> Span:
+        """The attempt's client span. A request that is not sampled has no recorded children either: its attempts
+        carry the request span's context (the traceparent the upstream gets) and cost no span or attributes."""
+        if not ctx.span.is_recording():
+            return NonRecordingSpan(ctx.span.get_span_context())
         host, port = replica.address
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": ctx.operation,
