@@ -22,6 +22,7 @@ interleaved over --repeat rounds; the median round is reported.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -104,18 +105,7 @@ def next_request(source: RequestView) -> RequestView:
         ("x-request-id", f"{rid:010x}"),
         ("traceparent", f"00-{rid:032x}-{rid * 7919:016x}-01"),
     ]
-    return RequestView(
-        method=source.method,
-        path=source.path,
-        headers=headers,
-        body=source.body,
-        payload=source.payload,
-        route=source.route,
-        client_ip=source.client_ip,
-        tenant=source.tenant,
-        key_label=source.key_label,
-        model=source.model,
-    )
+    return dataclasses.replace(source, headers=headers)  # a new view: nothing extracted from the source is kept
 
 
 def warmed_up(waf, body_bytes: int) -> list[RequestView]:
