@@ -8,6 +8,7 @@ thresholds are further sections of the same spec, never a second format. The JSO
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Annotated, Any, Literal
 
@@ -135,6 +136,11 @@ class Price(_Strict):
     ] = None
     output: Annotated[float, Field(ge=0)] = 0.0
 
+    @property
+    def rates(self) -> tuple[float, float, float]:
+        """Input, cached input and output prices."""
+        return self.input, self.input if self.cached_input is None else self.cached_input, self.output
+
 
 class PriceTable(_Strict):
     """What a request costs, priced from the tokens it is charged after reconciliation (those token limits settle
@@ -147,9 +153,17 @@ class PriceTable(_Strict):
     def cost_nanos(self, model: str, prompt: int, cached: int, completion: int) -> int:
         """In whole nanos (1e-9) of the currency, rounded once per request, so spend adds up exactly; `cached` of
         the `prompt` tokens came from a prefix cache. A price per million tokens is nanos per thousand tokens."""
-        price = self.models.get(model, self.default)
-        cached_price = price.input if price.cached_input is None else price.cached_input
-        return round(((prompt - cached) * price.input + cached * cached_price + completion * price.output) * 1000)
+        rates = self._rates.get(model)
+        input_price, cached_price, output_price = self._rates[None] if rates is None else rates
+        return round(((prompt - cached) * input_price + cached * cached_price + completion * output_price) * 1000)
+
+    @functools.cached_property
+    def _rates(self) -> dict[str | None, tuple[float, float, float]]:
+        """Each model's prices (None: the default's), read once rather than from the models' fields on every
+        request, twice a request where a budget reserves."""
+        rates: dict[str | None, tuple[float, float, float]] = {m: price.rates for m, price in self.models.items()}
+        rates[None] = self.default.rates
+        return rates
 
 
 BudgetPeriod = Annotated[

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -21,8 +22,9 @@ from gateway.ratelimit.checks import Backend, BudgetCheck, Check, RateCheck, Set
 from gateway.ratelimit.failover import FailoverBackend
 from gateway.ratelimit.gcra import Outcome
 from gateway.ratelimit.headers import rate_limit_headers
+from gateway.ratelimit.memory import MemoryBackend, SpendAccount, budget_outcome
 from gateway.spend import budgets
-from gateway.spend.budgets import AppliedBudget, BudgetSeeder, SoftThresholds
+from gateway.spend.budgets import AppliedBudget, BudgetSeeder, PeriodCounter, SoftThresholds
 from gateway.spend.charge import charge, charged_tokens
 from gateway.telemetry import Metrics, cached_labels
 
@@ -36,8 +38,10 @@ class Grant:
     backend: Backend
     decided: list[tuple[RateLimitRule, Check, Outcome]]
     headers: dict[str, str]
-    budgets: list[BudgetCheck] = field(default_factory=list)
+    budgets: list[BudgetCheck] = field(default_factory=list)  # reservations a shared store holds
     prices: PriceTable | None = None  # the table the budgets reserved at: the same one settles them
+    accounts: Sequence[SpendAccount] = ()  # budgets in this process's memory: `reserved` nanos held on each
+    reserved: int = 0
 
 
 class RateLimiter:
@@ -60,56 +64,110 @@ class RateLimiter:
     ) -> Grant:
         """Decide all rules and budgets in one round trip; raise 429 if any denies."""
         checks: list[Check] = [_check(rule, ctx) for rule in rules] if rules else []
+        local = self._local
+        if applied and local is not None:
+            assert prices is not None  # budgets are priced
+            return await self._admit_in_process(ctx, rules, checks, applied, prices, local)
         reserved: list[BudgetCheck] = []
         if applied:
-            assert prices is not None  # budgets are priced
+            assert prices is not None
             reserved = budgets.checks(applied, ctx, prices)
-            if self._seeder is not None and not self._seeder.seeded(reserved):
-                await self._seeder.seed(applied, reserved)
             checks += reserved
         backend: Backend
-        if self._local is not None:
-            outcomes, backend = self._local.decide(checks), self._local
+        if local is not None:
+            outcomes, backend = local.decide(checks), local
         else:
             outcomes, backend = await self.backend.acquire(checks)
-        decided: list[tuple[RateLimitRule, Check, Outcome]] = []
-        headers: dict[str, str] = {}
-        denied = None
-        if rules:
-            limited = outcomes[: len(rules)]
-            decided = list(zip(rules, checks, limited))
-            for rule, outcome in zip(rules, limited):
-                self._decisions(rule.id, "allowed" if outcome.allowed else "limited", backend.name).inc()
-                if not outcome.allowed and (denied is None or outcome.retry_after > denied[1].retry_after):
-                    denied = rule, outcome
-            headers = rate_limit_headers(list(zip(rules, limited)))
-        if denied is not None:
-            raise _too_many(*denied, headers)
+        headers = self._rate_headers(rules, outcomes, backend.name)
         if reserved:
             assert prices is not None
-            self._spend(applied, reserved, outcomes[len(rules) :], backend, prices.currency, headers)
+            keys = [check.key for check in reserved]
+            self._spend(applied, keys, outcomes[len(rules) :], backend.name, prices.currency, headers)
+        decided = list(zip(rules, checks, outcomes)) if rules else []
         return Grant(backend, decided, headers, reserved, prices)
+
+    async def _admit_in_process(
+        self,
+        ctx: RequestContext,
+        rules: Sequence[RateLimitRule],
+        checks: list[Check],
+        applied: Sequence[AppliedBudget],
+        prices: PriceTable,
+        local: MemoryBackend,
+    ) -> Grant:
+        """Budgets in this process's memory are reserved on their accounts directly: no check and no outcome is
+        built for a budget far from its limit. They are decided first and taken in the same event-loop step as the
+        rate limits, so a request takes all of them or none."""
+        cost = budgets.reservation(ctx, prices)
+        now = time.time()
+        accounts = []
+        for budget in applied:
+            counter = budgets.current(budget, now)
+            account = local.account(counter.key)
+            if account is None:  # the period's first request here
+                account = await self._open(budget, counter, local)
+            accounts.append(account)
+        # from here to the reservations nothing waits: no other request can take what this one is decided on
+        fits = quiet = True
+        for budget, account in zip(applied, accounts):
+            left = budget.limit - account.used - cost
+            if left < 0:
+                fits = False
+            elif left <= budget.quiet_above:  # past a soft threshold: rarely
+                quiet = False
+        outcomes = local.decide(checks, commit=fits) if checks else []
+        headers = self._rate_headers(rules, outcomes, local.name)
+        if not (fits and quiet):
+            keys = [budget.counter.key for budget in applied]
+            decisions = [budget_outcome(a, budget.limit, cost, now) for budget, a in zip(applied, accounts)]
+            self._spend(applied, keys, decisions, local.name, prices.currency, headers)  # raises unless all fit
+        for account in accounts:
+            account.used += cost
+        decided = list(zip(rules, checks, outcomes)) if rules else []
+        return Grant(local, decided, headers, prices=prices, accounts=accounts, reserved=cost)
+
+    async def _open(self, budget: AppliedBudget, counter: PeriodCounter, local: MemoryBackend) -> SpendAccount:
+        if self._seeder is not None:
+            return await self._seeder.open(budget, counter)
+        return local.open_account(counter.key, counter.end)
+
+    def _rate_headers(
+        self, rules: Sequence[RateLimitRule], outcomes: Sequence[Outcome], backend: str
+    ) -> dict[str, str]:
+        """Count each rule's decision and say where the request stands; raise 429 for the rule that denied it with
+        the longest wait, if any did. (`outcomes` may go on past the rules': the budgets' follow.)"""
+        if not rules:
+            return {}
+        denied = None
+        for rule, outcome in zip(rules, outcomes):
+            self._decisions(rule.id, "allowed" if outcome.allowed else "limited", backend).inc()
+            if not outcome.allowed and (denied is None or outcome.retry_after > denied[1].retry_after):
+                denied = rule, outcome
+        headers = rate_limit_headers(list(zip(rules, outcomes)))
+        if denied is not None:
+            raise _too_many(*denied, headers)
+        return headers
 
     def _spend(
         self,
         applied: Sequence[AppliedBudget],
-        reserved: Sequence[BudgetCheck],
+        keys: Sequence[str],
         outcomes: Sequence[Outcome],
-        backend: Backend,
+        backend: str,
         currency: str,
         headers: dict[str, str],
     ) -> None:
-        """Refuse (429) for the first budget the request did not fit; note the soft thresholds of those it did. The
-        answer says what is left of the tightest budget once one is past its first soft threshold (and on a refusal):
-        far from it the header would tell a client nothing it acts on, and writing it costs every answer more than
-        the budget's own decision."""
+        """Refuse (429) for the first budget the request did not fit; note the soft thresholds of those it did
+        (`keys`: the budget periods'). The answer says what is left of the tightest budget once one is past its
+        first soft threshold (and on a refusal): far from it the header would tell a client nothing it acts on,
+        and writing it costs every answer more than the budget's own decision."""
         exceeded, near = None, False
-        for budget, budget_check, outcome in zip(applied, reserved, outcomes):
+        for budget, key, outcome in zip(applied, keys, outcomes):
             if not outcome.allowed:
-                self._budgets_exceeded(budget.id, backend.name).inc()
+                self._budgets_exceeded(budget.id, backend).inc()
                 exceeded = exceeded or (budget, outcome)
             elif outcome.remaining <= budget.quiet_above:  # past a soft threshold: rarely
-                self._thresholds.observe(budget, budget_check, outcome)
+                self._thresholds.observe(budget, key, outcome)
                 near = True
         if exceeded is not None or near:
             headers.update(budgets.headers(applied, outcomes, currency))
@@ -118,18 +176,24 @@ class RateLimiter:
 
     def settle(self, grant: Grant, ctx: RequestContext) -> None:
         """Reconcile token and spend reservations with what the request cost, and free concurrency slots."""
+        if grant.accounts:  # budgets in this process: the reservation is replaced by the cost on the spot
+            assert grant.prices is not None
+            correction = charge(ctx, grant.prices).cost_nanos - grant.reserved
+            for account in grant.accounts:
+                account.used += correction
+            if not grant.decided:
+                return
         grant.backend.settle(self._settlement(grant, ctx))
 
     def _settlement(self, grant: Grant, ctx: RequestContext) -> Settlement:
-        if grant.budgets:
-            assert grant.prices is not None
+        spend: tuple[tuple[BudgetCheck, int], ...] = ()
+        if grant.prices is not None:  # budgets: tokens as they were charged
             charged_cost = charge(ctx, grant.prices)
             spend = tuple(zip(grant.budgets, repeat(charged_cost.cost_nanos)))
             if not grant.decided:  # budgets alone: nothing else to settle
                 return Settlement((), (), spend)
             prompt, completion = charged_cost.prompt, charged_cost.completion
         else:
-            spend = ()
             prompt, completion = charged_tokens(ctx)
         adjustments, releases = [], []
         for rule, check, _ in grant.decided:

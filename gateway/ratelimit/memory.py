@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.ratelimit.checks import BudgetCheck, Check, RateCheck, Settlement, SlotCheck
@@ -13,6 +14,25 @@ _SWEEP_EVERY = 10_000
 
 # What a check would store if the whole request is allowed: (the dictionary, the key, the value).
 Writes = list[tuple[dict[Any, Any], Any, Any]]
+
+
+@dataclass(slots=True)
+class SpendAccount:
+    """A budget's spend in one period (a key of its own), the reservations of requests in flight included: what
+    the next reservation is decided against. The rate limiter reserves and settles on it directly when budgets live
+    in this process, without building a check and an outcome per request."""
+
+    used: int  # nanos
+    ends: float  # Unix seconds: the end of the period
+
+
+def budget_outcome(account: SpendAccount, limit: int, cost: int, now: float) -> Outcome:
+    """Whether `cost` more fits the budget's `limit`, what is left after it, and when the period ends."""
+    left = limit - account.used
+    reset = account.ends - now if account.ends > now else 0.0
+    if cost > left:
+        return Outcome(False, left if left > 0 else 0, reset, reset)
+    return new_outcome((True, left - cost, 0.0, reset))
 
 
 class MemoryBackend:
@@ -26,15 +46,17 @@ class MemoryBackend:
         self._wall_clock = wall_clock
         self._tats: dict[str, float] = {}
         self._slots: dict[str, dict[str, float]] = {}
-        self._spent: dict[str, tuple[int, float]] = {}  # budget key → (nanos spent or reserved, period end)
+        self._spent: dict[str, SpendAccount] = {}  # budget key → its period's account
         self._held: dict[tuple[str, str], int] = {}  # (budget key, request) → its reservation, until settled
         self._ops = 0
+        self._opened = 0  # accounts opened: every _SWEEP_EVERY, those of ended periods are dropped
 
     async def acquire(self, checks: list[Check]) -> list[Outcome]:
         return self.decide(checks)
 
-    def decide(self, checks: list[Check]) -> list[Outcome]:
-        """`acquire` without a coroutine: the rate limiter calls it directly, since nothing here waits."""
+    def decide(self, checks: list[Check], commit: bool = True) -> list[Outcome]:
+        """`acquire` without a coroutine: the rate limiter calls it directly, since nothing here waits. Without
+        `commit`, nothing is consumed even if every check allows (another part of the request was refused)."""
         now = self._clock()
         self._ops += 1
         if not self._ops % _SWEEP_EVERY:
@@ -43,10 +65,11 @@ class MemoryBackend:
         # the writes are made only if every check allowed the request
         outcomes: list[Outcome] = []
         writes: Writes = []
-        allowed = True
+        reserving: list[tuple[SpendAccount, BudgetCheck]] = []
+        allowed = commit
         for check in checks:  # a plain loop: every limited request runs this, and comprehensions cost frames
             if isinstance(check, BudgetCheck):
-                outcome = self._budget(check, writes)
+                outcome = self._budget(check, reserving)
             elif isinstance(check, RateCheck):
                 outcome = self._rate(check, now, writes)
             else:
@@ -56,12 +79,26 @@ class MemoryBackend:
         if allowed:
             for store, key, value in writes:
                 store[key] = value
+            for account, budget_check in reserving:
+                account.used += budget_check.cost
+                self._held[budget_check.key, budget_check.member] = budget_check.cost
         return outcomes
 
-    def seed(self, check: BudgetCheck, spent: int) -> None:
-        """Start a budget's period from what the spend ledger says was spent in it (after a restart); a period this
-        process already counts keeps its own count, which is the more recent."""
-        self._spent.setdefault(check.key, (spent, check.resets_at))
+    def account(self, key: str) -> SpendAccount | None:
+        """The budget period's account, if this process has one (it has none before the period's first request)."""
+        return self._spent.get(key)
+
+    def open_account(self, key: str, ends: float, spent: int = 0) -> SpendAccount:
+        """The budget period's account, opened at `spent` (what the spend ledger says was spent in it, after a
+        restart) if this process has none; a period this process already counts keeps its own count, which is the
+        more recent."""
+        account = self._spent.get(key)
+        if account is None or account.ends <= self._wall_clock():  # an ended period is not asked for again
+            account = self._spent[key] = SpendAccount(spent, ends)
+            self._opened += 1
+            if not self._opened % _SWEEP_EVERY:
+                self._sweep_accounts()
+        return account
 
     def settle(self, settlement: Settlement) -> None:
         adjustments, releases, spend = settlement
@@ -77,24 +114,18 @@ class MemoryBackend:
             self._slots.get(slot.key, {}).pop(slot.member, None)
         for (key, _, _, _, member), cost in spend:
             reserved = self._held.pop((key, member), None)
-            counted = self._spent.get(key)
-            if reserved is not None and counted is not None:
-                self._spent[key] = (counted[0] + cost - reserved, counted[1])
+            account = self._spent.get(key)
+            if reserved is not None and account is not None:
+                account.used += cost - reserved
 
     # Each check returns its outcome and adds to `writes` what to store if all of the request's checks are allowed.
 
-    def _budget(self, check: BudgetCheck, writes: Writes) -> Outcome:
-        key, limit, cost, resets_at, member = check
-        now = self._wall_clock()
-        counted = self._spent.get(key)
-        # a period that ended is not asked for again: this is a clock at the boundary
-        left = limit - counted[0] if counted is not None and counted[1] > now else limit
-        reset = resets_at - now if resets_at > now else 0.0
-        if cost > left:
-            return Outcome(False, left if left > 0 else 0, reset, reset)
-        writes.append((self._spent, key, (limit - left + cost, resets_at)))
-        writes.append((self._held, (key, member), cost))
-        return new_outcome((True, left - cost, 0.0, reset))
+    def _budget(self, check: BudgetCheck, reserving: list[tuple[SpendAccount, BudgetCheck]]) -> Outcome:
+        account = self.open_account(check.key, check.resets_at)
+        outcome = budget_outcome(account, check.limit, check.cost, self._wall_clock())
+        if outcome.allowed:
+            reserving.append((account, check))
+        return outcome
 
     def _rate(self, check: RateCheck, now: float, writes: Writes) -> Outcome:
         outcome, tat = gcra(self._tats.get(check.key, now), now, check.interval, check.tolerance, check.cost)
@@ -116,6 +147,10 @@ class MemoryBackend:
         decisions)."""
         self._tats = {k: t for k, t in self._tats.items() if t > now}
         self._slots = {k: h for k, h in self._slots.items() if any(e > now for e in h.values())}
+        self._sweep_accounts()
+
+    def _sweep_accounts(self) -> None:
+        """Drop the accounts of periods that ended, and what their requests still hold."""
         wall = self._wall_clock()
-        self._spent = {k: held for k, held in self._spent.items() if held[1] > wall}
+        self._spent = {k: account for k, account in self._spent.items() if account.ends > wall}
         self._held = {k: cost for k, cost in self._held.items() if k[0] in self._spent}

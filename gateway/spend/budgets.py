@@ -30,7 +30,7 @@ from gateway.errors import GatewayError
 from gateway.policy.model import Budget, PriceTable
 from gateway.ratelimit.checks import BudgetCheck, new_budget_check
 from gateway.ratelimit.gcra import Outcome
-from gateway.ratelimit.memory import MemoryBackend
+from gateway.ratelimit.memory import MemoryBackend, SpendAccount
 from gateway.spend.ledger import SpendLedger
 from gateway.spend.store import NANOS, amount_text
 from gateway.telemetry import Metrics
@@ -131,17 +131,28 @@ def window_seconds(text: str) -> int:
     return int(match.group(1)) * _UNIT[match.group(2)]
 
 
+def reservation(ctx: RequestContext, prices: PriceTable) -> int:
+    """The most the request can cost: its counted prompt, uncached, and its whole output budget."""
+    return prices.cost_nanos(ctx.model, ctx.prompt_tokens or 0, 0, ctx.max_tokens or 0)
+
+
+def current(budget: AppliedBudget, now: float) -> PeriodCounter:
+    """The budget's counter for the period that holds `now` (its key names the period)."""
+    counter = budget.counter
+    if not counter.start <= now < counter.end:
+        counter.start, counter.end = period(budget.budget, now)
+        counter.key = _key(budget.id, budget.who, int(counter.start))
+    return counter
+
+
 def checks(applied: Sequence[AppliedBudget], ctx: RequestContext, prices: PriceTable) -> list[BudgetCheck]:
-    """Each budget's reservation of the most the request can cost, in the period that holds now."""
-    # the most it can cost: its counted prompt, uncached, and its whole output budget
-    cost = prices.cost_nanos(ctx.model, ctx.prompt_tokens or 0, 0, ctx.max_tokens or 0)
+    """Each budget's reservation of the most the request can cost, in the period that holds now, for a shared
+    store to decide."""
+    cost = reservation(ctx, prices)
     now, member = time.time(), ctx.request_id
     reserved = []
     for budget in applied:
-        counter = budget.counter
-        if not counter.start <= now < counter.end:
-            counter.start, counter.end = period(budget.budget, now)
-            counter.key = _key(budget.id, budget.who, int(counter.start))
+        counter = current(budget, now)
         reserved.append(new_budget_check((counter.key, budget.limit, cost, counter.end, member)))
     return reserved
 
@@ -186,16 +197,17 @@ class SoftThresholds:
         self._reported: OrderedDict[str, float] = OrderedDict()  # budget key → highest threshold reported
         self._capacity = capacity
 
-    def observe(self, applied: AppliedBudget, budget_check: BudgetCheck, outcome: Outcome) -> None:
+    def observe(self, applied: AppliedBudget, key: str, outcome: Outcome) -> None:
+        """`key`: the budget period's (the threshold is reported once per period)."""
         if outcome.remaining > applied.quiet_above:  # below every threshold: the common case, decided at once
             return
-        used = 1 - outcome.remaining / budget_check.limit
+        used = 1 - outcome.remaining / applied.limit
         crossed = [t for t in applied.budget.soft if used >= t]
-        if not crossed or self._reported.get(budget_check.key, 0.0) >= max(crossed):
+        if not crossed or self._reported.get(key, 0.0) >= max(crossed):
             return
         threshold = max(crossed)
-        self._reported[budget_check.key] = threshold
-        self._reported.move_to_end(budget_check.key)
+        self._reported[key] = threshold
+        self._reported.move_to_end(key)
         if len(self._reported) > self._capacity:
             self._reported.popitem(last=False)
         self._counter.labels(budget=applied.id, threshold=f"{threshold:g}").inc()
@@ -215,42 +227,34 @@ class SoftThresholds:
         )
 
 
-_SEEDED_CAPACITY = 65536
-
-
 class BudgetSeeder:
-    """Without a shared store, starts each budget period this process has not seen from the ledger's spend."""
+    """Without a shared store, opens each budget period this process has not seen at the spend the ledger has for
+    it, so a restart does not hand the budget out again."""
 
     def __init__(self, ledger: SpendLedger, memory: MemoryBackend) -> None:
         self._ledger = ledger
         self._memory = memory
-        self._seeded: dict[str, asyncio.Future[None]] = {}
-        self._done: set[str] = set()  # the keys of `_seeded` whose seeding is over
+        self._seeding: dict[str, asyncio.Future[None]] = {}  # period key → its ledger read, while in flight
 
-    def seeded(self, checks: Sequence[BudgetCheck]) -> bool:
-        """Every period these checks count is seeded already (every request after a period's first)."""
-        for budget_check in checks:
-            if budget_check.key not in self._done:
-                return False
-        return True
-
-    async def seed(self, applied: Sequence[AppliedBudget], checks: Sequence[BudgetCheck]) -> None:
-        for budget, budget_check in zip(applied, checks):
-            done = self._seeded.get(budget_check.key)
-            if done is not None and done.done():  # every request after the period's first
-                continue
-            if done is None:
-                if len(self._seeded) >= _SEEDED_CAPACITY:  # forgetting is safe: a period counted is never re-seeded
-                    self._seeded = {key: seeding for key, seeding in self._seeded.items() if not seeding.done()}
-                    self._done.clear()
-                done = self._seeded[budget_check.key] = asyncio.get_running_loop().create_future()
-                try:
-                    start, _ = period(budget.budget, budget_check.resets_at - 1)
-                    self._memory.seed(budget_check, await self._ledger.spent(budget.scope, budget.who, start))
-                    done.set_result(None)
-                    self._done.add(budget_check.key)
-                except BaseException as exc:
-                    del self._seeded[budget_check.key]
-                    done.set_exception(exc)
-                    raise
-            await asyncio.shield(done)
+    async def open(self, budget: AppliedBudget, counter: PeriodCounter) -> SpendAccount:
+        """The period's account, read back from the ledger first if this process has none yet (the requests that
+        come meanwhile wait for the same read)."""
+        account = self._memory.account(counter.key)
+        if account is not None:
+            return account
+        seeding = self._seeding.get(counter.key)
+        if seeding is not None:
+            await asyncio.shield(seeding)
+            return self._memory.open_account(counter.key, counter.end)
+        seeding = self._seeding[counter.key] = asyncio.get_running_loop().create_future()
+        try:
+            spent = await self._ledger.spent(budget.scope, budget.who, counter.start)
+            account = self._memory.open_account(counter.key, counter.end, spent)
+            seeding.set_result(None)
+            return account
+        except BaseException as exc:
+            seeding.set_exception(exc)  # for the requests waiting on it; the next one tries again
+            seeding.exception()  # retrieved: none may be waiting
+            raise
+        finally:
+            del self._seeding[counter.key]

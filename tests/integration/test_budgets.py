@@ -7,6 +7,7 @@ fake_upstream.py, which reports 7 prompt tokens and one completion token per chu
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import json
 import random
@@ -18,10 +19,20 @@ import httpx
 import openai
 import pytest
 import yaml
+from opentelemetry.trace import INVALID_SPAN
 
+from gateway.context import RequestContext
+from gateway.errors import GatewayError
+from gateway.policy.loader import PolicySet
+from gateway.policy.model import Policy
 from gateway.ratelimit.checks import BudgetCheck, Settlement
+from gateway.ratelimit.failover import CircuitBreaker, FailoverBackend
+from gateway.ratelimit.limiter import RateLimiter
 from gateway.ratelimit.memory import MemoryBackend
 from gateway.ratelimit.redis_backend import RedisBackend
+from gateway.routing.replica import Replica
+from gateway.stages.ratelimit import RateLimitStage
+from gateway.telemetry import Metrics
 from tests.conftest import chat_body, pool
 
 KEY = "sk-budget-test"
@@ -30,6 +41,8 @@ HEADERS = {"authorization": f"Bearer {KEY}"}
 # 1 per million input tokens and 2 per million output tokens: 1,000 and 2,000 nanos a token
 PRICES = {"models": {"test-model": {"input": 1.0, "output": 2.0}}}
 NANOS = 1_000_000_000
+UPSTREAM = Replica("http://127.0.0.1:9")
+POLICY_HEAD = {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "b"}}
 
 
 def budget_policies(tmp_path, limit: float, period: str = "day") -> str:
@@ -88,6 +101,79 @@ def test_budget_backends_decide_alike(redis_server):
             await shared.aclose()
 
     asyncio.run(run())
+
+
+def test_budgets_in_process_and_in_redis_admit_alike(redis_server):
+    """The same requests, in the same order, through the rate limiter deciding in this process's memory (budgets
+    reserved on their accounts directly) and on Redis (one script decides every limit): the same ones are admitted,
+    refused for the rate limit or for the budget, with the same budget left; neither consumes anything for a
+    request it refused; and the budget ends at the same spend."""
+    spec = {
+        "prices": PRICES,
+        "budgets": [{"id": "team-spend", "key": "tenant", "limit": 0.0005, "period": "day"}],
+        "rate_limits": [{"id": "team-rph", "key": ["tenant"], "requests": {"limit": 12, "per": "1h"}}],
+    }
+    policies = PolicySet(Policy.model_validate({**POLICY_HEAD, "spec": spec}), {}, "parity")
+
+    async def run() -> None:
+        metrics = Metrics()
+        shared = RedisBackend(redis_server.url, 2.0)
+        memory = MemoryBackend()
+        stages = [
+            RateLimitStage(lambda: policies, RateLimiter(_failover(memory, metrics), metrics)),
+            RateLimitStage(lambda: policies, RateLimiter(_failover(shared, metrics), metrics)),
+        ]
+        rng = random.Random(5)
+        held: list[list[RequestContext]] = []
+        answers: list[str | None] = []
+        try:
+            for step in range(120):
+                if held and rng.random() < 0.45:
+                    ended = held.pop(rng.randrange(len(held)))
+                    prompt, completion = rng.randrange(0, 40), rng.randrange(0, (ended[0].max_tokens or 0) + 1)
+                    for stage, ctx in zip(stages, ended):
+                        ctx.status, ctx.replica = 200, UPSTREAM  # the upstream took it, and reported its usage
+                        ctx.usage.prompt_tokens, ctx.usage.completion_tokens = prompt, completion
+                        stage.settle(ctx)
+                    continue
+                prompt_tokens, max_tokens = rng.randrange(1, 60), rng.choice([5, 20, 80, 400])
+                pair: list[RequestContext] = []
+                decided: list[tuple[str | None, ...]] = []
+                for stage in stages:
+                    ctx = RequestContext(request=None, route="chat", span=INVALID_SPAN)  # type: ignore[arg-type]
+                    ctx.tenant, ctx.model = "team-a", "test-model"
+                    ctx.prompt_tokens, ctx.max_tokens = prompt_tokens, max_tokens
+                    try:
+                        await stage(ctx)
+                        decided.append(("admitted", _budget_left(ctx.response_headers)))
+                        pair.append(ctx)
+                    except GatewayError as refused:
+                        decided.append((refused.code, refused.param, _budget_left(refused.headers)))
+                assert decided[0] == decided[1], step
+                answers.append(decided[0][0])
+                if len(pair) == 2:
+                    held.append(pair)
+            for pair in held:  # the rest end without reaching an upstream: their reservations are given back
+                for stage, ctx in zip(stages, pair):
+                    stage.settle(ctx)
+        finally:
+            await shared.aclose()
+        assert {"admitted", "rate_limit_exceeded", "budget_exceeded"} <= set(answers), collections.Counter(answers)
+        [key] = redis_server.client().keys("portcullis:budget:*")
+        account = memory.account(key.decode())
+        assert account is not None and account.used == int(redis_server.client().get(key)) > 0
+
+    asyncio.run(run())
+
+
+def _failover(primary: MemoryBackend | RedisBackend, metrics: Metrics) -> FailoverBackend:
+    return FailoverBackend(primary, MemoryBackend(), False, CircuitBreaker(3, 1.0), metrics)
+
+
+def _budget_left(headers: dict[str, str]) -> str | None:
+    """What the budget header says is left (not when it resets: the two backends read different clocks)."""
+    found = headers.get("x-portcullis-budget")
+    return None if found is None else found.split("; ")[2]
 
 
 def test_two_gateways_share_a_budget_exactly(fake_upstream, gateway, redis_server, tmp_path):
@@ -188,7 +274,7 @@ def test_a_stored_key_has_its_own_budget_and_limits(fake_upstream, gateway, tmp_
     one without; the per-key billing counters name each."""
     directory = tmp_path / "key-policies"
     directory.mkdir()
-    per_key = {"id": "per-key-rpm", "key": ["api_key"], "requests": {"limit": 1, "per": "1h"}}
+    per_key = {"id": "per-key-rpm", "key": ["api_key"], "requests": {"limit": 12, "per": "1h"}}
     spec = {"prices": PRICES, "rate_limits": [per_key]}
     (directory / "base.yaml").write_text(
         yaml.safe_dump({"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "k"}, "spec": spec})
