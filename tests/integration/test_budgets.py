@@ -274,7 +274,7 @@ def test_a_stored_key_has_its_own_budget_and_limits(fake_upstream, gateway, tmp_
     one without; the per-key billing counters name each."""
     directory = tmp_path / "key-policies"
     directory.mkdir()
-    per_key = {"id": "per-key-rpm", "key": ["api_key"], "requests": {"limit": 12, "per": "1h"}}
+    per_key = {"id": "per-key-rpm", "key": ["api_key"], "requests": {"limit": 1, "per": "1h"}}
     spec = {"prices": PRICES, "rate_limits": [per_key]}
     (directory / "base.yaml").write_text(
         yaml.safe_dump({"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "k"}, "spec": spec})
