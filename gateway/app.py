@@ -151,6 +151,7 @@ class Gateway:
         await self.key_store.aclose()
         await self.pools.aclose()
         await self.guard.guard.aclose()
+        await self.billing.aclose()
         await self.spend.aclose()  # before Redis goes: it may hold the ledger
         if self.redis:
             await self.redis.aclose()
@@ -376,6 +377,7 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
         gateway.shape_gate.warm()
         gateway.reloader.start()
         gateway.spend.start()
+        gateway.billing.start()
         warming = asyncio.create_task(asyncio.to_thread(gateway.tokenize.warm))
         await asyncio.to_thread(gateway.guard.warm)  # before serving: the first guarded request must not wait
         gc.freeze()  # what start-up built lives as long as the process: the collector need not rescan it per request

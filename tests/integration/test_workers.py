@@ -144,6 +144,12 @@ def test_a_redis_rate_limit_is_exact_across_workers_and_metrics_count_every_work
     # worker 0 serves /metrics and counts what worker 1 served too
     assert metric(gateway, "portcullis_requests_total", route="chat") == 60
     assert metric(gateway, "portcullis_ratelimit_decisions_total", result="allowed", backend="redis") == 20
+    # every request is billed; each worker publishes its billing counters every second, so the scrape that worker 0
+    # answers sees worker 1's within a second or two
+    deadline = time.monotonic() + 5
+    while (billed := metric(gateway, "portcullis_billed_requests_total")) < 60 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert billed == 60
 
 
 def test_a_killed_worker_is_restarted_while_the_port_keeps_answering(processes, fake_upstream, tmp_path):
