@@ -102,8 +102,10 @@ class RateLimiter:
         now = time.time()
         accounts = []
         for budget in applied:
-            counter = budgets.current(budget, now)
-            account = local.account(counter.key)
+            counter = budget.counter
+            if not counter.start <= now < counter.end:  # a new period (or the payer's first request here)
+                counter = budgets.current(budget, now)
+            account = local.accounts.get(counter.key)
             if account is None:  # the period's first request here
                 account = await self._open(budget, counter, local)
             accounts.append(account)
@@ -115,8 +117,11 @@ class RateLimiter:
                 fits = False
             elif left <= budget.quiet_above:  # past a soft threshold: rarely
                 quiet = False
-        outcomes = local.decide(checks, commit=fits) if checks else []
-        headers = self._rate_headers(rules, outcomes, local.name)
+        outcomes: list[Outcome] = []
+        headers: dict[str, str] = {}
+        if checks:
+            outcomes = local.decide(checks, commit=fits)
+            headers = self._rate_headers(rules, outcomes, local.name)
         if not (fits and quiet):
             keys = [budget.counter.key for budget in applied]
             decisions = [budget_outcome(a, budget.limit, cost, now) for budget, a in zip(applied, accounts)]

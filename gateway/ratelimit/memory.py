@@ -46,7 +46,7 @@ class MemoryBackend:
         self._wall_clock = wall_clock
         self._tats: dict[str, float] = {}
         self._slots: dict[str, dict[str, float]] = {}
-        self._spent: dict[str, SpendAccount] = {}  # budget key → its period's account
+        self.accounts: dict[str, SpendAccount] = {}  # budget key → its period's account (read it; open_account adds)
         self._held: dict[tuple[str, str], int] = {}  # (budget key, request) → its reservation, until settled
         self._ops = 0
         self._opened = 0  # accounts opened: every _SWEEP_EVERY, those of ended periods are dropped
@@ -84,17 +84,13 @@ class MemoryBackend:
                 self._held[budget_check.key, budget_check.member] = budget_check.cost
         return outcomes
 
-    def account(self, key: str) -> SpendAccount | None:
-        """The budget period's account, if this process has one (it has none before the period's first request)."""
-        return self._spent.get(key)
-
     def open_account(self, key: str, ends: float, spent: int = 0) -> SpendAccount:
         """The budget period's account, opened at `spent` (what the spend ledger says was spent in it, after a
         restart) if this process has none; a period this process already counts keeps its own count, which is the
         more recent."""
-        account = self._spent.get(key)
+        account = self.accounts.get(key)
         if account is None or account.ends <= self._wall_clock():  # an ended period is not asked for again
-            account = self._spent[key] = SpendAccount(spent, ends)
+            account = self.accounts[key] = SpendAccount(spent, ends)
             self._opened += 1
             if not self._opened % _SWEEP_EVERY:
                 self._sweep_accounts()
@@ -114,7 +110,7 @@ class MemoryBackend:
             self._slots.get(slot.key, {}).pop(slot.member, None)
         for (key, _, _, _, member), cost in spend:
             reserved = self._held.pop((key, member), None)
-            account = self._spent.get(key)
+            account = self.accounts.get(key)
             if reserved is not None and account is not None:
                 account.used += cost - reserved
 
@@ -152,5 +148,5 @@ class MemoryBackend:
     def _sweep_accounts(self) -> None:
         """Drop the accounts of periods that ended, and what their requests still hold."""
         wall = self._wall_clock()
-        self._spent = {k: account for k, account in self._spent.items() if account.ends > wall}
-        self._held = {k: cost for k, cost in self._held.items() if k[0] in self._spent}
+        self.accounts = {k: account for k, account in self.accounts.items() if account.ends > wall}
+        self._held = {k: cost for k, cost in self._held.items() if k[0] in self.accounts}

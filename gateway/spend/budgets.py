@@ -77,8 +77,11 @@ def applicable(ctx: RequestContext, rules: Sequence) -> list[AppliedBudget]:
     applied = []
     for rule in rules:
         who = ctx.tenant if rule.key == "tenant" else ctx.key_id
-        if who:
-            applied.append(_applied_budget(rule.id, rule.key, who, rule))
+        if who:  # the built one looked up here: a call per rule per request is most of this function's cost
+            found = _applied.get((rule.id, who, id(rule)))
+            applied.append(
+                found if found is not None and found.budget is rule else _applied_budget(rule.id, rule.key, who, rule)
+            )
     if ctx.key is not None and ctx.key.budget is not None and ctx.key_id:
         applied.append(_applied_budget(KEY_BUDGET_ID, "api_key", ctx.key_id, ctx.key.budget))
     return applied
@@ -239,7 +242,7 @@ class BudgetSeeder:
     async def open(self, budget: AppliedBudget, counter: PeriodCounter) -> SpendAccount:
         """The period's account, read back from the ledger first if this process has none yet (the requests that
         come meanwhile wait for the same read)."""
-        account = self._memory.account(counter.key)
+        account = self._memory.accounts.get(counter.key)
         if account is not None:
             return account
         seeding = self._seeding.get(counter.key)

@@ -160,7 +160,7 @@ def test_budgets_in_process_and_in_redis_admit_alike(redis_server):
             await shared.aclose()
         assert {"admitted", "rate_limit_exceeded", "budget_exceeded"} <= set(answers), collections.Counter(answers)
         [key] = redis_server.client().keys("portcullis:budget:*")
-        account = memory.account(key.decode())
+        account = memory.accounts.get(key.decode())
         assert account is not None and account.used == int(redis_server.client().get(key)) > 0
 
     asyncio.run(run())
