@@ -120,7 +120,8 @@ class Gateway:
         waf = WafStage(lambda: self.policies, self.keys, self.offload)
         # without Redis, budgets live in this process: each period's past spend is read back from the ledger
         seeder = None if self.redis else BudgetSeeder(self.spend, local_limits)
-        rate_limits = RateLimitStage(lambda: self.policies, RateLimiter(limits, self.metrics, seeder))
+        self.rate_limiter = RateLimiter(limits, self.metrics, seeder)
+        rate_limits = RateLimitStage(lambda: self.policies, self.rate_limiter)
         self.fallbacks = Fallbacks(config.fallbacks, self.pools, config.models, self.metrics.fallbacks)
         self.admission = AdmissionStage(self.pools.pools, self.fallbacks, self.tracer, self.metrics)
         self.route = RouteStage()
@@ -152,6 +153,7 @@ class Gateway:
         await self.pools.aclose()
         await self.guard.guard.aclose()
         await self.billing.aclose()
+        await self.rate_limiter.aclose()  # before Redis goes: its budget slices go back there
         await self.spend.aclose()  # before Redis goes: it may hold the ledger
         if self.redis:
             await self.redis.aclose()
@@ -378,6 +380,7 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
         gateway.reloader.start()
         gateway.spend.start()
         gateway.billing.start()
+        gateway.rate_limiter.start()
         warming = asyncio.create_task(asyncio.to_thread(gateway.tokenize.warm))
         await asyncio.to_thread(gateway.guard.warm)  # before serving: the first guarded request must not wait
         gc.freeze()  # what start-up built lives as long as the process: the collector need not rescan it per request

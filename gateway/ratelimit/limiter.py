@@ -26,6 +26,7 @@ from gateway.ratelimit.memory import MemoryBackend, SpendAccount, budget_outcome
 from gateway.spend import budgets
 from gateway.spend.budgets import AppliedBudget, BudgetSeeder, PeriodCounter, SoftThresholds
 from gateway.spend.charge import charge, charged_tokens
+from gateway.spend.leases import BudgetLeases, Lease
 from gateway.telemetry import Metrics, cached_labels
 
 KEY_PREFIX = "portcullis:rl:"
@@ -41,6 +42,7 @@ class Grant:
     budgets: list[BudgetCheck] = field(default_factory=list)  # reservations a shared store holds
     prices: PriceTable | None = None  # the table the budgets reserved at: the same one settles them
     accounts: Sequence[SpendAccount] = ()  # budgets in this process's memory: `reserved` nanos held on each
+    leases: Sequence[Lease] = ()  # budgets in the shared store, reserved on slices of them: `reserved` on each
     reserved: int = 0
 
 
@@ -50,6 +52,7 @@ class RateLimiter:
         self.backend = backend
         self._local = backend.local
         self._seeder = seeder
+        self._leases = BudgetLeases(backend) if self._local is None else None
         self._thresholds = SoftThresholds(metrics)
         self._decisions = cached_labels(metrics.ratelimit_decisions)
         self._budgets_exceeded = cached_labels(metrics.budgets_exceeded)
@@ -68,6 +71,9 @@ class RateLimiter:
         if applied and local is not None:
             assert prices is not None  # budgets are priced
             return await self._admit_in_process(ctx, rules, checks, applied, prices, local)
+        if applied and not rules and self._leases is not None:
+            assert prices is not None
+            return await self._admit_on_slices(ctx, applied, prices, self._leases)
         reserved: list[BudgetCheck] = []
         if applied:
             assert prices is not None
@@ -131,6 +137,33 @@ class RateLimiter:
         decided = list(zip(rules, checks, outcomes)) if rules else []
         return Grant(local, decided, headers, prices=prices, accounts=accounts, reserved=cost)
 
+    async def _admit_on_slices(
+        self, ctx: RequestContext, applied: Sequence[AppliedBudget], prices: PriceTable, leases: BudgetLeases
+    ) -> Grant:
+        """Budgets in the shared store, and no rate limit that needs a round trip anyway: reserved on this
+        process's slices of them (gateway/spend/leases.py), so most requests do not wait for the store."""
+        cost = budgets.reservation(ctx, prices)
+        now = time.time()
+        counters = [budgets.current(budget, now) for budget in applied]
+        keys = [counter.key for counter in counters]
+        limits = [budget.limit for budget in applied]
+        taken, outcomes = await leases.reserve(keys, limits, [counter.end for counter in counters], cost)
+        headers: dict[str, str] = {}
+        backend = self.backend.primary
+        if taken is None or any(o.remaining <= b.quiet_above for b, o in zip(applied, outcomes)):
+            self._spend(applied, keys, outcomes, backend.name, prices.currency, headers)  # raises unless all fit
+        assert taken is not None  # a refusal raised
+        return Grant(backend, [], headers, prices=prices, leases=taken, reserved=cost)
+
+    def start(self) -> None:
+        if self._leases is not None:
+            self._leases.start()
+
+    async def aclose(self) -> None:
+        """Give the store back what this process's budget slices hold unused."""
+        if self._leases is not None:
+            await self._leases.aclose()
+
     async def _open(self, budget: AppliedBudget, counter: PeriodCounter, local: MemoryBackend) -> SpendAccount:
         if self._seeder is not None:
             return await self._seeder.open(budget, counter)
@@ -188,6 +221,10 @@ class RateLimiter:
                 account.used += correction
             if not grant.decided:
                 return
+        if grant.leases:  # budgets on slices: the same, on the slices (which go back to the store whole)
+            assert grant.prices is not None and self._leases is not None
+            self._leases.settle(grant.leases, charge(ctx, grant.prices).cost_nanos - grant.reserved)
+            return
         grant.backend.settle(self._settlement(grant, ctx))
 
     def _settlement(self, grant: Grant, ctx: RequestContext) -> Settlement:

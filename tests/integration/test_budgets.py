@@ -217,11 +217,40 @@ def test_two_gateways_share_a_budget_exactly(fake_upstream, gateway, redis_serve
     deadline = time.monotonic() + 5
     client = redis_server.client()
     while True:
-        counters = [int(client.get(k)) for k in client.scan_iter("portcullis:budget:*")]
+        counters = [int(client.get(k)) for k in client.scan_iter("portcullis:budget:*") if not k.endswith(b":held")]
         if counters == [spent] or time.monotonic() > deadline:
             break
         time.sleep(0.1)
     assert counters == [spent]
+
+
+def test_a_budget_far_from_its_limit_is_decided_on_slices_and_settles_exactly(
+    fake_upstream, gateway, redis_server, tmp_path
+):
+    """Far from the limit a gateway reserves on a slice of the budget it took from Redis, not a round trip a request;
+    once it is idle, the slice goes back and the counter is the sum of the settled costs."""
+    config = gateway_config(
+        fake_upstream("slices").url,
+        budget_policies(tmp_path, 1.0),  # a dollar: tens of thousands of these requests
+        redis={"url": redis_server.url, "timeout": 2.0},
+        store={"backend": "redis"},
+    )
+    gw = gateway(config)
+    client = redis_server.client()
+    scripts_before = client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    with ThreadPoolExecutor(4) as threads:
+        answers = list(threads.map(lambda _: ask(gw.url), range(80)))
+    assert [r.status_code for r in answers] == [200] * 80
+    scripts = client.info("commandstats")["cmdstat_evalsha"]["calls"] - scripts_before
+    assert scripts < 20, f"{scripts} script calls for 80 requests: a round trip (or more) a request"
+    spent = sum(nanos(gw, r) for r in answers)
+    deadline = time.monotonic() + 5  # a slice left idle for a second is settled
+    while True:
+        counters = [int(client.get(k)) for k in client.scan_iter("portcullis:budget:*") if not k.endswith(b":held")]
+        if counters == [spent] or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert counters == [spent] == [80 * 13_000]
 
 
 def test_a_budget_survives_a_restart_with_the_embedded_store(fake_upstream, gateway, tmp_path, processes):
