@@ -144,15 +144,28 @@ class RateLimiter:
         process's slices of them (gateway/spend/leases.py), so most requests do not wait for the store."""
         cost = budgets.reservation(ctx, prices)
         now = time.time()
-        counters = [budgets.current(budget, now) for budget in applied]
-        keys = [counter.key for counter in counters]
-        limits = [budget.limit for budget in applied]
-        taken, outcomes = await leases.reserve(keys, limits, [counter.end for counter in counters], cost)
-        headers: dict[str, str] = {}
+        keys = []
+        for budget in applied:
+            counter = budget.counter
+            if not counter.start <= now < counter.end:
+                counter = budgets.current(budget, now)
+            keys.append(counter.key)
         backend = self.backend.primary
-        if taken is None or any(o.remaining <= b.quiet_above for b, o in zip(applied, outcomes)):
-            self._spend(applied, keys, outcomes, backend.name, prices.currency, headers)  # raises unless all fit
-        assert taken is not None  # a refusal raised
+        headers: dict[str, str] = {}
+        taken = leases.reserve_held(keys, cost, now)
+        if taken is not None:  # most requests: on the slices this process holds
+            for budget, key in zip(applied, keys):
+                if leases.left(key) <= budget.quiet_above:  # past a soft threshold: rarely
+                    ends = [budget.counter.end for budget in applied]
+                    outcomes = [Outcome(True, leases.left(k), 0.0, max(e - now, 0.0)) for k, e in zip(keys, ends)]
+                    self._spend(applied, keys, outcomes, backend.name, prices.currency, headers)
+                    break
+        else:
+            ends = [budget.counter.end for budget in applied]
+            taken, outcomes = await leases.reserve(keys, [budget.limit for budget in applied], ends, cost)
+            if taken is None or any(o.remaining <= b.quiet_above for b, o in zip(applied, outcomes)):
+                self._spend(applied, keys, outcomes, backend.name, prices.currency, headers)  # raises unless all fit
+            assert taken is not None  # a refusal raised
         return Grant(backend, [], headers, prices=prices, leases=taken, reserved=cost)
 
     def start(self) -> None:

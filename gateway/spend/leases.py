@@ -47,7 +47,7 @@ class Lease:
     open: int = 0  # its requests in flight
     current: bool = True  # new requests may reserve on it
     kept: bool = True  # kept while idle (up to IDLE seconds); near the limit, settled as soon as nothing is in flight
-    touched: float = 0.0  # monotonic seconds of its last reservation
+    touched: float = 0.0  # Unix seconds of its last reservation
 
 
 @dataclass(slots=True)
@@ -65,6 +65,28 @@ class BudgetLeases:
         self._accounts: dict[str, LeaseAccount] = {}  # budget period key → its account
         self._members = (f"lease:{secrets.token_hex(8)}:{n}" for n in itertools.count())
         self._sweeper: asyncio.Task[None] | None = None
+
+    def reserve_held(self, keys: Sequence[str], cost: int, now: float) -> list[Lease] | None:
+        """Reserve `cost` on this process's current slice of each budget period, if every one of them holds it
+        (most requests: no store, no coroutine); else None, and nothing is reserved."""
+        leases = []
+        for key in keys:
+            account = self._accounts.get(key)
+            lease = account.lease if account is not None else None
+            if lease is None or not lease.current or lease.used + cost > lease.check.cost:
+                return None
+            leases.append(lease)
+        for lease in leases:
+            lease.used += cost
+            lease.open += 1
+            lease.touched = now
+        return leases
+
+    def left(self, key: str) -> int:
+        """What is left of the budget period as this process knows it: the store's last word and what this
+        process's slice still holds."""
+        account = self._accounts.get(key)
+        return 0 if account is None else _estimate(account, 0, 0.0, 0.0).remaining
 
     async def reserve(
         self, keys: Sequence[str], limits: Sequence[int], ends: Sequence[float], cost: int
@@ -94,14 +116,14 @@ class BudgetLeases:
                     for i, (account, end) in enumerate(zip(accounts, ends))
                 ]
         # nothing waits from here: no other request can use the slices this one is decided on
-        now, wall = time.monotonic(), time.time()
+        wall = time.time()
         leases, outcomes = [], []
         for account, end in zip(accounts, ends):
             lease = account.lease
             assert lease is not None and _fits(lease, cost)
             lease.used += cost
             lease.open += 1
-            lease.touched = now
+            lease.touched = wall
             leases.append(lease)
             outcomes.append(_estimate(account, 0, end, wall))
         return leases, outcomes
@@ -173,16 +195,16 @@ class BudgetLeases:
     async def _sweep_forever(self) -> None:
         while True:
             await asyncio.sleep(IDLE / 2)
-            self._sweep(time.monotonic(), time.time())
+            self._sweep(time.time())
 
-    def _sweep(self, now: float, wall: float) -> None:
+    def _sweep(self, now: float) -> None:
         """Settle the slices idle for IDLE seconds; forget the periods that ended."""
         for key, account in list(self._accounts.items()):
             lease = account.lease
             if lease is not None and not lease.open and now - lease.touched >= IDLE:
                 account.lease = None
                 _settle(lease)
-            if account.lease is None and (lease is None or lease.check.resets_at <= wall):
+            if account.lease is None and (lease is None or lease.check.resets_at <= now):
                 del self._accounts[key]
 
 
