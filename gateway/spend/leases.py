@@ -31,7 +31,7 @@ from gateway.ratelimit.checks import Backend, BudgetCheck, Settlement, new_budge
 from gateway.ratelimit.failover import FailoverBackend
 from gateway.ratelimit.gcra import Outcome
 
-LEASE_REQUESTS = 32  # a slice holds at most this many of the request's reservations
+LEASE_REQUESTS = 128  # a slice holds at most this many of the request's reservations
 SHARE = 16  # and at most 1/SHARE of what the store had left
 IDLE = 1.0  # seconds a slice with no request in flight is kept before it is settled
 _RETRIES = 3  # slices with room for others one request takes before it takes exact ones
@@ -86,7 +86,7 @@ class BudgetLeases:
         """What is left of the budget period as this process knows it: the store's last word and what this
         process's slice still holds."""
         account = self._accounts.get(key)
-        return 0 if account is None else _estimate(account, 0, 0.0, 0.0).remaining
+        return 0 if account is None else _left(account)
 
     async def reserve(
         self, keys: Sequence[str], limits: Sequence[int], ends: Sequence[float], cost: int
@@ -215,9 +215,13 @@ def _fits(lease: Lease | None, cost: int) -> bool:
 def _estimate(account: LeaseAccount, cost: int, end: float, wall: float) -> Outcome:
     """What is left of the budget as this process knows it, once `cost` more is reserved on its slice: the store's
     last word and what the slice still holds."""
+    return Outcome(True, _left(account) - cost, 0.0, max(end - wall, 0.0))
+
+
+def _left(account: LeaseAccount) -> int:
     lease = account.lease
     spare = lease.check.cost - lease.used if lease is not None and lease.current else 0
-    return Outcome(True, (account.remaining or 0) + spare - cost, 0.0, max(end - wall, 0.0))
+    return (account.remaining or 0) + spare
 
 
 def _extra(remaining: int | None, cost: int) -> int:
