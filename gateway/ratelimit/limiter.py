@@ -152,20 +152,18 @@ class RateLimiter:
             keys.append(counter.key)
         backend = self.backend.primary
         headers: dict[str, str] = {}
-        taken = leases.reserve_held(keys, cost, now)
-        if taken is not None:  # most requests: on the slices this process holds
-            for budget, key in zip(applied, keys):
-                if leases.left(key) <= budget.quiet_above:  # past a soft threshold: rarely
-                    ends = [budget.counter.end for budget in applied]
-                    outcomes = [Outcome(True, leases.left(k), 0.0, max(e - now, 0.0)) for k, e in zip(keys, ends)]
-                    self._spend(applied, keys, outcomes, backend.name, prices.currency, headers)
-                    break
-        else:
-            ends = [budget.counter.end for budget in applied]
-            taken, outcomes = await leases.reserve(keys, [budget.limit for budget in applied], ends, cost)
-            if taken is None or any(o.remaining <= b.quiet_above for b, o in zip(applied, outcomes)):
-                self._spend(applied, keys, outcomes, backend.name, prices.currency, headers)  # raises unless all fit
-            assert taken is not None  # a refusal raised
+        refusal = None
+        taken = leases.reserve_held(keys, cost, now)  # most requests: on the slices this process holds
+        if taken is None:
+            taken, refusal = await leases.reserve(
+                keys, [b.limit for b in applied], [b.counter.end for b in applied], cost
+            )
+        if refusal is not None or any(leases.left(k) <= b.quiet_above for b, k in zip(applied, keys)):  # rarely
+            outcomes = refusal or [
+                Outcome(True, leases.left(k), 0.0, max(b.counter.end - now, 0.0)) for b, k in zip(applied, keys)
+            ]
+            self._spend(applied, keys, outcomes, backend.name, prices.currency, headers)  # raises on a refusal
+        assert taken is not None  # a refusal raised
         return Grant(backend, [], headers, prices=prices, leases=taken, reserved=cost)
 
     def start(self) -> None:

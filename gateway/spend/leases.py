@@ -54,6 +54,7 @@ class Lease:
 class LeaseAccount:
     """This process's view of one budget period in the store."""
 
+    ends: float  # Unix seconds: the end of the period (the account is forgotten after it)
     lease: Lease | None = None
     remaining: int | None = None  # what the store had left after granting this process's last slice
     taking: asyncio.Future[None] | None = None  # a new slice being asked for: later requests wait for it
@@ -73,14 +74,10 @@ class BudgetLeases:
         for key in keys:
             account = self._accounts.get(key)
             lease = account.lease if account is not None else None
-            if lease is None or not lease.current or lease.used + cost > lease.check.cost:
+            if lease is None or not _fits(lease, cost):
                 return None
             leases.append(lease)
-        for lease in leases:
-            lease.used += cost
-            lease.open += 1
-            lease.touched = now
-        return leases
+        return _reserve_on(leases, cost, now)
 
     def left(self, key: str) -> int:
         """What is left of the budget period as this process knows it: the store's last word and what this
@@ -90,15 +87,15 @@ class BudgetLeases:
 
     async def reserve(
         self, keys: Sequence[str], limits: Sequence[int], ends: Sequence[float], cost: int
-    ) -> tuple[list[Lease] | None, list[Outcome]]:
-        """Reserve `cost` on a slice of each budget period (`keys`, with their `limits` and period `ends`), taking
-        new slices from the store where needed; all or none. Returns the slices reserved on and, per budget, what
-        is left (an estimate between slices), or None and the store's refusal."""
+    ) -> tuple[list[Lease], None] | tuple[None, list[Outcome]]:
+        """`reserve_held`, taking new slices from the store where this process's do not hold `cost` (`limits` and
+        period `ends` per budget period); all or none. Returns the slices reserved on, or the store's refusal (per
+        budget, what is left)."""
         accounts = []
-        for key in keys:
+        for key, end in zip(keys, ends):
             account = self._accounts.get(key)
             if account is None:
-                account = self._accounts[key] = LeaseAccount()
+                account = self._accounts[key] = LeaseAccount(end)
             accounts.append(account)
         takes = 0
         while short := [i for i, account in enumerate(accounts) if not _fits(account.lease, cost)]:
@@ -112,21 +109,15 @@ class BudgetLeases:
             if refused is not None:
                 wall = time.time()
                 return None, [
-                    refused.get(i) or _estimate(account, cost, end, wall)
+                    refused.get(i) or Outcome(True, _left(account) - cost, 0.0, max(end - wall, 0.0))
                     for i, (account, end) in enumerate(zip(accounts, ends))
                 ]
-        # nothing waits from here: no other request can use the slices this one is decided on
-        wall = time.time()
-        leases, outcomes = [], []
-        for account, end in zip(accounts, ends):
-            lease = account.lease
-            assert lease is not None and _fits(lease, cost)
-            lease.used += cost
-            lease.open += 1
-            lease.touched = wall
-            leases.append(lease)
-            outcomes.append(_estimate(account, 0, end, wall))
-        return leases, outcomes
+        # nothing waited since every slice was found to hold the request: no other request can have used them
+        leases = []
+        for account in accounts:
+            assert account.lease is not None
+            leases.append(account.lease)
+        return _reserve_on(leases, cost, time.time()), None
 
     def settle(self, leases: Sequence[Lease], correction: int) -> None:
         """A request on these slices ended: its reservation is corrected by `correction` (its cost less it)."""
@@ -198,27 +189,31 @@ class BudgetLeases:
             self._sweep(time.time())
 
     def _sweep(self, now: float) -> None:
-        """Settle the slices idle for IDLE seconds; forget the periods that ended."""
+        """Settle the slices idle for IDLE seconds; forget the periods that ended (a period's account is kept while
+        it lasts: a request may be taking a slice of it)."""
         for key, account in list(self._accounts.items()):
             lease = account.lease
             if lease is not None and not lease.open and now - lease.touched >= IDLE:
                 account.lease = None
                 _settle(lease)
-            if account.lease is None and (lease is None or lease.check.resets_at <= now):
+            if account.lease is None and account.ends <= now:
                 del self._accounts[key]
+
+
+def _reserve_on(leases: list[Lease], cost: int, now: float) -> list[Lease]:
+    for lease in leases:
+        lease.used += cost
+        lease.open += 1
+        lease.touched = now
+    return leases
 
 
 def _fits(lease: Lease | None, cost: int) -> bool:
     return lease is not None and lease.current and lease.used + cost <= lease.check.cost
 
 
-def _estimate(account: LeaseAccount, cost: int, end: float, wall: float) -> Outcome:
-    """What is left of the budget as this process knows it, once `cost` more is reserved on its slice: the store's
-    last word and what the slice still holds."""
-    return Outcome(True, _left(account) - cost, 0.0, max(end - wall, 0.0))
-
-
 def _left(account: LeaseAccount) -> int:
+    """The store's last word on what is left, and what this process's slice still holds."""
     lease = account.lease
     spare = lease.check.cost - lease.used if lease is not None and lease.current else 0
     return (account.remaining or 0) + spare
