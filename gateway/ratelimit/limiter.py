@@ -152,17 +152,16 @@ class RateLimiter:
             keys.append(counter.key)
         backend = self.backend.primary
         headers: dict[str, str] = {}
-        refusal = None
-        taken = leases.reserve_held(keys, cost, now)  # most requests: on the slices this process holds
-        if taken is None:
+        taken = leases.reserve_held(applied, keys, cost, now)  # most requests: on the slices this process holds
+        if taken is None:  # a slice to take, or a soft threshold near: rarely
             taken, refusal = await leases.reserve(
                 keys, [b.limit for b in applied], [b.counter.end for b in applied], cost
             )
-        if refusal is not None or any(leases.left(k) <= b.quiet_above for b, k in zip(applied, keys)):  # rarely
-            outcomes = refusal or [
-                Outcome(True, leases.left(k), 0.0, max(b.counter.end - now, 0.0)) for b, k in zip(applied, keys)
-            ]
-            self._spend(applied, keys, outcomes, backend.name, prices.currency, headers)  # raises on a refusal
+            if refusal is not None or any(leases.left(k) <= b.quiet_above for b, k in zip(applied, keys)):
+                outcomes = refusal or [
+                    Outcome(True, leases.left(k), 0.0, max(b.counter.end - now, 0.0)) for b, k in zip(applied, keys)
+                ]
+                self._spend(applied, keys, outcomes, backend.name, prices.currency, headers)  # raises on a refusal
         assert taken is not None  # a refusal raised
         return Grant(backend, [], headers, prices=prices, leases=taken, reserved=cost)
 

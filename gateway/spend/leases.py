@@ -8,13 +8,15 @@ settled, once its requests have ended, at what they used (the script's budget se
 So the store's counter never passes the limit (no slice is granted past it), and once every slice is settled it is
 the sum of the requests' costs.
 
+Far from the limit, once a slice has less than 1/AHEAD of its room left, the next one is taken in the background
+(the spare): requests move on to it when the current one is full, and none waits for the store.
+
 Near the limit (less than SHARE x LEASE_REQUESTS reservations left), slices shrink with what is left, down to
 exactly the request's cost when less than SHARE + 1 reservations' worth is left, and each is settled as soon as no
 request is in flight on it: the last requests are decided one by one in the store, as without slices, and no
 instance holds back more than its requests in flight. Far from it, a slice nothing has used for IDLE seconds is
-settled. A process
-killed outright leaves its open slices counted until their period ends: at most LEASE_REQUESTS reservations per
-budget, never an overshoot.
+settled. A process killed outright leaves its open slices counted until their period ends: at most two slices
+(2 x LEASE_REQUESTS reservations) per budget, never an overshoot.
 """
 
 from __future__ import annotations
@@ -22,17 +24,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gateway.ratelimit.checks import Backend, BudgetCheck, Settlement, new_budget_check
 from gateway.ratelimit.failover import FailoverBackend
 from gateway.ratelimit.gcra import Outcome
 
+if TYPE_CHECKING:
+    from gateway.spend.budgets import AppliedBudget
+
+log = logging.getLogger(__name__)
+
 LEASE_REQUESTS = 128  # a slice holds at most this many of the request's reservations
 SHARE = 16  # and at most 1/SHARE of what the store had left
+AHEAD = 4  # far from the limit, the next slice is taken once the current one has less than 1/AHEAD of its room left
 IDLE = 1.0  # seconds a slice with no request in flight is kept before it is settled
 _RETRIES = 3  # slices with room for others one request takes before it takes exact ones
 
@@ -56,6 +66,7 @@ class LeaseAccount:
 
     ends: float  # Unix seconds: the end of the period (the account is forgotten after it)
     lease: Lease | None = None
+    spare: Lease | None = None  # the next slice, taken ahead while `lease` runs low: nothing reserved on it yet
     remaining: int | None = None  # what the store had left after granting this process's last slice
     taking: asyncio.Future[None] | None = None  # a new slice being asked for: later requests wait for it
 
@@ -66,16 +77,29 @@ class BudgetLeases:
         self._accounts: dict[str, LeaseAccount] = {}  # budget period key → its account
         self._members = (f"lease:{secrets.token_hex(8)}:{n}" for n in itertools.count())
         self._sweeper: asyncio.Task[None] | None = None
+        self._ahead: set[asyncio.Task] = set()  # slices being taken ahead
 
-    def reserve_held(self, keys: Sequence[str], cost: int, now: float) -> list[Lease] | None:
-        """Reserve `cost` on this process's current slice of each budget period, if every one of them holds it
-        (most requests: no store, no coroutine); else None, and nothing is reserved."""
+    def reserve_held(
+        self, applied: Sequence[AppliedBudget], keys: Sequence[str], cost: int, now: float
+    ) -> list[Lease] | None:
+        """Reserve `cost` on this process's slices of each budget period (`keys`, one per budget) if every one of
+        them holds it and none is left at or below a soft threshold (most requests: no store, no coroutine, no
+        outcome to build); else None, and nothing is reserved."""
         leases = []
-        for key in keys:
+        for budget, key in zip(applied, keys):
             account = self._accounts.get(key)
-            lease = account.lease if account is not None else None
-            if lease is None or not _fits(lease, cost):
+            if account is None:
                 return None
+            lease = _holding(account, cost)
+            if lease is None:
+                return None
+            room = lease.check.cost - lease.used - cost
+            spare = account.spare
+            left = (account.remaining or 0) + room + (spare.check.cost - spare.used if spare is not None else 0)
+            if left <= budget.quiet_above:
+                return None
+            if room * AHEAD < lease.check.cost and lease.kept and spare is None and account.taking is None:
+                self._take_ahead(budget, key, account, cost)
             leases.append(lease)
         return _reserve_on(leases, cost, now)
 
@@ -98,13 +122,14 @@ class BudgetLeases:
                 account = self._accounts[key] = LeaseAccount(end)
             accounts.append(account)
         takes = 0
-        while short := [i for i, account in enumerate(accounts) if not _fits(account.lease, cost)]:
+        while short := [i for i, account in enumerate(accounts) if _holding(account, cost) is None]:
             taking = next((accounts[i].taking for i in short if accounts[i].taking is not None), None)
-            if taking is not None:  # another request is taking a slice of it: wait for that one
+            if taking is not None:  # a slice of it is being taken (for another request, or ahead): wait for it
                 await asyncio.shield(taking)
                 continue
             # exact slices after a few: a request whose other budgets others keep using up is decided alone
-            refused = await self._take(keys, limits, ends, cost, accounts, short, takes >= _RETRIES)
+            exact = takes >= _RETRIES
+            refused = await self._take(keys, limits, ends, cost, accounts, short, _claim(accounts, short), exact)
             takes += 1
             if refused is not None:
                 wall = time.time()
@@ -131,15 +156,42 @@ class BudgetLeases:
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="budget-leases")
 
     async def aclose(self) -> None:
-        """Settle every slice at what it has used (a request still in flight counts at its reservation)."""
+        """Settle every slice at what it has used (a request still in flight counts at its reservation), once the
+        slices being taken ahead have come (or failed)."""
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
+        await asyncio.gather(*self._ahead, return_exceptions=True)
         for account in self._accounts.values():
-            if account.lease is not None:
-                _settle(account.lease)
-                account.lease = None
+            for lease in (account.lease, account.spare):
+                if lease is not None:
+                    _settle(lease)
+            account.lease = account.spare = None
+
+    def _take_ahead(self, budget: AppliedBudget, key: str, account: LeaseAccount, cost: int) -> None:
+        """Take the next slice of one budget period in the background, for requests to move on to."""
+        accounts = [account]
+        task = asyncio.create_task(
+            self._take(
+                [key],
+                [budget.limit],
+                [budget.counter.end],
+                cost,
+                accounts,
+                [0],
+                _claim(accounts, [0]),
+                exact=False,
+                ahead=True,
+            )
+        )
+        self._ahead.add(task)
+        task.add_done_callback(self._taken_ahead)
+
+    def _taken_ahead(self, task: asyncio.Task) -> None:
+        self._ahead.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # a request that needs a slice will say more
+            log.warning("budget slice taken ahead failed: %s", task.exception())
 
     async def _take(
         self,
@@ -149,16 +201,17 @@ class BudgetLeases:
         cost: int,
         accounts: Sequence[LeaseAccount],
         short: Sequence[int],
+        taking: asyncio.Future[None],
         exact: bool,
+        ahead: bool = False,
     ) -> dict[int, Outcome] | None:
-        """New slices for the budgets at `short`, all or none; None once granted, else the store's outcome for
-        each of them."""
-        taking = asyncio.get_running_loop().create_future()
-        for i in short:
-            accounts[i].taking = taking
+        """New slices for the budgets at `short` (whose accounts `taking` is claimed on), all or none; None once
+        granted, else the store's outcome for each of them. `ahead`: spares, for when the current slices are full;
+        not taken at all rather than just for this request."""
         try:
             extra = [0 if exact else _extra(accounts[i].remaining, cost) for i in short]
-            for attempt in (extra, [0] * len(short)):  # a slice refused: the request alone may still fit
+            attempts = (extra,) if ahead else (extra, [0] * len(short))  # refused: the request alone may still fit
+            for attempt in attempts:
                 checks = [
                     new_budget_check((keys[i], limits[i], cost + more, ends[i], next(self._members)))
                     for i, more in zip(short, attempt)
@@ -166,17 +219,18 @@ class BudgetLeases:
                 decided, backend = await self._backend.acquire(list(checks))
                 if all(outcome.allowed for outcome in decided):
                     break
-                if not any(attempt):
+                if ahead or not any(attempt):
                     return dict(zip(short, decided))
+            now = time.time()
             for i, check, outcome in zip(short, checks, decided):
                 account = accounts[i]
                 kept = _extra(outcome.remaining, cost) >= LEASE_REQUESTS * cost  # far from the limit
-                old, account.lease = account.lease, Lease(check, backend, kept=kept)
+                lease = Lease(check, backend, kept=kept, touched=now)
                 account.remaining = outcome.remaining
-                if old is not None and old.current:  # not settled yet
-                    old.current = False
-                    if not old.open:
-                        _settle(old)
+                if ahead:
+                    account.spare = lease
+                else:
+                    _retire(account, lease)
             return None
         finally:
             for i in short:
@@ -192,12 +246,45 @@ class BudgetLeases:
         """Settle the slices idle for IDLE seconds; forget the periods that ended (a period's account is kept while
         it lasts: a request may be taking a slice of it)."""
         for key, account in list(self._accounts.items()):
-            lease = account.lease
+            lease, spare = account.lease, account.spare
             if lease is not None and not lease.open and now - lease.touched >= IDLE:
                 account.lease = None
                 _settle(lease)
-            if account.lease is None and account.ends <= now:
+            if spare is not None and now - spare.touched >= IDLE:
+                account.spare = None
+                _settle(spare)
+            if account.lease is None and account.spare is None and account.ends <= now:
                 del self._accounts[key]
+
+
+def _claim(accounts: Sequence[LeaseAccount], short: Sequence[int]) -> asyncio.Future[None]:
+    """Mark the accounts at `short` as having a slice taken, so requests that need one wait for it."""
+    taking = asyncio.get_running_loop().create_future()
+    for i in short:
+        accounts[i].taking = taking
+    return taking
+
+
+def _holding(account: LeaseAccount, cost: int) -> Lease | None:
+    """The account's slice that holds `cost`: the current one, else its spare, which then becomes current."""
+    lease = account.lease
+    if lease is not None and lease.current and lease.used + cost <= lease.check.cost:
+        return lease
+    spare = account.spare
+    if spare is None or spare.used + cost > spare.check.cost:
+        return None
+    account.spare = None
+    _retire(account, spare)
+    return spare
+
+
+def _retire(account: LeaseAccount, new: Lease) -> None:
+    """Make `new` the account's current slice; the old one is settled once its requests have ended."""
+    old, account.lease = account.lease, new
+    if old is not None and old.current:  # not settled yet
+        old.current = False
+        if not old.open:
+            _settle(old)
 
 
 def _reserve_on(leases: list[Lease], cost: int, now: float) -> list[Lease]:
@@ -208,15 +295,13 @@ def _reserve_on(leases: list[Lease], cost: int, now: float) -> list[Lease]:
     return leases
 
 
-def _fits(lease: Lease | None, cost: int) -> bool:
-    return lease is not None and lease.current and lease.used + cost <= lease.check.cost
-
-
 def _left(account: LeaseAccount) -> int:
-    """The store's last word on what is left, and what this process's slice still holds."""
-    lease = account.lease
-    spare = lease.check.cost - lease.used if lease is not None and lease.current else 0
-    return (account.remaining or 0) + spare
+    """The store's last word on what is left, and what this process's slices still hold."""
+    left = account.remaining or 0
+    for lease in (account.lease, account.spare):
+        if lease is not None and lease.current:
+            left += lease.check.cost - lease.used
+    return left
 
 
 def _extra(remaining: int | None, cost: int) -> int:

@@ -176,6 +176,144 @@ def _budget_left(headers: dict[str, str]) -> str | None:
     return None if found is None else found.split("; ")[2]
 
 
+def test_far_from_its_limit_no_request_waits_for_a_slice(redis_server):
+    """With Redis 50 ms away (a delaying TCP relay in between), only the first requests under a large budget wait
+    for the store: each next slice is taken while the current one still has room, so the requests that fill one
+    move on to the next without a round trip. Once the slices are given back, the counter is the sum of the
+    settled costs."""
+    spec = {"prices": PRICES, "budgets": [{"id": "team-spend", "key": "tenant", "limit": 10.0, "period": "day"}]}
+    policies = PolicySet(Policy.model_validate({**POLICY_HEAD, "spec": spec}), {}, "ahead")
+
+    async def run() -> tuple[list[float], int]:
+        relay = DelayingRelay(redis_server.port, 0.05)
+        await relay.start()
+        metrics = Metrics()
+        limiter = RateLimiter(_failover(RedisBackend(f"redis://127.0.0.1:{relay.port}", 5.0), metrics), metrics)
+        stage = RateLimitStage(lambda: policies, limiter)
+        limiter.start()
+        waits, spent = [], 0
+        try:
+            for _ in range(600):  # several slices' worth (each holds at most 128 reservations)
+                ctx = RequestContext(request=None, route="chat", span=INVALID_SPAN)  # type: ignore[arg-type]
+                ctx.tenant, ctx.model, ctx.prompt_tokens, ctx.max_tokens = "team-a", "test-model", 7, 10
+                started = time.monotonic()
+                await stage(ctx)
+                waits.append(time.monotonic() - started)
+                ctx.status, ctx.replica = 200, UPSTREAM
+                ctx.usage.prompt_tokens, ctx.usage.completion_tokens = 7, 3
+                stage.settle(ctx)
+                spent += 7 * 1000 + 3 * 2000
+                await asyncio.sleep(0.004)  # requests a few milliseconds apart: a slice lasts far longer than a take
+        finally:
+            await limiter.aclose()
+            await limiter.backend.primary.aclose()
+            await relay.aclose()
+        return waits, spent
+
+    waits, spent = asyncio.run(run())
+    slow = [i for i, wait in enumerate(waits) if wait >= 0.04]
+    # the first requests wait: the store has not said yet how much is left (the first slice holds one request)
+    assert slow and slow[0] == 0 and all(i < 50 for i in slow), f"requests that waited for the store: {slow}"
+    client = redis_server.client()
+    counters = [int(client.get(k)) for k in client.scan_iter("portcullis:budget:*") if not k.endswith(b":held")]
+    assert counters == [spent]
+
+
+def test_on_slices_answers_say_what_is_left_once_past_a_soft_threshold(redis_server):
+    """Budgets on Redis slices, far from the limit when the soft threshold is crossed (the slices then are large
+    and long-lived): no answer names the budget before it, every one after does, and the crossing is counted once
+    for the period."""
+    # 10,000 reservations of 7 * 1000 + 100 * 2000 nanos, each settled at the whole reservation
+    cost = 7 * 1000 + 100 * 2000
+    spec = {
+        "prices": PRICES,
+        "budgets": [
+            {"id": "team-spend", "key": "tenant", "limit": 10_000 * cost / NANOS, "period": "day", "soft": [0.5]}
+        ],
+    }
+    policies = PolicySet(Policy.model_validate({**POLICY_HEAD, "spec": spec}), {}, "soft")
+
+    async def run() -> tuple[list[bool], Metrics]:
+        metrics = Metrics()
+        limiter = RateLimiter(_failover(RedisBackend(redis_server.url, 5.0), metrics), metrics)
+        stage = RateLimitStage(lambda: policies, limiter)
+        limiter.start()
+        named = []
+        try:
+            while True:
+                ctx = RequestContext(request=None, route="chat", span=INVALID_SPAN)  # type: ignore[arg-type]
+                ctx.tenant, ctx.model, ctx.prompt_tokens, ctx.max_tokens = "team-a", "test-model", 7, 100
+                try:
+                    await stage(ctx)
+                except GatewayError as refused:
+                    assert refused.code == "budget_exceeded"
+                    break
+                named.append("x-portcullis-budget" in ctx.response_headers)
+                ctx.status, ctx.replica = 200, UPSTREAM
+                ctx.usage.prompt_tokens, ctx.usage.completion_tokens = 7, 100
+                stage.settle(ctx)
+        finally:
+            await limiter.aclose()
+            await limiter.backend.primary.aclose()
+        return named, metrics
+
+    named, metrics = asyncio.run(run())
+    assert len(named) == 10_000, "the whole budget is spent"
+    first = named.index(True)  # the 5,000th request leaves half: no later (a slice may count what is left short)
+    assert 4_000 <= first <= 4_999 and all(named[first:]), f"first named at {first}"
+    crossings = metrics.registry.get_sample_value(
+        "portcullis_budget_soft_threshold_crossings_total", {"budget": "team-spend", "threshold": "0.5"}
+    )
+    assert crossings == 1
+
+
+class DelayingRelay:
+    """A TCP relay to 127.0.0.1:`port` that holds each chunk back `delay` seconds, each way (in order)."""
+
+    def __init__(self, port: int, delay: float) -> None:
+        self._port, self._delay = port, delay
+        self._connections: set[asyncio.Task] = set()
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def aclose(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in self._connections:
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+
+    async def _relay(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        self._connections.add(asyncio.current_task())  # type: ignore[arg-type]
+        server_reader, server_writer = await asyncio.open_connection("127.0.0.1", self._port)
+        try:
+            await asyncio.gather(self._pipe(client_reader, server_writer), self._pipe(server_reader, client_writer))
+        except asyncio.CancelledError:
+            pass
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def send() -> None:
+            while True:
+                due, chunk = await queue.get()
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                writer.write(chunk)
+                await writer.drain()
+
+        sender = asyncio.create_task(send())
+        try:
+            while chunk := await reader.read(65536):
+                queue.put_nowait((time.monotonic() + self._delay, chunk))
+        finally:
+            sender.cancel()
+            writer.close()
+
+
 def test_two_gateways_share_a_budget_exactly(fake_upstream, gateway, redis_server, tmp_path):
     upstream = fake_upstream("spend")
     limit_nanos = 1_000_000  # 0.001: about 70 requests of 13,000 nanos, 200 sent at once
