@@ -443,9 +443,14 @@ def _is_sha256_hex(value: str) -> bool:
 
 
 class AuthConfig(_Strict):
-    """With no keys configured, requests are served as tenant 'anonymous' (a warning is logged at start)."""
+    """With no keys configured, requests are served as tenant 'anonymous' (a warning is logged at start), unless
+    `anonymous` is off; a key store that has held a key (revoked ones count) keeps the gateway closed."""
 
     keys: list[ApiKeyConfig] = Field(default_factory=list)
+    anonymous: bool = Field(
+        default=True,
+        description="serve requests as tenant 'anonymous' while no key exists anywhere; off: refuse them (401)",
+    )
 
 
 class OtlpConfig(_Strict):

@@ -9,9 +9,10 @@ Stored keys reach the ring from the key store (gateway/keystore/store.py): loade
 then polled for changes every `store.poll_interval` seconds. A poll that fails is logged and retried; the ring keeps
 what it had, so a store outage stops no one whose key was already known (and lets no revoked key back in).
 
-No keys → anonymous: while there are no static keys and no stored key that is not revoked, every request is served
-as tenant 'anonymous'. An expired key still counts (the gateway must not open because a key ran out); revoking the
-last key opens it.
+No keys → anonymous: while there are no static keys and the key store has never held a key, every request is served
+as tenant 'anonymous' (a first run, `make run`), unless `auth.anonymous` is off. Once a key exists the gateway stays
+closed: a revoked or expired key still counts (revoking the last key must not open the gateway), and so does a key
+this process has seen in a store that has since lost it (a Redis without persistence restarted).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class KeyRing:
             digest = key.digest()
             self._static[digest[:8]] = (digest, Identity(key.tenant, key.label, digest[:6].hex()))
         self._stored: dict[str, tuple[KeyRecord, Identity]] = {}  # id → record, for stored keys not revoked
+        self._closed = bool(self._static) or not auth.anonymous  # a key exists (or anonymous is off): never opens
         self._backend = backend
         self._poll_interval = poll_interval
         self.version = 0  # the store version the ring holds
@@ -66,7 +68,7 @@ class KeyRing:
 
     @property
     def anonymous(self) -> bool:
-        return not self._static and not self._stored
+        return not self._closed
 
     def lookup(self, headers: Mapping[str, str]) -> Identity | None:
         """The identity a request's key belongs to (anonymous when no keys are configured), or None: a lookup never
@@ -76,7 +78,7 @@ class KeyRing:
 
     def identify(self, headers: Mapping[str, str]) -> Identity | Refusal:
         """The identity a request's key opens now, or why it opens none."""
-        if not self._static and not self._stored:
+        if not self._closed:
             return _ANONYMOUS
         presented = presented_key(headers)
         if presented is None:
@@ -112,6 +114,7 @@ class KeyRing:
 
     def _apply(self, version: int, changed: list[KeyRecord], full: bool) -> None:
         stored = {} if full else self._stored
+        self._closed = self._closed or bool(changed)  # a key was made: revoking it later must not open the gateway
         for record in changed:
             if record.revoked_at is None:
                 stored[record.id] = (record, Identity(record.tenant, record.label, record.id, record))
@@ -151,9 +154,9 @@ class KeyRing:
         anonymous = self.anonymous
         if anonymous != self._was_anonymous:
             if anonymous:
-                log.warning("auth: no API keys configured; every request is served as tenant %r", ANONYMOUS)
+                log.warning("auth: no API key exists; every request is served as tenant %r", ANONYMOUS)
             elif self._was_anonymous:
-                log.warning("auth: API keys configured; requests without a valid key are refused")
+                log.warning("auth: an API key exists; from now on requests without a valid key are refused")
             self._was_anonymous = anonymous
 
 

@@ -218,13 +218,38 @@ def test_ring_keeps_static_keys_beside_stored_ones(tmp_path: Path) -> None:
     assert ring.identify(bearer(STATIC_SECRET + "x")) == "invalid_api_key"
 
 
-def test_ring_is_anonymous_only_without_static_or_unrevoked_stored_keys(tmp_path: Path) -> None:
+def test_ring_is_anonymous_only_while_no_key_ever_existed(tmp_path: Path) -> None:
     anonymous = Identity(ANONYMOUS, "", "")
     assert ring_on([], tmp_path / "none.db").identify({}) == anonymous
-    assert ring_on([stored_key(revoked_at=1.0)[1]], tmp_path / "revoked.db").identify(bearer("sk-any")) == anonymous
+    assert ring_on([], tmp_path / "off.db", AuthConfig(anonymous=False)).identify({}) == "missing_api_key"
+    revoked_only = ring_on([stored_key(revoked_at=1.0)[1]], tmp_path / "revoked.db")
+    assert revoked_only.identify({}) == "missing_api_key"  # revoking the last key does not open the gateway
+    assert revoked_only.identify(bearer("sk-any")) == "invalid_api_key"
     expired_only = ring_on([stored_key(expires_at=1.0)[1]], tmp_path / "expired.db")
     assert expired_only.identify({}) == "missing_api_key"  # an expired key keeps the gateway closed
     assert ring_on([], tmp_path / "static.db", static_keys()).identify({}) == "missing_api_key"
+
+
+def test_a_ring_that_saw_a_key_stays_closed_when_its_store_loses_it(redis_server: RedisServer) -> None:
+    secret, record = stored_key()
+
+    async def run() -> None:
+        store = RedisKeyStore(redis_server.url)
+        ring = KeyRing(AuthConfig(), store, poll_interval=1.0)
+        try:
+            await ring.refresh()
+            assert ring.identify({}) == Identity(ANONYMOUS, "", ""), "no key yet: a first run is open"
+            await store.put(record)
+            await ring.refresh()
+            assert opened(ring, secret) == record.id
+            redis_server.client().flushall()  # a Redis without persistence restarted: its keys are gone
+            await ring.refresh()
+            assert ring.identify({}) == "missing_api_key"
+            assert ring.identify(bearer(secret)) == "invalid_api_key"
+        finally:
+            await store.aclose()
+
+    asyncio.run(run())
 
 
 def test_ring_polls_changes_and_keeps_its_keys_through_a_store_outage(redis_server: RedisServer) -> None:
