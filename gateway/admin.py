@@ -88,7 +88,7 @@ def build_admin_app(gateway: Gateway) -> ASGIApp:
         return JSONResponse({"status": "ok"})
 
     async def metrics(request: Request) -> Response:
-        gateway.billing.publish()  # what this process billed since its last publish
+        gateway.metrics.tallies.publish()  # what this process counted (and billed) since its last publish
         for pool in gateway.pools.pools:
             for replica in pool.replicas:
                 gateway.metrics.upstream_outstanding.labels(pool=pool.name, replica=replica.url).set(

@@ -63,7 +63,6 @@ from gateway.stages.waf import WafStage
 from gateway.telemetry import (
     Metrics,
     build_tracer_provider,
-    cached_labels,
     configured_models,
     incoming_trace,
     trace_ids,
@@ -152,7 +151,7 @@ class Gateway:
         await self.key_store.aclose()
         await self.pools.aclose()
         await self.guard.guard.aclose()
-        await self.billing.aclose()
+        await self.metrics.tallies.aclose()  # what was counted since the last publish, billing too
         await self.rate_limiter.aclose()  # before Redis goes: its budget slices go back there
         await self.spend.aclose()  # before Redis goes: it may hold the ledger
         if self.redis:
@@ -190,8 +189,8 @@ class ProxyEndpoint:
     def __init__(self, gateway: Gateway, route: str) -> None:
         self.gateway = gateway
         self.route = route
-        self._requests = cached_labels(gateway.metrics.requests)  # by route and status
-        self._duration = gateway.metrics.request_duration.labels(route=route)
+        self._requests = gateway.metrics.tallies.counter(gateway.metrics.requests)  # by route and status
+        self._duration = gateway.metrics.tallies.histogram(gateway.metrics.request_duration)(route)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw = self.gateway
@@ -379,7 +378,7 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
         gateway.shape_gate.warm()
         gateway.reloader.start()
         gateway.spend.start()
-        gateway.billing.start()
+        gateway.metrics.tallies.start()
         gateway.rate_limiter.start()
         warming = asyncio.create_task(asyncio.to_thread(gateway.tokenize.warm))
         await asyncio.to_thread(gateway.guard.warm)  # before serving: the first guarded request must not wait

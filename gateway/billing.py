@@ -7,15 +7,14 @@ Labels stay bounded: tenants come from the configured and stored keys, models ar
 `telemetry.max_metric_keys` of them, the rest as `other`. A request refused before auth has no tenant and is not
 billed.
 
-A request adds to plain totals; they reach the Prometheus counters at most PUBLISH_INTERVAL apart and before this
-process answers a scrape of /metrics (with workers, another worker's last second may wait for its next publish): a
-counter increment takes a lock and three calls in prometheus_client, and a request made four or five of them.
+A request adds to plain totals; they reach the Prometheus counters with the other per-request tallies
+(gateway/metric_tallies.py): once a second and before this process answers a scrape of /metrics (with workers,
+another worker's last second may wait for its next publish). A counter increment takes a lock and three calls in
+prometheus_client, and a request made four or five of them.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Callable
 
 from gateway.config import TelemetryConfig
@@ -28,7 +27,6 @@ from gateway.telemetry import Metrics, cached_labels
 
 _KINDS = ("prompt", "cached_prompt", "completion")
 OTHER_KEYS = "other"  # the key label of keys beyond `telemetry.max_metric_keys`
-PUBLISH_INTERVAL = 1.0  # seconds
 
 # (per key?, tenant or key label, model label, currency) → [requests, prompt, cached prompt, completion tokens, nanos]
 Totals = dict[tuple[bool, str, str, str], list[int]]
@@ -47,7 +45,7 @@ class Billing:
         self._key_labels: set[str] | None = set() if telemetry.per_key_metrics else None
         self._max_key_labels = telemetry.max_metric_keys
         self._pending: Totals = {}
-        self._publisher: asyncio.Task[None] | None = None
+        metrics.tallies.also_publish(self.publish)
         if self._key_labels is not None:
             metrics.count_per_key()
             self._key_requests = cached_labels(metrics.key_billed_requests)
@@ -100,21 +98,6 @@ class Billing:
                     counters[1](who, model, kind).inc(count)
             if nanos:
                 counters[2](who, model, currency).inc(nanos / NANOS)
-
-    def start(self) -> None:
-        self._publisher = asyncio.create_task(self._publish_forever(), name="billing-publish")
-
-    async def aclose(self) -> None:
-        if self._publisher is not None:
-            self._publisher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._publisher
-        self.publish()
-
-    async def _publish_forever(self) -> None:
-        while True:
-            await asyncio.sleep(PUBLISH_INTERVAL)
-            self.publish()
 
     def _key_label(self, key_id: str) -> str:
         labels = self._key_labels

@@ -52,7 +52,8 @@ class Pipeline:
         self.stages = tuple(stages)
         self.settling: tuple[Settles, ...] = tuple(s for s in self.stages if isinstance(s, Settles))
         self._tracer = tracer
-        self._histograms = {s.name: metrics.stage_duration.labels(stage=s.name) for s in self.stages}
+        stage_duration = metrics.tallies.histogram(metrics.stage_duration)
+        self._histograms = {s.name: stage_duration(s.name) for s in self.stages}
 
     async def run(self, ctx: RequestContext) -> None:
         """The request phase."""

@@ -29,6 +29,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from gateway.config import GatewayConfig, OtlpConfig, TelemetryConfig
+from gateway.metric_tallies import Tallies
 
 if TYPE_CHECKING:
     from gateway.ratelimit.outbox import SettlementOutbox
@@ -57,6 +58,7 @@ class Metrics:
     def __init__(self, known_models: frozenset[str] = frozenset()) -> None:
         self.known_models = known_models
         self.registry = CollectorRegistry()
+        self.tallies = Tallies()  # per-request updates, published once a second and before a scrape
         self._all_workers: CollectorRegistry | None = None  # with workers: every worker's samples, read from files
         if directory := os.environ.get(MULTIPROCESS_DIR_ENV):
             self._all_workers = CollectorRegistry()

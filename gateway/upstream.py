@@ -55,7 +55,7 @@ from gateway.offload import Offload
 from gateway.routing.pool import Pool
 from gateway.routing.replica import Replica
 from gateway.sse import EventFramer, EventTooLarge, event_data
-from gateway.telemetry import Metrics, cached_labels
+from gateway.telemetry import Metrics
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -124,9 +124,9 @@ class Upstream:
     def __init__(self, tracer: Tracer, metrics: Metrics, offload: Offload, replica_header: bool = False) -> None:
         self._tracer = tracer
         self._metrics = metrics
-        self._ttft = cached_labels(metrics.upstream_ttft)  # by pool
-        self._duration = cached_labels(metrics.upstream_duration)  # by pool
-        self._tokens = cached_labels(metrics.tokens)  # by pool, model, kind
+        self._ttft = metrics.tallies.histogram(metrics.upstream_ttft)  # by pool
+        self._duration = metrics.tallies.histogram(metrics.upstream_duration)  # by pool
+        self._tokens = metrics.tallies.counter(metrics.tokens)  # by pool, model, kind
         self._offload = offload  # re-encodes a big rewritten body off the event loop
         self._replica_header = replica_header
 

@@ -142,14 +142,20 @@ def test_a_redis_rate_limit_is_exact_across_workers_and_metrics_count_every_work
     assert served_by == {0, 1}, "both workers took connections"
     assert httpx.get(upstream.url + "/_stats").json()["requests"] == 20
     # worker 0 serves /metrics and counts what worker 1 served too
-    assert metric(gateway, "portcullis_requests_total", route="chat") == 60
     assert metric(gateway, "portcullis_ratelimit_decisions_total", result="allowed", backend="redis") == 20
-    # every request is billed; each worker publishes its billing counters every second, so the scrape that worker 0
-    # answers sees worker 1's within a second or two
+    # per-request tallies (requests, durations, billing) are published by each worker every second, so the scrape
+    # that worker 0 answers sees worker 1's within a second or two
+    assert eventually(gateway, "portcullis_requests_total", 60, route="chat") == 60
+    assert eventually(gateway, "portcullis_request_duration_seconds_count", 60, route="chat") == 60
+    assert eventually(gateway, "portcullis_billed_requests_total", 60) == 60
+
+
+def eventually(gateway: Process, name: str, expected: float, **labels: str) -> float:
+    """The metric once it reaches `expected`, or as it stands after five seconds."""
     deadline = time.monotonic() + 5
-    while (billed := metric(gateway, "portcullis_billed_requests_total")) < 60 and time.monotonic() < deadline:
+    while (value := metric(gateway, name, **labels)) < expected and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert billed == 60
+    return value
 
 
 def test_a_killed_worker_is_restarted_while_the_port_keeps_answering(processes, fake_upstream, tmp_path):
