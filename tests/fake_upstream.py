@@ -69,7 +69,10 @@ def build(name: str, fail_status: int | None, fail_code: str | None = None, slow
                 else {"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}
             )
             obj = "chat.completion" if chat else "text_completion"
-            return JSONResponse({**base, "object": obj, "choices": [choice], "usage": usage})
+            answer = JSONResponse({**base, "object": obj, "choices": [choice], "usage": usage})
+            if fake.get("set_cookie"):
+                answer.set_cookie("session", fake["set_cookie"])
+            return answer
         include_usage = (body.get("stream_options") or {}).get("include_usage")
         return StreamingResponse(stream(base, chat, words, fake, include_usage, usage), media_type="text/event-stream")
 

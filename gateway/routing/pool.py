@@ -104,6 +104,8 @@ class Pool:
                 auto_decompress=False,
                 trust_env=False,
                 skip_auto_headers=("user-agent",),
+                # the session is every client's: a cookie one upstream answer sets must not ride on the next request
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         return self._session
 

@@ -307,6 +307,20 @@ def test_a_client_cannot_choose_a_cache_salt(one_upstream):
     assert "cache_salt" not in stats(upstream)["last_body"]  # shared cache: no salt reaches the upstream
 
 
+def test_a_cookie_an_upstream_sets_is_not_sent_on_later_requests(fake_upstream, gateway):
+    """The gateway's connections to a pool serve every client: a session cookie one answer sets must not ride on the
+    next request, whoever sends it. (The pool is named by host name: a cookie jar keeps no cookie of an IP address.)"""
+    upstream = fake_upstream("cookies")
+    gw = gateway({"pools": [pool("main", upstream.url.replace("127.0.0.1", "localhost"))], "auth": AUTH})
+    first = httpx.post(
+        gw.url + "/v1/chat/completions", json=chat_body(fake={"set_cookie": "a-secret"}), headers=HEADERS
+    )
+    assert first.status_code == 200
+    assert httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=HEADERS).status_code == 200
+    assert stats(upstream)["requests"] == 2
+    assert "cookie" not in stats(upstream)["last_headers"]
+
+
 def test_every_rewrite_of_the_payload_reaches_the_upstream_together(one_upstream):
     """Three stages and the relay rewrite one request (max_tokens filled, the client's cache salt dropped, usage
     asked for): the upstream gets one body that carries all of them, and the client's other fields unchanged."""
