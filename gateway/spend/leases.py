@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import logging
 import secrets
 import time
 from collections.abc import Sequence
@@ -38,7 +37,6 @@ from gateway.ratelimit.gcra import Outcome
 if TYPE_CHECKING:
     from gateway.spend.budgets import AppliedBudget
 
-log = logging.getLogger(__name__)
 
 LEASE_REQUESTS = 128  # a slice holds at most this many of the request's reservations
 SHARE = 16  # and at most 1/SHARE of what the store had left
@@ -69,6 +67,7 @@ class LeaseAccount:
     spare: Lease | None = None  # the next slice, taken ahead while `lease` runs low: nothing reserved on it yet
     remaining: int | None = None  # what the store had left after granting this process's last slice
     taking: asyncio.Future[None] | None = None  # a new slice being asked for: later requests wait for it
+    ahead_after: float = 0.0  # Unix seconds: no slice is taken ahead before (the store refused one, or failed)
 
 
 class BudgetLeases:
@@ -99,7 +98,8 @@ class BudgetLeases:
             if left <= budget.quiet_above:
                 return None
             if room * AHEAD < lease.check.cost and lease.kept and spare is None and account.taking is None:
-                self._take_ahead(budget, key, account, cost)
+                if now >= account.ahead_after:
+                    self._take_ahead(budget, key, account, cost)
             leases.append(lease)
         return _reserve_on(leases, cost, now)
 
@@ -171,27 +171,22 @@ class BudgetLeases:
 
     def _take_ahead(self, budget: AppliedBudget, key: str, account: LeaseAccount, cost: int) -> None:
         """Take the next slice of one budget period in the background, for requests to move on to."""
-        accounts = [account]
-        task = asyncio.create_task(
-            self._take(
-                [key],
-                [budget.limit],
-                [budget.counter.end],
-                cost,
-                accounts,
-                [0],
-                _claim(accounts, [0]),
-                exact=False,
-                ahead=True,
-            )
-        )
+        taking = _claim([account], [0])  # at once: the requests before the task starts must not take another
+        task = asyncio.create_task(self._take_spare(budget, key, account, cost, taking))
         self._ahead.add(task)
-        task.add_done_callback(self._taken_ahead)
+        task.add_done_callback(self._ahead.discard)
 
-    def _taken_ahead(self, task: asyncio.Task) -> None:
-        self._ahead.discard(task)
-        if not task.cancelled() and task.exception() is not None:  # a request that needs a slice will say more
-            log.warning("budget slice taken ahead failed: %s", task.exception())
+    async def _take_spare(
+        self, budget: AppliedBudget, key: str, account: LeaseAccount, cost: int, taking: asyncio.Future[None]
+    ) -> None:
+        try:
+            refused = await self._take(
+                [key], [budget.limit], [budget.counter.end], cost, [account], [0], taking, exact=False, ahead=True
+            )
+        except Exception:  # the store is down (and failing closed): the requests that need a slice meet it and say so
+            refused = {}
+        if refused is not None:  # not again for a while, rather than once a request until the slice is full
+            account.ahead_after = time.time() + IDLE
 
     async def _take(
         self,

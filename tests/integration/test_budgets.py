@@ -219,6 +219,50 @@ def test_far_from_its_limit_no_request_waits_for_a_slice(redis_server):
     assert counters == [spent]
 
 
+def test_a_held_slice_keeps_serving_while_redis_is_down(redis_server):
+    """Redis dies while this process holds a slice of a budget (failing closed): the requests the slice still holds
+    are served without the store; the first that needs a new slice gets 503, as every request did without slices;
+    and stopping does not wait on the dead store."""
+    spec = {"prices": PRICES, "budgets": [{"id": "team-spend", "key": "tenant", "limit": 10.0, "period": "day"}]}
+    policies = PolicySet(Policy.model_validate({**POLICY_HEAD, "spec": spec}), {}, "outage")
+
+    async def run() -> list[str]:
+        metrics = Metrics()
+        limiter = RateLimiter(_failover(RedisBackend(redis_server.url, 1.0), metrics), metrics)
+        stage = RateLimitStage(lambda: policies, limiter)
+        limiter.start()
+        answers = []
+        try:
+            for number in range(700):
+                if number == 150:
+                    redis_server.kill()
+                ctx = RequestContext(request=None, route="chat", span=INVALID_SPAN)  # type: ignore[arg-type]
+                ctx.tenant, ctx.model, ctx.prompt_tokens, ctx.max_tokens = "team-a", "test-model", 7, 10
+                try:
+                    await stage(ctx)
+                except GatewayError as refused:
+                    answers.append(f"{refused.status} {refused.code}")
+                else:
+                    answers.append("admitted")
+                    ctx.status, ctx.replica = 200, UPSTREAM
+                    ctx.usage.prompt_tokens, ctx.usage.completion_tokens = 7, 3
+                stage.settle(ctx)
+                await asyncio.sleep(0.001)
+        finally:
+            stopping = time.monotonic()
+            await limiter.aclose()
+            await limiter.backend.primary.aclose()
+            assert time.monotonic() - stopping < 5
+        return answers
+
+    answers = asyncio.run(run())
+    assert answers[:150] == ["admitted"] * 150
+    after = answers[150:]
+    held = after.index("503 rate_limiter_unavailable") if "503 rate_limiter_unavailable" in after else len(after)
+    assert held >= 1 and after[:held] == ["admitted"] * held, "the held slice serves without the store"
+    assert set(after[held:]) == {"503 rate_limiter_unavailable"}, collections.Counter(after)
+
+
 def test_on_slices_answers_say_what_is_left_once_past_a_soft_threshold(redis_server):
     """Budgets on Redis slices, far from the limit when the soft threshold is crossed (the slices then are large
     and long-lived): no answer names the budget before it, every one after does, and the crossing is counted once
