@@ -172,17 +172,15 @@ class BudgetLeases:
     def _take_ahead(self, budget: AppliedBudget, key: str, account: LeaseAccount, cost: int) -> None:
         """Take the next slice of one budget period in the background, for requests to move on to."""
         taking = _claim([account], [0])  # at once: the requests before the task starts must not take another
-        task = asyncio.create_task(self._take_spare(budget, key, account, cost, taking))
+        task = asyncio.create_task(self._take_spare(key, budget.limit, budget.counter.end, account, cost, taking))
         self._ahead.add(task)
         task.add_done_callback(self._ahead.discard)
 
     async def _take_spare(
-        self, budget: AppliedBudget, key: str, account: LeaseAccount, cost: int, taking: asyncio.Future[None]
+        self, key: str, limit: int, end: float, account: LeaseAccount, cost: int, taking: asyncio.Future[None]
     ) -> None:
         try:
-            refused = await self._take(
-                [key], [budget.limit], [budget.counter.end], cost, [account], [0], taking, exact=False, ahead=True
-            )
+            refused = await self._take([key], [limit], [end], cost, [account], [0], taking, exact=False, ahead=True)
         except Exception:  # the store is down (and failing closed): the requests that need a slice meet it and say so
             refused = {}
         if refused is not None:  # not again for a while, rather than once a request until the slice is full

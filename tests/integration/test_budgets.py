@@ -187,26 +187,20 @@ def test_far_from_its_limit_no_request_waits_for_a_slice(redis_server):
     async def run() -> tuple[list[float], int]:
         relay = DelayingRelay(redis_server.port, 0.05)
         await relay.start()
-        metrics = Metrics()
-        limiter = RateLimiter(_failover(RedisBackend(f"redis://127.0.0.1:{relay.port}", 5.0), metrics), metrics)
-        stage = RateLimitStage(lambda: policies, limiter)
-        limiter.start()
+        limiter, stage, _ = _started_on_redis(f"redis://127.0.0.1:{relay.port}", 5.0, policies)
         waits, spent = [], 0
         try:
             for _ in range(600):  # several slices' worth (each holds at most 128 reservations)
-                ctx = RequestContext(request=None, route="chat", span=INVALID_SPAN)  # type: ignore[arg-type]
-                ctx.tenant, ctx.model, ctx.prompt_tokens, ctx.max_tokens = "team-a", "test-model", 7, 10
+                ctx = _chat(max_tokens=10)
                 started = time.monotonic()
                 await stage(ctx)
                 waits.append(time.monotonic() - started)
-                ctx.status, ctx.replica = 200, UPSTREAM
-                ctx.usage.prompt_tokens, ctx.usage.completion_tokens = 7, 3
+                _served(ctx, completion=3)
                 stage.settle(ctx)
                 spent += 7 * 1000 + 3 * 2000
                 await asyncio.sleep(0.004)  # requests a few milliseconds apart: a slice lasts far longer than a take
         finally:
-            await limiter.aclose()
-            await limiter.backend.primary.aclose()
+            await _stopped(limiter)
             await relay.aclose()
         return waits, spent
 
@@ -227,31 +221,25 @@ def test_a_held_slice_keeps_serving_while_redis_is_down(redis_server):
     policies = PolicySet(Policy.model_validate({**POLICY_HEAD, "spec": spec}), {}, "outage")
 
     async def run() -> list[str]:
-        metrics = Metrics()
-        limiter = RateLimiter(_failover(RedisBackend(redis_server.url, 1.0), metrics), metrics)
-        stage = RateLimitStage(lambda: policies, limiter)
-        limiter.start()
+        limiter, stage, _ = _started_on_redis(redis_server.url, 1.0, policies)
         answers = []
         try:
             for number in range(700):
                 if number == 150:
                     redis_server.kill()
-                ctx = RequestContext(request=None, route="chat", span=INVALID_SPAN)  # type: ignore[arg-type]
-                ctx.tenant, ctx.model, ctx.prompt_tokens, ctx.max_tokens = "team-a", "test-model", 7, 10
+                ctx = _chat(max_tokens=10)
                 try:
                     await stage(ctx)
                 except GatewayError as refused:
                     answers.append(f"{refused.status} {refused.code}")
                 else:
                     answers.append("admitted")
-                    ctx.status, ctx.replica = 200, UPSTREAM
-                    ctx.usage.prompt_tokens, ctx.usage.completion_tokens = 7, 3
+                    _served(ctx, completion=3)
                 stage.settle(ctx)
                 await asyncio.sleep(0.001)
         finally:
             stopping = time.monotonic()
-            await limiter.aclose()
-            await limiter.backend.primary.aclose()
+            await _stopped(limiter)
             assert time.monotonic() - stopping < 5
         return answers
 
@@ -278,27 +266,21 @@ def test_on_slices_answers_say_what_is_left_once_past_a_soft_threshold(redis_ser
     policies = PolicySet(Policy.model_validate({**POLICY_HEAD, "spec": spec}), {}, "soft")
 
     async def run() -> tuple[list[bool], Metrics]:
-        metrics = Metrics()
-        limiter = RateLimiter(_failover(RedisBackend(redis_server.url, 5.0), metrics), metrics)
-        stage = RateLimitStage(lambda: policies, limiter)
-        limiter.start()
+        limiter, stage, metrics = _started_on_redis(redis_server.url, 5.0, policies)
         named = []
         try:
             while True:
-                ctx = RequestContext(request=None, route="chat", span=INVALID_SPAN)  # type: ignore[arg-type]
-                ctx.tenant, ctx.model, ctx.prompt_tokens, ctx.max_tokens = "team-a", "test-model", 7, 100
+                ctx = _chat(max_tokens=100)
                 try:
                     await stage(ctx)
                 except GatewayError as refused:
                     assert refused.code == "budget_exceeded"
                     break
                 named.append("x-portcullis-budget" in ctx.response_headers)
-                ctx.status, ctx.replica = 200, UPSTREAM
-                ctx.usage.prompt_tokens, ctx.usage.completion_tokens = 7, 100
+                _served(ctx, completion=100)
                 stage.settle(ctx)
         finally:
-            await limiter.aclose()
-            await limiter.backend.primary.aclose()
+            await _stopped(limiter)
         return named, metrics
 
     named, metrics = asyncio.run(run())
@@ -309,6 +291,32 @@ def test_on_slices_answers_say_what_is_left_once_past_a_soft_threshold(redis_ser
         "portcullis_budget_soft_threshold_crossings_total", {"budget": "team-spend", "threshold": "0.5"}
     )
     assert crossings == 1
+
+
+def _started_on_redis(url: str, timeout: float, policies: PolicySet) -> tuple[RateLimiter, RateLimitStage, Metrics]:
+    """A rate limiter deciding in Redis (failing closed), started (its budget slices are swept), and its stage."""
+    metrics = Metrics()
+    limiter = RateLimiter(_failover(RedisBackend(url, timeout), metrics), metrics)
+    limiter.start()
+    return limiter, RateLimitStage(lambda: policies, limiter), metrics
+
+
+async def _stopped(limiter: RateLimiter) -> None:
+    await limiter.aclose()
+    await limiter.backend.primary.aclose()
+
+
+def _chat(max_tokens: int) -> RequestContext:
+    """A tenant's chat request as the stages before the rate limits leave it: 7 prompt tokens counted."""
+    ctx = RequestContext(request=None, route="chat", span=INVALID_SPAN)  # type: ignore[arg-type]
+    ctx.tenant, ctx.model, ctx.prompt_tokens, ctx.max_tokens = "team-a", "test-model", 7, max_tokens
+    return ctx
+
+
+def _served(ctx: RequestContext, completion: int) -> None:
+    """The upstream took the request and reported its usage."""
+    ctx.status, ctx.replica = 200, UPSTREAM
+    ctx.usage.prompt_tokens, ctx.usage.completion_tokens = 7, completion
 
 
 class DelayingRelay:
