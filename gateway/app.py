@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SpanExporter
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Status, StatusCode
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -65,6 +65,8 @@ from gateway.telemetry import (
     build_tracer_provider,
     configured_models,
     incoming_trace,
+    records_spans,
+    server_span,
     trace_ids,
 )
 from gateway.upstream import PoolFailed, Upstream
@@ -86,6 +88,7 @@ class Gateway:
         self.metrics = Metrics(configured_models(config))
         self.tracer_provider = build_tracer_provider(config.telemetry, span_exporter)
         self.tracer = self.tracer_provider.get_tracer("portcullis.gateway")
+        self.tracing = records_spans(self.tracer_provider)
         self.pools = Pools([Pool(p) for p in config.pools])
         self.policies = _load_policies(config)
         self.reloader = PolicyReloader(config.policy_dir, self._install, lambda: self.policies)
@@ -199,12 +202,13 @@ class ProxyEndpoint:
         path = scope["path"]  # request.url would parse the Host header on every request
         name = f"{request.method} {path}"
         parent, links = incoming_trace(request.headers, gw.config.telemetry.trust_client_trace)
-        with gw.tracer.start_as_current_span(
+        with server_span(
+            gw.tracer,
+            gw.tracing,
             name,
-            context=parent,
-            links=links,
-            kind=SpanKind.SERVER,
-            attributes={
+            parent,
+            links,
+            lambda: {
                 "http.request.method": request.method,
                 "url.path": path,
                 "client.address": request.client.host if request.client else "",

@@ -166,3 +166,29 @@ def test_rejected_request_marks_its_stage_span(fake_upstream, gateway, http_rece
     assert parse["attributes"]["portcullis.verdict"] == "reject"
     assert parse["attributes"]["portcullis.reject.code"] == "invalid_json"
     assert not any(s["name"] == "stage.auth" for s in spans)
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_with_export_off_the_upstream_and_the_access_log_name_the_same_trace(fake_upstream, gateway, trusted):
+    """Tracing off (no OTLP), nothing is recorded, but every request still has ids: the access log's trace and span
+    ids are the ones the upstream's traceparent carries (not sampled); a trusted caller's trace and tracestate are
+    continued, an untrusted caller's are not."""
+    upstream = fake_upstream("ids")
+    gw = gateway({"pools": [pool("main", upstream.url)], "telemetry": {"trust_client_trace": trusted}})
+    caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    sent_ids = []
+    for headers in ({}, {"traceparent": caller, "tracestate": "vendor=abc"}):
+        response = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=headers)
+        assert response.status_code == 200
+        upstream_saw = httpx.get(upstream.url + "/_stats").json()["last_headers"]
+        version, trace_id, span_id, flags = upstream_saw["traceparent"].split("-")
+        assert version == "00" and not int(flags, 16) & 1, "not sampled: nothing is recorded"
+        entry = gw.access_log(response.headers["x-request-id"])
+        assert (entry["trace_id"], entry["span_id"]) == (trace_id, span_id)
+        assert span_id != "b7ad6b7169203331" and int(span_id, 16) and int(trace_id, 16)
+        sent_ids.append(trace_id)
+        if headers:
+            continued = trace_id == "0af7651916cd43dd8448eb211c80319c"
+            assert continued == trusted
+            assert (upstream_saw.get("tracestate") == "vendor=abc") == trusted
+    assert sent_ids[0] != sent_ids[1]
