@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
@@ -18,6 +19,8 @@ from typing import Any, TypeVar, cast
 from prometheus_client import Counter, Histogram
 
 PUBLISH_INTERVAL = 1.0  # seconds
+
+log = logging.getLogger(__name__)
 
 
 class HistogramTally:
@@ -98,10 +101,12 @@ class Tallies:
         self._publishers.append(publish)
 
     def publish(self) -> None:
-        for tally in list(self._tallies.values()):
-            tally.publish()
-        for publish in self._publishers:
-            publish()
+        """Add what was counted to the metrics; one that fails (a value prometheus_client refuses) spares the rest."""
+        for publish in [*(tally.publish for tally in list(self._tallies.values())), *self._publishers]:
+            try:
+                publish()
+            except Exception:
+                log.exception("metrics: a tally could not be published")
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._publish_forever(), name="metrics-publish")

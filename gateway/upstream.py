@@ -54,6 +54,7 @@ from gateway.errors import GatewayError, invalid_request
 from gateway.offload import Offload
 from gateway.routing.pool import Pool
 from gateway.routing.replica import Replica
+from gateway.spend.charge import token_count
 from gateway.sse import EventFramer, EventTooLarge, event_data
 from gateway.telemetry import Metrics
 
@@ -420,13 +421,13 @@ class Upstream:
         self._duration(pool_name).observe(time.perf_counter() - attempt.sent_at)
         span, usage = attempt.span, ctx.usage
         if ctx.replica is attempt.replica:
-            if usage.prompt_tokens is not None:
-                span.set_attribute("gen_ai.usage.input_tokens", usage.prompt_tokens)
-                self._tokens(pool_name, self._metrics.model_label(ctx.model), "prompt").inc(usage.prompt_tokens)
-            if usage.completion_tokens is not None:
-                span.set_attribute("gen_ai.usage.output_tokens", usage.completion_tokens)
-                completion = self._tokens(pool_name, self._metrics.model_label(ctx.model), "completion")
-                completion.inc(usage.completion_tokens)
+            # counted as the upstream reported them, if they are counts (a counter cannot go back)
+            if (prompt := token_count(usage.prompt_tokens)) is not None:
+                span.set_attribute("gen_ai.usage.input_tokens", prompt)
+                self._tokens(pool_name, self._metrics.model_label(ctx.model), "prompt").inc(prompt)
+            if (completion := token_count(usage.completion_tokens)) is not None:
+                span.set_attribute("gen_ai.usage.output_tokens", completion)
+                self._tokens(pool_name, self._metrics.model_label(ctx.model), "completion").inc(completion)
             if usage.finish_reasons:
                 span.set_attribute("gen_ai.response.finish_reasons", usage.finish_reasons)
         span.end()

@@ -44,7 +44,7 @@ def charged_tokens(ctx: RequestContext) -> tuple[int, int]:
     """
     usage = ctx.usage
     accepted = ctx.replica is not None and ctx.status == 200
-    prompt, completion = _count(usage.prompt_tokens), _count(usage.completion_tokens)
+    prompt, completion = token_count(usage.prompt_tokens), token_count(usage.completion_tokens)
     if prompt is None:
         prompt = (ctx.prompt_tokens or 0) if accepted else 0
     if completion is None:
@@ -52,6 +52,6 @@ def charged_tokens(ctx: RequestContext) -> tuple[int, int]:
     return prompt, completion
 
 
-def _count(reported: object) -> int | None:
-    """A token count as an upstream reported it, if it is one."""
+def token_count(reported: object) -> int | None:
+    """A token count as an upstream reported it, if it is one (a whole number, not negative)."""
     return reported if isinstance(reported, int) and not isinstance(reported, bool) and reported >= 0 else None

@@ -53,6 +53,21 @@ def test_what_publishes_with_the_tallies_runs_on_stop():
     assert published == [True]
 
 
+def test_a_tally_prometheus_refuses_spares_the_others():
+    registry = CollectorRegistry()
+    histogram, counter = metrics(registry)
+    tallies = Tallies()
+    counter_labels = tallies.counter(counter)
+    counter_labels("chat", "200").inc(-5)  # a counter cannot go back: prometheus_client raises on publish
+    counter_labels("chat", "429").inc(2)
+    tallies.histogram(histogram)("parse").observe(0.003)
+    tallies.publish()
+    assert registry.get_sample_value("requests_total", {"route": "chat", "status": "429"}) == 2
+    assert registry.get_sample_value("stage_seconds_count", {"stage": "parse"}) == 1
+    tallies.publish()  # the refused amount is dropped, not offered again every second
+    assert registry.get_sample_value("requests_total", {"route": "chat", "status": "200"}) == 0
+
+
 def _samples(registry: CollectorRegistry) -> list[str]:
     """The exposition, less the creation times (the two registries were made at different instants), values to 12
     significant digits (a sum added up in another order differs in the last ones)."""
