@@ -15,8 +15,8 @@ Near the limit (less than SHARE x LEASE_REQUESTS reservations left), slices shri
 exactly the request's cost when less than SHARE + 1 reservations' worth is left, and each is settled as soon as no
 request is in flight on it: the last requests are decided one by one in the store, as without slices, and no
 instance holds back more than its requests in flight. Far from it, a slice nothing has used for IDLE seconds is
-settled. A process killed outright leaves its open slices counted until their period ends: at most two slices
-(2 x LEASE_REQUESTS reservations) per budget, never an overshoot.
+settled. A process killed outright leaves its open slices counted until their period ends (the current one, a
+spare, and any retired one whose requests were still running): an undershoot, never an overshoot.
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ class BudgetLeases:
         self._members = (f"lease:{secrets.token_hex(8)}:{n}" for n in itertools.count())
         self._sweeper: asyncio.Task[None] | None = None
         self._ahead: set[asyncio.Task] = set()  # slices being taken ahead
+        self._closing = False  # no slice is taken ahead once stopping has begun
 
     def reserve_held(
         self, applied: Sequence[AppliedBudget], keys: Sequence[str], cost: int, now: float
@@ -98,7 +99,7 @@ class BudgetLeases:
             if left <= budget.quiet_above:
                 return None
             if room * AHEAD < lease.check.cost and lease.kept and spare is None and account.taking is None:
-                if now >= account.ahead_after:
+                if now >= account.ahead_after and not self._closing:
                     self._take_ahead(budget, key, account, cost)
             leases.append(lease)
         return _reserve_on(leases, cost, now)
@@ -158,11 +159,13 @@ class BudgetLeases:
     async def aclose(self) -> None:
         """Settle every slice at what it has used (a request still in flight counts at its reservation), once the
         slices being taken ahead have come (or failed)."""
+        self._closing = True
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
-        await asyncio.gather(*self._ahead, return_exceptions=True)
+        while self._ahead:
+            await asyncio.gather(*list(self._ahead), return_exceptions=True)
         for account in self._accounts.values():
             for lease in (account.lease, account.spare):
                 if lease is not None:
@@ -174,7 +177,14 @@ class BudgetLeases:
         taking = _claim([account], [0])  # at once: the requests before the task starts must not take another
         task = asyncio.create_task(self._take_spare(key, budget.limit, budget.counter.end, account, cost, taking))
         self._ahead.add(task)
-        task.add_done_callback(self._ahead.discard)
+
+        def done(task: asyncio.Task) -> None:
+            self._ahead.discard(task)
+            if not taking.done():  # cancelled before it ran: its waiters must not wait for ever
+                account.taking = None
+                taking.set_result(None)
+
+        task.add_done_callback(done)
 
     async def _take_spare(
         self, key: str, limit: int, end: float, account: LeaseAccount, cost: int, taking: asyncio.Future[None]
@@ -243,10 +253,10 @@ class BudgetLeases:
             if lease is not None and not lease.open and now - lease.touched >= IDLE:
                 account.lease = None
                 _settle(lease)
-            if spare is not None and now - spare.touched >= IDLE:
+            if spare is not None and account.lease is None and now - spare.touched >= IDLE:  # unused, its slice idle
                 account.spare = None
                 _settle(spare)
-            if account.lease is None and account.spare is None and account.ends <= now:
+            if account.lease is None and account.spare is None and account.taking is None and account.ends <= now:
                 del self._accounts[key]
 
 
