@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -65,6 +66,9 @@ class FailoverBackend:
                 outcomes = await self.primary.acquire(checks)
                 self.breaker.record(True)
                 return outcomes, self.primary
+            except asyncio.CancelledError:  # its caller left (a client gone) while the store decided
+                self._give_back(checks)  # what it may have granted would stay held until its period ends
+                raise
             except BackendError as exc:
                 self._errors.inc()
                 self.breaker.record(False)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hashlib
 import json
 import random
@@ -211,6 +212,40 @@ def test_far_from_its_limit_no_request_waits_for_a_slice(redis_server):
     client = redis_server.client()
     counters = [int(client.get(k)) for k in client.scan_iter("portcullis:budget:*") if not k.endswith(b":held")]
     assert counters == [spent]
+
+
+def test_a_request_that_leaves_while_redis_decides_holds_no_budget(redis_server):
+    """A request cancelled (its client gone) while its budget is being decided in Redis, 50 ms away: whatever the
+    store granted it (here a slice of the budget) is given back, so the budget's counter returns to nothing spent
+    rather than holding the reservation until the period ends."""
+    spec = {"prices": PRICES, "budgets": [{"id": "team-spend", "key": "tenant", "limit": 10.0, "period": "day"}]}
+    policies = PolicySet(Policy.model_validate({**POLICY_HEAD, "spec": spec}), {}, "gone")
+    client = redis_server.client()
+
+    def counters() -> list[int]:
+        return [int(client.get(k)) for k in client.scan_iter("portcullis:budget:*") if not k.endswith(b":held")]
+
+    async def run() -> list[int]:
+        relay = DelayingRelay(redis_server.port, 0.05)
+        await relay.start()
+        limiter, stage, _ = _started_on_redis(f"redis://127.0.0.1:{relay.port}", 5.0, policies)
+        try:
+            ctx = _chat(max_tokens=10)
+            admission = asyncio.create_task(stage(ctx))
+            await asyncio.sleep(0.07)  # the script has run in Redis; its answer is still on its way back
+            admission.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await admission
+            stage.settle(ctx)  # the settle phase runs for every request, also one cancelled in a stage
+            deadline = time.monotonic() + 5
+            while counters() != [0] and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            return counters()
+        finally:
+            await _stopped(limiter)
+            await relay.aclose()
+
+    assert asyncio.run(run()) == [0]
 
 
 def test_a_held_slice_keeps_serving_while_redis_is_down(redis_server):
