@@ -93,12 +93,10 @@ class BudgetLeases:
             lease = _holding(account, cost)
             if lease is None:
                 return None
-            room = lease.check.cost - lease.used - cost
-            spare = account.spare
-            left = (account.remaining or 0) + room + (spare.check.cost - spare.used if spare is not None else 0)
-            if left <= budget.quiet_above:
+            if _left(account) - cost <= budget.quiet_above:
                 return None
-            if room * AHEAD < lease.check.cost and lease.kept and spare is None and account.taking is None:
+            room = lease.check.cost - lease.used - cost
+            if room * AHEAD < lease.check.cost and lease.kept and account.spare is None and account.taking is None:
                 if now >= account.ahead_after and not self._closing:
                     self._take_ahead(budget, key, account, cost)
             leases.append(lease)
@@ -189,11 +187,13 @@ class BudgetLeases:
     async def _take_spare(
         self, key: str, limit: int, end: float, account: LeaseAccount, cost: int, taking: asyncio.Future[None]
     ) -> None:
-        try:
-            refused = await self._take([key], [limit], [end], cost, [account], [0], taking, exact=False, ahead=True)
+        try:  # _take answers the store's refusal, or None once granted
+            granted = (
+                await self._take([key], [limit], [end], cost, [account], [0], taking, exact=False, ahead=True) is None
+            )
         except Exception:  # the store is down (and failing closed): the requests that need a slice meet it and say so
-            refused = {}
-        if refused is not None:  # not again for a while, rather than once a request until the slice is full
+            granted = False
+        if not granted:  # not again for a while, rather than once a request until the slice is full
             account.ahead_after = time.time() + IDLE
 
     async def _take(
@@ -250,7 +250,9 @@ class BudgetLeases:
         it lasts: a request may be taking a slice of it)."""
         for key, account in list(self._accounts.items()):
             lease, spare = account.lease, account.spare
-            if lease is not None and not lease.open and now - lease.touched >= IDLE:
+            if lease is not None and not lease.current:  # settled already, by its last request near the limit
+                account.lease = None
+            elif lease is not None and not lease.open and now - lease.touched >= IDLE:
                 account.lease = None
                 _settle(lease)
             if spare is not None and account.lease is None and now - spare.touched >= IDLE:  # unused, its slice idle
