@@ -85,6 +85,14 @@ def start_servers(args: argparse.Namespace, gguf: Path, logs: Path) -> tuple[dic
     return urls, [engine, llama]
 
 
+def warm_up(urls: dict[str, str]) -> None:
+    """One short completion per server before the cells: the first request after a start pays one-off costs
+    (memory arenas, first-touch of the weights) that would otherwise land in the first cell's figures."""
+    for url in urls.values():
+        body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8, "temperature": 0}
+        httpx.post(url + "/v1/chat/completions", json=body, timeout=60).raise_for_status()
+
+
 def run_cell(urls: dict[str, str], cell_args: list[str], out: Path) -> dict:
     runs = [f"{name}={url}" for name, url in urls.items()]
     command = [sys.executable, "-m", "gateway.cli", "bench", "serve", "--runs", *runs, "--ignore-eos"]
@@ -101,6 +109,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--slots", type=int, default=64, help="llama-server -np and the engine's --max-num-seqs")
     ap.add_argument("--ctx-per-slot", type=int, default=1024, help="llama-server context per slot")
+    ap.add_argument("--cells", nargs="+", metavar="NAME", help="only the cells whose names start with these")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     gguf = args.gguf or Path(default_model_path())
@@ -108,7 +117,10 @@ def main() -> None:
         urls, procs = start_servers(args, gguf, Path(tmp))
         table: dict[str, dict] = {}
         try:
+            warm_up(urls)
             for name, cell_args in CELLS:
+                if args.cells and not any(name.startswith(c) for c in args.cells):
+                    continue
                 table[name] = run_cell(urls, cell_args, Path(tmp) / "cell.json")
                 print(
                     f"{name}: " + ", ".join(f"{n} {r['output_throughput']:.1f} tok/s" for n, r in table[name].items())
