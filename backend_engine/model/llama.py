@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from backend_engine.backend import ArrayBackend
+from backend_engine.model.decode_attention import MIN_SEQUENCES, DecodeAttention
 from backend_engine.model.int8_layers import Int8LayerStack
 from backend_engine.model.int8_matmul import Int8Matmul
 from backend_engine.model.quant_blocks import BlockQuantized
@@ -65,6 +66,15 @@ class PrefillSpan:
     num_tokens: int  # rows in this chunk
     context_len: int  # tokens in the KV cache after this chunk (cached + computed + new)
     block_table: np.ndarray
+
+
+@dataclass
+class DecodePlan:
+    """What every layer's decode attention shares in one step."""
+
+    block_tables: Any  # [D, max_blocks] int64
+    bias: Any  # [D, max_blocks * block_size]: 0 within a sequence, -1e30 past its end
+    padded: bool  # some sequence ends before its last block does (else numpy's path skips the bias)
 
 
 @dataclass
@@ -154,6 +164,10 @@ class LlamaModel:
         self.sin = backend.asarray(np.sin(ang).astype(np.float32))
         self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
         self.xp = xp
+        # `--compute int8`: decode attention over many sequences as an onnxruntime graph (decode_attention.py)
+        self._attention_graph = (
+            DecodeAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) if weights.int8_layers is not None else None
+        )
 
     def weight_bytes(self) -> int:
         n = 0 if self.w.int8_layers is None else self.w.int8_layers.nbytes
@@ -263,23 +277,22 @@ class LlamaModel:
         act *= u
         h += self._mm(act, lw.w_down)
 
-    def _decode_plan(self, batch: ForwardBatch) -> tuple[Any, Any]:
+    def _decode_plan(self, batch: ForwardBatch) -> DecodePlan:
         """Block tables and the additive length mask, built once and shared by every layer."""
         bt = batch.decode_block_tables
         L = bt.shape[1] * self._block_size
         mask = np.arange(L)[None, :] >= np.asarray(batch.decode_context_lens)[:, None]  # [D, L]
-        bias = (
-            self.be.asarray(np.where(mask, np.float32(-1e30), np.float32(0)))[None, :, None, :] if mask.any() else None
-        )
-        return self.be.asarray(bt.astype(np.int64)), bias
+        bias = self.be.asarray(np.where(mask, np.float32(-1e30), np.float32(0)))
+        return DecodePlan(self.be.asarray(bt.astype(np.int64)), bias, bool(mask.any()))
 
-    def _decode_attention(self, q: Any, cache: Any, plan: tuple[Any, Any]) -> Any:
+    def _decode_attention(self, q: Any, cache: Any, plan: DecodePlan) -> Any:
         """Batched single-token attention: one gather of all decode sequences' blocks."""
         xp, c = self.xp, self.cfg
-        bt, bias = plan
         D = q.shape[0]
+        if self._attention_graph is not None and D >= MIN_SEQUENCES:
+            return self._attention_graph.attend(q.reshape(D, -1), cache, plan.block_tables, plan.bias)
         nkv, g, hd = c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim
-        kv = xp.take(cache, bt, axis=2)  # [2, nkv, D, nb, bs, hd]
+        kv = xp.take(cache, plan.block_tables, axis=2)  # [2, nkv, D, nb, bs, hd]
         L = kv.shape[3] * kv.shape[4]
         kv = kv.reshape(2, nkv, D, L, hd)
         qh = q.reshape(D, nkv, g, hd).transpose(1, 0, 2, 3)  # [nkv, D, g, hd]
@@ -287,8 +300,8 @@ class LlamaModel:
             qh = qh.astype(kv.dtype)
         s = (qh @ kv[0].transpose(0, 1, 3, 2)).astype(xp.float32, copy=False)  # [nkv, D, g, L]
         s *= self.scale
-        if bias is not None:
-            s += bias
+        if plan.padded:
+            s += plan.bias[None, :, None, :]
         s -= s.max(axis=-1, keepdims=True)
         p = xp.exp(s, out=s)
         p /= p.sum(axis=-1, keepdims=True)
