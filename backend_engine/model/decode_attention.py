@@ -3,8 +3,10 @@
 Why: with many sequences decoding, numpy's attention became the largest cost after the weights. It gathers every
 sequence's blocks into a new array and then loops over 192 small matrix products on one thread. onnxruntime does
 the same gather and products on the session's threads. Measured on the bundled model's shapes (2 cores, one
-layer): 64 sequences of ~96 tokens 1.08 ms in numpy, 0.40 ms here; of ~300 tokens 4.8 ms and 1.35 ms. A single
-sequence is faster in numpy (28 against 36 us), so below `MIN_SEQUENCES` the model keeps numpy's path.
+layer): 64 sequences of ~96 tokens 1.08 ms in numpy, 0.40 ms here; of ~300 tokens 4.8 ms and 1.35 ms; one sequence
+of 1,024 tokens 0.16 ms and 0.08 ms. A single short sequence is as fast in numpy and cheaper to hand over, and
+inside a whole decode step the graph cost one 128-token sequence 0.3 ms more a token than numpy, so below
+`MIN_GATHERED_TOKENS` (sequences x their padded length) the model keeps numpy's path.
 
 The graph reads the cache in place: the K and V halves of a layer's cache are contiguous arrays, which
 onnxruntime takes without a copy. Results match numpy's to float32 rounding (~2e-7), not bit for bit, which is why
@@ -17,7 +19,7 @@ import numpy as np
 
 from backend_engine.model.int8_matmul import constant, session
 
-MIN_SEQUENCES = 8
+MIN_GATHERED_TOKENS = 512
 
 
 class DecodeAttention:

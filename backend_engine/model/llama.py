@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from backend_engine.backend import ArrayBackend
-from backend_engine.model.decode_attention import MIN_SEQUENCES, DecodeAttention
+from backend_engine.model.decode_attention import MIN_GATHERED_TOKENS, DecodeAttention
 from backend_engine.model.int8_layers import Int8LayerStack
 from backend_engine.model.int8_matmul import Int8Matmul
 from backend_engine.model.quant_blocks import BlockQuantized
@@ -164,7 +164,7 @@ class LlamaModel:
         self.sin = backend.asarray(np.sin(ang).astype(np.float32))
         self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
         self.xp = xp
-        # `--compute int8`: decode attention over many sequences as an onnxruntime graph (decode_attention.py)
+        # `--compute int8`: decode attention over many tokens as an onnxruntime graph (decode_attention.py)
         self._attention_graph = (
             DecodeAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) if weights.int8_layers is not None else None
         )
@@ -289,7 +289,7 @@ class LlamaModel:
         """Batched single-token attention: one gather of all decode sequences' blocks."""
         xp, c = self.xp, self.cfg
         D = q.shape[0]
-        if self._attention_graph is not None and D >= MIN_SEQUENCES:
+        if self._attention_graph is not None and plan.bias.size >= MIN_GATHERED_TOKENS:
             return self._attention_graph.attend(q.reshape(D, -1), cache, plan.block_tables, plan.bias)
         nkv, g, hd = c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim
         kv = xp.take(cache, plan.block_tables, axis=2)  # [2, nkv, D, nb, bs, hd]
