@@ -5,6 +5,8 @@ Each engine owns its registry (no process-global state), which the server expose
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (
@@ -55,6 +57,7 @@ class EngineMetrics:
         r = self.registry = CollectorRegistry()
         lbl = ["model_name"]
         self.model_name = model_name
+        self._children: dict[Gauge | Counter | Histogram, Any] = {}
 
         def g(name: str, doc: str, labels: list[str] = lbl) -> Gauge:
             return Gauge(name, doc, labels, registry=r)
@@ -88,7 +91,12 @@ class EngineMetrics:
         self.kv_blocks = g("portcullis_engine_kv_cache_blocks", "KV cache blocks")
 
     def labels(self, m: Gauge | Counter | Histogram):
-        return m.labels(model_name=self.model_name)
+        """`m` for this engine's model, looked up once: prometheus_client's own lookup takes a lock and builds a
+        key each time, and a decode step makes three per sequence (1.7 % of a 32-stream step under py-spy)."""
+        child = self._children.get(m)
+        if child is None:
+            child = self._children[m] = m.labels(model_name=self.model_name)
+        return child
 
     def set_budget(self, weights: int, runtime: int, kv: int, kv_tokens: int, blocks: int, block_size: int) -> None:
         for comp, v in (("weights", weights), ("runtime_overhead", runtime), ("kv_cache", kv)):
