@@ -152,3 +152,25 @@ def test_sequence_longer_than_cache_stops_at_length(make_engine, loaded):
     assert eng.max_model_len == 64
     s = eng.generate([list(range(300, 340))], SamplingParams(max_tokens=100, temperature=0, ignore_eos=True))[0]
     assert s.finish_reason == "length" and s.num_tokens == 64
+
+
+def _resident_fraction(array: np.ndarray) -> float:
+    """The share of `array`'s memory pages the kernel has mapped in (mincore(2)), whole pages only."""
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    start = -(-array.ctypes.data // page) * page
+    end = (array.ctypes.data + array.nbytes) // page * page
+    pages = (end - start) // page
+    vec = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    assert libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(end - start), vec) == 0, ctypes.get_errno()
+    return sum(v & 1 for v in vec) / pages
+
+
+def test_kv_cache_memory_is_in_place_before_the_first_request(make_engine):
+    """A fresh block must not pay the kernel's first-touch page faults inside a request's prefill."""
+    eng = make_engine(kv_cache_bytes=128 << 20)
+    assert min(_resident_fraction(layer) for layer in eng.kv_cache) == 1.0
