@@ -76,6 +76,11 @@ class DecodePlan:
     bias: Any  # [D, max_blocks * block_size]: 0 within a sequence, -1e30 past its end
     padded: bool  # some sequence ends before its last block does (else numpy's path skips the bias)
 
+    @property
+    def gathered_tokens(self) -> int:
+        """KV entries a layer's attention reads: sequences x their padded length."""
+        return int(self.bias.size)
+
 
 @dataclass
 class ForwardBatch:
@@ -297,7 +302,7 @@ class LlamaModel:
         """Batched single-token attention: one gather of all decode sequences' blocks."""
         xp, c = self.xp, self.cfg
         D = q.shape[0]
-        if self._attention_graph is not None and plan.bias.size >= MIN_GATHERED_TOKENS:
+        if self._attention_graph is not None and plan.gathered_tokens >= MIN_GATHERED_TOKENS:
             return self._attention_graph.attend(q.reshape(D, -1), cache, plan.block_tables, plan.bias)
         nkv, g, hd = c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim
         kv = xp.take(cache, plan.block_tables, axis=2)  # [2, nkv, D, nb, bs, hd]
