@@ -1,16 +1,15 @@
-"""`--compute int8`'s batched decode attention over the paged KV cache as one onnxruntime graph per call.
+"""`--compute int8`'s decode attention over the paged KV cache as one onnxruntime graph per layer.
 
-Why: with many sequences decoding, numpy's attention became the largest cost after the weights. It gathers every
-sequence's blocks into a new array and then loops over 192 small matrix products on one thread. onnxruntime does
-the same gather and products on the session's threads. Measured on the bundled model's shapes (2 cores, one
-layer): 64 sequences of ~96 tokens 1.08 ms in numpy, 0.40 ms here; of ~300 tokens 4.8 ms and 1.35 ms; one sequence
-of 1,024 tokens 0.16 ms and 0.08 ms. A single short sequence is as fast in numpy and cheaper to hand over, and
-inside a whole decode step the graph cost one 128-token sequence 0.3 ms more a token than numpy, so below
-`MIN_GATHERED_TOKENS` (sequences x their padded length) the model keeps numpy's path.
+Why: numpy gathers every sequence's blocks into a new array and then loops over small matrix products on one
+thread, a dozen calls a layer. The graph does the same gather (in place: the K and V halves of a layer's cache are
+contiguous arrays, which onnxruntime takes without a copy) and products in one call. Measured on the bundled
+model's shapes (2 cores, one layer): one sequence of 128 tokens 22.7 us in numpy, 16.2 us here on one thread; of
+1,024 tokens 0.16 ms and 0.07 ms on two threads; 64 sequences of ~300 tokens 4.8 ms and 1.35-1.7 ms.
 
-The graph reads the cache in place: the K and V halves of a layer's cache are contiguous arrays, which
-onnxruntime takes without a copy. Results match numpy's to float32 rounding (~2e-7), not bit for bit, which is why
-the float32 path, held to the reference fixtures, keeps numpy's.
+Small steps run on the caller's thread alone: a sleeping or spinning second thread costs more than it saves below
+`POOLED_GATHERED_TOKENS` (sequences x their padded length; one sequence of 64 tokens 12.6 us on one thread, 15.9 us
+on two; from ~512 up two threads win, 1,024 tokens 83 us against 69 us). Results match numpy's to float32 rounding
+(~2e-7), not bit for bit, which is why the float32 path, held to the reference fixtures, keeps numpy's.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import numpy as np
 
 from backend_engine.model.int8_matmul import constant, session
 
-MIN_GATHERED_TOKENS = 512
+POOLED_GATHERED_TOKENS = 512
 
 
 class DecodeAttention:
@@ -28,7 +27,9 @@ class DecodeAttention:
     (0 for a token in the sequence, -1e30 past its end)."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
-        self._session = session(_graph(num_kv_heads, num_heads // num_kv_heads, head_dim))
+        graph = _graph(num_kv_heads, num_heads // num_kv_heads, head_dim)
+        self._single = session(graph, threads=1)
+        self._pooled = session(graph)
 
     def attend(self, q: np.ndarray, cache: np.ndarray, block_tables: np.ndarray, bias: np.ndarray) -> np.ndarray:
         feeds = {
@@ -38,7 +39,8 @@ class DecodeAttention:
             "block_tables": block_tables,
             "bias": bias,
         }
-        return self._session.run(None, feeds)[0]
+        graph = self._pooled if bias.size >= POOLED_GATHERED_TOKENS else self._single
+        return graph.run(None, feeds)[0]
 
 
 def _graph(nkv: int, group: int, hd: int) -> bytes:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -52,13 +53,14 @@ def _shared_arena() -> None:
     ort.create_and_register_allocator(info, None)
 
 
-def session(model: bytes) -> Any:
+def session(model: bytes, threads: int | None = None) -> Any:
+    """A CPU session over `model` on `threads` threads (default: `configure_threads`'s)."""
     import onnxruntime as ort
 
     _shared_arena()
     options = ort.SessionOptions()
     options.add_session_config_entry("session.use_env_allocators", "1")
-    options.intra_op_num_threads = _threads  # 1: the caller's thread only, no pool
+    options.intra_op_num_threads = threads or _threads  # 1: the caller's thread only, no pool
     # Spin while the graph runs (a decode layer is eight short kernels, and waking a sleeping worker for each cost
     # more than it saved), and stop as soon as the run returns, so no worker spins between the calls.
     options.add_session_config_entry("session.intra_op.allow_spinning", "1")
@@ -113,14 +115,21 @@ def constant(name: str, array: np.ndarray, kind: int = 1) -> Any:
     return helper.make_tensor(name, kind, array.shape, np.ascontiguousarray(array).tobytes(), raw=True)
 
 
-def float_graph(nodes: list[Any], inits: list[Any], inputs: dict[str, int], outputs: dict[str, int]) -> bytes:
-    """A serialized model over float32 [T, width] inputs and outputs (`name: width`)."""
+def float_graph(
+    nodes: list[Any],
+    inits: list[Any],
+    inputs: dict[str, int],
+    outputs: dict[str, int],
+    extra_inputs: Sequence[Any] = (),
+) -> bytes:
+    """A serialized model over float32 [T, width] inputs and outputs (`name: width`), plus `extra_inputs` (value
+    infos of any other shape)."""
     from onnx import TensorProto, helper
 
     def values(widths: dict[str, int]) -> list[Any]:
         return [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["T", c]) for n, c in widths.items()]
 
-    graph = helper.make_graph(nodes, "int8", values(inputs), values(outputs), inits)
+    graph = helper.make_graph(nodes, "int8", values(inputs) + list(extra_inputs), values(outputs), inits)
     model = helper.make_model(
         graph,
         ir_version=9,  # what onnxruntime >= 1.15 reads, whatever `onnx` writes

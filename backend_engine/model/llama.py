@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from backend_engine.backend import ArrayBackend
-from backend_engine.model.decode_attention import MIN_GATHERED_TOKENS, DecodeAttention
+from backend_engine.model.decode_attention import DecodeAttention
 from backend_engine.model.int8_layers import Int8LayerStack
 from backend_engine.model.int8_matmul import Int8Matmul
 from backend_engine.model.quant_blocks import BlockQuantized
@@ -76,11 +76,6 @@ class DecodePlan:
     bias: Any  # [D, max_blocks * block_size]: 0 within a sequence, -1e30 past its end
     padded: bool  # some sequence ends before its last block does (else numpy's path skips the bias)
 
-    @property
-    def gathered_tokens(self) -> int:
-        """KV entries a layer's attention reads: sequences x their padded length."""
-        return int(self.bias.size)
-
 
 @dataclass
 class ForwardBatch:
@@ -127,7 +122,7 @@ def hf_tensors_to_weights(cfg: LlamaConfig, t: dict[str, Any], be: ArrayBackend)
         )
     embed = t.pop("model.embed_tokens.weight")
     head = _matrix([t.pop("lm_head.weight", embed)], be)
-    stack = Int8LayerStack(layers, cfg.rms_eps) if int8 else None
+    stack = Int8LayerStack(layers, cfg.rms_eps, cfg.num_heads, cfg.num_kv_heads) if int8 else None
     return LlamaWeights(
         embed=be.asarray(_dense(embed), np.float32),
         layers=[] if stack else layers,  # the graphs hold the blocks: keeping them too would double the memory
@@ -169,7 +164,7 @@ class LlamaModel:
         self.sin = backend.asarray(np.sin(ang).astype(np.float32))
         self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
         self.xp = xp
-        # `--compute int8`: decode attention over many tokens as an onnxruntime graph (decode_attention.py)
+        # `--compute int8`: decode attention as an onnxruntime graph (decode_attention.py)
         self._attention_graph = (
             DecodeAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) if weights.int8_layers is not None else None
         )
@@ -237,33 +232,30 @@ class LlamaModel:
     def _layers(self, batch: ForwardBatch, kv_cache: list[Any]) -> Any:
         """The residual stream [T, H] after the last layer; fills the batch's KV slots on the way."""
         xp, c, be = self.xp, self.cfg, self.be
-        nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
+        nh, hd = c.num_heads, c.head_dim
         T = len(batch.input_ids)
         ids = be.asarray(batch.input_ids.astype(np.int64))
-        pos = be.asarray(batch.positions.astype(np.int64))
-        slots = batch.slot_mapping.astype(np.int64)
-        bs = kv_cache[0].shape[3]
-        slots_d = be.asarray(slots)
-        cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]
+        pos = batch.positions.astype(np.int64)
+        slots = be.asarray(batch.slot_mapping.astype(np.int64))
         D = batch.num_decodes
-        self._block_size = bs
+        self._block_size = kv_cache[0].shape[3]
         dec = self._decode_plan(batch) if D else None
 
         h = self.w.embed[ids]  # [T, H] float32
         stack = self.w.int8_layers
-        qkv: Any = None if stack is None else stack.first(h)
+        if stack is None:
+            pos_d = be.asarray(pos)
+            cos, sin = self.cos[pos_d][:, None, :], self.sin[pos_d][:, None, :]
+        else:
+            rope = {"positions": pos.reshape(1, T), "cos": self.cos, "sin": self.sin}
+            qkv = stack.first(h, rope)
         for li in range(c.num_layers):
             if stack is None:
                 lw = self.w.layers[li]
-                qkv = self._mm(self._rms(h, lw.attn_norm), lw.wqkv)
-            qk = self._rope(qkv[:, : (nh + nkv) * hd].reshape(T, nh + nkv, hd), cos, sin)
-            q = qk[:, :nh]  # [T, nh, hd]
-            k = qk[:, nh:]  # [T, nkv, hd]
-            v = qkv[:, (nh + nkv) * hd :].reshape(T, nkv, hd)
+                qkv = self._rope_qk(self._mm(self._rms(h, lw.attn_norm), lw.wqkv), cos, sin)
             cache = kv_cache[li]
-            flat = cache.reshape(2, nkv, -1, hd)  # [2, nkv, num_blocks * bs, hd] view
-            flat[0][:, slots_d] = k.transpose(1, 0, 2).astype(cache.dtype, copy=False)
-            flat[1][:, slots_d] = v.transpose(1, 0, 2).astype(cache.dtype, copy=False)
+            self._store_kv(qkv, cache, slots)
+            q = qkv[:, : nh * hd]
             attn = xp.empty((T, nh * hd), dtype=xp.float32)
             if dec is not None:
                 attn[:D] = self._decode_attention(q[:D], cache, dec)
@@ -274,8 +266,23 @@ class LlamaModel:
             if stack is None:
                 self._mlp(h, attn, lw)
             else:
-                h, qkv = stack.after_attention(li, h, attn)
+                h, qkv = stack.after_attention(li, h, attn, rope)
         return h
+
+    def _rope_qk(self, qkv: Any, cos: Any, sin: Any) -> Any:
+        """Q|K|V rows [T, (nh + 2 nkv) hd] with Q and K turned by their positions, in place (the int8 graphs do
+        this themselves)."""
+        c = self.cfg
+        T, qk = qkv.shape[0], (c.num_heads + c.num_kv_heads) * c.head_dim
+        qkv[:, :qk] = self._rope(qkv[:, :qk].reshape(T, -1, c.head_dim), cos, sin).reshape(T, qk)
+        return qkv
+
+    def _store_kv(self, qkv: Any, cache: Any, slots: Any) -> None:
+        """Copy the rows' K and V into their slots of one layer's cache, both halves in one indexed write."""
+        c = self.cfg
+        nkv, hd = c.num_kv_heads, c.head_dim
+        kv = qkv[:, c.num_heads * hd :].reshape(-1, 2, nkv, hd).transpose(1, 2, 0, 3)  # [2, nkv, T, hd]
+        cache.reshape(2, nkv, -1, hd)[:, :, slots] = kv.astype(cache.dtype, copy=False)
 
     def _mlp(self, h: Any, attn: Any, lw: LayerWeights) -> None:
         """The layer after attention, in place on the residual stream h: output projection, then the MLP."""
@@ -302,7 +309,7 @@ class LlamaModel:
         """Batched single-token attention: one gather of all decode sequences' blocks."""
         xp, c = self.xp, self.cfg
         D = q.shape[0]
-        if self._attention_graph is not None and plan.gathered_tokens >= MIN_GATHERED_TOKENS:
+        if self._attention_graph is not None:
             return self._attention_graph.attend(q.reshape(D, -1), cache, plan.block_tables, plan.bias)
         nkv, g, hd = c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim
         kv = xp.take(cache, plan.block_tables, axis=2)  # [2, nkv, D, nb, bs, hd]

@@ -1,5 +1,6 @@
 """`--compute int8` runs each layer's token-wise work as one onnxruntime graph: it must compute what the
-per-matrix path (one `Int8Matmul` per weight, norms and SiLU in numpy) computes, on the bundled model's weights."""
+per-matrix path (one `Int8Matmul` per weight, norms, SiLU and RoPE in numpy) computes, on the bundled model's
+weights."""
 
 import numpy as np
 import pytest
@@ -34,9 +35,19 @@ def relative(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.abs(got - want).max() / np.abs(want).max())
 
 
+def rope_at(model: LlamaModel, positions: np.ndarray) -> dict[str, np.ndarray]:
+    return {"positions": positions.astype(np.int64).reshape(1, -1), "cos": model.cos, "sin": model.sin}
+
+
+def numpy_rope(model: LlamaModel, qkv: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    return model._rope_qk(qkv, model.cos[positions][:, None, :], model.sin[positions][:, None, :])
+
+
 # Both paths round activations to int8; a norm output that differs in its last float bit can round to the
 # neighbouring code, which moves an output by ~1e-3 relative. A wrong weight, norm or gate order moves it by ~1.
 SAME = 5e-3
+# RoPE mixes each output with its partner in the other half of the head, which can carry such a flip too.
+SAME_ROTATED = SAME * np.sqrt(2)
 
 
 @pytest.mark.parametrize("rows", [1, 5])
@@ -51,13 +62,15 @@ def test_layer_graph_matches_the_per_matrix_path(blocks_and_model, rows):
     layer3, layer4 = per_matrix_layer(tensors, 3), per_matrix_layer(tensors, 4)
     want_h = h.copy()
     model._mlp(want_h, attn, layer3)
-    want_qkv = layer4.wqkv(model._rms(want_h, layer4.attn_norm))
-    got_h, got_qkv = stack.after_attention(3, h, attn)
+    positions = rng.integers(1, 2000, rows)  # far from 0, where RoPE leaves a row as it is
+    want_qkv = numpy_rope(model, layer4.wqkv(model._rms(want_h, layer4.attn_norm)), positions)
+    got_h, got_qkv = stack.after_attention(3, h, attn, rope_at(model, positions))
 
     assert relative(got_h, want_h) < SAME
-    assert relative(got_qkv, want_qkv) < SAME
+    assert relative(got_qkv, want_qkv) < SAME_ROTATED
     layer0 = per_matrix_layer(tensors, 0)
-    assert relative(stack.first(h), layer0.wqkv(model._rms(h, layer0.attn_norm))) < SAME
+    want_first = numpy_rope(model, layer0.wqkv(model._rms(h, layer0.attn_norm)), positions)
+    assert relative(stack.first(h, rope_at(model, positions)), want_first) < SAME_ROTATED
 
 
 def test_last_layer_graph_returns_the_residual_only(blocks_and_model):
@@ -67,5 +80,5 @@ def test_last_layer_graph_returns_the_residual_only(blocks_and_model):
     attn = np.zeros_like(h)
     want = h.copy()
     model._mlp(want, attn, per_matrix_layer(tensors, last))
-    got, qkv = model.w.int8_layers.after_attention(last, h, attn)
+    got, qkv = model.w.int8_layers.after_attention(last, h, attn, rope_at(model, np.arange(2)))
     assert qkv is None and relative(got, want) < SAME
