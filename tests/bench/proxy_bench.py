@@ -27,6 +27,7 @@ With --profile-dir, py-spy (from .bench/tools-venv, or $PY_SPY) records the acce
 
 With --workers-compare, only this: the gateway with listen.workers 1, then 2, wrk and the static upstream pinned
 (taskset) to --load-cpus in both runs; RPS, latency and CPU per request of the gateway's whole process tree.
+--with-workers adds those rows after the others, so one run gives the whole gateway table.
 
 Not a pytest module (no test_ prefix, no test functions): it needs nginx, wrk and minutes of wall time.
 """
@@ -1085,6 +1086,16 @@ COMPARED_WORKERS = (1, 2)
 
 
 def workers_compare(args: argparse.Namespace) -> int:
+    """`--workers-compare`: the workers rows alone."""
+    rows = measure_workers(args)
+    print(f"\nmachine: {machine()}\n{workers_table(rows, args)}")
+    if args.out:
+        report = {"machine": machine(), "load_cpus": args.load_cpus, "duration_s": args.duration, "workers": rows}
+        args.out.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def measure_workers(args: argparse.Namespace) -> list[dict]:
     """The gateway (auth on, access log off) with listen.workers 1, then 2, one at a time in front of the static
     upstream. wrk and the upstream run pinned to --load-cpus in both runs, so the cores the gateway may take are the
     only difference; on a 2-core machine the second worker shares the load generator's core. Reported: RPS and
@@ -1125,23 +1136,21 @@ def workers_compare(args: argparse.Namespace) -> int:
     finally:
         procs.stop_all()
         shutil.rmtree(tmp, ignore_errors=True)
-    print(
-        f"\nmachine: {machine()}\n"
-        f"wrk -t1 -c32 and the static upstream pinned to cores {args.load_cpus}, {args.duration:g}s"
-    )
-    print(
+    return rows
+
+
+def workers_table(rows: list[dict], args: argparse.Namespace) -> str:
+    lines = [
+        f"wrk -t1 -c32 and the static upstream pinned to cores {args.load_cpus}, {args.duration:g}s",
         f"{'workers':>7} {'processes':>9} {'RPS c32':>9} {'err':>5} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'CPU us/req':>10} {'CPU util':>8}"
-    )
+        f"{'CPU us/req':>10} {'CPU util':>8}",
+    ]
     for r in rows:
-        print(
+        lines.append(
             f"{r['workers']:>7} {r['processes']:>9} {r['rps']:>9} {r['errors']:>5} {r['p50_ms']:>8.3f} "
             f"{r['p99_ms']:>8.3f} {r['cpu_us_per_request']:>10} {r['cpu_util']:>8}"
         )
-    if args.out:
-        report = {"machine": machine(), "load_cpus": args.load_cpus, "duration_s": args.duration, "workers": rows}
-        args.out.write_text(json.dumps(report, indent=2))
-    return 0
+    return "\n".join(lines)
 
 
 def wait_serving(service: Service, workers: int, timeout: float = 60.0) -> None:
@@ -1242,9 +1251,15 @@ def main(argv: list[str] | None = None) -> int:
         help="only this: the gateway with listen.workers 1, then 2, wrk and the upstream pinned to --load-cpus",
     )
     parser.add_argument(
+        "--with-workers",
+        action="store_true",
+        help="after the other rows, in the same run: the --workers-compare rows (the whole gateway table in one run)",
+    )
+    parser.add_argument(
         "--load-cpus",
         default=str(max(os.sched_getaffinity(0))),
-        help="with --workers-compare: the cores (taskset list) of wrk and the static upstream (default: the last)",
+        help="with --workers-compare or --with-workers: the cores (taskset list) of wrk and the static upstream "
+        "(default: the last)",
     )
     args = parser.parse_args(argv)
 
@@ -1396,6 +1411,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"temp dir kept: {tmp}", file=sys.stderr)
         else:
             shutil.rmtree(tmp, ignore_errors=True)
+    if args.with_workers:  # after the other targets are stopped: the pinned runs want the cores to themselves
+        report["workers"] = measure_workers(args)
+        report["load_cpus"] = args.load_cpus
+        report["loadavg_end"] = loadavg()
 
     print(f"\nmachine: {report['machine']}")
     print(f"load average: start {report['loadavg_start']}, end {report['loadavg_end']}")
@@ -1442,6 +1461,8 @@ def main(argv: list[str] | None = None) -> int:
         for row in prof["self_by_function"]:
             print(f"  {row['pct']:>5.1f}%  {row['function']}")
         print(f"  inclusive: {prof['inclusive_pct']}")
+    if report.get("workers"):
+        print(f"\nlisten.workers 1 against 2, same run:\n{workers_table(report['workers'], args)}")
     if args.out:
         args.out.write_text(json.dumps(report, indent=2))
         print(f"\nwrote {args.out}")
