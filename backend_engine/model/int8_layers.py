@@ -52,24 +52,27 @@ def _depth(w: Matrix) -> int:
 
 
 def _rope_inputs() -> list[Any]:
-    """The RoPE inputs of every graph: positions [1, T] and the model's cos / sin tables [positions, head_dim / 2]."""
+    """The RoPE inputs of every graph: positions [T, 1] and the model's cos / sin tables [positions, head_dim / 2]."""
     from onnx import TensorProto, helper
 
     return [
-        helper.make_tensor_value_info("positions", TensorProto.INT64, [1, "T"]),
+        helper.make_tensor_value_info("positions", TensorProto.INT64, ["T", 1]),
         helper.make_tensor_value_info("cos", TensorProto.FLOAT, ["P", "half"]),
         helper.make_tensor_value_info("sin", TensorProto.FLOAT, ["P", "half"]),
     ]
 
 
 def _rope_qk(raw: str, out: str, qk_heads: int, width: int, kv_width: int) -> tuple[list[Any], list[Any]]:
-    """Nodes turning the Q and K heads of the Q|K|V rows `raw` [T, width] by each row's position, V untouched."""
+    """Nodes turning the Q and K heads of the Q|K|V rows `raw` [T, width] by each row's position, V untouched.
+
+    Each row is its own batch entry of one token ([T, 1, heads * head_dim]): as one sequence of T tokens,
+    onnxruntime refuses a step longer than the cos / sin tables, whatever the positions."""
     from onnx import TensorProto, helper
 
     qk_width = width - kv_width
     inits = [
         constant(f"{out}_split", np.array([qk_width, kv_width]), TensorProto.INT64),
-        constant(f"{out}_batch", np.array([1, -1, qk_width]), TensorProto.INT64),  # [1, T, heads * head_dim]
+        constant(f"{out}_batch", np.array([-1, 1, qk_width]), TensorProto.INT64),  # [T, 1, heads * head_dim]
         constant(f"{out}_rows", np.array([-1, qk_width]), TensorProto.INT64),
     ]
     nodes = [

@@ -247,7 +247,7 @@ class LlamaModel:
             pos_d = be.asarray(pos)
             cos, sin = self.cos[pos_d][:, None, :], self.sin[pos_d][:, None, :]
         else:
-            rope = {"positions": pos.reshape(1, T), "cos": self.cos, "sin": self.sin}
+            rope = {"positions": pos.reshape(T, 1), "cos": self.cos, "sin": self.sin}
             qkv = stack.first(h, rope)
         for li in range(c.num_layers):
             if stack is None:

@@ -2,13 +2,15 @@
 per-matrix path (one `Int8Matmul` per weight, norms, SiLU and RoPE in numpy) computes, on the bundled model's
 weights."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from backend_engine.config import default_model_path
 from backend_engine.model.gguf import load_gguf
 from backend_engine.model.int8_matmul import Int8Matmul
-from backend_engine.model.llama import LayerWeights, LlamaModel, hf_tensors_to_weights
+from backend_engine.model.llama import ForwardBatch, LayerWeights, LlamaModel, PrefillSpan, hf_tensors_to_weights
 from backend_engine.model.quant_blocks import BlockQuantized
 
 
@@ -36,7 +38,7 @@ def relative(got: np.ndarray, want: np.ndarray) -> float:
 
 
 def rope_at(model: LlamaModel, positions: np.ndarray) -> dict[str, np.ndarray]:
-    return {"positions": positions.astype(np.int64).reshape(1, -1), "cos": model.cos, "sin": model.sin}
+    return {"positions": positions.astype(np.int64).reshape(-1, 1), "cos": model.cos, "sin": model.sin}
 
 
 def numpy_rope(model: LlamaModel, qkv: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -82,3 +84,31 @@ def test_last_layer_graph_returns_the_residual_only(blocks_and_model):
     model._mlp(want, attn, per_matrix_layer(tensors, last))
     got, qkv = model.w.int8_layers.after_attention(last, h, attn, rope_at(model, np.arange(2)))
     assert qkv is None and relative(got, want) < SAME
+
+
+def test_a_step_longer_than_the_position_table_runs_like_float32(cpu_backend):
+    """RoPE is per row: a step of more tokens than the model has positions (two 40-token prompts against a
+    64-position table) is still valid, and int8 must compute what float32 does, within int8 rounding."""
+    logits = {}
+    for keep_blocks in (False, True):
+        cfg, tensors, _ = load_gguf(default_model_path(), keep_blocks=keep_blocks)
+        cfg = dataclasses.replace(cfg, max_position=64)
+        model = LlamaModel(cfg, hf_tensors_to_weights(cfg, dict(tensors), cpu_backend), cpu_backend)
+        tables = [np.array([0, 1, 2]), np.array([3, 4, 5])]
+        positions = np.concatenate([np.arange(40), np.arange(40)])
+        slots = np.concatenate([t[positions[:40] // 16] * 16 + positions[:40] % 16 for t in tables])
+        batch = ForwardBatch(
+            input_ids=np.arange(100, 180),
+            positions=positions,
+            slot_mapping=slots,
+            num_decodes=0,
+            decode_block_tables=np.zeros((0, 1), np.int64),
+            decode_context_lens=np.zeros(0, np.int64),
+            prefills=[PrefillSpan(0, 40, 40, tables[0]), PrefillSpan(40, 40, 40, tables[1])],
+            logits_indices=np.array([39, 79]),
+        )
+        logits[keep_blocks] = model.forward(batch, model.allocate_kv_cache(8, 16))
+    int8, float32 = logits[True], logits[False]
+    assert int8.shape == float32.shape == (2, 49152)
+    assert (int8.argmax(-1) == float32.argmax(-1)).all()
+    assert relative(int8, float32) < 0.1
