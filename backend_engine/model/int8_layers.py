@@ -62,7 +62,7 @@ def _rope_inputs() -> list[Any]:
     ]
 
 
-def _rope_qk(raw: str, out: str, qk_heads: int, width: int, kv_width: int) -> tuple[list[Any], list[Any]]:
+def _rope_nodes(raw: str, out: str, qk_heads: int, width: int, kv_width: int) -> tuple[list[Any], list[Any]]:
     """Nodes turning the Q and K heads of the Q|K|V rows `raw` [T, width] by each row's position, V untouched.
 
     Each row is its own batch entry of one token ([T, 1, heads * head_dim]): as one sequence of T tokens,
@@ -123,7 +123,7 @@ class Int8LayerStack:
 
         nodes = [helper.make_node("SimplifiedLayerNormalization", ["h", "norm"], ["x"], axis=-1, epsilon=eps)]
         mm_nodes, inits = _product(wqkv, "x", "qkv_raw")
-        rope_nodes, rope_inits = _rope_qk("qkv_raw", "qkv", *self._rope)
+        rope_nodes, rope_inits = _rope_nodes("qkv_raw", "qkv", *self._rope)
         return float_graph(
             nodes + mm_nodes + rope_nodes,
             [constant("norm", norm), *inits, *rope_inits],
@@ -175,6 +175,6 @@ class Int8LayerStack:
             inits.append(constant("next_norm", nxt.attn_norm))
             nodes.append(skip_norm("h_mid", "d", "next_norm", "x_next", "h_out"))
             add(_product(nxt.wqkv, "x_next", "qkv_raw"))
-            add(_rope_qk("qkv_raw", "qkv", *self._rope))
+            add(_rope_nodes("qkv_raw", "qkv", *self._rope))
             outputs["qkv"] = _width(nxt.wqkv)
         return float_graph(nodes, inits, {"h": hidden, "attn": _depth(lw.wo)}, outputs, _rope_inputs())
