@@ -17,6 +17,12 @@ folds can run as separate processes (`--fold 0 --fold 1 ...`). When every fold i
 - the figures at that threshold for every fold, with their mean, standard deviation, minimum and maximum.
 
 Everything goes to <out>/crossval.json, which export.py ships into the model's config.json.
+
+`--blend DIR=WEIGHT ...` trains nothing: it sums the fold margins of finished cross-validations (same folds, other
+recipes or base encoders) with those weights, then calibrates and chooses the threshold of that blend the same way,
+for an ensemble folder (gateway/guard/ensemble.py):
+
+    crossval.py --out .bench/guard-train/cv-blend --blend .bench/guard-train/cv=0.5 .bench/guard-train/cv-e5=0.5
 """
 
 from __future__ import annotations
@@ -143,15 +149,43 @@ def summarize(rows: list[dict], folds: list[int], results: list[dict], out: Path
     return report
 
 
+def blended(runs: list[str], k: int) -> list[dict]:
+    """Fold results whose margins are the weighted sums of those of the cross-validations named `DIR=WEIGHT`."""
+    parts = []
+    for run in runs:
+        folder, _, weight = run.partition("=")
+        parts.append(([json.loads((Path(folder) / f"fold{f}.json").read_text()) for f in range(k)], float(weight)))
+    out = []
+    for f in range(k):
+        first = parts[0][0][f]
+        if any(results[f]["held_out"].keys() != first["held_out"].keys() for results, _ in parts):
+            raise SystemExit(f"--blend: fold {f} holds out other rows in some of {runs}")
+        out.append(
+            {
+                "fold": f,
+                "seed": first["seed"],
+                "held_out": {i: sum(w * r[f]["held_out"][i] for r, w in parts) for i in first["held_out"]},
+                "validation": [
+                    sum(w * r[f]["validation"][j] for r, w in parts) for j in range(len(first["validation"]))
+                ],
+            }
+        )
+    return out
+
+
 def main() -> None:
     ap = parser()
     ap.description = __doc__
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--fold", type=int, action="append", help="train only this fold (repeatable); default: all")
+    ap.add_argument("--blend", nargs="+", metavar="DIR=WEIGHT", help="blend finished cross-validations instead")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = pooled()
     folds = assign_folds(rows, args.folds)
+    if args.blend:
+        print(json.dumps(summarize(rows, folds, blended(args.blend, args.folds), args.out), indent=2))
+        return
     for fold in args.fold if args.fold is not None else range(args.folds):
         if not (args.out / f"fold{fold}.json").is_file():
             run_fold(fold, rows, folds, args)
