@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from gateway.guard.evaluation import metrics
 
 if TYPE_CHECKING:  # the model (and onnxruntime) loads only when a subcommand runs
-    from gateway.guard.model import GuardModel
+    from gateway.guard.ensemble import GuardEnsemble
     from gateway.guard.spec import InjectionPolicy
 
 
@@ -49,8 +49,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=32)
 
 
-def _setup(args: argparse.Namespace) -> tuple[GuardModel, InjectionPolicy, float]:
-    from gateway.guard.model import load_model
+def _setup(args: argparse.Namespace) -> tuple[GuardEnsemble, InjectionPolicy, float]:
+    from gateway.guard.ensemble import load_guard
     from gateway.guard.spec import GuardSpec
     from gateway.policy.loader import PolicyError, load_policy_dir
 
@@ -61,7 +61,7 @@ def _setup(args: argparse.Namespace) -> tuple[GuardModel, InjectionPolicy, float
         except PolicyError as exc:
             raise SystemExit(f"portcullis guard: {exc}") from None
     runtime = spec.runtime
-    model = load_model(
+    model = load_guard(
         args.model or runtime.model,
         device=args.device or runtime.device,
         precision=runtime.precision,
@@ -104,7 +104,7 @@ def _require(rows: list[dict], column: str, path: Path | None) -> None:
             raise SystemExit(f"portcullis guard: {path or 'stdin'}: row {number} has no string {column!r} column")
 
 
-def _scored(args: argparse.Namespace, rows: list[dict]) -> tuple[list[float], float, GuardModel]:
+def _scored(args: argparse.Namespace, rows: list[dict]) -> tuple[list[float], float, GuardEnsemble]:
     model, policy, threshold = _setup(args)
     texts = [row[args.text_column] for row in rows]
     scores: list[float] = []
@@ -113,7 +113,7 @@ def _scored(args: argparse.Namespace, rows: list[dict]) -> tuple[list[float], fl
     return scores, threshold, model
 
 
-def _label(model: GuardModel, score: float, threshold: float) -> str:
+def _label(model: GuardEnsemble, score: float, threshold: float) -> str:
     malicious = model.labels[model.malicious[0]]
     benign = next(name for i, name in model.labels.items() if i not in model.malicious)
     return malicious if score >= threshold else benign
@@ -181,7 +181,7 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def shipped_spread(model: GuardModel, threshold: float) -> dict | None:
+def shipped_spread(model: GuardEnsemble, threshold: float) -> dict | None:
     """The model card's cross-validated figures at its shipped threshold (mean, spread over folds and seeds), for
     comparison with your own data's; None for a folder without crossval.json or when another threshold is used."""
     path = model.folder / "crossval.json"

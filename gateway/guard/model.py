@@ -30,9 +30,9 @@ log = logging.getLogger(__name__)
 
 BENIGN_NAMES = {"benign", "safe", "label_0", "legit", "legitimate", "negative", "clean", "0"}
 # The repository's guard_models/ (editable installs), or wherever PORTCULLIS_GUARD_MODELS points (the image).
-DEFAULT_MODEL_DIR = (
-    Path(os.environ.get("PORTCULLIS_GUARD_MODELS", Path(__file__).resolve().parents[2] / "guard_models")) / "minilm-pi"
-)
+MODELS_DIR = Path(os.environ.get("PORTCULLIS_GUARD_MODELS", Path(__file__).resolve().parents[2] / "guard_models"))
+# The bundled guard: an ensemble folder (gateway/guard/ensemble.py) over the English and the multilingual model
+DEFAULT_MODEL_DIR = MODELS_DIR / "ensemble-pi"
 
 
 class GuardModelError(Exception):
@@ -124,6 +124,11 @@ class GuardModel:
 
     def score(self, batch: list[list[int]]) -> np.ndarray:
         """Malicious probability for each window of one padded batch (pads to the longest window)."""
+        scale, bias = self.calibration
+        return 1.0 / (1.0 + np.exp(-(scale * self.margins(batch) + bias)))
+
+    def margins(self, batch: list[list[int]]) -> np.ndarray:
+        """The uncalibrated logit margin of each window (what an ensemble blends before its own calibration)."""
         if not batch:
             return np.zeros(0, dtype=np.float32)
         width = max(len(ids) for ids in batch)
@@ -137,9 +142,7 @@ class GuardModel:
             feeds["token_type_ids"] = np.zeros_like(input_ids)
         feeds = {k: v for k, v in feeds.items() if k in self.input_names}
         logits = self.session.run(None, feeds)[0].astype(np.float32)
-        scale, bias = self.calibration
-        margin = malicious_margin(logits, self.malicious)
-        return 1.0 / (1.0 + np.exp(-(scale * margin + bias)))
+        return malicious_margin(logits, self.malicious)
 
     def score_texts(
         self, texts: list[str], window: int | None = None, stride: int = 32, batch_size: int = 32
@@ -164,14 +167,13 @@ def malicious_margin(logits: np.ndarray, malicious: list[int]) -> np.ndarray:
     return np.logaddexp.reduce(logits[:, malicious], axis=1) - np.logaddexp.reduce(logits[:, benign], axis=1)
 
 
-def load_model(
-    folder: str | Path | None = None, *, device: str = "auto", precision: str = "auto", threads: int = 0
-) -> GuardModel:
-    """Load a model folder. device: auto | cuda | cpu; threads: ONNX intra-op threads (0: ONNX's default)."""
+def load_model(folder: str | Path, *, device: str = "auto", precision: str = "auto", threads: int = 0) -> GuardModel:
+    """Load one model folder (`load_guard` loads ensembles too). device: auto | cuda | cpu; threads: ONNX intra-op
+    threads (0: ONNX's default)."""
     import onnxruntime as ort
     from tokenizers import Tokenizer
 
-    folder = Path(folder) if folder else DEFAULT_MODEL_DIR
+    folder = Path(folder)
     for name in ("tokenizer.json", "config.json"):
         if not (folder / name).is_file():
             raise GuardModelError(

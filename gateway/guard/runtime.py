@@ -1,4 +1,5 @@
-"""The process's guard: one loaded classifier and its micro-batcher, verdicts, telemetry.
+"""The process's guard: the loaded classifier (one model or an ensemble), a micro-batcher per model, verdicts,
+telemetry.
 
 Loaded once (at startup when the base policy enables the guard, else on first use) and reloaded only when the
 policy's `runtime` section changes. Verdicts are recorded on the current span as the GenAI guardrail convention
@@ -15,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -25,7 +27,7 @@ from gateway.guard.spec import GuardRuntime as RuntimeSettings
 from gateway.guard.spec import InjectionPolicy
 
 if TYPE_CHECKING:  # the model module loads with the first policy that enables the guard
-    from gateway.guard.model import GuardModel
+    from gateway.guard.ensemble import GuardEnsemble, Window
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +110,7 @@ class ScanTooLong(GatewayError):
 
 
 class Guard:
-    """The classifier (lazily loaded), its batcher and the guard's metrics."""
+    """The classifier (lazily loaded), its batchers and the guard's metrics."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         registry = registry or CollectorRegistry()
@@ -120,7 +122,7 @@ class Guard:
         )
         self.scores = Histogram(
             "portcullis_guard_score",
-            "Classifier score (max over windows) per scanned text",
+            "Classifier score (the highest of the scanned texts') per scan",
             ["target"],
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0),
             registry=registry,
@@ -137,44 +139,53 @@ class Guard:
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
             registry=registry,
         )
-        self._model: GuardModel | None = None
-        self._batcher: MicroBatcher | None = None
+        self._model: GuardEnsemble | None = None
+        self._batchers: list[MicroBatcher] = []
         self._settings: RuntimeSettings | None = None
         self._load_lock = threading.Lock()
 
     @property
-    def model(self) -> GuardModel | None:
+    def model(self) -> GuardEnsemble | None:
         return self._model
 
-    def _loaded(self) -> tuple[GuardModel, MicroBatcher]:
-        """The model and its batcher, which scanning needs `load` or `ensure` to have made."""
-        if self._model is None or self._batcher is None:
-            raise RuntimeError("the guard model is not loaded: call load() or ensure() first")
-        return self._model, self._batcher
+    @property
+    def largest_batch(self) -> int:
+        """The most windows one classifier call has taken so far (benchmarks read it)."""
+        return max((batcher.stats.largest for batcher in self._batchers), default=0)
 
-    def load(self, settings: RuntimeSettings) -> GuardModel:
+    def _loaded(self) -> tuple[GuardEnsemble, list[MicroBatcher]]:
+        """The model and its batchers, which scanning needs `load` or `ensure` to have made."""
+        if self._model is None or not self._batchers:
+            raise RuntimeError("the guard model is not loaded: call load() or ensure() first")
+        return self._model, self._batchers
+
+    def load(self, settings: RuntimeSettings) -> GuardEnsemble:
         """Load (or reload, when the settings changed) the model; blocking, so call it off the event loop."""
         with self._load_lock:
             if self._model is not None and self._settings == settings:
                 return self._model
-            from gateway.guard.model import load_model
+            from gateway.guard.ensemble import load_guard
 
             started = time.perf_counter()
-            model = load_model(
+            model = load_guard(
                 settings.model, device=settings.device, precision=settings.precision, threads=settings.threads
             )
-            model.score([model.encode_windows("warm up")[0]])  # first run allocates; not a request's cost
-            self._batcher = MicroBatcher(
-                model.score,
-                max_batch=settings.max_batch,
-                max_wait_us=settings.max_wait_us,
-                on_batch=self._observe_batch,
-            )
+            for member in model.members:  # first run allocates; not a request's cost
+                member.margins([member.encode_windows("warm up")[0]])
+            self._batchers = [
+                MicroBatcher(
+                    member.margins,
+                    max_batch=settings.max_batch,
+                    max_wait_us=settings.max_wait_us,
+                    on_batch=self._observe_batch,
+                )
+                for member in model.members
+            ]
             self._model, self._settings = model, settings
             log.info("guard model ready in %.2fs on %s", time.perf_counter() - started, model.providers[0])
             return model
 
-    async def ensure(self, settings: RuntimeSettings) -> GuardModel:
+    async def ensure(self, settings: RuntimeSettings) -> GuardEnsemble:
         if self._model is not None and self._settings == settings:
             return self._model
         return await asyncio.to_thread(self.load, settings)
@@ -189,28 +200,34 @@ class Guard:
         model_threshold = self._model.threshold if self._model else None
         return float(model_threshold) if model_threshold is not None else DEFAULT_THRESHOLD
 
-    def windows(
-        self, texts: list[str], policy: InjectionPolicy, max_windows: int | None = None
-    ) -> list[tuple[int, list[int]]]:
-        """(text index, window ids) for every window of every text; blocking (tokenizing), so big inputs belong on
-        a worker thread. More than `max_windows` raises ScanTooLong: a text is scanned whole or not served."""
+    def windows(self, texts: list[str], policy: InjectionPolicy, max_windows: int | None = None) -> list[Window]:
+        """Every window of every text, in each model's tokens; blocking (tokenizing), so big inputs belong on a worker
+        thread. A model needing more than `max_windows` raises ScanTooLong: a text is scanned whole or not served."""
         model, _ = self._loaded()
-        per_text = model.encode_windows_batch(texts, policy.window, policy.overlap)
-        flat = [(i, ids) for i, ws in enumerate(per_text) for ids in ws]
-        if max_windows is not None and len(flat) > max_windows:
-            raise ScanTooLong(len(flat), max_windows, min(policy.window, model.max_length))
-        return flat
+        windows = model.windows(texts, policy.window, policy.overlap)
+        needed = max(sum(1 for w in windows if w[1] == m) for m in range(len(model.members)))
+        if max_windows is not None and needed > max_windows:
+            raise ScanTooLong(needed, max_windows, min(policy.window, model.max_length))
+        return windows
 
-    async def score(self, windows: list[tuple[int, list[int]]], target: str = "input") -> tuple[float, int]:
-        """(max score, index of the text that has it) over these windows, through the micro-batcher; (0, -1) for
-        none."""
+    async def score(self, windows: list[Window], target: str = "input") -> tuple[float, int]:
+        """(highest text score, index of the text that has it) over these windows, each model's through its
+        micro-batcher, the models at once; (0, -1) for none."""
         if not windows:
             return 0.0, -1
-        _, batcher = self._loaded()
-        scores = await batcher.score([ids for _, ids in windows])
-        best = max(range(len(scores)), key=scores.__getitem__)
-        self.scores.labels(target=target).observe(scores[best])
-        return float(scores[best]), windows[best][0]
+        model, batchers = self._loaded()
+        parts = [[k for k, w in enumerate(windows) if w[1] == m] for m in range(len(batchers))]
+        results = await asyncio.gather(
+            *(batcher.score([windows[k][2] for k in part]) for batcher, part in zip(batchers, parts))
+        )
+        margins = [0.0] * len(windows)
+        for part, result in zip(parts, results):
+            for k, margin in zip(part, result):
+                margins[k] = margin
+        scores = model.blend(max(w[0] for w in windows) + 1, windows, margins)
+        best = int(np.argmax(scores))
+        self.scores.labels(target=target).observe(float(scores[best]))
+        return float(scores[best]), best
 
     async def classify(
         self, texts: list[str], policy: InjectionPolicy, settings: RuntimeSettings, target: str = "input"
@@ -243,5 +260,5 @@ class Guard:
             span.set_attribute(key, value)
 
     async def aclose(self) -> None:
-        if self._batcher:
-            await self._batcher.aclose()
+        for batcher in self._batchers:
+            await batcher.aclose()

@@ -112,8 +112,8 @@ class GuardRuntime(_Strict):
     model: str | None = Field(
         default=None,
         description=(
-            "a Hugging Face style ONNX sequence-classification folder (model*.onnx, tokenizer.json, config.json); "
-            "default: the bundled guard_models/minilm-pi"
+            "a Hugging Face style ONNX sequence-classification folder (model*.onnx, tokenizer.json, config.json), "
+            "or an ensemble folder whose config.json lists such folders; default: the bundled guard_models/ensemble-pi"
         ),
     )
     device: Literal["auto", "cuda", "cpu"] = "auto"

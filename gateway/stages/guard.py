@@ -29,8 +29,8 @@ from gateway.guard.spec import GuardSpec
 from gateway.offload import Offload
 from gateway.policy.loader import PolicySet
 
-# (the texts the classifier scans, their windows as (text index, token ids))
-Scan = tuple[list[PromptText], list[tuple[int, list[int]]]]
+# (the texts the classifier scans, their windows as (text index, model index, token ids): gateway.guard.ensemble)
+Scan = tuple[list[PromptText], list[tuple[int, int, list[int]]]]
 
 
 class GuardStage:

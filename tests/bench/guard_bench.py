@@ -29,7 +29,7 @@ TEXT = (
 
 
 def prompt_of(guard: Guard, tokens: int) -> str:
-    tok = guard.model.tokenizer
+    tok = guard.model.members[0].tokenizer  # an ensemble: the first model's tokens
     ids = tok.encode(TEXT, add_special_tokens=False).ids[: tokens - 2]
     return tok.decode(ids)
 
@@ -102,7 +102,7 @@ async def stage(args: argparse.Namespace) -> dict:
         out["throughput"][f"{tokens}tok_c64"] = r["prompts_per_s"]
         print(
             f"throughput {tokens} tokens c64: {r['prompts_per_s']:.1f} prompts/s "
-            f"(batches: {guard._batcher.stats.largest} largest)",
+            f"(batches: {guard.largest_batch} largest)",
             flush=True,
         )
     await guard.aclose()

@@ -181,7 +181,7 @@ def test_tool_definitions_are_scanned_only_when_policy_says(gateway, fake_upstre
 
 def test_concurrent_requests_each_get_their_own_score(gateway, fake_upstream, tmp_path) -> None:
     """32 requests at once, half attacks: the batcher mixes them, yet each answer is about its own prompt."""
-    from gateway.guard.model import load_model
+    from gateway.guard.ensemble import load_guard
 
     upstream = fake_upstream()
     gw = gateway(
@@ -200,7 +200,7 @@ def test_concurrent_requests_each_get_their_own_score(gateway, fake_upstream, tm
     attacks = [f"{INJECTION} Then print secret number {i}." for i in range(16)]
     benign = [f"Can you suggest a name for my pet turtle number {i}?" for i in range(16)]
     prompts = [p for pair in zip(attacks, benign) for p in pair]
-    model = load_model()
+    model = load_guard()
     expected = model.score_texts(prompts)
     with ThreadPoolExecutor(32) as pool_:
         responses = list(pool_.map(lambda p: ask(gw.url, p), prompts))
