@@ -158,8 +158,11 @@ def blended(runs: list[str], k: int) -> list[dict]:
     out = []
     for f in range(k):
         first = parts[0][0][f]
-        if any(results[f]["held_out"].keys() != first["held_out"].keys() for results, _ in parts):
-            raise SystemExit(f"--blend: fold {f} holds out other rows in some of {runs}")
+        if any(
+            r[f]["held_out"].keys() != first["held_out"].keys() or len(r[f]["validation"]) != len(first["validation"])
+            for r, _ in parts
+        ):
+            raise SystemExit(f"--blend: fold {f} scored other rows in some of {runs}")
         out.append(
             {
                 "fold": f,
@@ -184,7 +187,12 @@ def main() -> None:
     rows = pooled()
     folds = assign_folds(rows, args.folds)
     if args.blend:
-        print(json.dumps(summarize(rows, folds, blended(args.blend, args.folds), args.out), indent=2))
+        report = summarize(rows, folds, blended(args.blend, args.folds), args.out)
+        report["blend"] = [
+            {"crossval": run.partition("=")[0], "weight": float(run.partition("=")[2])} for run in args.blend
+        ]
+        (args.out / "crossval.json").write_text(json.dumps(report, indent=2) + "\n")
+        print(json.dumps(report, indent=2))
         return
     for fold in args.fold if args.fold is not None else range(args.folds):
         if not (args.out / f"fold{fold}.json").is_file():

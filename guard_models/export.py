@@ -153,14 +153,23 @@ def ship(out: Path, crossval: Path) -> None:
     shutil.copy(crossval, out / "crossval.json")
 
 
-def write_ensemble(out: Path, members: list[str], name: str) -> None:
-    """An ensemble folder's config.json: member folders (siblings of `out`) and their weights."""
+def write_ensemble(out: Path, members: list[str], name: str, crossval: Path) -> None:
+    """An ensemble folder's config.json: member folders (siblings of `out`) and their weights, which must be the
+    weights of the blend that crossval.json was made for."""
     listed = []
     for member in members:
         folder, _, weight = member.partition("=")
         if not (out.parent / folder / "config.json").is_file():
             raise SystemExit(f"--members: {out.parent / folder} is not a model folder")
-        listed.append({"model": f"../{folder}", "weight": float(weight)})
+        try:
+            listed.append({"model": f"../{folder}", "weight": float(weight)})
+        except ValueError:
+            raise SystemExit(f"--members: {member!r} is not FOLDER=WEIGHT") from None
+    blend = [b["weight"] for b in json.loads(crossval.read_text()).get("blend", [])]
+    if blend != [m["weight"] for m in listed]:
+        raise SystemExit(
+            f"--members: weights {[m['weight'] for m in listed]}, but {crossval} is for a blend of {blend}"
+        )
     out.mkdir(parents=True, exist_ok=True)
     config = {"portcullis": {"name": name, "members": listed}}
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -201,12 +210,13 @@ def main() -> None:
     ap.add_argument("--fp16", action="store_true", help="also write model_fp16.onnx (GPU) under --work")
     ap.add_argument("--max-length", type=int, default=128, help="the window the model was fine-tuned on")
     ap.add_argument("--q4-word-embeddings", action="store_true", help="4-bit token embeddings (see above)")
-    ap.add_argument("--name", default="portcullis-guard-minilm-pi", help="the model card's name in config.json")
+    ap.add_argument("--name", help="the model card's name in config.json (default: portcullis-guard-<out's name>)")
     args = ap.parse_args()
     if args.members:
-        write_ensemble(args.out, args.members, args.name)
+        write_ensemble(args.out, args.members, args.name or f"portcullis-guard-{args.out.name}", args.crossval)
     else:
-        export(args.checkpoint, args.out, args.work, args.fp16, args.max_length, args.q4_word_embeddings, args.name)
+        name = args.name or f"portcullis-guard-{args.out.name}"
+        export(args.checkpoint, args.out, args.work, args.fp16, args.max_length, args.q4_word_embeddings, name)
     ship(args.out, args.crossval)
     print(json.dumps(validate(args.out), indent=2))
 

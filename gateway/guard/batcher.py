@@ -49,12 +49,16 @@ class MicroBatcher:
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._running = False  # a batch taken from the queue is being scored
+        self._closed = False
         self.stats = BatchStats()
 
     async def score(self, windows: Sequence[list[int]]) -> list[float]:
         """Scores of these windows, in order, batched with whatever else is waiting."""
         if not windows:
             return []
+        if self._closed:  # a scan that began before a reload retired this batcher: scored alone, no worker kept
+            return [float(s) for s in await asyncio.to_thread(self._score, [list(ids) for ids in windows])]
         wakeup = self._ensure_worker()
         loop = asyncio.get_running_loop()
         items = [_Item(list(ids), loop.create_future()) for ids in windows]
@@ -71,7 +75,16 @@ class MicroBatcher:
             self._worker = loop.create_task(self._run(self._wakeup))
         return self._wakeup
 
+    async def retire(self) -> None:
+        """Stop for good, once what is queued is scored: a reload replaced this batcher, and a scan that began
+        before it is still scored, alone (see `score`)."""
+        self._closed = True
+        await self.aclose()
+
     async def aclose(self) -> None:
+        """Stop the worker once every window queued so far has its score (a later `score` starts it again)."""
+        while self._worker and not self._worker.done() and (self._queue or self._running):
+            await asyncio.sleep(0.001)
         if self._worker:
             self._worker.cancel()
             try:
@@ -100,6 +113,7 @@ class MicroBatcher:
             taken = [i for i in taken if not i.future.done()]  # a cancelled request's windows are skipped
             if not taken:
                 continue
+            self._running = True
             for bucket in buckets(taken):
                 started = time.perf_counter()
                 try:
@@ -117,6 +131,7 @@ class MicroBatcher:
                 self.stats.largest = max(self.stats.largest, len(bucket))
                 if self._on_batch:
                     self._on_batch(len(bucket), max(len(i.ids) for i in bucket), time.perf_counter() - started)
+            self._running = False
 
 
 def buckets(items: list[_Item]) -> list[list[_Item]]:

@@ -14,20 +14,35 @@ exactly as `GuardModel` scores it.
 from __future__ import annotations
 
 import json
-import os
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from gateway.config import usable_cores
 from gateway.guard.model import DEFAULT_MODEL_DIR, GuardModel, GuardModelError, calibration_of, load_model
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+log = logging.getLogger(__name__)
+
 # (text index, member index, token ids): one window of one text, in one member's tokens
 Window = tuple[int, int, list[int]]
+
+# A text this long is first counted on its first max_windows * window * PREFIX_CHARS_PER_TOKEN characters: text at
+# least that dense (prose takes ~4 characters a token) is refused without tokenizing a body of megabytes in full.
+PREFIX_CHARS_PER_TOKEN = 8
+
+
+class TooManyWindows(Exception):
+    """A scan that would need more windows than allowed, in one member's tokens (`needed`: at least that many)."""
+
+    def __init__(self, needed: int) -> None:
+        super().__init__(f"{needed} windows")
+        self.needed = needed
 
 
 @dataclass
@@ -66,23 +81,37 @@ class GuardEnsemble:
     def malicious(self) -> list[int]:
         return self.members[0].malicious
 
-    def windows(self, texts: list[str], window: int | None = None, stride: int = 32) -> list[Window]:
-        """Every member's windows of every text."""
+    def windows(
+        self, texts: list[str], window: int | None = None, stride: int = 32, max_windows: int | None = None
+    ) -> list[Window]:
+        """Every member's windows of every text. TooManyWindows when a member needs more than `max_windows`."""
         out: list[Window] = []
         for m, member in enumerate(self.members):
-            for t, windows in enumerate(member.encode_windows_batch(texts, window, stride)):
+            if max_windows is not None:
+                prefix = max_windows * (window or member.max_length) * PREFIX_CHARS_PER_TOKEN
+                heads = [text[:prefix] for text in texts if len(text) > prefix]
+                # the last window of a cut-off head may hold one more than the whole text's: count one fewer each
+                least = sum(len(w) - 1 for w in member.encode_windows_batch(heads, window, stride))
+                if least > max_windows:
+                    raise TooManyWindows(least)
+            per_text = member.encode_windows_batch(texts, window, stride)
+            needed = sum(len(windows) for windows in per_text)
+            if max_windows is not None and needed > max_windows:
+                raise TooManyWindows(needed)
+            for t, windows in enumerate(per_text):
                 out.extend((t, m, ids) for ids in windows)
         return out
 
     def blend(self, texts: int, windows: Sequence[Window], margins: Sequence[float]) -> np.ndarray:
-        """Each text's calibrated score from its windows' margins; 0 for a text without windows."""
+        """Each text's calibrated score from its windows' margins. Every member must have scanned every text: a text
+        some member did not read is an error, never a pass."""
         best = np.full((texts, len(self.members)), -np.inf)
         for (t, m, _), margin in zip(windows, margins):
-            best[t, m] = max(best[t, m], margin)
-        scanned = np.isfinite(best).all(axis=1)
-        blended = np.where(scanned[:, None], best, 0.0) @ np.asarray(self.weights)
+            best[t, m] = np.fmax(best[t, m], margin)
+        if not np.isfinite(best).all():
+            raise ValueError("a text without a window or a score from every member of the guard")
         scale, bias = self.calibration
-        return np.where(scanned, 1.0 / (1.0 + np.exp(-(scale * blended + bias))), 0.0)
+        return 1.0 / (1.0 + np.exp(-(scale * (best @ np.asarray(self.weights)) + bias)))
 
     def score_texts(
         self, texts: list[str], window: int | None = None, stride: int = 32, batch_size: int = 32
@@ -129,8 +158,12 @@ def load_guard(
         raise GuardModelError(f"{config_path}: portcullis.members needs at least one member, each of positive weight")
     # the members run at once: unless told otherwise, each takes its share of the cores instead of all of them
     # (on 2 cores, 1 thread each cut the bundled pair's p50 at 128 tokens from 14.3 to 11.9 ms)
-    threads = threads or max(1, len(os.sched_getaffinity(0)) // len(paths))
+    threads = threads or max(1, usable_cores() // len(paths))
     members = [load_model(path, device=device, precision=precision, threads=threads) for path in paths]
+    if "calibration" not in extra or "threshold" not in extra:
+        log.warning("guard ensemble %s: no calibration or threshold in config.json; scores are uncalibrated", folder)
+    if len({member.providers[0] for member in members}) > 1:
+        log.warning("guard ensemble %s: members run on %s", folder, [member.providers[0] for member in members])
     threshold = extra.get("threshold")
     return GuardEnsemble(
         folder,

@@ -15,8 +15,7 @@ import ctypes
 import json
 import logging
 import os
-import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -69,12 +68,14 @@ def choose_file(folder: Path, device: str, precision: str = "auto") -> Path:
 
 @dataclass
 class GuardModel:
-    """One loaded classifier. `score(batch)` is thread-safe; ONNX Runtime sessions allow concurrent runs."""
+    """One loaded classifier. `margins(batch)` and the encoders are thread-safe (ONNX Runtime sessions and tokenizers
+    allow concurrent calls)."""
 
     folder: Path
     path: Path
     session: ort.InferenceSession
     tokenizer: Tokenizer  # no padding, no truncation
+    specials: tuple[list[int], list[int]]  # what the tokenizer puts before and after a text
     labels: dict[int, str]
     malicious: list[int]
     max_length: int
@@ -84,48 +85,30 @@ class GuardModel:
     threshold: float | None = None  # the model card's threshold, if the folder has one
     calibration: tuple[float, float] = (1.0, 0.0)  # Platt scale and bias on the logit margin; (1, 0): softmax as is
     name: str = ""
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def device(self) -> str:
         return "cuda" if self.providers and self.providers[0] == "CUDAExecutionProvider" else "cpu"
 
     def encode_windows(self, text: str, window: int | None = None, stride: int = 32) -> list[list[int]]:
-        """Token ids of `text` in overlapping windows of at most `window` tokens (special tokens included).
-
-        Consecutive windows share `stride` tokens, so an attack split across a boundary is whole in one of them, and
-        the end of a long prompt is always scanned.
-        """
-        window = min(window or self.max_length, self.max_length)
-        encoding = self._windowed(window, stride).encode(text)
-        return [encoding.ids] + [o.ids for o in encoding.overflowing]
+        return self.encode_windows_batch([text], window, stride)[0]
 
     def encode_windows_batch(
         self, texts: list[str], window: int | None = None, stride: int = 32
     ) -> list[list[list[int]]]:
+        """Token ids of each text in overlapping windows of at most `window` tokens (special tokens included).
+
+        Consecutive windows share `stride` tokens, so an attack split across a boundary is whole in one of them, and
+        the end of a long prompt is always scanned. They are the windows of the tokenizer's own truncation with a
+        stride (what the model was trained and cross-validated on), cut from one encoding of each text: a tokenizer
+        copy per window setting would cost ~250 MB for a 250k-piece vocabulary.
+        """
         window = min(window or self.max_length, self.max_length)
-        encodings = self._windowed(window, stride).encode_batch(texts)
-        return [[e.ids] + [o.ids for o in e.overflowing] for e in encodings]
-
-    def _windowed(self, window: int, stride: int):
+        before, after = self.specials
+        body = window - len(before) - len(after)
         stride = max(0, min(stride, window // 2))
-        key = (window, stride)
-        cache = self.__dict__.setdefault("_tokenizers", {})
-        tok = cache.get(key)
-        if tok is None:
-            from tokenizers import Tokenizer
-
-            with self._lock:
-                tok = Tokenizer.from_str(self.tokenizer.to_str())
-                tok.no_padding()
-                tok.enable_truncation(window, stride=stride)
-                cache[key] = tok
-        return tok
-
-    def score(self, batch: list[list[int]]) -> np.ndarray:
-        """Malicious probability for each window of one padded batch (pads to the longest window)."""
-        scale, bias = self.calibration
-        return 1.0 / (1.0 + np.exp(-(scale * self.margins(batch) + bias)))
+        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        return [[before + ids + after for ids in cut(e.ids, body, stride)] for e in encodings]
 
     def margins(self, batch: list[list[int]]) -> np.ndarray:
         """The uncalibrated logit margin of each window (what an ensemble blends before its own calibration)."""
@@ -144,20 +127,25 @@ class GuardModel:
         logits = self.session.run(None, feeds)[0].astype(np.float32)
         return malicious_margin(logits, self.malicious)
 
-    def score_texts(
-        self, texts: list[str], window: int | None = None, stride: int = 32, batch_size: int = 32
-    ) -> list[float]:
-        """Max window score per text, without the batcher (CLI, evaluation): same windows as the gateway."""
-        per_text = self.encode_windows_batch(texts, window, stride)
-        flat = [(i, ids) for i, windows in enumerate(per_text) for ids in windows]
-        order = sorted(range(len(flat)), key=lambda k: len(flat[k][1]))
-        scores = [0.0] * len(texts)
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            for k, s in zip(chunk, self.score([flat[k][1] for k in chunk])):
-                i = flat[k][0]
-                scores[i] = max(scores[i], float(s))
-        return scores
+
+def cut(ids: list[int], body: int, stride: int) -> list[list[int]]:
+    """`ids` in slices of at most `body` tokens, each sharing `stride` with the one before, the last ending at the
+    end: how the tokenizer's truncation with a stride cuts its overflow."""
+    step = max(1, body - stride)
+    slices, start = [], 0
+    while True:
+        slices.append(ids[start : start + body])
+        if start + body >= len(ids):
+            return slices
+        start += step
+
+
+def special_tokens(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer's template puts before and after one text ([CLS] ... [SEP], <s> ... </s>)."""
+    core = tokenizer.encode("a", add_special_tokens=False).ids
+    full = tokenizer.encode("a").ids
+    at = next((i for i in range(len(full) - len(core) + 1) if full[i : i + len(core)] == core), 0)
+    return full[:at], full[at + len(core) :]
 
 
 def malicious_margin(logits: np.ndarray, malicious: list[int]) -> np.ndarray:
@@ -239,6 +227,7 @@ def load_model(folder: str | Path, *, device: str = "auto", precision: str = "au
         path=path,
         session=session,
         tokenizer=tokenizer,
+        specials=special_tokens(tokenizer),
         labels=labels,
         malicious=malicious,
         max_length=max_length,

@@ -109,6 +109,29 @@ class ScanTooLong(GatewayError):
         )
 
 
+@dataclass(frozen=True)
+class Classifier:
+    """The loaded model with one micro-batcher per member, replaced as one on reload and carried by the windows made
+    with it, so that a scan never pairs one model's tokens with another's batchers."""
+
+    model: GuardEnsemble
+    batchers: list[MicroBatcher]
+    settings: RuntimeSettings
+
+    async def retire(self) -> None:
+        for batcher in self.batchers:
+            await batcher.retire()
+
+
+@dataclass(frozen=True)
+class Windows:
+    """A scan's windows (text index, member index, token ids) over `texts` texts, and the classifier they are for."""
+
+    classifier: Classifier
+    texts: int
+    items: list[Window]
+
+
 class Guard:
     """The classifier (lazily loaded), its batchers and the guard's metrics."""
 
@@ -139,31 +162,32 @@ class Guard:
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
             registry=registry,
         )
-        self._model: GuardEnsemble | None = None
-        self._batchers: list[MicroBatcher] = []
-        self._settings: RuntimeSettings | None = None
+        self._classifier: Classifier | None = None
+        self._retired: list[Classifier] = []  # replaced by a reload; closed once their queues are scored
+        self._closing: set[asyncio.Task] = set()
         self._load_lock = threading.Lock()
 
     @property
     def model(self) -> GuardEnsemble | None:
-        return self._model
+        return self._classifier.model if self._classifier else None
 
     @property
     def largest_batch(self) -> int:
         """The most windows one classifier call has taken so far (benchmarks read it)."""
-        return max((batcher.stats.largest for batcher in self._batchers), default=0)
+        batchers = self._classifier.batchers if self._classifier else []
+        return max((batcher.stats.largest for batcher in batchers), default=0)
 
-    def _loaded(self) -> tuple[GuardEnsemble, list[MicroBatcher]]:
-        """The model and its batchers, which scanning needs `load` or `ensure` to have made."""
-        if self._model is None or not self._batchers:
+    def _loaded(self) -> Classifier:
+        """The classifier that scanning needs `load` or `ensure` to have made."""
+        if self._classifier is None:
             raise RuntimeError("the guard model is not loaded: call load() or ensure() first")
-        return self._model, self._batchers
+        return self._classifier
 
     def load(self, settings: RuntimeSettings) -> GuardEnsemble:
         """Load (or reload, when the settings changed) the model; blocking, so call it off the event loop."""
         with self._load_lock:
-            if self._model is not None and self._settings == settings:
-                return self._model
+            if self._classifier is not None and self._classifier.settings == settings:
+                return self._classifier.model
             from gateway.guard.ensemble import load_guard
 
             started = time.perf_counter()
@@ -172,7 +196,7 @@ class Guard:
             )
             for member in model.members:  # first run allocates; not a request's cost
                 member.margins([member.encode_windows("warm up")[0]])
-            self._batchers = [
+            batchers = [
                 MicroBatcher(
                     member.margins,
                     max_batch=settings.max_batch,
@@ -181,14 +205,21 @@ class Guard:
                 )
                 for member in model.members
             ]
-            self._model, self._settings = model, settings
+            if self._classifier is not None:
+                self._retired.append(self._classifier)
+            self._classifier = Classifier(model, batchers, settings)
             log.info("guard model ready in %.2fs on %s", time.perf_counter() - started, model.providers[0])
             return model
 
     async def ensure(self, settings: RuntimeSettings) -> GuardEnsemble:
-        if self._model is not None and self._settings == settings:
-            return self._model
-        return await asyncio.to_thread(self.load, settings)
+        if self._classifier is not None and self._classifier.settings == settings:
+            return self._classifier.model
+        model = await asyncio.to_thread(self.load, settings)
+        while self._retired:
+            task = asyncio.create_task(self._retired.pop().retire())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        return model
 
     def _observe_batch(self, size: int, width: int, seconds: float) -> None:
         self.batch_size.observe(size)
@@ -197,34 +228,38 @@ class Guard:
     def threshold(self, policy: InjectionPolicy) -> float:
         if policy.threshold is not None:
             return policy.threshold
-        model_threshold = self._model.threshold if self._model else None
+        model_threshold = self._classifier.model.threshold if self._classifier else None
         return float(model_threshold) if model_threshold is not None else DEFAULT_THRESHOLD
 
-    def windows(self, texts: list[str], policy: InjectionPolicy, max_windows: int | None = None) -> list[Window]:
+    def windows(self, texts: list[str], policy: InjectionPolicy, max_windows: int | None = None) -> Windows:
         """Every window of every text, in each model's tokens; blocking (tokenizing), so big inputs belong on a worker
         thread. A model needing more than `max_windows` raises ScanTooLong: a text is scanned whole or not served."""
-        model, _ = self._loaded()
-        windows = model.windows(texts, policy.window, policy.overlap)
-        needed = max(sum(1 for w in windows if w[1] == m) for m in range(len(model.members)))
-        if max_windows is not None and needed > max_windows:
-            raise ScanTooLong(needed, max_windows, min(policy.window, model.max_length))
-        return windows
+        from gateway.guard.ensemble import TooManyWindows
 
-    async def score(self, windows: list[Window], target: str = "input") -> tuple[float, int]:
-        """(highest text score, index of the text that has it) over these windows, each model's through its
-        micro-batcher, the models at once; (0, -1) for none."""
-        if not windows:
+        classifier = self._loaded()
+        try:
+            items = classifier.model.windows(texts, policy.window, policy.overlap, max_windows)
+        except TooManyWindows as exc:
+            window = min(policy.window, classifier.model.max_length)
+            raise ScanTooLong(exc.needed, max_windows or 0, window) from None
+        return Windows(classifier, len(texts), items)
+
+    async def score(self, windows: Windows, target: str = "input") -> tuple[float, int]:
+        """(highest text score, index of the text that has it), each model's windows through its own micro-batcher,
+        the models at once; (0, -1) for no windows. The windows are scored by the classifier that made them, even
+        when a reload replaced it since."""
+        if not windows.items:
             return 0.0, -1
-        model, batchers = self._loaded()
-        parts = [[k for k, w in enumerate(windows) if w[1] == m] for m in range(len(batchers))]
+        items, classifier = windows.items, windows.classifier
+        parts = [[k for k, w in enumerate(items) if w[1] == m] for m in range(len(classifier.batchers))]
         results = await asyncio.gather(
-            *(batcher.score([windows[k][2] for k in part]) for batcher, part in zip(batchers, parts))
+            *(batcher.score([items[k][2] for k in part]) for batcher, part in zip(classifier.batchers, parts))
         )
-        margins = [0.0] * len(windows)
+        margins = [0.0] * len(items)
         for part, result in zip(parts, results):
             for k, margin in zip(part, result):
                 margins[k] = margin
-        scores = model.blend(max(w[0] for w in windows) + 1, windows, margins)
+        scores = classifier.model.blend(windows.texts, items, margins)
         best = int(np.argmax(scores))
         self.scores.labels(target=target).observe(float(scores[best]))
         return float(scores[best]), best
@@ -260,5 +295,8 @@ class Guard:
             span.set_attribute(key, value)
 
     async def aclose(self) -> None:
-        for batcher in self._batchers:
+        while self._retired:
+            await self._retired.pop().retire()
+        await asyncio.gather(*self._closing)
+        for batcher in self._classifier.batchers if self._classifier else []:
             await batcher.aclose()

@@ -120,7 +120,14 @@ class GuardRuntime(_Strict):
     precision: Literal["auto", "int8", "fp16", "fp32"] = Field(
         default="auto", description="auto: int8 on CPU, fp16 on GPU"
     )
-    threads: Annotated[int, Field(ge=0, description="ONNX intra-op threads; 0: ONNX's default")] = 0
+    threads: Annotated[
+        int,
+        Field(
+            ge=0,
+            description="ONNX intra-op threads per model; 0: ONNX's default for one model, the cores shared out "
+            "among an ensemble's models",
+        ),
+    ] = 0
     max_batch: Annotated[int, Field(ge=1, le=1024)] = 32
     max_wait_us: Annotated[
         int, Field(ge=0, le=1_000_000, description=("how long the first window waits for others to share its batch"))

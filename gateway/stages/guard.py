@@ -24,13 +24,13 @@ from gateway.errors import GatewayError
 from gateway.guard import pii
 from gateway.guard.inputs import Decode, request_texts, selected
 from gateway.guard.output import OutputGuard
-from gateway.guard.runtime import HEADER, Guard, GuardBlocked, Verdict
+from gateway.guard.runtime import HEADER, Guard, GuardBlocked, Verdict, Windows
 from gateway.guard.spec import GuardSpec
 from gateway.offload import Offload
 from gateway.policy.loader import PolicySet
 
-# (the texts the classifier scans, their windows as (text index, model index, token ids): gateway.guard.ensemble)
-Scan = tuple[list[PromptText], list[tuple[int, int, list[int]]]]
+# (the texts the classifier scans, their windows)
+Scan = tuple[list[PromptText], Windows]
 
 
 class GuardStage:

@@ -52,12 +52,16 @@ def test_attacks_and_questions_in_several_scripts(guard) -> None:
     assert scores[1] < guard.threshold and scores[3] < guard.threshold and scores[4] < guard.threshold
 
 
-def test_a_single_model_folder_scores_as_the_model_does() -> None:
+def test_a_single_model_folder_scores_with_its_own_card() -> None:
     folder = MODELS_DIR / "minilm-pi"
     alone, wrapped = load_model(folder, device="cpu"), load_guard(folder, device="cpu")
-    assert wrapped.members[0].path == alone.path and wrapped.threshold == alone.threshold
-    for a, b in zip(alone.score_texts(TEXTS), wrapped.score_texts(TEXTS)):
-        assert a == pytest.approx(b, abs=0.02)  # dynamic int8: batch-mates move a score slightly
+    assert wrapped.path == alone.path and wrapped.threshold == alone.threshold
+    assert wrapped.calibration == alone.calibration and wrapped.weights == [1.0]
+    scale, bias = alone.calibration
+    for text, got in zip(TEXTS, wrapped.score_texts(TEXTS)):
+        margin = max(float(m) for m in alone.margins(alone.encode_windows(text)))
+        # dynamic int8 quantizes activations per batch: a window batched with others moves a little
+        assert got == pytest.approx(1 / (1 + math.exp(-(scale * margin + bias))), abs=0.05)
 
 
 @pytest.mark.parametrize(
@@ -77,3 +81,23 @@ def test_a_broken_ensemble_folder_is_named(tmp_path: Path, members: object, mess
     (folder / "config.json").write_text(json.dumps({"portcullis": {"members": members}}))
     with pytest.raises(GuardModelError, match=message):
         load_guard(folder, device="cpu")
+
+
+def test_the_weights_are_each_members_own(tmp_path: Path) -> None:
+    """Unequal weights: swapping them (or the members) moves the scores, so the blend reads each member's weight."""
+    members = [
+        {"model": str(MODELS_DIR / "minilm-pi"), "weight": 0.8},
+        {"model": str(MODELS_DIR / "e5-pi"), "weight": 0.2},
+    ]
+    scores = {}
+    for name, listed in (("a", members), ("b", [dict(m, weight=w) for m, w in zip(members, (0.2, 0.8))])):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"portcullis": {"members": listed}}))
+        guard = load_guard(folder, device="cpu")
+        scores[name] = guard.score_texts(TEXTS)
+        for text, got in zip(TEXTS, scores[name]):
+            margins = [max(float(x) for x in member.margins(member.encode_windows(text))) for member in guard.members]
+            blended = sum(w * m for w, m in zip(guard.weights, margins))
+            assert got == pytest.approx(1 / (1 + math.exp(-blended)), abs=0.02), text[:40]
+    assert max(abs(a - b) for a, b in zip(scores["a"], scores["b"])) > 0.1

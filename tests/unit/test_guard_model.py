@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.guard.ensemble import GuardEnsemble, load_guard
 from gateway.guard.model import MODELS_DIR, GuardModelError, cuda_device_count, load_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,8 +24,14 @@ FILLER = (
 
 
 @pytest.fixture(scope="module")
-def model():
-    return load_model(MINILM, device="cpu")
+def model() -> GuardEnsemble:
+    return load_guard(MINILM, device="cpu")  # one model, scored through the same path as an ensemble
+
+
+def window_scores(model: GuardEnsemble, windows: list[list[int]]) -> list[float]:
+    """The calibrated score of each window, as if each were a text of its own."""
+    margins = model.members[0].margins(windows)
+    return [float(model.blend(1, [(0, 0, w)], [m])[0]) for w, m in zip(windows, margins)]
 
 
 def test_bundled_model_loads_on_cpu_with_its_card(model) -> None:
@@ -48,25 +55,25 @@ def test_scores_separate_attacks_from_questions(model) -> None:
 
 
 def test_windows_overlap_and_cover_the_end(model) -> None:
-    windows = model.encode_windows(FILLER + INJECTION, window=64, stride=16)
+    windows = model.members[0].encode_windows(FILLER + INJECTION, window=64, stride=16)
     assert len(windows) > 3 and all(len(w) <= 64 for w in windows)
-    tail = model.tokenizer.encode(INJECTION, add_special_tokens=False).ids
+    tail = model.members[0].tokenizer.encode(INJECTION, add_special_tokens=False).ids
     assert windows[-1][-1 - len(tail) : -1] == tail, "the last window ends with the prompt's last tokens"
 
 
 def test_attack_at_the_end_needs_windows(model) -> None:
     """Truncation to the first window misses it; scanning every window catches it."""
     text = FILLER + INJECTION
-    first = float(model.score([model.encode_windows(text)[0]])[0])
+    first = window_scores(model, [model.members[0].encode_windows(text)[0]])[0]
     assert first < model.threshold
     assert model.score_texts([text])[0] >= model.threshold
 
 
 def test_padding_in_a_batch_does_not_change_scores_much(model) -> None:
-    short = model.encode_windows("What is the capital of France?")[0]
-    long = model.encode_windows(FILLER)[0]
-    alone = float(model.score([short])[0])
-    batched = float(model.score([short, long])[0])
+    short = model.members[0].encode_windows("What is the capital of France?")[0]
+    long = model.members[0].encode_windows(FILLER)[0]
+    alone = window_scores(model, [short])[0]
+    batched = window_scores(model, [short, long])[0]
     assert batched == pytest.approx(alone, abs=0.05)
 
 
@@ -80,7 +87,7 @@ def test_any_hf_style_folder_loads_by_label_names(tmp_path: Path) -> None:
     del config["portcullis"]
     config["id2label"] = {"0": "SAFE", "1": "INJECTION"}
     (folder / "config.json").write_text(json.dumps(config))
-    other = load_model(folder, device="cpu")
+    other = load_guard(folder, device="cpu")
     assert other.malicious == [1] and other.threshold is None and other.path.name == "model.onnx"
     assert other.score_texts([INJECTION])[0] > 0.5
     config["id2label"] = {"0": "LABEL_0", "1": "LABEL_1"}
@@ -106,8 +113,8 @@ def with_calibration(tmp_path: Path, name: str, calibration: object) -> Path:
 
 def test_calibration_scales_and_shifts_the_logit_margin(tmp_path: Path) -> None:
     texts = [INJECTION, "What is the capital of France?", "debug this config: region=us-east-1"]
-    raw = load_model(with_calibration(tmp_path, "raw", None), device="cpu").score_texts(texts)
-    calibrated = load_model(
+    raw = load_guard(with_calibration(tmp_path, "raw", None), device="cpu").score_texts(texts)
+    calibrated = load_guard(
         with_calibration(tmp_path, "calibrated", {"scale": 0.5, "bias": -1.0}), device="cpu"
     ).score_texts(texts)
     for p, q in zip(raw, calibrated):
@@ -129,7 +136,7 @@ def test_missing_files_are_named(tmp_path: Path) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(cuda_device_count() == 0, reason="no CUDA GPU")
 def test_cuda_provider_when_a_gpu_exists(model) -> None:
-    gpu = load_model(MINILM, device="cuda")
+    gpu = load_guard(MINILM, device="cuda")
     assert gpu.providers[0] == "CUDAExecutionProvider"
     texts = [INJECTION, "What is the capital of France?", FILLER + INJECTION]
     for a, b in zip(gpu.score_texts(texts), model.score_texts(texts)):

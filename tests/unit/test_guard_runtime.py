@@ -1,12 +1,16 @@
-"""The process's guard with the bundled model, for real: load on first use, score through the batcher, refuse
-text too long to scan whole, and say so when asked to scan before a model is loaded."""
+"""The process's guard with the bundled models, for real: load on first use, score through the batchers, refuse
+text too long to scan whole (counted in each model's tokens, without tokenizing megabytes), keep a scan on the
+classifier it began with across a reload, and say so when asked to scan before a model is loaded."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
+from gateway.guard.ensemble import load_guard
+from gateway.guard.model import MODELS_DIR
 from gateway.guard.runtime import Guard, ScanTooLong
 from gateway.guard.spec import GuardRuntime, InjectionPolicy
 
@@ -44,7 +48,79 @@ def test_classify_finds_the_injected_text_among_benign_ones(guard: Guard) -> Non
 def test_text_needing_more_windows_than_allowed_is_refused_whole(guard: Guard) -> None:
     policy = InjectionPolicy(window=16, overlap=0, max_windows=2)
     text = " ".join(["word"] * 200)
-    assert len(guard.windows([text], policy)) > 2
+    assert len(guard.windows([text], policy).items) > 2
     with pytest.raises(ScanTooLong) as refused:
         guard.windows([text], policy, policy.max_windows)
     assert refused.value.status == 413
+
+
+def test_the_best_text_is_found_among_many_windows_of_both_models(guard: Guard) -> None:
+    """A long benign text first (several windows in each model's tokens), the attack third: the index is the text's,
+    and each text's score is the one the ensemble gives it outside the batchers."""
+    texts = [BENIGN * 40, BENIGN, INJECTION, "Summarise this: " + BENIGN * 10]
+    policy = InjectionPolicy()
+
+    async def scores() -> list[tuple[float, int]]:
+        try:
+            out = []
+            for k in range(len(texts)):
+                out.append(await guard.score(guard.windows(texts[: k + 1], policy)))
+            return out
+        finally:
+            await guard.aclose()
+
+    results = asyncio.run(scores())
+    assert {w[1] for w in guard.windows(texts, policy).items} == {0, 1}
+    expected = guard.model.score_texts(texts)
+    assert results[-1][1] == 2 and results[-1][0] == pytest.approx(expected[2], abs=0.05)
+    assert results[0][1] == 0 and results[0][0] == pytest.approx(expected[0], abs=0.05)
+
+
+def test_the_window_limit_counts_each_models_own_tokens(guard: Guard) -> None:
+    """Thai takes far more of the multilingual model's windows than of the English one's (which reads each word as
+    one unknown token): the model that needs most decides, and the two models' windows are not added up."""
+    thai = "กรุณาสรุปรายงานการประชุมประจำสัปดาห์ให้ทีมขายอ่านง่ายขึ้น " * 6
+    policy = InjectionPolicy(window=16, overlap=0)
+    per_model = [sum(1 for w in guard.windows([thai], policy).items if w[1] == m) for m in (0, 1)]
+    assert min(per_model) < max(per_model)
+    with pytest.raises(ScanTooLong):
+        guard.windows([thai], policy, max(per_model) - 1)
+    served = guard.windows([thai], policy, max(per_model))
+    assert len(served.items) == sum(per_model) > max(per_model)
+
+
+def test_megabytes_of_text_are_refused_without_tokenizing_them_whole(guard: Guard) -> None:
+    text = "Please summarise the quarterly report for the board. " * 40_000  # ~2 MB
+    started = time.perf_counter()
+    with pytest.raises(ScanTooLong) as refused:
+        guard.windows([text], InjectionPolicy(), 64)
+    assert time.perf_counter() - started < 3  # tokenizing it whole with both models takes several seconds here
+    assert refused.value.status == 413
+
+
+def test_a_scan_keeps_the_classifier_it_began_with_across_a_reload() -> None:
+    """Windows made by the ensemble and scored after a reload to a single model are scored by the ensemble (no
+    mix-up, no error), and the replaced batchers are closed once their work is done."""
+    guard = Guard()
+    guard.load(CPU)
+    policy = InjectionPolicy()
+    single = GuardRuntime(device="cpu", max_wait_us=0, model=str(MODELS_DIR / "minilm-pi"))
+
+    async def run() -> tuple[float, int, float, int]:
+        try:
+            windows = guard.windows([BENIGN, INJECTION], policy)
+            first = windows.classifier
+            await guard.ensure(single)
+            assert guard.model is not None and len(guard.model.members) == 1
+            score, index = await guard.score(windows)
+            after, after_index = await guard.classify([INJECTION, BENIGN], policy, single)
+            await asyncio.sleep(0.05)
+            assert all(b._worker is None for b in first.batchers), "the replaced batchers are closed"
+            return score, index, after, after_index
+        finally:
+            await guard.aclose()
+
+    score, index, after, after_index = asyncio.run(run())
+    ensemble = load_guard(device="cpu")
+    assert index == 1 and score == pytest.approx(ensemble.score_texts([BENIGN, INJECTION])[1], abs=0.05)
+    assert after_index == 0 and after >= guard.threshold(policy)
