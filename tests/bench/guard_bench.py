@@ -72,7 +72,7 @@ async def stage(args: argparse.Namespace) -> dict:
     guard = Guard()
     guard.load(settings)
     policy = InjectionPolicy()
-    windows = {n: len(guard.windows([prompt_of(guard, n)], policy)) for n in (32, 128, 512)}
+    windows = {n: len(guard.windows([prompt_of(guard, n)], policy).items) for n in (32, 128, 512)}
     out = {
         "model": str(guard.model.path),
         "provider": guard.model.providers[0],
