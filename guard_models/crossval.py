@@ -149,12 +149,17 @@ def summarize(rows: list[dict], folds: list[int], results: list[dict], out: Path
     return report
 
 
+def weighted(runs: list[str]) -> list[tuple[str, float]]:
+    """(folder, weight) of each `DIR=WEIGHT`."""
+    return [(folder, float(weight)) for folder, _, weight in (run.partition("=") for run in runs)]
+
+
 def blended(runs: list[str], k: int) -> list[dict]:
     """Fold results whose margins are the weighted sums of those of the cross-validations named `DIR=WEIGHT`."""
-    parts = []
-    for run in runs:
-        folder, _, weight = run.partition("=")
-        parts.append(([json.loads((Path(folder) / f"fold{f}.json").read_text()) for f in range(k)], float(weight)))
+    parts = [
+        ([json.loads((Path(folder) / f"fold{f}.json").read_text()) for f in range(k)], weight)
+        for folder, weight in weighted(runs)
+    ]
     out = []
     for f in range(k):
         first = parts[0][0][f]
@@ -188,9 +193,7 @@ def main() -> None:
     folds = assign_folds(rows, args.folds)
     if args.blend:
         report = summarize(rows, folds, blended(args.blend, args.folds), args.out)
-        report["blend"] = [
-            {"crossval": run.partition("=")[0], "weight": float(run.partition("=")[2])} for run in args.blend
-        ]
+        report["blend"] = [{"crossval": folder, "weight": weight} for folder, weight in weighted(args.blend)]
         (args.out / "crossval.json").write_text(json.dumps(report, indent=2) + "\n")
         print(json.dumps(report, indent=2))
         return

@@ -212,10 +212,10 @@ def main() -> None:
     ap.add_argument("--q4-word-embeddings", action="store_true", help="4-bit token embeddings (see above)")
     ap.add_argument("--name", help="the model card's name in config.json (default: portcullis-guard-<out's name>)")
     args = ap.parse_args()
+    name = args.name or f"portcullis-guard-{args.out.name}"
     if args.members:
-        write_ensemble(args.out, args.members, args.name or f"portcullis-guard-{args.out.name}", args.crossval)
+        write_ensemble(args.out, args.members, name, args.crossval)
     else:
-        name = args.name or f"portcullis-guard-{args.out.name}"
         export(args.checkpoint, args.out, args.work, args.fp16, args.max_length, args.q4_word_embeddings, name)
     ship(args.out, args.crossval)
     print(json.dumps(validate(args.out), indent=2))

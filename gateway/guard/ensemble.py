@@ -2,7 +2,8 @@
 
 Why blend: an encoder with an English vocabulary reads English attacks best, while a multilingual one reads the
 rest of the world (and flags fewer ordinary prompts that merely look like attacks); out of fold, the weighted sum of
-their logit margins beat either alone on every figure (guard_models/README.md). Each member tokenizes a text its own
+their logit margins was as good as the better of the two on every figure and better than both on most
+(guard_models/README.md). Each member tokenizes a text its own
 way, so windows do not line up across members: a text's blended margin is the weighted sum of each member's largest
 window margin, and one Platt calibration maps that onto a probability, fitted the same way as a single model's.
 
