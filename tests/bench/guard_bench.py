@@ -111,6 +111,7 @@ async def stage(args: argparse.Namespace) -> dict:
 
 def proxy(duration: float, repeat: int) -> int:
     """Gateway throughput and latency with the guard off and on, same upstream, interleaved rounds."""
+    from gateway.guard.model import MODELS_DIR
     from tests.bench import proxy_bench as pb
 
     # "Say hello." (the proxy benchmark's prompt) is a false positive of the bundled model: ask something else
@@ -123,7 +124,13 @@ def proxy(duration: float, repeat: int) -> int:
     }
     return pb.compare_policies(
         "guard",
-        {"guard_off": {"guard": {}}, "guard_on_injection_block": {"guard": {"enabled": True}}},
+        {
+            "guard_off": {"guard": {}},
+            "guard_on_injection_block": {"guard": {"enabled": True}},  # the bundled two-model guard
+            "guard_on_english_model_only": {
+                "guard": {"enabled": True, "runtime": {"model": str(MODELS_DIR / "minilm-pi")}}
+            },
+        },
         duration,
         repeat,
         request=request,

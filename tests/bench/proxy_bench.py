@@ -956,6 +956,7 @@ def compare_policies(
                 "auth": {"keys": [{"tenant": "bench", "sha256": hashlib.sha256(API_KEY.encode()).hexdigest()}]},
                 "policy_dir": str(policies),
                 "telemetry": {"access_log": False},
+                "admin": {"enabled": False},  # one admin port for all variants would clash; nothing here reads it
             }
             path = tmp / f"{variant}.yaml"
             path.write_text(json.dumps(config))
