@@ -148,6 +148,23 @@ def special_tokens(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
     return full[:at], full[at + len(core) :]
 
 
+def graph_of(path: Path) -> bytes | str:
+    """What ONNX Runtime loads for `path`: a dynamically quantized int8 model with its activations quantized per token
+    instead (token_quant.py: scores independent of batch-mates), any other model as it is."""
+    import onnx
+
+    from gateway.guard.token_quant import per_token_activations
+
+    model = onnx.load(str(path))
+    try:
+        replaced = per_token_activations(model)
+    except ValueError as exc:
+        raise GuardModelError(f"{path}: {exc}") from exc
+    if replaced == 0:
+        return str(path)
+    return model.SerializeToString()
+
+
 def malicious_margin(logits: np.ndarray, malicious: list[int]) -> np.ndarray:
     """log P(malicious) - log P(benign) per row: the logit the calibration scales. With no calibration its sigmoid
     is the softmax mass of the malicious labels, so uncalibrated third-party models score exactly as before."""
@@ -199,13 +216,13 @@ def load_model(folder: str | Path, *, device: str = "auto", precision: str = "au
         options.inter_op_num_threads = 1
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if use_cuda else ["CPUExecutionProvider"]
     try:
-        session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
+        session = ort.InferenceSession(graph_of(path), sess_options=options, providers=providers)
     except Exception as exc:
         if not use_cuda:
             raise GuardModelError(f"{path}: ONNX Runtime cannot load it: {exc}") from exc
         log.warning("guard: CUDA session failed (%s); using the CPU", exc)
         path = choose_file(folder, "cpu", precision)
-        session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(graph_of(path), sess_options=options, providers=["CPUExecutionProvider"])
     active = session.get_providers()
     if use_cuda and active[0] != "CUDAExecutionProvider":
         log.warning("guard: CUDA provider did not start; running on %s", active[0])

@@ -3,8 +3,8 @@ trained on, never used to pick the threshold): ordinary prompts that look like a
 languages must not. A retrained model that forgets either fails here.
 
 The bundled ensemble flags none of the 392 held-out hard negatives and catches 0.90 of the attacks
-(guard_models/README.md): the first floor is the goal itself (1 %), the second leaves room for dynamic int8's
-batch-to-batch wobble below 0.90, short of the goal (0.98), which it does not meet. The English model alone flags 3 %
+(guard_models/README.md): the first floor is the goal itself (1 %), the second sits a little below 0.90, short of
+the goal (0.98), which it does not meet. The English model alone flags 3 %
 of them, the multilingual one alone catches 0.92; the model before these rows flagged 66 % of the hard negatives."""
 
 from __future__ import annotations

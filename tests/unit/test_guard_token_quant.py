@@ -1,0 +1,63 @@
+"""token_quant.py on the bundled int8 models: every dynamic quantization becomes a per-token one, and the rewritten
+graph computes what the per-tensor one approximates (the float32 product of the dequantized weights)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from gateway.guard.model import MODELS_DIR
+from gateway.guard.token_quant import per_token_activations
+
+
+@pytest.mark.parametrize("member", ["minilm-pi", "e5-pi"])
+def test_every_dynamic_quantization_is_replaced(member: str) -> None:
+    model = onnx.load(str(MODELS_DIR / member / "model_int8.onnx"), load_external_data=False)
+    before = sum(n.op_type == "DynamicQuantizeLinear" for n in model.graph.node)
+    assert before > 0 and per_token_activations(model) == before
+    assert not any(n.op_type == "DynamicQuantizeLinear" for n in model.graph.node)
+    assert per_token_activations(model) == 0  # a model without them is left as it is
+
+
+def test_a_rewritten_product_matches_float32_per_token() -> None:
+    """One quantized product, rows of very different ranges: per token, each row keeps its own precision."""
+    rng = np.random.default_rng(0)
+    w_codes = rng.integers(-63, 64, (64, 16)).astype(np.int8)  # 7-bit: no int16 saturation in AVX2 u8s8 kernels
+    w_scale = np.float32(0.01)
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+        helper.make_node("MatMulInteger", ["xq", "w", "xz", "wz"], ["acc"]),
+        helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["xs", "ws"], ["s"]),
+        helper.make_node("Mul", ["accf", "s"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 16])],
+        [
+            numpy_helper.from_array(w_codes, "w"),
+            numpy_helper.from_array(np.array(0, np.int8), "wz"),
+            numpy_helper.from_array(np.array(w_scale), "ws"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    x = rng.standard_normal((3, 64)).astype(np.float32) * np.array([[100.0], [1.0], [0.01]], np.float32)
+    x[2] += 0.02  # a row that is all positive: its zero point is not 128
+    want = x @ (w_codes.astype(np.float32) * w_scale)
+
+    def run(m: onnx.ModelProto) -> np.ndarray:
+        return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+    per_tensor = run(model)
+    assert per_token_activations(model) == 1
+    per_token = run(model)
+    for row in range(3):
+        error = np.abs(per_token[row] - want[row]).max() / np.abs(want[row]).max()
+        assert error < 0.02  # 8-bit steps of this row's own range
+    # per tensor, the small row shares the large row's steps and is lost
+    assert np.abs(per_tensor[2] - want[2]).max() / np.abs(want[2]).max() > 0.5
