@@ -44,6 +44,7 @@ def per_token_activations(model: Any) -> int:
             ("per_token/0", 0, np.float32),
             ("per_token/255", 255, np.float32),
             ("per_token/zero", 0, np.uint8),
+            ("per_token/one", [1], np.int64),
         ]
     )
     zero_points: dict[str, str] = {}  # codes -> their per-token zero points
@@ -65,26 +66,33 @@ def per_token_activations(model: Any) -> int:
 
 
 def _quantize(helper: Any, x: str, codes: str, scale: str, zero: str, z: str) -> list[Any]:
-    """x -> uint8 codes, scale [..., 1] and zero point z [..., 1] per token; `zero` (the old scalar) becomes 0."""
+    """x -> uint8 codes, scale [..., 1] and zero point z [..., 1] per token; `zero` (the old scalar) becomes 0.
+
+    The codes come from one QuantizeLinear over the tokens as rows (per-axis scale and zero point), the fused
+    kernel, rather than five elementwise passes."""
     from onnx import TensorProto
 
     p = f"{codes}/per_token"
     return [
-        helper.make_node("ReduceMax", [x], [f"{p}/max"], axes=[-1], keepdims=1),
-        helper.make_node("ReduceMin", [x], [f"{p}/min"], axes=[-1], keepdims=1),
+        helper.make_node("Shape", [x], [f"{p}/shape"]),
+        helper.make_node("Shape", [x], [f"{p}/lead"], end=-1),
+        helper.make_node("Concat", [f"{p}/lead", "per_token/one"], [f"{p}/col_shape"], axis=0),
+        helper.make_node("Flatten", [x], [f"{p}/rows"], axis=-1),
+        helper.make_node("ReduceMax", [f"{p}/rows"], [f"{p}/max"], axes=[1], keepdims=0),
+        helper.make_node("ReduceMin", [f"{p}/rows"], [f"{p}/min"], axes=[1], keepdims=0),
         helper.make_node("Max", [f"{p}/max", "per_token/0"], [f"{p}/high"]),
         helper.make_node("Min", [f"{p}/min", "per_token/0"], [f"{p}/low"]),
         helper.make_node("Sub", [f"{p}/high", f"{p}/low"], [f"{p}/range"]),
         helper.make_node("Mul", [f"{p}/range", "per_token/inv255"], [f"{p}/step"]),
-        helper.make_node("Max", [f"{p}/step", "per_token/floor"], [scale]),
-        helper.make_node("Div", [f"{p}/low", scale], [f"{p}/low_steps"]),
+        helper.make_node("Max", [f"{p}/step", "per_token/floor"], [f"{p}/scale"]),
+        helper.make_node("Div", [f"{p}/low", f"{p}/scale"], [f"{p}/low_steps"]),
         helper.make_node("Neg", [f"{p}/low_steps"], [f"{p}/z_raw"]),
-        helper.make_node("Round", [f"{p}/z_raw"], [z]),
-        helper.make_node("Div", [x, scale], [f"{p}/steps"]),
-        helper.make_node("Round", [f"{p}/steps"], [f"{p}/rounded"]),
-        helper.make_node("Add", [f"{p}/rounded", z], [f"{p}/shifted"]),
-        helper.make_node("Clip", [f"{p}/shifted", "per_token/0", "per_token/255"], [f"{p}/clipped"]),
-        helper.make_node("Cast", [f"{p}/clipped"], [codes], to=TensorProto.UINT8),
+        helper.make_node("Round", [f"{p}/z_raw"], [f"{p}/z"]),
+        helper.make_node("Cast", [f"{p}/z"], [f"{p}/z8"], to=TensorProto.UINT8),
+        helper.make_node("QuantizeLinear", [f"{p}/rows", f"{p}/scale", f"{p}/z8"], [f"{p}/codes"], axis=0),
+        helper.make_node("Reshape", [f"{p}/codes", f"{p}/shape"], [codes]),
+        helper.make_node("Reshape", [f"{p}/scale", f"{p}/col_shape"], [scale]),
+        helper.make_node("Reshape", [f"{p}/z", f"{p}/col_shape"], [z]),
         helper.make_node("Identity", ["per_token/zero"], [zero]),
     ]
 
