@@ -15,6 +15,7 @@ import ctypes
 import json
 import logging
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -148,10 +149,13 @@ def special_tokens(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
     return full[:at], full[at + len(core) :]
 
 
-def graph_of(path: Path) -> bytes | str:
-    """What ONNX Runtime loads for `path`: a dynamically quantized int8 model with its activations quantized per token
-    instead (token_quant.py: scores independent of batch-mates), any other model as it is."""
+def open_session(path: Path, options: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
+    """An ONNX Runtime session over `path`; a dynamically quantized int8 model gets its activations quantized per
+    token first (token_quant.py: scores independent of batch-mates). The rewritten model goes through a temporary
+    file rather than bytes: ONNX Runtime keeps a second copy of a model handed over as bytes (+64 MB resident for
+    e5-pi, measured), not of one read from a file."""
     import onnx
+    import onnxruntime as ort
 
     from gateway.guard.token_quant import per_token_activations
 
@@ -161,8 +165,16 @@ def graph_of(path: Path) -> bytes | str:
     except ValueError as exc:
         raise GuardModelError(f"{path}: {exc}") from exc
     if replaced == 0:
-        return str(path)
-    return model.SerializeToString()
+        del model
+        return ort.InferenceSession(str(path), sess_options=options, providers=providers)
+    try:
+        with tempfile.TemporaryDirectory(prefix="portcullis-guard-") as folder:
+            rewritten = Path(folder) / path.name
+            onnx.save(model, str(rewritten))
+            return ort.InferenceSession(str(rewritten), sess_options=options, providers=providers)
+    except OSError as exc:  # no writable temporary folder: serve anyway, with the second copy in memory
+        log.warning("guard: %s (%s); loading the rewritten model from memory", exc, path.name)
+        return ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=providers)
 
 
 def malicious_margin(logits: np.ndarray, malicious: list[int]) -> np.ndarray:
@@ -216,13 +228,13 @@ def load_model(folder: str | Path, *, device: str = "auto", precision: str = "au
         options.inter_op_num_threads = 1
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if use_cuda else ["CPUExecutionProvider"]
     try:
-        session = ort.InferenceSession(graph_of(path), sess_options=options, providers=providers)
+        session = open_session(path, options, providers)
     except Exception as exc:
         if not use_cuda:
             raise GuardModelError(f"{path}: ONNX Runtime cannot load it: {exc}") from exc
         log.warning("guard: CUDA session failed (%s); using the CPU", exc)
         path = choose_file(folder, "cpu", precision)
-        session = ort.InferenceSession(graph_of(path), sess_options=options, providers=["CPUExecutionProvider"])
+        session = open_session(path, options, ["CPUExecutionProvider"])
     active = session.get_providers()
     if use_cuda and active[0] != "CUDAExecutionProvider":
         log.warning("guard: CUDA provider did not start; running on %s", active[0])

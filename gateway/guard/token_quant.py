@@ -42,7 +42,6 @@ def per_token_activations(model: Any) -> int:
             ("per_token/inv255", 1 / 255, np.float32),
             ("per_token/floor", SCALE_FLOOR, np.float32),
             ("per_token/0", 0, np.float32),
-            ("per_token/255", 255, np.float32),
             ("per_token/zero", 0, np.uint8),
             ("per_token/one", [1], np.int64),
         ]
