@@ -51,9 +51,12 @@ def cuda_device_count() -> int:
     return count.value
 
 
+INT8_FILES = ["model_int8.onnx", "model_quantized.onnx"]  # dynamically quantized: what token_quant.py rewrites
+
+
 def choose_file(folder: Path, device: str, precision: str = "auto") -> Path:
     """Pick the ONNX file: int8 on CPU, fp16 on GPU when present, else model.onnx; an explicit precision wins."""
-    names = {"int8": ["model_int8.onnx", "model_quantized.onnx"], "fp16": ["model_fp16.onnx"], "fp32": ["model.onnx"]}
+    names = {"int8": INT8_FILES, "fp16": ["model_fp16.onnx"], "fp32": ["model.onnx"]}
     if precision != "auto":
         order = names[precision]
     elif device == "cuda":
@@ -159,6 +162,8 @@ def open_session(path: Path, options: ort.SessionOptions, providers: list[str]) 
 
     from gateway.guard.token_quant import per_token_activations
 
+    if path.name not in INT8_FILES:  # fp16 / fp32 files: nothing to rewrite, so not parsed here at all
+        return ort.InferenceSession(str(path), sess_options=options, providers=providers)
     model = onnx.load(str(path))
     try:
         replaced = per_token_activations(model)
