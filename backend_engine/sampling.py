@@ -29,7 +29,10 @@ def _top_ids(x: np.ndarray, k: int) -> np.ndarray:
 def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
     if params.greedy:
         return int(np.argmax(logits))
-    x = logits.astype(np.float64) / params.temperature
+    # shifted before the division: a tiny temperature then sends every other logit to -inf (probability 0) instead of
+    # overflowing the largest to inf, whose inf - inf made every probability NaN
+    x = logits.astype(np.float64)
+    x = (x - x.max()) / params.temperature
     k = params.top_k if params.top_k and params.top_k > 0 else 0
     if k or params.top_p < 1.0:
         cand = _top_ids(x, k or _CANDIDATES)
