@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -42,6 +43,10 @@ from backend_engine.streaming import (
     generation_error,
     until_disconnect,
 )
+
+# /v1/kv_events' heartbeat, in seconds: a zero or tiny one would have the stream write heartbeats in a tight loop
+MIN_HEARTBEAT = 0.1
+MAX_HEARTBEAT = 3600.0
 
 
 class EngineServer:
@@ -145,7 +150,10 @@ class EngineServer:
         try:
             heartbeat = float(request.query_params.get("heartbeat", "15"))
         except ValueError:
-            return APIError(400, "heartbeat must be a number of seconds", param="heartbeat").response()
+            heartbeat = math.nan
+        if not MIN_HEARTBEAT <= heartbeat <= MAX_HEARTBEAT:  # also false for NaN
+            message = f"heartbeat must be a number of seconds from {MIN_HEARTBEAT:g} to {MAX_HEARTBEAT:g}"
+            return APIError(400, message, param="heartbeat").response()
         q, snapshot = self.kv_bus.subscribe()
 
         async def lines() -> AsyncIterator[bytes]:

@@ -15,6 +15,10 @@ CHATML = (
 )
 
 
+# what `render` passes the template itself: a caller's extra arguments may not replace these
+RENDER_ARGUMENTS = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token"})
+
+
 class ChatTemplateError(ValueError):
     """The template rejected the messages (raise_exception) or failed to render."""
 
@@ -50,3 +54,5 @@ class ChatTemplate:
             raise
         except TemplateError as e:
             raise ChatTemplateError(f"chat template failed: {e}") from e
+        except Exception as e:  # noqa: BLE001 - the request's own values (chat_template_kwargs) broke the template
+            raise ChatTemplateError(f"chat template failed on this request's values: {e!r}") from e

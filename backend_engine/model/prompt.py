@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend_engine.model.chat_template import ChatTemplate, ChatTemplateError
+from backend_engine.model.chat_template import RENDER_ARGUMENTS, ChatTemplate, ChatTemplateError
 from backend_engine.model.tokenizer import Tokenizer
 
 
@@ -25,9 +25,17 @@ class PromptRenderer:
         self.tokenizer = tokenizer
         self.template = template
 
-    def chat_ids(self, messages: Any, add_generation_prompt: bool = True, **template_kwargs: Any) -> list[int]:
+    def chat_ids(
+        self, messages: Any, add_generation_prompt: bool = True, template_kwargs: dict[str, Any] | None = None
+    ) -> list[int]:
+        """`template_kwargs`: a request's extra template variables (chat_template_kwargs), never one of the
+        template's own arguments."""
         if not isinstance(messages, list) or not messages:
             raise PromptError("'messages' must be a non-empty list", "messages")
+        template_kwargs = template_kwargs or {}
+        taken = sorted(RENDER_ARGUMENTS & template_kwargs.keys())
+        if taken:
+            raise PromptError(f"chat_template_kwargs may not set {', '.join(taken)}", "chat_template_kwargs")
         normalized = [_text_message(m) for m in messages]
         try:
             text = self.template.render(normalized, add_generation_prompt=add_generation_prompt, **template_kwargs)
@@ -44,9 +52,12 @@ def _text_message(message: Any) -> dict[str, Any]:
         raise PromptError("each message needs a string 'role'", "messages")
     content = message.get("content")
     if isinstance(content, list):  # content parts: keep the text ones
-        texts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if len(texts) != len(content):
+        parts = [p for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if len(parts) != len(content):
             raise PromptError("only text content parts are supported", "messages")
+        texts = [p.get("text", "") for p in parts]
+        if not all(isinstance(t, str) for t in texts):
+            raise PromptError("a text content part needs a string 'text'", "messages")
         content = "".join(texts)
     elif content is None:
         content = ""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 
 from backend_engine.engine import LLMEngine
@@ -35,6 +36,11 @@ def field(body: dict[str, Any], key: str, types: type | tuple[type, ...], defaul
     return v
 
 
+def is_token_id(value: Any) -> bool:
+    """An int that is not a bool (JSON's true would otherwise pass as token 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def known_fields(body: dict[str, Any], allowed: frozenset[str]) -> None:
     """400 for the first field outside `allowed`, as OpenAI rejects parameters it does not know."""
     for key in body:
@@ -59,7 +65,7 @@ def sampling_params(body: dict[str, Any], max_tokens_default: int, chat: bool) -
     elif not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
         raise APIError(400, "'stop' must be a string or a list of strings", param="stop")
     stop_ids = field(body, "stop_token_ids", list, [])
-    if not all(isinstance(t, int) for t in stop_ids):
+    if not all(is_token_id(t) for t in stop_ids):
         raise APIError(400, "'stop_token_ids' must be a list of integers", param="stop_token_ids")
     if chat:
         want = field(body, "logprobs", bool, False)
@@ -87,9 +93,11 @@ def sampling_params(body: dict[str, Any], max_tokens_default: int, chat: bool) -
 
 
 async def json_object(request: Request) -> dict[str, Any]:
+    """The body as a JSON object. Strict JSON, as the gateway parses it: Python's json module would also take NaN and
+    Infinity (a NaN temperature) and strings with lone surrogates (which the tokenizer cannot encode)."""
     try:
-        body = await request.json()
-    except Exception:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError:
         raise APIError(400, "request body must be valid JSON", code="invalid_json") from None
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object", code="invalid_json")
@@ -124,8 +132,8 @@ class RequestParser:
         try:
             return self.renderer.chat_ids(
                 body.get("messages"),
-                add_generation_prompt=field(body, "add_generation_prompt", bool, True),
-                **(field(body, "chat_template_kwargs", dict, {}) or {}),
+                field(body, "add_generation_prompt", bool, True),
+                field(body, "chat_template_kwargs", dict, {}),
             )
         except PromptError as e:
             raise APIError(400, str(e), param=e.param) from None
@@ -137,7 +145,7 @@ class RequestParser:
         def one(p: Any) -> list[int]:
             if isinstance(p, str):
                 return self.engine.tokenizer.encode(p)
-            if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            if isinstance(p, list) and p and all(is_token_id(t) for t in p):
                 return list(p)
             raise APIError(400, "'prompt' must be text, token ids, or a list of either", param="prompt")
 
@@ -159,7 +167,7 @@ class RequestParser:
         """/detokenize: the token ids to decode, each in the vocabulary."""
         ids = body.get("tokens")
         vs = self.engine.tokenizer.vocab_size
-        if not isinstance(ids, list) or not all(isinstance(t, int) and 0 <= t < vs for t in ids):
+        if not isinstance(ids, list) or not all(is_token_id(t) and 0 <= t < vs for t in ids):
             raise APIError(400, "'tokens' must be a list of valid token ids", param="tokens")
         return ids
 

@@ -203,6 +203,35 @@ def test_shared_prefix_reports_cached_tokens(server):
         ("/v1/completions", {"prompt": [-1]}, 400, None),
         ("/v1/chat/completions", {"messages": []}, 400, None),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, None),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, 400, None),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]},
+            400,
+            None,
+        ),
+        # arguments the renderer passes the template itself: a TypeError in the renderer before
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"bos_token": 5}},
+            400,
+            None,
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"messages": []}},
+            400,
+            None,
+        ),
+        (
+            "/tokenize",
+            {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"add_generation_prompt": 1}},
+            400,
+            None,
+        ),
+        ("/v1/completions", {"prompt": [True, 5]}, 400, None),
+        ("/v1/completions", {"prompt": "hi", "stop_token_ids": [True]}, 400, None),
+        ("/detokenize", {"tokens": [True]}, 400, None),
         ("/v1/nothing", {}, 404, "not_found"),
     ],
 )
@@ -215,9 +244,38 @@ def test_errors_are_openai_shaped(server, path, body, status, code):
         assert err["code"] == code
 
 
-def test_invalid_json_body(server):
-    r = httpx.post(server + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{not json",
+        b'{"prompt": "hi", "max_tokens": 2, "temperature": NaN}',  # Python's json module takes NaN and Infinity
+        b'{"prompt": "hi", "max_tokens": 2, "temperature": Infinity}',
+        b'{"prompt": "\\ud800abc", "max_tokens": 2}',  # a lone surrogate, which the tokenizer cannot encode
+    ],
+)
+def test_invalid_json_body(server, body):
+    r = httpx.post(server + "/v1/completions", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+
+
+def test_a_tiny_temperature_samples_without_failing_the_batch(server):
+    """A positive temperature so small that logits / temperature overflowed made every probability NaN: the engine
+    step raised, and every request in flight failed with it. It is now the greedy choice, and a neighbour's stream
+    is untouched."""
+    greedy = {"prompt": [6403, 1980, 253, 655], "max_tokens": 8, "temperature": 0}
+    want = httpx.post(server + "/v1/completions", json=greedy, timeout=60).json()["choices"][0]["text"]
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", server + "/v1/completions", json={**greedy, "max_tokens": 64, "stream": True}) as r:
+            tiny = client.post(server + "/v1/completions", json={**greedy, "temperature": 1e-310})
+            events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert tiny.status_code == 200 and tiny.json()["choices"][0]["text"] == want
+    assert events[-1] == "data: [DONE]" and not any('"error"' in e for e in events)
+
+
+@pytest.mark.parametrize("heartbeat", ["0", "-1", "1e-9", "nan", "inf", "soon"])
+def test_kv_events_refuses_a_heartbeat_outside_its_range(server, heartbeat):
+    r = httpx.get(server + f"/v1/kv_events?heartbeat={heartbeat}", timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "heartbeat"
 
 
 def test_tokenize(server):

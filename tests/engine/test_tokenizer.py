@@ -17,6 +17,17 @@ def test_chat_template_is_sandboxed(loaded):
         evil.render([{"role": "user", "content": "x"}])
 
 
+@pytest.mark.parametrize("extra", [{"tools": 5}, {"tools": {"a": 1}}, {"tools": None}])
+def test_a_request_value_that_breaks_the_template_is_the_requests_error(extra):
+    """Templates walk tool lists; a request's chat_template_kwargs of another shape raised a TypeError (a 500)."""
+    from backend_engine.model.chat_template import ChatTemplate, ChatTemplateError
+
+    template = ChatTemplate("{% for t in tools %}{{ t['name'] + '\\n' }}{% endfor %}{{ messages[0]['content'] }}")
+    assert template.render([{"role": "user", "content": "x"}], tools=[{"name": "a"}]) == "a\nx"
+    with pytest.raises(ChatTemplateError):
+        template.render([{"role": "user", "content": "x"}], **extra)
+
+
 def test_special_tokens_parsed(loaded):
     tok = loaded.tokenizer
     assert tok.encode("<|im_start|>user")[:1] == [1]
