@@ -5,15 +5,23 @@ Why: ONNX Runtime's dynamic quantization (`DynamicQuantizeLinear`, what `quantiz
 padding included. A prompt's score therefore moved with whatever shared its batch (up to 0.12 on neuralchemy's
 validation prompts, measured), and a verdict near the threshold could flip with concurrent traffic or a retry.
 
-Here each `DynamicQuantizeLinear` is replaced by the same asymmetric uint8 quantization computed per token (over the
-hidden size, the range widened to hold 0): scale s_t and zero point z_t per token. `MatMulInteger` only takes one
-zero point for its whole input, so the codes go in with zero point 0 and the products subtract z_t times each
-weight column's sum (of codes minus the weight's zero point) after it: exact integer algebra, in float32. The scale
-output keeps its name and broadcasts ([..., tokens, 1]) through the scale products that follow, so the rest of the
-graph is unchanged. A token's codes depend on that token alone and the integer products are exact, so a window
-scores the same in any batch. (Symmetric per-token codes were measured too: they flagged 3.3 % of the held-out hard
-negatives instead of 0.3 %.) The price is ONNX Runtime's fused `DynamicQuantizeMatMul`, which no longer applies
-(docs/benchmarks.md).
+Here each `DynamicQuantizeLinear` is replaced by an asymmetric quantization computed per token (over the hidden
+size, the range widened to hold 0) into 7-bit codes (0-127): scale s_t and zero point z_t per token. `MatMulInteger`
+only takes one zero point for its whole input, so the codes go in with zero point 0 and the products subtract z_t
+times each weight column's sum (of codes minus the weight's zero point) after it: exact integer algebra, in float32.
+The scale output keeps its name and broadcasts ([..., tokens, 1]) through the scale products that follow, so the rest
+of the graph is unchanged. A token's codes depend on that token alone and the integer products are exact, so a
+window scores the same in any batch. (Symmetric per-token codes were measured too: they flagged 3.3 % of the
+held-out hard negatives instead of 0.3 %.) The price is ONNX Runtime's fused `DynamicQuantizeMatMul`, which no
+longer applies (docs/benchmarks.md).
+
+Why 7 bits: on x86 CPUs without VNNI, MLAS multiplies uint8 codes by the int8 weights with VPMADDUBSW, which adds
+each pair of products into 16 bits and saturates. With 8-bit codes about 5 % of a product's outputs came out wrong,
+and a score moved by up to 0.27 (mean 0.003) from the same model's on a VNNI CPU, or with exact arithmetic (600
+neuralchemy validation prompts, measured); with codes below 128, two products never pass 2 x 127 x 128 < 2^15, so
+every CPU computes the same integers. Against exact 8-bit arithmetic the 7-bit scores differ by 0.0009 on average
+(at most 0.044), with validation F1 unchanged within a row or two; exact 8-bit products through the u8u8 kernel
+instead cost 23-35 % of a 128-token prompt's latency on such a CPU.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from typing import Any
 import numpy as np
 
 SCALE_FLOOR = 1e-30  # an all-zero token: any positive scale gives codes equal to its zero point
+CODE_MAX = 127  # 7-bit codes: no 16-bit saturation in any CPU's u8 x s8 kernel (module docstring)
 
 
 def per_token_activations(model: Any) -> int:
@@ -39,7 +48,7 @@ def per_token_activations(model: Any) -> int:
     graph.initializer.extend(
         numpy_helper.from_array(np.array(value, dtype), name)
         for name, value, dtype in [
-            ("per_token/inv255", 1 / 255, np.float32),
+            ("per_token/inv127", 1 / CODE_MAX, np.float32),
             ("per_token/floor", SCALE_FLOOR, np.float32),
             ("per_token/0", 0, np.float32),
             ("per_token/zero", 0, np.uint8),
@@ -65,7 +74,8 @@ def per_token_activations(model: Any) -> int:
 
 
 def _quantize(helper: Any, x: str, codes: str, scale: str, zero: str, z: str) -> list[Any]:
-    """x -> uint8 codes, scale [..., 1] and zero point z [..., 1] per token; `zero` (the old scalar) becomes 0.
+    """x -> uint8 codes (0-CODE_MAX), scale [..., 1] and zero point z [..., 1] per token; `zero` (the old scalar)
+    becomes 0.
 
     The codes come from one QuantizeLinear over the tokens as rows (per-axis scale and zero point), the fused
     kernel, rather than five elementwise passes."""
@@ -82,7 +92,7 @@ def _quantize(helper: Any, x: str, codes: str, scale: str, zero: str, z: str) ->
         helper.make_node("Max", [f"{p}/max", "per_token/0"], [f"{p}/high"]),
         helper.make_node("Min", [f"{p}/min", "per_token/0"], [f"{p}/low"]),
         helper.make_node("Sub", [f"{p}/high", f"{p}/low"], [f"{p}/range"]),
-        helper.make_node("Mul", [f"{p}/range", "per_token/inv255"], [f"{p}/step"]),
+        helper.make_node("Mul", [f"{p}/range", "per_token/inv127"], [f"{p}/step"]),
         helper.make_node("Max", [f"{p}/step", "per_token/floor"], [f"{p}/scale"]),
         helper.make_node("Div", [f"{p}/low", f"{p}/scale"], [f"{p}/low_steps"]),
         helper.make_node("Neg", [f"{p}/low_steps"], [f"{p}/z_raw"]),
