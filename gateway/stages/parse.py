@@ -33,6 +33,7 @@ class ParseStage:
         self._gate = gate
 
     async def __call__(self, ctx: RequestContext) -> None:
+        _check_encoding(ctx)
         body = await self.read_body(ctx)
         await self._gate.check(ctx.route, body)
         payload, values = await self._offload.run(
@@ -104,6 +105,19 @@ def parse_body(route: str, body: bytes, limits: LimitsConfig) -> tuple[dict[str,
     values = json_bounds.within_limits_unwalked(body, limits) or json_bounds.check_shape(payload, limits)
     api.check(payload)
     return payload, values
+
+
+def _check_encoding(ctx: RequestContext) -> None:
+    """A compressed body is refused before it is read (415), not decoded as JSON into a puzzling invalid_json: the
+    gateway judges the JSON it reads, and decompressing on its behalf would let a small body grow past every bound."""
+    encoding = ctx.request.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise GatewayError(
+            415,
+            f"Content-Encoding {encoding!r} is not supported: send the JSON body uncompressed",
+            code="unsupported_content_encoding",
+            headers={"accept-encoding": "identity"},
+        )
 
 
 def _too_large(limit: int) -> GatewayError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import time
@@ -223,6 +224,23 @@ def test_bad_bodies_get_4xx_openai_errors(fake_upstream, gateway, content, statu
     if code:
         assert error["code"] == code
     assert stats(upstream)["requests"] == 0
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "br", "deflate, gzip"])
+def test_a_compressed_body_is_refused_as_unsupported(fake_upstream, gateway, encoding):
+    """Read as JSON, a gzip body was an invalid_json "surrogates not allowed": say what is wrong instead."""
+    upstream = fake_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url)]})
+    response = httpx.post(
+        gw.url + "/v1/chat/completions",
+        content=gzip.compress(json.dumps(chat_body()).encode()),
+        headers={"content-type": "application/json", "content-encoding": encoding},
+    )
+    assert response.status_code == 415
+    assert response.json()["error"]["code"] == "unsupported_content_encoding"
+    plain = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers={"content-encoding": "identity"})
+    assert plain.status_code == 200
+    assert stats(upstream)["requests"] == 1
 
 
 def test_oversized_chunked_body_is_cut_off(one_upstream):
