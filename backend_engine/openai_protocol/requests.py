@@ -5,6 +5,7 @@ Every rejection is an `APIError` with OpenAI's status, message and offending par
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,6 +19,8 @@ from backend_engine.sequence import SamplingParams
 
 MAX_N = 16  # choices per prompt
 MAX_CHOICES = 64  # prompts x n per request
+MAX_BODY_BYTES = 32 << 20  # far above any prompt the context holds, or a batch of embedding inputs
+BODY_IDLE_TIMEOUT = 10.0  # seconds between a body's chunks, as the gateway's limits.body_idle_timeout
 
 _MISSING = object()
 
@@ -92,11 +95,38 @@ def sampling_params(body: dict[str, Any], max_tokens_default: int, chat: bool) -
     )
 
 
+async def read_body(request: Request) -> bytes:
+    """The body, bounded in bytes as it arrives (413) and in time between its chunks (408): without either, one
+    client could hold a connection open forever or fill the engine's memory."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise _too_large()
+    chunks: list[bytes] = []
+    size = 0
+    stream = request.stream()
+    while True:
+        try:
+            async with asyncio.timeout(BODY_IDLE_TIMEOUT):
+                chunk = await anext(stream)
+        except StopAsyncIteration:
+            return b"".join(chunks)
+        except TimeoutError:
+            raise APIError(408, f"request body stalled for {BODY_IDLE_TIMEOUT:g}s", code="body_timeout") from None
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise _too_large()
+        chunks.append(chunk)
+
+
+def _too_large() -> APIError:
+    return APIError(413, f"request body exceeds the {MAX_BODY_BYTES}-byte limit", code="request_too_large")
+
+
 async def json_object(request: Request) -> dict[str, Any]:
     """The body as a JSON object. Strict JSON, as the gateway parses it: Python's json module would also take NaN and
     Infinity (a NaN temperature) and strings with lone surrogates (which the tokenizer cannot encode)."""
     try:
-        body = orjson.loads(await request.body())
+        body = orjson.loads(await read_body(request))
     except orjson.JSONDecodeError:
         raise APIError(400, "request body must be valid JSON", code="invalid_json") from None
     if not isinstance(body, dict):

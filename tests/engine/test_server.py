@@ -258,6 +258,29 @@ def test_invalid_json_body(server, body):
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
 
 
+def test_a_body_past_the_limit_is_refused_as_it_arrives(server):
+    def chunks():
+        for _ in range(40):
+            yield b" " * (1 << 20)  # 40 MiB of JSON whitespace, chunked: no length to refuse it by up front
+
+    r = httpx.post(server + "/v1/completions", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+def test_a_stalled_body_is_answered_with_408(server):
+    """A client that sends part of its body and then nothing held the connection (and its buffer) forever."""
+    host, port = server.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b'content-length: 100\r\n\r\n{"prompt": '
+        )
+        started = time.monotonic()
+        answer = conn.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 408") and b"body_timeout" in answer
+    assert 5 < time.monotonic() - started < 25
+
+
 def test_a_tiny_temperature_samples_without_failing_the_batch(server):
     """A positive temperature so small that logits / temperature overflowed made every probability NaN: the engine
     step raised, and every request in flight failed with it. It is now the greedy choice, and a neighbour's stream
