@@ -11,7 +11,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 import aiohttp
 from opentelemetry import trace
@@ -250,7 +250,14 @@ class ProxyEndpoint:
             response = ctx.api.error_response(
                 GatewayError(500, "internal gateway error", type="server_error", code="internal_error")
             )
-        await response(scope, receive, send)
+        try:
+            await response(scope, receive, watch.sending(send))
+        except ClientDisconnect:  # gone while its answer was going out: the stream records it (gateway/upstream.py)
+            log.info("client gone while its answer was sent (request id %s)", ctx.request_id)
+        finally:
+            body = getattr(response, "body_iterator", None)
+            if isinstance(body, AsyncGenerator):  # a stream left mid-way: settled now, not when it is collected
+                await body.aclose()
 
     async def _answer(self, ctx: RequestContext) -> Response:
         """The pipeline, then the upstream; a pool that fails the request before the client heard a byte hands it

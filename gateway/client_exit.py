@@ -6,7 +6,11 @@ connection go (gateway/http_server.py). So `unless_client_leaves` leaves a callb
 (`CLIENT_GONE` under `extensions`), the protocol calls it when the connection is lost before the response is
 complete, and the callback cancels the request's task; that cancellation, and no other, becomes ClientDisconnect.
 It closes the upstream connection (gateway/upstream.py), and the end-of-request hooks then free the client's slots.
-Once a stream's answer has started, Starlette's StreamingResponse listens for the disconnect itself.
+
+Once the answer has started, the same callback marks the client gone and `sending`'s writes raise ClientDisconnect:
+the server drops writes to a lost connection without a word, and a stream would otherwise go on reading its
+upstream's answer into the void as fast as the upstream sent it (Starlette's own disconnect listener only cancels at
+the stream's next wait, which a fast upstream may never make it take).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from starlette.requests import ClientDisconnect
-from starlette.types import Scope
+from starlette.types import Message, Scope, Send
 
 T = TypeVar("T")
 
@@ -49,3 +53,20 @@ class ClientWatch:
             raise ClientDisconnect() from None
         finally:
             extensions.pop(CLIENT_GONE, None)
+
+    def sending(self, send: Send) -> Send:
+        """`send`, raising ClientDisconnect once the client is gone (module docstring)."""
+
+        def gone() -> None:
+            self._left = True
+
+        self._scope.setdefault("extensions", {})[CLIENT_GONE] = gone
+
+        async def send_while_connected(message: Message) -> None:
+            if self._left:
+                raise ClientDisconnect()
+            await send(message)
+            if self._left:  # the write waited for a client that was then dropped (http_server.py's send_timeout)
+                raise ClientDisconnect()
+
+        return send_while_connected

@@ -96,6 +96,16 @@ class LimitsConfig(_Strict):
     body_idle_timeout: Annotated[
         float, Field(gt=0, description=("seconds the request body may go without a byte → 408"))
     ] = 10.0
+    send_timeout: Annotated[
+        float,
+        Field(
+            gt=0,
+            description=(
+                "seconds the answer may wait on a client that does not read it (its socket's buffers full); "
+                "then the connection is dropped, and its slots, upstream stream and KV are freed"
+            ),
+        ),
+    ] = 30.0
     max_connections: Annotated[
         int,
         Field(

@@ -8,6 +8,11 @@ when the head is not complete within `limits.header_timeout` of the connection's
 most its `max_connections` open; one more gets 503 and is closed at once. Every answer is OpenAI-shaped and closes
 the connection. Parsing stays with llhttp: nothing here reads HTTP syntax.
 
+The other direction: a client that stops reading its answer parks the response's writes on flow control (uvicorn
+waits for the transport to drain), where no timeout reaches, and the request kept its concurrency slot, its upstream
+stream and the replica's KV for as long as the client liked. A connection whose writes stay paused for
+`limits.send_timeout` is aborted; the request then ends as if the client had left (gateway/client_exit.py).
+
 `serve` binds the public listener and the admin listener (gateway/app.py routes each connection by the port it
 arrived on) and runs one uvicorn server over both; with `listen.workers` above 1 each worker process runs one
 (gateway/workers.py), the admin listener only in worker 0. uvicorn's own proxy-header rewriting is off: the client's
@@ -52,6 +57,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._refused = False
         self._head_started = 0.0  # loop time of the current head's first byte
         self._head_timer: asyncio.TimerHandle | None = None
+        self._send_timer: asyncio.TimerHandle | None = None  # armed while the client is not reading
 
     # connections
 
@@ -76,6 +82,7 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        self._cancel_send_timer()
         if self._port is None:
             return
         self.open_connections[self._port] -= 1
@@ -86,6 +93,27 @@ class BoundedProtocol(HttpToolsProtocol):
             if client_gone is not None:
                 client_gone()
         super().connection_lost(exc)
+
+    # the answer, bounded in time while the client does not read it
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.limits.send_timeout, self._send_timed_out)
+
+    def resume_writing(self) -> None:
+        self._cancel_send_timer()
+        super().resume_writing()
+
+    def _send_timed_out(self) -> None:
+        self._send_timer = None
+        log.info("client %s read nothing for %gs; connection dropped", self.client, self.limits.send_timeout)
+        self.transport.abort()  # not close(): that would wait for the unread buffer to drain
+
+    def _cancel_send_timer(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
 
     # the request head, counted as it arrives
 

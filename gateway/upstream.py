@@ -525,8 +525,11 @@ def _too_large(limit: int) -> GatewayError:
 
 
 async def _next_bytes(content: aiohttp.StreamReader, idle: float | None, deadline: _Deadline | None = None) -> bytes:
-    """The next bytes of an answer (b"" at its end), within `idle` seconds and the request's deadline."""
+    """The next bytes of an answer (b"" at its end), within `idle` seconds and the request's deadline (checked before
+    the read too: a slow client keeps the upstream's bytes waiting, so the read itself may never have to wait)."""
     left = deadline.left() if deadline else None
+    if left is not None and left <= 0 and deadline is not None:
+        raise deadline.exceeded()
     if idle is None and left is None:
         return await content.readany()
     # which limit sets the timer is decided now: timers may fire a little early, so `left()` after it can be > 0

@@ -4,7 +4,8 @@ Requests are parsed with h11; answers are written as raw bytes, so the upstream 
 (every answer is close-delimited or has a Content-Length, and closes its connection). A request steers it with a
 `hostile` object in its JSON body (the gateway forwards bodies unchanged); `behaviour` is one of:
 
-  ok            a well-formed answer: a chat completion, or an SSE stream when the request has `stream: true`
+  ok            a well-formed answer: a chat completion, or an SSE stream when the request has `stream: true` (of
+                `words` events, 3 by default, each word padded with `pad` bytes)
   huge_body     200 JSON `bytes` long, close-delimited (or with a Content-Length when `length` is true)
   no_boundary   200 SSE, then one event of `bytes` bytes that never ends, in `piece`-byte writes `pause` s apart
   trickle       200 (SSE when streaming, else JSON) and then one byte every `interval` seconds, forever
@@ -62,7 +63,7 @@ class Answer:
         await self.head(status, content_type, len(body))
         await self.write(body)
 
-    def chunks(self, words: int = 3) -> list[bytes]:
+    def chunks(self, words: int = 3, pad: int = 0) -> list[bytes]:
         """A normal stream's data payloads, usage included when asked for, and [DONE]."""
         base = {
             "id": "cmpl-hostile",
@@ -77,7 +78,7 @@ class Answer:
                     "choices": [
                         {
                             "index": 0,
-                            "delta": {"content": f"w{i} "},
+                            "delta": {"content": f"w{i} " + "x" * pad},
                             "finish_reason": "stop" if i == words - 1 else None,
                         }
                     ],
@@ -117,7 +118,7 @@ async def ok(answer: Answer, spec: dict) -> None:
         await answer.whole(200, answer.completion())
         return
     await answer.head(200, "text/event-stream")
-    for data in answer.chunks():
+    for data in answer.chunks(spec.get("words", 3), spec.get("pad", 0)):
         await answer.write(b"data: " + data + b"\n\n")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 
 import httpx
@@ -65,6 +66,74 @@ def test_a_client_that_leaves_cancels_the_upstream_and_frees_its_slot(hostile_up
     log = gw.output()
     assert "client disconnected" in log
     assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+
+
+def test_a_client_that_stops_reading_is_cut_off_and_frees_its_slot(hostile_upstream, gateway, tmp_path):
+    """A client that reads the headers of a long stream and then nothing parks the gateway's writes on flow control,
+    where no deadline reached: it kept its concurrency slot and the upstream stream for as long as it liked."""
+    upstream = hostile_upstream()
+    one_at_a_time = [{"id": "one-at-once", "key": ["tenant"], "concurrency": {"limit": 1}}]
+    gw = gateway(
+        {
+            "pools": [pool("main", upstream.url, max_attempts=1, timeouts={"total": 120, "stream_idle": 60})],
+            "policy_dir": policy_dir(tmp_path, one_at_a_time),
+            "limits": {"send_timeout": 1.5},
+        }
+    )
+    body = json.dumps(
+        chat_body(stream=True, hostile={"behaviour": "ok", "words": 4000, "pad": 8192, "tag": "unread"})
+    ).encode()
+    host, port = gw.url.removeprefix("http://").split(":")
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        assert sock.recv(1024).startswith(b"HTTP/1.1 200")  # the answer started; from here on nothing is read
+        assert wait_for(upstream, "unread", "received_at", timeout=10)
+        started = time.monotonic()
+        seen = wait_for(upstream, "unread", "closed_at", timeout=15)
+        assert seen, "the gateway kept streaming for a client that read nothing"
+        assert not seen["answered"]
+        assert time.monotonic() - started < 10
+        after = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(hostile={"tag": "after"}), timeout=10)
+        assert after.status_code == 200, after.text  # its slot is free while its socket is still open
+    log = gw.output()
+    assert "read nothing for 1.5s" in log
+    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+
+
+def test_the_total_deadline_ends_a_stream_to_a_slow_reader(hostile_upstream, gateway):
+    """A client reading slowly but steadily keeps the upstream's bytes waiting in the gateway, so reading them never
+    waits and the deadline's timer never had a chance to fire: the stream went on for as long as the answer did."""
+    upstream = hostile_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1, timeouts={"total": 2, "stream_idle": 60})]})
+    body = json.dumps(
+        chat_body(stream=True, hostile={"behaviour": "ok", "words": 4000, "pad": 8192, "tag": "slow-reader"})
+    ).encode()
+    host, port = gw.url.removeprefix("http://").split(":")
+    stop = threading.Event()
+
+    def read_slowly(sock: socket.socket) -> None:
+        while not stop.is_set() and sock.recv(4096):
+            time.sleep(0.01)
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        reader = threading.Thread(target=read_slowly, args=(sock,), daemon=True)
+        reader.start()
+        seen = wait_for(upstream, "slow-reader", "closed_at", timeout=15)
+        stop.set()
+        reader.join(timeout=5)
+    assert seen, "the stream outlived its 2 s deadline by 15 s"
+    assert not seen["answered"] and seen["closed_at"] - seen["received_at"] < 6
 
 
 def test_the_total_deadline_ends_a_trickling_upstream(hostile_upstream, gateway):
