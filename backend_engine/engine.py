@@ -103,6 +103,8 @@ class LLMEngine:
         vs = self.loaded.config.vocab_size
         if any((not isinstance(t, int)) or t < 0 or t >= vs for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vs})")
+        if any(not 0 <= t < vs for t in params.logit_bias):
+            raise ValueError(f"logit_bias token ids must be in [0, {vs})")
         if len(prompt_token_ids) >= self.max_model_len:
             raise ValueError(
                 f"prompt is {len(prompt_token_ids)} tokens; this engine's limit is "

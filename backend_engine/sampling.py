@@ -1,7 +1,7 @@
 """Pick the next token from one row of logits, per request's SamplingParams.
 
-Log-probs are of the model's raw distribution (before temperature / top-k / top-p), as vLLM and
-OpenAI report them. Top-p sorts only a top-256 candidate set unless that set holds less than
+Log-probs are of the model's raw distribution (before logit_bias / temperature / top-k / top-p), as vLLM
+reports them by default. Top-p sorts only a top-256 candidate set unless that set holds less than
 top_p of the mass, so a 49k vocabulary is not fully sorted every token.
 """
 
@@ -27,6 +27,10 @@ def _top_ids(x: np.ndarray, k: int) -> np.ndarray:
 
 
 def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    if params.logit_bias:
+        logits = logits.astype(np.float64)  # a copy: the raw row still gives the log-probs
+        ids = np.fromiter(params.logit_bias.keys(), np.int64, len(params.logit_bias))
+        logits[ids] += np.fromiter(params.logit_bias.values(), np.float64, len(params.logit_bias))
     if params.greedy:
         return int(np.argmax(logits))
     # shifted before the division: a tiny temperature then sends every other logit to -inf (probability 0) instead of

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+MAX_LOGIT_BIAS = 1024  # tokens one request may bias: each costs a step's sampling a little
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
@@ -30,6 +32,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: off; k >= 0: chosen token + top-k alternatives
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit before sampling
 
     def validate(self, max_logprobs: int) -> None:
         """Raises ValueError with an OpenAI-style message for out-of-range values."""
@@ -43,6 +46,10 @@ class SamplingParams:
             raise ValueError("top_k must be -1 (off) or a positive integer")
         if self.logprobs is not None and not 0 <= self.logprobs <= max_logprobs:
             raise ValueError(f"logprobs must be between 0 and {max_logprobs}")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias may name at most {MAX_LOGIT_BIAS} tokens")
+        if not all(math.isfinite(b) and -100 <= b <= 100 for b in self.logit_bias.values()):
+            raise ValueError("logit_bias values must be numbers from -100 to 100")
 
     @property
     def greedy(self) -> bool:

@@ -92,7 +92,19 @@ def sampling_params(body: dict[str, Any], max_tokens_default: int, chat: bool) -
         logprobs=logprobs,
         skip_special_tokens=field(body, "skip_special_tokens", bool, True),
         include_stop_str_in_output=field(body, "include_stop_str_in_output", bool, False),
+        logit_bias=logit_bias(body),
     )
+
+
+def logit_bias(body: dict[str, Any]) -> dict[int, float]:
+    """OpenAI's logit_bias: token ids (JSON object keys, so strings of digits) to numbers; the numbers' range is
+    checked with the other sampling parameters, the ids against the vocabulary by the engine."""
+    bias = {}
+    for token, value in field(body, "logit_bias", dict, {}).items():
+        if not token.isdigit() or not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise APIError(400, "'logit_bias' maps token ids to numbers", param="logit_bias")
+        bias[int(token)] = float(value)
+    return bias
 
 
 async def read_body(request: Request) -> bytes:

@@ -32,3 +32,20 @@ def test_a_huge_temperature_samples_every_token_alike():
 def test_a_temperature_that_is_not_a_non_negative_number_is_refused(temperature):
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=temperature).validate(max_logprobs=20)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_logit_bias_bans_and_forces_tokens(temperature):
+    top = int(np.argmax(LOGITS))
+    rng = np.random.default_rng(3)
+    banned = SamplingParams(temperature=temperature, top_k=1 if temperature else 0, logit_bias={top: -100})
+    assert {sample_token(LOGITS, banned, rng) for _ in range(20)} == {int(np.argsort(-LOGITS)[1])}
+    forced = SamplingParams(temperature=temperature, logit_bias={7: 100})
+    assert {sample_token(LOGITS, forced, rng) for _ in range(20)} == {7}
+    assert LOGITS[7] < LOGITS[top]  # the row itself is untouched: log-probs come from the model's own
+
+
+@pytest.mark.parametrize("bias", [{5: 101.0}, {5: math.nan}, {i: 1.0 for i in range(1025)}])
+def test_a_logit_bias_out_of_range_is_refused(bias):
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias=bias).validate(max_logprobs=20)

@@ -281,6 +281,28 @@ def test_a_stalled_body_is_answered_with_408(server):
     assert 5 < time.monotonic() - started < 25
 
 
+def test_logit_bias_steers_the_completion(server):
+    """OpenAI's logit_bias was accepted and ignored; now +100 forces a token and -100 bans one."""
+    body = {"prompt": [6403, 1980, 253, 655], "max_tokens": 6, "temperature": 0}
+    plain = httpx.post(server + "/v1/completions", json={**body, "logprobs": 1}, timeout=60).json()
+    first = plain["choices"][0]["logprobs"]["tokens"][0]
+    ids = httpx.post(server + "/tokenize", json={"prompt": first, "add_special_tokens": False}).json()["tokens"]
+    banned = httpx.post(
+        server + "/v1/completions", json={**body, "logit_bias": {str(ids[0]): -100}}, timeout=60
+    ).json()["choices"][0]["text"]
+    assert not banned.startswith(first)
+    forced = httpx.post(
+        server + "/v1/completions", json={**body, "logit_bias": {"1980": 100}, "ignore_eos": True}, timeout=60
+    ).json()
+    assert forced["choices"][0]["text"] == " upon" * 6  # token 1980, the prompt's second
+
+
+@pytest.mark.parametrize("bias", [{"x": 1}, {"-1": 1}, {"49152": 1}, {"5": 150}, {"5": "ban"}, {"5": True}, [1, 2]])
+def test_a_bad_logit_bias_is_a_400(server, bias):
+    r = httpx.post(server + "/v1/completions", json={"prompt": "hi", "logit_bias": bias}, timeout=30)
+    assert r.status_code == 400 and "logit_bias" in r.text
+
+
 def test_a_tiny_temperature_samples_without_failing_the_batch(server):
     """A positive temperature so small that logits / temperature overflowed made every probability NaN: the engine
     step raised, and every request in flight failed with it. It is now the greedy choice, and a neighbour's stream
