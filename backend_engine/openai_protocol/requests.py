@@ -96,6 +96,21 @@ def sampling_params(body: dict[str, Any], max_tokens_default: int, chat: bool) -
     )
 
 
+def refuse_what_chat_cannot_honour(body: dict[str, Any]) -> None:
+    """400 for chat fields this engine would otherwise drop: tools it cannot call (unless tool_choice is "none") and
+    structured output it cannot enforce. Answering without them looked like success to a client that relied on them."""
+    for key in ("tools", "functions"):
+        if field(body, key, list, []) and body.get("tool_choice", body.get("function_call")) != "none":
+            raise APIError(
+                400, f"{key} are not supported by this engine (with tool_choice 'none' they are ignored)", param=key
+            )
+    kind = field(body, "response_format", dict, {}).get("type", "text")
+    if kind != "text":
+        raise APIError(
+            400, f"response_format {kind!r} is not supported by this engine, only 'text'", param="response_format"
+        )
+
+
 def logit_bias(body: dict[str, Any]) -> dict[int, float]:
     """OpenAI's logit_bias: token ids (JSON object keys, so strings of digits) to numbers; the numbers' range is
     checked with the other sampling parameters, the ids against the vocabulary by the engine."""
@@ -246,6 +261,8 @@ class RequestParser:
     def _jobs(self, body: dict[str, Any], chat: bool) -> list[tuple[list[int], SamplingParams]]:
         """One (prompt ids, params) job per choice: prompts x n, in OpenAI's choice order."""
         self.check_model(body)
+        if chat:
+            refuse_what_chat_cannot_honour(body)
         prompts = [self.chat_ids(body)] if chat else self.prompt_list(body)
         n = field(body, "n", int, 1)
         if not 1 <= n <= MAX_N:

@@ -276,8 +276,12 @@ def test_a_stalled_body_is_answered_with_408(server):
             b'content-length: 100\r\n\r\n{"prompt": '
         )
         started = time.monotonic()
-        answer = conn.recv(4096)
-    assert answer.startswith(b"HTTP/1.1 408") and b"body_timeout" in answer
+        answer = b""
+        while chunk := conn.recv(4096):  # the head and the body may come in separate reads
+            answer += chunk
+            if b"body_timeout" in answer:
+                break
+    assert answer.startswith(b"HTTP/1.1 408") and b"body_timeout" in answer, answer
     assert 5 < time.monotonic() - started < 25
 
 
@@ -301,6 +305,37 @@ def test_logit_bias_steers_the_completion(server):
 def test_a_bad_logit_bias_is_a_400(server, bias):
     r = httpx.post(server + "/v1/completions", json={"prompt": "hi", "logit_bias": bias}, timeout=30)
     assert r.status_code == 400 and "logit_bias" in r.text
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(
+    "extra,param",
+    [
+        ({"tools": [TOOL]}, "tools"),
+        ({"tools": [TOOL], "tool_choice": "auto"}, "tools"),
+        ({"functions": [TOOL["function"]]}, "functions"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+    ],
+)
+def test_chat_fields_the_engine_cannot_honour_are_refused(server, extra, param):
+    """Tools and structured output were accepted and dropped: the answer looked like a success that ignored them."""
+    body = {"messages": [{"role": "user", "content": "weather in Paris?"}], "max_tokens": 2, **extra}
+    r = httpx.post(server + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_tools_with_tool_choice_none_and_text_format_are_served(server):
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        "tools": [TOOL],
+        "tool_choice": "none",
+        "response_format": {"type": "text"},
+    }
+    assert httpx.post(server + "/v1/chat/completions", json=body, timeout=30).status_code == 200
 
 
 def test_a_tiny_temperature_samples_without_failing_the_batch(server):
