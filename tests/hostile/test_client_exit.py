@@ -68,6 +68,20 @@ def test_a_client_that_leaves_cancels_the_upstream_and_frees_its_slot(hostile_up
     assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
 
 
+def long_stream_on_a_small_buffer(url: str, tag: str) -> socket.socket:
+    """A raw connection asking for a ~32 MB stream, with a 4 KB receive buffer so the gateway soon has to wait on it."""
+    body = json.dumps(chat_body(stream=True, hostile={"behaviour": "ok", "words": 4000, "pad": 8192, "tag": tag}))
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(body), body.encode())
+    )
+    return sock
+
+
 def test_a_client_that_stops_reading_is_cut_off_and_frees_its_slot(hostile_upstream, gateway, tmp_path):
     """A client that reads the headers of a long stream and then nothing parks the gateway's writes on flow control,
     where no deadline reached: it kept its concurrency slot and the upstream stream for as long as it liked."""
@@ -80,17 +94,7 @@ def test_a_client_that_stops_reading_is_cut_off_and_frees_its_slot(hostile_upstr
             "limits": {"send_timeout": 1.5},
         }
     )
-    body = json.dumps(
-        chat_body(stream=True, hostile={"behaviour": "ok", "words": 4000, "pad": 8192, "tag": "unread"})
-    ).encode()
-    host, port = gw.url.removeprefix("http://").split(":")
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect((host, int(port)))
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n%s" % (len(body), body)
-        )
+    with long_stream_on_a_small_buffer(gw.url, "unread") as sock:
         assert sock.recv(1024).startswith(b"HTTP/1.1 200")  # the answer started; from here on nothing is read
         assert wait_for(upstream, "unread", "received_at", timeout=10)
         started = time.monotonic()
@@ -110,23 +114,13 @@ def test_the_total_deadline_ends_a_stream_to_a_slow_reader(hostile_upstream, gat
     waits and the deadline's timer never had a chance to fire: the stream went on for as long as the answer did."""
     upstream = hostile_upstream()
     gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1, timeouts={"total": 2, "stream_idle": 60})]})
-    body = json.dumps(
-        chat_body(stream=True, hostile={"behaviour": "ok", "words": 4000, "pad": 8192, "tag": "slow-reader"})
-    ).encode()
-    host, port = gw.url.removeprefix("http://").split(":")
     stop = threading.Event()
 
     def read_slowly(sock: socket.socket) -> None:
         while not stop.is_set() and sock.recv(4096):
             time.sleep(0.01)
 
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect((host, int(port)))
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n%s" % (len(body), body)
-        )
+    with long_stream_on_a_small_buffer(gw.url, "slow-reader") as sock:
         reader = threading.Thread(target=read_slowly, args=(sock,), daemon=True)
         reader.start()
         seen = wait_for(upstream, "slow-reader", "closed_at", timeout=15)
