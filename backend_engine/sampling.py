@@ -27,15 +27,16 @@ def _top_ids(x: np.ndarray, k: int) -> np.ndarray:
 
 
 def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    x = logits
     if params.logit_bias:
-        logits = logits.astype(np.float64)  # a copy: the raw row still gives the log-probs
+        x = logits.astype(np.float64)  # a copy: the raw row still gives the log-probs
         ids = np.fromiter(params.logit_bias.keys(), np.int64, len(params.logit_bias))
-        logits[ids] += np.fromiter(params.logit_bias.values(), np.float64, len(params.logit_bias))
+        x[ids] += np.fromiter(params.logit_bias.values(), np.float64, len(params.logit_bias))
     if params.greedy:
-        return int(np.argmax(logits))
+        return int(np.argmax(x))
     # shifted before the division: a tiny temperature then sends every other logit to -inf (probability 0) instead of
     # overflowing the largest to inf, whose inf - inf made every probability NaN
-    x = logits.astype(np.float64)
+    x = x.astype(np.float64, copy=False)
     x = (x - x.max()) / params.temperature
     k = params.top_k if params.top_k and params.top_k > 0 else 0
     if k or params.top_p < 1.0:
