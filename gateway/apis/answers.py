@@ -6,6 +6,9 @@ A format reads one request's answer: a whole body, or the stream's events one by
 Generated text is addressed as (channel, holder, key): the dict holding a piece of text and its key, and the
 channel the piece belongs to (a choice, a Responses content part, an Anthropic content block), so the guard can
 follow each channel's text across events.
+
+Every reader takes any JSON object: the answer is whatever the upstream sent, so a field of the wrong type reads as
+absent, never as an exception that would cost the client a 500 or a stream cut without its error event.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ class AnswerFormat:
 
     def record(self, usage: Usage, body: dict[str, Any]) -> None:
         """Usage and finish reasons from a whole answer or from one stream event."""
-        for choice in body.get("choices") or ():
+        for choice in _array(body.get("choices")):
             reason = choice.get("finish_reason") if isinstance(choice, dict) else None
             if reason:
                 usage.finish_reasons.append(reason)
@@ -40,7 +43,7 @@ class AnswerFormat:
 
     def texts(self, event: dict[str, Any]) -> Iterator[Text]:
         """The pieces of generated text a stream event carries."""
-        for i, choice in enumerate(event.get("choices") or ()):
+        for i, choice in enumerate(_array(event.get("choices"))):
             if isinstance(choice, dict):
                 holder, key = _choice_text(choice)
                 if holder is not None:
@@ -48,7 +51,7 @@ class AnswerFormat:
 
     def ended(self, event: dict[str, Any]) -> Iterator[Hashable]:
         """The channels a stream event ends."""
-        for i, choice in enumerate(event.get("choices") or ()):
+        for i, choice in enumerate(_array(event.get("choices"))):
             if isinstance(choice, dict) and choice.get("finish_reason"):
                 yield _index(choice.get("index"), i)
 
@@ -62,7 +65,7 @@ class AnswerFormat:
 
     def body_texts(self, body: dict[str, Any]) -> Iterator[Text]:
         """The generated texts of a whole answer."""
-        for i, choice in enumerate(body.get("choices") or ()):
+        for i, choice in enumerate(_array(body.get("choices"))):
             if isinstance(choice, dict):
                 holder, key = _choice_text(choice)
                 if holder is not None:
@@ -72,7 +75,7 @@ class AnswerFormat:
 class ResponsesFormat(AnswerFormat):
     """OpenAI Responses: a Response object, or typed events ending in response.completed / incomplete / failed."""
 
-    _FINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+    _FINAL = ("response.completed", "response.incomplete", "response.failed")  # not a set: a `type` may not hash
 
     def record(self, usage: Usage, body: dict[str, Any]) -> None:
         kind = body.get("type")
@@ -116,7 +119,7 @@ class ResponsesFormat(AnswerFormat):
             yield from self.body_texts(event["response"])
 
     def body_texts(self, body: dict[str, Any]) -> Iterator[Text]:
-        for i, item in enumerate(body.get("output") or ()):
+        for i, item in enumerate(_array(body.get("output"))):
             if isinstance(item, dict):
                 yield from _item_texts(i, item)
 
@@ -167,7 +170,7 @@ class MessagesFormat(AnswerFormat):
             yield _index(event.get("index"))
 
     def body_texts(self, body: dict[str, Any]) -> Iterator[Text]:
-        for i, block in enumerate(body.get("content") or ()):
+        for i, block in enumerate(_array(body.get("content"))):
             if isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str):
                 yield i, block, "text"
 
@@ -219,6 +222,11 @@ def _part(event: dict[str, Any]) -> Hashable:
     return _index(event.get("output_index")), _index(event.get("content_index"))
 
 
+def _array(value: Any) -> list[Any]:
+    """An upstream's array field, as a list: empty, whatever else the upstream sent."""
+    return value if isinstance(value, list) else []
+
+
 def _index(value: Any, default: int = 0) -> int:
     """An upstream's index field, as a channel key: an int, whatever the upstream sent."""
     return value if isinstance(value, int) else default
@@ -229,6 +237,6 @@ def _is_output_text(part: Any) -> bool:
 
 
 def _item_texts(index: int, item: dict[str, Any]) -> Iterator[Text]:
-    for j, part in enumerate(item.get("content") or ()):
+    for j, part in enumerate(_array(item.get("content"))):
         if _is_output_text(part):
             yield (index, j), part, "text"

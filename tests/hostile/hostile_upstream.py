@@ -18,6 +18,9 @@ Requests are parsed with h11; answers are written as raw bytes, so the upstream 
   line_endings  a normal stream whose events end in `endings` taken in turn (e.g. ["\r\r", "\n\r\n"]); every
                 byte of a line ending is its own write, `gap` s apart, so a CRLF arrives cut in two
 
+A Messages request that the gateway translates to chat keeps no member it does not translate, so it carries the
+`hostile` object as JSON in `metadata.user_id`, which reaches the upstream as chat's `user`.
+
 `tag` names the request in the stats. GET /_stats answers {"requests": n, "seen": {tag: {"behaviour",
 "received_at", "closed_at", "answered"}}}: `closed_at` (time.time()) is when the gateway closed the connection
 before the answer was complete, null while it has not; `answered` whether the whole answer went out.
@@ -240,7 +243,7 @@ class Server:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: dict) -> None:
         self.requests += 1
-        spec = request.get("hostile") or {}
+        spec = request.get("hostile") or _translated_spec(request.get("user"))
         behaviour = spec.get("behaviour", "ok")
         record = self.seen[spec.get("tag", str(self.requests))] = {
             "behaviour": behaviour,
@@ -257,6 +260,15 @@ class Server:
             record["closed_at"] = time.time()
         for task in (answering, gone):
             task.cancel()
+
+
+def _translated_spec(user: object) -> dict:
+    """The `hostile` object of a translated Messages request (its metadata.user_id), or {}."""
+    try:
+        spec = json.loads(user) if isinstance(user, str) else None
+    except ValueError:
+        return {}
+    return spec if isinstance(spec, dict) else {}
 
 
 async def serve(port: int) -> None:

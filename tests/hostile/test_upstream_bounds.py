@@ -203,3 +203,50 @@ def test_stream_headers_go_out_when_the_upstream_answers(hostile_upstream, gatew
         data[-1] == "[DONE]"
         and "".join(json.loads(d)["choices"][0]["delta"]["content"] for d in data[:-1]) == "w0 w1 w2 "
     )
+
+
+def test_answers_of_the_wrong_shape_are_relayed_or_refused_in_each_routes_own_shape(hostile_upstream, gateway):
+    """JSON objects that are not the answers they claim to be (`choices` a number, an event `type` a list). What
+    is relayed as sent reaches the client as sent; what the gateway translates for a Messages client fails in
+    Anthropic's shape: a 502 body, or an error event that ends the stream. Never a 500, and never a stream cut
+    without its error event."""
+    upstream = hostile_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
+
+    def garbage(body: str, stream: bool) -> dict:
+        content_type = "text/event-stream" if stream else "application/json"
+        return {"behaviour": "garbage", "status": 200, "body": body, "content_type": content_type}
+
+    def events(*data: dict) -> str:
+        return "".join(f"data: {json.dumps(d)}\n\n" for d in data) + "data: [DONE]\n\n"
+
+    def relayed(path: str, body: dict, answer: str, stream: bool) -> None:
+        response = httpx.post(gw.url + path, json={**body, "hostile": garbage(answer, stream)}, timeout=30)
+        assert (response.status_code, response.text) == (200, answer)
+
+    def messages(answer: str, stream: bool) -> httpx.Response:
+        body = {
+            "model": "test-model",
+            "max_tokens": 8,
+            "stream": stream,
+            "messages": [{"role": "user", "content": "hello"}],
+            "metadata": {"user_id": json.dumps(garbage(answer, stream))},  # the translation keeps no `hostile`
+        }
+        return httpx.post(gw.url + "/v1/messages", json=body, timeout=30)
+
+    not_a_list = {"id": "cmpl-hostile", "choices": 5}
+    relayed("/v1/chat/completions", chat_body(), json.dumps(not_a_list), stream=False)
+    relayed("/v1/chat/completions", chat_body(stream=True), events(not_a_list), stream=True)
+    responses = {"model": "test-model", "input": "hello", "stream": True}
+    final = {"type": "response.completed", "response": {"object": "response", "output": 5}}
+    relayed("/v1/responses", responses, events({"type": ["response.completed"]}, final), stream=True)
+
+    answer = messages(json.dumps(not_a_list), stream=False)
+    assert answer.status_code == 502
+    assert answer.json()["type"] == "error" and answer.json()["error"]["type"] == "api_error"
+    streamed = messages(events(not_a_list), stream=True)
+    assert streamed.status_code == 200
+    last = json.loads(sse_data(streamed.text)[-1])
+    assert last["type"] == "error" and last["error"]["type"] == "api_error", streamed.text
+    log = gw.output()
+    assert "Traceback" not in log and "unhandled error" not in log
