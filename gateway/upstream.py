@@ -478,7 +478,7 @@ def _translated(translator: ChatStreamToMessages, events: list[bytes]) -> list[b
     for event in events:
         data = event_data(event)
         if data == b"[DONE]":
-            out += translator.finish()
+            out += _translate_answer(translator.finish)  # the usage is translated here
         elif data is not None and (chunk := _json_or_none(data)) is not None:
             out += _translate_answer(functools.partial(translator.feed, chunk))
     return out

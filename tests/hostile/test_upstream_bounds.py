@@ -206,10 +206,10 @@ def test_stream_headers_go_out_when_the_upstream_answers(hostile_upstream, gatew
 
 
 def test_answers_of_the_wrong_shape_are_relayed_or_refused_in_each_routes_own_shape(hostile_upstream, gateway):
-    """JSON objects that are not the answers they claim to be (`choices` a number, an event `type` a list). What
-    is relayed as sent reaches the client as sent; what the gateway translates for a Messages client fails in
-    Anthropic's shape: a 502 body, or an error event that ends the stream. Never a 500, and never a stream cut
-    without its error event."""
+    """JSON objects that are not the answers they claim to be (`choices` a number, an event `type` a list, usage
+    counts as strings). What is relayed as sent reaches the client as sent; what the gateway translates for a
+    Messages client fails in Anthropic's shape: a 502 body, or an error event that ends the stream (the usage is
+    translated at the stream's end). Never a 500, and never a stream cut without its error event."""
     upstream = hostile_upstream()
     gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
 
@@ -244,9 +244,14 @@ def test_answers_of_the_wrong_shape_are_relayed_or_refused_in_each_routes_own_sh
     answer = messages(json.dumps(not_a_list), stream=False)
     assert answer.status_code == 502
     assert answer.json()["type"] == "error" and answer.json()["error"]["type"] == "api_error"
-    streamed = messages(events(not_a_list), stream=True)
-    assert streamed.status_code == 200
-    last = json.loads(sse_data(streamed.text)[-1])
-    assert last["type"] == "error" and last["error"]["type"] == "api_error", streamed.text
+    text_then_usage = (
+        {"choices": [{"index": 0, "delta": {"content": "w0"}, "finish_reason": "stop"}]},
+        {"choices": [], "usage": {"prompt_tokens": "7", "completion_tokens": "1"}},
+    )
+    for sent in (events(not_a_list), events(*text_then_usage)):
+        streamed = messages(sent, stream=True)
+        assert streamed.status_code == 200
+        last = json.loads(sse_data(streamed.text)[-1])
+        assert last["type"] == "error" and last["error"]["type"] == "api_error", streamed.text
     log = gw.output()
     assert "Traceback" not in log and "unhandled error" not in log
