@@ -52,6 +52,12 @@ def charged_tokens(ctx: RequestContext) -> tuple[int, int]:
     return prompt, completion
 
 
+_MAX_TOKENS = 2**31  # no context window comes near it; 2^64 - 1 would overflow the spend store's 64-bit columns
+
+
 def token_count(reported: object) -> int | None:
-    """A token count as an upstream reported it, if it is one (a whole number, not negative)."""
-    return reported if isinstance(reported, int) and not isinstance(reported, bool) and reported >= 0 else None
+    """A token count as an upstream reported it, if it is one (a whole number, not negative, below what no request
+    can reach: past it, the number is not a count)."""
+    if isinstance(reported, bool) or not isinstance(reported, int):
+        return None
+    return reported if 0 <= reported < _MAX_TOKENS else None

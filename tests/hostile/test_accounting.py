@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import time
 
 import httpx
@@ -225,3 +226,25 @@ def test_settlements_kept_during_an_outage_are_bounded_and_delivered_oldest_firs
 
     assert asyncio.run(main()) == {"outbox_full": 2}
     assert sorted(redis_server.client().zrange(key, 0, -1)) == [b"r0", b"r1"]
+
+
+def test_a_count_no_request_can_reach_is_not_charged_and_spend_keeps_being_written(hostile_upstream, gateway):
+    """An upstream reports 2^64 - 1 prompt tokens (valid JSON; no context window comes near it). The request is
+    charged the prompt the gateway counted, and the spend ledger, whose store holds 64-bit integers, keeps writing
+    every tenant's spend instead of failing each flush on that one row."""
+    upstream = hostile_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)], "auth": AUTH})
+    answer = {
+        "id": "cmpl-hostile",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 2**64 - 1, "completion_tokens": 1},
+    }
+    hostile = {"behaviour": "garbage", "status": 200, "body": json.dumps(answer), "content_type": "application/json"}
+    assert post(gw, "t1", hostile=hostile).status_code == 200
+    assert post(gw, "t2").status_code == 200
+    settled()
+    report = httpx.get(gw.admin_url + "/admin/spend", params={"group_by": "tenant"}, timeout=10).json()["data"]
+    rows = {row["tenant"]: row for row in report}
+    assert set(rows) == {"t1", "t2"} and rows["t1"]["requests"] == 1, report
+    assert 0 < rows["t1"]["prompt_tokens"] < 100 and rows["t1"]["completion_tokens"] == 1
+    assert "spend ledger" not in gw.output()
