@@ -21,6 +21,7 @@ from gateway.fallbacks import Fallbacks
 from gateway.routing.policies import blocks_needed
 from gateway.routing.pool import Pool
 from gateway.routing.replica import KvHold
+from gateway.spend.charge import token_count
 from gateway.telemetry import Metrics
 
 
@@ -79,7 +80,7 @@ class AdmissionStage:
     def _release(self, ctx: RequestContext, placement: Placement) -> None:
         placement.kv_hold.release()
         placement.pool.changed()
-        completion = ctx.usage.completion_tokens
+        completion = token_count(ctx.usage.completion_tokens)  # as the upstream reported it, if it is a count
         if placement.queue is not None and completion is not None:
             placement.queue.charge(_tenant(ctx), 0, completion - (ctx.max_tokens or 0))
 

@@ -248,3 +248,20 @@ def test_a_count_no_request_can_reach_is_not_charged_and_spend_keeps_being_writt
     assert set(rows) == {"t1", "t2"} and rows["t1"]["requests"] == 1, report
     assert 0 < rows["t1"]["prompt_tokens"] < 100 and rows["t1"]["completion_tokens"] == 1
     assert "spend ledger" not in gw.output()
+
+
+def test_a_count_that_is_not_a_number_settles_a_fair_queue_like_an_unreported_one(hostile_upstream, gateway):
+    """A pool with KV-budget admission charges its fair queue the output a request really generated, as the upstream
+    reported it; a report of "3" (a string) is no count, so nothing fails to settle."""
+    upstream = hostile_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1, admission={"enabled": True})], "auth": AUTH})
+    answer = {
+        "id": "cmpl-hostile",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 7, "completion_tokens": "3"},
+    }
+    hostile = {"behaviour": "garbage", "status": 200, "body": json.dumps(answer), "content_type": "application/json"}
+    assert post(gw, "t1", hostile=hostile).status_code == 200
+    assert post(gw, "t1").status_code == 200
+    settled()
+    assert "failed to settle" not in gw.output()
