@@ -31,7 +31,7 @@ from gateway.client_exit import ClientWatch
 from gateway.client_ip import client_ip
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
-from gateway.errors import EXCEPTION_HANDLERS, GatewayError
+from gateway.errors import EXCEPTION_HANDLERS, GatewayError, internal_error
 from gateway.fallbacks import ContextWindowFallback, Fallbacks
 from gateway.guard.runtime import Guard
 from gateway.keystore.keyring import KeyRing
@@ -247,13 +247,14 @@ class ProxyEndpoint:
         except Exception:
             log.exception("unhandled error serving %s", ctx.request.scope["path"])
             ctx.status = 500
-            response = ctx.api.error_response(
-                GatewayError(500, "internal gateway error", type="server_error", code="internal_error")
-            )
+            response = ctx.api.error_response(internal_error())
         try:
             await response(scope, receive, watch.sending(send))
         except ClientDisconnect:  # gone while its answer was going out: the stream records it (gateway/upstream.py)
             log.info("client gone while its answer was sent (request id %s)", ctx.request_id)
+        except Exception:  # a defect after the answer started: the request is still settled, billed and logged
+            log.exception("unhandled error answering %s", ctx.request.scope["path"])
+            ctx.stream_error = "internal_error"
         finally:
             body = getattr(response, "body_iterator", None)
             if isinstance(body, AsyncGenerator):  # a stream left mid-way: settled now, not when it is collected

@@ -51,6 +51,11 @@ def invalid_request(message: str, *, param: str | None = None, code: str | None 
     return GatewayError(400, message, param=param, code=code)
 
 
+def internal_error() -> GatewayError:
+    """A defect of the gateway's own, as the client hears it: no detail, since the log has the traceback."""
+    return GatewayError(500, "internal gateway error", type="server_error", code="internal_error")
+
+
 async def http_error(request: Request, exc: HTTPException) -> Response:
     """Starlette's own 404/405s, in the same OpenAI error shape as everything else."""
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
@@ -59,7 +64,7 @@ async def http_error(request: Request, exc: HTTPException) -> Response:
 
 async def server_error(request: Request, exc: Exception) -> Response:
     """What no route handled: logged with its traceback by the server, answered in the same shape, never as text."""
-    return GatewayError(500, "internal gateway error", type="server_error", code="internal_error").response()
+    return internal_error().response()
 
 
 # Both apps (public and admin) answer what their routes do not in the OpenAI shape. Starlette types every handler

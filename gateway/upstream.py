@@ -50,7 +50,7 @@ from gateway.apis.anthropic_chat import (
 from gateway.apis.exchange import Exchange
 from gateway.config import FallbackTrigger
 from gateway.context import RequestContext
-from gateway.errors import GatewayError, invalid_request
+from gateway.errors import GatewayError, internal_error, invalid_request
 from gateway.offload import Offload
 from gateway.routing.pool import Pool
 from gateway.routing.replica import Replica
@@ -394,7 +394,12 @@ class Upstream:
             attempt.span.set_status(Status(StatusCode.ERROR, error.message))
             attempt.span.set_attribute("error.type", error.code or "upstream_error")
             yield ctx.api.stream_error(error)
-        except BaseException:
+        except Exception:  # a defect of the gateway's own: the client still hears the stream end, in its shape
+            log.exception("relaying %s's stream failed (request id %s)", attempt.replica.url, ctx.request_id)
+            ctx.stream_error = "internal_error"
+            attempt.span.set_status(Status(StatusCode.ERROR, "internal_error"))
+            yield ctx.api.stream_error(internal_error())
+        except BaseException:  # GeneratorExit or cancellation: the client left, or its answer was closed early
             if ctx.stream_error is None:
                 ctx.stream_error = "client_disconnected"
                 log.info("client disconnected mid-stream (request id %s)", ctx.request_id)

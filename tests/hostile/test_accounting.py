@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import time
 
 import httpx
@@ -18,7 +19,7 @@ import pytest
 
 from gateway.ratelimit.checks import Settlement, SlotCheck
 from gateway.ratelimit.redis_backend import RedisBackend
-from tests.conftest import chat_body, free_port, policy_dir, pool
+from tests.conftest import ROOT, chat_body, free_port, policy_dir, pool
 
 KEYS = {f"sk-acct-{t}": t for t in ("t1", "t2", "t3", "t4", "t5", "t6")}
 AUTH = {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()} for k, t in KEYS.items()]}
@@ -265,3 +266,51 @@ def test_a_count_that_is_not_a_number_settles_a_fair_queue_like_an_unreported_on
     assert post(gw, "t1").status_code == 200
     settled()
     assert "failed to settle" not in gw.output()
+
+
+FAULT = '''"""Injected into the gateway: an answer event carrying `portcullis_fault` raises, as a defect would."""
+from gateway.apis import answers
+
+_record = answers.AnswerFormat.record
+
+
+def record(self, usage, body):
+    if "portcullis_fault" in body:
+        raise RuntimeError("injected fault")
+    return _record(self, usage, body)
+
+
+answers.AnswerFormat.record = record
+'''
+
+
+def test_a_defect_mid_stream_ends_it_in_the_routes_shape_and_the_request_is_still_settled(
+    hostile_upstream, gateway, tmp_path
+):
+    """A defect of the gateway's own while it relays a stream (injected: no known input causes one; this guards the
+    net under them): the client hears the stream end with an error event, and the request is still logged, billed
+    and its concurrency slot freed, as on every other exit path."""
+    (tmp_path / "sitecustomize.py").write_text(FAULT)
+    upstream = hostile_upstream()
+    rules = [{"id": "one-at-once", "key": ["tenant"], "concurrency": {"limit": 1}}]
+    config = {"pools": [pool("main", upstream.url, max_attempts=1)], "auth": AUTH}
+    gw = gateway(
+        {**config, "policy_dir": policy_dir(tmp_path, rules)},
+        env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"},
+    )
+    events = [
+        {"choices": [{"index": 0, "delta": {"content": "w0"}}]},
+        {"choices": [], "portcullis_fault": True},
+    ]
+    body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+    hostile = {"behaviour": "garbage", "status": 200, "body": body, "content_type": "text/event-stream"}
+    streamed = post(gw, "t1", stream=True, hostile=hostile)
+    assert streamed.status_code == 200
+    data = [line[6:] for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]" and json.loads(data[-2])["error"]["code"] == "internal_error", streamed.text
+    assert gw.access_log(streamed.headers["x-request-id"])["stream_error"] == "internal_error"
+    assert "injected fault" in gw.output()  # logged with its traceback
+    assert post(gw, "t1").status_code == 200  # the tenant's one slot was given back
+    settled()
+    report = httpx.get(gw.admin_url + "/admin/spend", params={"group_by": "tenant"}, timeout=10).json()["data"]
+    assert [(row["tenant"], row["requests"]) for row in report] == [("t1", 2)], report
