@@ -41,6 +41,7 @@ from opentelemetry import propagate
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
 from starlette.responses import Response, StreamingResponse
 
+from gateway.apis.answers import token_count
 from gateway.apis.anthropic_chat import (
     ChatStreamToMessages,
     MessagesRequestError,
@@ -54,7 +55,6 @@ from gateway.errors import GatewayError, internal_error, invalid_request
 from gateway.offload import Offload
 from gateway.routing.pool import Pool
 from gateway.routing.replica import Replica
-from gateway.spend.charge import token_count
 from gateway.sse import EventFramer, EventTooLarge, event_data
 from gateway.telemetry import Metrics
 

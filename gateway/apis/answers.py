@@ -1,6 +1,7 @@
 """How an upstream's answer is read, per wire format: usage and finish reasons (token limits settle on them, traces
 show them), where the generated text is (the output guard scans and redacts it in place), whether a stream is
-complete, and whether an event is the upstream's own error.
+complete, whether an event is the upstream's own error, and which reported token counts are counts (charging, the
+fair queue, metrics and the Messages translation all take the same ones).
 
 A format reads one request's answer: a whole body, or the stream's events one by one (parsed JSON objects).
 Generated text is addressed as (channel, holder, key): the dict holding a piece of text and its key, and the
@@ -194,6 +195,17 @@ def _take_usage(usage: Usage, reported: Any, prompt: str, completion: str, detai
     cached = reported.get(details)
     if isinstance(cached, dict):
         usage.cached_tokens = cached.get("cached_tokens")
+
+
+_MAX_TOKENS = 2**31  # no context window comes near it; 2^64 - 1 would overflow the spend store's 64-bit columns
+
+
+def token_count(reported: object) -> int | None:
+    """A token count as an upstream reported it, if it is one (a whole number, not negative, below what no request
+    can reach: past it, the number is not a count)."""
+    if isinstance(reported, bool) or not isinstance(reported, int):
+        return None
+    return reported if 0 <= reported < _MAX_TOKENS else None
 
 
 def _carries_output(choice: object) -> bool:

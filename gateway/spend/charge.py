@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from gateway.apis.answers import token_count
 from gateway.context import RequestContext
 from gateway.policy.model import PriceTable
 
@@ -50,14 +51,3 @@ def charged_tokens(ctx: RequestContext) -> tuple[int, int]:
     if completion is None:
         completion = (ctx.max_tokens or 0) if accepted and usage.generated else 0
     return prompt, completion
-
-
-_MAX_TOKENS = 2**31  # no context window comes near it; 2^64 - 1 would overflow the spend store's 64-bit columns
-
-
-def token_count(reported: object) -> int | None:
-    """A token count as an upstream reported it, if it is one (a whole number, not negative, below what no request
-    can reach: past it, the number is not a count)."""
-    if isinstance(reported, bool) or not isinstance(reported, int):
-        return None
-    return reported if 0 <= reported < _MAX_TOKENS else None

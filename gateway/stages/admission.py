@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from opentelemetry.trace import Tracer
 
 from gateway.admission.fair_queue import FairQueue
+from gateway.apis.answers import token_count
 from gateway.context import Placement, RequestContext
 from gateway.errors import GatewayError
 from gateway.fallbacks import Fallbacks
 from gateway.routing.policies import blocks_needed
 from gateway.routing.pool import Pool
 from gateway.routing.replica import KvHold
-from gateway.spend.charge import token_count
 from gateway.telemetry import Metrics
 
 
