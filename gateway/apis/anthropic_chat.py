@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from gateway.apis.answers import token_count
 from gateway.sse import typed_event
 from gateway.tool_text import dotted
 
@@ -436,25 +437,36 @@ def _usage(usage: Any) -> dict[str, int]:
     """Anthropic usage from chat usage: the cached prompt tokens are cache reads, the rest are input tokens; a
     pool's prefix cache writes nothing anyone is billed for, so cache_creation_input_tokens is 0."""
     usage = usage if isinstance(usage, dict) else {}
-    prompt = usage.get("prompt_tokens") or 0
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    prompt = _count(usage, "prompt_tokens")
+    cached = _count(usage.get("prompt_tokens_details"), "cached_tokens")
     return {
         "input_tokens": max(prompt - cached, 0),
-        "output_tokens": usage.get("completion_tokens") or 0,
+        "output_tokens": _count(usage, "completion_tokens"),
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": cached,
     }
 
 
+def _count(fields: Any, key: str) -> int:
+    """A usage count as charging takes it (token_count); 0 where the upstream reported none."""
+    return (token_count(fields.get(key)) if isinstance(fields, dict) else None) or 0
+
+
+def _text(value: Any) -> str:
+    """An upstream's text field: "" where it is not a string, so no block carries what Anthropic's types cannot
+    hold (and the output guard, which reads strings only, never saw)."""
+    return value if isinstance(value, str) else ""
+
+
 def _reasoning(fields: dict[str, Any]) -> str:
     """vLLM's reasoning text: `reasoning_content`, or `reasoning` as newer releases name it."""
-    return fields.get("reasoning_content") or fields.get("reasoning") or ""
+    return _text(fields.get("reasoning_content")) or _text(fields.get("reasoning"))
 
 
 def _tool_input(arguments: Any) -> dict[str, Any]:
     """A tool call's arguments as the object Anthropic's `input` must be; {} when the model wrote no object."""
     try:
-        value = orjson.loads(arguments or "{}")
+        value = orjson.loads(_text(arguments) or "{}")
     except orjson.JSONDecodeError:
         return {}
     return value if isinstance(value, dict) else {}
@@ -471,15 +483,15 @@ def chat_to_message(
     content: list[dict[str, Any]] = []
     if thinking and _reasoning(message):
         content.append({"type": "thinking", "thinking": _reasoning(message), "signature": ""})
-    text = message.get("content") or message.get("refusal")
+    text = _text(message.get("content")) or _text(message.get("refusal"))
     if text:
         content.append({"type": "text", "text": text})
     calls = message.get("tool_calls") or []
     for call in calls:
         function = call.get("function") or {}
-        name, arguments = function.get("name") or "", function.get("arguments")
+        call_id, name = _text(call.get("id")) or _tool_use_id(), _text(function.get("name"))
         content.append(
-            {"type": "tool_use", "id": call.get("id") or _tool_use_id(), "name": name, "input": _tool_input(arguments)}
+            {"type": "tool_use", "id": call_id, "name": name, "input": _tool_input(function.get("arguments"))}
         )
     stop_reason, stop_sequence = _stop(
         choice.get("finish_reason"), choice.get("stop_reason"), stop_sequences, bool(calls)
@@ -598,7 +610,7 @@ class ChatStreamToMessages:
         if reasoning and self.thinking:
             events += self._open_block("thinking", {"type": "thinking", "thinking": "", "signature": ""})
             events.append(self._delta({"type": "thinking_delta", "thinking": reasoning}))
-        text = delta.get("content") or delta.get("refusal")
+        text = _text(delta.get("content")) or _text(delta.get("refusal"))
         if text:
             events += self._open_block("text", {"type": "text", "text": ""})
             events.append(self._delta({"type": "text_delta", "text": text}))
@@ -618,14 +630,14 @@ class ChatStreamToMessages:
         if index not in self._tool_blocks:
             block: dict[str, Any] = {
                 "type": "tool_use",
-                "id": call.get("id") or _tool_use_id(),
-                "name": function.get("name") or "",
+                "id": _text(call.get("id")) or _tool_use_id(),
+                "name": _text(function.get("name")),
                 "input": {},
             }
             events += self._open_block(index, block)
             self._tool_blocks[index] = self._blocks - 1
-        if function.get("arguments"):
-            partial = {"type": "input_json_delta", "partial_json": function["arguments"]}
+        if arguments := _text(function.get("arguments")):
+            partial = {"type": "input_json_delta", "partial_json": arguments}
             events.append({"type": "content_block_delta", "index": self._tool_blocks[index], "delta": partial})
         return events
 

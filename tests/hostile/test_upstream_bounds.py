@@ -205,34 +205,40 @@ def test_stream_headers_go_out_when_the_upstream_answers(hostile_upstream, gatew
     )
 
 
+def garbage(body: str, stream: bool) -> dict:
+    """What the hostile upstream answers: `body`, as sent, under a 200."""
+    content_type = "text/event-stream" if stream else "application/json"
+    return {"behaviour": "garbage", "status": 200, "body": body, "content_type": content_type}
+
+
+def events(*data: dict) -> str:
+    """A chat stream of these chunks, ended by [DONE]."""
+    return "".join(f"data: {json.dumps(d)}\n\n" for d in data) + "data: [DONE]\n\n"
+
+
+def translated(url: str, answer: str, stream: bool) -> httpx.Response:
+    """A Messages request to an OpenAI pool whose answer is `answer`."""
+    body = {
+        "model": "test-model",
+        "max_tokens": 8,
+        "stream": stream,
+        "messages": [{"role": "user", "content": "hello"}],
+        "metadata": {"user_id": json.dumps(garbage(answer, stream))},  # the translation keeps no `hostile`
+    }
+    return httpx.post(url + "/v1/messages", json=body, timeout=30)
+
+
 def test_answers_of_the_wrong_shape_are_relayed_or_refused_in_each_routes_own_shape(hostile_upstream, gateway):
-    """JSON objects that are not the answers they claim to be (`choices` a number, an event `type` a list, usage
-    counts as strings). What is relayed as sent reaches the client as sent; what the gateway translates for a
-    Messages client fails in Anthropic's shape: a 502 body, or an error event that ends the stream (the usage is
-    translated at the stream's end). Never a 500, and never a stream cut without its error event."""
+    """JSON objects that are not the answers they claim to be (`choices` a number, an event `type` a list). What
+    is relayed as sent reaches the client as sent; what the gateway translates for a Messages client fails in
+    Anthropic's shape: a 502 body, or an error event that ends the stream. Never a 500, and never a stream cut
+    without its error event."""
     upstream = hostile_upstream()
     gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
-
-    def garbage(body: str, stream: bool) -> dict:
-        content_type = "text/event-stream" if stream else "application/json"
-        return {"behaviour": "garbage", "status": 200, "body": body, "content_type": content_type}
-
-    def events(*data: dict) -> str:
-        return "".join(f"data: {json.dumps(d)}\n\n" for d in data) + "data: [DONE]\n\n"
 
     def relayed(path: str, body: dict, answer: str, stream: bool) -> None:
         response = httpx.post(gw.url + path, json={**body, "hostile": garbage(answer, stream)}, timeout=30)
         assert (response.status_code, response.text) == (200, answer)
-
-    def messages(answer: str, stream: bool) -> httpx.Response:
-        body = {
-            "model": "test-model",
-            "max_tokens": 8,
-            "stream": stream,
-            "messages": [{"role": "user", "content": "hello"}],
-            "metadata": {"user_id": json.dumps(garbage(answer, stream))},  # the translation keeps no `hostile`
-        }
-        return httpx.post(gw.url + "/v1/messages", json=body, timeout=30)
 
     not_a_list = {"id": "cmpl-hostile", "choices": 5}
     relayed("/v1/chat/completions", chat_body(), json.dumps(not_a_list), stream=False)
@@ -241,17 +247,37 @@ def test_answers_of_the_wrong_shape_are_relayed_or_refused_in_each_routes_own_sh
     final = {"type": "response.completed", "response": {"object": "response", "output": 5}}
     relayed("/v1/responses", responses, events({"type": ["response.completed"]}, final), stream=True)
 
-    answer = messages(json.dumps(not_a_list), stream=False)
+    answer = translated(gw.url, json.dumps(not_a_list), stream=False)
     assert answer.status_code == 502
     assert answer.json()["type"] == "error" and answer.json()["error"]["type"] == "api_error"
-    text_then_usage = (
+    streamed = translated(gw.url, events(not_a_list), stream=True)
+    assert streamed.status_code == 200
+    last = json.loads(sse_data(streamed.text)[-1])
+    assert last["type"] == "error" and last["error"]["type"] == "api_error", streamed.text
+    log = gw.output()
+    assert "Traceback" not in log and "unhandled error" not in log
+
+
+def test_a_translated_answer_carries_no_field_of_the_wrong_type(hostile_upstream, gateway):
+    """Text that is not a string and usage counts that are not counts (as charging judges them), in a chat answer
+    translated for a Messages client: the text is absent and the counts are 0, in the body and in the stream."""
+    upstream = hostile_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
+    usage = {"prompt_tokens": 1.5, "completion_tokens": -3}
+    answer = {"choices": [{"message": {"content": 5}, "finish_reason": "stop"}], "usage": usage}
+    message = translated(gw.url, json.dumps(answer), stream=False)
+    assert message.status_code == 200, message.text
+    assert message.json()["content"] == []
+    assert (message.json()["usage"]["input_tokens"], message.json()["usage"]["output_tokens"]) == (0, 0)
+
+    chunks = (
+        {"choices": [{"index": 0, "delta": {"content": 5}}]},
         {"choices": [{"index": 0, "delta": {"content": "w0"}, "finish_reason": "stop"}]},
         {"choices": [], "usage": {"prompt_tokens": "7", "completion_tokens": "1"}},
     )
-    for sent in (events(not_a_list), events(*text_then_usage)):
-        streamed = messages(sent, stream=True)
-        assert streamed.status_code == 200
-        last = json.loads(sse_data(streamed.text)[-1])
-        assert last["type"] == "error" and last["error"]["type"] == "api_error", streamed.text
-    log = gw.output()
-    assert "Traceback" not in log and "unhandled error" not in log
+    streamed = translated(gw.url, events(*chunks), stream=True)
+    sent = [json.loads(d) for d in sse_data(streamed.text)]
+    assert [e["delta"]["text"] for e in sent if e["type"] == "content_block_delta"] == ["w0"], streamed.text
+    [delta] = [e for e in sent if e["type"] == "message_delta"]
+    assert (delta["usage"]["input_tokens"], delta["usage"]["output_tokens"]) == (0, 0)
+    assert sent[-1]["type"] == "message_stop"

@@ -354,6 +354,24 @@ def test_reasoning_becomes_a_thinking_block_when_asked_for(field):
     assert [block.type for block in plain.content] == ["text"]
 
 
+# Fields of the wrong type, where an upstream that is not the chat server it claims to be may put them.
+ILL_TYPED_CALL = {"index": 0, "id": 7, "type": "function", "function": {"name": 8, "arguments": 9}}
+ILL_TYPED_USAGE = {"prompt_tokens": 1.5, "completion_tokens": -3, "prompt_tokens_details": {"cached_tokens": True}}
+NO_USAGE = {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+
+
+def test_answer_fields_of_the_wrong_type_read_as_absent():
+    """Non-string text, reasoning or tool-call fields make no block the SDK cannot read, and usage counts that
+    charging would not take (gateway/spend/charge.py) are reported as 0."""
+    message = {"content": 5, "refusal": ["no"], "reasoning_content": {"r": 1}, "tool_calls": [ILL_TYPED_CALL]}
+    body = {**vllm_body(message, "tool_calls"), "usage": ILL_TYPED_USAGE}
+    translated = chat_to_message(body, "m", thinking=True)
+    Message.model_validate(translated)
+    [call] = translated["content"]
+    assert (call["type"], call["name"], call["input"]) == ("tool_use", "", {}) and call["id"].startswith("toolu_")
+    assert translated["usage"] == NO_USAGE
+
+
 # --- stream: chat chunks -> Anthropic events -------------------------------------------------------------------
 
 
@@ -450,6 +468,23 @@ def test_stream_stop_sequence_thinking_and_cache_reads():
     )
     without_thinking = accumulate(translate_stream(chunks, stop_sequences=["###"]))
     assert [b.type for b in without_thinking.content] == ["text"]
+
+
+def test_stream_fields_of_the_wrong_type_read_as_absent():
+    chunks = [
+        vllm_chunk({"role": "assistant", "content": 5, "reasoning_content": 3}),
+        vllm_chunk({"content": "Hi", "refusal": ["no"]}),
+        vllm_chunk({"tool_calls": [ILL_TYPED_CALL]}, "tool_calls"),
+        {**usage_chunk(0, 0), "usage": ILL_TYPED_USAGE},
+    ]
+    events = translate_stream(chunks, thinking=True)
+    message = accumulate(events)
+    assert [(b.type, getattr(b, "text", None) or getattr(b, "name", None)) for b in message.content] == [
+        ("text", "Hi"),
+        ("tool_use", ""),
+    ]
+    assert message.content[1].input == {}  # type: ignore[union-attr]
+    assert events[-2]["usage"] == NO_USAGE
 
 
 def test_a_stream_without_a_usage_chunk_still_closes():
