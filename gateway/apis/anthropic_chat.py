@@ -95,7 +95,7 @@ def check_messages_request(payload: dict[str, Any]) -> None:
     _check_system(payload.get("system"))
     _check_messages(payload.get("messages"))
     _check_tools(payload.get("tools"))
-    _check_tool_choice(payload.get("tool_choice"))
+    _check_tool_choice(payload.get("tool_choice"), payload.get("tools"))
     _check_sampling(payload)
     _check_optional_type(payload, "stream", bool, "a boolean")
     _check_optional_type(payload, "metadata", dict, "an object")
@@ -210,7 +210,10 @@ def _check_tools(tools: Any) -> None:
             raise _fail((*loc, "input_schema"), "required, an object (a JSON Schema)")
 
 
-def _check_tool_choice(choice: Any) -> None:
+def _check_tool_choice(choice: Any, tools: Any) -> None:
+    """The choice's shape; and a choice that demands a tool call (any, tool) only beside tools, as Anthropic's API
+    refuses it: translated for a chat pool, which takes no tool_choice without tools, it would be dropped and the
+    model would answer in text. auto and none without tools mean what no choice means, so they pass."""
     if choice is None:
         return
     if not isinstance(choice, dict) or choice.get("type") not in _TOOL_CHOICES:
@@ -220,6 +223,8 @@ def _check_tool_choice(choice: Any) -> None:
     parallel = choice.get("disable_parallel_tool_use")
     if parallel is not None and not isinstance(parallel, bool):
         raise _fail(("tool_choice", "disable_parallel_tool_use"), "must be a boolean")
+    if choice["type"] in ("any", "tool") and not tools:
+        raise _fail(("tool_choice",), f"type {choice['type']!r} may only be specified while providing tools")
 
 
 def _check_sampling(payload: dict[str, Any]) -> None:

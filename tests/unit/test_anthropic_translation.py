@@ -748,6 +748,8 @@ USER = {"role": "user", "content": "hi"}
         ),
         ({**with_messages(USER), "tool_choice": {"type": "sometimes"}}, "tool_choice"),
         ({**with_messages(USER), "tool_choice": {"type": "tool"}}, "tool_choice.name"),
+        ({**with_messages(USER), "tool_choice": {"type": "tool", "name": "f"}}, "tool_choice"),
+        ({**with_messages(USER), "tools": [], "tool_choice": {"type": "any"}}, "tool_choice"),
         ({**with_messages(USER), "stop_sequences": "###"}, "stop_sequences"),
         ({**with_messages(USER), "stop_sequences": ["###", 3]}, "stop_sequences[1]"),
         ({**with_messages(USER), "temperature": 1.5}, "temperature"),
@@ -770,6 +772,7 @@ def test_valid_requests_pass_the_check():
     for name in ("anthropic_request_conversation.json", "anthropic_request_stream_tools.json"):
         check_messages_request(reference(name))
     check_messages_request({**with_messages(USER), "tools": [{"type": "web_search_20250305", "name": "web_search"}]})
+    check_messages_request({**with_messages(USER), "tool_choice": {"type": "auto"}})  # no tools: as if no choice
     with pytest.raises(MessagesRequestError) as caught:
         check_messages_request([])  # type: ignore[arg-type]
     assert caught.value.param is None

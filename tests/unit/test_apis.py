@@ -118,6 +118,16 @@ def test_a_request_on_no_known_route_has_no_prompt() -> None:
         ("embeddings", {"model": "m", "input": "x", "encoding_format": "hex"}, "encoding_format"),
         ("embeddings", {"model": "m", "input": ["x"] * 2049}, "input"),
         ("messages", {"model": "m", "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
+        (
+            "messages",
+            {
+                "model": "m",
+                "max_tokens": 1,
+                "messages": [{"role": "user", "content": "x"}],
+                "tool_choice": {"type": "any"},
+            },
+            "tool_choice",
+        ),
     ],
 )
 def test_bad_requests_name_the_field(route, payload, param) -> None:
