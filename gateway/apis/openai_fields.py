@@ -88,7 +88,7 @@ def check_tools(key: str, tools: Any) -> None:
                 tool, param = tool["function"], f"{param}.function"
                 if not isinstance(tool, dict):
                     raise invalid_request(f"'{param}' must be an object", param=param)
-            elif tool["type"] != "function" or "name" not in tool:
+            elif tool["type"] != "function":
                 continue
         check_function(tool, param)
 

@@ -100,6 +100,13 @@ CASES = [
         "tools[0].function.name",
     ),
     (
+        "a Responses function tool without a name",
+        "/v1/responses",
+        json.dumps({"model": "test-model", "input": "hello", "tools": [{"type": "function"}]}).encode(),
+        400,
+        "tools[0].name",
+    ),
+    (
         "a tool description as a number",
         CHAT,
         body(tools=[{"type": "function", "function": {"name": "f", "description": 5}}]),

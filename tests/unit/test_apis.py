@@ -115,6 +115,7 @@ def test_a_request_on_no_known_route_has_no_prompt() -> None:
         ("responses", {"model": "m", "input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
         ("responses", {"model": "m", "input": [{"type": "function_call", "name": "f"}]}, "input[0].call_id"),
         ("responses", {"model": "m", "input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+        ("responses", {"model": "m", "input": "x", "tools": [{"type": "function"}]}, "tools[0].name"),
         ("embeddings", {"model": "m", "input": "x", "encoding_format": "hex"}, "encoding_format"),
         ("embeddings", {"model": "m", "input": ["x"] * 2049}, "input"),
         ("messages", {"model": "m", "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
