@@ -392,8 +392,15 @@ def main(argv: list[str] | None = None) -> int:
         "--scenarios",
         nargs="+",
         default=["uniform"],
-        choices=["uniform", "hot"],
-        help="uniform: tenants in turn; hot: one tenant takes --hot-tenant-share of the conversations",
+        choices=["uniform", "hot", "mixed"],
+        help="uniform: tenants in turn; hot: one tenant takes --hot-tenant-share of the conversations; mixed: no "
+        "shared prefix, prompt lengths drawn from --mixed-input-len x [0.1, 1.9] (only load balancing can win)",
+    )
+    ap.add_argument("--mixed-input-len", type=int, default=500)
+    ap.add_argument(
+        "--request-rate",
+        type=float,
+        help="Poisson arrivals at this many requests/s (still capped by --concurrency); default: all at once",
     )
     ap.add_argument("--hot-tenant-share", type=float, default=0.5)
     ap.add_argument("--tenants", type=int, default=8)
@@ -432,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         num_requests=args.num_requests,
         concurrency=args.concurrency,
         output_len=args.output_len,
+        request_rate=args.request_rate,
         ignore_eos=True,
         tokenizer="bundled",
         model=MODEL,
@@ -451,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
             warm_up(engines)
             urls = [e.url for e in engines]
             kv_tokens = kv_capacity_tokens(urls[0])
-            pressure = kv_tokens < shared_prefixes
+            pressure = cell.scenario != "mixed" and kv_tokens < shared_prefixes
             print(
                 f"routing_bench: [{cell.name}] {len(engines)} engines up in {time.monotonic() - t:.0f}s, "
                 f"{kv_tokens} KV tokens each vs {shared_prefixes} tokens of system prompts: "
@@ -461,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
             config = base
             if cell.scenario == "hot":
                 config = dataclasses.replace(base, hot_tenant_share=args.hot_tenant_share)
+            elif cell.scenario == "mixed":
+                config = dataclasses.replace(base, workload="random", input_len=args.mixed_input_len, range_ratio=0.9)
             for seed in args.seeds:
                 runs: dict[str, dict] = {}
                 for policy in args.policies:
