@@ -84,11 +84,11 @@ class RedisBackend:
         try:
             async with asyncio.timeout(self._timeout):
                 replies = await self._evalsha(keys, args)
-        except (redis_errors.RedisError, OSError) as exc:  # TimeoutError is an OSError
+            return _decode(operations, replies)
+        except Exception as exc:  # down, stalled (TimeoutError), or not Redis: replies of a type nothing expects
             # a reply still on its way must not be read as the answer to the next batch
             await self._connection.disconnect(nowait=True)
             raise BackendError(f"redis: {type(exc).__name__}: {exc}", maybe_applied=self._maybe_ran) from exc
-        return _decode(operations, replies)
 
     async def _evalsha(self, keys: list[str], args: list[Arg]) -> list[int]:
         """Run the batch script; if Redis forgot it (restart, SCRIPT FLUSH), load it and run it again."""

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
 import re
+import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -211,3 +215,39 @@ def test_redis_outage_follows_the_failure_mode_and_limits_resume(fake_upstream, 
     time.sleep(1.2)  # breaker cooldown
     assert [post().status_code for _ in range(4)] == [200, 200, 200, 429]
     assert metric(gw, "portcullis_ratelimit_decisions_total", backend="redis", result="limited") == 1
+
+
+@pytest.mark.parametrize("mode", ["fail_open", "fail_closed"])
+def test_a_redis_url_that_reaches_no_redis_follows_the_failure_mode(fake_upstream, gateway, tmp_path, mode):
+    """A server that answers every command with `+OK` (a misconfigured port, a proxy): redis-py trips on the reply's
+    type, which must count as the store failing, not as a defect of the request."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_ok(conn: socket.socket) -> None:
+        with conn:
+            while conn.recv(65536):
+                conn.sendall(b"+OK\r\n")
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # closed at the end of the test
+            while True:
+                threading.Thread(target=answer_ok, args=(listener.accept()[0],), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    not_redis = SimpleNamespace(url=f"redis://127.0.0.1:{listener.getsockname()[1]}/0")
+    rules = [{"id": "rph", "key": ["tenant"], "requests": {"limit": 2, "per": "1h"}}]
+    gw = start(gateway, fake_upstream(), tmp_path, rules, not_redis, on_failure=mode)
+    try:
+        answers = [
+            httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=bearer("sk-t1"), timeout=5)
+            for _ in range(3)
+        ]
+    finally:
+        listener.close()
+    if mode == "fail_open":  # the local limits decide
+        assert [r.status_code for r in answers] == [200, 200, 429]
+    else:
+        assert [r.status_code for r in answers] == [503] * 3
+        assert answers[0].json()["error"]["code"] == "rate_limiter_unavailable"
+    assert metric(gw, "portcullis_ratelimit_backend_errors_total", backend="redis") >= 1
+    assert "unhandled error" not in gw.output()
