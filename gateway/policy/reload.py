@@ -17,6 +17,8 @@ from gateway.policy.loader import PolicyError, PolicySet, load_policy_dir
 
 log = logging.getLogger(__name__)
 
+MISSING_POLL = 0.5  # seconds between looks for a policy directory that was removed
+
 
 class PolicyReloader:
     def __init__(
@@ -68,15 +70,36 @@ class PolicyReloader:
             self._task = loop.create_task(self._watch())
 
     async def _watch(self) -> None:
+        """Reload on each change. A watch follows the directory's inode, not its path: once the directory is
+        replaced (a new one renamed over it, or it is removed and made again) the watch would see nothing more, so
+        the new one is watched anew, and read, as soon as it exists."""
         from watchfiles import awatch
 
+        replaced = False
         try:
-            async for _ in awatch(
-                self.directory, stop_event=self._stop, debounce=self._debounce_ms, step=50, recursive=True
-            ):
-                await self.reload("file change")
+            while (watched := await self._present()) is not None:
+                if replaced:
+                    await self.reload("directory replaced")
+                async for _ in awatch(
+                    self.directory, stop_event=self._stop, debounce=self._debounce_ms, step=50, recursive=True
+                ):
+                    await self.reload("file change")
+                    if _identity(self.directory) != watched:
+                        replaced = True
+                        break
+                else:
+                    return  # stopped
         except Exception:
             log.exception("policy watcher stopped; SIGHUP still reloads")
+
+    async def _present(self) -> tuple[int, int] | None:
+        """The directory's identity once it exists; None if the reloader stops first."""
+        while (identity := _identity(self.directory)) is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), MISSING_POLL)
+            if self._stop.is_set():
+                return None
+        return identity
 
     async def stop(self) -> None:
         self._stop.set()
@@ -95,6 +118,15 @@ class PolicyReloader:
             "last_error_at": self.last_error_at,
             "directory": str(self.directory),
         }
+
+
+def _identity(directory: Path) -> tuple[int, int] | None:
+    """(device, inode) of the directory, or None while there is none at its path."""
+    try:
+        stat = directory.stat()
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
 
 
 def log_policy_warnings(policies: PolicySet) -> None:

@@ -99,6 +99,37 @@ def test_a_reload_to_a_blanket_block_keeps_the_last_good_policy(fake_upstream, g
     assert "blocks every request" in status["last_error"]
 
 
+def test_a_policy_directory_replaced_while_serving_is_still_watched(fake_upstream, gateway, tmp_path):
+    """A deploy that renames a new directory over the old one, or removes it and writes it again: the watch follows
+    the old directory's inode, so without watching the new one anew, later edits would never load."""
+    directory = write_policy(tmp_path / "policies", {"rules": [FORBIDDEN]})
+    gw = gateway({"pools": [pool("main", fake_upstream().url)], "policy_dir": str(directory)})
+
+    def until_blocked(word: str) -> None:
+        deadline = time.monotonic() + 10
+        while ask(gw, f"say {word}").status_code != 403:
+            assert time.monotonic() < deadline, httpx.get(gw.admin_url + "/admin/policy").json()
+            time.sleep(0.1)
+
+    def blocking(word: str) -> dict:
+        return {"rules": [{**FORBIDDEN, "when": {"target": "prompt", "regex": word}}]}
+
+    write_policy(tmp_path / "next", blocking("first-word"))
+    directory.rename(tmp_path / "old")
+    (tmp_path / "next").rename(directory)
+    until_blocked("first-word")
+    write_policy(directory, blocking("second-word"))  # an edit in the directory renamed in
+    until_blocked("second-word")
+
+    for path in (directory / "base.yaml", directory):
+        path.unlink() if path.is_file() else path.rmdir()
+    time.sleep(0.5)  # the reload of an empty directory is refused; the last good policy keeps serving
+    assert ask(gw, "say second-word").status_code == 403
+    write_policy(directory, blocking("third-word"))
+    until_blocked("third-word")
+    assert httpx.get(gw.admin_url + "/admin/policy").json()["last_error"] is None
+
+
 # -- YAML 1.1 booleans -------------------------------------------------------------------------------------------
 
 
