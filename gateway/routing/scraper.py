@@ -67,7 +67,7 @@ async def scrape(session: aiohttp.ClientSession, replica: Replica, timeout: floa
         ) as response:
             replica.observe(*engine_load(await response.text(), block_size))
         return True
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+    except (aiohttp.ClientError, TimeoutError, ValueError, OverflowError) as exc:  # NaN, ±Inf: no count
         log.debug("scrape of %s failed: %s", replica.url, exc)
         return False
 
@@ -95,9 +95,12 @@ async def check_forever(
     """Check every replica of `pool` each interval; health follows; `on_change()` after each round."""
     health = pool.config.health
     while True:
-        results = await asyncio.gather(*(check(r) for r in pool.replicas))
+        # one replica's check failing in a way nobody foresaw must not stop the checks of all: it counts as failed
+        results = await asyncio.gather(*(check(r) for r in pool.replicas), return_exceptions=True)
         for replica, ok in zip(pool.replicas, results):
-            replica.record(ok, health.failures_to_eject, health.eject_seconds)
+            if isinstance(ok, Exception):
+                log.error("health check of %s failed unexpectedly", replica.url, exc_info=ok)
+            replica.record(ok is True, health.failures_to_eject, health.eject_seconds)
         if on_change is not None:
             with contextlib.suppress(Exception):
                 on_change()

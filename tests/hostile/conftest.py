@@ -16,13 +16,14 @@ HOSTILE_UPSTREAM = Path(__file__).with_name("hostile_upstream.py")
 
 
 @pytest.fixture
-def hostile_upstream(processes: list[Process], tmp_path: Path) -> Callable[[], Process]:
+def hostile_upstream(processes: list[Process], tmp_path: Path) -> Callable[..., Process]:
     """Start a hostile upstream; requests pick its misbehaviour with a `hostile` object in their body."""
 
-    def start() -> Process:
+    def start(metrics: str | None = None) -> Process:
+        """`metrics`: what its GET /metrics answers."""
         port = free_port()
         process = spawn(
-            [sys.executable, str(HOSTILE_UPSTREAM), "--port", str(port)],
+            [sys.executable, str(HOSTILE_UPSTREAM), "--port", str(port), *(["--metrics", metrics] if metrics else [])],
             port,
             tmp_path / f"hostile-upstream-{port}.log",
             ready_path="/_stats",

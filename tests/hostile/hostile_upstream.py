@@ -21,6 +21,8 @@ Requests are parsed with h11; answers are written as raw bytes, so the upstream 
 A Messages request that the gateway translates to chat keeps no member it does not translate, so it carries the
 `hostile` object as JSON in `metadata.user_id`, which reaches the upstream as chat's `user`.
 
+With `--metrics TEXT`, GET /metrics answers TEXT as Prometheus text (what a scrape of an engine reads).
+
 `tag` names the request in the stats. GET /_stats answers {"requests": n, "seen": {tag: {"behaviour",
 "received_at", "closed_at", "answered"}}}: `closed_at` (time.time()) is when the gateway closed the connection
 before the answer was complete, null while it has not; `answered` whether the whole answer went out.
@@ -203,7 +205,8 @@ BEHAVIOURS: dict[str, Callable[[Answer, dict], Awaitable[None]]] = {
 
 
 class Server:
-    def __init__(self) -> None:
+    def __init__(self, metrics: str | None) -> None:
+        self.metrics = metrics
         self.requests = 0
         self.seen: dict[str, dict] = {}
 
@@ -216,6 +219,9 @@ class Server:
             if target == b"/_stats":
                 data = json.dumps({"requests": self.requests, "seen": self.seen}).encode()
                 await Answer(writer, {}).whole(200, data)
+                return
+            if target == b"/metrics" and self.metrics is not None:
+                await Answer(writer, {}).whole(200, self.metrics.encode(), "text/plain; version=0.0.4")
                 return
             await self._serve(reader, writer, json.loads(body or b"{}"))
         except (ConnectionError, h11.RemoteProtocolError):
@@ -271,8 +277,8 @@ def _translated_spec(user: object) -> dict:
     return spec if isinstance(spec, dict) else {}
 
 
-async def serve(port: int) -> None:
-    server = Server()
+async def serve(port: int, metrics: str | None) -> None:
+    server = Server(metrics)
     listener = await asyncio.start_server(server.handle, "127.0.0.1", port)
     async with listener:
         await listener.serve_forever()
@@ -281,7 +287,9 @@ async def serve(port: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
-    asyncio.run(serve(parser.parse_args().port))
+    parser.add_argument("--metrics", help="the text GET /metrics answers")
+    args = parser.parse_args()
+    asyncio.run(serve(args.port, args.metrics))
 
 
 if __name__ == "__main__":

@@ -281,3 +281,29 @@ def test_a_translated_answer_carries_no_field_of_the_wrong_type(hostile_upstream
     [delta] = [e for e in sent if e["type"] == "message_delta"]
     assert (delta["usage"]["input_tokens"], delta["usage"]["output_tokens"]) == (0, 0)
     assert sent[-1]["type"] == "message_stop"
+
+
+def test_a_replica_whose_metrics_say_infinity_stops_no_health_checks(hostile_upstream, gateway):
+    """`+Inf` is valid Prometheus text but no count of requests: that scrape fails, as a NaN's does, and the scrapes
+    of the pool go on (had it stopped them, no replica of the pool would be ejected or re-admitted again)."""
+    broken = hostile_upstream(metrics="vllm:num_requests_running +Inf\n")
+    healthy = hostile_upstream(metrics="vllm:num_requests_running 0\n")
+    gw = gateway(
+        {
+            "pools": [
+                pool(
+                    "main",
+                    broken.url,
+                    healthy.url,
+                    routing="least_load",
+                    scrape_interval=0.1,
+                    health={"failures_to_eject": 2, "eject_seconds": 60},
+                )
+            ]
+        }
+    )
+    time.sleep(1.0)  # several scrapes: the broken replica is ejected
+    for _ in range(6):
+        assert httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), timeout=10).status_code == 200
+    served = [httpx.get(p.url + "/_stats").json()["requests"] for p in (broken, healthy)]
+    assert served == [0, 6]
