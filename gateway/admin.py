@@ -9,10 +9,13 @@ loopback by default; with `admin.token_env` set it also requires `Authorization:
 from __future__ import annotations
 
 import hmac
+import logging
+import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST
+from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.requests import Request
@@ -28,6 +31,8 @@ from gateway.errors import EXCEPTION_HANDLERS, GatewayError
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
+
+log = logging.getLogger(__name__)
 
 
 class ByListener:
@@ -71,6 +76,18 @@ class RequireToken:
 async def gateway_error(request: Request, exc: GatewayError) -> Response:
     """What an admin route refuses (a bad body, an unknown key), in the same OpenAI error shape."""
     return exc.response()
+
+
+async def store_unavailable(request: Request, exc: Exception) -> Response:
+    """The key store or spend ledger failed (Redis down, the SQLite file locked or unwritable): the gateway is fine,
+    and the same call may work once the store is back."""
+    log.warning("admin %s: store unavailable (%s: %s)", request.url.path, type(exc).__name__, exc)
+    return GatewayError(
+        503,
+        f"the store is unavailable ({type(exc).__name__}); try again",
+        type="server_error",
+        code="store_unavailable",
+    ).response()
 
 
 def build_admin_app(gateway: Gateway) -> ASGIApp:
@@ -121,6 +138,8 @@ def build_admin_app(gateway: Gateway) -> ASGIApp:
     handlers: dict[type[Exception], Callable[..., Awaitable[Response]]] = {
         **EXCEPTION_HANDLERS,
         GatewayError: gateway_error,
+        RedisError: store_unavailable,
+        sqlite3.Error: store_unavailable,
     }
 
     app = Starlette(

@@ -52,3 +52,26 @@ def test_an_admin_token_is_required_when_configured(fake_upstream, gateway):
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_admin_token"
     assert httpx.get(gw.admin_url + "/metrics", headers={"authorization": "Bearer wrong"}).status_code == 401
     assert httpx.get(gw.admin_url + "/metrics", headers={"authorization": "Bearer s3cret-admin"}).status_code == 200
+
+
+def test_a_store_that_is_down_is_a_503_on_the_key_and_spend_routes(fake_upstream, gateway, redis_server):
+    """Keys and spend in Redis, and Redis gone: the operator is told the store is unavailable, not that the gateway
+    failed; once it is back the same calls work."""
+    gw = gateway(
+        {
+            "pools": [pool("main", fake_upstream().url)],
+            "redis": {"url": redis_server.url},
+            "store": {"backend": "redis"},
+        }
+    )
+    redis_server.kill()
+    for answer in (
+        httpx.post(gw.admin_url + "/admin/keys", json={"tenant": "team-a"}, timeout=10),
+        httpx.get(gw.admin_url + "/admin/keys", timeout=10),
+        httpx.get(gw.admin_url + "/admin/spend", timeout=10),
+    ):
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["code"] == "store_unavailable"
+    redis_server.start()
+    assert httpx.post(gw.admin_url + "/admin/keys", json={"tenant": "team-a"}, timeout=10).status_code == 201
+    assert httpx.get(gw.admin_url + "/admin/spend", timeout=10).status_code == 200
