@@ -55,6 +55,13 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--block-size", type=int, default=16)
     s.add_argument("--max-num-seqs", type=int, default=64)
     s.add_argument("--max-num-batched-tokens", type=int, default=512)
+    s.add_argument(
+        "--max-decode-stall",
+        type=float,
+        default=0.2,
+        help="seconds of prompt a step computes beside streams that are decoding, at the measured prefill rate: "
+        "how long a new prompt holds back their next token (0: only --max-num-batched-tokens bounds it)",
+    )
     s.add_argument("--max-model-len", type=int, default=None)
     s.add_argument("--no-prefix-caching", action="store_true")
     s.add_argument("--seed", type=int, default=None)
@@ -82,6 +89,7 @@ def serve(args: argparse.Namespace) -> int:
         kv_cache_memory_fraction=args.kv_cache_memory_fraction,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        max_decode_stall=args.max_decode_stall,
         max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_caching,
         seed=args.seed,

@@ -35,6 +35,9 @@ class EngineConfig:
     cpu_default_kv_cache_bytes: int = 512 * 1024 * 1024
     max_num_seqs: int = 64  # running sequences per step
     max_num_batched_tokens: int = 512  # token budget per step (prefill chunks + decodes)
+    # seconds of prompt a step computes beside decoding streams (at the measured prefill rate): how long a prompt
+    # arriving holds back their next token; 0: only the token budget bounds it
+    max_decode_stall: float = 0.2
     max_model_len: int | None = None  # default: the model's context length
     enable_prefix_caching: bool = True
     max_logprobs: int = 20

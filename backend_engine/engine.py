@@ -34,6 +34,8 @@ from backend_engine.stop import apply_stop_conditions, held_back_chars
 
 log = logging.getLogger("portcullis.engine")
 
+RATE_SAMPLE_TOKENS = 32  # smaller steps measure per-step overhead more than the rate of computing tokens
+
 
 @dataclass
 class RequestOutput:
@@ -85,6 +87,7 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._by_request: dict[str, Sequence] = {}
         self._counted = (0, 0)
+        self._token_rate: float | None = None  # tokens a second in steps of RATE_SAMPLE_TOKENS or more
         log.info(
             "loaded %s in %.1fs on %s; %s",
             self.loaded.source,
@@ -242,8 +245,23 @@ class LLMEngine:
 
     # --- the step -------------------------------------------------------------------------------
 
+    def _prefill_cap(self) -> int | None:
+        """The prompt tokens a step beside decoding streams may compute: `max_decode_stall` seconds' worth at the
+        measured rate, at least a block (None until a step has been measured, or with the stall bound off)."""
+        if not self.config.max_decode_stall or self._token_rate is None:
+            return None
+        return max(self.config.block_size, int(self._token_rate * self.config.max_decode_stall))
+
+    def _measure(self, tokens: int, seconds: float) -> None:
+        """The tokens a second this device computes, from steps large enough that per-step overhead does not
+        dominate them; a moving average, so a slow step (another process on the cores) moves it only partly."""
+        if tokens < RATE_SAMPLE_TOKENS or seconds <= 0:
+            return
+        rate = tokens / seconds
+        self._token_rate = rate if self._token_rate is None else 0.7 * self._token_rate + 0.3 * rate
+
     def step(self) -> list[RequestOutput]:
-        sched = self.scheduler.schedule()
+        sched = self.scheduler.schedule(self._prefill_cap())
         if sched.num_preempted:
             self.metrics.labels(self.metrics.preemptions).inc(sched.num_preempted)
         outputs: list[RequestOutput] = []
@@ -253,6 +271,7 @@ class LLMEngine:
             t0 = time.perf_counter()
             logits = self.backend.to_numpy(self.model.forward(fb, self.kv_cache))
             dt = time.perf_counter() - t0
+            self._measure(sched.num_tokens, dt)
             now = time.monotonic()
             for (seq, n), row in zip(items, sample_rows):
                 seq.num_computed_tokens += n

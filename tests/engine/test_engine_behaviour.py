@@ -85,6 +85,26 @@ def test_chunked_prefill_matches_and_does_not_stall_decodes(make_engine, loaded)
     assert lng.output_token_ids == ref_long
 
 
+@pytest.mark.parametrize("stall", [0.0, 1e-9])
+def test_a_prompt_beside_decoding_streams_is_cut_to_the_stall_bound(make_engine, loaded, stall):
+    """A step that carries decodes computes `max_decode_stall` seconds of a new prompt at the engine's measured
+    rate, at least a block (a bound this short leaves one block); with the bound off, the whole budget."""
+    eng = make_engine(max_decode_stall=stall)
+    rng = np.random.default_rng(3)
+    first, second = ([int(x) for x in rng.integers(200, 40000, 300)] for _ in range(2))
+    eng.generate([first], SamplingParams(max_tokens=1, temperature=0))  # a measured step, alone: whole budget
+    stream = eng.add_request("stream", _prompts(loaded, 1)[0], SamplingParams(max_tokens=40, ignore_eos=True))
+    while stream.num_output_tokens == 0:
+        eng.step()
+    new = eng.add_request("new", second, GREEDY)
+    chunks = []
+    while new.num_output_tokens == 0:
+        before = new.num_computed_tokens
+        eng.step()
+        chunks.append(new.num_computed_tokens - before)
+    assert chunks == ([300] if stall == 0 else [16] * 18 + [12]), chunks
+
+
 def test_prompt_blocks_hash_like_the_gateway_predicts(make_engine):
     eng = make_engine()
     events = []

@@ -171,3 +171,21 @@ def test_finishing_a_waiting_sequence_drops_it():
     sched.finish(a)
     assert a.status == SequenceStatus.FINISHED
     assert not sched.has_work() and _step(sched) == []
+
+
+def test_a_prefill_cap_bounds_the_prompt_a_step_computes_beside_decodes():
+    """The cap applies only where a step also carries decodes: alone, a prompt takes the whole budget."""
+    sched = Scheduler(BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=16)
+    first = _seq(0, range(20))
+    sched.add(first)
+    batch = sched.schedule(prefill_cap=5)
+    assert [(s.request_id, n) for s, n in batch.items] == [("r0", 16)]  # no decodes yet: the budget
+    _forward(sched.bm, batch)
+    assert _step(sched) == [("r0", 4)]  # its last chunk, then it decodes
+    sched.add(_seq(1, range(100, 120)))
+    chunks = []
+    for _ in range(4):
+        batch = sched.schedule(prefill_cap=5)
+        _forward(sched.bm, batch)
+        chunks.append([(s.request_id, n) for s, n in batch.items])
+    assert chunks == [[("r0", 1), ("r1", 5)]] * 4
