@@ -337,7 +337,7 @@ def _spend_store(config: GatewayConfig) -> SpendStore:
     """The spend ledger lives where the keys do (`store.backend`)."""
     if config.store.backend == "redis":
         assert config.redis.url is not None  # the config's validation requires it
-        return RedisSpendStore(config.redis.url)
+        return RedisSpendStore(config.redis.url, config.redis.timeout)
     return SqliteSpendStore(config.store.sqlite_path)
 
 

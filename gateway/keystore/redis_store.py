@@ -10,9 +10,8 @@ do.
 
 from __future__ import annotations
 
-from redis.asyncio import Redis
-
 from gateway.keystore.records import KeyRecord
+from gateway.redis_client import redis_client
 
 RECORDS = "portcullis:keys"
 VERSION = "portcullis:keys:version"
@@ -30,9 +29,10 @@ return version
 class RedisKeyStore:
     name = "redis"
 
-    def __init__(self, url: str, timeout: float = 2.0) -> None:
-        """`timeout` bounds each command, so a stalled Redis fails a poll instead of hanging it."""
-        self._redis = Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    def __init__(self, url: str, timeout: float) -> None:
+        """`timeout` (`redis.timeout`) bounds each command, so a stalled Redis fails a poll or an admin call instead
+        of hanging it."""
+        self._redis = redis_client(url, timeout)
         self._put = self._redis.register_script(_PUT)  # EVALSHA, loaded again after a Redis restart
 
     async def put(self, record: KeyRecord) -> None:

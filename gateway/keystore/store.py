@@ -37,5 +37,5 @@ def build_key_store(config: GatewayConfig) -> KeyStoreBackend:
     """The key store the config names: the SQLite file, or Redis at `redis.url`."""
     if config.store.backend == "redis":
         assert config.redis.url is not None  # the config refuses a redis store without a URL
-        return RedisKeyStore(config.redis.url)
+        return RedisKeyStore(config.redis.url, config.redis.timeout)
     return SqliteKeyStore(config.store.sqlite_path)

@@ -22,14 +22,13 @@ from typing import Any
 
 from hiredis import pack_command
 from redis import exceptions as redis_errors
-from redis.asyncio.connection import AbstractConnection, Connection, parse_url
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.asyncio.connection import AbstractConnection, Connection
 
 from gateway.ratelimit.checks import BackendError, BudgetCheck, Check, RateCheck, Settlement
 from gateway.ratelimit.coalesce import Coalescer
 from gateway.ratelimit.gcra import Outcome
 from gateway.ratelimit.outbox import SettlementOutbox
+from gateway.redis_client import connection_options
 
 _SCRIPT = (Path(__file__).parent / "lua" / "batch.lua").read_text()
 _SHA = hashlib.sha1(_SCRIPT.encode()).hexdigest()
@@ -51,12 +50,10 @@ class RedisBackend:
     ) -> None:
         """`clock`: µs since the epoch to decide at instead of Redis's own clock, which every gateway shares; for
         tests that hold two backends to one clock (it must not run behind real time: keys expire at its instants)."""
-        options: dict[str, Any] = dict(parse_url(url))
+        options = connection_options(url, timeout)
         connection_class: type[AbstractConnection] = options.pop("connection_class", Connection)
         # no per-read timeout: the whole round trip runs under `timeout` (see _send)
-        self._connection = connection_class(
-            **options, socket_timeout=None, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
-        )
+        self._connection = connection_class(**{**options, "socket_timeout": None})
         self._timeout = timeout
         self._clock = clock
         self._batches: Coalescer[Operation, list[Outcome] | None] = Coalescer(self._send)

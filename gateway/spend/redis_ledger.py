@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import redis.asyncio as redis
-
+from gateway.redis_client import redis_client
 from gateway.spend.store import HOUR, SpendKey, SpendTotals
 
 KEY_PREFIX = "portcullis:spend:"
@@ -18,8 +17,10 @@ _MEASURES = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", 
 class RedisSpendStore:
     name = "redis"
 
-    def __init__(self, url: str) -> None:
-        self._redis = redis.Redis.from_url(url)
+    def __init__(self, url: str, timeout: float) -> None:
+        """`timeout` (`redis.timeout`) bounds each command: a stalled Redis fails a flush (its rows are kept) or a
+        report instead of hanging it."""
+        self._redis = redis_client(url, timeout)
 
     async def add(self, rows: Sequence[tuple[SpendKey, SpendTotals]]) -> None:
         pipe = self._redis.pipeline(transaction=True)  # a flush is added whole or not at all

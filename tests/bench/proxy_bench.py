@@ -400,7 +400,7 @@ def store_key(store: str, tmp: Path, name: str, redis_url: str | None = None) ->
     async def put() -> None:
         if store == "redis":
             assert redis_url is not None
-            backend: RedisKeyStore | SqliteKeyStore = RedisKeyStore(redis_url)
+            backend: RedisKeyStore | SqliteKeyStore = RedisKeyStore(redis_url, timeout=2.0)
         else:
             backend = SqliteKeyStore(sqlite_path(tmp, name))
         try:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import signal
+import time
+
 import httpx
 import pytest
 
-from tests.conftest import pool
+from tests.conftest import chat_body, pool
 
 INTERNAL = ("/metrics", "/admin/policy")
 
@@ -75,3 +78,33 @@ def test_a_store_that_is_down_is_a_503_on_the_key_and_spend_routes(fake_upstream
     redis_server.start()
     assert httpx.post(gw.admin_url + "/admin/keys", json={"tenant": "team-a"}, timeout=10).status_code == 201
     assert httpx.get(gw.admin_url + "/admin/spend", timeout=10).status_code == 200
+
+
+def test_a_frozen_redis_costs_the_admin_plane_and_shutdown_only_redis_timeout(fake_upstream, gateway, redis_server):
+    """Keys and spend in Redis, and Redis stopped (it accepts connections, answers nothing): each call gives up after
+    `redis.timeout`, so the operator gets a 503 at once, and a stopping gateway whose spend cannot be written does
+    not wait on Redis."""
+    gw = gateway(
+        {
+            "pools": [pool("main", fake_upstream().url)],
+            "redis": {"url": redis_server.url, "timeout": 0.25},
+            "store": {"backend": "redis", "flush_interval": 60},
+            "models": [],  # no tokenizer to load: a stop waits for no warm-up, only for what it must write
+        }
+    )
+    assert httpx.get(gw.admin_url + "/admin/spend", timeout=10).status_code == 200  # connected before the freeze
+    redis_server.proc.send_signal(signal.SIGSTOP)
+    try:
+        assert httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), timeout=10).status_code == 200
+        started = time.monotonic()
+        answer = httpx.get(gw.admin_url + "/admin/spend", timeout=30)
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["code"] == "store_unavailable"
+        assert time.monotonic() - started < 3  # a flush and a read, 0.25 s each, not redis-py's 5 s apiece
+        started = time.monotonic()
+        gw.proc.terminate()
+        gw.proc.wait(timeout=30)
+        assert time.monotonic() - started < 3, gw.output()  # its last flush fails in 0.25 s, not 5 s
+        assert "rows could not be written before stopping" in gw.output()
+    finally:
+        redis_server.proc.send_signal(signal.SIGCONT)

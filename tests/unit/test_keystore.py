@@ -48,7 +48,7 @@ def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenS
         yield lambda: SqliteKeyStore(tmp_path / "keys.db")
     else:
         server: RedisServer = request.getfixturevalue("redis_server")
-        yield lambda: RedisKeyStore(server.url)
+        yield lambda: RedisKeyStore(server.url, timeout=2.0)
 
 
 def run(open_store: OpenStore, scenario: Callable[..., Awaitable[None]], stores: int = 1) -> None:
@@ -234,7 +234,7 @@ def test_a_ring_that_saw_a_key_stays_closed_when_its_store_loses_it(redis_server
     secret, record = stored_key()
 
     async def run() -> None:
-        store = RedisKeyStore(redis_server.url)
+        store = RedisKeyStore(redis_server.url, timeout=2.0)
         ring = KeyRing(AuthConfig(), store, poll_interval=1.0)
         try:
             await ring.refresh()
@@ -264,8 +264,10 @@ def test_ring_polls_changes_and_keeps_its_keys_through_a_store_outage(redis_serv
         return time.monotonic() - started
 
     async def scenario() -> None:
-        writer = RedisKeyStore(redis_server.url)
-        ring = KeyRing(static_keys(), RedisKeyStore(redis_server.url), poll_interval=0.05)  # never anonymous
+        writer = RedisKeyStore(redis_server.url, timeout=2.0)
+        ring = KeyRing(
+            static_keys(), RedisKeyStore(redis_server.url, timeout=2.0), poll_interval=0.05
+        )  # never anonymous
         await ring.start()
         await writer.put(record)
         await until(lambda: opened(ring, secret) == record.id)
@@ -280,7 +282,7 @@ def test_ring_polls_changes_and_keeps_its_keys_through_a_store_outage(redis_serv
         assert opened(ring, secret) == record.id  # still the keys it had
 
         redis_server.start()  # empty: its version starts again, below the ring's
-        writer = RedisKeyStore(redis_server.url)
+        writer = RedisKeyStore(redis_server.url, timeout=2.0)
         await writer.put(later)
         await until(lambda: opened(ring, later_secret) == later.id)
         assert opened(ring, secret) is None  # reloaded whole: the keys the store lost are gone

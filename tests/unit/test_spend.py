@@ -88,7 +88,9 @@ def test_the_ledger_adds_up_across_instances_and_reports_by_group(tmp_path):
 
 def test_what_a_flush_could_not_write_is_kept_for_the_next(tmp_path):
     async def run() -> None:
-        ledger = SpendLedger(RedisSpendStore("redis://127.0.0.1:1/0"), 60, clock=lambda: DEC_3)  # nothing listens
+        ledger = SpendLedger(
+            RedisSpendStore("redis://127.0.0.1:1/0", timeout=2.0), 60, clock=lambda: DEC_3
+        )  # nothing listens
         ledger.record("k", "acme", "m", 5, 0, 5, 42)
         await ledger.flush()
         ledger.record("k", "acme", "m", 5, 0, 5, 8)
