@@ -45,7 +45,7 @@ class SqliteKeyStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="keystore-sqlite")
-        self._db: sqlite3.Connection | None = None  # opened on the worker thread by the first call
+        self._file = sqlite_wal.WalFile(self.path, BUSY_TIMEOUT_MS / 1000, _prepare)  # opened by the first call
 
     async def put(self, record: KeyRecord) -> None:
         await self._run(self._put, record)
@@ -76,15 +76,10 @@ class SqliteKeyStore:
     # Below: on the worker thread only.
 
     def _connection(self) -> sqlite3.Connection:
-        if self._db is None:
-            try:
-                db = sqlite_wal.connect(self.path, BUSY_TIMEOUT_MS / 1000)
-                db.execute("PRAGMA synchronous = NORMAL")  # WAL's recommended setting: durable at each checkpoint
-                db.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} COMMIT;")
-            except sqlite3.Error as err:  # a missing directory, a file that is not a database: say which file
-                raise sqlite3.OperationalError(f"key store {self.path}: {err}") from err
-            self._db = db
-        return self._db
+        try:
+            return self._file.connection()
+        except sqlite3.Error as err:  # a missing directory, a file that is not a database: say which file
+            raise sqlite3.OperationalError(f"key store {self.path}: {err}") from err
 
     def _put(self, record: KeyRecord) -> None:
         db = self._connection()
@@ -120,6 +115,9 @@ class SqliteKeyStore:
         return version, [row[0] for row in rows]
 
     def _close(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
+        self._file.close()
+
+
+def _prepare(db: sqlite3.Connection) -> None:
+    db.execute("PRAGMA synchronous = NORMAL")  # WAL's recommended setting: durable at each checkpoint
+    db.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} COMMIT;")

@@ -31,9 +31,10 @@ class SqliteSpendStore:
     name = "sqlite"
 
     def __init__(self, path: Path) -> None:
-        # one connection, used by one worker thread at a time (the lock), never by the event loop
-        self._db = sqlite_wal.connect(path, 5.0, check_same_thread=False)
-        self._db.execute(_SCHEMA)
+        # one connection, used by one worker thread at a time (the lock), never by the event loop; opened now, so a
+        # path that cannot hold the ledger stops the start
+        self._file = sqlite_wal.WalFile(path, 5.0, lambda db: db.execute(_SCHEMA), check_same_thread=False)
+        self._file.connection()
         self._lock = asyncio.Lock()
 
     async def add(self, rows: Sequence[tuple[SpendKey, SpendTotals]]) -> None:
@@ -46,17 +47,21 @@ class SqliteSpendStore:
             await asyncio.to_thread(self._add, values)
 
     def _add(self, values: list[tuple]) -> None:
-        with self._db:  # one transaction: a flush is added whole or not at all
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.executemany(_ADD, values)
+        db = self._file.connection()
+        with db:  # one transaction: a flush is added whole or not at all
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany(_ADD, values)
 
     async def rows(self, start: int, end: int) -> list[tuple[SpendKey, SpendTotals]]:
         async with self._lock:
-            found = await asyncio.to_thread(
-                lambda: self._db.execute("SELECT * FROM spend WHERE hour >= ? AND hour < ?", (start, end)).fetchall()
-            )
+            found = await asyncio.to_thread(self._select, start, end)
         return [(SpendKey(*row[:4]), SpendTotals(*row[4:])) for row in found]
+
+    def _select(self, start: int, end: int) -> list[tuple]:
+        return (
+            self._file.connection().execute("SELECT * FROM spend WHERE hour >= ? AND hour < ?", (start, end)).fetchall()
+        )
 
     async def aclose(self) -> None:
         async with self._lock:
-            self._db.close()
+            self._file.close()
