@@ -287,7 +287,7 @@ class AffinityConfig(_Strict):
     index_capacity: Annotated[int, Field(gt=0)] = 200_000
     scorer: Literal["expected_ttft", "rules"] = "expected_ttft"
     decode_weight: Annotated[float, Field(ge=0)] = Field(
-        default=50.0, description="prompt tokens of prefill one decoding sequence is worth (docs/benchmarks.md)"
+        default=80.0, description="prompt tokens of prefill one decoding sequence is worth (docs/benchmarks.md)"
     )
 
 
