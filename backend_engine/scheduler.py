@@ -67,7 +67,8 @@ class Scheduler:
                     if s is victim:  # already scheduled this step (decodes go first): unschedule
                         del out.items[j]
                         budget += k
-                        prefill_left += k if k > 1 else 0
+                        if k > 1:  # a prompt chunk: its tokens go back to the prefill allowance too
+                            prefill_left += k
                         break
                 self._preempt(victim)
                 out.num_preempted += 1

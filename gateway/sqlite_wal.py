@@ -11,12 +11,13 @@ switch is retried until the busy timeout has passed.
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from gateway.file_identity import file_identity
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class WalFile:
 
     def connection(self) -> sqlite3.Connection:
         """The open connection: opened if none is, reopened if the path no longer names its file."""
-        if self._db is not None and _file_at(self.path) != self._file:
+        if self._db is not None and file_identity(self.path) != self._file:
             log.error("sqlite: %s was moved or deleted while open; writing to a new file at that path", self.path)
             try:
                 self._db.execute("PRAGMA wal_checkpoint")  # the old file keeps what was written to it
@@ -85,13 +86,5 @@ class WalFile:
         except BaseException:
             db.close()
             raise
-        self._db, self._file = db, _file_at(self.path)
+        self._db, self._file = db, file_identity(self.path)
         return db
-
-
-def _file_at(path: Path) -> tuple[int, int] | None:
-    try:
-        found = os.stat(path)
-    except OSError:
-        return None
-    return found.st_dev, found.st_ino

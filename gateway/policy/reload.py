@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gateway.file_identity import file_identity
 from gateway.policy.loader import PolicyError, PolicySet, load_policy_dir
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class PolicyReloader:
                     self.directory, stop_event=self._stop, debounce=self._debounce_ms, step=50, recursive=True
                 ):
                     await self.reload("file change")
-                    if _identity(self.directory) != watched:
+                    if file_identity(self.directory) != watched:
                         replaced = True
                         break
                 else:
@@ -94,7 +95,7 @@ class PolicyReloader:
 
     async def _present(self) -> tuple[int, int] | None:
         """The directory's identity once it exists; None if the reloader stops first."""
-        while (identity := _identity(self.directory)) is None:
+        while (identity := file_identity(self.directory)) is None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), MISSING_POLL)
             if self._stop.is_set():
@@ -118,15 +119,6 @@ class PolicyReloader:
             "last_error_at": self.last_error_at,
             "directory": str(self.directory),
         }
-
-
-def _identity(directory: Path) -> tuple[int, int] | None:
-    """(device, inode) of the directory, or None while there is none at its path."""
-    try:
-        stat = directory.stat()
-    except OSError:
-        return None
-    return stat.st_dev, stat.st_ino
 
 
 def log_policy_warnings(policies: PolicySet) -> None:
