@@ -3,18 +3,20 @@ continuous batching) on the same GGUF, measured the way users meet them — stre
 `portcullis bench serve`, the same request sequence against both, one cell after the other in one run.
 
     .venv/bin/python tests/bench/engine_api_compare.py --llama-server .bench/llama-build/bin/llama-server \\
-        --compute int8 --threads 2 [--json results.json]
+        --compute int8 --threads 2 [--engine portcullis= --engine stall-off="--max-decode-stall 0"] [--json out.json]
 
 llama-server is built from the llama.cpp sources the llama-cpp-python sdist vendors (docs/benchmarks.md, "Engine
 through its API"). Cells: 1 stream (128 tokens), 8 / 32 / 64 concurrent streams (64 tokens each), and a
 shared-prefix workload (tenants' long system prompts, multi-turn conversations). Greedy decoding, EOS ignored so
-both produce every token asked for. Both servers stay up for the whole run; the idle one costs no CPU.
+both produce every token asked for. Every server stays up for the whole run; an idle one costs no CPU. `--engine`
+(repeatable) names engine configurations to measure side by side, each with its extra `engine serve` arguments.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import socket
 import subprocess
 import sys
@@ -64,25 +66,40 @@ def wait_ready(name: str, url: str, proc: subprocess.Popen, timeout: float = 180
     raise SystemExit(f"{name} at {url} did not come up in {timeout:.0f}s")
 
 
+def engine_configs(specs: list[str] | None) -> dict[str, list[str]]:
+    """`NAME=ARGS` specs as {name: extra `engine serve` arguments}; none: one engine as configured by default."""
+    configs: dict[str, list[str]] = {}
+    for spec in specs or ["portcullis="]:
+        name, sep, extra = spec.partition("=")
+        if not sep or not name or name == "llama-server" or name in configs:
+            raise SystemExit(f"--engine wants a new NAME=ARGS, got {spec!r}")
+        configs[name] = shlex.split(extra)
+    return configs
+
+
 def start_servers(args: argparse.Namespace, gguf: Path, logs: Path) -> tuple[dict[str, str], list[subprocess.Popen]]:
-    engine_port, llama_port = free_port(), free_port()
-    engine = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "engine", "serve", "--model", str(gguf), "--port", str(engine_port)]
-        + ["--compute", args.compute, "--threads", str(args.threads), "--max-num-seqs", str(args.slots)],
-        stdout=open(logs / "engine.log", "w"),
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
+    urls: dict[str, str] = {}
+    procs: list[subprocess.Popen] = []
+    for name, extra in engine_configs(args.engine).items():
+        port = free_port()
+        command = [sys.executable, "-m", "gateway.cli", "engine", "serve", "--model", str(gguf), "--port", str(port)]
+        command += ["--compute", args.compute, "--threads", str(args.threads), "--max-num-seqs", str(args.slots)]
+        log = open(logs / f"engine-{name}.log", "w")
+        procs.append(subprocess.Popen(command + extra, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
+        urls[name] = f"http://127.0.0.1:{port}"
+    llama_port = free_port()
+    procs.append(
+        subprocess.Popen(
+            [args.llama_server, "-m", str(gguf), "--port", str(llama_port), "-t", str(args.threads)]
+            + ["-np", str(args.slots), "-c", str(args.slots * args.ctx_per_slot), "--cont-batching", "-b", "2048"],
+            stdout=open(logs / "llama-server.log", "w"),
+            stderr=subprocess.STDOUT,
+        )
     )
-    llama = subprocess.Popen(
-        [args.llama_server, "-m", str(gguf), "--port", str(llama_port), "-t", str(args.threads)]
-        + ["-np", str(args.slots), "-c", str(args.slots * args.ctx_per_slot), "--cont-batching", "-b", "2048"],
-        stdout=open(logs / "llama-server.log", "w"),
-        stderr=subprocess.STDOUT,
-    )
-    urls = {"portcullis": f"http://127.0.0.1:{engine_port}", "llama-server": f"http://127.0.0.1:{llama_port}"}
-    for (name, url), proc in zip(urls.items(), (engine, llama)):
+    urls["llama-server"] = f"http://127.0.0.1:{llama_port}"
+    for (name, url), proc in zip(urls.items(), procs):
         wait_ready(name, url, proc)
-    return urls, [engine, llama]
+    return urls, procs
 
 
 def warm_up(urls: dict[str, str]) -> None:
@@ -109,6 +126,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--slots", type=int, default=64, help="llama-server -np and the engine's --max-num-seqs")
     ap.add_argument("--ctx-per-slot", type=int, default=1024, help="llama-server context per slot")
+    ap.add_argument(
+        "--engine", action="append", metavar="NAME=ARGS", help="an engine configuration: its name, extra arguments"
+    )
     ap.add_argument("--cells", nargs="+", metavar="NAME", help="only the cells whose names start with these")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
