@@ -19,6 +19,7 @@ from gateway.policy.loader import PolicyError, PolicySet, load_policy_dir
 log = logging.getLogger(__name__)
 
 MISSING_POLL = 0.5  # seconds between looks for a policy directory that was removed
+WATCH_PASS_MS = 1000  # longest wait for changes before the watcher looks at the directory's identity again
 
 
 class PolicyReloader:
@@ -71,22 +72,29 @@ class PolicyReloader:
             self._task = loop.create_task(self._watch())
 
     async def _watch(self) -> None:
-        """Reload on each change. A watch follows the directory's inode, not its path: once the directory is
-        replaced (a new one renamed over it, or it is removed and made again) the watch would see nothing more, so
-        the new one is watched anew, and read, as soon as it exists."""
+        """Reload on each change. The first pass of each watch, once it is in place, reads the directory again: an
+        edit made before the watch began (at start, or right after a replacement) is seen by nothing else. A watch
+        follows the directory's inode, not its path: once the directory is replaced (a new one renamed over it, or
+        it is removed and made again) that watch would see nothing more, so the new one is watched anew. The
+        periodic empty passes also catch a replacement whose rename the old watch never reported."""
         from watchfiles import awatch
 
-        replaced = False
         try:
             while (watched := await self._present()) is not None:
-                if replaced:
-                    await self.reload("directory replaced")
-                async for _ in awatch(
-                    self.directory, stop_event=self._stop, debounce=self._debounce_ms, step=50, recursive=True
+                started = False
+                async for changes in awatch(
+                    self.directory,
+                    stop_event=self._stop,
+                    debounce=self._debounce_ms,
+                    step=50,
+                    recursive=True,
+                    rust_timeout=WATCH_PASS_MS,
+                    yield_on_timeout=True,
                 ):
-                    await self.reload("file change")
+                    if changes or not started:
+                        await self.reload("file change" if changes else "watch started")
+                    started = True
                     if file_identity(self.directory) != watched:
-                        replaced = True
                         break
                 else:
                     return  # stopped
