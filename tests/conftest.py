@@ -40,7 +40,7 @@ class Process:
 
     def access_log(self, request_id: str) -> dict:
         """A gateway's access-log line for one request (it is written once the response has ended)."""
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             for line in self.output().splitlines():
                 if request_id in line and '"trace_id"' in line:

@@ -237,7 +237,7 @@ def test_a_request_that_leaves_while_redis_decides_holds_no_budget(redis_server)
             with contextlib.suppress(asyncio.CancelledError):
                 await admission
             stage.settle(ctx)  # the settle phase runs for every request, also one cancelled in a stage
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + 20
             while counters() != [0] and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             return counters()
@@ -439,7 +439,7 @@ def test_two_gateways_share_a_budget_exactly(fake_upstream, gateway, redis_serve
     spent = sum(costs)
     assert limit_nanos - 2 * reservation < spent <= limit_nanos
     # the budget's counter in Redis is exactly the sum of the settled costs (reservations all replaced)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 20
     client = redis_server.client()
     while True:
         counters = [int(client.get(k)) for k in client.scan_iter("portcullis:budget:*") if not k.endswith(b":held")]
@@ -469,7 +469,7 @@ def test_a_budget_far_from_its_limit_is_decided_on_slices_and_settles_exactly(
     scripts = client.info("commandstats")["cmdstat_evalsha"]["calls"] - scripts_before
     assert scripts < 20, f"{scripts} script calls for 80 requests: a round trip (or more) a request"
     spent = sum(nanos(gw, r) for r in answers)
-    deadline = time.monotonic() + 5  # a slice left idle for a second is settled
+    deadline = time.monotonic() + 20  # a slice left idle for a second is settled
     while True:
         counters = [int(client.get(k)) for k in client.scan_iter("portcullis:budget:*") if not k.endswith(b":held")]
         if counters == [spent] or time.monotonic() > deadline:
@@ -557,7 +557,7 @@ def test_a_stored_key_has_its_own_budget_and_limits(fake_upstream, gateway, tmp_
             timeout=30,
         )
 
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 20
     while (first := ask_with(own["secret"])).status_code == 401 and time.monotonic() < deadline:
         time.sleep(0.05)  # the key reaches the gateway's key ring by its poll
     assert first.status_code == 200
