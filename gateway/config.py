@@ -516,6 +516,17 @@ class RedisConfig(_Strict):
         ),
     ] = 100_000
 
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        """Read the URL now, with redis-py's own parser, so a mistake is a config error at start and not a
+        traceback from the first part that connects."""
+        from redis.asyncio.connection import parse_url
+
+        if value is not None:
+            parse_url(value)  # its ValueError names the problem
+        return value
+
 
 class ModelConfig(_Strict):
     """What the gateway must know of a model to count its tokens and bound its requests."""

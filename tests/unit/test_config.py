@@ -34,6 +34,9 @@ def test_path_comes_from_environment(monkeypatch, tmp_path):
         ("listn: {port: 1}\n", "listn", "Extra inputs"),
         ("auth: {keys: [{tenant: t}]}\n", "auth.keys[0]", "exactly one of"),
         ("auth: {keys: [{tenant: t, sha256: abc}]}\n", "auth.keys[0]", "64 lowercase hex"),
+        ("redis: {url: 'localhost:6379'}\n", "redis.url", "redis://"),
+        ("redis: {url: 'redis://cache:99999'}\n", "redis.url", "Port out of range"),
+        ("redis: {url: 'redis://cache?socket_timeout=soon'}\n", "redis.url", "socket_timeout"),
         (
             "pools:\n  - {name: a, replicas: [{url: 'http://x'}]}\n  - {name: a, replicas: [{url: 'http://y'}]}\n",
             "pools",
