@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import sqlite3
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
@@ -29,7 +30,7 @@ from gateway.apis.routes import APIS, BY_PATH, PASSTHROUGH, route_error
 from gateway.billing import Billing
 from gateway.client_exit import ClientWatch
 from gateway.client_ip import client_ip
-from gateway.config import GatewayConfig
+from gateway.config import ConfigError, GatewayConfig
 from gateway.context import RequestContext
 from gateway.errors import EXCEPTION_HANDLERS, GatewayError, internal_error
 from gateway.fallbacks import ContextWindowFallback, Fallbacks
@@ -338,7 +339,10 @@ def _spend_store(config: GatewayConfig) -> SpendStore:
     if config.store.backend == "redis":
         assert config.redis.url is not None  # the config's validation requires it
         return RedisSpendStore(config.redis.url, config.redis.timeout)
-    return SqliteSpendStore(config.store.sqlite_path)
+    try:
+        return SqliteSpendStore(config.store.sqlite_path)  # opens the file: the first part of the gateway that does
+    except sqlite3.Error as err:  # a missing directory, a path that is a directory, no permission
+        raise ConfigError(f"store.sqlite_path: cannot open {config.store.sqlite_path}: {err}") from err
 
 
 def _load_policies(config: GatewayConfig) -> PolicySet:

@@ -78,6 +78,15 @@ def test_a_gateway_refuses_to_start_with_a_blanket_block(fake_upstream, gateway,
         gateway({"pools": [pool("main", fake_upstream().url)], "policy_dir": str(directory)})
 
 
+@pytest.mark.parametrize("where", ["missing/portcullis.db", "."])
+def test_a_store_file_that_cannot_be_opened_is_a_clear_start_error(fake_upstream, gateway, tmp_path, where):
+    path = tmp_path / where  # in a directory that does not exist; a directory itself
+    with pytest.raises(RuntimeError) as failed:
+        gateway({"pools": [pool("main", fake_upstream().url)], "store": {"sqlite_path": str(path)}})
+    assert f"portcullis: store.sqlite_path: cannot open {path}" in str(failed.value)
+    assert "Traceback" not in str(failed.value)
+
+
 def test_a_reload_to_a_blanket_block_keeps_the_last_good_policy(fake_upstream, gateway, tmp_path):
     directory = write_policy(tmp_path / "policies", {"rules": [FORBIDDEN]})
     gw = gateway({"pools": [pool("main", fake_upstream().url)], "policy_dir": str(directory)})
