@@ -97,13 +97,17 @@ class Responses(Api):
         return typed_event(body)
 
     def counted(self, payload: dict[str, Any]) -> tuple[CountForm, Any]:
+        """The chat the items stand for, as the bundled engine renders them (exact for its tokenizer). What only a
+        hosted pool reads (image and file parts, item references, item types the engine does not know) has no chat
+        form there, but it passed `check` and is the pool's to judge, not a 400 here: its texts, counted as one
+        turn, as Messages counts what has no translation."""
         from backend_engine.model.prompt import PromptError
         from backend_engine.openai_protocol.responses_input import responses_messages
 
         try:
             return "chat", responses_messages(payload)
-        except PromptError as exc:
-            raise invalid_request(str(exc), param=exc.param) from None
+        except PromptError:
+            return "chat", [{"role": "user", "content": "\n".join(t.text for t in self.texts(payload))}]
 
 
 def _item_kind(item: dict[str, Any]) -> str:

@@ -313,6 +313,32 @@ def test_secret_in_a_translated_stream_ends_it_with_an_anthropic_error_event(gw)
         assert "".join(stream.text_stream) == REDACTED
 
 
+# ---- OpenAI Responses: what only a hosted pool reads reaches it --------------------------------------------------
+
+
+def test_responses_items_a_hosted_pool_reads_reach_it_as_sent(gw, fake) -> None:
+    """Image and file parts, item references and item types the bundled engine does not know are the pool's to
+    judge: the gateway counts what text it can and sends the rest as the client wrote it."""
+    items: list[Any] = [
+        {"type": "item_reference", "id": "msg_earlier"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "What is in this picture and this file?"},
+                {"type": "input_image", "image_url": "https://example.com/cat.png", "detail": "low"},
+                {"type": "input_file", "file_id": "file-abc123"},
+            ],
+        },
+        {"type": "custom_tool_call_output", "call_id": "c1", "output": "done"},
+    ]
+    raw = gpt(gw).responses.with_raw_response.create(model=GPT, previous_response_id="resp_earlier", input=items)
+    assert raw.parse().output_text == "What is in this picture and this file?"
+    [upstream] = received(fake, raw.headers["x-request-id"])
+    assert upstream["path"] == "/v1/responses" and upstream["body"]["input"] == items
+    assert upstream["body"]["previous_response_id"] == "resp_earlier"
+    assert gw.access_log(raw.headers["x-request-id"])["prompt_tokens"] > 0
+
+
 # ---- the output guard on OpenAI Responses streams --------------------------------------------------------------------
 
 
