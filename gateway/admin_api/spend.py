@@ -158,9 +158,10 @@ def _time(text: str, param: str, end: bool) -> datetime:
             day = date.fromisoformat(text)
             return _midnight(day + timedelta(days=1) if end else day)
         moment = datetime.fromisoformat(text)
+        # inside the try: an offset can move a datetime at either end of the calendar out of it (OverflowError)
+        return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
     except (ValueError, OverflowError, OSError):
         raise invalid_request(problem, param=param) from None
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 def _midnight(day: date) -> datetime:

@@ -170,6 +170,16 @@ def test_bad_requests_are_4xx_in_the_openai_shape_and_not_audited(gw, audit_path
         assert len(client.get("/admin/keys").json()["data"]) == 1
 
 
+def test_a_spend_window_whose_offset_leaves_the_calendar_is_a_400(gw):
+    """An ISO datetime whose offset puts it before year 1 or after 9999 in UTC names its parameter, not a 500."""
+    with admin(gw) as client:
+        for param, value in (("start", "0001-01-01T00:00:00+01:00"), ("end", "9999-12-31T23:59:59-01:00")):
+            answer = client.get("/admin/spend", params={param: value})
+            assert answer.status_code == 400, (param, answer.text)
+            assert answer.json()["error"]["param"] == param
+    assert "Traceback" not in gw.output()
+
+
 def test_each_change_is_audited_with_before_and_after_and_no_secret(gw, audit_path):
     with admin(gw) as client:
         created = client.post("/admin/keys", json={"tenant": "acme"})
