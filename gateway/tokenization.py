@@ -89,8 +89,11 @@ class TiktokenCounter:
         for message in prompt or ():
             total += 3 + sum(len(encode(v)) for k, v in message.items() if isinstance(v, str))
             content = message.get("content")
-            if isinstance(content, list):
-                total += sum(len(encode(p.get("text", ""))) for p in content if isinstance(p, dict))
+            if isinstance(content, list):  # string texts only, as every stage reads them: parse checks a text
+                # part's, and a part of another type is the upstream's to judge, stray fields and all
+                total += sum(
+                    len(encode(p["text"])) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+                )
         return PromptCount(total, None)
 
     def decode(self, ids: list[int]) -> str:

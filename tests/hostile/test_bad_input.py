@@ -218,3 +218,16 @@ def test_a_client_that_leaves_mid_body_is_a_logged_disconnect_not_an_error(gw):
     assert "disconnected" in log
     assert [e["status"] for e in entries] == [499]
     assert httpx.get(process.url + "/healthz", timeout=5).status_code == 200
+
+
+def test_a_non_text_part_with_a_non_string_text_field_is_counted_without_it(gw):
+    """Parts other than text parts are the upstream's to judge, stray fields included: the exact (tiktoken) count
+    reads the string texts every other stage reads, and never feeds the tokenizer a number or a null."""
+    process, upstream = gw
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+    for stray in (5, None, ["a"]):
+        content = [{"type": "text", "text": "What is this?"}, {**image, "text": stray}]
+        response = httpx.post(process.url + CHAT, content=message(content=content), headers=HEADERS, timeout=30)
+        assert response.status_code == 200, (stray, response.text)
+    assert httpx.get(upstream.url + "/_stats").json()["requests"] == 3
+    assert "Traceback" not in process.output()
