@@ -45,6 +45,7 @@ from gateway.apis.answers import token_count
 from gateway.apis.anthropic_chat import (
     ChatStreamToMessages,
     MessagesRequestError,
+    asks_thinking,
     chat_to_message,
     messages_to_chat,
 )
@@ -172,9 +173,11 @@ class Upstream:
         finally:
             self._finish(ctx, attempt)
         if exchange.translated:  # an OpenAI chat completion, for a client of Anthropic's Messages API
-            stops = ctx.payload.get("stop_sequences") or ()
+            stops, thinking = ctx.payload.get("stop_sequences") or (), asks_thinking(ctx.payload)
             message = _translate_answer(
-                lambda: chat_to_message(orjson.loads(attempt.content), ctx.model, stop_sequences=stops)
+                lambda: chat_to_message(
+                    orjson.loads(attempt.content), ctx.model, stop_sequences=stops, thinking=thinking
+                )
             )
             return Response(orjson.dumps(message), headers=headers)
         media_type = response.headers.get("content-type", "application/json")
@@ -351,7 +354,11 @@ class Upstream:
         config, response = attempt.pool.config, attempt.answered
         framer = EventFramer(config.max_event_bytes)
         translator = (
-            ChatStreamToMessages(ctx.model, stop_sequences=ctx.payload.get("stop_sequences") or ())
+            ChatStreamToMessages(
+                ctx.model,
+                stop_sequences=ctx.payload.get("stop_sequences") or (),
+                thinking=asks_thinking(ctx.payload),
+            )
             if exchange.translated
             else None
         )

@@ -414,6 +414,13 @@ def _chat_tools(tools: Any, choice: Any) -> dict[str, Any]:
     return out
 
 
+def asks_thinking(payload: dict[str, Any]) -> bool:
+    """Whether a Messages request asked for extended thinking (`thinking` of a type other than "disabled"): only
+    then does a chat pool's reasoning come back, as thinking blocks."""
+    thinking = payload.get("thinking")
+    return isinstance(thinking, dict) and thinking.get("type") not in (None, "disabled")
+
+
 # --- response: chat -> Message ---------------------------------------------------------------------------------
 
 

@@ -307,3 +307,52 @@ def test_a_replica_whose_metrics_say_infinity_stops_no_health_checks(hostile_ups
         assert httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), timeout=10).status_code == 200
     served = [httpx.get(p.url + "/_stats").json()["requests"] for p in (broken, healthy)]
     assert served == [0, 6]
+
+
+def test_a_translated_answer_keeps_its_reasoning_as_thinking_when_the_request_asked(hostile_upstream, gateway):
+    """A Messages client that asks for extended thinking, in front of a chat pool whose model reasons (vLLM's
+    `reasoning_content`), gets the reasoning as a thinking block, whole or streamed; one that did not ask gets none."""
+    upstream = hostile_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
+    base = {"id": "chatcmpl-r", "object": "chat.completion", "model": "test-model"}
+    whole = {
+        **base,
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "reasoning_content": "2 + 2 is 4", "content": "4"},
+            }
+        ],
+    }
+    chunk = {**base, "object": "chat.completion.chunk"}
+    streamed = events(
+        {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "reasoning_content": "2 + 2 is 4"}}]},
+        {**chunk, "choices": [{"index": 0, "delta": {"content": "4"}, "finish_reason": "stop"}]},
+    )
+
+    def ask(answer: str, stream: bool, thinking: bool) -> httpx.Response:
+        body = {
+            "model": "test-model",
+            "max_tokens": 2048,
+            "stream": stream,
+            "messages": [{"role": "user", "content": "What is 2 + 2?"}],
+            "metadata": {"user_id": json.dumps(garbage(answer, stream))},
+            **({"thinking": {"type": "enabled", "budget_tokens": 1024}} if thinking else {}),
+        }
+        response = httpx.post(gw.url + "/v1/messages", json=body, timeout=30)
+        assert response.status_code == 200, response.text
+        return response
+
+    message = ask(json.dumps(whole), stream=False, thinking=True).json()
+    assert [(b["type"], b.get("thinking", b.get("text"))) for b in message["content"]] == [
+        ("thinking", "2 + 2 is 4"),
+        ("text", "4"),
+    ]
+    assert [b["type"] for b in ask(json.dumps(whole), stream=False, thinking=False).json()["content"]] == ["text"]
+    starts = [
+        json.loads(d)["content_block"]["type"]
+        for d in sse_data(ask(streamed, stream=True, thinking=True).text)
+        if json.loads(d)["type"] == "content_block_start"
+    ]
+    assert starts == ["thinking", "text"]
