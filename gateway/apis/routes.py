@@ -37,5 +37,7 @@ async def route_error(request: Request, exc: HTTPException) -> Response:
     if exc.status_code == 404 and path.startswith("/v1/"):
         served = ", ".join(["/v1/models", *(a.path for a in APIS)])
         message = f"Unknown route {request.method} {path}: this gateway serves {served}"
-        return GatewayError(404, message, code="not_found").response()
+        # under /v1/messages/ (Message Batches...) the client is Anthropic's: its 404 in its own shape
+        shape = BY_PATH["/v1/messages"] if path.startswith("/v1/messages/") else PASSTHROUGH
+        return shape.error_response(GatewayError(404, message, code="not_found"))
     return await http_error(request, exc)

@@ -231,3 +231,16 @@ def test_a_non_text_part_with_a_non_string_text_field_is_counted_without_it(gw):
         assert response.status_code == 200, (stray, response.text)
     assert httpx.get(upstream.url + "/_stats").json()["requests"] == 3
     assert "Traceback" not in process.output()
+
+
+def test_an_unserved_route_under_messages_answers_in_anthropics_shape(gw):
+    """Message Batches and other Anthropic routes the gateway does not serve: an Anthropic client hears a 404 in its
+    own API's shape, naming the routes served."""
+    process, upstream = gw
+    for method, path in (("POST", "/v1/messages/batches"), ("GET", "/v1/messages/batches/msgbatch_1/results")):
+        response = httpx.request(method, process.url + path, headers=HEADERS, content=b"{}", timeout=30)
+        assert response.status_code == 404, response.text
+        body = response.json()
+        assert body["type"] == "error" and body["error"]["type"] == "not_found_error", body
+        assert "/v1/messages" in body["error"]["message"]
+    assert httpx.get(upstream.url + "/_stats").json()["requests"] == 0
