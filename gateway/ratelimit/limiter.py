@@ -20,7 +20,7 @@ from gateway.errors import GatewayError
 from gateway.policy.model import PriceTable, RateLimitRule, TokenRate
 from gateway.ratelimit.checks import Backend, BudgetCheck, Check, RateCheck, Settlement, SlotCheck
 from gateway.ratelimit.failover import FailoverBackend
-from gateway.ratelimit.gcra import Outcome
+from gateway.ratelimit.gcra import EPSILON, Outcome
 from gateway.ratelimit.headers import rate_limit_headers
 from gateway.ratelimit.memory import MemoryBackend, SpendAccount, budget_outcome
 from gateway.spend import budgets
@@ -67,6 +67,9 @@ class RateLimiter:
     ) -> Grant:
         """Decide all rules and budgets in one round trip; raise 429 if any denies."""
         checks: list[Check] = [_check(rule, ctx) for rule in rules] if rules else []
+        for rule, check in zip(rules, checks):
+            if isinstance(check, RateCheck) and check.cost * check.interval - check.tolerance > EPSILON:
+                raise _too_large(rule, check)  # before any counter is touched: no wait would let it fit
         local = self._local
         if applied and local is not None:
             assert prices is not None  # budgets are priced
@@ -299,6 +302,26 @@ def _reservation(tokens: TokenRate, ctx: RequestContext) -> int:
     """Prompt tokens as counted by the tokenize stage, plus the output budget it settled on."""
     prompt, output = ctx.prompt_tokens or 0, ctx.max_tokens or 0
     return {"input": prompt, "output": output, "total": prompt + output}[tokens.count]
+
+
+def _too_large(rule: RateLimitRule, check: RateCheck) -> GatewayError:
+    """A reservation above the rule's whole window (a huge max_tokens, say): refused as OpenAI refuses a request
+    over a tokens-per-minute limit, with no retry time, since waiting can never make it fit."""
+    window = rule.tokens or rule.requests
+    assert window is not None  # only rate rules reserve
+    return GatewayError(
+        429,
+        f"Request too large for {rule.kind} (limit '{rule.id}'): Limit {_limit(check)} per {window.per:g}s, "
+        f"Requested {check.cost:.0f}. The input or output tokens must be reduced in order to run successfully.",
+        type=rule.kind,
+        code="rate_limit_exceeded",
+        param=rule.id,
+    )
+
+
+def _limit(check: RateCheck) -> int:
+    """The units a window holds (the caller's own limit where its key overrides the rule's)."""
+    return round(check.tolerance / check.interval)
 
 
 def _too_many(rule: RateLimitRule, outcome: Outcome, headers: dict[str, str]) -> GatewayError:

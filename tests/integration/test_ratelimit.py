@@ -69,6 +69,35 @@ def test_requests_limit_in_memory_with_openai_and_ietf_headers(fake_upstream, ga
     assert metric(gw, "portcullis_ratelimit_decisions_total", limit="key-rph", result="limited") == 1
 
 
+def test_a_request_larger_than_a_whole_token_window_is_refused_as_too_large(fake_upstream, gateway, tmp_path):
+    """No wait lets a reservation above the limit fit: the refusal says so and names no retry time, and the
+    request takes nothing from the other rules."""
+    upstream = fake_upstream()
+    rules = [
+        {"id": "key-rph", "key": ["api_key"], "requests": {"limit": 2, "per": "1h"}},
+        {"id": "key-tpm", "key": ["api_key"], "tokens": {"limit": 1000, "per": "1m"}},
+    ]
+    gw = start(gateway, upstream, tmp_path, rules)
+    for max_tokens in (10**12, 2**62):
+        large = httpx.post(
+            gw.url + "/v1/chat/completions", json=chat_body(max_tokens=max_tokens), headers=bearer("sk-t1")
+        )
+        assert large.status_code == 429
+        error = large.json()["error"]
+        assert error["type"] == "tokens" and error["param"] == "key-tpm" and error["code"] == "rate_limit_exceeded"
+        assert "Request too large" in error["message"] and "Limit 1000" in error["message"], error["message"]
+        assert "retry-after" not in large.headers
+    # the refusals took no request from key-rph and no tokens from key-tpm
+    for _ in range(2):
+        assert (
+            httpx.post(
+                gw.url + "/v1/chat/completions", json=chat_body(max_tokens=400), headers=bearer("sk-t1")
+            ).status_code
+            == 200
+        )
+    assert httpx.get(upstream.url + "/_stats").json()["requests"] == 2
+
+
 def _hammer(gateways, key: str, count: int, body: dict, workers: int = 24) -> list[httpx.Response]:
     """`count` concurrent requests spread round-robin over the gateways."""
 
