@@ -224,12 +224,15 @@ class ProxyEndpoint:
             )
             try:
                 await self._respond(ctx, watch, scope, receive, send)
-            finally:  # even when the client vanished or a stage failed; it never waits, so nothing can cut it short
+            finally:
+                # even when the client vanished, a stage failed or the server cancelled the request (a shutdown past
+                # its grace period, mid-stream): settled, then billed and logged, or the spend a restart reads budgets
+                # back from would miss it; none of it waits, so nothing can cut it short
                 gw.pipeline.settle(ctx)
-            span.set_attribute("http.response.status_code", ctx.status)
-            if ctx.status >= 500 or ctx.stream_error not in (None, "client_disconnected"):
-                span.set_status(Status(StatusCode.ERROR, ctx.stream_error or str(ctx.status)))
-        self._account(ctx)
+                span.set_attribute("http.response.status_code", ctx.status)
+                if ctx.status >= 500 or ctx.stream_error not in (None, "client_disconnected"):
+                    span.set_status(Status(StatusCode.ERROR, ctx.stream_error or str(ctx.status)))
+                self._account(ctx)
 
     async def _respond(
         self, ctx: RequestContext, watch: ClientWatch, scope: Scope, receive: Receive, send: Send

@@ -347,3 +347,25 @@ def spend_at(path, tenant: str) -> int | None:
                 with contextlib.suppress(sqlite3.OperationalError):  # no spend table yet
                     found = db.execute("SELECT SUM(requests) FROM spend WHERE tenant = ?", (tenant,)).fetchone()[0]
     return found
+
+
+def test_a_stream_the_shutdown_cuts_is_still_billed(fake_upstream, gateway, tmp_path):
+    """SIGTERM while a stream runs longer than the graceful-shutdown wait: the server cancels the request. Its
+    upstream read the prompt and sent output, so it is billed (written to the spend ledger a restart reads budgets
+    back from) and logged, as on every other exit path."""
+    path = tmp_path / "spend.db"
+    gw = gateway({"pools": [pool("main", fake_upstream().url)], "auth": AUTH, "store": {"sqlite_path": str(path)}})
+    body = chat_body(stream=True, max_tokens=100, fake={"chunks": 60, "delay": 0.5})
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", gw.url + CHAT, json=body, headers={"authorization": "Bearer sk-acct-t1"}) as r:
+            assert r.status_code == 200
+            request_id = r.headers["x-request-id"]
+            lines = r.iter_lines()
+            assert any(line.startswith("data: ") for line in lines)  # output reached the client
+            gw.proc.terminate()
+            with contextlib.suppress(httpx.HTTPError):
+                for _ in lines:  # the rest, until the shutdown cuts it (after its 10 s of grace)
+                    pass
+    gw.proc.wait(timeout=30)  # (uvicorn ends on the signal it caught, once shut down)
+    assert spend_at(path, "t1") == 1, gw.output()[-3000:]
+    assert gw.access_log(request_id)["status"] == 200
