@@ -237,27 +237,31 @@ class BudgetSeeder:
     def __init__(self, ledger: SpendLedger, memory: MemoryBackend) -> None:
         self._ledger = ledger
         self._memory = memory
-        self._seeding: dict[str, asyncio.Future[None]] = {}  # period key → its ledger read, while in flight
+        self._seeding: dict[str, asyncio.Future[SpendAccount]] = {}  # period key → its ledger read, while in flight
 
     async def open(self, budget: AppliedBudget, counter: PeriodCounter) -> SpendAccount:
         """The period's account, read back from the ledger first if this process has none yet (the requests that
-        come meanwhile wait for the same read)."""
+        come meanwhile wait for the same read).
+
+        The read runs as a task of its own, not in the request that began it: that request's client may leave
+        mid-read, and its cancellation must neither reach the requests waiting on the same read (they would fail
+        with it, as 500s) nor cut the ledger's flush short."""
         account = self._memory.accounts.get(counter.key)
         if account is not None:
             return account
         seeding = self._seeding.get(counter.key)
-        if seeding is not None:
-            await asyncio.shield(seeding)
-            return self._memory.open_account(counter.key, counter.end)
-        seeding = self._seeding[counter.key] = asyncio.get_running_loop().create_future()
-        try:
-            spent = await self._ledger.spent(budget.scope, budget.who, counter.start)
-            account = self._memory.open_account(counter.key, counter.end, spent)
-            seeding.set_result(None)
-            return account
-        except BaseException as exc:
-            seeding.set_exception(exc)  # for the requests waiting on it; the next one tries again
-            seeding.exception()  # retrieved: none may be waiting
-            raise
-        finally:
-            del self._seeding[counter.key]
+        if seeding is None:
+            seeding = self._seeding[counter.key] = asyncio.ensure_future(self._seed(budget, counter))
+            seeding.add_done_callback(functools.partial(self._seeded, counter.key))
+        return await asyncio.shield(seeding)
+
+    async def _seed(self, budget: AppliedBudget, counter: PeriodCounter) -> SpendAccount:
+        spent = await self._ledger.spent(budget.scope, budget.who, counter.start)
+        return self._memory.open_account(counter.key, counter.end, spent)
+
+    def _seeded(self, key: str, seeding: asyncio.Future[SpendAccount]) -> None:
+        """The read is over: the next request of a period still without an account (the read failed) tries again."""
+        if self._seeding.get(key) is seeding:
+            del self._seeding[key]
+        if not seeding.cancelled():
+            seeding.exception()  # retrieved: every request waiting on it may have left

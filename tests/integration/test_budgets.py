@@ -12,6 +12,8 @@ import contextlib
 import hashlib
 import json
 import random
+import socket
+import sqlite3
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -583,3 +585,38 @@ def test_a_stored_key_has_its_own_budget_and_limits(fake_upstream, gateway, tmp_
     assert sample("portcullis_key_billed_requests_total", own["id"]) == len(outcomes), "refused ones count too"
     assert sample("portcullis_key_spend_total", own["id"]) == pytest.approx(served_by_own * 13_000 / NANOS)
     assert sample("portcullis_key_billed_requests_total", plain["id"]) == 2
+
+
+def test_a_client_that_leaves_while_its_budget_is_read_back_fails_no_other_request(fake_upstream, gateway, tmp_path):
+    """Without Redis, a budget period's first requests wait for one read of its spend from the ledger. The request
+    that began that read leaves while it runs (slow here: another writer holds the ledger's file, so the read's flush
+    waits): the requests waiting on the same read are still decided and served, never answered 500."""
+    path = tmp_path / "spend.db"
+    keys = {"sk-budget-a": "team-a", "sk-budget-b": "team-b"}
+    auth = {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()} for k, t in keys.items()]}
+    config = gateway_config(fake_upstream().url, budget_policies(tmp_path, 1.0))
+    gw = gateway({**config, "auth": auth, "store": {"sqlite_path": str(path), "flush_interval": 60}})
+    url = gw.url + "/v1/chat/completions"
+    # team-b's answer is billed: its ledger row waits for the next flush, which a read of spend makes first
+    assert httpx.post(url, json=chat_body(), headers={"authorization": "Bearer sk-budget-b"}).status_code == 200
+    payload = json.dumps(chat_body()).encode()
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("BEGIN IMMEDIATE")  # another writer holds the file (for less than the ledger's 5 s busy wait)
+        host, port = gw.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as leader:  # team-a's first: reads the spend
+            leader.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
+                b"authorization: Bearer sk-budget-a\r\ncontent-length: %d\r\n\r\n%s" % (len(payload), payload)
+            )
+            time.sleep(0.5)
+            with ThreadPoolExecutor(1) as pool_:
+                waiting = pool_.submit(
+                    httpx.post, url, json=chat_body(), headers={"authorization": "Bearer sk-budget-a"}, timeout=30
+                )
+                time.sleep(0.5)  # it waits for the leader's read
+                leader.close()  # the leader leaves mid-read
+                time.sleep(0.5)
+                db.execute("ROLLBACK")
+                follower = waiting.result()
+    assert follower.status_code == 200, follower.text
+    assert "Traceback" not in gw.output(), gw.output()[-3000:]
