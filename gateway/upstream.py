@@ -31,7 +31,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -157,7 +157,7 @@ class Upstream:
             headers["x-portcullis-replica"] = attempt.replica.url
         if ctx.stream and ctx.status == 200:
             return StreamingResponse(
-                self._relay(ctx, attempt, exchange, strip_usage, deadline),
+                await _started(self._relay(ctx, attempt, exchange, strip_usage, deadline)),
                 headers={**_SSE_HEADERS, **headers},
                 media_type="text/event-stream",
             )
@@ -291,17 +291,20 @@ class Upstream:
         pool.record(replica, ok=response.status < 500)
         kept = {k: v for k, v in response.headers.items() if k.lower() in _RETURNED_HEADERS}
         return StreamingResponse(
-            self._relay_raw(ctx, attempt, deadline),
+            await _started(self._relay_raw(ctx, attempt, deadline)),
             status_code=response.status,
             headers={**kept, "x-request-id": ctx.request_id, **ctx.response_headers},
         )
 
-    async def _relay_raw(self, ctx: RequestContext, attempt: _Attempt, deadline: _Deadline) -> AsyncIterator[bytes]:
+    async def _relay_raw(
+        self, ctx: RequestContext, attempt: _Attempt, deadline: _Deadline
+    ) -> AsyncGenerator[bytes, None]:
         """A passthrough answer's bytes as they come; cut (connection closed, logged) past the size bound or a
         silence, since its format is not the gateway's to end with an error event."""
         config, response = attempt.pool.config, attempt.answered
         sent, complete = 0, False
         try:
+            yield b""  # the step `_started` takes
             while chunk := await _next_bytes(response.content, config.timeouts.stream_idle, deadline):
                 sent += len(chunk)
                 if sent > config.max_response_bytes:
@@ -350,7 +353,7 @@ class Upstream:
 
     async def _relay(
         self, ctx: RequestContext, attempt: _Attempt, exchange: Exchange, strip_usage: bool, deadline: _Deadline
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         config, response = attempt.pool.config, attempt.answered
         framer = EventFramer(config.max_event_bytes)
         translator = (
@@ -365,6 +368,7 @@ class Upstream:
         saw_done = False
         idle: float | None = None  # the wait for the first chunk is `timeouts.read`'s (a long prefill)
         try:
+            yield b""  # the step `_started` takes
             while chunk := await _next_bytes(response.content, idle, deadline):
                 if idle is None:
                     self._first_chunk_arrived(attempt)
@@ -443,6 +447,15 @@ class Upstream:
             if usage.finish_reasons:
                 span.set_attribute("gen_ai.response.finish_reasons", usage.finish_reasons)
         span.end()
+
+
+async def _started(relay: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+    """A relay run to its first `yield`, inside the `try` whose `finally` closes the upstream answer and the attempt's
+    books. An async generator closed before its first step runs none of its code: a client gone before its answer's
+    body began (its headers could not even be sent) left the upstream answer open and the replica's in-flight count
+    up for good."""
+    await anext(relay)
+    return relay
 
 
 def _ask_for_usage(ctx: RequestContext, pool: Pool) -> bool:

@@ -166,3 +166,41 @@ def test_a_silent_stream_ends_at_the_idle_timeout(hostile_upstream, gateway):
     assert time.monotonic() - started < 8
     assert wait_for(upstream, "stall", "closed_at", timeout=5)
     assert upstream_seen(upstream, "stall")["answered"] is False
+
+
+def test_a_stream_whose_client_is_gone_before_it_starts_is_still_closed_and_counted_out(hostile_upstream, gateway):
+    """The stream's headers cannot go out: its client reads nothing (here: a pipelined request behind an answer it
+    never read), and the connection is dropped at the send timeout before the stream's body began. The upstream
+    answer is closed all the same, and the replica's in-flight count, which least-outstanding routing ranks by,
+    goes back to zero instead of keeping the request counted for ever."""
+    upstream = hostile_upstream()
+    gw = gateway(
+        {
+            "pools": [pool("main", upstream.url, max_attempts=1, max_response_bytes=16 * 1024 * 1024)],
+            "limits": {"send_timeout": 1.5},
+        }
+    )
+    big = json.dumps(chat_body(hostile={"behaviour": "huge_body", "bytes": 8 * 1024 * 1024, "length": True}))
+    stream = json.dumps(chat_body(stream=True, hostile={"behaviour": "slow_first", "delay": 60, "tag": "behind"}))
+    host, port = gw.url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    with sock:
+        sock.connect((host, int(port)))
+        sock.sendall(
+            b"".join(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\n\r\n%s" % (len(body), body.encode())
+                for body in (big, stream)
+            )
+        )
+        assert wait_for(upstream, "behind", "received_at", timeout=10), "the pipelined stream never reached upstream"
+        seen = wait_for(upstream, "behind", "closed_at", timeout=10)
+        assert seen, "the gateway kept the upstream stream open after its client was dropped"
+    deadline = time.monotonic() + 10
+    while "portcullis_upstream_outstanding_requests" not in (metrics := httpx.get(gw.admin_url + "/metrics").text) or (
+        f'replica="{upstream.url}"}} 0.0' not in metrics
+    ):
+        assert time.monotonic() < deadline, [line for line in metrics.splitlines() if "outstanding" in line]
+        time.sleep(0.2)
+    assert "read nothing for 1.5s" in gw.output()
