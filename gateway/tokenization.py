@@ -30,6 +30,9 @@ class PromptCounter(Protocol):
     def count(self, form: CountForm, prompt: Any) -> PromptCount:
         """A prompt as the request shape hands it over (`Api.counted`): chat messages, or a completions prompt."""
 
+    def tool_tokens(self, tools: list[ToolShape]) -> int:
+        """What the request's tool definitions add to the prompt (`tool_shapes`)."""
+
     def decode(self, ids: list[int]) -> str | None:
         """Token ids back to the text the model reads (special tokens included), for the guard to scan; None when
         the tokenizer is unknown. Raises a 400 for ids outside the vocabulary."""
@@ -54,6 +57,11 @@ class EngineCounter:
         except PromptError as exc:
             raise invalid_request(str(exc), param=exc.param) from None
         return PromptCount(len(ids), ids)
+
+    def tool_tokens(self, tools: list[ToolShape]) -> int:
+        """None: the engine renders no tools (it refuses a request that would call them, and drops them for
+        tool_choice "none")."""
+        return 0
 
     def decode(self, ids: list[int]) -> str:
         tokenizer = self._renderer.tokenizer
@@ -96,6 +104,28 @@ class TiktokenCounter:
                 )
         return PromptCount(total, None)
 
+    def tool_tokens(self, tools: list[ToolShape]) -> int:
+        """OpenAI's published accounting for function definitions (the cookbook "How to count tokens with
+        tiktoken", section 7): per function a start, "name:description"; per parameter a key and
+        "name:type:description", enum values one by one; one end for them all. Nested parameters are counted the
+        same way, one level down."""
+        if not tools:
+            return 0
+        encode = self._encoding.encode_ordinary
+        total = TOOLS_END
+        for tool in tools:
+            total += self._function_start + len(encode(tool.line))
+            total += PROPERTIES_START if tool.properties else 0
+            for line, enum in tool.properties:
+                total += PROPERTY_KEY + len(encode(line))
+                if enum:
+                    total += ENUM_START + sum(ENUM_ITEM + len(encode(item)) for item in enum)
+        return total
+
+    @property
+    def _function_start(self) -> int:
+        return 7 if self._encoding.name.startswith("o200k") else 10  # gpt-4o family; gpt-4 / gpt-3.5
+
     def decode(self, ids: list[int]) -> str:
         try:
             return self._encoding.decode(ids)
@@ -118,8 +148,73 @@ class EstimateCounter:
             return PromptCount(len(prompt), None)
         return PromptCount(math.ceil(len(str(prompt or "")) / 4) + 1, None)
 
+    def tool_tokens(self, tools: list[ToolShape]) -> int:
+        chars = sum(len(t.line) + sum(len(line) + sum(map(len, enum)) for line, enum in t.properties) for t in tools)
+        return math.ceil(chars / 4) + 10 * len(tools)
+
     def decode(self, ids: list[int]) -> None:
         return None
+
+
+# OpenAI's per-definition overheads (the cookbook's figures; the function start differs by encoding)
+TOOLS_END, PROPERTIES_START, PROPERTY_KEY, ENUM_START, ENUM_ITEM = 12, 3, 3, -3, 3
+
+
+@dataclass(frozen=True, slots=True)
+class ToolShape:
+    """A function definition as token accounting reads it: "name:description", and per parameter (nested ones
+    included) "name:type:description" with its enum values."""
+
+    line: str
+    properties: list[tuple[str, list[str]]]
+
+
+def tool_shapes(payload: dict[str, Any]) -> list[ToolShape]:
+    """The function definitions of a request, whichever API's shape it has: OpenAI chat (`tools[].function`,
+    the older `functions`), Responses (`tools[]` with `name` and `parameters`), Anthropic (`tools[]` with
+    `input_schema`). Tools without a name (hosted ones, priced by their provider) add nothing here."""
+    shapes = []
+    for key in ("tools", "functions"):
+        listed = payload.get(key)
+        for tool in listed if isinstance(listed, list) else ():
+            function = tool.get("function") if isinstance(tool, dict) else None
+            spec = function if isinstance(function, dict) else tool
+            if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+                continue
+            schema = spec.get("parameters", spec.get("input_schema"))
+            shapes.append(ToolShape(f"{spec['name']}:{_text(spec.get('description'))}", _properties(schema)))
+    return shapes
+
+
+def _properties(schema: Any) -> list[tuple[str, list[str]]]:
+    """Every parameter under `schema`, nested objects and array items included, in document order (an explicit
+    stack: a deeply nested schema must not exhaust the recursion limit)."""
+    found: list[tuple[str, list[str]]] = []
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        properties = node.get("properties")
+        children = []
+        for name, spec in properties.items() if isinstance(properties, dict) else ():
+            if not isinstance(spec, dict):
+                continue
+            enum = [str(item) for item in spec["enum"]] if isinstance(spec.get("enum"), list) else []
+            found.append((f"{name}:{_text(spec.get('type'))}:{_text(spec.get('description'))}", enum))
+            children.append(spec)
+        if isinstance(node.get("items"), dict):
+            children.append(node["items"])
+        stack.extend(reversed(children))
+    return found
+
+
+def _text(value: Any) -> str:
+    """A description or type as the accounting writes it: a string without its final full stop; a list of types
+    joined; anything else empty."""
+    if isinstance(value, list):
+        value = "|".join(v for v in value if isinstance(v, str))
+    return value.removesuffix(".") if isinstance(value, str) else ""
 
 
 def _completion_ids(prompt: Any, encode: Callable[[str], list[int]]) -> list[int]:

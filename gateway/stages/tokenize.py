@@ -17,7 +17,7 @@ from gateway.context import RequestContext
 from gateway.errors import GatewayError
 from gateway.offload import Offload
 from gateway.policy.loader import PolicySet
-from gateway.tokenization import EstimateCounter, PromptCount, PromptCounter, build_counter
+from gateway.tokenization import EstimateCounter, PromptCount, PromptCounter, build_counter, tool_shapes
 
 
 class TokenizeStage:
@@ -52,7 +52,11 @@ class TokenizeStage:
         return self._counter(model).decode(ids)
 
     def _count(self, ctx: RequestContext) -> PromptCount:
-        return self._counter(ctx.model).count(*ctx.api.counted(ctx.payload))
+        """The messages (or prompt) and the function definitions, which the model reads as part of the prompt."""
+        counter = self._counter(ctx.model)
+        count = counter.count(*ctx.api.counted(ctx.payload))
+        tools = counter.tool_tokens(tool_shapes(ctx.payload))
+        return PromptCount(count.tokens + tools, count.token_ids) if tools else count
 
     async def __call__(self, ctx: RequestContext) -> None:
         admission = self._policies().admission_for(ctx.tenant)

@@ -153,3 +153,94 @@ def test_engine_counter_rejects_unrenderable_prompts_as_400():
     with pytest.raises(GatewayError) as info:
         counter.count("chat", [{"role": "user", "content": [{"type": "image_url"}]}])
     assert info.value.status == 400 and info.value.param == "messages"
+
+
+WEATHER = {  # the function of OpenAI's cookbook "How to count tokens with tiktoken", section 7
+    "name": "get_current_weather",
+    "description": "Get the current weather in a given location",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "location": {"type": "string", "description": "The city and state, e.g. San Francisco, CA"},
+            "unit": {
+                "type": "string",
+                "description": "The unit of temperature to return",
+                "enum": ["celsius", "fahrenheit"],
+            },
+        },
+        "required": ["location"],
+    },
+}
+WEATHER_CHAT = [
+    {"role": "system", "content": "You are a helpful assistant that can answer to questions about the weather."},
+    {"role": "user", "content": "What's the weather like in San Francisco?"},
+]
+
+
+def test_function_definitions_count_as_prompt_tokens_in_every_shape():
+    """105: what OpenAI's API reported as prompt_tokens for this request on gpt-4 and gpt-3.5-turbo (cl100k_base),
+    as the cookbook prints it; the same function in Responses' and Anthropic's shapes costs the same."""
+    stage = TokenizeStage(
+        [ModelConfig(name="gpt", tokenizer="tiktoken:cl100k_base", context_window=120)],
+        empty_policy_set,
+        Offload(LimitsConfig()),
+    )
+    chat = _ctx("chat", {"model": "gpt", "max_tokens": 5, "messages": WEATHER_CHAT})
+    asyncio.run(stage(chat))
+    chat_with_tools = _ctx(
+        "chat",
+        {
+            "model": "gpt",
+            "max_tokens": 5,
+            "messages": WEATHER_CHAT,
+            "tools": [{"type": "function", "function": WEATHER}],
+        },
+    )
+    asyncio.run(stage(chat_with_tools))
+    assert chat_with_tools.prompt_tokens == 105 and chat.prompt_tokens == 34
+    legacy = _ctx("chat", {"model": "gpt", "max_tokens": 5, "messages": WEATHER_CHAT, "functions": [WEATHER]})
+    asyncio.run(stage(legacy))
+    assert legacy.prompt_tokens == 105
+    flat = {"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}
+    hosted = {"type": "web_search_preview"}  # no definition to read: the provider prices its own tools
+    responses = _ctx("responses", {"model": "gpt", "input": "hi", "tools": [{"type": "function", **WEATHER}, hosted]})
+    asyncio.run(stage(responses))
+    bare = _ctx("responses", {"model": "gpt", "input": "hi"})
+    asyncio.run(stage(bare))
+    messages = _ctx("messages", {"model": "gpt", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+    asyncio.run(stage(messages))
+    messages_tools = _ctx(
+        "messages", {"model": "gpt", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "tools": [flat]}
+    )
+    asyncio.run(stage(messages_tools))
+    assert responses.prompt_tokens - bare.prompt_tokens == messages_tools.prompt_tokens - messages.prompt_tokens == 71
+    # the window holds the definitions too
+    long = _ctx(
+        "chat",
+        {
+            "model": "gpt",
+            "max_tokens": 20,
+            "messages": WEATHER_CHAT,
+            "tools": [{"type": "function", "function": WEATHER}],
+        },
+    )
+    with pytest.raises(GatewayError) as info:
+        asyncio.run(stage(long))
+    assert info.value.code == "context_length_exceeded"
+
+
+def test_the_bundled_engine_renders_no_tools_so_they_add_nothing():
+    stage = TokenizeStage([ModelConfig(name="m", tokenizer="bundled")], empty_policy_set, Offload(LimitsConfig()))
+    plain = _ctx("chat", {"model": "m", "messages": [{"role": "user", "content": "Say hello"}]})
+    tools = _ctx(
+        "chat",
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "Say hello"}],
+            "tools": [{"type": "function", "function": WEATHER}],
+            "tool_choice": "none",
+        },
+    )
+    asyncio.run(stage(plain))
+    asyncio.run(stage(tools))
+    assert tools.prompt_tokens == plain.prompt_tokens == len(tools.prompt_token_ids)
