@@ -216,14 +216,15 @@ def events(*data: dict) -> str:
     return "".join(f"data: {json.dumps(d)}\n\n" for d in data) + "data: [DONE]\n\n"
 
 
-def translated(url: str, answer: str, stream: bool) -> httpx.Response:
-    """A Messages request to an OpenAI pool whose answer is `answer`."""
+def translated(url: str, answer: str, stream: bool, **extra: object) -> httpx.Response:
+    """A Messages request (with `extra` fields) to an OpenAI pool whose answer is `answer`."""
     body = {
         "model": "test-model",
         "max_tokens": 8,
         "stream": stream,
         "messages": [{"role": "user", "content": "hello"}],
         "metadata": {"user_id": json.dumps(garbage(answer, stream))},  # the translation keeps no `hostile`
+        **extra,
     }
     return httpx.post(url + "/v1/messages", json=body, timeout=30)
 
@@ -332,15 +333,8 @@ def test_a_translated_answer_keeps_its_reasoning_as_thinking_when_the_request_as
     )
 
     def ask(answer: str, stream: bool, thinking: bool) -> httpx.Response:
-        body = {
-            "model": "test-model",
-            "max_tokens": 2048,
-            "stream": stream,
-            "messages": [{"role": "user", "content": "What is 2 + 2?"}],
-            "metadata": {"user_id": json.dumps(garbage(answer, stream))},
-            **({"thinking": {"type": "enabled", "budget_tokens": 1024}} if thinking else {}),
-        }
-        response = httpx.post(gw.url + "/v1/messages", json=body, timeout=30)
+        asked = {"max_tokens": 2048, "thinking": {"type": "enabled", "budget_tokens": 1024}} if thinking else {}
+        response = translated(gw.url, answer, stream, **asked)
         assert response.status_code == 200, response.text
         return response
 

@@ -177,6 +177,15 @@ WEATHER_CHAT = [
 ]
 
 
+def _weather_tool_chat(max_tokens: int) -> dict:
+    return {
+        "model": "gpt",
+        "max_tokens": max_tokens,
+        "messages": WEATHER_CHAT,
+        "tools": [{"type": "function", "function": WEATHER}],
+    }
+
+
 def test_function_definitions_count_as_prompt_tokens_in_every_shape():
     """105: what OpenAI's API reported as prompt_tokens for this request on gpt-4 and gpt-3.5-turbo (cl100k_base),
     as the cookbook prints it; the same function in Responses' and Anthropic's shapes costs the same."""
@@ -187,15 +196,7 @@ def test_function_definitions_count_as_prompt_tokens_in_every_shape():
     )
     chat = _ctx("chat", {"model": "gpt", "max_tokens": 5, "messages": WEATHER_CHAT})
     asyncio.run(stage(chat))
-    chat_with_tools = _ctx(
-        "chat",
-        {
-            "model": "gpt",
-            "max_tokens": 5,
-            "messages": WEATHER_CHAT,
-            "tools": [{"type": "function", "function": WEATHER}],
-        },
-    )
+    chat_with_tools = _ctx("chat", _weather_tool_chat(max_tokens=5))
     asyncio.run(stage(chat_with_tools))
     assert chat_with_tools.prompt_tokens == 105 and chat.prompt_tokens == 34
     legacy = _ctx("chat", {"model": "gpt", "max_tokens": 5, "messages": WEATHER_CHAT, "functions": [WEATHER]})
@@ -215,15 +216,7 @@ def test_function_definitions_count_as_prompt_tokens_in_every_shape():
     asyncio.run(stage(messages_tools))
     assert responses.prompt_tokens - bare.prompt_tokens == messages_tools.prompt_tokens - messages.prompt_tokens == 71
     # the window holds the definitions too
-    long = _ctx(
-        "chat",
-        {
-            "model": "gpt",
-            "max_tokens": 20,
-            "messages": WEATHER_CHAT,
-            "tools": [{"type": "function", "function": WEATHER}],
-        },
-    )
+    long = _ctx("chat", _weather_tool_chat(max_tokens=20))
     with pytest.raises(GatewayError) as info:
         asyncio.run(stage(long))
     assert info.value.code == "context_length_exceeded"
