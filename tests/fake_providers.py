@@ -13,7 +13,11 @@ shapes are in tests/api_reference/.
 
 What it answers is the test's choice: the text of the last user message, or `fake.reply` where the body has a
 `fake` object (`{"reply": "...", "chunk": 6, "delay": 0.002, "status": 529, "error_after": 2, "cache_read": 100,
-"cache_creation": 20}`); streams send the text in pieces of `chunk` characters, `delay` seconds apart. Like the
+"cache_creation": 20}`); streams send the text in pieces of `chunk` characters, `delay` seconds apart. With
+`fake.reasoning`, the model reasons before it answers, in each API's shape: chat's `reasoning_content` (or the field
+`fake.reasoning_field` names: newer vLLM says `reasoning`), a Messages thinking block, a Responses reasoning item
+with a summary; streamed in pieces like the answer. A Messages request translated to chat keeps no member it does
+not translate, so there the `fake` object rides as JSON in `metadata.user_id`, which reaches chat as `user`. Like the
 providers, it refuses a request without its key (`--api-key`: `x-api-key` on the Anthropic routes,
 `Authorization: Bearer` on the OpenAI ones). `GET /_received` returns every request it got (path, headers, body),
 for assertions on the upstream side of the wire.
@@ -50,6 +54,12 @@ ANTHROPIC_ERROR_TYPES = {
 def input_tokens(body: dict[str, Any]) -> int:
     """What this fake counts a prompt as (characters over four, as a rough tokenizer would)."""
     return 1 + len(json.dumps([body.get("system"), body.get("messages"), body.get("input")])) // 4
+
+
+def reasoning_text(body: dict[str, Any]) -> str:
+    """What the model reasons before its answer, where the test asked for reasoning (`fake.reasoning`)."""
+    reasoning = (body.get("fake") or {}).get("reasoning")
+    return reasoning if isinstance(reasoning, str) else ""
 
 
 def reply_text(body: dict[str, Any]) -> str:
@@ -117,11 +127,33 @@ def message(body: dict[str, Any], text: str, content: list[dict[str, Any]], stop
     }
 
 
+FAKE_SIGNATURE = "ZmFrZS1zaWduYXR1cmU="  # a thinking block's signature: opaque to the client
+
+
+def message_content(body: dict[str, Any], text: str) -> list[dict[str, Any]]:
+    """A whole message's blocks: thinking first where the test asked for reasoning, then the text."""
+    thinking = reasoning_text(body)
+    head = [{"type": "thinking", "thinking": thinking, "signature": FAKE_SIGNATURE}] if thinking else []
+    return [*head, {"type": "text", "text": text}]
+
+
 async def message_events(body: dict[str, Any], text: str) -> AsyncIterator[str]:
     fake = body.get("fake") or {}
     parts = pieces(body, text)
     yield sse("message_start", {"type": "message_start", "message": message(body, text, [], None)})
-    start = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+    index = 0
+    if thinking := reasoning_text(body):
+        block = {"type": "thinking", "thinking": "", "signature": ""}
+        yield sse("content_block_start", {"type": "content_block_start", "index": 0, "content_block": block})
+        for part in pieces(body, thinking):
+            delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": part}}
+            yield sse("content_block_delta", delta)
+            await pause(body)
+        signature = {"type": "signature_delta", "signature": FAKE_SIGNATURE}
+        yield sse("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": signature})
+        yield sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+        index = 1
+    start = {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
     yield sse("content_block_start", start)
     yield sse("ping", {"type": "ping"})
     for i, part in enumerate(parts):
@@ -129,10 +161,10 @@ async def message_events(body: dict[str, Any], text: str) -> AsyncIterator[str]:
             error = {"type": "overloaded_error", "message": "Overloaded"}
             yield sse("error", {"type": "error", "error": error})
             return
-        delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": part}}
+        delta = {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": part}}
         yield sse("content_block_delta", delta)
         await pause(body)
-    yield sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+    yield sse("content_block_stop", {"type": "content_block_stop", "index": index})
     usage = {"output_tokens": len(text.split())}
     stop = {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": usage}
     yield sse("message_delta", stop)
@@ -142,7 +174,7 @@ async def message_events(body: dict[str, Any], text: str) -> AsyncIterator[str]:
 async def messages(request: Request, body: dict[str, Any]) -> Response:
     text = reply_text(body)
     if not body.get("stream"):
-        return JSONResponse(message(body, text, [{"type": "text", "text": text}], "end_turn"))
+        return JSONResponse(message(body, text, message_content(body, text), "end_turn"))
     return StreamingResponse(message_events(body, text), media_type="text/event-stream")
 
 
@@ -162,13 +194,14 @@ def response_object(body: dict[str, Any], text: str | None, msg_id: str, resp_id
     """A Response: in progress with no output (text None), or completed with the message and usage."""
     done = text is not None
     output = [
+        *reasoning_items(body, msg_id),
         {
             "type": "message",
             "id": msg_id,
             "status": "completed",
             "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": []}],
-        }
+        },
     ]
     prompt, generated = input_tokens(body), len((text or "").split())
     usage = {
@@ -205,17 +238,41 @@ def response_object(body: dict[str, Any], text: str | None, msg_id: str, resp_id
     }
 
 
+def reasoning_items(body: dict[str, Any], msg_id: str) -> list[dict[str, Any]]:
+    """A Response's reasoning item, before its message, where the test asked for reasoning: its summary says it."""
+    summary = reasoning_text(body)
+    if not summary:
+        return []
+    return [{"type": "reasoning", "id": f"rs_{msg_id}", "summary": [{"type": "summary_text", "text": summary}]}]
+
+
+def reasoning_events(body: dict[str, Any], item: dict[str, Any]) -> list[dict[str, Any]]:
+    """A reasoning item streamed: added, its summary part's text in deltas, then each level's done event."""
+    part = item["summary"][0]
+    at = {"item_id": item["id"], "output_index": 0, "summary_index": 0}
+    return [
+        {"type": "response.output_item.added", "output_index": 0, "item": {**item, "summary": []}},
+        {"type": "response.reasoning_summary_part.added", **at, "part": {**part, "text": ""}},
+        *({"type": "response.reasoning_summary_text.delta", **at, "delta": p} for p in pieces(body, part["text"])),
+        {"type": "response.reasoning_summary_text.done", **at, "text": part["text"]},
+        {"type": "response.reasoning_summary_part.done", **at, "part": part},
+        {"type": "response.output_item.done", "output_index": 0, "item": item},
+    ]
+
+
 async def response_events(body: dict[str, Any], text: str) -> AsyncIterator[str]:
     msg_id, resp_id = f"msg_{uuid.uuid4().hex}", f"resp_{uuid.uuid4().hex}"
     final = response_object(body, text, msg_id, resp_id)
-    item, part = final["output"][0], final["output"][0]["content"][0]
-    at = {"item_id": msg_id, "output_index": 0, "content_index": 0}
+    *reasoning, item = final["output"]
+    part, index = item["content"][0], len(reasoning)
+    at = {"item_id": msg_id, "output_index": index, "content_index": 0}
     events: list[dict[str, Any]] = [
         {"type": "response.created", "response": response_object(body, None, msg_id, resp_id)},
         {"type": "response.in_progress", "response": response_object(body, None, msg_id, resp_id)},
+        *(e for r in reasoning for e in reasoning_events(body, r)),
         {
             "type": "response.output_item.added",
-            "output_index": 0,
+            "output_index": index,
             "item": {**item, "status": "in_progress", "content": []},
         },
         {"type": "response.content_part.added", **at, "part": {**part, "text": ""}},
@@ -225,7 +282,7 @@ async def response_events(body: dict[str, Any], text: str) -> AsyncIterator[str]
     events += [
         {"type": "response.output_text.done", **at, "text": text, "logprobs": []},
         {"type": "response.content_part.done", **at, "part": part},
-        {"type": "response.output_item.done", "output_index": 0, "item": item},
+        {"type": "response.output_item.done", "output_index": index, "item": item},
         {"type": "response.completed", "response": final},
     ]
     for number, event in enumerate(events):
@@ -240,10 +297,20 @@ async def responses(request: Request, body: dict[str, Any]) -> Response:
     return StreamingResponse(response_events(body, text), media_type="text/event-stream")
 
 
+def reasoning_field(body: dict[str, Any]) -> str:
+    """Where a chat answer carries its reasoning: vLLM's `reasoning_content`, or `reasoning` in newer releases."""
+    return str((body.get("fake") or {}).get("reasoning_field", "reasoning_content"))
+
+
 async def chat_events(body: dict[str, Any], text: str) -> AsyncIterator[str]:
     base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time())}
     base["model"] = body.get("model")
     yield sse(None, {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+    if reasoning := reasoning_text(body):
+        for piece in pieces(body, reasoning):
+            delta = {reasoning_field(body): piece}
+            yield sse(None, {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+            await pause(body)
     for piece in pieces(body, text):
         yield sse(None, {**base, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
         await pause(body)
@@ -258,10 +325,22 @@ async def chat(request: Request, body: dict[str, Any]) -> Response:
     text = reply_text(body)
     if body.get("stream"):
         return StreamingResponse(chat_events(body, text), media_type="text/event-stream")
-    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+    reasoning = {reasoning_field(body): reasoning_text(body)} if reasoning_text(body) else {}
+    choice = {"index": 0, "message": {"role": "assistant", **reasoning, "content": text}, "finish_reason": "stop"}
     return JSONResponse(
         {"id": "chatcmpl-fake", "object": "chat.completion", "model": body.get("model"), "choices": [choice]}
     )
+
+
+def steered(body: dict[str, Any]) -> dict[str, Any]:
+    """The body with its `fake` object: its own, or the one a translated Messages request carries in `user`."""
+    if "fake" in body or not isinstance(body.get("user"), str):
+        return body
+    try:
+        fake = json.loads(body["user"])
+    except ValueError:
+        return body
+    return {**body, "fake": fake} if isinstance(fake, dict) else body
 
 
 # ---- the app ------------------------------------------------------------------------------------------------------
@@ -285,7 +364,7 @@ def build(api_key: str) -> Starlette:
             status = (body.get("fake") or {}).get("status")
             if status:
                 return refuse(int(status), f"fake upstream answers {status}")
-            return await handler(request, body)
+            return await handler(request, steered(body))
 
         return receive
 
