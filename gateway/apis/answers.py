@@ -6,7 +6,10 @@ fair queue, metrics and the Messages translation all take the same ones).
 A format reads one request's answer: a whole body, or the stream's events one by one (parsed JSON objects).
 Generated text is addressed as (channel, holder, key): the dict holding a piece of text and its key, and the
 channel the piece belongs to (a choice, a Responses content part, an Anthropic content block), so the guard can
-follow each channel's text across events.
+follow each channel's text across events. Reasoning is generated text too, read like the answer: it reaches the
+client as the answer does (chat's `reasoning_content` / `reasoning`), so a secret the guard would take out of the
+answer must not pass in it. It gets channels of its own (a choice's reasoning), so its text is never run together
+with the answer's.
 
 Every reader takes any JSON object: the answer is whatever the upstream sent, so a field of the wrong type reads as
 absent, never as an exception that would cost the client a 500 or a stream cut without its error event.
@@ -21,10 +24,17 @@ if TYPE_CHECKING:
     from gateway.context import Usage
 
 Text = tuple[Hashable, dict[str, Any], str]  # (channel, holder, key): holder[key] is a piece of generated text
+REASONING_FIELDS = ("reasoning_content", "reasoning")  # a chat answer's reasoning: vLLM's name, and newer releases'
 
 
 class AnswerFormat:
-    """The OpenAI chat-completions, completions and embeddings format: `choices`, `usage`, and `[DONE]`."""
+    """The OpenAI chat-completions, completions and embeddings format: `choices`, `usage`, and `[DONE]`.
+
+    `reasoning=False` reads a chat answer without its reasoning: for a client that never gets it (a Messages
+    client of a chat pool that did not ask for thinking), where scanning it could only block what nobody sees."""
+
+    def __init__(self, *, reasoning: bool = True) -> None:
+        self.reasoning = reasoning
 
     def record(self, usage: Usage, body: dict[str, Any]) -> None:
         """Usage and finish reasons from a whole answer or from one stream event."""
@@ -46,15 +56,19 @@ class AnswerFormat:
         """The pieces of generated text a stream event carries."""
         for i, choice in enumerate(_array(event.get("choices"))):
             if isinstance(choice, dict):
-                holder, key = _choice_text(choice)
-                if holder is not None:
-                    yield _index(choice.get("index"), i), holder, key
+                yield from self._choice_texts(_index(choice.get("index"), i), choice)
 
     def ended(self, event: dict[str, Any]) -> Iterator[Hashable]:
-        """The channels a stream event ends."""
+        """The channels a stream event ends. A choice's reasoning ends where its answer starts (reasoning comes
+        first), not only at the finish: held back until then, it would hold the whole answer behind it."""
         for i, choice in enumerate(_array(event.get("choices"))):
-            if isinstance(choice, dict) and choice.get("finish_reason"):
-                yield _index(choice.get("index"), i)
+            if not isinstance(choice, dict):
+                continue
+            number = _index(choice.get("index"), i)
+            if choice.get("finish_reason"):
+                yield number
+            if choice.get("finish_reason") or _answer_started(choice.get("delta")):
+                yield from ((number, field) for field in REASONING_FIELDS)
 
     def snapshots(self, event: dict[str, Any]) -> Iterator[Text]:
         """Copies of a channel's whole text so far that a stream event repeats (to redact as the pieces were)."""
@@ -62,15 +76,27 @@ class AnswerFormat:
 
     def where(self, channel: Hashable) -> str:
         """A channel, for people (verdicts say where they found what they found)."""
+        if isinstance(channel, tuple):  # a choice's reasoning
+            return "choices[{}].{}".format(*channel)
         return f"choices[{channel}]"
 
     def body_texts(self, body: dict[str, Any]) -> Iterator[Text]:
         """The generated texts of a whole answer."""
         for i, choice in enumerate(_array(body.get("choices"))):
             if isinstance(choice, dict):
-                holder, key = _choice_text(choice)
-                if holder is not None:
-                    yield i, holder, key
+                yield from self._choice_texts(i, choice)
+
+    def _choice_texts(self, number: int, choice: dict[str, Any]) -> Iterator[Text]:
+        """A choice's answer text on the choice's channel, and its reasoning, per field, on channels of its own."""
+        holder, key = _choice_text(choice)
+        if holder is not None:
+            yield number, holder, key
+        for outer in ("delta", "message") if self.reasoning else ():
+            inner = choice.get(outer)
+            if isinstance(inner, dict):
+                for field in REASONING_FIELDS:
+                    if isinstance(inner.get(field), str):
+                        yield (number, field), inner, field
 
 
 class ResponsesFormat(AnswerFormat):
@@ -217,6 +243,13 @@ def _carries_output(choice: object) -> bool:
         return True
     part = choice.get("delta") or choice.get("message")
     return isinstance(part, dict) and any(value for key, value in part.items() if key != "role")
+
+
+def _answer_started(delta: Any) -> bool:
+    """Whether a chat delta carries the answer (content, a refusal, a tool call) and no more reasoning."""
+    if not isinstance(delta, dict) or any(delta.get(field) for field in REASONING_FIELDS):
+        return False
+    return any(delta.get(key) for key in ("content", "refusal", "tool_calls"))
 
 
 def _choice_text(choice: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:

@@ -6,13 +6,18 @@ body is translated (Anthropic Messages to an OpenAI-compatible pool), and the fo
 | chat, completions, responses, embeddings | as sent | refused (400): the pool speaks Messages only |
 | messages | translated to chat completions, answer translated back | as sent |
 | count_tokens | answered by the gateway from its own count | as sent |
+
+The output guard reads the answer as the client gets it (`client_answers`): a translated answer's reasoning only
+where the Messages request asked for thinking, the one case the translation keeps it (as thinking blocks).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.apis.answers import AnswerFormat, MessagesFormat, ResponsesFormat, TokenCountFormat
+from gateway.apis.anthropic_chat import asks_thinking
 from gateway.apis.shape import Api
 from gateway.errors import invalid_request
 
@@ -25,8 +30,16 @@ class Exchange:
     local: bool = False  # the gateway answers itself (nothing to ask the pool)
     asks_usage: bool = False  # OpenAI chat and completions streams report usage only when asked (stream_options)
 
+    def client_answers(self, payload: dict[str, Any]) -> AnswerFormat:
+        """Where the generated text the client gets is, for the output guard: a translated answer's reasoning is
+        dropped unless the request asked for thinking, and scanning it then could only block what nobody sees."""
+        if self.translated and not asks_thinking(payload):
+            return _CHAT_WITHOUT_REASONING
+        return self.answers
+
 
 _CHAT = AnswerFormat()
+_CHAT_WITHOUT_REASONING = AnswerFormat(reasoning=False)
 _EXCHANGES: dict[tuple[str, str], Exchange] = {
     ("chat", "openai"): Exchange("/v1/chat/completions", _CHAT, asks_usage=True),
     ("completions", "openai"): Exchange("/v1/completions", _CHAT, asks_usage=True),

@@ -2,13 +2,13 @@
 
 Streams: the relay hands each batch of complete SSE events to `feed()`, which returns the events that may go to the
 client now. Text is released only after a scan has seen it together with what follows it: a scan runs when
-`scan_every` new characters have arrived on a channel (a choice, a content part or block: the answer's format says,
-gateway/apis/answers.py) over the last ones plus some context, and the newest `hold_back` characters stay held until
-the next scan, so a secret or an injected instruction that is still arriving is not half-released. The end of a
-channel or of the stream scans the rest and releases everything. Redaction rewrites the held events' text in place
-(typed placeholders), and the copies of a channel's whole text that some formats repeat at its end (Responses'
-`*.done` events and final response) as well; a block raises `GuardBlocked`, which the relay turns into an explicit
-error event in the client's format — never a silent cut.
+`scan_every` new characters have arrived on a channel (a choice, its reasoning, a content part or block: the
+answer's format says, gateway/apis/answers.py) over the last ones plus some context, and the newest `hold_back`
+characters stay held until the next scan, so a secret or an injected instruction that is still arriving is not
+half-released. The end of a channel or of the stream scans the rest and releases everything. Redaction rewrites the
+held events' text in place (typed placeholders), and the copies of a channel's whole text that some formats repeat
+at its end (Responses' `*.done` events and final response) as well; a block raises `GuardBlocked`, which the relay
+turns into an explicit error event in the client's format — never a silent cut.
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ class GuardStage:
         if flagged:
             ctx.response_headers[HEADER] = ", ".join(flagged)
         if spec.output.enabled and ctx.api.generates:
-            answers = ctx.exchange.answers
+            answers = ctx.exchange.client_answers(ctx.payload)
             ctx.output_guard = OutputGuard(self.guard, spec, policies.version, ctx.request_id, answers)
 
     def _read(self, ctx: RequestContext, spec: GuardSpec) -> tuple[list[Verdict], Scan | None]:

@@ -394,3 +394,72 @@ def test_whole_anthropic_answers_are_scanned(gw) -> None:
             client.messages.create(model=model, max_tokens=64, messages=user(LEAKY))
         assert info.value.status_code == 502 and info.value.body["type"] == "error"
         assert "guard.output.secret.aws_access_key" in info.value.body["error"]["message"]
+
+
+# ---- the output guard on reasoning: read as the answer is, in every shape it reaches the client in ---------------
+
+THINKING = {"type": "enabled", "budget_tokens": 1024}
+
+
+def reasoned(reasoning: str, **fake: str) -> dict[str, Any]:
+    """A `fake` object: the model reasons `reasoning`, then answers "4"."""
+    return {"reply": "4", "reasoning": reasoning, **fake}
+
+
+def post(gw: Process, path: str, body: dict[str, Any]) -> httpx.Response:
+    headers = {"x-api-key": CLIENT_KEY, "authorization": f"Bearer {CLIENT_KEY}"}
+    return httpx.post(gw.url + path, json=body, headers=headers, timeout=60)
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_chat_reasoning_is_redacted_or_blocked_like_the_answer(gw, field) -> None:
+    def body(reasoning: str, stream: bool) -> dict[str, Any]:
+        fake = reasoned(reasoning, reasoning_field=field)
+        return {"model": CHAT, "messages": user("What is 2 + 2?"), "stream": stream, "fake": fake}
+
+    message = post(gw, "/v1/chat/completions", body(CHATTY, False)).json()["choices"][0]["message"]
+    assert message[field] == REDACTED and message["content"] == "4"
+    blocked = post(gw, "/v1/chat/completions", body(LEAKY, False))
+    assert blocked.status_code == 502 and AWS_KEY[:8] not in blocked.text
+    assert blocked.json()["error"]["guard"]["where"] == f"choices[0].{field}"
+
+    wire, events = raw_stream(gw, "/v1/chat/completions", body(CHATTY, True))
+    deltas = [c["delta"] for _, e in events for c in e["choices"]]
+    assert EMAIL not in wire and "".join(d.get(field, "") for d in deltas) == REDACTED
+    assert "".join(d.get("content", "") for d in deltas) == "4" and wire.endswith("data: [DONE]\n\n")
+    wire, events = raw_stream(gw, "/v1/chat/completions", body(LEAKY, True))
+    assert AWS_KEY[:8] not in wire
+    error = events[-1][1]["error"]
+    assert error["code"] == "response_blocked" and error["guard"]["rule"] == "guard.output.secret.aws_access_key"
+
+
+def test_thinking_translated_from_a_chat_pool_is_redacted_or_blocked(gw) -> None:
+    """A Messages client that asked for thinking gets the chat pool's reasoning as thinking blocks: scanned as the
+    text is. One that did not ask gets no reasoning, so reasoning it never sees blocks nothing."""
+
+    def body(reasoning: str, stream: bool, thinking: bool = True) -> dict[str, Any]:
+        return {
+            "model": CHAT,
+            "max_tokens": 2048,
+            "stream": stream,
+            "messages": user("What is 2 + 2?"),
+            "metadata": {"user_id": json.dumps(reasoned(reasoning))},
+            **({"thinking": THINKING} if thinking else {}),
+        }
+
+    content = post(gw, "/v1/messages", body(CHATTY, False)).json()["content"]
+    assert [(b["type"], b.get("thinking", b.get("text"))) for b in content] == [("thinking", REDACTED), ("text", "4")]
+    blocked = post(gw, "/v1/messages", body(LEAKY, False))
+    assert blocked.status_code == 502 and blocked.json()["type"] == "error" and AWS_KEY[:8] not in blocked.text
+    assert "guard.output.secret.aws_access_key" in blocked.json()["error"]["message"]
+
+    wire, events = raw_stream(gw, "/v1/messages", body(CHATTY, True))
+    deltas = [e["delta"] for _, e in events if e["type"] == "content_block_delta"]
+    assert EMAIL not in wire and "".join(d.get("thinking", "") for d in deltas) == REDACTED
+    assert events[-1][0] == "message_stop"
+    wire, events = raw_stream(gw, "/v1/messages", body(LEAKY, True))
+    assert AWS_KEY[:8] not in wire and events[-1][0] == "error" and "message_stop" not in [n for n, _ in events]
+    assert "guard.output.secret.aws_access_key" in events[-1][1]["error"]["message"]
+
+    unasked = post(gw, "/v1/messages", body(LEAKY, False, thinking=False))
+    assert unasked.status_code == 200 and [b["type"] for b in unasked.json()["content"]] == ["text"]

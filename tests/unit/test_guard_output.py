@@ -122,6 +122,26 @@ def test_non_text_events_keep_their_order() -> None:
     assert flat[0] == role and flat[-2] == usage and flat[-1] == DONE
 
 
+def test_chat_reasoning_is_redacted_and_released_once_the_answer_starts() -> None:
+    """Reasoning deltas are held back and scanned as content deltas are; the answer starting ends the reasoning,
+    so its held tail goes out then, not at the finish with the whole answer queued behind it."""
+    g = OutputGuard(MarkerGuard(), spec(pii="redact", hold_back=32, scan_every=16), "v1", "r", CHAT_ANSWERS)
+
+    def reasoning(text: str) -> bytes:
+        return (
+            b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"reasoning_content": text}}]}).encode() + b"\n\n"
+        )
+
+    pieces = ["First, mail ", "alice.smith@", "example.com and ", "then answer."]
+    chunks = [[reasoning(p)] for p in pieces] + [[event("The answer is four.")], [event("", "stop"), DONE]]
+    released = feed_all(g, chunks)
+    before_finish = [json.loads(e[6:])["choices"][0]["delta"] for r in released[:-1] for e in r]
+    thought = "".join(d.get("reasoning_content", "") for d in before_finish)
+    assert thought == "First, mail [REDACTED:EMAIL] and then answer."
+    assert g.verdicts[0].where == "choices[0].reasoning_content"
+    assert texts(released[-1]) == "The answer is four."
+
+
 def test_whole_answer_redaction_and_block() -> None:
     body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "mail bob@example.com now"}}]}
     g = OutputGuard(MarkerGuard(), spec(pii="redact"), "v1", "r", CHAT_ANSWERS)
