@@ -7,9 +7,9 @@ A format reads one request's answer: a whole body, or the stream's events one by
 Generated text is addressed as (channel, holder, key): the dict holding a piece of text and its key, and the
 channel the piece belongs to (a choice, a Responses content part, an Anthropic content block), so the guard can
 follow each channel's text across events. Reasoning is generated text too, read like the answer: it reaches the
-client as the answer does (chat's `reasoning_content` / `reasoning`), so a secret the guard would take out of the
-answer must not pass in it. It gets channels of its own (a choice's reasoning), so its text is never run together
-with the answer's.
+client as the answer does (chat's `reasoning_content` / `reasoning`, Messages thinking blocks, Responses reasoning
+items), so a secret the guard would take out of the answer must not pass in it. It gets channels of its own (a
+choice's reasoning, a reasoning summary part), so its text is never run together with the answer's.
 
 Every reader takes any JSON object: the answer is whatever the upstream sent, so a field of the wrong type reads as
 absent, never as an exception that would cost the client a 500 or a stream cut without its error event.
@@ -18,6 +18,7 @@ absent, never as an exception that would cost the client a 500 or a stream cut w
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -100,9 +101,14 @@ class AnswerFormat:
 
 
 class ResponsesFormat(AnswerFormat):
-    """OpenAI Responses: a Response object, or typed events ending in response.completed / incomplete / failed."""
+    """OpenAI Responses: a Response object, or typed events ending in response.completed / incomplete / failed.
+
+    A reasoning item's text is read as a message's is: its `reasoning_text` content parts (their delta and done
+    events mirror output_text's) on the content parts' channels, each summary part on a channel of its own."""
 
     _FINAL = ("response.completed", "response.incomplete", "response.failed")  # not a set: a `type` may not hash
+    _PART_TEXT = ("response.output_text", "response.reasoning_text")  # + .delta / .done, on a content part
+    _SUMMARY_TEXT = "response.reasoning_summary_text"  # + .delta / .done, on a summary part
 
     def record(self, usage: Usage, body: dict[str, Any]) -> None:
         kind = body.get("type")
@@ -127,19 +133,33 @@ class ResponsesFormat(AnswerFormat):
         return event.get("type") in ("error", "response.failed")
 
     def texts(self, event: dict[str, Any]) -> Iterator[Text]:
-        if event.get("type") == "response.output_text.delta" and isinstance(event.get("delta"), str):
-            yield _part(event), event, "delta"
+        channel = self._text_channel(event, ".delta")
+        if channel is not None and isinstance(event.get("delta"), str):
+            yield channel, event, "delta"
 
     def ended(self, event: dict[str, Any]) -> Iterator[Hashable]:
-        if event.get("type") == "response.output_text.done":
-            yield _part(event)
+        channel = self._text_channel(event, ".done")
+        if channel is not None:
+            yield channel
+
+    def _text_channel(self, event: dict[str, Any], suffix: str) -> Hashable | None:
+        """The channel of a text delta or done event (a content part's or a summary part's), None for other events."""
+        kind = event.get("type")
+        if kind in [k + suffix for k in self._PART_TEXT]:
+            return _part(event)
+        if kind == self._SUMMARY_TEXT + suffix:
+            return _summary(event)
+        return None
 
     def snapshots(self, event: dict[str, Any]) -> Iterator[Text]:
         kind = event.get("type")
-        if kind == "response.output_text.done" and isinstance(event.get("text"), str):
-            yield _part(event), event, "text"
-        elif kind == "response.content_part.done" and _is_output_text(event.get("part")):
+        channel = self._text_channel(event, ".done")
+        if channel is not None and isinstance(event.get("text"), str):
+            yield channel, event, "text"
+        elif kind == "response.content_part.done" and _is_text(event.get("part"), *_CONTENT_TEXTS):
             yield _part(event), event["part"], "text"
+        elif kind == "response.reasoning_summary_part.done" and _is_text(event.get("part"), "summary_text"):
+            yield _summary(event), event["part"], "text"
         elif kind == "response.output_item.done" and isinstance(event.get("item"), dict):
             yield from _item_texts(_index(event.get("output_index")), event["item"])
         elif kind in self._FINAL and isinstance(event.get("response"), dict):
@@ -151,12 +171,20 @@ class ResponsesFormat(AnswerFormat):
                 yield from _item_texts(i, item)
 
     def where(self, channel: Hashable) -> str:
+        if isinstance(channel, _Summary):
+            return f"output[{channel.item}].summary[{channel.part}]"
         item, part = channel if isinstance(channel, tuple) else (channel, 0)
         return f"output[{item}].content[{part}]"
 
 
 class MessagesFormat(AnswerFormat):
-    """Anthropic Messages: a Message object, or events from message_start to message_stop."""
+    """Anthropic Messages: a Message object, or events from message_start to message_stop.
+
+    Thinking blocks are read as text blocks are. Redacting one leaves its signature unmatched (Anthropic then
+    refuses it sent back in a later turn): the policy's choice, over letting what it redacts reach the client."""
+
+    _BLOCKS = {"text": "text", "thinking": "thinking"}  # a block's type -> the key of its text
+    _DELTAS = {"text_delta": "text", "thinking_delta": "thinking"}  # a block delta's type -> the key of its text
 
     def record(self, usage: Usage, body: dict[str, Any]) -> None:
         kind = body.get("type")
@@ -188,9 +216,10 @@ class MessagesFormat(AnswerFormat):
 
     def texts(self, event: dict[str, Any]) -> Iterator[Text]:
         delta = event.get("delta")
-        if event.get("type") == "content_block_delta" and isinstance(delta, dict) and delta.get("type") == "text_delta":
-            if isinstance(delta.get("text"), str):
-                yield _index(event.get("index")), delta, "text"
+        if event.get("type") == "content_block_delta" and isinstance(delta, dict):
+            key = self._DELTAS.get(str(delta.get("type")))
+            if key is not None and isinstance(delta.get(key), str):
+                yield _index(event.get("index")), delta, key
 
     def ended(self, event: dict[str, Any]) -> Iterator[Hashable]:
         if event.get("type") == "content_block_stop":
@@ -198,8 +227,9 @@ class MessagesFormat(AnswerFormat):
 
     def body_texts(self, body: dict[str, Any]) -> Iterator[Text]:
         for i, block in enumerate(_array(body.get("content"))):
-            if isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str):
-                yield i, block, "text"
+            key = self._BLOCKS.get(str(block.get("type"))) if isinstance(block, dict) else None
+            if key is not None and isinstance(block.get(key), str):
+                yield i, block, key
 
     def where(self, channel: Hashable) -> str:
         return f"content[{channel}]"
@@ -263,8 +293,23 @@ def _choice_text(choice: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     return None, ""
 
 
+@dataclass(frozen=True, slots=True)
+class _Summary:
+    """A Responses reasoning item's summary part, as a channel: not a tuple, never equal to a content part's."""
+
+    item: int
+    part: int
+
+
+_CONTENT_TEXTS = ("output_text", "reasoning_text")  # content parts with text: a message's, a reasoning item's
+
+
 def _part(event: dict[str, Any]) -> Hashable:
     return _index(event.get("output_index")), _index(event.get("content_index"))
+
+
+def _summary(event: dict[str, Any]) -> Hashable:
+    return _Summary(_index(event.get("output_index")), _index(event.get("summary_index")))
 
 
 def _array(value: Any) -> list[Any]:
@@ -277,11 +322,15 @@ def _index(value: Any, default: int = 0) -> int:
     return value if isinstance(value, int) else default
 
 
-def _is_output_text(part: Any) -> bool:
-    return isinstance(part, dict) and part.get("type") == "output_text" and isinstance(part.get("text"), str)
+def _is_text(part: Any, *types: str) -> bool:
+    return isinstance(part, dict) and part.get("type") in types and isinstance(part.get("text"), str)
 
 
 def _item_texts(index: int, item: dict[str, Any]) -> Iterator[Text]:
+    """An output item's texts: a message's or a reasoning item's content parts, a reasoning item's summary parts."""
     for j, part in enumerate(_array(item.get("content"))):
-        if _is_output_text(part):
+        if _is_text(part, *_CONTENT_TEXTS):
             yield (index, j), part, "text"
+    for j, part in enumerate(_array(item.get("summary"))):
+        if _is_text(part, "summary_text"):
+            yield _Summary(index, j), part, "text"

@@ -463,3 +463,50 @@ def test_thinking_translated_from_a_chat_pool_is_redacted_or_blocked(gw) -> None
 
     unasked = post(gw, "/v1/messages", body(LEAKY, False, thinking=False))
     assert unasked.status_code == 200 and [b["type"] for b in unasked.json()["content"]] == ["text"]
+
+
+def test_anthropic_thinking_is_redacted_or_blocked_like_text(gw) -> None:
+    def body(reasoning: str, stream: bool) -> dict[str, Any]:
+        messages = user("What is 2 + 2?")
+        return {
+            "model": CLAUDE,
+            "max_tokens": 2048,
+            "stream": stream,
+            "messages": messages,
+            "fake": reasoned(reasoning),
+        }
+
+    assert post(gw, "/v1/messages", body(CHATTY, False)).json()["content"][0]["thinking"] == REDACTED
+    blocked = post(gw, "/v1/messages", body(LEAKY, False))
+    assert blocked.status_code == 502 and AWS_KEY[:8] not in blocked.text
+
+    wire, events = raw_stream(gw, "/v1/messages", body(CHATTY, True))
+    deltas = [e["delta"] for _, e in events if e["type"] == "content_block_delta"]
+    assert EMAIL not in wire and "".join(d.get("thinking", "") for d in deltas) == REDACTED
+    wire, events = raw_stream(gw, "/v1/messages", body(LEAKY, True))
+    assert AWS_KEY[:8] not in wire and events[-1][0] == "error"
+
+
+def test_responses_reasoning_summary_is_redacted_or_blocked_in_every_copy(gw) -> None:
+    def body(reasoning: str, stream: bool) -> dict[str, Any]:
+        return {"model": GPT, "input": "What is 2 + 2?", "stream": stream, "fake": reasoned(reasoning)}
+
+    output = post(gw, "/v1/responses", body(CHATTY, False)).json()["output"]
+    assert output[0]["summary"][0]["text"] == REDACTED and output[1]["content"][0]["text"] == "4"
+    blocked = post(gw, "/v1/responses", body(LEAKY, False))
+    assert blocked.status_code == 502 and AWS_KEY[:8] not in blocked.text
+    assert blocked.json()["error"]["guard"]["where"] == "output[0].summary[0]"
+
+    wire, events = raw_stream(gw, "/v1/responses", body(CHATTY, True))
+    assert EMAIL not in wire, "not in a delta, not in any of the full-text copies"
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for _, data in events:
+        by_kind.setdefault(data["type"], []).append(data)
+    assert "".join(e["delta"] for e in by_kind["response.reasoning_summary_text.delta"]) == REDACTED
+    assert by_kind["response.reasoning_summary_text.done"][0]["text"] == REDACTED
+    assert by_kind["response.reasoning_summary_part.done"][0]["part"]["text"] == REDACTED
+    assert by_kind["response.output_item.done"][0]["item"]["summary"][0]["text"] == REDACTED
+    assert by_kind["response.completed"][0]["response"]["output"][0]["summary"][0]["text"] == REDACTED
+    wire, events = raw_stream(gw, "/v1/responses", body(LEAKY, True))
+    assert AWS_KEY[:8] not in wire and events[-1][1]["type"] == "error"
+    assert events[-1][1]["code"] == "response_blocked"
