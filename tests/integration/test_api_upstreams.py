@@ -265,7 +265,9 @@ def test_secret_mid_anthropic_stream_ends_it_with_an_error_event(gw) -> None:
     text, events = raw_stream(gw, "/v1/messages", body)
     assert AWS_KEY not in text and AWS_KEY[:8] not in text
     names = [name for name, _ in events]
-    assert names[0] == "message_start" and names[-1] == "error" and "message_stop" not in names
+    # whether message_start goes out before the block depends on how the upstream's events were batched on the
+    # wire (one read may hold them all): what holds either way is that the stream ends with the error
+    assert names[-1] == "error" and "message_stop" not in names and names.count("message_start") <= 1
     error = events[-1][1]["error"]
     assert error["type"] == "api_error" and "guard.output.secret.aws_access_key" in error["message"]
     seen: list[str] = []
