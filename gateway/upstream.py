@@ -263,7 +263,17 @@ class Upstream:
             "accept": "text/event-stream" if ctx.stream else "application/json",
             **_pool_headers(pool, ctx, attempt.span),
         }
-        return await pool.session.post(attempt.replica.url + exchange.path, data=body, headers=headers)
+        url = attempt.replica.url + exchange.path
+        try:
+            return await pool.session.post(url, data=body, headers=headers)
+        except aiohttp.ClientConnectorError:
+            raise  # no connection was made: the replica's failure
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            # Closed unanswered on a connection that was made: above all a pooled one the upstream let go idle just
+            # as this request went out on it (an idle timeout racing the gateway's keepalive), which says nothing of
+            # the replica. Sent again once, on a new connection, as aiohttp does for idempotent methods (RFC 9112,
+            # 9.3.1), before it counts as the replica's failure.
+            return await pool.session.post(url, data=body, headers=headers)
 
     async def pass_through(self, ctx: RequestContext, pool: Pool) -> Response:
         """A passthrough route: the request to the pool's first available replica as it came (method, path, query,

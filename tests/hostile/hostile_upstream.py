@@ -17,6 +17,9 @@ Requests are parsed with h11; answers are written as raw bytes, so the upstream 
   html_502      502 with an nginx-style HTML error page
   line_endings  a normal stream whose events end in `endings` taken in turn (e.g. ["\r\r", "\n\r\n"]); every
                 byte of a line ending is its own write, `gap` s apart, so a CRLF arrives cut in two
+  idle_close    a well-formed completion on a connection kept open; the next request on that connection is read
+                and the connection closed unanswered, as a server closing an idle connection just as a request on
+                it arrives (`dropped` in the stats counts them)
 
 A Messages request that the gateway translates to chat keeps no member it does not translate, so it carries the
 `hostile` object as JSON in `metadata.user_id`, which reaches the upstream as chat's `user`.
@@ -57,15 +60,23 @@ class Answer:
         await self.writer.drain()
 
     async def head(
-        self, status: int = 200, content_type: str = "application/json", length: int | None = None, reason: str = "OK"
+        self,
+        status: int = 200,
+        content_type: str = "application/json",
+        length: int | None = None,
+        reason: str = "OK",
+        keep_alive: bool = False,
     ) -> None:
-        lines = [f"HTTP/1.1 {status} {reason}", f"content-type: {content_type}", "connection: close"]
+        lines = [f"HTTP/1.1 {status} {reason}", f"content-type: {content_type}"]
+        lines.append("connection: keep-alive" if keep_alive else "connection: close")
         if length is not None:
             lines.append(f"content-length: {length}")
         await self.write(("\r\n".join(lines) + "\r\n\r\n").encode())
 
-    async def whole(self, status: int, body: bytes, content_type: str = "application/json") -> None:
-        await self.head(status, content_type, len(body))
+    async def whole(
+        self, status: int, body: bytes, content_type: str = "application/json", keep_alive: bool = False
+    ) -> None:
+        await self.head(status, content_type, len(body), keep_alive=keep_alive)
         await self.write(body)
 
     def chunks(self, words: int = 3, pad: int = 0) -> list[bytes]:
@@ -125,6 +136,10 @@ async def ok(answer: Answer, spec: dict) -> None:
     await answer.head(200, "text/event-stream")
     for data in answer.chunks(spec.get("words", 3), spec.get("pad", 0)):
         await answer.write(b"data: " + data + b"\n\n")
+
+
+async def idle_close(answer: Answer, spec: dict) -> None:
+    await answer.whole(200, answer.completion(), keep_alive=True)  # Server.handle drops the connection's next one
 
 
 async def huge_body(answer: Answer, spec: dict) -> None:
@@ -200,7 +215,19 @@ async def line_endings(answer: Answer, spec: dict) -> None:
 
 BEHAVIOURS: dict[str, Callable[[Answer, dict], Awaitable[None]]] = {
     f.__name__: f
-    for f in (ok, huge_body, no_boundary, trickle, hang, slow_first, stall, garbage, html_502, line_endings)
+    for f in (
+        ok,
+        idle_close,
+        huge_body,
+        no_boundary,
+        trickle,
+        hang,
+        slow_first,
+        stall,
+        garbage,
+        html_502,
+        line_endings,
+    )
 }
 
 
@@ -208,6 +235,7 @@ class Server:
     def __init__(self, metrics: str | None) -> None:
         self.metrics = metrics
         self.requests = 0
+        self.dropped = 0
         self.seen: dict[str, dict] = {}
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -217,13 +245,15 @@ class Server:
                 return
             target, body = request
             if target == b"/_stats":
-                data = json.dumps({"requests": self.requests, "seen": self.seen}).encode()
+                data = json.dumps({"requests": self.requests, "dropped": self.dropped, "seen": self.seen}).encode()
                 await Answer(writer, {}).whole(200, data)
                 return
             if target == b"/metrics" and self.metrics is not None:
                 await Answer(writer, {}).whole(200, self.metrics.encode(), "text/plain; version=0.0.4")
                 return
-            await self._serve(reader, writer, json.loads(body or b"{}"))
+            if await self._serve(reader, writer, json.loads(body or b"{}")) == "idle_close":
+                if await self._read_request(reader) is not None:
+                    self.dropped += 1  # read, then the connection closes with no answer
         except (ConnectionError, h11.RemoteProtocolError):
             pass
         finally:
@@ -247,7 +277,8 @@ class Server:
             elif isinstance(event, h11.EndOfMessage):
                 return target, bytes(body)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: dict) -> None:
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: dict) -> str:
+        """Answer one request as its `hostile` spec says; the behaviour it had."""
         self.requests += 1
         spec = request.get("hostile") or _translated_spec(request.get("user"))
         behaviour = spec.get("behaviour", "ok")
@@ -266,6 +297,8 @@ class Server:
             record["closed_at"] = time.time()
         for task in (answering, gone):
             task.cancel()
+        await asyncio.gather(answering, gone, return_exceptions=True)  # gone's read over before another may begin
+        return behaviour
 
 
 def _translated_spec(user: object) -> dict:

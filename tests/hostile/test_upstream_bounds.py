@@ -350,3 +350,18 @@ def test_a_translated_answer_keeps_its_reasoning_as_thinking_when_the_request_as
         if json.loads(d)["type"] == "content_block_start"
     ]
     assert starts == ["thinking", "text"]
+
+
+def test_a_pooled_connection_closed_as_a_request_goes_out_is_sent_again_not_failed(hostile_upstream, gateway):
+    """An upstream whose idle timeout closes a kept connection just as the gateway reuses it: the request never
+    reached it, so it is sent again on a new connection, and neither the client nor the replica's health pays."""
+    upstream = hostile_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
+    first = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(hostile={"behaviour": "idle_close"}))
+    assert first.status_code == 200, first.text
+    for _ in range(3):  # each follows an idle_close answer on the connection it left open
+        again = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(hostile={"behaviour": "idle_close"}))
+        assert again.status_code == 200, again.text
+    assert httpx.get(upstream.url + "/_stats").json()["dropped"] == 3
+    metrics = httpx.get(gw.admin_url + "/metrics").text
+    assert "portcullis_upstream_errors_total{" not in metrics
