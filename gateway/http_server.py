@@ -15,8 +15,9 @@ stream and the replica's KV for as long as the client liked. A connection whose 
 
 `serve` binds the public listener and the admin listener (gateway/app.py routes each connection by the port it
 arrived on) and runs one uvicorn server over both; with `listen.workers` above 1 each worker process runs one
-(gateway/workers.py), the admin listener only in worker 0. uvicorn's own proxy-header rewriting is off: the client's
-address is the socket peer, and only gateway/client_ip.py decides whether an X-Forwarded-For is believed.
+(gateway/workers.py), the admin listener only in worker 0. No WebSocket is served: an upgrade request stays HTTP, in
+this protocol and its bounds. uvicorn's own proxy-header rewriting is off: the client's address is the socket peer,
+and only gateway/client_ip.py decides whether an X-Forwarded-For is believed.
 """
 
 from __future__ import annotations
@@ -279,6 +280,10 @@ def serve(
         app,
         loop="uvloop",
         http=protocol_class(config.limits, caps),
+        # No WebSocket route is served. Left on, uvicorn hands an upgrade request's connection to its WebSocket
+        # protocol, past BoundedProtocol: the connection was never counted closed, and max_connections upgrade
+        # requests refused every later client with 503.
+        ws="none",
         lifespan="on",
         proxy_headers=False,
         access_log=False,

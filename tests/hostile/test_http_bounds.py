@@ -130,3 +130,33 @@ def test_malformed_http_is_answered_in_the_gateway_error_shape(gw):
     answer = read_answer(sock)
     assert answer is not None and answer.status == 400
     assert answer.error()["code"] == "invalid_http"
+
+
+def read_status(sock) -> bytes:
+    """The status line of the answer, without waiting for the server to close."""
+    sock.settimeout(5)
+    data = b""
+    while b"\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.split(b"\r\n", 1)[0]
+
+
+def test_websocket_upgrade_requests_do_not_use_up_the_connection_cap(gw):
+    """uvicorn handed a WebSocket upgrade to its own WebSocket protocol, past the listener's bookkeeping: every such
+    connection stayed counted open after it closed, and max_connections of them refused every client with 503."""
+    upgrade = (
+        b"GET /healthz HTTP/1.1\r\nhost: gw\r\nconnection: upgrade\r\nupgrade: websocket\r\n"
+        b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n"
+    )
+    for _ in range(2 * LIMITS["max_connections"]):
+        with connect(gw.url) as sock:
+            sock.sendall(upgrade)
+            status = read_status(sock)
+            assert not status.startswith(b"HTTP/1.1 503"), "upgrade requests used up the listener's connections"
+    time.sleep(0.3)
+    assert_healthy(gw)
+    response = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), timeout=10)
+    assert response.status_code == 200
