@@ -56,6 +56,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._head_fed = 0  # bytes received while the current head was incomplete
         self._url_bytes = 0
         self._refused = False
+        self._done_after_answer = False  # an upgrade request was served: bytes after it are not read
         self._head_started = 0.0  # loop time of the current head's first byte
         self._head_timer: asyncio.TimerHandle | None = None
         self._send_timer: asyncio.TimerHandle | None = None  # armed while the client is not reading
@@ -119,7 +120,7 @@ class BoundedProtocol(HttpToolsProtocol):
     # the request head, counted as it arrives
 
     def data_received(self, data: bytes) -> None:
-        if self._refused or self.transport.is_closing():
+        if self._refused or self._done_after_answer or self.transport.is_closing():
             return
         super().data_received(data)
         if self._in_head and not self._refused:
@@ -152,8 +153,33 @@ class BoundedProtocol(HttpToolsProtocol):
             self._refuse_url()
         elif header_bytes > self.limits.max_header_bytes:
             self._refuse_headers()
+        elif self.parser.should_upgrade():
+            self._upgrade_requested()
         else:
             super().on_headers_complete()
+
+    def _upgrade_requested(self) -> None:
+        """No protocol is switched to, but llhttp ends an upgrade request's message at its head and hands the bytes
+        after it (in that read) to the protocol asked for: a body that came with the head was lost, a valid request
+        answered as empty, and one that came in a later read was parsed as a request of its own (smuggled past a
+        proxy that framed it as a body). With a body it is refused; without, served, then the connection closed."""
+        if any(
+            name == b"transfer-encoding" or (name == b"content-length" and value != b"0")
+            for name, value in self.headers
+        ):
+            self._refuse(
+                400,
+                "the gateway switches to no other protocol; send the request without Upgrade and Connection: upgrade",
+                "upgrade_not_supported",
+            )
+            return
+        super().on_headers_complete()
+        self.cycle.keep_alive = False
+        self._done_after_answer = True
+
+    def _unsupported_upgrade_warning(self) -> None:
+        """uvicorn's warning (and its advice to install a WebSocket library) for each upgrade request: a client
+        chooses how many; `_upgrade_requested` has answered it."""
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:

@@ -32,6 +32,21 @@ def connect(url: str, timeout: float = 10.0) -> socket.socket:
 
 def read_answer(sock: socket.socket, timeout: float = 10.0) -> Answer | None:
     """Everything the server sends until it closes (or `timeout` passes); None when it sent nothing."""
+    data = read_all(sock, timeout)
+    if not data:
+        return None
+    return parse_answer(data)
+
+
+def parse_answer(data: bytes) -> Answer:
+    """The first answer in `data`."""
+    response = http.client.HTTPResponse(_Bytes(data))
+    response.begin()
+    return Answer(response.status, response.headers, response.read())
+
+
+def read_all(sock: socket.socket, timeout: float = 10.0) -> bytes:
+    """The bytes the server sends until it closes (or `timeout` passes)."""
     sock.settimeout(timeout)
     data = b""
     deadline = time.monotonic() + timeout
@@ -43,11 +58,7 @@ def read_answer(sock: socket.socket, timeout: float = 10.0) -> Answer | None:
             data += chunk
     except (TimeoutError, ConnectionResetError):
         pass
-    if not data:
-        return None
-    response = http.client.HTTPResponse(_Bytes(data))
-    response.begin()
-    return Answer(response.status, response.headers, response.read())
+    return data
 
 
 def send_ignoring_reset(sock: socket.socket, data: bytes) -> bool:

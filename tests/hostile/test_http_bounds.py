@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.conftest import chat_body, pool
-from tests.hostile.raw_http import connect, read_answer, send_ignoring_reset
+from tests.hostile.raw_http import connect, parse_answer, read_all, read_answer, send_ignoring_reset
 
 LIMITS = {
     "max_url_bytes": 4096,
@@ -160,3 +160,30 @@ def test_websocket_upgrade_requests_do_not_use_up_the_connection_cap(gw):
     assert_healthy(gw)
     response = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), timeout=10)
     assert response.status_code == 200
+
+
+def test_an_upgrade_request_is_served_as_http_or_refused_never_misread(gw):
+    """llhttp ends an upgrade request at its head and hands the bytes after it to the protocol asked for: a body that
+    came with the head was dropped (a valid request answered 400 invalid_json), one that came later was parsed as a
+    request of its own (two answers to one request), and a request pipelined behind it went unanswered."""
+    h2c = b"connection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\nhttp2-settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"
+    smuggled = b"GET /v1/models HTTP/1.1\r\nhost: gw\r\n\r\n"
+    sock = connect(gw.url)
+    sock.sendall(head(extra=h2c + b"content-length: %d\r\n\r\n" % len(smuggled)))
+    time.sleep(0.3)
+    send_ignoring_reset(sock, smuggled)  # the body, in a read of its own
+    started = time.monotonic()
+    data = read_all(sock, timeout=8)
+    assert data.count(b"HTTP/1.1 ") == 1, f"the body was answered as a request of its own: {data!r}"
+    answer = parse_answer(data)
+    assert answer.status == 400 and answer.error()["code"] == "upgrade_not_supported"
+    assert time.monotonic() - started < 2
+
+    # without a body it is served as plain HTTP; the connection closes after it, pipelined bytes unread
+    sock = connect(gw.url)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n" + h2c + b"\r\n" + smuggled)
+    started = time.monotonic()
+    answer = read_answer(sock, timeout=8)
+    assert answer is not None and answer.status == 200 and answer.headers["connection"] == "close"
+    assert time.monotonic() - started < 2
+    assert "No supported WebSocket library" not in gw.output()
