@@ -56,7 +56,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._head_fed = 0  # bytes received while the current head was incomplete
         self._url_bytes = 0
         self._refused = False
-        self._done_after_answer = False  # an upgrade request was served: bytes after it are not read
+        self._read_no_more = False  # bytes that arrive are dropped unread: the connection ends after the answer
         self._head_started = 0.0  # loop time of the current head's first byte
         self._head_timer: asyncio.TimerHandle | None = None
         self._send_timer: asyncio.TimerHandle | None = None  # armed while the client is not reading
@@ -117,10 +117,23 @@ class BoundedProtocol(HttpToolsProtocol):
             self._send_timer.cancel()
             self._send_timer = None
 
+    def on_response_complete(self) -> None:
+        """An answer went out before its request's body was read (/healthz, a 404, a 413 for the declared length):
+        uvicorn read on only to drop the body, and each byte put off the keep-alive timeout, so a client trickling
+        a body held the connection for ever. Its bytes are now dropped unread, and the connection ends: a FIN once
+        the answer is written, and the close at uvicorn's keep-alive timeout, which no byte puts off any more. (Not
+        close(): with the client's bytes unread the kernel resets the connection, and the answer may be lost.)"""
+        # with nothing queued behind it, the request answered is the last one parsed
+        if not self.pipeline and self.cycle.more_body and not self.transport.is_closing():
+            self._read_no_more = True
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+        super().on_response_complete()
+
     # the request head, counted as it arrives
 
     def data_received(self, data: bytes) -> None:
-        if self._refused or self._done_after_answer or self.transport.is_closing():
+        if self._refused or self._read_no_more or self.transport.is_closing():
             return
         super().data_received(data)
         if self._in_head and not self._refused:
@@ -175,7 +188,7 @@ class BoundedProtocol(HttpToolsProtocol):
             return
         super().on_headers_complete()
         self.cycle.keep_alive = False
-        self._done_after_answer = True
+        self._read_no_more = True
 
     def _unsupported_upgrade_warning(self) -> None:
         """uvicorn's warning (and its advice to install a WebSocket library) for each upgrade request: a client

@@ -187,3 +187,37 @@ def test_an_upgrade_request_is_served_as_http_or_refused_never_misread(gw):
     assert answer is not None and answer.status == 200 and answer.headers["connection"] == "close"
     assert time.monotonic() - started < 2
     assert "No supported WebSocket library" not in gw.output()
+
+
+def test_a_body_trickled_after_its_answer_does_not_hold_the_connection(gw):
+    """A request answered without its body being read (/healthz, a 404, a 413 for its declared length): uvicorn went
+    on reading the body only to drop it, and each byte put off the keep-alive timeout, so a client sending a byte a
+    second held the connection for ever, past every deadline (the head was complete, and nothing read the body)."""
+    for request, status in (
+        (b"GET /healthz HTTP/1.1\r\nhost: gw\r\ncontent-length: 100000000\r\n\r\n", 200),
+        (head(extra=b"content-length: 100000000\r\n\r\n"), 413),
+        (b"POST /nowhere HTTP/1.1\r\nhost: gw\r\ntransfer-encoding: chunked\r\n\r\n10000000\r\n", 404),
+    ):
+        sock = connect(gw.url)
+        sock.sendall(request)
+        sock.settimeout(0.05)
+        started = time.monotonic()
+        data, ended, closed = b"", None, None
+        while closed is None and time.monotonic() - started < 12:
+            if not send_ignoring_reset(sock, b"x"):
+                closed = time.monotonic() - started
+            try:
+                chunk = sock.recv(65536)
+                if not chunk and ended is None:
+                    ended = time.monotonic() - started  # the server's FIN: it reads nothing more
+                data += chunk
+            except TimeoutError:
+                pass
+            except ConnectionResetError:
+                closed = time.monotonic() - started
+            time.sleep(0.3)
+        sock.close()
+        assert parse_answer(data).status == status
+        assert ended is not None and ended < 2, f"{request[:20]!r}: no end of the answer's connection after it"
+        assert closed is not None and closed < 9, f"{request[:20]!r}: a trickled body held the connection open"
+    assert_healthy(gw)
