@@ -19,6 +19,7 @@ from backend_engine.sequence import SamplingParams
 
 MAX_N = 16  # choices per prompt
 MAX_CHOICES = 64  # prompts x n per request
+MAX_TOKEN_ID_DIGITS = 18  # a logit_bias key longer than this is no vocabulary's token id (and still fits an int64)
 MAX_BODY_BYTES = 32 << 20  # far above any prompt the context holds, or a batch of embedding inputs
 BODY_IDLE_TIMEOUT = 10.0  # seconds between a body's chunks, as the gateway's limits.body_idle_timeout
 
@@ -113,10 +114,16 @@ def refuse_what_chat_cannot_honour(body: dict[str, Any]) -> None:
 
 def logit_bias(body: dict[str, Any]) -> dict[int, float]:
     """OpenAI's logit_bias: token ids (JSON object keys, so strings of digits) to numbers; the numbers' range is
-    checked with the other sampling parameters, the ids against the vocabulary by the engine."""
+    checked with the other sampling parameters, the ids against the vocabulary by the engine. A key must be ASCII
+    digits, at most MAX_TOKEN_ID_DIGITS of them: str.isdigit() alone also takes digits such as '²' that int()
+    refuses, and int() refuses strings past 4,300 digits, which made both a 500."""
     bias = {}
     for token, value in field(body, "logit_bias", dict, {}).items():
-        if not token.isdigit() or not isinstance(value, (int, float)) or isinstance(value, bool):
+        if (
+            not (token.isascii() and token.isdigit() and len(token) <= MAX_TOKEN_ID_DIGITS)
+            or not isinstance(value, (int, float))
+            or isinstance(value, bool)
+        ):
             raise APIError(400, "'logit_bias' maps token ids to numbers", param="logit_bias")
         bias[int(token)] = float(value)
     return bias

@@ -301,7 +301,20 @@ def test_logit_bias_steers_the_completion(server):
     assert forced["choices"][0]["text"] == " upon" * 6  # token 1980, the prompt's second
 
 
-@pytest.mark.parametrize("bias", [{"x": 1}, {"-1": 1}, {"49152": 1}, {"5": 150}, {"5": "ban"}, {"5": True}, [1, 2]])
+@pytest.mark.parametrize(
+    "bias",
+    [
+        {"x": 1},
+        {"-1": 1},
+        {"49152": 1},
+        {"5": 150},
+        {"5": "ban"},
+        {"5": True},
+        [1, 2],
+        {"\u00b2": 1},  # str.isdigit() takes a superscript two, which int() refuses: a 500 before
+        {"9" * 5000: 1},  # past int()'s 4300-digit limit: a 500 before
+    ],
+)
 def test_a_bad_logit_bias_is_a_400(server, bias):
     r = httpx.post(server + "/v1/completions", json={"prompt": "hi", "logit_bias": bias}, timeout=30)
     assert r.status_code == 400 and "logit_bias" in r.text
