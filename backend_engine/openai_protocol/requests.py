@@ -77,7 +77,10 @@ def sampling_params(body: dict[str, Any], max_tokens_default: int, chat: bool) -
         if top is not None and not want:
             raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
         logprobs = top if want else None
-        max_tokens = field(body, "max_completion_tokens", int, None) or field(body, "max_tokens", int, None)
+        # max_completion_tokens wins when present; an `or` here read 0 as absent, so 0 ran to the end of the context
+        max_tokens = field(body, "max_completion_tokens", int, None)
+        if max_tokens is None:
+            max_tokens = field(body, "max_tokens", int, None)
     else:
         logprobs = field(body, "logprobs", int, None)
         max_tokens = field(body, "max_tokens", int, None)
