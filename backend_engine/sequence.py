@@ -44,6 +44,8 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1]")
         if self.top_k < -1:
             raise ValueError("top_k must be -1 (off) or a positive integer")
+        if self.seed is not None and self.seed < 0:  # numpy's generators refuse it, but only when the engine adds it
+            raise ValueError("seed must be a non-negative integer")
         if self.logprobs is not None and not 0 <= self.logprobs <= max_logprobs:
             raise ValueError(f"logprobs must be between 0 and {max_logprobs}")
         if len(self.logit_bias) > MAX_LOGIT_BIAS:

@@ -257,6 +257,16 @@ def test_errors_are_openai_shaped(server, path, body, status, code):
         assert err["code"] == code
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_negative_seed_is_a_400_before_any_stream_starts(server, stream):
+    """numpy refused a negative seed only once the engine thread added the sequence: a stream had already answered
+    200 and carried the refusal as an error event, and either way the message never named the seed."""
+    body = {"prompt": "hi", "max_tokens": 2, "seed": -1, "stream": stream}
+    r = httpx.post(server + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    assert "seed" in r.json()["error"]["message"]
+
+
 @pytest.mark.parametrize(
     "body",
     [
