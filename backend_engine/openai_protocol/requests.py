@@ -40,6 +40,11 @@ def field(body: dict[str, Any], key: str, types: type | tuple[type, ...], defaul
     return v
 
 
+def check_choices(num_prompts: int, n: int) -> None:
+    if num_prompts * n > MAX_CHOICES:
+        raise APIError(400, f"at most {MAX_CHOICES} choices (prompts x n) per request", param="prompt")
+
+
 def is_token_id(value: Any) -> bool:
     """An int that is not a bool (JSON's true would otherwise pass as token 1)."""
     return isinstance(value, int) and not isinstance(value, bool)
@@ -205,8 +210,10 @@ class RequestParser:
         except PromptError as e:
             raise APIError(400, str(e), param=e.param) from None
 
-    def prompt_list(self, body: dict[str, Any]) -> list[list[int]]:
-        """A completions prompt: text, token ids, or a batch (list) of either."""
+    def prompt_list(self, body: dict[str, Any], n: int) -> list[list[int]]:
+        """A completions prompt: text, token ids, or a batch (list) of either; `n` choices each. The batch's size is
+        checked before anything is tokenized, which runs on the event loop: a batch of millions of prompts held
+        every other request until all were tokenized, only to be refused."""
         prompt = body.get("prompt")
 
         def one(p: Any) -> list[int]:
@@ -217,6 +224,7 @@ class RequestParser:
             raise APIError(400, "'prompt' must be text, token ids, or a list of either", param="prompt")
 
         if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+            check_choices(len(prompt), n)
             return [one(p) for p in prompt]
         return [one(prompt)]
 
@@ -273,12 +281,10 @@ class RequestParser:
         self.check_model(body)
         if chat:
             refuse_what_chat_cannot_honour(body)
-        prompts = [self.chat_ids(body)] if chat else self.prompt_list(body)
         n = field(body, "n", int, 1)
         if not 1 <= n <= MAX_N:
             raise APIError(400, f"n must be between 1 and {MAX_N}", param="n")
-        if len(prompts) * n > MAX_CHOICES:
-            raise APIError(400, f"at most {MAX_CHOICES} choices (prompts x n) per request", param="prompt")
+        prompts = [self.chat_ids(body)] if chat else self.prompt_list(body, n)
         explicit_max = body.get("max_tokens") is not None or body.get("max_completion_tokens") is not None
         jobs = []
         for ids in prompts:

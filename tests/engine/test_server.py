@@ -257,6 +257,15 @@ def test_errors_are_openai_shaped(server, path, body, status, code):
         assert err["code"] == code
 
 
+def test_a_batch_of_too_many_prompts_is_refused_before_it_is_tokenized(server):
+    """The count of prompts was checked only after every one was tokenized, on the event loop: two million one-word
+    prompts (8 MB of JSON) held every other request for many seconds before the 400."""
+    started = time.monotonic()
+    r = httpx.post(server + "/v1/completions", json={"prompt": ["a"] * 2_000_000, "max_tokens": 1}, timeout=120)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    assert time.monotonic() - started < 5
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_negative_seed_is_a_400_before_any_stream_starts(server, stream):
     """numpy refused a negative seed only once the engine thread added the sequence: a stream had already answered
