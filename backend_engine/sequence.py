@@ -11,6 +11,10 @@ from typing import Any
 import numpy as np
 
 MAX_LOGIT_BIAS = 1024  # tokens one request may bias: each costs a step's sampling a little
+# Every generated token is checked against each stop string and stop token id on the engine thread, which every
+# running request waits on: a million stop strings made each step about ten times slower for all of them.
+MAX_STOP_STRINGS = 64
+MAX_STOP_TOKEN_IDS = 1024
 
 
 class SequenceStatus(enum.Enum):
@@ -48,6 +52,10 @@ class SamplingParams:
             raise ValueError("seed must be a non-negative integer")
         if self.logprobs is not None and not 0 <= self.logprobs <= max_logprobs:
             raise ValueError(f"logprobs must be between 0 and {max_logprobs}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop may hold at most {MAX_STOP_STRINGS} strings")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} token ids")
         if len(self.logit_bias) > MAX_LOGIT_BIAS:
             raise ValueError(f"logit_bias may name at most {MAX_LOGIT_BIAS} tokens")
         if not all(math.isfinite(b) and -100 <= b <= 100 for b in self.logit_bias.values()):
