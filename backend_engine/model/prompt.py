@@ -20,16 +20,25 @@ class PromptError(ValueError):
         self.param = param
 
 
+def prompt_too_long(chars: int) -> str:
+    return f"the prompt is {chars} characters, more than this model's maximum context length can hold"
+
+
 class PromptRenderer:
     def __init__(self, tokenizer: Tokenizer, template: ChatTemplate) -> None:
         self.tokenizer = tokenizer
         self.template = template
 
     def chat_ids(
-        self, messages: Any, add_generation_prompt: bool = True, template_kwargs: dict[str, Any] | None = None
+        self,
+        messages: Any,
+        add_generation_prompt: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
+        max_chars: int | None = None,
     ) -> list[int]:
         """`template_kwargs`: a request's extra template variables (chat_template_kwargs), never one of the
-        template's own arguments."""
+        template's own arguments. `max_chars`: a rendered prompt longer than this is refused before it is tokenized
+        (a PromptError), for a caller that knows no prompt of that length can fit its context."""
         if not isinstance(messages, list) or not messages:
             raise PromptError("'messages' must be a non-empty list", "messages")
         template_kwargs = template_kwargs or {}
@@ -41,6 +50,8 @@ class PromptRenderer:
             text = self.template.render(normalized, add_generation_prompt=add_generation_prompt, **template_kwargs)
         except ChatTemplateError as exc:
             raise PromptError(str(exc), "messages") from None
+        if max_chars is not None and len(text) > max_chars:
+            raise PromptError(prompt_too_long(len(text)), "messages")
         return self.tokenizer.encode(text, add_bos=False)
 
     def text_ids(self, prompt: str, add_bos: bool | None = None) -> list[int]:

@@ -93,6 +93,8 @@ class Tokenizer:
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.vocab_size = len(token_bytes)
+        # the most bytes of text one token stands for: a text longer than n times this is surely more than n tokens
+        self.max_token_bytes = max((len(b) for b in token_bytes), default=1)
 
     # --- construction ----------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import orjson
 from starlette.requests import Request
 
 from backend_engine.engine import LLMEngine
-from backend_engine.model.prompt import PromptError
+from backend_engine.model.prompt import PromptError, prompt_too_long
 from backend_engine.openai_protocol.errors import APIError
 from backend_engine.sequence import SamplingParams
 
@@ -194,18 +194,23 @@ class RequestParser:
         self.engine = engine
         self.renderer = engine.loaded.renderer
         self.model_name = model_name
+        # A prompt text longer than this cannot fit the context window, so it is refused untokenized: tokenizing runs
+        # on the event loop, and 30 MB of text held every other request for a minute only to be refused. Four times
+        # the bound a token's bytes give, for normalizers that compose characters (fewer bytes than the input has).
+        self.max_prompt_chars = 4 * engine.max_model_len * engine.tokenizer.max_token_bytes
 
     def check_model(self, body: dict[str, Any]) -> None:
         model = body.get("model")
         if model is not None and model != self.model_name:
             raise APIError(404, f"The model `{model}` does not exist.", "not_found_error", "model_not_found", "model")
 
-    def chat_ids(self, body: dict[str, Any]) -> list[int]:
+    def chat_ids(self, body: dict[str, Any], max_chars: int | None = None) -> list[int]:
         try:
             return self.renderer.chat_ids(
                 body.get("messages"),
                 field(body, "add_generation_prompt", bool, True),
                 field(body, "chat_template_kwargs", dict, {}),
+                max_chars=max_chars,
             )
         except PromptError as e:
             raise APIError(400, str(e), param=e.param) from None
@@ -218,6 +223,8 @@ class RequestParser:
 
         def one(p: Any) -> list[int]:
             if isinstance(p, str):
+                if len(p) > self.max_prompt_chars:
+                    raise APIError(400, prompt_too_long(len(p)), param="prompt", code="context_length_exceeded")
                 return self.engine.tokenizer.encode(p)
             if isinstance(p, list) and p and all(is_token_id(t) for t in p):
                 return list(p)
@@ -284,7 +291,7 @@ class RequestParser:
         n = field(body, "n", int, 1)
         if not 1 <= n <= MAX_N:
             raise APIError(400, f"n must be between 1 and {MAX_N}", param="n")
-        prompts = [self.chat_ids(body)] if chat else self.prompt_list(body, n)
+        prompts = [self.chat_ids(body, self.max_prompt_chars)] if chat else self.prompt_list(body, n)
         explicit_max = body.get("max_tokens") is not None or body.get("max_completion_tokens") is not None
         jobs = []
         for ids in prompts:

@@ -83,7 +83,7 @@ def parse_responses_request(body: dict[str, Any], parser: RequestParser) -> Resp
         raise APIError(400, f"'user' must be at most {MAX_USER_CHARS} characters", param="user")
     instructions = field(body, "instructions", str, None)
     try:
-        ids = parser.renderer.chat_ids(responses_messages(body))
+        ids = parser.renderer.chat_ids(responses_messages(body), max_chars=parser.max_prompt_chars)
     except PromptError as e:
         raise APIError(400, str(e), param=e.param) from None
     max_output_tokens = field(body, "max_output_tokens", int, None)

@@ -266,6 +266,26 @@ def test_a_batch_of_too_many_prompts_is_refused_before_it_is_tokenized(server):
     assert time.monotonic() - started < 5
 
 
+LONG_TEXT = "word " * 1_600_000  # 8 MB: far more than the context holds, well inside the body limit
+
+
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/completions", {"prompt": LONG_TEXT, "max_tokens": 1}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG_TEXT}], "max_tokens": 1}),
+        ("/v1/responses", {"input": LONG_TEXT, "max_output_tokens": 1}),
+    ],
+)
+def test_a_prompt_text_too_long_for_any_context_is_refused_untokenized(server, path, body):
+    """The prompt was tokenized on the event loop before its length was checked: megabytes of text held every other
+    request (and /health) for tens of seconds, only to be refused."""
+    started = time.monotonic()
+    r = httpx.post(server + path, json=body, timeout=300)
+    assert r.status_code == 400 and "context" in r.json()["error"]["message"], r.text
+    assert time.monotonic() - started < 5
+
+
 @pytest.mark.parametrize("key,value", [("stop", ["zq"] * 100_000), ("stop_token_ids", [7] * 100_000)])
 def test_stop_lists_are_bounded(server, key, value):
     """Every generated token is checked against every stop string and stop token id, on the engine thread: a million
