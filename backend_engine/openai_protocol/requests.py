@@ -257,7 +257,7 @@ class RequestParser:
         jobs = self._jobs(body, chat)
         stream = field(body, "stream", bool, False)
         so = field(body, "stream_options", dict, {}) or {}
-        include_usage = bool(so.get("include_usage", False))
+        include_usage = field(so, "include_usage", bool, False)  # bool() of it took "false" as true
         salt = field(body, "cache_salt", str, None)
         return GenerationRequest(jobs, field(body, "n", int, 1), stream, include_usage, salt)
 

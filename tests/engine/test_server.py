@@ -202,6 +202,18 @@ def test_shared_prefix_reports_cached_tokens(server):
         ("/v1/completions", {"prompt": "hi", "max_tokens": 100000}, 400, "context_length_exceeded"),
         ("/v1/completions", {"prompt": [-1]}, 400, None),
         ("/v1/chat/completions", {"messages": []}, 400, None),
+        # any truthy value turned usage on: "false" included
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2,
+                "stream": True,
+                "stream_options": {"include_usage": "false"},
+            },
+            400,
+            "invalid_type",
+        ),
         # 0 read as absent: the first ran to the end of the context, the second took max_tokens instead
         (
             "/v1/chat/completions",
