@@ -133,7 +133,8 @@ class EngineServer:
 
     async def tokenize(self, request: Request) -> Response:
         try:
-            ids = self.parser.tokenize_ids(await json_object(request))
+            # off the event loop, as every body that is rendered or tokenized: /tokenize takes any length of text
+            ids = await run_in_threadpool(self.parser.tokenize_ids, await json_object(request))
         except APIError as e:
             return e.response()
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": self.engine.max_model_len})
@@ -187,7 +188,9 @@ class EngineServer:
 
     async def _generate(self, request: Request, chat: bool) -> Response:
         try:
-            req = self.parser.generation(await json_object(request), chat)
+            # off the event loop: rendering a chat of a million messages, or tokenizing 64 prompts, took seconds there,
+            # and every other request (and /health) waited for it
+            req = await run_in_threadpool(self.parser.generation, await json_object(request), chat)
         except APIError as e:
             return e.response()
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -206,7 +209,7 @@ class EngineServer:
 
     async def responses(self, request: Request) -> Response:
         try:
-            req = parse_responses_request(await json_object(request), self.parser)
+            req = await run_in_threadpool(parse_responses_request, await json_object(request), self.parser)
         except APIError as e:
             return e.response()
         draft = ResponseDraft(self.model_name, req.echo)

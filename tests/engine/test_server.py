@@ -298,6 +298,38 @@ def test_a_prompt_text_too_long_for_any_context_is_refused_untokenized(server, p
     assert time.monotonic() - started < 5
 
 
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": ""}] * 1_000_000, "max_tokens": 1}),
+        ("/v1/responses", {"input": [{"role": "user", "content": ""}] * 1_000_000, "max_output_tokens": 1}),
+        ("/tokenize", {"prompt": "word " * 2_000_000}),
+    ],
+)
+def test_other_requests_are_served_while_a_body_is_parsed(server, path, body):
+    """Request bodies were parsed on the event loop: rendering a million chat messages, or tokenizing 10 MB for
+    /tokenize, held /health and every other request for the 10-20 s it took."""
+    done = threading.Event()
+
+    def post() -> None:
+        try:
+            httpx.post(server + path, json=body, timeout=300)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=post)
+    thread.start()
+    time.sleep(1.0)  # the body is on its way, or being parsed
+    slowest = 0.0
+    while not done.is_set():
+        started = time.monotonic()
+        assert httpx.get(server + "/health", timeout=300).status_code == 200
+        slowest = max(slowest, time.monotonic() - started)
+        time.sleep(0.05)
+    thread.join()
+    assert slowest < 3, f"/health waited {slowest:.1f}s"
+
+
 @pytest.mark.parametrize("key,value", [("stop", ["zq"] * 100_000), ("stop_token_ids", [7] * 100_000)])
 def test_stop_lists_are_bounded(server, key, value):
     """Every generated token is checked against every stop string and stop token id, on the engine thread: a million
