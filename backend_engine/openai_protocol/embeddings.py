@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from backend_engine.model.prompt import prompt_too_long
 from backend_engine.openai_protocol.errors import APIError
 from backend_engine.openai_protocol.requests import RequestParser, field, known_fields
 
@@ -50,17 +51,26 @@ def parse_embedding_request(body: dict[str, Any], parser: RequestParser) -> Embe
 
 
 def _token_lists(value: Any, parser: RequestParser) -> list[list[int]]:
-    """`input` as token ids: a string, an array of strings, an array of token ids, or an array of such arrays."""
-    encode = parser.engine.tokenizer.encode
+    """`input` as token ids: a string, an array of strings, an array of token ids, or an array of such arrays.
+
+    Texts are measured before any is tokenized: one longer than any context holds (`RequestParser.max_prompt_chars`)
+    is refused as it is, where tokenizing 8 MB of text took seconds of a core the engine's steps share."""
+
+    def encode_all(texts: list[str]) -> list[list[int]]:
+        for text in texts:
+            if len(text) > parser.max_prompt_chars:
+                raise APIError(400, prompt_too_long(len(text)), param="input", code="context_length_exceeded")
+        return [parser.engine.tokenizer.encode(text) for text in texts]
+
     if isinstance(value, str):
-        return [encode(value)]
+        return encode_all([value])
     if isinstance(value, list) and value:
         if len(value) > MAX_INPUTS:
             raise APIError(400, f"at most {MAX_INPUTS} inputs per request", param="input")
         if all(_is_token_id(t) for t in value):
             return [list(value)]
         if all(isinstance(s, str) for s in value):
-            return [encode(s) for s in value]
+            return encode_all(value)
         if all(isinstance(ids, list) and all(_is_token_id(t) for t in ids) for ids in value):
             return [list(ids) for ids in value]
     raise APIError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -150,6 +151,16 @@ def test_bad_requests_get_400_in_openai_shape(served, body, param, code):
     assert err["type"] == "invalid_request_error" and err["message"] and err["param"] == param
     if code:
         assert err["code"] == code
+
+
+@pytest.mark.parametrize("value", ["word " * 1_600_000, ["hi", "word " * 1_600_000]])
+def test_a_text_too_long_for_any_context_is_refused_untokenized(served, value):
+    """An input was tokenized whole before its length was checked: 8 MB of text cost many seconds of a core the
+    engine's steps share, only to be refused."""
+    started = time.monotonic()
+    r = httpx.post(served[1] + "/v1/embeddings", json={"input": value}, timeout=300)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text
+    assert time.monotonic() - started < 5
 
 
 def test_unknown_model_is_404(client):
