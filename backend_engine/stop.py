@@ -54,5 +54,7 @@ def apply_stop_conditions(seq: Sequence, token: int, eos_ids: Collection[int], m
 
 
 def held_back_chars(params: SamplingParams) -> int:
-    """Characters withheld from a running stream: enough to hide any stop string's unfinished start."""
-    return max((len(s) for s in params.stop), default=1) - 1
+    """Characters withheld from a running stream: enough to hide any stop string's unfinished start. Empty stop
+    strings match nothing (find_stop_string skips them) and hide nothing: counted, they made this -1, and every
+    token's text lost its first character."""
+    return max((len(s) - 1 for s in params.stop if s), default=0)
