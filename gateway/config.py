@@ -113,6 +113,17 @@ class LimitsConfig(_Strict):
             description=("open client connections per public listener; beyond it a connection gets 503 and is closed"),
         ),
     ] = 4096
+    max_connections_per_client: Annotated[
+        int,
+        Field(
+            gt=0,
+            description=(
+                "open connections from one client address per listener (the socket peer; a peer in "
+                "trusted_proxies carries many clients and is not capped); beyond it a connection gets 429 and is "
+                "closed, so one client cannot hold every connection the listener has"
+            ),
+        ),
+    ] = 1024
     # The shape of a JSON body bounds what the stages after parse spend on it (the WAF runs before auth).
     max_json_depth: Annotated[
         int,

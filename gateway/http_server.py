@@ -5,8 +5,10 @@ no deadline for a request head: one 256 MB header line cost 107 s of event loop,
 and then held its connection forever. `BoundedProtocol` counts the head's bytes while they arrive and answers before
 the parser holds more than the limits: 414 past `limits.max_url_bytes`, 431 past `limits.max_header_bytes`, 408
 when the head is not complete within `limits.header_timeout` of the connection's first byte. A listener keeps at
-most its `max_connections` open; one more gets 503 and is closed at once. Every answer is OpenAI-shaped and closes
-the connection. Parsing stays with llhttp: nothing here reads HTTP syntax.
+most its `max_connections` open; one more gets 503 and is closed at once. One client address keeps at most
+`limits.max_connections_per_client` of them (a trusted proxy's address, which carries many clients, is not
+capped); one more gets 429, so a single client reconnecting as fast as connections are cut cannot hold them all.
+Every answer is OpenAI-shaped and closes the connection. Parsing stays with llhttp: nothing here reads HTTP syntax.
 
 The other direction: a client that stops reading its answer parks the response's writes on flow control (uvicorn
 waits for the transport to drain), where no timeout reaches, and the request kept its concurrency slot, its upstream
@@ -28,6 +30,7 @@ import logging
 import socket
 from collections import Counter
 from collections.abc import Callable
+from ipaddress import IPv4Network, IPv6Network, ip_address
 from typing import Any
 
 import uvicorn
@@ -48,10 +51,13 @@ class BoundedProtocol(HttpToolsProtocol):
     limits: LimitsConfig
     listener_caps: dict[int, int]  # local port -> most open connections
     open_connections: Counter[int]  # local port -> open now (one Counter per server: see protocol_class)
+    uncapped_peers: list[IPv4Network | IPv6Network]  # trusted proxies: one address, many clients
+    open_per_client: Counter[tuple[int, str]]  # (local port, peer address) -> open now
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._port: int | None = None  # the listener this connection arrived on; None: refused
+        self._client_key: tuple[int, str] | None = None  # its count in open_per_client; None: not capped
         self._in_head = False
         self._head_fed = 0  # bytes received while the current head was incomplete
         self._url_bytes = 0
@@ -76,15 +82,46 @@ class BoundedProtocol(HttpToolsProtocol):
                 extra_headers=(b"retry-after: 1\r\n",),
             )
             return
+        client = self._capped_client(transport, port)
+        if client is not None and self.open_per_client[client] >= self.limits.max_connections_per_client:
+            self.transport = transport
+            self._refuse(
+                429,
+                "too many open connections from this client; close some before opening more",
+                "too_many_client_connections",
+                extra_headers=(b"retry-after: 1\r\n",),
+            )
+            return
+        if client is not None:
+            self._client_key = client
+            self.open_per_client[client] += 1
         self._port = port
         self.open_connections[port] += 1
         super().connection_made(transport)
         self._head_started = self.loop.time()  # a connection that never sends a byte gets the same deadline
         self._arm_head_timer()
 
+    def _capped_client(self, transport: asyncio.Transport, port: int) -> tuple[int, str] | None:
+        """The key this connection counts under per client address; None for a trusted proxy or a peer with no
+        address (a Unix socket)."""
+        peer = transport.get_extra_info("peername")
+        if not isinstance(peer, tuple):
+            return None
+        try:
+            address = ip_address(peer[0])
+        except ValueError:
+            return None
+        if any(address in network for network in self.uncapped_peers):
+            return None
+        return port, peer[0]
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
         self._cancel_send_timer()
+        if self._client_key is not None:
+            self.open_per_client[self._client_key] -= 1
+            if not self.open_per_client[self._client_key]:
+                del self.open_per_client[self._client_key]  # a client that left takes no memory with it
         if self._port is None:
             return
         self.open_connections[self._port] -= 1
@@ -256,12 +293,20 @@ class BoundedProtocol(HttpToolsProtocol):
             self._head_timer = None
 
 
-def protocol_class(limits: LimitsConfig, listener_caps: dict[int, int]) -> type[BoundedProtocol]:
+def protocol_class(
+    limits: LimitsConfig, listener_caps: dict[int, int], uncapped_peers: list[IPv4Network | IPv6Network]
+) -> type[BoundedProtocol]:
     """A protocol class bound to this server's limits and its own connection counts."""
     return type(
         "BoundedProtocol",
         (BoundedProtocol,),
-        {"limits": limits, "listener_caps": listener_caps, "open_connections": Counter()},
+        {
+            "limits": limits,
+            "listener_caps": listener_caps,
+            "open_connections": Counter(),
+            "uncapped_peers": list(uncapped_peers),
+            "open_per_client": Counter(),
+        },
     )
 
 
@@ -318,7 +363,7 @@ def serve(
     server_config = uvicorn.Config(
         app,
         loop="uvloop",
-        http=protocol_class(config.limits, caps),
+        http=protocol_class(config.limits, caps, config.trusted_proxies),
         # No WebSocket route is served. Left on, uvicorn hands an upgrade request's connection to its WebSocket
         # protocol, past BoundedProtocol: the connection was never counted closed, and max_connections upgrade
         # requests refused every later client with 503.

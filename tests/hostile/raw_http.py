@@ -25,9 +25,12 @@ class Answer:
         return json.loads(self.body)["error"]
 
 
-def connect(url: str, timeout: float = 10.0) -> socket.socket:
+def connect(url: str, timeout: float = 10.0, source: str | None = None) -> socket.socket:
+    """`source`: the local address to connect from (another loopback address is another client)."""
     parts = urlsplit(url)
-    return socket.create_connection((parts.hostname, parts.port), timeout=timeout)
+    return socket.create_connection(
+        (parts.hostname, parts.port), timeout=timeout, source_address=(source, 0) if source else None
+    )
 
 
 def read_answer(sock: socket.socket, timeout: float = 10.0) -> Answer | None:

@@ -120,6 +120,38 @@ def test_connections_past_the_listener_cap_are_refused_and_the_rest_served(gw):
     assert response.status_code == 200
 
 
+def health_from(gw, source: str) -> int | None:
+    """GET /healthz over a new connection from the local address `source`: its status, None if none came."""
+    sock = connect(gw.url, source=source)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n")
+    answer = read_answer(sock, timeout=5)
+    return answer.status if answer else None
+
+
+def test_one_client_address_cannot_hold_every_connection(fake_upstream, gateway):
+    gw = gateway({"pools": [pool("main", fake_upstream().url)], "limits": {**LIMITS, "max_connections_per_client": 3}})
+    held = [connect(gw.url) for _ in range(3)]
+    time.sleep(0.3)
+    answer = read_answer(connect(gw.url), timeout=5)
+    assert answer is not None and answer.status == 429 and answer.headers["retry-after"] == "1"
+    assert answer.error()["code"] == "too_many_client_connections"
+    assert health_from(gw, "127.0.0.2") == 200  # another client still gets in
+    for sock in held:
+        sock.close()
+    time.sleep(0.3)
+    assert health_from(gw, "127.0.0.1") == 200  # closed connections are counted out
+
+
+def test_a_trusted_proxy_carries_many_clients_and_is_not_capped_per_address(fake_upstream, gateway):
+    limits = {**LIMITS, "max_connections_per_client": 3}
+    gw = gateway({"pools": [pool("main", fake_upstream().url)], "limits": limits, "trusted_proxies": ["127.0.0.1/32"]})
+    held = [connect(gw.url) for _ in range(5)]
+    time.sleep(0.3)
+    assert health_from(gw, "127.0.0.1") == 200
+    for sock in held:
+        sock.close()
+
+
 def test_malformed_http_is_answered_in_the_gateway_error_shape(gw):
     sock = connect(gw.url)
     send_ignoring_reset(
