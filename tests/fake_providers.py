@@ -16,11 +16,14 @@ What it answers is the test's choice: the text of the last user message, or `fak
 "cache_creation": 20}`); streams send the text in pieces of `chunk` characters, `delay` seconds apart. With
 `fake.reasoning`, the model reasons before it answers, in each API's shape: chat's `reasoning_content` (or the field
 `fake.reasoning_field` names: newer vLLM says `reasoning`), a Messages thinking block, a Responses reasoning item
-with a summary; streamed in pieces like the answer. A Messages request translated to chat keeps no member it does
-not translate, so there the `fake` object rides as JSON in `metadata.user_id`, which reaches chat as `user`. Like the
-providers, it refuses a request without its key (`--api-key`: `x-api-key` on the Anthropic routes,
-`Authorization: Bearer` on the OpenAI ones). `GET /_received` returns every request it got (path, headers, body),
-for assertions on the upstream side of the wire.
+with a summary; streamed in pieces like the answer. With `fake.tool_call` (`{"name": "...", "arguments": "<JSON
+text>"}`), the model calls a tool after its text: chat's `tool_calls` (arguments in `function.arguments` fragments
+when streamed), a Messages tool_use block (`input`, or input_json_delta fragments), a Responses function_call item
+(function_call_arguments deltas); with `fake.refusal`, a chat model refuses (`refusal`) instead of answering. A
+Messages request translated to chat keeps no member it does not translate, so there the `fake` object rides as JSON
+in `metadata.user_id`, which reaches chat as `user`. Like the providers, it refuses a request without its key
+(`--api-key`: `x-api-key` on the Anthropic routes, `Authorization: Bearer` on the OpenAI ones). `GET /_received`
+returns every request it got (path, headers, body), for assertions on the upstream side of the wire.
 """
 
 from __future__ import annotations
@@ -60,6 +63,19 @@ def reasoning_text(body: dict[str, Any]) -> str:
     """What the model reasons before its answer, where the test asked for reasoning (`fake.reasoning`)."""
     reasoning = (body.get("fake") or {}).get("reasoning")
     return reasoning if isinstance(reasoning, str) else ""
+
+
+def tool_call(body: dict[str, Any]) -> dict[str, str] | None:
+    """The tool call the model makes after its text, where the test asked for one (`fake.tool_call`): its name and
+    its arguments, as the JSON text chat carries them in."""
+    call = (body.get("fake") or {}).get("tool_call")
+    return {"name": str(call["name"]), "arguments": str(call["arguments"])} if isinstance(call, dict) else None
+
+
+def refusal_text(body: dict[str, Any]) -> str:
+    """What a chat model refuses with instead of answering, where the test asked for a refusal (`fake.refusal`)."""
+    refusal = (body.get("fake") or {}).get("refusal")
+    return refusal if isinstance(refusal, str) else ""
 
 
 def reply_text(body: dict[str, Any]) -> str:
@@ -131,10 +147,17 @@ FAKE_SIGNATURE = "ZmFrZS1zaWduYXR1cmU="  # a thinking block's signature: opaque 
 
 
 def message_content(body: dict[str, Any], text: str) -> list[dict[str, Any]]:
-    """A whole message's blocks: thinking first where the test asked for reasoning, then the text."""
+    """A whole message's blocks: thinking first where the test asked for reasoning, then the text, then the tool
+    call where it asked for one."""
     thinking = reasoning_text(body)
     head = [{"type": "thinking", "thinking": thinking, "signature": FAKE_SIGNATURE}] if thinking else []
-    return [*head, {"type": "text", "text": text}]
+    call = tool_call(body)
+    tail = [tool_use(call, json.loads(call["arguments"]))] if call else []
+    return [*head, {"type": "text", "text": text}, *tail]
+
+
+def tool_use(call: dict[str, str], arguments: Any) -> dict[str, Any]:
+    return {"type": "tool_use", "id": "toolu_fake", "name": call["name"], "input": arguments}
 
 
 async def message_events(body: dict[str, Any], text: str) -> AsyncIterator[str]:
@@ -165,8 +188,19 @@ async def message_events(body: dict[str, Any], text: str) -> AsyncIterator[str]:
         yield sse("content_block_delta", delta)
         await pause(body)
     yield sse("content_block_stop", {"type": "content_block_stop", "index": index})
+    if call := tool_call(body):
+        index += 1
+        yield sse(
+            "content_block_start", {"type": "content_block_start", "index": index, "content_block": tool_use(call, {})}
+        )
+        for part in pieces(body, call["arguments"]):
+            partial = {"type": "input_json_delta", "partial_json": part}
+            yield sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": partial})
+            await pause(body)
+        yield sse("content_block_stop", {"type": "content_block_stop", "index": index})
     usage = {"output_tokens": len(text.split())}
-    stop = {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": usage}
+    reason = "tool_use" if tool_call(body) else "end_turn"
+    stop = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": None}, "usage": usage}
     yield sse("message_delta", stop)
     yield sse("message_stop", {"type": "message_stop"})
 
@@ -174,7 +208,8 @@ async def message_events(body: dict[str, Any], text: str) -> AsyncIterator[str]:
 async def messages(request: Request, body: dict[str, Any]) -> Response:
     text = reply_text(body)
     if not body.get("stream"):
-        return JSONResponse(message(body, text, message_content(body, text), "end_turn"))
+        reason = "tool_use" if tool_call(body) else "end_turn"
+        return JSONResponse(message(body, text, message_content(body, text), reason))
     return StreamingResponse(message_events(body, text), media_type="text/event-stream")
 
 
@@ -202,6 +237,7 @@ def response_object(body: dict[str, Any], text: str | None, msg_id: str, resp_id
             "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": []}],
         },
+        *function_calls(body, msg_id),
     ]
     prompt, generated = input_tokens(body), len((text or "").split())
     usage = {
@@ -260,10 +296,34 @@ def reasoning_events(body: dict[str, Any], item: dict[str, Any]) -> list[dict[st
     ]
 
 
+def function_calls(body: dict[str, Any], msg_id: str) -> list[dict[str, Any]]:
+    """A Response's function_call item, after its message, where the test asked for a tool call."""
+    call = tool_call(body)
+    if call is None:
+        return []
+    return [{"type": "function_call", "id": f"fc_{msg_id}", "call_id": "call_fake", **call, "status": "completed"}]
+
+
+def function_call_events(body: dict[str, Any], item: dict[str, Any], index: int) -> list[dict[str, Any]]:
+    """A function_call item streamed: added with no arguments, its arguments in deltas, their done, the item's."""
+    at = {"item_id": item["id"], "output_index": index}
+    return [
+        {"type": "response.output_item.added", "output_index": index, "item": {**item, "arguments": ""}},
+        *(
+            {"type": "response.function_call_arguments.delta", **at, "delta": p}
+            for p in pieces(body, item["arguments"])
+        ),
+        {"type": "response.function_call_arguments.done", **at, "arguments": item["arguments"]},
+        {"type": "response.output_item.done", "output_index": index, "item": item},
+    ]
+
+
 async def response_events(body: dict[str, Any], text: str) -> AsyncIterator[str]:
     msg_id, resp_id = f"msg_{uuid.uuid4().hex}", f"resp_{uuid.uuid4().hex}"
     final = response_object(body, text, msg_id, resp_id)
-    *reasoning, item = final["output"]
+    reasoning = [i for i in final["output"] if i["type"] == "reasoning"]
+    calls = [i for i in final["output"] if i["type"] == "function_call"]
+    item = next(i for i in final["output"] if i["type"] == "message")
     part, index = item["content"][0], len(reasoning)
     at = {"item_id": msg_id, "output_index": index, "content_index": 0}
     events: list[dict[str, Any]] = [
@@ -283,6 +343,7 @@ async def response_events(body: dict[str, Any], text: str) -> AsyncIterator[str]
         {"type": "response.output_text.done", **at, "text": text, "logprobs": []},
         {"type": "response.content_part.done", **at, "part": part},
         {"type": "response.output_item.done", "output_index": index, "item": item},
+        *(e for n, c in enumerate(calls, index + 1) for e in function_call_events(body, c, n)),
         {"type": "response.completed", "response": final},
     ]
     for number, event in enumerate(events):
@@ -295,6 +356,10 @@ async def responses(request: Request, body: dict[str, Any]) -> Response:
     if not body.get("stream"):
         return JSONResponse(response_object(body, text, f"msg_{uuid.uuid4().hex}", f"resp_{uuid.uuid4().hex}"))
     return StreamingResponse(response_events(body, text), media_type="text/event-stream")
+
+
+def chat_finish(body: dict[str, Any]) -> str:
+    return "tool_calls" if tool_call(body) else "stop"
 
 
 def reasoning_field(body: dict[str, Any]) -> str:
@@ -311,10 +376,19 @@ async def chat_events(body: dict[str, Any], text: str) -> AsyncIterator[str]:
             delta = {reasoning_field(body): piece}
             yield sse(None, {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
             await pause(body)
-    for piece in pieces(body, text):
-        yield sse(None, {**base, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
+    refusal = refusal_text(body)
+    for piece in pieces(body, refusal or text):
+        delta = {"refusal": piece} if refusal else {"content": piece}
+        yield sse(None, {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
         await pause(body)
-    yield sse(None, {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    if call := tool_call(body):
+        head = {"index": 0, "id": "call_fake", "type": "function", "function": {"name": call["name"], "arguments": ""}}
+        fragments = [{"index": 0, "function": {"arguments": p}} for p in pieces(body, call["arguments"])]
+        for fragment in [head, *fragments]:
+            delta = {"tool_calls": [fragment]}
+            yield sse(None, {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+            await pause(body)
+    yield sse(None, {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": chat_finish(body)}]})
     if (body.get("stream_options") or {}).get("include_usage"):
         usage = {"prompt_tokens": input_tokens(body), "completion_tokens": len(text.split())}
         yield sse(None, {**base, "choices": [], "usage": {**usage, "total_tokens": sum(usage.values())}})
@@ -326,7 +400,11 @@ async def chat(request: Request, body: dict[str, Any]) -> Response:
     if body.get("stream"):
         return StreamingResponse(chat_events(body, text), media_type="text/event-stream")
     reasoning = {reasoning_field(body): reasoning_text(body)} if reasoning_text(body) else {}
-    choice = {"index": 0, "message": {"role": "assistant", **reasoning, "content": text}, "finish_reason": "stop"}
+    answer = {"content": None, "refusal": refusal_text(body)} if refusal_text(body) else {"content": text}
+    call = tool_call(body)
+    calls = {"tool_calls": [{"id": "call_fake", "type": "function", "function": call}]} if call else {}
+    message = {"role": "assistant", **reasoning, **answer, **calls}
+    choice = {"index": 0, "message": message, "finish_reason": chat_finish(body)}
     return JSONResponse(
         {"id": "chatcmpl-fake", "object": "chat.completion", "model": body.get("model"), "choices": [choice]}
     )
