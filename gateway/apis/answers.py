@@ -9,7 +9,10 @@ channel the piece belongs to (a choice, a Responses content part, an Anthropic c
 follow each channel's text across events. Reasoning is generated text too, read like the answer: it reaches the
 client as the answer does (chat's `reasoning_content` / `reasoning`, Messages thinking blocks, Responses reasoning
 items), so a secret the guard would take out of the answer must not pass in it. It gets channels of its own (a
-choice's reasoning, a reasoning summary part), so its text is never run together with the answer's.
+choice's reasoning, a reasoning summary part), so its text is never run together with the answer's. So are a tool
+call's arguments and a refusal: an agent runs the call, so a secret or PII in `send_email(body=...)` leaves as surely
+as one in the answer does. Arguments are JSON text, on `Arguments` channels, which the guard redacts so that the
+JSON stays valid; an Anthropic tool_use block's `input` is an object, read as its JSON and parsed back when redacted.
 
 Every reader takes any JSON object: the answer is whatever the upstream sent, so a field of the wrong type reads as
 absent, never as an exception that would cost the client a 500 or a stream cut without its error event.
@@ -17,6 +20,7 @@ absent, never as an exception that would cost the client a 500 or a stream cut w
 
 from __future__ import annotations
 
+import json
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -26,6 +30,17 @@ if TYPE_CHECKING:
 
 Text = tuple[Hashable, dict[str, Any], str]  # (channel, holder, key): holder[key] is a piece of generated text
 REASONING_FIELDS = ("reasoning_content", "reasoning")  # a chat answer's reasoning: vLLM's name, and newer releases'
+REFUSAL = "refusal"  # a chat answer's refusal: text the client reads (a Messages client, as a text block)
+FUNCTION_CALL = "function_call"  # the legacy single tool call, before tool_calls
+
+
+@dataclass(frozen=True, slots=True)
+class Arguments:
+    """A tool call's arguments, as a channel: JSON text that an agent parses and runs, so the guard redacts it
+    keeping the JSON valid. `at` is the call: (choice, tool call index or FUNCTION_CALL) in chat, the content block
+    in Messages, the output item in Responses."""
+
+    at: Hashable
 
 
 class AnswerFormat:
@@ -66,8 +81,8 @@ class AnswerFormat:
             if not isinstance(choice, dict):
                 continue
             number = _index(choice.get("index"), i)
-            if choice.get("finish_reason"):
-                yield number
+            if choice.get("finish_reason"):  # (its tool calls end with the stream: their indexes are not here)
+                yield from (number, (number, REFUSAL))
             if choice.get("finish_reason") or _answer_started(choice.get("delta")):
                 yield from ((number, field) for field in REASONING_FIELDS)
 
@@ -77,7 +92,11 @@ class AnswerFormat:
 
     def where(self, channel: Hashable) -> str:
         """A channel, for people (verdicts say where they found what they found)."""
-        if isinstance(channel, tuple):  # a choice's reasoning
+        if isinstance(channel, Arguments):
+            number, call = channel.at if isinstance(channel.at, tuple) else (channel.at, FUNCTION_CALL)
+            inner = FUNCTION_CALL if call == FUNCTION_CALL else f"tool_calls[{call}].function"
+            return f"choices[{number}].{inner}.arguments"
+        if isinstance(channel, tuple):  # a choice's reasoning or refusal
             return "choices[{}].{}".format(*channel)
         return f"choices[{channel}]"
 
@@ -88,27 +107,34 @@ class AnswerFormat:
                 yield from self._choice_texts(i, choice)
 
     def _choice_texts(self, number: int, choice: dict[str, Any]) -> Iterator[Text]:
-        """A choice's answer text on the choice's channel, and its reasoning, per field, on channels of its own."""
+        """A choice's answer text on the choice's channel; its reasoning (per field) and refusal on channels of
+        their own; each tool call's arguments on the call's (by its `index` in a stream, its place in a message)."""
         holder, key = _choice_text(choice)
         if holder is not None:
             yield number, holder, key
-        for outer in ("delta", "message") if self.reasoning else ():
+        for outer in ("delta", "message"):
             inner = choice.get(outer)
-            if isinstance(inner, dict):
-                for field in REASONING_FIELDS:
-                    if isinstance(inner.get(field), str):
-                        yield (number, field), inner, field
+            if not isinstance(inner, dict):
+                continue
+            for field in (*(REASONING_FIELDS if self.reasoning else ()), REFUSAL):
+                if isinstance(inner.get(field), str):
+                    yield (number, field), inner, field
+            for call, function in _calls(inner):
+                yield Arguments((number, call)), function, "arguments"
 
 
 class ResponsesFormat(AnswerFormat):
     """OpenAI Responses: a Response object, or typed events ending in response.completed / incomplete / failed.
 
     A reasoning item's text is read as a message's is: its `reasoning_text` content parts (their delta and done
-    events mirror output_text's) on the content parts' channels, each summary part on a channel of its own."""
+    events mirror output_text's) on the content parts' channels, each summary part on a channel of its own. A
+    function_call item's arguments are read on the item's channel: their deltas, the `.done` event's and the item's
+    full copies."""
 
     _FINAL = ("response.completed", "response.incomplete", "response.failed")  # not a set: a `type` may not hash
     _PART_TEXT = ("response.output_text", "response.reasoning_text")  # + .delta / .done, on a content part
     _SUMMARY_TEXT = "response.reasoning_summary_text"  # + .delta / .done, on a summary part
+    _ARGUMENTS = "response.function_call_arguments"  # + .delta / .done, on a function_call item
 
     def record(self, usage: Usage, body: dict[str, Any]) -> None:
         kind = body.get("type")
@@ -149,13 +175,16 @@ class ResponsesFormat(AnswerFormat):
             return _part(event)
         if kind == self._SUMMARY_TEXT + suffix:
             return _summary(event)
+        if kind == self._ARGUMENTS + suffix:
+            return Arguments(_index(event.get("output_index")))
         return None
 
     def snapshots(self, event: dict[str, Any]) -> Iterator[Text]:
         kind = event.get("type")
         channel = self._text_channel(event, ".done")
-        if channel is not None and isinstance(event.get("text"), str):
-            yield channel, event, "text"
+        key = "arguments" if isinstance(channel, Arguments) else "text"
+        if channel is not None and isinstance(event.get(key), str):
+            yield channel, event, key
         elif kind == "response.content_part.done" and _is_text(event.get("part"), *_CONTENT_TEXTS):
             yield _part(event), event["part"], "text"
         elif kind == "response.reasoning_summary_part.done" and _is_text(event.get("part"), "summary_text"):
@@ -173,6 +202,8 @@ class ResponsesFormat(AnswerFormat):
     def where(self, channel: Hashable) -> str:
         if isinstance(channel, _Summary):
             return f"output[{channel.item}].summary[{channel.part}]"
+        if isinstance(channel, Arguments):
+            return f"output[{channel.at}].arguments"
         item, part = channel if isinstance(channel, tuple) else (channel, 0)
         return f"output[{item}].content[{part}]"
 
@@ -181,7 +212,9 @@ class MessagesFormat(AnswerFormat):
     """Anthropic Messages: a Message object, or events from message_start to message_stop.
 
     Thinking blocks are read as text blocks are. Redacting one leaves its signature unmatched (Anthropic then
-    refuses it sent back in a later turn): the policy's choice, over letting what it redacts reach the client."""
+    refuses it sent back in a later turn): the policy's choice, over letting what it redacts reach the client. A
+    tool_use block's input is read on the block's `Arguments` channel: its input_json_delta fragments in a stream,
+    the JSON of its `input` object in a whole answer."""
 
     _BLOCKS = {"text": "text", "thinking": "thinking"}  # a block's type -> the key of its text
     _DELTAS = {"text_delta": "text", "thinking_delta": "thinking"}  # a block delta's type -> the key of its text
@@ -220,18 +253,24 @@ class MessagesFormat(AnswerFormat):
             key = self._DELTAS.get(str(delta.get("type")))
             if key is not None and isinstance(delta.get(key), str):
                 yield _index(event.get("index")), delta, key
+            elif delta.get("type") == "input_json_delta" and isinstance(delta.get("partial_json"), str):
+                yield Arguments(_index(event.get("index"))), delta, "partial_json"
 
     def ended(self, event: dict[str, Any]) -> Iterator[Hashable]:
         if event.get("type") == "content_block_stop":
-            yield _index(event.get("index"))
+            yield from (_index(event.get("index")), Arguments(_index(event.get("index"))))
 
     def body_texts(self, body: dict[str, Any]) -> Iterator[Text]:
         for i, block in enumerate(_array(body.get("content"))):
             key = self._BLOCKS.get(str(block.get("type"))) if isinstance(block, dict) else None
             if key is not None and isinstance(block.get(key), str):
                 yield i, block, key
+            elif isinstance(block, dict) and block.get("type") == "tool_use" and "input" in block:
+                yield Arguments(i), _AsJson(block, "input"), "json"
 
     def where(self, channel: Hashable) -> str:
+        if isinstance(channel, Arguments):
+            return f"content[{channel.at}].input"
         return f"content[{channel}]"
 
 
@@ -282,6 +321,20 @@ def _answer_started(delta: Any) -> bool:
     return any(delta.get(key) for key in ("content", "refusal", "tool_calls"))
 
 
+def _calls(message: dict[str, Any]) -> Iterator[tuple[int | str, dict[str, Any]]]:
+    """A chat message's (or delta's) tool calls with arguments: (the call's index, the dict holding its arguments),
+    the legacy function_call as FUNCTION_CALL."""
+    for j, call in enumerate(_array(message.get("tool_calls"))):
+        if isinstance(call, dict) and _holds_text(call.get("function"), "arguments"):
+            yield _index(call.get("index"), j), call["function"]
+    if _holds_text(message.get(FUNCTION_CALL), "arguments"):
+        yield FUNCTION_CALL, message[FUNCTION_CALL]
+
+
+def _holds_text(holder: Any, key: str) -> bool:
+    return isinstance(holder, dict) and isinstance(holder.get(key), str)
+
+
 def _choice_text(choice: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     """The dict and key holding a choice's text: delta.content, message.content or text."""
     for outer in ("delta", "message"):
@@ -291,6 +344,23 @@ def _choice_text(choice: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     if isinstance(choice.get("text"), str):
         return choice, "text"
     return None, ""
+
+
+class _AsJson(dict[str, Any]):
+    """A JSON value (a tool_use block's `input` object) as a text holder: `json` is its JSON text, and setting it (a
+    redaction) parses it back into its owner, so the client still gets an object. Text that no longer parses (a
+    redaction can't break it; see the guard) would leave `{}`: never what was redacted."""
+
+    def __init__(self, owner: dict[str, Any], key: str) -> None:
+        super().__init__(json=json.dumps(owner[key], ensure_ascii=False))
+        self._owner, self._key = owner, key
+
+    def __setitem__(self, key: str, text: Any) -> None:
+        super().__setitem__(key, text)
+        try:
+            self._owner[self._key] = json.loads(text)
+        except ValueError:
+            self._owner[self._key] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,10 +397,13 @@ def _is_text(part: Any, *types: str) -> bool:
 
 
 def _item_texts(index: int, item: dict[str, Any]) -> Iterator[Text]:
-    """An output item's texts: a message's or a reasoning item's content parts, a reasoning item's summary parts."""
+    """An output item's texts: a message's or a reasoning item's content parts, a reasoning item's summary parts, a
+    function_call's arguments."""
     for j, part in enumerate(_array(item.get("content"))):
         if _is_text(part, *_CONTENT_TEXTS):
             yield (index, j), part, "text"
     for j, part in enumerate(_array(item.get("summary"))):
         if _is_text(part, "summary_text"):
             yield _Summary(index, j), part, "text"
+    if item.get("type") == "function_call" and _holds_text(item, "arguments"):
+        yield Arguments(index), item, "arguments"

@@ -9,16 +9,21 @@ half-released. The end of a channel or of the stream scans the rest and releases
 held events' text in place (typed placeholders), and the copies of a channel's whole text that some formats repeat
 at its end (Responses' `*.done` events and final response) as well; a block raises `GuardBlocked`, which the relay
 turns into an explicit error event in the client's format — never a silent cut.
+
+A tool call's arguments (an `Arguments` channel) are JSON text an agent parses: the detectors read them with each
+escape sequence blanked out, so `\\nAKIA...` still starts a key and a finding never cuts an escape in two, and a
+finding that crosses a string's quote blocks instead of being redacted, so a redaction leaves the JSON valid.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.apis.answers import AnswerFormat
+from gateway.apis.answers import AnswerFormat, Arguments
 from gateway.guard import pii
 from gateway.guard.runtime import Guard, GuardBlocked, Verdict
 from gateway.guard.spec import GuardSpec
@@ -51,6 +56,11 @@ class _Channel:
     released: int = 0  # text[:released] has reached the client
     finished: bool = False
     redactions: list[pii.Finding] = field(default_factory=list)
+    json: bool = False  # JSON text (a tool call's arguments): redactions must leave it JSON
+
+
+def _opened(channel: Hashable, text: str = "") -> _Channel:
+    return _Channel(text=text, json=isinstance(channel, Arguments))
 
 
 class OutputGuard:
@@ -82,12 +92,12 @@ class OutputGuard:
             for channel, holder, key in answers.texts(chunk):
                 self._append(held, channel, holder, key)
             for channel, holder, key in answers.snapshots(chunk):
-                if self._channels.get(channel, _Channel()).text:
+                if channel in self._channels and self._channels[channel].text:
                     held.snapshots.append((channel, holder, key))
                 else:  # the channel's text arrives only whole: read it as its text
                     self._append(held, channel, holder, key)
             for channel in answers.ended(chunk):
-                self._channels.setdefault(channel, _Channel()).finished = True
+                self._channel(channel).finished = True
             self._held.append(held)
         for number, state in self._channels.items():
             final = done or state.finished
@@ -97,8 +107,13 @@ class OutputGuard:
                 await self._scan(number, state)
         return self._release(done)
 
+    def _channel(self, channel: Hashable) -> _Channel:
+        if channel not in self._channels:
+            self._channels[channel] = _opened(channel)
+        return self._channels[channel]
+
     def _append(self, held: _Held, channel: Hashable, holder: dict[str, Any], key: str) -> None:
-        state = self._channels.setdefault(channel, _Channel())
+        state = self._channel(channel)
         start = len(state.text)
         state.text += holder[key]
         held.segments.append(_Segment(channel, holder, key, start, len(state.text)))
@@ -155,7 +170,7 @@ class OutputGuard:
         for channel, holder, key in self._answers.body_texts(body):
             if not holder[key]:
                 continue
-            state = _Channel(text=holder[key])
+            state = _opened(channel, holder[key])
             await self._check(state.text, offset=0, state=state, where=self._answers.where(channel))
             if state.redactions:
                 holder[key] = pii.redact(state.text, sorted(state.redactions, key=lambda f: f.start))
@@ -165,6 +180,8 @@ class OutputGuard:
     # ---- the checks ----------------------------------------------------------------------------------------
     async def _check(self, text: str, *, offset: int, state: _Channel, where: str) -> None:
         policy = self._policy
+        if state.json:
+            text = _json_view(state.text, offset, offset + len(text))
         if policy.pii != "off" or policy.secrets != "off":
             known = {(f.start, f.end) for f in state.redactions}
             for kind, action in (("pii", policy.pii), ("secret", policy.secrets)):
@@ -178,6 +195,12 @@ class OutputGuard:
                 types = sorted({f.type for f in found})
                 if action == "redact" and any(_unredacted_from(f, state.redactions) < state.released for f in found):
                     action = "block"  # part of it already reached the client: refusing is the only honest option
+                if (
+                    action == "redact"
+                    and state.json
+                    and any('"' in text[f.start - offset : f.end - offset] for f in found)
+                ):
+                    action = "block"  # it crosses a string's quote: redacting it would break the JSON
                 self._verdict(
                     Verdict("output", kind, f"guard.output.{kind}.{types[0]}", action, types=types, where=where)
                 )
@@ -243,6 +266,19 @@ def _redacted_segment(text: str, start: int, end: int, findings: list[pii.Findin
         pos = max(pos, min(f.end, end))
     out.append(text[pos:end])
     return "".join(out)
+
+
+_ESCAPE = re.compile(r"\\(?:u[0-9A-Fa-f]{0,4}|.)?", re.DOTALL)  # one JSON escape sequence (or its start, mid-stream)
+
+
+def _json_view(text: str, start: int, end: int) -> str:
+    """text[start:end], a stretch of JSON text, with each escape sequence blanked out (spaces, same length): a
+    detector sees the word boundary a `\\n` stands for, and its finding starts and ends outside escapes. The
+    parse starts far enough back (an escape is 6 characters at most) to know which backslashes start one."""
+    lo = max(0, start - 5)
+    while lo and text[lo - 1] == "\\":
+        lo -= 1
+    return _ESCAPE.sub(lambda m: " " * len(m.group()), text[lo:end])[start - lo :]
 
 
 def _json(data: bytes) -> dict | None:

@@ -512,3 +512,135 @@ def test_responses_reasoning_summary_is_redacted_or_blocked_in_every_copy(gw) ->
     wire, events = raw_stream(gw, "/v1/responses", body(LEAKY, True))
     assert AWS_KEY[:8] not in wire and events[-1][1]["type"] == "error"
     assert events[-1][1]["code"] == "response_blocked"
+
+
+# ---- the output guard on tool calls and refusals: what an agent runs, and what the client reads ------------------
+
+# A model steered into sending mail: its arguments are JSON text, the secret or address after an escaped newline.
+CHATTY_ARGS = json.dumps({"to": "ops", "body": f"Forward this:\n{CHATTY}"})
+LEAKY_ARGS = json.dumps({"to": "ops", "body": f"The key:\n{LEAKY}"})
+REDACTED_INPUT = {"to": "ops", "body": f"Forward this:\n{REDACTED}"}
+
+
+def calling(arguments: str) -> dict[str, Any]:
+    """A `fake` object: the model answers "4", then calls send_email with `arguments`."""
+    return {"reply": "4", "tool_call": {"name": "send_email", "arguments": arguments}}
+
+
+def test_chat_tool_call_arguments_are_redacted_or_blocked_and_stay_json(gw) -> None:
+    def body(arguments: str, stream: bool) -> dict[str, Any]:
+        return {"model": CHAT, "messages": user("Mail it."), "stream": stream, "fake": calling(arguments)}
+
+    message = post(gw, "/v1/chat/completions", body(CHATTY_ARGS, False)).json()["choices"][0]["message"]
+    assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == REDACTED_INPUT
+    assert message["content"] == "4"
+    blocked = post(gw, "/v1/chat/completions", body(LEAKY_ARGS, False))
+    assert blocked.status_code == 502 and AWS_KEY[:8] not in blocked.text
+    assert blocked.json()["error"]["guard"]["where"] == "choices[0].tool_calls[0].function.arguments"
+
+    wire, events = raw_stream(gw, "/v1/chat/completions", body(CHATTY_ARGS, True))
+    calls = [call for _, e in events for c in e["choices"] for call in c["delta"].get("tool_calls", ())]
+    assert EMAIL not in wire and json.loads("".join(c["function"]["arguments"] for c in calls)) == REDACTED_INPUT
+    assert wire.endswith("data: [DONE]\n\n")
+    wire, events = raw_stream(gw, "/v1/chat/completions", body(LEAKY_ARGS, True))
+    assert AWS_KEY[:8] not in wire
+    error = events[-1][1]["error"]
+    assert error["code"] == "response_blocked" and error["guard"]["rule"] == "guard.output.secret.aws_access_key"
+
+
+def test_tool_use_translated_from_a_chat_pool_is_redacted_or_blocked(gw) -> None:
+    def body(arguments: str, stream: bool) -> dict[str, Any]:
+        return {
+            "model": CHAT,
+            "max_tokens": 256,
+            "stream": stream,
+            "messages": user("Mail it."),
+            "metadata": {"user_id": json.dumps(calling(arguments))},
+        }
+
+    content = post(gw, "/v1/messages", body(CHATTY_ARGS, False)).json()["content"]
+    assert content[-1]["type"] == "tool_use" and content[-1]["input"] == REDACTED_INPUT
+    blocked = post(gw, "/v1/messages", body(LEAKY_ARGS, False))
+    assert blocked.status_code == 502 and blocked.json()["type"] == "error" and AWS_KEY[:8] not in blocked.text
+
+    wire, events = raw_stream(gw, "/v1/messages", body(CHATTY_ARGS, True))
+    deltas = [e["delta"] for _, e in events if e["type"] == "content_block_delta"]
+    assert EMAIL not in wire and json.loads("".join(d.get("partial_json", "") for d in deltas)) == REDACTED_INPUT
+    assert events[-1][0] == "message_stop"
+    wire, events = raw_stream(gw, "/v1/messages", body(LEAKY_ARGS, True))
+    assert AWS_KEY[:8] not in wire and events[-1][0] == "error" and "message_stop" not in [n for n, _ in events]
+
+
+def test_anthropic_tool_use_input_is_redacted_or_blocked(gw) -> None:
+    def body(arguments: str, stream: bool) -> dict[str, Any]:
+        return {
+            "model": CLAUDE,
+            "max_tokens": 256,
+            "stream": stream,
+            "messages": user("Mail it."),
+            "fake": calling(arguments),
+        }
+
+    content = post(gw, "/v1/messages", body(CHATTY_ARGS, False)).json()["content"]
+    assert content[-1]["type"] == "tool_use" and content[-1]["input"] == REDACTED_INPUT, "still an object"
+    blocked = post(gw, "/v1/messages", body(LEAKY_ARGS, False))
+    assert blocked.status_code == 502 and AWS_KEY[:8] not in blocked.text
+    assert "guard.output.secret.aws_access_key" in blocked.json()["error"]["message"]
+
+    wire, events = raw_stream(gw, "/v1/messages", body(CHATTY_ARGS, True))
+    deltas = [e["delta"] for _, e in events if e["type"] == "content_block_delta"]
+    assert EMAIL not in wire and json.loads("".join(d.get("partial_json", "") for d in deltas)) == REDACTED_INPUT
+    assert events[-1][0] == "message_stop"
+    wire, events = raw_stream(gw, "/v1/messages", body(LEAKY_ARGS, True))
+    assert AWS_KEY[:8] not in wire and events[-1][0] == "error"
+
+
+def test_responses_function_call_arguments_are_redacted_or_blocked_in_every_copy(gw) -> None:
+    def body(arguments: str, stream: bool) -> dict[str, Any]:
+        return {"model": GPT, "input": "Mail it.", "stream": stream, "fake": calling(arguments)}
+
+    output = post(gw, "/v1/responses", body(CHATTY_ARGS, False)).json()["output"]
+    assert output[-1]["type"] == "function_call" and json.loads(output[-1]["arguments"]) == REDACTED_INPUT
+    blocked = post(gw, "/v1/responses", body(LEAKY_ARGS, False))
+    assert blocked.status_code == 502 and AWS_KEY[:8] not in blocked.text
+    assert blocked.json()["error"]["guard"]["where"] == "output[1].arguments"
+
+    wire, events = raw_stream(gw, "/v1/responses", body(CHATTY_ARGS, True))
+    assert EMAIL not in wire, "not in a delta, not in any of the full copies"
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for _, data in events:
+        by_kind.setdefault(data["type"], []).append(data)
+    assert json.loads("".join(e["delta"] for e in by_kind["response.function_call_arguments.delta"])) == REDACTED_INPUT
+    assert json.loads(by_kind["response.function_call_arguments.done"][0]["arguments"]) == REDACTED_INPUT
+    assert json.loads(by_kind["response.output_item.done"][-1]["item"]["arguments"]) == REDACTED_INPUT
+    assert json.loads(by_kind["response.completed"][0]["response"]["output"][-1]["arguments"]) == REDACTED_INPUT
+    wire, events = raw_stream(gw, "/v1/responses", body(LEAKY_ARGS, True))
+    assert AWS_KEY[:8] not in wire and events[-1][1]["type"] == "error"
+    assert events[-1][1]["code"] == "response_blocked"
+
+
+def test_chat_refusal_is_redacted_or_blocked_like_the_answer(gw) -> None:
+    """A refusal is text the client reads: a chat client in `refusal`, a Messages client as a text block."""
+
+    def body(refusal: str, stream: bool) -> dict[str, Any]:
+        return {"model": CHAT, "messages": user("Mail it."), "stream": stream, "fake": {"refusal": refusal}}
+
+    message = post(gw, "/v1/chat/completions", body(CHATTY, False)).json()["choices"][0]["message"]
+    assert message["refusal"] == REDACTED
+    blocked = post(gw, "/v1/chat/completions", body(LEAKY, False))
+    assert blocked.status_code == 502 and AWS_KEY[:8] not in blocked.text
+    assert blocked.json()["error"]["guard"]["where"] == "choices[0].refusal"
+
+    wire, events = raw_stream(gw, "/v1/chat/completions", body(CHATTY, True))
+    deltas = [c["delta"] for _, e in events for c in e["choices"]]
+    assert EMAIL not in wire and "".join(d.get("refusal", "") for d in deltas) == REDACTED
+    wire, events = raw_stream(gw, "/v1/chat/completions", body(LEAKY, True))
+    assert AWS_KEY[:8] not in wire and events[-1][1]["error"]["code"] == "response_blocked"
+
+    translated = {"model": CHAT, "max_tokens": 256, "messages": user("Mail it.")}
+    metadata = {"user_id": json.dumps({"refusal": CHATTY})}
+    content = post(gw, "/v1/messages", {**translated, "metadata": metadata}).json()["content"]
+    assert content == [{"type": "text", "text": REDACTED}]
+    wire, events = raw_stream(gw, "/v1/messages", {**translated, "metadata": metadata, "stream": True})
+    deltas = [e["delta"] for _, e in events if e["type"] == "content_block_delta"]
+    assert EMAIL not in wire and "".join(d.get("text", "") for d in deltas) == REDACTED

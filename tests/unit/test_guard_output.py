@@ -153,6 +153,49 @@ def test_whole_answer_redaction_and_block() -> None:
         asyncio.run(g.check_body(json.dumps(body).encode()))
 
 
+def tool_call(arguments: str, finish: str | None = None) -> bytes:
+    choice = {"index": 0, "delta": {"tool_calls": [{"index": 1, "function": {"arguments": arguments}}]}}
+    return b"data: " + json.dumps({"choices": [{**choice, "finish_reason": finish}]}).encode() + b"\n\n"
+
+
+def test_tool_call_arguments_are_read_as_json_and_stay_json() -> None:
+    """Arguments are JSON text: an address after an escaped newline or `\\u00e9` is found and redacted whole (its
+    escape left alone), whatever fragments the escapes were cut into, and the reassembled arguments still parse."""
+    g = OutputGuard(MarkerGuard(), spec(pii="redact", hold_back=32, scan_every=16), "v1", "r", CHAT_ANSWERS)
+    arguments = json.dumps({"to": "ops", "body": "Hi,\nalice.smith@example.com and \u00e9bob@example.org\\"})
+    assert "\\nalice" in arguments and "\\u00e9bob" in arguments
+    released = feed_all(g, [[tool_call(arguments[i : i + 5])] for i in range(0, len(arguments), 5)] + [[DONE]])
+    sent = "".join(
+        json.loads(e[6:])["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"]
+        for batch in released
+        for e in batch
+        if e != DONE
+    )
+    body = "Hi,\n[REDACTED:EMAIL] and \u00e9[REDACTED:EMAIL]\\"
+    assert json.loads(sent) == {"to": "ops", "body": body}
+    assert g.verdicts[0].where == "choices[0].tool_calls[1].function.arguments"
+
+    secret = json.dumps({"body": "key:\nAKIAIOSFODNN7EXAMPLE"})  # \nAKIA: no word boundary in the raw JSON text
+    g = OutputGuard(MarkerGuard(), spec(secrets="block"), "v1", "r", CHAT_ANSWERS)
+    with pytest.raises(GuardBlocked):
+        feed_all(g, [[tool_call(secret, "tool_calls"), DONE]])
+
+
+def test_a_finding_across_a_json_quote_blocks_rather_than_breaking_the_arguments() -> None:
+    """A detector that matches across JSON syntax (here a service account's `"type": "service_account"`) cannot
+    be redacted without breaking the arguments: the guard blocks them instead."""
+    arguments = json.dumps({"type": "service_account", "project_id": "p"})
+    call = {"id": "c", "type": "function", "function": {"name": "deploy", "arguments": arguments}}
+    body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [call]}}]}
+    g = OutputGuard(MarkerGuard(), spec(secrets="redact"), "v1", "r", CHAT_ANSWERS)
+    with pytest.raises(GuardBlocked):
+        asyncio.run(g.check_body(json.dumps(body).encode()))
+    body["choices"][0]["message"]["content"] = arguments  # the same text as the answer is redacted, as ever
+    del body["choices"][0]["message"]["tool_calls"]
+    out = json.loads(asyncio.run(g.check_body(json.dumps(body).encode())))
+    assert out["choices"][0]["message"]["content"].startswith("{[REDACTED:GCP_SERVICE_ACCOUNT]")
+
+
 def sse(kind: str, data: dict) -> bytes:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
 
