@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -524,6 +525,24 @@ def _tool_use_id() -> str:
     return f"toolu_{uuid.uuid4().hex}"
 
 
+def _arguments_delta(block: int, arguments: str) -> dict[str, Any]:
+    return {
+        "type": "content_block_delta",
+        "index": block,
+        "delta": {"type": "input_json_delta", "partial_json": arguments},
+    }
+
+
+@dataclass(slots=True)
+class _ToolCall:
+    """A streamed tool call: its tool_use block's id and name, its arguments so far, its block index once started."""
+
+    id: str
+    name: str
+    arguments: str = ""
+    block: int | None = None
+
+
 # --- stream: chat chunks -> Anthropic events -------------------------------------------------------------------
 
 
@@ -531,10 +550,14 @@ class ChatStreamToMessages:
     """Chat-completion chunks in, Anthropic stream events out (docs.anthropic.com "Streaming Messages").
 
     message_start goes out with the first chunk; then one content block at a time: text, thinking (when asked
-    for), and one tool_use block per tool call in the upstream's index order, its arguments as input_json_delta.
-    A block stops when the next one starts or the stream ends. The upstream sends usage in its last chunk only
-    (`include_usage`), after message_start has gone, so message_start counts 0 and the final message_delta carries
-    the real input, cache-read and output counts: the SDK's accumulator takes each one it finds there.
+    for), and one tool_use block per tool call in the order the calls start, its arguments as input_json_delta.
+    A block stops when the next one starts or the stream ends. Anthropic's blocks never overlap, while a chat
+    stream may interleave its calls' fragments (index 0, 1, 0, 1): a call that starts while another call's
+    arguments are not yet whole JSON is held, and its block goes out when that call's arguments are whole (or at
+    the end), so every delta comes between its own block's start and stop. The upstream sends usage in its last
+    chunk only (`include_usage`), after message_start has gone, so message_start counts 0 and the final
+    message_delta carries the real input, cache-read and output counts: the SDK's accumulator takes each one it
+    finds there.
     Only choice 0 is read: a Messages request asks for one answer.
     """
 
@@ -545,8 +568,9 @@ class ChatStreamToMessages:
         self._started = False
         self._closed = False
         self._blocks = 0  # content blocks started so far: the next one's index
-        self._open: str | int | None = None  # the open block: "text", "thinking", or a tool call's upstream index
-        self._tool_blocks: dict[int, int] = {}  # a tool call's upstream index -> its block index
+        self._open: Any = None  # the open block: "text", "thinking", or a tool call's key ("tool", upstream index)
+        self._calls: dict[Any, _ToolCall] = {}  # by key, every tool call seen
+        self._held: list[Any] = []  # keys of tool calls whose blocks wait for the open call to be whole
         self._finish_reason: Any = None
         self._stop_reason: Any = None
         self._usage: Any = None
@@ -571,9 +595,12 @@ class ChatStreamToMessages:
         message_stop; nothing when the stream already closed (finished, or ended by an error)."""
         if self._closed:
             return []
-        events = self._start({}) + self._close_block()
+        events = self._start({})
+        while self._held:
+            events += self._start_held()
+        events += self._close_block()
         stop_reason, stop_sequence = _stop(
-            self._finish_reason, self._stop_reason, self.stop_sequences, bool(self._tool_blocks)
+            self._finish_reason, self._stop_reason, self.stop_sequences, bool(self._calls)
         )
         usage = _usage(self._usage)
         delta_usage = usage if self._usage else {"output_tokens": 0}
@@ -634,26 +661,47 @@ class ChatStreamToMessages:
         return events
 
     def _tool_call(self, call: dict[str, Any], position: int) -> list[dict[str, Any]]:
-        """A tool-call fragment: the call's first opens its tool_use block (id and name come first, as OpenAI and
-        vLLM send them); an arguments fragment is an input_json_delta on that call's block."""
-        index = call.get("index", position)
+        """A tool-call fragment: the call's first names it (id and name come first, as OpenAI and vLLM send them) and
+        queues its tool_use block; an arguments fragment is an input_json_delta on that call's block once it started,
+        kept with the call until then."""
+        key = ("tool", call.get("index", position))
         function = call.get("function") or {}
+        entry = self._calls.get(key)
+        if entry is None:
+            entry = self._calls[key] = _ToolCall(_text(call.get("id")) or _tool_use_id(), _text(function.get("name")))
+            self._held.append(key)
+        arguments = _text(function.get("arguments"))
+        entry.arguments += arguments
         events: list[dict[str, Any]] = []
-        if index not in self._tool_blocks:
-            block: dict[str, Any] = {
-                "type": "tool_use",
-                "id": _text(call.get("id")) or _tool_use_id(),
-                "name": _text(function.get("name")),
-                "input": {},
-            }
-            events += self._open_block(index, block)
-            self._tool_blocks[index] = self._blocks - 1
-        if arguments := _text(function.get("arguments")):
-            partial = {"type": "input_json_delta", "partial_json": arguments}
-            events.append({"type": "content_block_delta", "index": self._tool_blocks[index], "delta": partial})
+        if entry.block is not None and arguments:
+            events.append(_arguments_delta(entry.block, arguments))
+        while self._held and not self._call_in_progress():
+            events += self._start_held()
         return events
 
-    def _open_block(self, key: str | int, block: dict[str, Any]) -> list[dict[str, Any]]:
+    def _call_in_progress(self) -> bool:
+        """Whether the open block is a tool call whose arguments are not yet a whole JSON value."""
+        entry = self._calls.get(self._open) if isinstance(self._open, tuple) else None
+        if entry is None:
+            return False
+        try:
+            orjson.loads(entry.arguments)
+        except orjson.JSONDecodeError:
+            return True
+        return False
+
+    def _start_held(self) -> list[dict[str, Any]]:
+        """The first held call's block, started with the arguments it gathered while it waited."""
+        key = self._held.pop(0)
+        entry = self._calls[key]
+        block = {"type": "tool_use", "id": entry.id, "name": entry.name, "input": {}}
+        events = self._open_block(key, block)
+        entry.block = self._blocks - 1
+        if entry.arguments:
+            events.append(_arguments_delta(entry.block, entry.arguments))
+        return events
+
+    def _open_block(self, key: Any, block: dict[str, Any]) -> list[dict[str, Any]]:
         """Start a block unless it is the open one, stopping the open one first."""
         if self._open == key:
             return []

@@ -776,3 +776,80 @@ def test_valid_requests_pass_the_check():
     with pytest.raises(MessagesRequestError) as caught:
         check_messages_request([])  # type: ignore[arg-type]
     assert caught.value.param is None
+
+
+# --- interleaved tool calls ------------------------------------------------------------------------------------
+
+
+def assert_block_grammar(events: list[dict[str, Any]]) -> None:
+    """Anthropic's stream grammar for content blocks: indices 0, 1, 2... each started once, at most one open at a
+    time, its deltas between its start and its stop (a client that reads a tool call's input at its block's stop
+    must have all of it by then)."""
+    open_block, started = None, 0
+    for event in events:
+        kind, index = event["type"], event.get("index")
+        if kind == "content_block_start":
+            assert open_block is None and index == started, event
+            open_block, started = index, started + 1
+        elif kind == "content_block_delta":
+            assert index == open_block, f"a delta for block {index} while block {open_block} is open: {event}"
+        elif kind == "content_block_stop":
+            assert index == open_block, event
+            open_block = None
+        elif kind in ("message_delta", "message_stop"):
+            assert open_block is None, event
+
+
+def call_fragment(index: int, arguments: str, first: bool = False) -> dict[str, Any]:
+    """A streamed tool call's fragment; the first carries the call's id and name only."""
+    call: dict[str, Any] = {"index": index, "function": {"arguments": arguments}}
+    if first:
+        call.update(id=f"call_{index}", type="function")
+        call["function"]["name"] = f"tool_{index}"
+    return call
+
+
+def test_interleaved_tool_call_fragments_become_one_whole_block_each(sdk_client):
+    """Parallel tool calls whose argument fragments alternate (index 0, 1, 0, 1), as an upstream that generates its
+    calls side by side sends them: each call is its own tool_use block, whose deltas all come before its stop."""
+    chunks = [
+        vllm_chunk({"role": "assistant", "content": ""}),
+        vllm_chunk({"tool_calls": [call_fragment(0, '{"city": ', first=True)]}),
+        vllm_chunk({"tool_calls": [call_fragment(1, '{"ticker": ', first=True)]}),
+        vllm_chunk({"tool_calls": [call_fragment(0, '"Paris"}')]}),
+        vllm_chunk({"tool_calls": [call_fragment(1, '"AAPL"}')]}),
+        vllm_chunk({}, "tool_calls"),
+        usage_chunk(30, 12),
+    ]
+    events = translate_stream(chunks)
+    assert_block_grammar(events)
+    message = accumulate(events)
+    assert [(b.id, b.name, b.input) for b in message.content] == [  # type: ignore[union-attr]
+        ("call_0", "tool_0", {"city": "Paris"}),
+        ("call_1", "tool_1", {"ticker": "AAPL"}),
+    ]
+    assert (message.stop_reason, message.usage.output_tokens) == ("tool_use", 12)
+
+    client, server = sdk_client
+    translator = ChatStreamToMessages("claude-on-vllm")
+    server.answer = (
+        b"".join(e for c in chunks for e in translator.feed(c)) + b"".join(translator.finish()),
+        "text/event-stream",
+    )
+    with client.messages.stream(**ASK) as stream:
+        stopped = [e.content_block.input for e in stream if e.type == "content_block_stop"]  # type: ignore[union-attr]
+    assert stopped == [{"city": "Paris"}, {"ticker": "AAPL"}]  # each input whole when its block stops
+
+
+def test_tool_calls_in_one_delta_and_a_late_fragment_keep_their_blocks():
+    """Two calls started in one delta, then each one's fragments in a later delta, out of index order."""
+    chunks = [
+        vllm_chunk({"tool_calls": [call_fragment(0, "", first=True), call_fragment(1, '{"b"', first=True)]}),
+        vllm_chunk({"tool_calls": [call_fragment(1, ": 2}"), call_fragment(0, '{"a": 1}')]}, "tool_calls"),
+    ]
+    events = translate_stream(chunks)
+    assert_block_grammar(events)
+    assert [(b.id, b.input) for b in accumulate(events).content] == [  # type: ignore[union-attr]
+        ("call_0", {"a": 1}),
+        ("call_1", {"b": 2}),
+    ]
