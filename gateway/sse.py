@@ -16,6 +16,7 @@ _LINE_END = re.compile(rb"[\r\n]")
 _LINE = re.compile(rb"\r\n|\n|\r")
 
 DONE = b"data: [DONE]\n\n"
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark
 
 
 class EventTooLarge(Exception):
@@ -25,9 +26,10 @@ class EventTooLarge(Exception):
 class EventFramer:
     """Splits an SSE byte stream into whole events (each ending in its blank line), however the bytes were chunked.
 
-    Events are emitted byte for byte: their concatenation is the stream. A CR that ends an event as the last byte of
-    a chunk is emitted at once (the event is complete); when the next chunk starts with the LF of that CRLF, the LF
-    leads the next event, where it parses as nothing.
+    Events are emitted byte for byte: their concatenation is the stream, less a BOM that starts it (the SSE
+    specification has a reader ignore it; kept, it would hide the first event's first field, its data). A CR that
+    ends an event as the last byte of a chunk is emitted at once (the event is complete); when the next chunk starts
+    with the LF of that CRLF, the LF leads the next event, where it parses as nothing.
     """
 
     def __init__(self, max_event_bytes: int | None = None) -> None:
@@ -36,8 +38,16 @@ class EventFramer:
         self._scanned = 0  # bytes of _pending already looked at
         self._line_start = 0  # where the current line begins in _pending
         self._cr_at: int | None = None  # position of the last CR line end (-1: the byte just before _pending)
+        self._head: bytes | None = b""  # the stream's first bytes while they may still be a BOM; None after
 
     def feed(self, data: bytes) -> list[bytes]:
+        if self._head is not None:
+            data = self._head + data
+            if BOM.startswith(data):  # all a BOM so far, or nothing yet: wait for the bytes that decide
+                self._head = data
+                return []
+            self._head = None
+            data = data.removeprefix(BOM)
         buffer = self._pending
         buffer += data
         events, start = [], 0
@@ -77,7 +87,7 @@ class EventFramer:
     @property
     def pending(self) -> bytes:
         """Bytes of an event the stream has not finished."""
-        return bytes(self._pending)
+        return (self._head or b"") + bytes(self._pending)
 
 
 def event_data(event: bytes) -> bytes | None:

@@ -115,6 +115,30 @@ def test_every_sse_line_ending_is_framed(hostile_upstream, gateway):
     assert chunks[-1]["usage"]["completion_tokens"] == 4  # the usage event, read by the gateway, reached the client
 
 
+def test_a_stream_that_starts_with_a_byte_order_mark_loses_none_of_its_first_event(hostile_upstream, gateway):
+    """A UTF-8 BOM before the first event (which the SSE specification has a reader ignore): that event's text
+    reaches a Messages client of the chat pool, and its output counts for the bill, as any other event's does."""
+    upstream = hostile_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
+    chunks = (
+        {"choices": [{"index": 0, "delta": {"content": "Hi"}}]},
+        {"choices": [{"index": 0, "delta": {"content": " there"}, "finish_reason": "stop"}]},
+        {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 2}},
+    )
+    bom = "\u00ef\u00bb\u00bf"  # the hostile upstream writes its body as latin-1: these are the BOM's three bytes
+    streamed = translated(gw.url, bom + events(*chunks), stream=True)
+    sent = [json.loads(d) for d in sse_data(streamed.text)]
+    assert [e["delta"]["text"] for e in sent if e["type"] == "content_block_delta"] == ["Hi", " there"], sent
+    assert sent[-1]["type"] == "message_stop"
+
+    relayed = httpx.post(
+        gw.url + "/v1/chat/completions", json=chat_body(stream=True, hostile=garbage(bom + events(*chunks), True))
+    )
+    data = sse_data(relayed.text)
+    assert relayed.text.startswith("data: ") and data[-1] == "[DONE]"  # no BOM for a client to trip on
+    assert [json.loads(d)["choices"][0]["delta"]["content"] for d in data[:2]] == ["Hi", " there"]
+
+
 def test_upstream_errors_and_garbage_reach_the_client_openai_shaped(hostile_upstream, gateway):
     upstream = hostile_upstream()
     gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})

@@ -120,3 +120,24 @@ def test_framing_time_is_linear_in_the_stream(piece):
     elapsed = time.perf_counter() - started
     assert len(framer.pending) == 16 * 1024 * 1024
     assert elapsed < 5.0, f"framing 16 MiB took {elapsed:.1f} s"
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(STREAM) + len(BOM)), max_size=16))
+def test_a_byte_order_mark_that_starts_the_stream_is_no_part_of_its_first_event(cuts):
+    """The SSE specification has a stream's one leading BOM ignored: with it kept, the first event's first line
+    would not read as its `data` field (its data lost), however the BOM's three bytes were split."""
+    stream = BOM + STREAM
+    bounds = [0, *sorted(cuts), len(stream)]
+    events, framer = frame([stream[a:b] for a, b in zip(bounds, bounds[1:])])
+    assert [event_data(e) for e in events] == DATA
+    assert b"".join(events) + framer.pending == STREAM
+
+
+def test_only_a_leading_byte_order_mark_is_dropped():
+    events, _ = frame([b"\xef\xbb", b"\xbfdata: a\n\n" + BOM + b"data: b\n\n"])
+    assert events == [b"data: a\n\n", BOM + b"data: b\n\n"]  # later on, U+FEFF is the event's own byte
+    events, _ = frame([b"\xef", b"\xbbdata: x\n\n"])  # not a whole BOM: the stream's own bytes, as sent
+    assert events == [b"\xef\xbbdata: x\n\n"]
