@@ -433,11 +433,13 @@ class Upstream:
             self._finish(ctx, attempt)
 
     def _inspect_event(self, ctx: RequestContext, exchange: Exchange, chunk: dict[str, Any], strip_usage: bool) -> bool:
-        """Record usage and finish reasons from one event; False drops a usage chunk the client did not ask for."""
+        """Record usage and finish reasons from one event; False drops a usage chunk the client did not ask for.
+        An upstream's error event is read for usage too: Responses' `response.failed` reports what the failed
+        attempt used, which is what the request is charged."""
+        exchange.answers.record(ctx.usage, chunk)
         if exchange.answers.is_error(chunk):
             ctx.stream_error = "upstream_error_event"
             return True
-        exchange.answers.record(ctx.usage, chunk)
         return not (strip_usage and chunk.get("usage") and not chunk.get("choices"))
 
     def _finish(self, ctx: RequestContext, attempt: _Attempt) -> None:

@@ -139,6 +139,32 @@ def test_a_stream_that_starts_with_a_byte_order_mark_loses_none_of_its_first_eve
     assert [json.loads(d)["choices"][0]["delta"]["content"] for d in data[:2]] == ["Hi", " there"]
 
 
+def test_a_failed_responses_stream_is_charged_the_usage_it_reports(hostile_upstream, gateway):
+    """A Responses stream that ends in `response.failed` after some output, its Response reporting what the
+    attempt used: the request is charged those counts, not the tokenizer's guess and the whole reservation."""
+    upstream = hostile_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
+    failed = {
+        "object": "response",
+        "status": "failed",
+        "error": {"code": "server_error", "message": "the model crashed"},
+        "output": [],
+        "usage": {"input_tokens": 5, "output_tokens": 3, "input_tokens_details": {"cached_tokens": 2}},
+    }
+    stream = [
+        {"type": "response.created", "response": {"object": "response", "status": "in_progress"}},
+        {"type": "response.output_text.delta", "output_index": 0, "content_index": 0, "delta": "Hi"},
+        {"type": "response.failed", "response": failed},
+    ]
+    answer = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in stream)
+    body = {"model": "test-model", "input": "hello", "stream": True, "max_output_tokens": 500}
+    response = httpx.post(gw.url + "/v1/responses", json={**body, "hostile": garbage(answer, True)}, timeout=30)
+    assert (response.status_code, response.text) == (200, answer)  # relayed as sent: the failure is its own end
+    line = gw.access_log(response.headers["x-request-id"])
+    assert line["stream_error"] == "upstream_error_event"
+    assert (line["prompt_tokens"], line["completion_tokens"], line["cached_tokens"]) == (5, 3, 2), line
+
+
 def test_upstream_errors_and_garbage_reach_the_client_openai_shaped(hostile_upstream, gateway):
     upstream = hostile_upstream()
     gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
