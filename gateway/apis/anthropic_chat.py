@@ -680,10 +680,14 @@ class ChatStreamToMessages:
         return events
 
     def _call_in_progress(self) -> bool:
-        """Whether the open block is a tool call whose arguments are not yet a whole JSON value."""
+        """Whether the open block is a tool call whose arguments are not yet a whole JSON value. Arguments are an
+        object: only text that ends in a closing brace can be whole, so the parse runs on those alone, not on every
+        fragment of a long call (each parse reads all the arguments so far)."""
         entry = self._calls.get(self._open) if isinstance(self._open, tuple) else None
         if entry is None:
             return False
+        if not entry.arguments.rstrip().endswith(("}", "]")):
+            return True
         try:
             orjson.loads(entry.arguments)
         except orjson.JSONDecodeError:
