@@ -401,7 +401,7 @@ class Upstream:
                     out = _translated(translator, out)
                 if out:
                     yield b"".join(out)
-            if not saw_done:
+            if not saw_done and ctx.stream_error != "upstream_error_event":  # its error event already ended it
                 raise GatewayError(
                     502,
                     "upstream closed the stream before it was complete",

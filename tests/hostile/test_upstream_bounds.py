@@ -415,3 +415,25 @@ def test_a_pooled_connection_closed_as_a_request_goes_out_is_sent_again_not_fail
     assert httpx.get(upstream.url + "/_stats").json()["dropped"] == 3
     metrics = httpx.get(gw.admin_url + "/metrics").text
     assert "portcullis_upstream_errors_total{" not in metrics
+
+
+def test_an_upstream_error_event_ends_the_stream_with_no_second_error(hostile_upstream, gateway):
+    """An upstream that reports its failure in the stream and then closes without [DONE]: its error event is the
+    stream's end, in the client's shape; the gateway adds no 'truncated' error of its own after it."""
+    upstream = hostile_upstream()
+    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
+    chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "test-model"}
+    answer = (
+        f"data: {json.dumps({**chunk, 'choices': [{'index': 0, 'delta': {'content': 'Hi'}}]})}\n\n"
+        f"data: {json.dumps({'error': {'message': 'the model is overloaded', 'type': 'server_error'}})}\n\n"
+    )
+    chat = httpx.post(
+        gw.url + "/v1/chat/completions", json=chat_body(stream=True, hostile=garbage(answer, True)), timeout=30
+    )
+    errors = [d for d in sse_data(chat.text) if '"error"' in d]
+    assert len(errors) == 1 and "overloaded" in errors[0], chat.text
+    assert gw.access_log(chat.headers["x-request-id"])["stream_error"] == "upstream_error_event"
+    messages = translated(gw.url, answer, stream=True)
+    errors = [d for d in sse_data(messages.text) if json.loads(d)["type"] == "error"]
+    assert len(errors) == 1, messages.text
+    assert gw.access_log(messages.headers["x-request-id"])["stream_error"] == "upstream_error_event"
