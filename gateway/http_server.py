@@ -25,17 +25,19 @@ and only gateway/client_ip.py decides whether an X-Forwarded-For is believed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import socket
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from ipaddress import IPv4Network, IPv6Network, ip_address
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from gateway import log_writer
 from gateway.client_exit import CLIENT_GONE
 from gateway.config import GatewayConfig, LimitsConfig
 
@@ -327,7 +329,8 @@ def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, telling `on_started` once its lifespan has started and its listeners accept."""
+    """uvicorn's server, telling `on_started` once its lifespan has started and its listeners accept, and writing
+    the log lines still queued once it has shut down."""
 
     def __init__(self, config: uvicorn.Config, on_started: Callable[[], None] | None) -> None:
         super().__init__(config)
@@ -337,6 +340,17 @@ class _Server(uvicorn.Server):
         await super().startup(sockets)
         if self.started and self._on_started is not None:
             self._on_started()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """After shutting down on SIGTERM, uvicorn raises the signal again, which ends the process without running
+        its atexit handlers: the access-log lines of the requests the shutdown ended were still queued for the
+        writer thread (gateway/log_writer.py) and were lost. They are written before that."""
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                log_writer.drain()
 
 
 def serve(

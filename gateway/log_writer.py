@@ -102,6 +102,13 @@ def install(level: str, process_fields: dict[str, object] | None = None) -> LogW
     return writer
 
 
+def drain() -> None:
+    """Write every queued line now and end the writer thread: for a process about to end without running its
+    atexit handlers (ended by the signal that stopped its server)."""
+    if _writer is not None:
+        _writer.stop()
+
+
 def log_access(fields: dict[str, Any]) -> None:
     """One access-log line: straight onto the writer's queue where one is installed (`portcullis serve`), else
     through the `portcullis.access` logger."""
