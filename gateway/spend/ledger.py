@@ -3,6 +3,10 @@ once a second, so billing costs the request path a dictionary update and the sto
 
 What a flush could not write (the store is down) is kept and written with the next one; a stopping gateway writes
 what it holds. A process killed outright loses at most its last `flush_interval` of spend.
+
+A failed flush may have been written all the same (a Redis that stalled past its timeout runs the flush when it
+wakes): it is kept as it was, under its batch number, and sent again before anything newer, so a store that has it
+already knows it and does not add it twice.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ class SpendLedger:
         self._flush_interval = flush_interval
         self._clock = clock
         self._pending: dict[SpendKey, SpendTotals] = {}
+        self._batch = 0  # the number of the last batch sent to the store
+        self._unconfirmed: dict[SpendKey, SpendTotals] = {}  # batch `_batch`, which failed: it may have been added
         self._flushing = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
 
@@ -62,22 +68,32 @@ class SpendLedger:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await self.flush()
-        if self._pending:
-            log.error("spend ledger: %d rows could not be written before stopping", len(self._pending))
+        if self._pending or self._unconfirmed:
+            log.error(
+                "spend ledger: %d rows could not be written before stopping",
+                len(self._pending) + len(self._unconfirmed),
+            )
         await self.store.aclose()
 
     async def flush(self) -> None:
-        """Write what was gathered; on failure keep it for the next flush."""
+        """Write what was gathered; on failure keep it, as the batch it was, for the next flush."""
         async with self._flushing:
+            if self._unconfirmed and not await self._send(self._unconfirmed, self._batch):
+                return  # what was gathered since waits behind it: merged into it, it would be added twice
+            self._unconfirmed = {}
             rows, self._pending = self._pending, {}
-            if not rows:
-                return
-            try:
-                await self.store.add(list(rows.items()))
-            except Exception as exc:  # the store's errors vary (sqlite3, redis, OSError): keep the rows whatever
-                log.warning("spend ledger: %s store unavailable (%s); kept for the next flush", self.store.name, exc)
-                for key, totals in rows.items():
-                    self._pending.setdefault(key, SpendTotals()).add(totals)
+            if rows:
+                self._batch += 1
+                if not await self._send(rows, self._batch):
+                    self._unconfirmed = rows
+
+    async def _send(self, rows: dict[SpendKey, SpendTotals], batch: int) -> bool:
+        try:
+            await self.store.add(list(rows.items()), batch)
+        except Exception as exc:  # the store's errors vary (sqlite3, redis, OSError): keep the rows whatever
+            log.warning("spend ledger: %s store unavailable (%s); kept for the next flush", self.store.name, exc)
+            return False
+        return True
 
     async def _flush_forever(self) -> None:
         while True:

@@ -37,7 +37,8 @@ class SqliteSpendStore:
         self._file.connection()
         self._lock = asyncio.Lock()
 
-    async def add(self, rows: Sequence[tuple[SpendKey, SpendTotals]]) -> None:
+    async def add(self, rows: Sequence[tuple[SpendKey, SpendTotals]], batch: int) -> None:
+        """`batch` is not needed here: a transaction that raised was not committed."""
         values = [
             (k.hour, k.key_id, k.tenant, k.model, t.requests, t.prompt_tokens, t.cached_tokens,
              t.completion_tokens, t.cost_nanos)

@@ -55,8 +55,10 @@ def amount_text(nanos: int) -> str:
 class SpendStore(Protocol):
     name: str
 
-    async def add(self, rows: Sequence[tuple[SpendKey, SpendTotals]]) -> None:
-        """Add these totals to the ledger (increments: many instances add to the same rows)."""
+    async def add(self, rows: Sequence[tuple[SpendKey, SpendTotals]], batch: int) -> None:
+        """Add these totals to the ledger (increments: many instances add to the same rows). `batch` numbers the
+        ledger's flushes, rising: a store that may have added a batch it then failed to confirm gets the same
+        batch again, and adds it once."""
 
     async def rows(self, start: int, end: int) -> list[tuple[SpendKey, SpendTotals]]:
         """Every row whose hour lies in [start, end)."""

@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import json
 import os
+import signal
 import sqlite3
 import time
 
@@ -369,3 +370,32 @@ def test_a_stream_the_shutdown_cuts_is_still_billed(fake_upstream, gateway, tmp_
     gw.proc.wait(timeout=30)  # (uvicorn ends on the signal it caught, once shut down)
     assert spend_at(path, "t1") == 1, gw.output()[-3000:]
     assert gw.access_log(request_id)["status"] == 200
+
+
+def test_spend_a_frozen_redis_applies_after_its_flush_gave_up_is_counted_once(fake_upstream, gateway, redis_server):
+    """Redis freezes (SIGSTOP) while the ledger flushes: the flush times out after sending its whole transaction on
+    the connection it already had, and Redis runs it once it wakes. The rows the gateway kept for the next flush
+    must not be added a second time."""
+    upstream = fake_upstream()
+    gw = gateway(
+        {
+            "pools": [pool("main", upstream.url)],
+            "auth": AUTH,
+            "redis": {"url": redis_server.url, "timeout": 0.3},
+            "store": {"backend": "redis", "flush_interval": 0.2},
+        }
+    )
+    assert post(gw, "t1").status_code == 200
+    time.sleep(0.6)  # written: the ledger holds a connection to Redis
+    assert redis_server.proc is not None
+    os.kill(redis_server.proc.pid, signal.SIGSTOP)
+    try:
+        assert [post(gw, "t1").status_code for _ in range(3)] == [200] * 3
+        time.sleep(1.5)  # several flushes give up on it, each sent whole
+    finally:
+        os.kill(redis_server.proc.pid, signal.SIGCONT)
+    time.sleep(1.5)  # Redis runs what it was sent; the next flush writes what the gateway kept
+    redis = redis_server.client()
+    written = [redis.hgetall(key) for key in redis.keys("portcullis:spend:*")]
+    requests = sum(int(v) for fields in written for f, v in fields.items() if f.endswith(b"\x1frequests"))
+    assert requests == 4
