@@ -11,6 +11,11 @@ the sum of the requests' costs.
 Far from the limit, once a slice has less than 1/AHEAD of its room left, the next one is taken in the background
 (the spare): requests move on to it when the current one is full, and none waits for the store.
 
+While the store is down and the limiter fails open, the fallback (this process's memory) decides: a slice it
+grants holds its request alone and is settled when that request ends, so each request asks again and the first
+after the store is back (and the breaker closed) is decided in the store, not on the rest of a slice the outage
+handed out.
+
 Near the limit (less than SHARE x LEASE_REQUESTS reservations left), slices shrink with what is left, down to
 exactly the request's cost when less than SHARE + 1 reservations' worth is left, and each is settled as soon as no
 request is in flight on it: the last requests are decided one by one in the store, as without slices, and no
@@ -225,11 +230,15 @@ class BudgetLeases:
                 if ahead or not any(attempt):
                     return dict(zip(short, decided))
             now = time.time()
+            alone = backend is not self._backend.primary  # the store is down: the fallback decided (failing open)
             for i, check, outcome in zip(short, checks, decided):
                 account = accounts[i]
-                kept = _extra(outcome.remaining, cost) >= LEASE_REQUESTS * cost  # far from the limit
-                lease = Lease(check, backend, kept=kept, touched=now)
-                account.remaining = outcome.remaining
+                if alone:  # for this request only, so the next asks the store again: it may be back
+                    lease = Lease(check._replace(cost=cost), backend, kept=False, touched=now)
+                else:
+                    kept = _extra(outcome.remaining, cost) >= LEASE_REQUESTS * cost  # far from the limit
+                    lease = Lease(check, backend, kept=kept, touched=now)
+                    account.remaining = outcome.remaining  # the store's word, not the fallback's
                 if ahead:
                     account.spare = lease
                 else:

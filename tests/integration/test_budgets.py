@@ -259,21 +259,10 @@ def test_a_held_slice_keeps_serving_while_redis_is_down(redis_server):
 
     async def run() -> list[str]:
         limiter, stage, _ = _started_on_redis(redis_server.url, 1.0, policies)
-        answers = []
         try:
-            for number in range(700):
-                if number == 150:
-                    redis_server.kill()
-                ctx = _chat(max_tokens=10)
-                try:
-                    await stage(ctx)
-                except GatewayError as refused:
-                    answers.append(f"{refused.status} {refused.code}")
-                else:
-                    answers.append("admitted")
-                    _served(ctx, completion=3)
-                stage.settle(ctx)
-                await asyncio.sleep(0.001)
+            answers = await _answers(stage, 150, completion=3)
+            redis_server.kill()
+            answers += await _answers(stage, 550, completion=3)
         finally:
             stopping = time.monotonic()
             await _stopped(limiter)
@@ -286,6 +275,40 @@ def test_a_held_slice_keeps_serving_while_redis_is_down(redis_server):
     held = after.index("503 rate_limiter_unavailable") if "503 rate_limiter_unavailable" in after else len(after)
     assert held >= 1 and after[:held] == ["admitted"] * held, "the held slice serves without the store"
     assert set(after[held:]) == {"503 rate_limiter_unavailable"}, collections.Counter(after)
+
+
+def test_once_redis_is_back_no_slice_the_outage_granted_in_memory_keeps_deciding(redis_server):
+    """Failing open, a budget 10 requests from its limit: while Redis is down the instance decides alone (slices of
+    its own memory); once Redis is back (with its data) the budget is decided in Redis again, so no more than the 10
+    requests it had left are admitted, not the rest of a large slice the fallback granted during the outage."""
+    cost = 7 * 1000 + 10 * 2000  # each request reserves and is settled at 7 prompt and 10 output tokens
+    spec = {"prices": PRICES, "budgets": [{"id": "team-spend", "key": "tenant", "limit": 5000 * cost / NANOS}]}
+    policies = PolicySet(Policy.model_validate({**POLICY_HEAD, "spec": spec}), {}, "reopen")
+
+    async def run() -> list[str]:
+        metrics = Metrics()
+        breaker = CircuitBreaker(1, 0.3)
+        limiter = RateLimiter(
+            FailoverBackend(RedisBackend(redis_server.url, 0.5), MemoryBackend(), True, breaker, metrics), metrics
+        )
+        limiter.start()
+        stage = RateLimitStage(lambda: policies, limiter)
+        try:
+            assert await _answers(stage, 4990, completion=10) == ["admitted"] * 4990
+            await asyncio.sleep(1.5)  # idle: the slices go back to Redis
+            redis_server.client().save()
+            redis_server.kill()
+            assert set(await _answers(stage, 300, completion=10)) == {
+                "admitted"
+            }  # failing open: decided in this process
+            redis_server.start()
+            await asyncio.sleep(1.0)  # past the breaker's cooldown
+            return await _answers(stage, 200, completion=10)
+        finally:
+            await _stopped(limiter)
+
+    after = asyncio.run(run())
+    assert after.count("admitted") <= 10, collections.Counter(after)
 
 
 def test_on_slices_answers_say_what_is_left_once_past_a_soft_threshold(redis_server):
@@ -328,6 +351,24 @@ def test_on_slices_answers_say_what_is_left_once_past_a_soft_threshold(redis_ser
         "portcullis_budget_soft_threshold_crossings_total", {"budget": "team-spend", "threshold": "0.5"}
     )
     assert crossings == 1
+
+
+async def _answers(stage: RateLimitStage, count: int, completion: int) -> list[str]:
+    """Ask `count` requests of 10 output tokens one after another, each served with `completion` and settled:
+    'admitted', or the refusal's status and code."""
+    answers = []
+    for _ in range(count):
+        ctx = _chat(max_tokens=10)
+        try:
+            await stage(ctx)
+        except GatewayError as refused:
+            answers.append(f"{refused.status} {refused.code}")
+        else:
+            answers.append("admitted")
+            _served(ctx, completion=completion)
+        stage.settle(ctx)
+        await asyncio.sleep(0.001)
+    return answers
 
 
 def _started_on_redis(url: str, timeout: float, policies: PolicySet) -> tuple[RateLimiter, RateLimitStage, Metrics]:
