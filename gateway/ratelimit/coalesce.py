@@ -23,8 +23,17 @@ LINGER = 0.002  # seconds an item that can wait waits for an urgent one to ride 
 class Coalescer(Generic[Item, Result]):
     """`send(items)` answers one result per item, in order, or raises for the whole batch."""
 
-    def __init__(self, send: Callable[[Sequence[Item]], Awaitable[Sequence[Result]]]) -> None:
+    def __init__(
+        self,
+        send: Callable[[Sequence[Item]], Awaitable[Sequence[Result]]],
+        unsent: Callable[[Exception], Exception] | None = None,
+    ) -> None:
+        """`unsent(error)`: the error for the items queued when a batch fails with `error`, which then fail with it
+        unsent rather than wait for their own batch: a store that stalls holds each batch for its whole timeout, so
+        a caller queued behind one, or behind hundreds of settlements kept through an outage, would wait several
+        timeouts. None: they are sent in turn."""
         self._send = send
+        self._unsent = unsent
         self._queue: list[tuple[Item, asyncio.Future[Result]]] = []
         self._queued = asyncio.Event()  # set: the sender should send what is queued
         self._linger: asyncio.TimerHandle | None = None
@@ -78,6 +87,16 @@ class Coalescer(Generic[Item, Result]):
             for _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
+            if self._unsent is not None and self._queue:
+                queued, self._queue = self._queue, []
+                self._queued.clear()
+                if self._linger is not None:
+                    self._linger.cancel()
+                    self._linger = None
+                unsent = self._unsent(exc)
+                for _, future in queued:
+                    if not future.done():
+                        future.set_exception(unsent)
             return
         for (_, future), result in zip(batch, results):
             if not future.done():  # done: its caller was cancelled

@@ -56,7 +56,7 @@ class RedisBackend:
         self._connection = connection_class(**{**options, "socket_timeout": None})
         self._timeout = timeout
         self._clock = clock
-        self._batches: Coalescer[Operation, list[Outcome] | None] = Coalescer(self._send)
+        self._batches: Coalescer[Operation, list[Outcome] | None] = Coalescer(self._send, _unsent)
         self.settlements = SettlementOutbox(lambda s: self._batches.submit(s, can_wait=True), max_pending_settlements)
         self._maybe_ran = False  # the batch in flight was sent whole: a failure now leaves unknown whether it ran
 
@@ -110,6 +110,11 @@ class RedisBackend:
     async def _call(self, *command: Arg) -> Any:
         await self._connection.send_packed_command(_pack(command), check_health=False)
         return await self._connection.read_response()
+
+
+def _unsent(error: Exception) -> BackendError:
+    """What an operation queued behind a failed batch fails with: it was never sent, so Redis applied none of it."""
+    return BackendError(f"{error} (queued behind the batch that met it: not sent)")
 
 
 def _pack(command: tuple[Arg, ...]) -> bytes:

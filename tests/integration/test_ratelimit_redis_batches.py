@@ -4,6 +4,8 @@ and exact, settlements apply without being awaited, and a stalled store fails th
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 
 import pytest
@@ -122,6 +124,39 @@ def test_a_stalled_store_fails_the_batch_within_the_timeout_then_recovers(redis_
         await backend.aclose()
 
     asyncio.run(main())
+
+
+def test_an_admission_queued_behind_settlements_a_frozen_store_holds_fails_within_one_timeout(redis_server):
+    """Redis freezes (SIGSTOP) as 700 requests end: their releases fill three batches, each of which would wait out
+    the whole timeout. An admission queued behind them fails (and its caller fails open or closed) when the first
+    does, not after all of them; the releases are kept, and reach Redis once it wakes."""
+    key = "portcullis:rl:{slots:frozen}"
+    held = [SlotCheck(key, 1000, 600, f"r{i}") for i in range(700)]
+
+    async def main() -> float:
+        backend = RedisBackend(redis_server.url, timeout=0.3)
+        assert all(o[0].allowed for o in await asyncio.gather(*(backend.acquire([slot]) for slot in held)))
+        assert redis_server.proc is not None
+        os.kill(redis_server.proc.pid, signal.SIGSTOP)
+        try:
+            for slot in held:
+                backend.settle(Settlement(releases=(slot,)))
+            started = time.monotonic()
+            with pytest.raises(BackendError):
+                await backend.acquire([SlotCheck(key, 1000, 600, "late")])
+            waited = time.monotonic() - started
+        finally:
+            os.kill(redis_server.proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(backend.settlements):
+            await asyncio.sleep(0.05)
+        await settled(backend)
+        await backend.aclose()
+        return waited
+
+    waited = asyncio.run(main())
+    assert waited < 0.55, f"waited {waited:.2f}s with a timeout of 0.3s"
+    assert redis_server.client().zcard(key) == 0
 
 
 def test_script_is_reloaded_after_redis_forgets_it(redis_server):
