@@ -160,7 +160,7 @@ def test_a_text_too_long_for_any_context_is_refused_untokenized(served, value):
     started = time.monotonic()
     r = httpx.post(served[1] + "/v1/embeddings", json={"input": value}, timeout=300)
     assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 8  # tokenized first, it took 9-10 s
 
 
 def test_unknown_model_is_404(client):

@@ -275,7 +275,7 @@ def test_a_batch_of_too_many_prompts_is_refused_before_it_is_tokenized(server):
     started = time.monotonic()
     r = httpx.post(server + "/v1/completions", json={"prompt": ["a"] * 2_000_000, "max_tokens": 1}, timeout=120)
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 8  # tokenized first, it took 16-28 s
 
 
 LONG_TEXT = "word " * 1_600_000  # 8 MB: far more than the context holds, well inside the body limit
@@ -295,7 +295,7 @@ def test_a_prompt_text_too_long_for_any_context_is_refused_untokenized(server, p
     started = time.monotonic()
     r = httpx.post(server + path, json=body, timeout=300)
     assert r.status_code == 400 and "context" in r.json()["error"]["message"], r.text
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 8  # tokenized first, it took about 12 s
 
 
 @pytest.mark.parametrize(
@@ -327,7 +327,7 @@ def test_other_requests_are_served_while_a_body_is_parsed(server, path, body):
         slowest = max(slowest, time.monotonic() - started)
         time.sleep(0.05)
     thread.join()
-    assert slowest < 3, f"/health waited {slowest:.1f}s"
+    assert slowest < 5, f"/health waited {slowest:.1f}s"  # 9-13 s while a body was parsed on the loop
 
 
 @pytest.mark.parametrize("key,value", [("stop", ["zq"] * 100_000), ("stop_token_ids", [7] * 100_000)])

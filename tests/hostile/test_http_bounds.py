@@ -209,7 +209,7 @@ def test_an_upgrade_request_is_served_as_http_or_refused_never_misread(gw):
     assert data.count(b"HTTP/1.1 ") == 1, f"the body was answered as a request of its own: {data!r}"
     answer = parse_answer(data)
     assert answer.status == 400 and answer.error()["code"] == "upgrade_not_supported"
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 4  # under the 5 s keep-alive a misread connection waited
 
     # without a body it is served as plain HTTP; the connection closes after it, pipelined bytes unread
     sock = connect(gw.url)
@@ -217,7 +217,7 @@ def test_an_upgrade_request_is_served_as_http_or_refused_never_misread(gw):
     started = time.monotonic()
     answer = read_answer(sock, timeout=8)
     assert answer is not None and answer.status == 200 and answer.headers["connection"] == "close"
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 4  # under the 5 s keep-alive a misread connection waited
     assert "No supported WebSocket library" not in gw.output()
 
 

@@ -126,6 +126,9 @@ def test_a_stalled_store_fails_the_batch_within_the_timeout_then_recovers(redis_
     asyncio.run(main())
 
 
+FROZEN_TIMEOUT = 0.5  # seconds: redis.timeout while the store is frozen
+
+
 def test_an_admission_queued_behind_settlements_a_frozen_store_holds_fails_within_one_timeout(redis_server):
     """Redis freezes (SIGSTOP) as 700 requests end: their releases fill three batches, each of which would wait out
     the whole timeout. An admission queued behind them fails (and its caller fails open or closed) when the first
@@ -134,7 +137,7 @@ def test_an_admission_queued_behind_settlements_a_frozen_store_holds_fails_withi
     held = [SlotCheck(key, 1000, 600, f"r{i}") for i in range(700)]
 
     async def main() -> float:
-        backend = RedisBackend(redis_server.url, timeout=0.3)
+        backend = RedisBackend(redis_server.url, timeout=FROZEN_TIMEOUT)
         assert all(o[0].allowed for o in await asyncio.gather(*(backend.acquire([slot]) for slot in held)))
         assert redis_server.proc is not None
         os.kill(redis_server.proc.pid, signal.SIGSTOP)
@@ -155,7 +158,8 @@ def test_an_admission_queued_behind_settlements_a_frozen_store_holds_fails_withi
         return waited
 
     waited = asyncio.run(main())
-    assert waited < 0.55, f"waited {waited:.2f}s with a timeout of 0.3s"
+    # about one timeout; queued behind each batch in turn it was three (a loaded machine gets a second one's slack)
+    assert waited < 2 * FROZEN_TIMEOUT, f"waited {waited:.2f}s with a timeout of {FROZEN_TIMEOUT}s"
     assert redis_server.client().zcard(key) == 0
 
 
