@@ -171,11 +171,14 @@ class ResponsesFormat(AnswerFormat):
     def _text_channel(self, event: dict[str, Any], suffix: str) -> Hashable | None:
         """The channel of a text delta or done event (a content part's or a summary part's), None for other events."""
         kind = event.get("type")
-        if kind in [k + suffix for k in self._PART_TEXT]:
+        if not isinstance(kind, str) or not kind.endswith(suffix):
+            return None
+        base = kind.removesuffix(suffix)
+        if base in self._PART_TEXT:
             return _part(event)
-        if kind == self._SUMMARY_TEXT + suffix:
+        if base == self._SUMMARY_TEXT:
             return _summary(event)
-        if kind == self._ARGUMENTS + suffix:
+        if base == self._ARGUMENTS:
             return Arguments(_index(event.get("output_index")))
         return None
 
