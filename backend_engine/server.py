@@ -8,13 +8,12 @@ and shaped by `openai_protocol`; errors use OpenAI's JSON shape.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
 from starlette.applications import Starlette
@@ -155,26 +154,11 @@ class EngineServer:
         if not MIN_HEARTBEAT <= heartbeat <= MAX_HEARTBEAT:  # also false for NaN
             message = f"heartbeat must be a number of seconds from {MIN_HEARTBEAT:g} to {MAX_HEARTBEAT:g}"
             return APIError(400, message, param="heartbeat").response()
-        q, snapshot = self.kv_bus.subscribe()
 
         async def lines() -> AsyncIterator[bytes]:
-            last = snapshot["seq"]
-            try:
-                yield (json.dumps(snapshot) + "\n").encode()
-                while True:
-                    try:
-                        batch = await asyncio.wait_for(q.get(), timeout=heartbeat)
-                    except TimeoutError:
-                        yield (
-                            json.dumps({"seq": last, "ts": time.time(), "heartbeat": True, "events": []}) + "\n"
-                        ).encode()
-                        continue
-                    if batch["seq"] <= last:
-                        continue  # already covered by the snapshot
-                    last = batch["seq"]
+            async with aclosing(self.kv_bus.batches(heartbeat)) as batches:
+                async for batch in batches:
                     yield (json.dumps(batch) + "\n").encode()
-            finally:
-                self.kv_bus.unsubscribe(q)
 
         return ClosingStreamingResponse(lines(), media_type="application/x-ndjson")
 
