@@ -543,6 +543,21 @@ class _ToolCall:
     block: int | None = None
 
 
+@dataclass(slots=True)
+class _Piece:
+    """Text or thinking that arrived while a tool call's arguments were not whole: it waits for its block."""
+
+    kind: str  # "text" or "thinking": the block's type, and its delta's text field
+    text: str
+
+
+# The block each kind of piece opens, and its delta's type.
+_PIECE_BLOCKS = {
+    "thinking": ({"type": "thinking", "thinking": "", "signature": ""}, "thinking_delta"),
+    "text": ({"type": "text", "text": ""}, "text_delta"),
+}
+
+
 # --- stream: chat chunks -> Anthropic events -------------------------------------------------------------------
 
 
@@ -551,13 +566,15 @@ class ChatStreamToMessages:
 
     message_start goes out with the first chunk; then one content block at a time: text, thinking (when asked
     for), and one tool_use block per tool call in the order the calls start, its arguments as input_json_delta.
-    A block stops when the next one starts or the stream ends. Anthropic's blocks never overlap, while a chat
-    stream may interleave its calls' fragments (index 0, 1, 0, 1): a call that starts while another call's
-    arguments are not yet whole JSON is held, and its block goes out when that call's arguments are whole (or at
-    the end), so every delta comes between its own block's start and stop. The upstream sends usage in its last
-    chunk only (`include_usage`), after message_start has gone, so message_start counts 0 and the final
-    message_delta carries the real input, cache-read and output counts: the SDK's accumulator takes each one it
-    finds there.
+    A block stops when the next one starts or the stream ends. Anthropic's blocks are sequential, while a chat
+    stream may interleave a call's argument fragments with another call's (index 0, 1, 0, 1) or with text: while
+    the open block is a call whose arguments are not yet whole JSON, whatever else arrives (another call, text,
+    thinking) is held, in order, and goes out once they are whole (or at the end). So a call's block never stops
+    before its input is whole (a client reads the input at the stop), every delta comes between its own block's
+    start and stop, and nothing is dropped; text that interrupted a call comes after it, in a block of its own,
+    the one place Anthropic's stream has for it. The upstream sends usage in its last chunk only (`include_usage`),
+    after message_start has gone, so message_start counts 0 and the final message_delta carries the real input,
+    cache-read and output counts: the SDK's accumulator takes each one it finds there.
     Only choice 0 is read: a Messages request asks for one answer.
     """
 
@@ -570,7 +587,7 @@ class ChatStreamToMessages:
         self._blocks = 0  # content blocks started so far: the next one's index
         self._open: Any = None  # the open block: "text", "thinking", or a tool call's key ("tool", upstream index)
         self._calls: dict[Any, _ToolCall] = {}  # by key, every tool call seen
-        self._held: list[Any] = []  # keys of tool calls whose blocks wait for the open call to be whole
+        self._held: list[Any] = []  # what waits for the open call to be whole: calls' keys and _Pieces, in order
         self._finish_reason: Any = None
         self._stop_reason: Any = None
         self._usage: Any = None
@@ -597,7 +614,7 @@ class ChatStreamToMessages:
             return []
         events = self._start({})
         while self._held:
-            events += self._start_held()
+            events += self._unhold(self._held.pop(0))
         events += self._close_block()
         stop_reason, stop_sequence = _stop(
             self._finish_reason, self._stop_reason, self.stop_sequences, bool(self._calls)
@@ -647,12 +664,10 @@ class ChatStreamToMessages:
         events: list[dict[str, Any]] = []
         reasoning = _reasoning(delta)
         if reasoning and self.thinking:
-            events += self._open_block("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-            events.append(self._delta({"type": "thinking_delta", "thinking": reasoning}))
+            events += self._piece(_Piece("thinking", reasoning))
         text = _text(delta.get("content")) or _text(delta.get("refusal"))
         if text:
-            events += self._open_block("text", {"type": "text", "text": ""})
-            events.append(self._delta({"type": "text_delta", "text": text}))
+            events += self._piece(_Piece("text", text))
         for position, call in enumerate(delta.get("tool_calls") or ()):
             events += self._tool_call(call, position)
         if choice.get("finish_reason"):
@@ -676,8 +691,16 @@ class ChatStreamToMessages:
         if entry.block is not None and arguments:
             events.append(_arguments_delta(entry.block, arguments))
         while self._held and not self._call_in_progress():
-            events += self._start_held()
+            events += self._unhold(self._held.pop(0))
         return events
+
+    def _piece(self, piece: _Piece) -> list[dict[str, Any]]:
+        """Text or thinking: a delta on its block, or held behind a call whose arguments are not yet whole (its
+        block cannot stop yet, and no other block may start before it stops)."""
+        if self._call_in_progress():
+            self._held.append(piece)
+            return []
+        return self._unhold(piece)
 
     def _call_in_progress(self) -> bool:
         """Whether the open block is a tool call whose arguments are not yet a whole JSON value. Arguments are an
@@ -694,12 +717,16 @@ class ChatStreamToMessages:
             return True
         return False
 
-    def _start_held(self) -> list[dict[str, Any]]:
-        """The first held call's block, started with the arguments it gathered while it waited."""
-        key = self._held.pop(0)
-        entry = self._calls[key]
+    def _unhold(self, held: Any) -> list[dict[str, Any]]:
+        """A held piece's delta on its block; a held call's block, started with the arguments it gathered."""
+        if isinstance(held, _Piece):
+            start, delta_type = _PIECE_BLOCKS[held.kind]
+            events = self._open_block(held.kind, {**start})
+            events.append(self._delta({"type": delta_type, held.kind: held.text}))
+            return events
+        entry = self._calls[held]
         block = {"type": "tool_use", "id": entry.id, "name": entry.name, "input": {}}
-        events = self._open_block(key, block)
+        events = self._open_block(held, block)
         entry.block = self._blocks - 1
         if entry.arguments:
             events.append(_arguments_delta(entry.block, entry.arguments))

@@ -529,11 +529,13 @@ def split(text: str, cuts: list[int]) -> list[str]:
     return [text[a:b] for a, b in zip(points, points[1:])]
 
 
-def chunked_stream(data: st.DataObject) -> list[dict[str, Any]]:
+def chunked_stream(data: st.DataObject, *, text_anywhere: bool = False) -> list[dict[str, Any]]:
     """The answer as chat chunks: text, then each tool call (id and name with its first fragment), pieces grouped
-    into chunks at random; within a chunk text precedes tool calls, as in a chat delta."""
+    into chunks at random; within a chunk text precedes tool calls, as in a chat delta. `text_anywhere` scatters
+    the text's pieces among the calls' fragments (in order), inside a call's arguments too."""
     cut_lists = st.lists(st.integers(0, 100), max_size=6)
-    pieces: list[tuple[str, Any]] = [("text", t) for t in split(ANSWER_TEXT, data.draw(cut_lists))]
+    texts: list[tuple[str, Any]] = [("text", t) for t in split(ANSWER_TEXT, data.draw(cut_lists))]
+    pieces: list[tuple[str, Any]] = []
     for index, (call_id, name, arguments) in enumerate(ANSWER_CALLS):
         for k, fragment in enumerate(split(arguments, data.draw(cut_lists))):
             call: dict[str, Any] = {"index": index, "function": {"arguments": fragment}}
@@ -541,6 +543,12 @@ def chunked_stream(data: st.DataObject) -> list[dict[str, Any]]:
                 call.update(id=call_id, type="function")
                 call["function"]["name"] = name
             pieces.append(("tool", call))
+    if text_anywhere:
+        places = sorted(data.draw(st.lists(st.integers(0, len(pieces)), min_size=len(texts), max_size=len(texts))))
+        for place, text in reversed(list(zip(places, texts))):
+            pieces.insert(place, text)
+    else:
+        pieces = texts + pieces
     chunks, start = [], 0
     while start < len(pieces):
         end = start + data.draw(st.integers(1, 4))
@@ -570,6 +578,20 @@ def test_any_chunking_of_a_chat_stream_gives_the_same_message(data):
         (call_id, name, json.loads(arguments)) for call_id, name, arguments in ANSWER_CALLS
     ]
     assert (message.stop_reason, message.usage.input_tokens, message.usage.output_tokens) == ("tool_use", 120, 40)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_text_anywhere_among_tool_call_fragments_loses_nothing(data):
+    """Text between any two fragments, inside a call's arguments too: every block well-formed, each call whole in
+    its own block, and all of the text in text blocks, in its order."""
+    events = translate_stream(chunked_stream(data, text_anywhere=True))
+    assert_block_grammar(events)
+    message = accumulate(events)
+    assert "".join(b.text for b in message.content if b.type == "text") == ANSWER_TEXT
+    assert [(b.id, b.name, b.input) for b in message.content if b.type == "tool_use"] == [
+        (call_id, name, json.loads(arguments)) for call_id, name, arguments in ANSWER_CALLS
+    ]
 
 
 # --- the SDK's client, over a real socket -----------------------------------------------------------------------
@@ -853,3 +875,31 @@ def test_tool_calls_in_one_delta_and_a_late_fragment_keep_their_blocks():
         ("call_0", {"a": 1}),
         ("call_1", {"b": 2}),
     ]
+
+
+def test_text_inside_a_calls_arguments_comes_after_its_block(sdk_client):
+    """Text that arrives while a call's arguments are not yet whole JSON cannot go in a block of its own then
+    (Anthropic's blocks are sequential, and stopping the call's block would cut its input short): it waits, and
+    goes out as a text block once the call's arguments are whole."""
+    chunks = [
+        vllm_chunk({"role": "assistant", "content": "Checking."}),
+        vllm_chunk({"tool_calls": [call_fragment(0, '{"city": ', first=True)]}),
+        vllm_chunk({"content": " One moment."}),
+        vllm_chunk({"tool_calls": [call_fragment(0, '"Paris"}')]}),
+        vllm_chunk({"content": " Done."}, "tool_calls"),
+        usage_chunk(30, 12),
+    ]
+    events = translate_stream(chunks)
+    assert_block_grammar(events)
+    content = [(b.type, b.text if b.type == "text" else b.input) for b in accumulate(events).content]  # type: ignore[union-attr]
+    assert content == [("text", "Checking."), ("tool_use", {"city": "Paris"}), ("text", " One moment. Done.")]
+
+    client, server = sdk_client
+    translator = ChatStreamToMessages("claude-on-vllm")
+    server.answer = (
+        b"".join(e for c in chunks for e in translator.feed(c)) + b"".join(translator.finish()),
+        "text/event-stream",
+    )
+    with client.messages.stream(**ASK) as stream:
+        stopped = [e.content_block for e in stream if e.type == "content_block_stop"]
+    assert [getattr(block, "input", None) for block in stopped] == [None, {"city": "Paris"}, None]
