@@ -533,12 +533,15 @@ def _arguments_delta(block: int, arguments: str) -> dict[str, Any]:
     }
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _ToolCall:
-    """A streamed tool call: its tool_use block's id and name, its arguments so far, its block index once started."""
+    """A streamed tool call: its tool_use block's id and name, the upstream's `index` for it (None where the
+    upstream sends none), its arguments so far, its block index once started. Each is its own call (no equality
+    by value): two calls may carry the same fields."""
 
     id: str
     name: str
+    index: Any
     arguments: str = ""
     block: int | None = None
 
@@ -564,17 +567,20 @@ _PIECE_BLOCKS = {
 class ChatStreamToMessages:
     """Chat-completion chunks in, Anthropic stream events out (docs.anthropic.com "Streaming Messages").
 
-    message_start goes out with the first chunk; then one content block at a time: text, thinking (when asked
-    for), and one tool_use block per tool call in the order the calls start, its arguments as input_json_delta.
-    A block stops when the next one starts or the stream ends. Anthropic's blocks are sequential, while a chat
-    stream may interleave a call's argument fragments with another call's (index 0, 1, 0, 1) or with text: while
-    the open block is a call whose arguments are not yet whole JSON, whatever else arrives (another call, text,
-    thinking) is held, in order, and goes out once they are whole (or at the end). So a call's block never stops
-    before its input is whole (a client reads the input at the stop), every delta comes between its own block's
-    start and stop, and nothing is dropped; text that interrupted a call comes after it, in a block of its own,
-    the one place Anthropic's stream has for it. The upstream sends usage in its last chunk only (`include_usage`),
-    after message_start has gone, so message_start counts 0 and the final message_delta carries the real input,
-    cache-read and output counts: the SDK's accumulator takes each one it finds there.
+    message_start goes out with the first chunk; then one content block at a time: text, thinking (when asked for),
+    and one tool_use block per tool call in the order the calls start, its arguments as input_json_delta. A block
+    stops when the next one starts or the stream ends. Anthropic's blocks are sequential, while a chat stream may
+    interleave a call's argument fragments with another call's (index 0, 1, 0, 1) or with text: while the open block
+    is a call whose arguments are not yet whole JSON, whatever else arrives (another call, text, thinking) is held,
+    in order, and goes out once they are whole (or at the end). So a call's block never stops before its input is
+    whole (a client reads the input at the stop), every delta comes between its own block's start and stop, and
+    nothing is dropped; text that interrupted a call comes after it, in a block of its own, the one place
+    Anthropic's stream has for it. A fragment names its call by `index`; some OpenAI-compatible servers send none,
+    or put every call at index 0, and give each call's first fragment its `id`: a new id is a new call, and a
+    fragment without one continues the call at its index (without an index, the last call). The upstream sends usage
+    in its last chunk only (`include_usage`), after message_start has gone, so message_start counts 0 and the final
+    message_delta carries the real input, cache-read and output counts: the SDK's accumulator takes each one it
+    finds there.
     Only choice 0 is read: a Messages request asks for one answer.
     """
 
@@ -585,9 +591,9 @@ class ChatStreamToMessages:
         self._started = False
         self._closed = False
         self._blocks = 0  # content blocks started so far: the next one's index
-        self._open: Any = None  # the open block: "text", "thinking", or a tool call's key ("tool", upstream index)
-        self._calls: dict[Any, _ToolCall] = {}  # by key, every tool call seen
-        self._held: list[Any] = []  # what waits for the open call to be whole: calls' keys and _Pieces, in order
+        self._open: str | _ToolCall | None = None  # the open block: "text", "thinking", or a tool call
+        self._calls: list[_ToolCall] = []  # every tool call seen, in the order they started
+        self._held: list[_ToolCall | _Piece] = []  # what waits for the open call to be whole, in order
         self._finish_reason: Any = None
         self._stop_reason: Any = None
         self._usage: Any = None
@@ -668,23 +674,23 @@ class ChatStreamToMessages:
         text = _text(delta.get("content")) or _text(delta.get("refusal"))
         if text:
             events += self._piece(_Piece("text", text))
-        for position, call in enumerate(delta.get("tool_calls") or ()):
-            events += self._tool_call(call, position)
+        for call in delta.get("tool_calls") or ():
+            events += self._tool_call(call)
         if choice.get("finish_reason"):
             self._finish_reason = choice["finish_reason"]
             self._stop_reason = choice.get("stop_reason")
         return events
 
-    def _tool_call(self, call: dict[str, Any], position: int) -> list[dict[str, Any]]:
+    def _tool_call(self, call: dict[str, Any]) -> list[dict[str, Any]]:
         """A tool-call fragment: the call's first names it (id and name come first, as OpenAI and vLLM send them) and
         queues its tool_use block; an arguments fragment is an input_json_delta on that call's block once it started,
         kept with the call until then."""
-        key = ("tool", call.get("index", position))
         function = call.get("function") or {}
-        entry = self._calls.get(key)
+        entry = self._call_of(call)
         if entry is None:
-            entry = self._calls[key] = _ToolCall(_text(call.get("id")) or _tool_use_id(), _text(function.get("name")))
-            self._held.append(key)
+            entry = _ToolCall(_text(call.get("id")) or _tool_use_id(), _text(function.get("name")), call.get("index"))
+            self._calls.append(entry)
+            self._held.append(entry)
         arguments = _text(function.get("arguments"))
         entry.arguments += arguments
         events: list[dict[str, Any]] = []
@@ -693,6 +699,16 @@ class ChatStreamToMessages:
         while self._held and not self._call_in_progress():
             events += self._unhold(self._held.pop(0))
         return events
+
+    def _call_of(self, fragment: dict[str, Any]) -> _ToolCall | None:
+        """The call a fragment belongs to; None for a new one. By its `id` where it has one (a new id is a new
+        call, even at an index an earlier call had), else by its `index`, else (neither) the last call."""
+        upstream_id = _text(fragment.get("id"))
+        if upstream_id:
+            return next((c for c in self._calls if c.id == upstream_id), None)
+        if "index" in fragment:
+            return next((c for c in reversed(self._calls) if c.index == fragment["index"]), None)
+        return self._calls[-1] if self._calls else None
 
     def _piece(self, piece: _Piece) -> list[dict[str, Any]]:
         """Text or thinking: a delta on its block, or held behind a call whose arguments are not yet whole (its
@@ -706,33 +722,32 @@ class ChatStreamToMessages:
         """Whether the open block is a tool call whose arguments are not yet a whole JSON value. Arguments are an
         object: only text that ends in a closing brace can be whole, so the parse runs on those alone, not on every
         fragment of a long call (each parse reads all the arguments so far)."""
-        entry = self._calls.get(self._open) if isinstance(self._open, tuple) else None
-        if entry is None:
+        call = self._open
+        if not isinstance(call, _ToolCall):
             return False
-        if not entry.arguments.rstrip().endswith(("}", "]")):
+        if not call.arguments.rstrip().endswith(("}", "]")):
             return True
         try:
-            orjson.loads(entry.arguments)
+            orjson.loads(call.arguments)
         except orjson.JSONDecodeError:
             return True
         return False
 
-    def _unhold(self, held: Any) -> list[dict[str, Any]]:
+    def _unhold(self, held: _ToolCall | _Piece) -> list[dict[str, Any]]:
         """A held piece's delta on its block; a held call's block, started with the arguments it gathered."""
         if isinstance(held, _Piece):
             start, delta_type = _PIECE_BLOCKS[held.kind]
             events = self._open_block(held.kind, {**start})
             events.append(self._delta({"type": delta_type, held.kind: held.text}))
             return events
-        entry = self._calls[held]
-        block = {"type": "tool_use", "id": entry.id, "name": entry.name, "input": {}}
+        block = {"type": "tool_use", "id": held.id, "name": held.name, "input": {}}
         events = self._open_block(held, block)
-        entry.block = self._blocks - 1
-        if entry.arguments:
-            events.append(_arguments_delta(entry.block, entry.arguments))
+        held.block = self._blocks - 1
+        if held.arguments:
+            events.append(_arguments_delta(held.block, held.arguments))
         return events
 
-    def _open_block(self, key: Any, block: dict[str, Any]) -> list[dict[str, Any]]:
+    def _open_block(self, key: str | _ToolCall, block: dict[str, Any]) -> list[dict[str, Any]]:
         """Start a block unless it is the open one, stopping the open one first."""
         if self._open == key:
             return []

@@ -529,10 +529,11 @@ def split(text: str, cuts: list[int]) -> list[str]:
     return [text[a:b] for a, b in zip(points, points[1:])]
 
 
-def chunked_stream(data: st.DataObject, *, text_anywhere: bool = False) -> list[dict[str, Any]]:
+def chunked_stream(data: st.DataObject, *, text_anywhere: bool = False, indexed: bool = True) -> list[dict[str, Any]]:
     """The answer as chat chunks: text, then each tool call (id and name with its first fragment), pieces grouped
     into chunks at random; within a chunk text precedes tool calls, as in a chat delta. `text_anywhere` scatters
-    the text's pieces among the calls' fragments (in order), inside a call's arguments too."""
+    the text's pieces among the calls' fragments (in order), inside a call's arguments too; `indexed=False` sends
+    fragments without `index`, as some OpenAI-compatible servers do (a call's first fragment has its id)."""
     cut_lists = st.lists(st.integers(0, 100), max_size=6)
     texts: list[tuple[str, Any]] = [("text", t) for t in split(ANSWER_TEXT, data.draw(cut_lists))]
     pieces: list[tuple[str, Any]] = []
@@ -542,6 +543,8 @@ def chunked_stream(data: st.DataObject, *, text_anywhere: bool = False) -> list[
             if k == 0:
                 call.update(id=call_id, type="function")
                 call["function"]["name"] = name
+            if not indexed:
+                del call["index"]
             pieces.append(("tool", call))
     if text_anywhere:
         places = sorted(data.draw(st.lists(st.integers(0, len(pieces)), min_size=len(texts), max_size=len(texts))))
@@ -581,11 +584,11 @@ def test_any_chunking_of_a_chat_stream_gives_the_same_message(data):
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.data())
-def test_text_anywhere_among_tool_call_fragments_loses_nothing(data):
-    """Text between any two fragments, inside a call's arguments too: every block well-formed, each call whole in
-    its own block, and all of the text in text blocks, in its order."""
-    events = translate_stream(chunked_stream(data, text_anywhere=True))
+@given(st.data(), st.booleans())
+def test_text_anywhere_among_tool_call_fragments_loses_nothing(data, indexed):
+    """Text between any two fragments, inside a call's arguments too, with or without the fragments' `index`: every
+    block well-formed, each call whole in its own block, and all of the text in text blocks, in its order."""
+    events = translate_stream(chunked_stream(data, text_anywhere=True, indexed=indexed))
     assert_block_grammar(events)
     message = accumulate(events)
     assert "".join(b.text for b in message.content if b.type == "text") == ANSWER_TEXT
@@ -903,3 +906,30 @@ def test_text_inside_a_calls_arguments_comes_after_its_block(sdk_client):
     with client.messages.stream(**ASK) as stream:
         stopped = [e.content_block for e in stream if e.type == "content_block_stop"]
     assert [getattr(block, "input", None) for block in stopped] == [None, {"city": "Paris"}, None]
+
+
+# How servers other than OpenAI and vLLM tell a stream's tool calls apart: (name, fragment as they send it).
+FRAGMENT_STYLES = [
+    ("no index, the id on each call's first fragment", lambda f: {k: v for k, v in f.items() if k != "index"}),
+    ("all at index 0, a new id each, '' after (lmdeploy)", lambda f: {**f, "index": 0, "id": f.get("id", "")}),
+    ("all at index 0, the call's id on each (SGLang)", lambda f: {**f, "index": 0, "id": f"call_{f['index']}"}),
+]
+
+
+@pytest.mark.parametrize("style", [pytest.param(style, id=name) for name, style in FRAGMENT_STYLES])
+def test_calls_that_share_or_lack_an_index_are_told_apart_by_their_ids(style):
+    """A fragment with a new `id` starts a new call, whatever its `index`; one without an id continues the call at
+    its index, or without an index the last call."""
+    fragments = [
+        call_fragment(0, "", first=True),
+        call_fragment(0, '{"city": '),
+        call_fragment(0, '"Paris"}'),
+        call_fragment(1, '{"tz": "CET"}', first=True),
+    ]
+    chunks = [vllm_chunk({"tool_calls": [style(f)]}) for f in fragments] + [vllm_chunk({}, "tool_calls")]
+    events = translate_stream(chunks)
+    assert_block_grammar(events)
+    assert [(b.id, b.name, b.input) for b in accumulate(events).content] == [  # type: ignore[union-attr]
+        ("call_0", "tool_0", {"city": "Paris"}),
+        ("call_1", "tool_1", {"tz": "CET"}),
+    ]
