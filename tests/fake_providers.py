@@ -11,19 +11,22 @@ response.output_item.added, response.content_part.added, response.output_text.de
 response.content_part.done, response.output_item.done, response.completed). Recorded examples of the Anthropic
 shapes are in tests/api_reference/.
 
-What it answers is the test's choice: the text of the last user message, or `fake.reply` where the body has a
-`fake` object (`{"reply": "...", "chunk": 6, "delay": 0.002, "status": 529, "error_after": 2, "cache_read": 100,
+What it answers is the test's choice: the text of the last user message, or `fake.reply` where the body has a `fake`
+object (`{"reply": "...", "chunk": 6, "delay": 0.002, "status": 529, "error_after": 2, "cache_read": 100,
 "cache_creation": 20}`); streams send the text in pieces of `chunk` characters, `delay` seconds apart. With
 `fake.reasoning`, the model reasons before it answers, in each API's shape: chat's `reasoning_content` (or the field
 `fake.reasoning_field` names: newer vLLM says `reasoning`), a Messages thinking block, a Responses reasoning item
 with a summary; streamed in pieces like the answer. With `fake.tool_call` (`{"name": "...", "arguments": "<JSON
 text>"}`), the model calls a tool after its text: chat's `tool_calls` (arguments in `function.arguments` fragments
 when streamed), a Messages tool_use block (`input`, or input_json_delta fragments), a Responses function_call item
-(function_call_arguments deltas); with `fake.refusal`, a chat model refuses (`refusal`) instead of answering. A
-Messages request translated to chat keeps no member it does not translate, so there the `fake` object rides as JSON
-in `metadata.user_id`, which reaches chat as `user`. Like the providers, it refuses a request without its key
-(`--api-key`: `x-api-key` on the Anthropic routes, `Authorization: Bearer` on the OpenAI ones). `GET /_received`
-returns every request it got (path, headers, body), for assertions on the upstream side of the wire.
+(function_call_arguments deltas); `fake.tool_stream` streams chat's calls as some OpenAI-compatible servers do
+(`{"repeat": n, "unindexed": true, "interrupt": "text"}`: the call made n times, each with its own id; fragments
+without `index`; text sent as `content` between the call's first two argument pieces). With `fake.refusal`, a chat
+model refuses (`refusal`) instead of answering. A Messages request translated to chat keeps no member it does not
+translate, so there the `fake` object rides as JSON in `metadata.user_id`, which reaches chat as `user`. Like the
+providers, it refuses a request without its key (`--api-key`: `x-api-key` on the Anthropic routes, `Authorization:
+Bearer` on the OpenAI ones). `GET /_received` returns every request it got (path, headers, body), for assertions on
+the upstream side of the wire.
 """
 
 from __future__ import annotations
@@ -367,6 +370,31 @@ def reasoning_field(body: dict[str, Any]) -> str:
     return str((body.get("fake") or {}).get("reasoning_field", "reasoning_content"))
 
 
+def chat_call_deltas(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The chat deltas of the tool call the test asked for: each call's head (id and name), then its arguments in
+    pieces, shaped by `fake.tool_stream` where the test asked for a server's quirks."""
+    call = tool_call(body)
+    if call is None:
+        return []
+    quirks = (body.get("fake") or {}).get("tool_stream") or {}
+    deltas: list[dict[str, Any]] = []
+    for n in range(int(quirks.get("repeat", 1))):
+        head = {
+            "index": n,
+            "id": f"call_fake{n or ''}",
+            "type": "function",
+            "function": {"name": call["name"], "arguments": ""},
+        }
+        fragments = [{"index": n, "function": {"arguments": p}} for p in pieces(body, call["arguments"])]
+        if quirks.get("unindexed"):
+            for fragment in (head, *fragments):
+                del fragment["index"]
+        deltas += [{"tool_calls": [fragment]} for fragment in (head, *fragments)]
+        if quirks.get("interrupt"):
+            deltas.insert(len(deltas) - len(fragments) + 1, {"content": quirks["interrupt"]})
+    return deltas
+
+
 async def chat_events(body: dict[str, Any], text: str) -> AsyncIterator[str]:
     base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time())}
     base["model"] = body.get("model")
@@ -381,13 +409,9 @@ async def chat_events(body: dict[str, Any], text: str) -> AsyncIterator[str]:
         delta = {"refusal": piece} if refusal else {"content": piece}
         yield sse(None, {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
         await pause(body)
-    if call := tool_call(body):
-        head = {"index": 0, "id": "call_fake", "type": "function", "function": {"name": call["name"], "arguments": ""}}
-        fragments = [{"index": 0, "function": {"arguments": p}} for p in pieces(body, call["arguments"])]
-        for fragment in [head, *fragments]:
-            delta = {"tool_calls": [fragment]}
-            yield sse(None, {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
-            await pause(body)
+    for delta in chat_call_deltas(body):
+        yield sse(None, {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+        await pause(body)
     yield sse(None, {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": chat_finish(body)}]})
     if (body.get("stream_options") or {}).get("include_usage"):
         usage = {"prompt_tokens": input_tokens(body), "completion_tokens": len(text.split())}

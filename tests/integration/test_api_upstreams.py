@@ -571,6 +571,29 @@ def test_tool_use_translated_from_a_chat_pool_is_redacted_or_blocked(gw) -> None
     assert AWS_KEY[:8] not in wire and events[-1][0] == "error" and "message_stop" not in [n for n, _ in events]
 
 
+def test_tool_calls_streamed_as_other_chat_servers_do_reach_the_sdk_whole(gw) -> None:
+    """A chat pool that sends its calls without `index` (each call's first fragment has its id) and writes text in
+    the middle of a call's arguments: the SDK gets each call as its own tool_use block, its input whole when its
+    block stops, and all of the text, in blocks of its own after the call it interrupted."""
+    arguments = json.dumps({"city": "Paris", "unit": "celsius"})
+    quirks = {"repeat": 2, "unindexed": True, "interrupt": " One moment."}
+    fake = {"reply": "Checking.", "tool_call": {"name": "get_weather", "arguments": arguments}, "tool_stream": quirks}
+    request = {
+        "model": CHAT,
+        "max_tokens": 256,
+        "messages": user("Weather?"),
+        "metadata": {"user_id": json.dumps(fake)},
+    }
+    with claude(gw).messages.stream(**request) as stream:
+        stopped = [event.content_block for event in stream if event.type == "content_block_stop"]
+        message = stream.get_final_message()
+    calls = [(block.id, block.input) for block in stopped if block.type == "tool_use"]
+    assert calls == [("call_fake", json.loads(arguments)), ("call_fake1", json.loads(arguments))]
+    assert [block.type for block in message.content] == ["text", "tool_use", "text", "tool_use", "text"]
+    assert "".join(b.text for b in message.content if b.type == "text") == "Checking. One moment. One moment."
+    assert message.stop_reason == "tool_use"
+
+
 def test_anthropic_tool_use_input_is_redacted_or_blocked(gw) -> None:
     def body(arguments: str, stream: bool) -> dict[str, Any]:
         return {
