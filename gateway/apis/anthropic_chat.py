@@ -535,13 +535,11 @@ def _arguments_delta(block: int, arguments: str) -> dict[str, Any]:
 
 @dataclass(slots=True, eq=False)
 class _ToolCall:
-    """A streamed tool call: its tool_use block's id and name, the upstream's `index` for it (None where the
-    upstream sends none), its arguments so far, its block index once started. Each is its own call (no equality
-    by value): two calls may carry the same fields."""
+    """A streamed tool call: its tool_use block's id and name, its arguments so far, its block index once started.
+    Each is its own call (no equality by value): two calls may carry the same fields."""
 
     id: str
     name: str
-    index: Any
     arguments: str = ""
     block: int | None = None
 
@@ -593,6 +591,8 @@ class ChatStreamToMessages:
         self._blocks = 0  # content blocks started so far: the next one's index
         self._open: str | _ToolCall | None = None  # the open block: "text", "thinking", or a tool call
         self._calls: list[_ToolCall] = []  # every tool call seen, in the order they started
+        self._call_ids: dict[str, _ToolCall] = {}  # by the id the upstream gave it
+        self._call_at: dict[int, _ToolCall] = {}  # the newest call at each upstream index
         self._held: list[_ToolCall | _Piece] = []  # what waits for the open call to be whole, in order
         self._finish_reason: Any = None
         self._stop_reason: Any = None
@@ -686,11 +686,18 @@ class ChatStreamToMessages:
         queues its tool_use block; an arguments fragment is an input_json_delta on that call's block once it started,
         kept with the call until then."""
         function = call.get("function") or {}
-        entry = self._call_of(call)
+        upstream_id, index = _text(call.get("id")), call.get("index")
+        if not isinstance(index, int):
+            index = None  # a malformed index names no call
+        entry = self._call_of(upstream_id, index)
         if entry is None:
-            entry = _ToolCall(_text(call.get("id")) or _tool_use_id(), _text(function.get("name")), call.get("index"))
+            entry = _ToolCall(upstream_id or _tool_use_id(), _text(function.get("name")))
             self._calls.append(entry)
             self._held.append(entry)
+            if upstream_id:
+                self._call_ids[upstream_id] = entry
+            if index is not None:
+                self._call_at[index] = entry
         arguments = _text(function.get("arguments"))
         entry.arguments += arguments
         events: list[dict[str, Any]] = []
@@ -700,14 +707,14 @@ class ChatStreamToMessages:
             events += self._unhold(self._held.pop(0))
         return events
 
-    def _call_of(self, fragment: dict[str, Any]) -> _ToolCall | None:
+    def _call_of(self, upstream_id: str, index: int | None) -> _ToolCall | None:
         """The call a fragment belongs to; None for a new one. By its `id` where it has one (a new id is a new
-        call, even at an index an earlier call had), else by its `index`, else (neither) the last call."""
-        upstream_id = _text(fragment.get("id"))
+        call, even at an index an earlier call had), else by its `index`, else (neither) the last call. Looked up,
+        not searched: an upstream may send thousands of calls."""
         if upstream_id:
-            return next((c for c in self._calls if c.id == upstream_id), None)
-        if "index" in fragment:
-            return next((c for c in reversed(self._calls) if c.index == fragment["index"]), None)
+            return self._call_ids.get(upstream_id)
+        if index is not None:
+            return self._call_at.get(index)
         return self._calls[-1] if self._calls else None
 
     def _piece(self, piece: _Piece) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -933,3 +934,25 @@ def test_calls_that_share_or_lack_an_index_are_told_apart_by_their_ids(style):
         ("call_0", "tool_0", {"city": "Paris"}),
         ("call_1", "tool_1", {"tz": "CET"}),
     ]
+
+
+def test_thousands_of_streamed_calls_cost_each_fragment_a_lookup_not_a_search():
+    """An upstream may stream any number of calls: finding a fragment's call among them is a lookup, so 40,000
+    calls take about a second here, where searching the calls seen for each fragment took tens of seconds."""
+    calls = 40_000
+    chunks = [vllm_chunk({"tool_calls": [call_fragment(i, f'{{"n": {i}}}', first=True)]}) for i in range(calls)]
+    started = time.perf_counter()
+    events = translate_stream(chunks + [vllm_chunk({}, "tool_calls")])
+    assert time.perf_counter() - started < 10  # a generous bound for a loaded machine
+    assert sum(e["type"] == "content_block_start" for e in events) == calls
+
+
+def test_a_malformed_call_index_names_no_call():
+    """A fragment whose `index` is not a number continues the last call instead of failing the stream."""
+    chunks = [
+        vllm_chunk({"tool_calls": [{**call_fragment(0, '{"city": ', first=True), "index": [0]}]}),
+        vllm_chunk({"tool_calls": [{**call_fragment(0, '"Paris"}'), "index": {"i": 0}}]}, "tool_calls"),
+    ]
+    events = translate_stream(chunks)
+    assert_block_grammar(events)
+    assert [(b.id, b.input) for b in accumulate(events).content] == [("call_0", {"city": "Paris"})]  # type: ignore[union-attr]
