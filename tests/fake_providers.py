@@ -19,10 +19,13 @@ object (`{"reply": "...", "chunk": 6, "delay": 0.002, "status": 529, "error_afte
 with a summary; streamed in pieces like the answer. With `fake.tool_call` (`{"name": "...", "arguments": "<JSON
 text>"}`), the model calls a tool after its text: chat's `tool_calls` (arguments in `function.arguments` fragments
 when streamed), a Messages tool_use block (`input`, or input_json_delta fragments), a Responses function_call item
-(function_call_arguments deltas); `fake.tool_stream` streams chat's calls as some OpenAI-compatible servers do
-(`{"repeat": n, "unindexed": true, "interrupt": "text"}`: the call made n times, each with its own id; fragments
-without `index`; text sent as `content` between the call's first two argument pieces). With `fake.refusal`, a chat
-model refuses (`refusal`) instead of answering. A Messages request translated to chat keeps no member it does not
+(function_call_arguments deltas). `fake.tool_call.type` picks another kind of call where the API has one: a Messages
+`server_tool_use` block (a tool Anthropic runs itself, streamed as tool_use is), a Responses `custom_tool_call` item
+(its `input` is the arguments text as free text, in custom_tool_call_input deltas). `fake.tool_stream` streams chat's
+calls as some OpenAI-compatible servers do (`{"repeat": n, "unindexed": true, "interrupt": "text"}`: the call made n
+times, each with its own id; fragments without `index`; text sent as `content` between the call's first two argument
+pieces). With `fake.refusal`, a chat or Responses model refuses instead of answering: chat's `refusal`, a Responses
+`refusal` content part (refusal deltas). A Messages request translated to chat keeps no member it does not
 translate, so there the `fake` object rides as JSON in `metadata.user_id`, which reaches chat as `user`. Like the
 providers, it refuses a request without its key (`--api-key`: `x-api-key` on the Anthropic routes, `Authorization:
 Bearer` on the OpenAI ones). `GET /_received` returns every request it got (path, headers, body), for assertions on
@@ -75,8 +78,15 @@ def tool_call(body: dict[str, Any]) -> dict[str, str] | None:
     return {"name": str(call["name"]), "arguments": str(call["arguments"])} if isinstance(call, dict) else None
 
 
+def tool_kind(body: dict[str, Any], default: str) -> str:
+    """The kind of the tool call the test asked for (`fake.tool_call.type`), `default` (the API's plain call) if it
+    named none."""
+    call = (body.get("fake") or {}).get("tool_call")
+    return str(call.get("type", default)) if isinstance(call, dict) else default
+
+
 def refusal_text(body: dict[str, Any]) -> str:
-    """What a chat model refuses with instead of answering, where the test asked for a refusal (`fake.refusal`)."""
+    """What a model refuses with instead of answering, where the test asked for a refusal (`fake.refusal`)."""
     refusal = (body.get("fake") or {}).get("refusal")
     return refusal if isinstance(refusal, str) else ""
 
@@ -155,12 +165,18 @@ def message_content(body: dict[str, Any], text: str) -> list[dict[str, Any]]:
     thinking = reasoning_text(body)
     head = [{"type": "thinking", "thinking": thinking, "signature": FAKE_SIGNATURE}] if thinking else []
     call = tool_call(body)
-    tail = [tool_use(call, json.loads(call["arguments"]))] if call else []
+    tail = [tool_use(body, call, json.loads(call["arguments"]))] if call else []
     return [*head, {"type": "text", "text": text}, *tail]
 
 
-def tool_use(call: dict[str, str], arguments: Any) -> dict[str, Any]:
-    return {"type": "tool_use", "id": "toolu_fake", "name": call["name"], "input": arguments}
+def tool_use(body: dict[str, Any], call: dict[str, str], arguments: Any) -> dict[str, Any]:
+    """The block of a call: tool_use, or server_tool_use where the test asked for a tool Anthropic runs."""
+    return {"type": tool_kind(body, "tool_use"), "id": "toolu_fake", "name": call["name"], "input": arguments}
+
+
+def stop_reason(body: dict[str, Any]) -> str:
+    """tool_use where the client is to run the call; a server tool is Anthropic's to run, so the turn just ends."""
+    return "tool_use" if tool_call(body) and tool_kind(body, "tool_use") == "tool_use" else "end_turn"
 
 
 async def message_events(body: dict[str, Any], text: str) -> AsyncIterator[str]:
@@ -194,7 +210,8 @@ async def message_events(body: dict[str, Any], text: str) -> AsyncIterator[str]:
     if call := tool_call(body):
         index += 1
         yield sse(
-            "content_block_start", {"type": "content_block_start", "index": index, "content_block": tool_use(call, {})}
+            "content_block_start",
+            {"type": "content_block_start", "index": index, "content_block": tool_use(body, call, {})},
         )
         for part in pieces(body, call["arguments"]):
             partial = {"type": "input_json_delta", "partial_json": part}
@@ -202,8 +219,7 @@ async def message_events(body: dict[str, Any], text: str) -> AsyncIterator[str]:
             await pause(body)
         yield sse("content_block_stop", {"type": "content_block_stop", "index": index})
     usage = {"output_tokens": len(text.split())}
-    reason = "tool_use" if tool_call(body) else "end_turn"
-    stop = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": None}, "usage": usage}
+    stop = {"type": "message_delta", "delta": {"stop_reason": stop_reason(body), "stop_sequence": None}, "usage": usage}
     yield sse("message_delta", stop)
     yield sse("message_stop", {"type": "message_stop"})
 
@@ -211,8 +227,7 @@ async def message_events(body: dict[str, Any], text: str) -> AsyncIterator[str]:
 async def messages(request: Request, body: dict[str, Any]) -> Response:
     text = reply_text(body)
     if not body.get("stream"):
-        reason = "tool_use" if tool_call(body) else "end_turn"
-        return JSONResponse(message(body, text, message_content(body, text), reason))
+        return JSONResponse(message(body, text, message_content(body, text), stop_reason(body)))
     return StreamingResponse(message_events(body, text), media_type="text/event-stream")
 
 
@@ -238,7 +253,7 @@ def response_object(body: dict[str, Any], text: str | None, msg_id: str, resp_id
             "id": msg_id,
             "status": "completed",
             "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": []}],
+            "content": [message_part(body, text)],
         },
         *function_calls(body, msg_id),
     ]
@@ -277,6 +292,13 @@ def response_object(body: dict[str, Any], text: str | None, msg_id: str, resp_id
     }
 
 
+def message_part(body: dict[str, Any], text: str | None) -> dict[str, Any]:
+    """A Response message's content part: the answer's output_text, or a refusal where the test asked for one."""
+    if refusal := refusal_text(body):
+        return {"type": "refusal", "refusal": refusal}
+    return {"type": "output_text", "text": text, "annotations": []}
+
+
 def reasoning_items(body: dict[str, Any], msg_id: str) -> list[dict[str, Any]]:
     """A Response's reasoning item, before its message, where the test asked for reasoning: its summary says it."""
     summary = reasoning_text(body)
@@ -299,24 +321,41 @@ def reasoning_events(body: dict[str, Any], item: dict[str, Any]) -> list[dict[st
     ]
 
 
+# a tool call item's type -> the events its text streams in (+ .delta / .done), and the key of that text
+CALL_STREAMS = {
+    "function_call": ("response.function_call_arguments", "arguments"),
+    "custom_tool_call": ("response.custom_tool_call_input", "input"),
+}
+
+
 def function_calls(body: dict[str, Any], msg_id: str) -> list[dict[str, Any]]:
-    """A Response's function_call item, after its message, where the test asked for a tool call."""
+    """A Response's tool call item, after its message, where the test asked for a tool call: a function_call, or a
+    custom_tool_call whose free-text `input` is the arguments text."""
     call = tool_call(body)
     if call is None:
         return []
-    return [{"type": "function_call", "id": f"fc_{msg_id}", "call_id": "call_fake", **call, "status": "completed"}]
+    kind = tool_kind(body, "function_call")
+    text = {CALL_STREAMS[kind][1]: call["arguments"]}
+    return [
+        {
+            "type": kind,
+            "id": f"fc_{msg_id}",
+            "call_id": "call_fake",
+            "name": call["name"],
+            **text,
+            "status": "completed",
+        }
+    ]
 
 
 def function_call_events(body: dict[str, Any], item: dict[str, Any], index: int) -> list[dict[str, Any]]:
-    """A function_call item streamed: added with no arguments, its arguments in deltas, their done, the item's."""
+    """A tool call item streamed: added with no arguments (input), them in deltas, their done, the item's."""
     at = {"item_id": item["id"], "output_index": index}
+    events, key = CALL_STREAMS[item["type"]]
     return [
-        {"type": "response.output_item.added", "output_index": index, "item": {**item, "arguments": ""}},
-        *(
-            {"type": "response.function_call_arguments.delta", **at, "delta": p}
-            for p in pieces(body, item["arguments"])
-        ),
-        {"type": "response.function_call_arguments.done", **at, "arguments": item["arguments"]},
+        {"type": "response.output_item.added", "output_index": index, "item": {**item, key: ""}},
+        *({"type": f"{events}.delta", **at, "delta": p} for p in pieces(body, item[key])),
+        {"type": f"{events}.done", **at, key: item[key]},
         {"type": "response.output_item.done", "output_index": index, "item": item},
     ]
 
@@ -325,9 +364,11 @@ async def response_events(body: dict[str, Any], text: str) -> AsyncIterator[str]
     msg_id, resp_id = f"msg_{uuid.uuid4().hex}", f"resp_{uuid.uuid4().hex}"
     final = response_object(body, text, msg_id, resp_id)
     reasoning = [i for i in final["output"] if i["type"] == "reasoning"]
-    calls = [i for i in final["output"] if i["type"] == "function_call"]
+    calls = [i for i in final["output"] if i["type"] in CALL_STREAMS]
     item = next(i for i in final["output"] if i["type"] == "message")
     part, index = item["content"][0], len(reasoning)
+    key = "refusal" if part["type"] == "refusal" else "text"  # streamed in response.refusal.* or output_text.*
+    logprobs = {"logprobs": []} if key == "text" else {}
     at = {"item_id": msg_id, "output_index": index, "content_index": 0}
     events: list[dict[str, Any]] = [
         {"type": "response.created", "response": response_object(body, None, msg_id, resp_id)},
@@ -338,12 +379,12 @@ async def response_events(body: dict[str, Any], text: str) -> AsyncIterator[str]
             "output_index": index,
             "item": {**item, "status": "in_progress", "content": []},
         },
-        {"type": "response.content_part.added", **at, "part": {**part, "text": ""}},
+        {"type": "response.content_part.added", **at, "part": {**part, key: ""}},
     ]
-    for piece in pieces(body, text):
-        events.append({"type": "response.output_text.delta", **at, "delta": piece, "logprobs": []})
+    for piece in pieces(body, part[key]):
+        events.append({"type": f"response.{part['type']}.delta", **at, "delta": piece, **logprobs})
     events += [
-        {"type": "response.output_text.done", **at, "text": text, "logprobs": []},
+        {"type": f"response.{part['type']}.done", **at, key: part[key], **logprobs},
         {"type": "response.content_part.done", **at, "part": part},
         {"type": "response.output_item.done", "output_index": index, "item": item},
         *(e for n, c in enumerate(calls, index + 1) for e in function_call_events(body, c, n)),

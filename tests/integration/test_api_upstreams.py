@@ -140,6 +140,14 @@ def raw_stream(gw: Process, path: str, body: dict[str, Any]) -> tuple[str, list[
     return text, events
 
 
+def by_type(events: list[tuple[str | None, dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """A stream's events by their `type`, in order."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for _, data in events:
+        found.setdefault(data["type"], []).append(data)
+    return found
+
+
 def user(text: str) -> list[dict[str, Any]]:
     return [{"role": "user", "content": text}]
 
@@ -357,9 +365,7 @@ def test_secret_mid_responses_stream_ends_it_with_an_error_event(gw) -> None:
 def test_redaction_rewrites_every_copy_of_the_responses_text(gw) -> None:
     wire, events = raw_stream(gw, "/v1/responses", {"model": GPT, "input": CHATTY, "stream": True})
     assert EMAIL not in wire, "not in a delta, not in any of the full-text copies"
-    by_kind: dict[str, list[dict[str, Any]]] = {}
-    for _, data in events:
-        by_kind.setdefault(data["type"], []).append(data)
+    by_kind = by_type(events)
     assert "".join(e["delta"] for e in by_kind["response.output_text.delta"]) == REDACTED
     [text_done] = by_kind["response.output_text.done"]
     [part_done] = by_kind["response.content_part.done"]
@@ -501,9 +507,7 @@ def test_responses_reasoning_summary_is_redacted_or_blocked_in_every_copy(gw) ->
 
     wire, events = raw_stream(gw, "/v1/responses", body(CHATTY, True))
     assert EMAIL not in wire, "not in a delta, not in any of the full-text copies"
-    by_kind: dict[str, list[dict[str, Any]]] = {}
-    for _, data in events:
-        by_kind.setdefault(data["type"], []).append(data)
+    by_kind = by_type(events)
     assert "".join(e["delta"] for e in by_kind["response.reasoning_summary_text.delta"]) == REDACTED
     assert by_kind["response.reasoning_summary_text.done"][0]["text"] == REDACTED
     assert by_kind["response.reasoning_summary_part.done"][0]["part"]["text"] == REDACTED
@@ -522,9 +526,9 @@ LEAKY_ARGS = json.dumps({"to": "ops", "body": f"The key:\n{LEAKY}"})
 REDACTED_INPUT = {"to": "ops", "body": f"Forward this:\n{REDACTED}"}
 
 
-def calling(arguments: str) -> dict[str, Any]:
-    """A `fake` object: the model answers "4", then calls send_email with `arguments`."""
-    return {"reply": "4", "tool_call": {"name": "send_email", "arguments": arguments}}
+def calling(arguments: str, **call: str) -> dict[str, Any]:
+    """A `fake` object: the model answers "4", then calls send_email with `arguments` (`type`: another kind of call)."""
+    return {"reply": "4", "tool_call": {"name": "send_email", "arguments": arguments, **call}}
 
 
 def test_chat_tool_call_arguments_are_redacted_or_blocked_and_stay_json(gw) -> None:
@@ -630,9 +634,7 @@ def test_responses_function_call_arguments_are_redacted_or_blocked_in_every_copy
 
     wire, events = raw_stream(gw, "/v1/responses", body(CHATTY_ARGS, True))
     assert EMAIL not in wire, "not in a delta, not in any of the full copies"
-    by_kind: dict[str, list[dict[str, Any]]] = {}
-    for _, data in events:
-        by_kind.setdefault(data["type"], []).append(data)
+    by_kind = by_type(events)
     assert json.loads("".join(e["delta"] for e in by_kind["response.function_call_arguments.delta"])) == REDACTED_INPUT
     assert json.loads(by_kind["response.function_call_arguments.done"][0]["arguments"]) == REDACTED_INPUT
     assert json.loads(by_kind["response.output_item.done"][-1]["item"]["arguments"]) == REDACTED_INPUT
