@@ -21,7 +21,7 @@ absent, never as an exception that would cost the client a 500 or a stream cut w
 from __future__ import annotations
 
 import json
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -126,15 +126,12 @@ class AnswerFormat:
 class ResponsesFormat(AnswerFormat):
     """OpenAI Responses: a Response object, or typed events ending in response.completed / incomplete / failed.
 
-    A reasoning item's text is read as a message's is: its `reasoning_text` content parts (their delta and done
-    events mirror output_text's) on the content parts' channels, each summary part on a channel of its own. A
-    function_call item's arguments are read on the item's channel: their deltas, the `.done` event's and the item's
-    full copies."""
+    A message's refusal parts are read as its output_text parts are (their delta and done events mirror
+    output_text's, the text under `refusal`), and so is a reasoning item's text: its `reasoning_text` content parts
+    on the content parts' channels, each summary part on a channel of its own. A function_call item's arguments are
+    read on the item's channel: their deltas, the `.done` event's and the item's full copies."""
 
     _FINAL = ("response.completed", "response.incomplete", "response.failed")  # not a set: a `type` may not hash
-    _PART_TEXT = ("response.output_text", "response.reasoning_text")  # + .delta / .done, on a content part
-    _SUMMARY_TEXT = "response.reasoning_summary_text"  # + .delta / .done, on a summary part
-    _ARGUMENTS = "response.function_call_arguments"  # + .delta / .done, on a function_call item
 
     def record(self, usage: Usage, body: dict[str, Any]) -> None:
         kind = body.get("type")
@@ -159,37 +156,33 @@ class ResponsesFormat(AnswerFormat):
         return event.get("type") in ("error", "response.failed")
 
     def texts(self, event: dict[str, Any]) -> Iterator[Text]:
-        channel = self._text_channel(event, ".delta")
-        if channel is not None and isinstance(event.get("delta"), str):
-            yield channel, event, "delta"
+        streamed = self._streamed(event, ".delta")
+        if streamed is not None and isinstance(event.get("delta"), str):
+            yield streamed[0], event, "delta"
 
     def ended(self, event: dict[str, Any]) -> Iterator[Hashable]:
-        channel = self._text_channel(event, ".done")
-        if channel is not None:
-            yield channel
+        streamed = self._streamed(event, ".done")
+        if streamed is not None:
+            yield streamed[0]
 
-    def _text_channel(self, event: dict[str, Any], suffix: str) -> Hashable | None:
-        """The channel of a text delta or done event (a content part's or a summary part's), None for other events."""
+    def _streamed(self, event: dict[str, Any], suffix: str) -> tuple[Hashable, str] | None:
+        """A text delta or done event's channel and the key of the done event's full copy; None for other events."""
         kind = event.get("type")
         if not isinstance(kind, str) or not kind.endswith(suffix):
             return None
-        base = kind.removesuffix(suffix)
-        if base in self._PART_TEXT:
-            return _part(event)
-        if base == self._SUMMARY_TEXT:
-            return _summary(event)
-        if base == self._ARGUMENTS:
-            return Arguments(_index(event.get("output_index")))
-        return None
+        found = _STREAMED.get(kind.removesuffix(suffix))
+        if found is None:
+            return None
+        channel, key = found
+        return channel(event), key
 
     def snapshots(self, event: dict[str, Any]) -> Iterator[Text]:
         kind = event.get("type")
-        channel = self._text_channel(event, ".done")
-        key = "arguments" if isinstance(channel, Arguments) else "text"
-        if channel is not None and isinstance(event.get(key), str):
-            yield channel, event, key
-        elif kind == "response.content_part.done" and _is_text(event.get("part"), *_CONTENT_TEXTS):
-            yield _part(event), event["part"], "text"
+        streamed = self._streamed(event, ".done")
+        if streamed is not None and isinstance(event.get(streamed[1]), str):
+            yield streamed[0], event, streamed[1]
+        elif kind == "response.content_part.done" and (key := _content_key(event.get("part"))):
+            yield _part(event), event["part"], key
         elif kind == "response.reasoning_summary_part.done" and _is_text(event.get("part"), "summary_text"):
             yield _summary(event), event["part"], "text"
         elif kind == "response.output_item.done" and isinstance(event.get("item"), dict):
@@ -374,7 +367,14 @@ class _Summary:
     part: int
 
 
-_CONTENT_TEXTS = ("output_text", "reasoning_text")  # content parts with text: a message's, a reasoning item's
+# a content part's type -> the key of its text: a message's answer and refusal parts, a reasoning item's text
+_CONTENT_TEXTS = {"output_text": "text", "refusal": "refusal", "reasoning_text": "text"}
+
+
+def _content_key(part: Any) -> str | None:
+    """The key of a content part's text; None for a part with none (an image, a part of the wrong shape)."""
+    key = _CONTENT_TEXTS.get(str(part.get("type"))) if isinstance(part, dict) else None
+    return key if key is not None and isinstance(part.get(key), str) else None
 
 
 def _part(event: dict[str, Any]) -> Hashable:
@@ -383,6 +383,20 @@ def _part(event: dict[str, Any]) -> Hashable:
 
 def _summary(event: dict[str, Any]) -> Hashable:
     return _Summary(_index(event.get("output_index")), _index(event.get("summary_index")))
+
+
+def _call_arguments(event: dict[str, Any]) -> Hashable:
+    return Arguments(_index(event.get("output_index")))
+
+
+# a streamed text's events (+ .delta / .done) -> the channel an event is on, and the key of the done event's copy
+_STREAMED: dict[str, tuple[Callable[[dict[str, Any]], Hashable], str]] = {
+    "response.output_text": (_part, "text"),
+    "response.refusal": (_part, "refusal"),
+    "response.reasoning_text": (_part, "text"),
+    "response.reasoning_summary_text": (_summary, "text"),
+    "response.function_call_arguments": (_call_arguments, "arguments"),
+}
 
 
 def _array(value: Any) -> list[Any]:
@@ -403,8 +417,8 @@ def _item_texts(index: int, item: dict[str, Any]) -> Iterator[Text]:
     """An output item's texts: a message's or a reasoning item's content parts, a reasoning item's summary parts, a
     function_call's arguments."""
     for j, part in enumerate(_array(item.get("content"))):
-        if _is_text(part, *_CONTENT_TEXTS):
-            yield (index, j), part, "text"
+        if key := _content_key(part):
+            yield (index, j), part, key
     for j, part in enumerate(_array(item.get("summary"))):
         if _is_text(part, "summary_text"):
             yield _Summary(index, j), part, "text"

@@ -669,3 +669,27 @@ def test_chat_refusal_is_redacted_or_blocked_like_the_answer(gw) -> None:
     wire, events = raw_stream(gw, "/v1/messages", {**translated, "metadata": metadata, "stream": True})
     deltas = [e["delta"] for _, e in events if e["type"] == "content_block_delta"]
     assert EMAIL not in wire and "".join(d.get("text", "") for d in deltas) == REDACTED
+
+
+def test_responses_refusal_is_redacted_or_blocked_in_every_copy(gw) -> None:
+    """A Responses message may hold a refusal part instead of output_text: the client reads it as it reads text."""
+
+    def body(refusal: str, stream: bool) -> dict[str, Any]:
+        return {"model": GPT, "input": "Mail it.", "stream": stream, "fake": {"refusal": refusal}}
+
+    output = post(gw, "/v1/responses", body(CHATTY, False)).json()["output"]
+    assert output[0]["content"] == [{"type": "refusal", "refusal": REDACTED}]
+    blocked = post(gw, "/v1/responses", body(LEAKY, False))
+    assert blocked.status_code == 502 and AWS_KEY[:8] not in blocked.text
+    assert blocked.json()["error"]["guard"]["where"] == "output[0].content[0]"
+
+    wire, events = raw_stream(gw, "/v1/responses", body(CHATTY, True))
+    assert EMAIL not in wire, "not in a delta, not in any of the full copies"
+    by_kind = by_type(events)
+    assert "".join(e["delta"] for e in by_kind["response.refusal.delta"]) == REDACTED
+    assert by_kind["response.refusal.done"][0]["refusal"] == REDACTED
+    assert by_kind["response.content_part.done"][0]["part"]["refusal"] == REDACTED
+    assert by_kind["response.output_item.done"][0]["item"]["content"][0]["refusal"] == REDACTED
+    assert by_kind["response.completed"][0]["response"]["output"][0]["content"][0]["refusal"] == REDACTED
+    wire, events = raw_stream(gw, "/v1/responses", body(LEAKY, True))
+    assert AWS_KEY[:8] not in wire and events[-1][1]["code"] == "response_blocked"

@@ -200,21 +200,24 @@ def sse(kind: str, data: dict) -> bytes:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
 
 
-@pytest.mark.parametrize("kind, item_type", [("output_text", "message"), ("reasoning_text", "reasoning")])
-def test_responses_stream_redaction_reaches_every_copy_of_the_text(kind: str, item_type: str) -> None:
+@pytest.mark.parametrize(
+    "kind, item_type, key",
+    [("output_text", "message", "text"), ("refusal", "message", "refusal"), ("reasoning_text", "reasoning", "text")],
+)
+def test_responses_stream_redaction_reaches_every_copy_of_the_text(kind: str, item_type: str, key: str) -> None:
     """Responses repeat a part's whole text when it ends (output_text.done, content_part.done, output_item.done,
-    response.completed): a redaction must reach them all, or the secret leaks at the end. A reasoning item's
-    reasoning_text parts reach the client the same way, and are read the same way."""
+    response.completed): a redaction must reach them all, or the secret leaks at the end. A message's refusal parts
+    and a reasoning item's reasoning_text parts reach the client the same way, and are read the same way."""
     from gateway.apis.answers import ResponsesFormat
 
     g = OutputGuard(MarkerGuard(), spec(pii="redact", hold_back=32, scan_every=16), "v1", "r", ResponsesFormat())
     pieces = ["Write to ", "alice.smith@", "example.com today", " please."]
     text = "".join(pieces)
-    part = {"type": kind, "text": text, "annotations": []}
+    part = {"type": kind, key: text}
     item = {"id": "msg_1", "type": item_type, "role": "assistant", "content": [part]}
     at = {"output_index": 0, "content_index": 0, "item_id": "msg_1"}
     events = [sse(f"response.{kind}.delta", {**at, "delta": p}) for p in pieces] + [
-        sse(f"response.{kind}.done", {**at, "text": text}),
+        sse(f"response.{kind}.done", {**at, key: text}),
         sse("response.content_part.done", {**at, "part": part}),
         sse("response.output_item.done", {"output_index": 0, "item": item}),
         sse("response.completed", {"response": {"object": "response", "status": "completed", "output": [item]}}),
