@@ -13,6 +13,7 @@ choice's reasoning, a reasoning summary part), so its text is never run together
 call's arguments and a refusal: an agent runs the call, so a secret or PII in `send_email(body=...)` leaves as surely
 as one in the answer does. Arguments are JSON text, on `Arguments` channels, which the guard redacts so that the
 JSON stays valid; an Anthropic tool_use block's `input` is an object, read as its JSON and parsed back when redacted.
+A Responses custom tool's input is free text in the tool's own grammar, on a text channel as the answer is.
 
 Every reader takes any JSON object: the answer is whatever the upstream sent, so a field of the wrong type reads as
 absent, never as an exception that would cost the client a 500 or a stream cut without its error event.
@@ -129,7 +130,8 @@ class ResponsesFormat(AnswerFormat):
     A message's refusal parts are read as its output_text parts are (their delta and done events mirror
     output_text's, the text under `refusal`), and so is a reasoning item's text: its `reasoning_text` content parts
     on the content parts' channels, each summary part on a channel of its own. A function_call item's arguments are
-    read on the item's channel: their deltas, the `.done` event's and the item's full copies."""
+    read on the item's channel: their deltas, the `.done` event's and the item's full copies; a custom_tool_call
+    item's `input` likewise, on a text channel (free text in the tool's own grammar, not JSON)."""
 
     _FINAL = ("response.completed", "response.incomplete", "response.failed")  # not a set: a `type` may not hash
 
@@ -200,6 +202,8 @@ class ResponsesFormat(AnswerFormat):
             return f"output[{channel.item}].summary[{channel.part}]"
         if isinstance(channel, Arguments):
             return f"output[{channel.at}].arguments"
+        if isinstance(channel, _CustomToolInput):
+            return f"output[{channel.item}].input"
         item, part = channel if isinstance(channel, tuple) else (channel, 0)
         return f"output[{item}].content[{part}]"
 
@@ -367,6 +371,14 @@ class _Summary:
     part: int
 
 
+@dataclass(frozen=True, slots=True)
+class _CustomToolInput:
+    """A Responses custom_tool_call item's input, as a channel: text an agent runs, in the tool's own grammar (not
+    JSON, so not an `Arguments` channel)."""
+
+    item: int
+
+
 # a content part's type -> the key of its text: a message's answer and refusal parts, a reasoning item's text
 _CONTENT_TEXTS = {"output_text": "text", "refusal": "refusal", "reasoning_text": "text"}
 
@@ -389,6 +401,10 @@ def _call_arguments(event: dict[str, Any]) -> Hashable:
     return Arguments(_index(event.get("output_index")))
 
 
+def _custom_tool_input(event: dict[str, Any]) -> Hashable:
+    return _CustomToolInput(_index(event.get("output_index")))
+
+
 # a streamed text's events (+ .delta / .done) -> the channel an event is on, and the key of the done event's copy
 _STREAMED: dict[str, tuple[Callable[[dict[str, Any]], Hashable], str]] = {
     "response.output_text": (_part, "text"),
@@ -396,6 +412,7 @@ _STREAMED: dict[str, tuple[Callable[[dict[str, Any]], Hashable], str]] = {
     "response.reasoning_text": (_part, "text"),
     "response.reasoning_summary_text": (_summary, "text"),
     "response.function_call_arguments": (_call_arguments, "arguments"),
+    "response.custom_tool_call_input": (_custom_tool_input, "input"),
 }
 
 
@@ -415,7 +432,7 @@ def _is_text(part: Any, *types: str) -> bool:
 
 def _item_texts(index: int, item: dict[str, Any]) -> Iterator[Text]:
     """An output item's texts: a message's or a reasoning item's content parts, a reasoning item's summary parts, a
-    function_call's arguments."""
+    function_call's arguments, a custom_tool_call's input."""
     for j, part in enumerate(_array(item.get("content"))):
         if key := _content_key(part):
             yield (index, j), part, key
@@ -424,3 +441,5 @@ def _item_texts(index: int, item: dict[str, Any]) -> Iterator[Text]:
             yield _Summary(index, j), part, "text"
     if item.get("type") == "function_call" and _holds_text(item, "arguments"):
         yield Arguments(index), item, "arguments"
+    if item.get("type") == "custom_tool_call" and _holds_text(item, "input"):
+        yield _CustomToolInput(index), item, "input"

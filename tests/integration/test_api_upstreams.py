@@ -693,3 +693,27 @@ def test_responses_refusal_is_redacted_or_blocked_in_every_copy(gw) -> None:
     assert by_kind["response.completed"][0]["response"]["output"][0]["content"][0]["refusal"] == REDACTED
     wire, events = raw_stream(gw, "/v1/responses", body(LEAKY, True))
     assert AWS_KEY[:8] not in wire and events[-1][1]["code"] == "response_blocked"
+
+
+def test_responses_custom_tool_call_input_is_redacted_or_blocked_in_every_copy(gw) -> None:
+    """A custom tool's input is free text an agent runs (the tool's own grammar, not JSON): read as text is."""
+
+    def body(text: str, stream: bool) -> dict[str, Any]:
+        fake = calling(text, type="custom_tool_call")
+        return {"model": GPT, "input": "Mail it.", "stream": stream, "fake": fake}
+
+    output = post(gw, "/v1/responses", body(CHATTY, False)).json()["output"]
+    assert output[-1]["type"] == "custom_tool_call" and output[-1]["input"] == REDACTED
+    blocked = post(gw, "/v1/responses", body(LEAKY, False))
+    assert blocked.status_code == 502 and AWS_KEY[:8] not in blocked.text
+    assert blocked.json()["error"]["guard"]["where"] == "output[1].input"
+
+    wire, events = raw_stream(gw, "/v1/responses", body(CHATTY, True))
+    assert EMAIL not in wire, "not in a delta, not in any of the full copies"
+    by_kind = by_type(events)
+    assert "".join(e["delta"] for e in by_kind["response.custom_tool_call_input.delta"]) == REDACTED
+    assert by_kind["response.custom_tool_call_input.done"][0]["input"] == REDACTED
+    assert by_kind["response.output_item.done"][-1]["item"]["input"] == REDACTED
+    assert by_kind["response.completed"][0]["response"]["output"][-1]["input"] == REDACTED
+    wire, events = raw_stream(gw, "/v1/responses", body(LEAKY, True))
+    assert AWS_KEY[:8] not in wire and events[-1][1]["code"] == "response_blocked"

@@ -251,3 +251,25 @@ def test_anthropic_stream_block_is_raised_before_the_secret_is_released() -> Non
         asyncio.run(main())
     assert info.value.verdict.where == "content[0]"
     assert not any(b"ghp_" in e for e in released)
+
+
+def test_responses_custom_tool_input_is_redacted_in_every_copy() -> None:
+    """A custom tool's input is free text an agent runs (the tool's own grammar, not JSON): streamed in
+    custom_tool_call_input deltas and repeated whole in their done event, the item and the response, it is read as
+    text is, and a redaction reaches every copy."""
+    from gateway.apis.answers import ResponsesFormat
+
+    g = OutputGuard(MarkerGuard(), spec(pii="redact", hold_back=32, scan_every=16), "v1", "r", ResponsesFormat())
+    pieces = ["MAIL ops\nWrite to ", "alice.smith@", "example.com today", " please."]
+    text = "".join(pieces)
+    item = {"id": "ctc_1", "type": "custom_tool_call", "call_id": "c", "name": "mail", "input": text}
+    at = {"output_index": 0, "item_id": "ctc_1"}
+    events = [sse("response.custom_tool_call_input.delta", {**at, "delta": p}) for p in pieces] + [
+        sse("response.custom_tool_call_input.done", {**at, "input": text}),
+        sse("response.output_item.done", {"output_index": 0, "item": item}),
+        sse("response.completed", {"response": {"object": "response", "status": "completed", "output": [item]}}),
+    ]
+    out = b"".join(x for batch in feed_all(g, [[e] for e in events]) for x in batch)
+    assert b"alice.smith" not in out and b"example.com" not in out
+    assert out.count(b"[REDACTED:EMAIL]") == 4, "the deltas once, and each of the three copies"
+    assert g.verdicts[0].where == "output[0].input"
