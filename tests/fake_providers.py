@@ -20,16 +20,16 @@ with a summary; streamed in pieces like the answer. With `fake.tool_call` (`{"na
 text>"}`), the model calls a tool after its text: chat's `tool_calls` (arguments in `function.arguments` fragments
 when streamed), a Messages tool_use block (`input`, or input_json_delta fragments), a Responses function_call item
 (function_call_arguments deltas). `fake.tool_call.type` picks another kind of call where the API has one: a Messages
-`server_tool_use` block (a tool Anthropic runs itself, streamed as tool_use is), a Responses `custom_tool_call` item
-(its `input` is the arguments text as free text, in custom_tool_call_input deltas). `fake.tool_stream` streams chat's
-calls as some OpenAI-compatible servers do (`{"repeat": n, "unindexed": true, "interrupt": "text"}`: the call made n
-times, each with its own id; fragments without `index`; text sent as `content` between the call's first two argument
-pieces). With `fake.refusal`, a chat or Responses model refuses instead of answering: chat's `refusal`, a Responses
-`refusal` content part (refusal deltas). A Messages request translated to chat keeps no member it does not
-translate, so there the `fake` object rides as JSON in `metadata.user_id`, which reaches chat as `user`. Like the
-providers, it refuses a request without its key (`--api-key`: `x-api-key` on the Anthropic routes, `Authorization:
-Bearer` on the OpenAI ones). `GET /_received` returns every request it got (path, headers, body), for assertions on
-the upstream side of the wire.
+`server_tool_use` or `mcp_tool_use` block (a tool Anthropic runs, streamed as tool_use is), a Responses
+`custom_tool_call` item (its `input` is the arguments text as free text, in custom_tool_call_input deltas).
+`fake.tool_stream` streams chat's calls as some OpenAI-compatible servers do (`{"repeat": n, "unindexed": true,
+"interrupt": "text"}`: the call made n times, each with its own id; fragments without `index`; text sent as `content`
+between the call's first two argument pieces). With `fake.refusal`, a chat or Responses model refuses instead of
+answering: chat's `refusal`, a Responses `refusal` content part (refusal deltas). A Messages request translated to
+chat keeps no member it does not translate, so there the `fake` object rides as JSON in `metadata.user_id`, which
+reaches chat as `user`. Like the providers, it refuses a request without its key (`--api-key`: `x-api-key` on the
+Anthropic routes, `Authorization: Bearer` on the OpenAI ones). `GET /_received` returns every request it got (path,
+headers, body), for assertions on the upstream side of the wire.
 """
 
 from __future__ import annotations

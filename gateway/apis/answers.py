@@ -214,9 +214,12 @@ class MessagesFormat(AnswerFormat):
     Thinking blocks are read as text blocks are. Redacting one leaves its signature unmatched (Anthropic then
     refuses it sent back in a later turn): the policy's choice, over letting what it redacts reach the client. A
     tool_use block's input is read on the block's `Arguments` channel: its input_json_delta fragments in a stream,
-    the JSON of its `input` object in a whole answer."""
+    the JSON of its `input` object in a whole answer. So is the input of a call to a tool Anthropic runs (a
+    server_tool_use block: web search, code execution; an mcp_tool_use block: an MCP server's tool), which the
+    client gets as it gets a tool_use block."""
 
     _BLOCKS = {"text": "text", "thinking": "thinking"}  # a block's type -> the key of its text
+    _CALLS = ("tool_use", "server_tool_use", "mcp_tool_use")  # blocks whose `input` is the model's call
     _DELTAS = {"text_delta": "text", "thinking_delta": "thinking"}  # a block delta's type -> the key of its text
 
     def record(self, usage: Usage, body: dict[str, Any]) -> None:
@@ -265,7 +268,7 @@ class MessagesFormat(AnswerFormat):
             key = self._BLOCKS.get(str(block.get("type"))) if isinstance(block, dict) else None
             if key is not None and isinstance(block.get(key), str):
                 yield i, block, key
-            elif isinstance(block, dict) and block.get("type") == "tool_use" and "input" in block:
+            elif isinstance(block, dict) and block.get("type") in self._CALLS and "input" in block:
                 yield Arguments(i), _AsJson(block, "input"), "json"
 
     def where(self, channel: Hashable) -> str:

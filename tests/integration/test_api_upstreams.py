@@ -598,18 +598,22 @@ def test_tool_calls_streamed_as_other_chat_servers_do_reach_the_sdk_whole(gw) ->
     assert message.stop_reason == "tool_use"
 
 
-def test_anthropic_tool_use_input_is_redacted_or_blocked(gw) -> None:
+@pytest.mark.parametrize("block", ["tool_use", "server_tool_use", "mcp_tool_use"])
+def test_anthropic_tool_use_input_is_redacted_or_blocked(gw, block) -> None:
+    """A call to a tool Anthropic runs (a server tool: web search, code execution; an MCP server's tool) is the
+    model's text the client gets, as a tool_use block's is."""
+
     def body(arguments: str, stream: bool) -> dict[str, Any]:
         return {
             "model": CLAUDE,
             "max_tokens": 256,
             "stream": stream,
             "messages": user("Mail it."),
-            "fake": calling(arguments),
+            "fake": calling(arguments, type=block),
         }
 
     content = post(gw, "/v1/messages", body(CHATTY_ARGS, False)).json()["content"]
-    assert content[-1]["type"] == "tool_use" and content[-1]["input"] == REDACTED_INPUT, "still an object"
+    assert content[-1]["type"] == block and content[-1]["input"] == REDACTED_INPUT, "still an object"
     blocked = post(gw, "/v1/messages", body(LEAKY_ARGS, False))
     assert blocked.status_code == 502 and AWS_KEY[:8] not in blocked.text
     assert "guard.output.secret.aws_access_key" in blocked.json()["error"]["message"]
