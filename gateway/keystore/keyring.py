@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gateway.config import AuthConfig
+from gateway.keystore.changes import Changes
 from gateway.keystore.records import KeyRecord, key_id_of
 from gateway.keystore.store import KeyStoreBackend
 
@@ -60,7 +61,8 @@ class KeyRing:
         self._closed = bool(self._static) or not auth.anonymous  # a key exists (or anonymous is off): never opens
         self._backend = backend
         self._poll_interval = poll_interval
-        self.version = 0  # the store version the ring holds
+        self.epoch: str | None = None  # the store lifetime the ring's copy is of (None: nothing loaded yet)
+        self.version = 0  # the store version the ring holds, within that epoch
         self._poller: asyncio.Task[None] | None = None
         self._refreshing = asyncio.Lock()  # one refresh at a time: an older answer must not undo a newer one
         self._failing = False
@@ -106,21 +108,23 @@ class KeyRing:
         """Apply the store's changes since the version held (the poller does; so may a writer that wants its change
         seen here at once)."""
         async with self._refreshing:
-            version, changed = await self._backend.changes(self.version)
-            full = version < self.version  # the store went back (a Redis without persistence restarted): reload it
-            if full:
-                version, changed = await self._backend.changes(0)
-            self._apply(version, changed, full)
+            found = await self._backend.changes(self.version)
+            # another lifetime of the store (Redis restarted or wiped), or a version that went back: the changes
+            # after the ring's version are not all those made since its copy, so the whole store is read again
+            full = found.epoch != self.epoch or found.version < self.version
+            if full and self.version:
+                found = await self._backend.changes(0)
+            self._apply(found, full)
 
-    def _apply(self, version: int, changed: list[KeyRecord], full: bool) -> None:
+    def _apply(self, found: Changes, full: bool) -> None:
         stored = {} if full else self._stored
-        self._closed = self._closed or bool(changed)  # a key was made: revoking it later must not open the gateway
-        for record in changed:
+        self._closed = self._closed or bool(found.records)  # a key was made: revoking it later must not open it
+        for record in found.records:
             if record.revoked_at is None:
                 stored[record.id] = (record, Identity(record.tenant, record.label, record.id, record))
             else:
                 stored.pop(record.id, None)
-        self._stored, self.version = stored, version
+        self._stored, self.epoch, self.version = stored, found.epoch, found.version
         self._log_anonymous()
 
     async def aclose(self) -> None:

@@ -3,7 +3,9 @@
 WAL lets readers (every instance polls a few times a second) run beside a writer; a busy timeout makes a writer wait
 for another process's transaction instead of failing. Each record is stored as its JSON with the store version of its
 last change in an indexed column, so `changes(since)` is one range scan. The version lives in a meta row that every
-put bumps in the same write transaction as the record, so readers never see one without the other.
+put bumps in the same write transaction as the record, so readers never see one without the other. Another meta row
+holds a random epoch drawn when the file is made: a file made anew where the old one was (the store follows its path)
+counts its versions again from 1.
 
 sqlite3 blocks, so every call runs on this store's one worker thread, which owns the connection.
 """
@@ -18,10 +20,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from gateway import sqlite_wal
+from gateway.keystore.changes import Changes
 from gateway.keystore.records import KeyRecord
 
 BUSY_TIMEOUT_MS = 5000  # sqlite3.connect's timeout: the connection's busy_timeout
-_VERSION = "api_keys.version"  # the meta row's name
+_VERSION = "api_keys.version"  # the meta rows' names
+_EPOCH = "api_keys.epoch"
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS api_keys (
     id TEXT PRIMARY KEY,
@@ -34,6 +38,7 @@ CREATE INDEX IF NOT EXISTS api_keys_version ON api_keys (version);
 CREATE INDEX IF NOT EXISTS api_keys_tenant ON api_keys (tenant, created_at);
 CREATE TABLE IF NOT EXISTS store_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO store_meta (name, value) VALUES ('{_VERSION}', 0);
+INSERT OR IGNORE INTO store_meta (name, value) VALUES ('{_EPOCH}', random());
 """
 
 T = TypeVar("T")
@@ -62,9 +67,9 @@ class SqliteKeyStore:
             rows = await self._run(self._select, query, (tenant,))
         return [KeyRecord.model_validate_json(row[0]) for row in rows]
 
-    async def changes(self, since: int) -> tuple[int, list[KeyRecord]]:
-        version, rows = await self._run(self._changes, since)
-        return version, [KeyRecord.model_validate_json(row) for row in rows]
+    async def changes(self, since: int) -> Changes:
+        epoch, version, rows = await self._run(self._changes, since)
+        return Changes(str(epoch), version, [KeyRecord.model_validate_json(row) for row in rows])
 
     async def aclose(self) -> None:
         await self._run(self._close)
@@ -100,11 +105,12 @@ class SqliteKeyStore:
     def _select(self, query: str, params: tuple) -> list[tuple]:
         return self._connection().execute(query, params).fetchall()
 
-    def _changes(self, since: int) -> tuple[int, list[str]]:
+    def _changes(self, since: int) -> tuple[int, int, list[str]]:
         db = self._connection()
-        db.execute("BEGIN")  # one read snapshot: the version and the rows it counts
+        db.execute("BEGIN")  # one read snapshot: the epoch, the version and the rows it counts
         try:
-            (version,) = db.execute("SELECT value FROM store_meta WHERE name = ?", (_VERSION,)).fetchone()
+            meta = dict(db.execute("SELECT name, value FROM store_meta WHERE name IN (?, ?)", (_EPOCH, _VERSION)))
+            version = meta[_VERSION]
             rows = (
                 db.execute("SELECT record FROM api_keys WHERE version > ? ORDER BY version", (since,)).fetchall()
                 if version != since
@@ -112,7 +118,7 @@ class SqliteKeyStore:
             )
         finally:
             db.execute("COMMIT")
-        return version, [row[0] for row in rows]
+        return meta[_EPOCH], version, [row[0] for row in rows]
 
     def _close(self) -> None:
         self._file.close()

@@ -3,6 +3,7 @@ many instances share one store.
 
 Every change bumps the store's version; an instance asks for the records changed since the version it has seen
 (`changes`), a few times a second, so a revocation reaches every instance within a second without a full reload.
+A store that lost changes (a Redis restarted or wiped) answers with another epoch, and the instance reloads it whole.
 Records are never deleted: a revoked key keeps its id for the audit log and spend reports.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from gateway.config import GatewayConfig
+from gateway.keystore.changes import Changes
 from gateway.keystore.records import KeyRecord
 from gateway.keystore.redis_store import RedisKeyStore
 from gateway.keystore.sqlite_store import SqliteKeyStore
@@ -27,8 +29,8 @@ class KeyStoreBackend(Protocol):
     async def records(self, tenant: str | None = None) -> list[KeyRecord]:
         """Every record (of one tenant), revoked ones included, oldest first."""
 
-    async def changes(self, since: int) -> tuple[int, list[KeyRecord]]:
-        """The current version and the records changed after version `since` (all of them for 0)."""
+    async def changes(self, since: int) -> Changes:
+        """The current epoch and version, and the records changed after version `since` (all of them for 0)."""
 
     async def aclose(self) -> None: ...
 

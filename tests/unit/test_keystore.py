@@ -89,19 +89,17 @@ def test_changes_since_a_version(open_store: OpenStore) -> None:
     _, second = stored_key()
 
     async def scenario(store: KeyStoreBackend) -> None:
-        assert await store.changes(0) == (0, [])
+        assert (await store.changes(0))[1:] == (0, [])
         await store.put(first)
-        v1, changed = await store.changes(0)
+        epoch, v1, changed = await store.changes(0)
         assert v1 > 0 and changed == [first]
         await store.put(second)
-        v2, changed = await store.changes(v1)
-        assert v2 > v1 and changed == [second]
-        assert await store.changes(v2) == (v2, [])
+        assert (await store.changes(v1))[1:] == (v1 + 1, [second])
+        assert await store.changes(v1 + 1) == (epoch, v1 + 1, [])  # one lifetime of the store: one epoch
         revoked = first.model_copy(update={"revoked_at": time.time()})
         await store.put(revoked)
-        v3, changed = await store.changes(v2)
-        assert v3 > v2 and changed == [revoked]
-        assert (await store.changes(0))[1] == [second, revoked]  # in the order of their last change
+        assert (await store.changes(v1 + 1))[1:] == (v1 + 2, [revoked])
+        assert (await store.changes(0)).records == [second, revoked]  # in the order of their last change
 
     run(open_store, scenario)
 
@@ -111,12 +109,12 @@ def test_concurrent_puts_from_two_store_objects_each_get_their_own_version(open_
 
     async def scenario(one: KeyStoreBackend, two: KeyStoreBackend) -> None:
         await asyncio.gather(*(store.put(r) for r, store in zip(records, [one, two] * 20)))
-        version, changed = await two.changes(0)
+        _, version, changed = await two.changes(0)
         assert version == len(records)
         assert sorted(r.id for r in changed) == sorted(r.id for r in records)
         # every put bumped the version once: after version k, exactly the puts numbered above k remain
         for since in range(0, version, 7):
-            assert len((await one.changes(since))[1]) == version - since
+            assert len((await one.changes(since)).records) == version - since
 
     run(open_store, scenario, stores=2)
 
@@ -127,10 +125,13 @@ def test_sqlite_store_keeps_its_records_across_objects(tmp_path: Path) -> None:
     async def scenario() -> None:
         store = SqliteKeyStore(tmp_path / "keys.db")
         await store.put(record)
+        epoch = (await store.changes(0)).epoch
         await store.aclose()
-        reopened = SqliteKeyStore(tmp_path / "keys.db")
-        assert await reopened.changes(0) == (1, [record])
+        reopened, another = SqliteKeyStore(tmp_path / "keys.db"), SqliteKeyStore(tmp_path / "another.db")
+        assert await reopened.changes(0) == (epoch, 1, [record])
+        assert (await another.changes(0)).epoch != epoch  # a file made anew counts its versions again
         await reopened.aclose()
+        await another.aclose()
 
     asyncio.run(scenario())
 
@@ -288,5 +289,58 @@ def test_ring_polls_changes_and_keeps_its_keys_through_a_store_outage(redis_serv
         assert opened(ring, secret) is None  # reloaded whole: the keys the store lost are gone
         await writer.aclose()
         await ring.aclose()
+
+    asyncio.run(scenario())
+
+
+async def refreshed(ring: KeyRing, timeout: float = 5.0) -> None:
+    """Refresh the ring once the store answers again (its pooled connections died with the old server)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await ring.refresh()
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("restart", ["empty", "snapshot", "flushall"])
+def test_a_ring_reloads_whole_when_redis_restarts_and_its_version_climbs_past_the_rings(
+    redis_server: RedisServer, restart: str
+) -> None:
+    """Redis restarted empty, from a snapshot older than the ring's copy, or wiped; then enough changes to bring its
+    version above the ring's before the ring polls: the ring must still see every change made since, the revocation
+    of a key it holds among them, and drop the keys the store lost."""
+    kept_secret, kept = stored_key()
+    lost_secret, lost = stored_key()
+    fresh = [stored_key() for _ in range(3)]
+
+    async def scenario() -> None:
+        writer, polled = RedisKeyStore(redis_server.url, timeout=2.0), RedisKeyStore(redis_server.url, timeout=2.0)
+        ring = KeyRing(static_keys(), polled, poll_interval=1.0)
+        await writer.put(kept)
+        redis_server.client().save()  # the snapshot a restart "from a snapshot" loads: `kept` only
+        await writer.put(lost)
+        await ring.refresh()
+        assert opened(ring, kept_secret) == kept.id and opened(ring, lost_secret) == lost.id
+        if restart == "flushall":
+            redis_server.client().flushall()
+        else:
+            if restart == "empty":
+                (redis_server.directory / "dump.rdb").unlink()
+            redis_server.kill()
+            redis_server.start()
+            await writer.aclose()
+            writer = RedisKeyStore(redis_server.url, timeout=2.0)
+        await writer.put(kept.model_copy(update={"revoked_at": time.time()}))
+        for _, record in fresh:
+            await writer.put(record)
+        await refreshed(ring)
+        assert opened(ring, kept_secret) is None, "revoked after the restart"
+        assert [opened(ring, secret) for secret, _ in fresh] == [record.id for _, record in fresh]
+        assert opened(ring, lost_secret) is None, "the store lost it"
+        await writer.aclose()
+        await polled.aclose()
 
     asyncio.run(scenario())
