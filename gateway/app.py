@@ -95,7 +95,7 @@ class Gateway:
         self.reloader = PolicyReloader(config.policy_dir, self._install, lambda: self.policies)
         self.key_store = build_key_store(config)  # keys made through the admin API
         # shared: the WAF looks callers up, auth refuses them
-        self.keys = KeyRing(config.auth, self.key_store, config.store.poll_interval)
+        self.keys = KeyRing(config.auth, self.key_store, config.store, self.metrics.key_store_synced)
         self.auth = AuthStage(self.keys)
         self.offload = Offload(config.limits)  # big bodies' parse, WAF and tokenize run on its threads
         self.shape_gate = ShapeGate(config.limits)  # bodies with very many values are judged out of process

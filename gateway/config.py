@@ -610,6 +610,17 @@ class StoreConfig(_Strict):
     poll_interval: Annotated[
         float, Field(gt=0, le=1, description="seconds between an instance's looks for changed keys")
     ] = 0.25
+    max_key_staleness: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            description=(
+                "seconds an instance that cannot read the key store keeps accepting stored keys from its last copy "
+                "(a key revoked meanwhile among them); past it they get 503 key_store_unavailable until the store "
+                "answers. null: no bound"
+            ),
+        ),
+    ] = 60.0
     flush_interval: Annotated[
         float, Field(gt=0, le=60, description="seconds the spend ledger gathers costs before writing them")
     ] = 1.0

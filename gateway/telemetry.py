@@ -105,6 +105,12 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",  # a restarted worker's old value leaves with it
         )
+        self.key_store_synced = Gauge(
+            "portcullis_key_store_synced_timestamp_seconds",
+            "Unix time this process last read the key store; with workers, the stalest live worker's",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
         self.tokens = Counter(
             "portcullis_tokens", "Tokens reported by upstreams", ["pool", "model", "kind"], registry=r
         )

@@ -7,7 +7,11 @@ keys: it runs on every request, in the WAF (which needs the tenant before auth d
 
 Stored keys reach the ring from the key store (gateway/keystore/store.py): loaded whole before the gateway serves,
 then polled for changes every `store.poll_interval` seconds. A poll that fails is logged and retried; the ring keeps
-what it had, so a store outage stops no one whose key was already known (and lets no revoked key back in).
+what it had, so a store outage stops no one whose key was already known (and lets no revoked key back in). What it
+had may be stale: a key revoked through an instance that still reaches the store works here until a poll succeeds.
+`store.max_key_staleness` bounds that: once the last successful read is older, stored keys (and anonymous
+access, which holds only while no key exists) are refused as `key_store_unavailable` until the store answers, when
+the changes missed apply at once. Static keys need no store and keep working.
 
 No keys → anonymous: while there are no static keys and the key store has never held a key, every request is served
 as tenant 'anonymous' (a first run, `make run`), unless `auth.anonymous` is off. Once a key exists the gateway stays
@@ -27,7 +31,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from gateway.config import AuthConfig
+from prometheus_client import Gauge
+
+from gateway.config import AuthConfig, StoreConfig
 from gateway.keystore.changes import Changes
 from gateway.keystore.records import KeyRecord, key_id_of
 from gateway.keystore.store import KeyStoreBackend
@@ -37,7 +43,7 @@ log = logging.getLogger(__name__)
 ANONYMOUS = "anonymous"
 
 # Why a request's key was refused; "invalid_api_key" covers unknown and revoked alike.
-Refusal = Literal["missing_api_key", "invalid_api_key", "expired_api_key"]
+Refusal = Literal["missing_api_key", "invalid_api_key", "expired_api_key", "key_store_unavailable"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +58,8 @@ _ANONYMOUS = Identity(ANONYMOUS, "", "")
 
 
 class KeyRing:
-    def __init__(self, auth: AuthConfig, backend: KeyStoreBackend, poll_interval: float) -> None:
+    def __init__(self, auth: AuthConfig, backend: KeyStoreBackend, store: StoreConfig, synced: Gauge) -> None:
+        """`synced` is set to the Unix time of each successful read of the store."""
         self._static: dict[bytes, tuple[bytes, Identity]] = {}  # digest prefix → (digest, identity)
         for key in auth.keys:
             digest = key.digest()
@@ -60,7 +67,11 @@ class KeyRing:
         self._stored: dict[str, tuple[KeyRecord, Identity]] = {}  # id → record, for stored keys not revoked
         self._closed = bool(self._static) or not auth.anonymous  # a key exists (or anonymous is off): never opens
         self._backend = backend
-        self._poll_interval = poll_interval
+        self._poll_interval = store.poll_interval
+        self._max_staleness = store.max_key_staleness
+        self._synced = synced
+        self._synced_at = 0.0  # time.monotonic() of the last successful read
+        self._stale = False  # the last read is older than `max_staleness`: the store's decisions are refused
         self.epoch: str | None = None  # the store lifetime the ring's copy is of (None: nothing loaded yet)
         self.version = 0  # the store version the ring holds, within that epoch
         self._poller: asyncio.Task[None] | None = None
@@ -81,12 +92,14 @@ class KeyRing:
     def identify(self, headers: Mapping[str, str]) -> Identity | Refusal:
         """The identity a request's key opens now, or why it opens none."""
         if not self._closed:
-            return _ANONYMOUS
+            return "key_store_unavailable" if self._stale else _ANONYMOUS
         presented = presented_key(headers)
         if presented is None:
             return "missing_api_key"
-        digest = hashlib.sha256(presented.encode()).digest()
         key_id = key_id_of(presented)
+        if key_id and self._stale:
+            return "key_store_unavailable"
+        digest = hashlib.sha256(presented.encode()).digest()
         stored = self._stored.get(key_id) if key_id else None
         if stored is not None:
             record, identity = stored
@@ -115,6 +128,7 @@ class KeyRing:
             if full and self.version:
                 found = await self._backend.changes(0)
             self._apply(found, full)
+            self._read_succeeded()
 
     def _apply(self, found: Changes, full: bool) -> None:
         stored = {} if full else self._stored
@@ -140,19 +154,41 @@ class KeyRing:
             try:
                 await self.refresh()
             except Exception as err:
-                if not self._failing:
-                    log.warning(
-                        "key store %s: polling failed (%s: %s); keys stay as of version %d, retrying",
-                        self._backend.name,
-                        type(err).__name__,
-                        err,
-                        self.version,
-                    )
-                self._failing = True
-                continue
-            if self._failing:
-                log.warning("key store %s: polling works again, at version %d", self._backend.name, self.version)
-                self._failing = False
+                self._poll_failed(err)
+
+    def _read_succeeded(self) -> None:
+        """A read of the store succeeded: the ring is current."""
+        self._synced_at = time.monotonic()
+        self._synced.set(time.time())
+        if self._failing:
+            log.warning(
+                "key store %s: polling works again, at version %d%s",
+                self._backend.name,
+                self.version,
+                "; stored keys are accepted again" if self._stale else "",
+            )
+        self._failing = self._stale = False
+
+    def _poll_failed(self, err: Exception) -> None:
+        if not self._failing:
+            log.warning(
+                "key store %s: polling failed (%s: %s); keys stay as of version %d, retrying",
+                self._backend.name,
+                type(err).__name__,
+                err,
+                self.version,
+            )
+        self._failing = True
+        stale_for = time.monotonic() - self._synced_at
+        if not self._stale and self._max_staleness is not None and stale_for > self._max_staleness:
+            self._stale = True
+            log.error(
+                "key store %s: not read for %.0f s (store.max_key_staleness %g s); stored keys are refused with 503 "
+                "key_store_unavailable until it answers",
+                self._backend.name,
+                stale_for,
+                self._max_staleness,
+            )
 
     def _log_anonymous(self) -> None:
         anonymous = self.anonymous

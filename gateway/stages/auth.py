@@ -27,6 +27,14 @@ class AuthStage:
 
     async def __call__(self, ctx: RequestContext) -> None:
         identity = self._keys.identify(ctx.request.headers)
+        if identity == "key_store_unavailable":
+            raise GatewayError(
+                503,
+                "API keys cannot be checked: the key store is unreachable; retry",
+                type="server_error",
+                code=identity,
+                headers={"retry-after": "1"},
+            )
         if not isinstance(identity, Identity):
             raise GatewayError(
                 401,

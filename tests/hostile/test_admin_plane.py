@@ -70,6 +70,7 @@ def test_a_store_that_is_down_is_a_503_on_the_key_and_spend_routes(fake_upstream
     redis_server.kill()
     for answer in (
         httpx.post(gw.admin_url + "/admin/keys", json={"tenant": "team-a"}, timeout=10),
+        httpx.post(gw.admin_url + "/admin/keys/0123456789ab/revoke", timeout=10),  # not taken as a 404
         httpx.get(gw.admin_url + "/admin/keys", timeout=10),
         httpx.get(gw.admin_url + "/admin/spend", timeout=10),
     ):

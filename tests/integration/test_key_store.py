@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 from gateway.keystore.records import KeyRecord, digest_of, new_key_id, new_secret
 from gateway.keystore.sqlite_store import SqliteKeyStore
 from gateway.keystore.store import KeyStoreBackend
-from tests.conftest import Process, chat_body, pool
+from tests.conftest import Partition, Process, chat_body, pool
 
 STATIC_KEY = "sk-static-operator"
 STATIC_KEYS = {"keys": [{"tenant": "operator", "sha256": hashlib.sha256(STATIC_KEY.encode()).hexdigest()}]}
@@ -86,6 +87,39 @@ def test_instances_sharing_redis_see_a_key_and_its_revocation_within_a_second(fa
     assert refused.value.code == "invalid_api_key"  # as an unknown key: revocation is not disclosed
     assert until_status(two, secret, 401) < 1.0
     assert chat(one, STATIC_KEY).status_code == 200  # static keys work beside stored ones
+
+
+def test_an_instance_cut_off_from_redis_refuses_stored_keys_past_max_key_staleness(
+    fake_upstream, gateway, redis_server
+):
+    """A key revoked through one instance while the other cannot reach Redis: the other serves it from its copy for
+    `store.max_key_staleness`, then answers 503 key_store_unavailable for stored keys (static keys still work) and
+    says so in its log and metrics; once Redis is reachable again the revocation applies within a poll."""
+    upstream = fake_upstream()
+    partition = Partition(redis_server.port)
+    config = {"pools": [pool("main", upstream.url)], "auth": STATIC_KEYS, "store": {"backend": "redis"}}
+    one = gateway({**config, "redis": {"url": redis_server.url}})
+    cut_off_url = f"redis://127.0.0.1:{partition.port}/0"
+    two = gateway({**config, "redis": {"url": cut_off_url}, "store": {"backend": "redis", "max_key_staleness": 1}})
+    try:
+        created = httpx.post(one.admin_url + "/admin/keys", json={"tenant": "team-shared"}).json()
+        until_status(two, created["secret"], 200)
+        partition.cut()
+        assert httpx.post(f"{one.admin_url}/admin/keys/{created['id']}/revoke").status_code == 200
+
+        until_status(two, created["secret"], 503)
+        refused = chat(two, created["secret"])
+        assert refused.json()["error"]["code"] == "key_store_unavailable" and refused.headers["retry-after"]
+        assert chat(two, STATIC_KEY).status_code == 200
+        assert "stored keys are refused with 503 key_store_unavailable" in two.output()
+        metrics = httpx.get(two.admin_url + "/metrics").text
+        synced = float(re.search(r"^portcullis_key_store_synced_timestamp_seconds (\S+)$", metrics, re.M)[1])
+        assert synced < time.time() - 1
+
+        partition.heal()
+        assert until_status(two, created["secret"], 401) < 2.0  # a poll, and a loaded machine's slack
+    finally:
+        partition.cut()
 
 
 def test_sqlite_store_keeps_keys_across_a_restart(fake_upstream, gateway, tmp_path: Path):

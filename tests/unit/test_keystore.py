@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import ApiKeyConfig, AuthConfig
+from gateway.config import ApiKeyConfig, AuthConfig, StoreConfig
 from gateway.keystore.keyring import ANONYMOUS, Identity, KeyRing
 from gateway.keystore.records import KeyRecord, digest_of, new_key_id, new_secret
 from gateway.keystore.redis_store import RedisKeyStore
 from gateway.keystore.sqlite_store import SqliteKeyStore
 from gateway.keystore.store import KeyStoreBackend
-from tests.conftest import RedisServer
+from gateway.telemetry import Metrics
+from tests.conftest import Partition, RedisServer
 
 OpenStore = Callable[[], KeyStoreBackend]
 
@@ -145,6 +146,11 @@ def static_keys() -> AuthConfig:
     )
 
 
+def new_ring(store: KeyStoreBackend, auth: AuthConfig | None = None, **settings: float) -> KeyRing:
+    """A ring over `store`, with these `store` settings (`poll_interval`, `max_key_staleness`)."""
+    return KeyRing(auth or AuthConfig(), store, StoreConfig(**settings), Metrics().key_store_synced)
+
+
 def ring_on(records: list[KeyRecord], path: Path, auth: AuthConfig | None = None) -> KeyRing:
     """A ring loaded from a real SQLite store (at `path`) holding these records."""
 
@@ -152,7 +158,7 @@ def ring_on(records: list[KeyRecord], path: Path, auth: AuthConfig | None = None
         store = SqliteKeyStore(path)
         for record in records:
             await store.put(record)
-        ring = KeyRing(auth or AuthConfig(), store, poll_interval=1.0)
+        ring = new_ring(store, auth)
         await ring.refresh()
         await store.aclose()
         return ring
@@ -236,7 +242,7 @@ def test_a_ring_that_saw_a_key_stays_closed_when_its_store_loses_it(redis_server
 
     async def run() -> None:
         store = RedisKeyStore(redis_server.url, timeout=2.0)
-        ring = KeyRing(AuthConfig(), store, poll_interval=1.0)
+        ring = new_ring(store)
         try:
             await ring.refresh()
             assert ring.identify({}) == Identity(ANONYMOUS, "", ""), "no key yet: a first run is open"
@@ -253,22 +259,22 @@ def test_a_ring_that_saw_a_key_stays_closed_when_its_store_loses_it(redis_server
     asyncio.run(run())
 
 
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> float:
+    """Seconds until `condition` holds (the ring polls meanwhile)."""
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout, "the ring did not catch up"
+        await asyncio.sleep(0.01)
+    return time.monotonic() - started
+
+
 def test_ring_polls_changes_and_keeps_its_keys_through_a_store_outage(redis_server: RedisServer) -> None:
     secret, record = stored_key()
     later_secret, later = stored_key()
 
-    async def until(condition: Callable[[], bool], timeout: float = 5.0) -> float:
-        started = time.monotonic()
-        while not condition():
-            assert time.monotonic() - started < timeout, "the ring did not catch up"
-            await asyncio.sleep(0.01)
-        return time.monotonic() - started
-
     async def scenario() -> None:
         writer = RedisKeyStore(redis_server.url, timeout=2.0)
-        ring = KeyRing(
-            static_keys(), RedisKeyStore(redis_server.url, timeout=2.0), poll_interval=0.05
-        )  # never anonymous
+        ring = new_ring(RedisKeyStore(redis_server.url, timeout=2.0), static_keys(), poll_interval=0.05)
         await ring.start()
         await writer.put(record)
         await until(lambda: opened(ring, secret) == record.id)
@@ -318,7 +324,7 @@ def test_a_ring_reloads_whole_when_redis_restarts_and_its_version_climbs_past_th
 
     async def scenario() -> None:
         writer, polled = RedisKeyStore(redis_server.url, timeout=2.0), RedisKeyStore(redis_server.url, timeout=2.0)
-        ring = KeyRing(static_keys(), polled, poll_interval=1.0)
+        ring = new_ring(polled, static_keys())
         await writer.put(kept)
         redis_server.client().save()  # the snapshot a restart "from a snapshot" loads: `kept` only
         await writer.put(lost)
@@ -344,3 +350,63 @@ def test_a_ring_reloads_whole_when_redis_restarts_and_its_version_climbs_past_th
         await polled.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_ring_cut_off_from_redis_serves_its_copy_for_max_key_staleness_then_refuses_stored_keys_until_it_answers(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A key revoked through an instance that reaches Redis, while this one cannot: this one accepts it from its copy
+    for `store.max_key_staleness` at most, then refuses every stored key as `key_store_unavailable` (static keys
+    need no store); once Redis answers again the revocation applies within a poll. The staleness shows in the
+    synced-at gauge and the log."""
+    secret, record = stored_key()
+    max_staleness, poll = 2.0, 0.05
+    partition = Partition(redis_server.port)
+    metrics = Metrics()
+
+    def synced() -> float:
+        value = metrics.registry.get_sample_value("portcullis_key_store_synced_timestamp_seconds")
+        assert value is not None
+        return value
+
+    async def scenario() -> None:
+        writer = RedisKeyStore(redis_server.url, timeout=2.0)
+        polled = RedisKeyStore(f"redis://127.0.0.1:{partition.port}/0", timeout=0.25)
+        ring = KeyRing(
+            static_keys(),
+            polled,
+            StoreConfig(poll_interval=poll, max_key_staleness=max_staleness),
+            metrics.key_store_synced,
+        )
+        # a first run's ring, open while no key exists: past the bound it cannot know that none was made since
+        keyless = RedisKeyStore(f"redis://127.0.0.1:{partition.port}/1", timeout=0.25)
+        anonymous = new_ring(keyless, poll_interval=poll, max_key_staleness=max_staleness)
+        await writer.put(record)
+        await ring.start()
+        await anonymous.start()
+        assert opened(ring, secret) == record.id and anonymous.anonymous
+        partition.cut()
+        cut_at = time.monotonic()
+        await writer.put(record.model_copy(update={"revoked_at": time.time()}))
+        assert opened(ring, secret) == record.id, "within the bound, the copy serves (fail open)"
+        await until(lambda: ring.identify(bearer(secret)) == "key_store_unavailable", timeout=max_staleness + 3)
+        assert time.monotonic() - cut_at >= max_staleness - poll  # its last read may have been a poll before
+        assert time.time() - synced() > max_staleness
+        assert ring.identify(bearer(new_secret(new_key_id()))) == "key_store_unavailable"  # unknown: cannot tell
+        assert opened(ring, STATIC_SECRET) is not None and ring.identify({}) == "missing_api_key"
+        await until(lambda: anonymous.identify({}) == "key_store_unavailable")
+        assert "stored keys are refused with 503 key_store_unavailable" in caplog.text
+
+        partition.heal()
+        # within a poll; the slack is a loaded machine's (before the bound, it took as long as the partition)
+        assert await until(lambda: ring.identify(bearer(secret)) == "invalid_api_key") < poll + 1.5
+        assert synced() > time.time() - 2
+        assert "stored keys are accepted again" in caplog.text
+        await until(lambda: anonymous.identify({}) == Identity(ANONYMOUS, "", ""))
+        for closing in (ring, anonymous, writer, polled, keyless):
+            await closing.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        partition.cut()
