@@ -248,13 +248,13 @@ class RequestParser:
             raise APIError(400, "'prompt' must be a string", param="prompt")
         return self.engine.tokenizer.encode(prompt, add_bos=field(body, "add_special_tokens", bool, None))
 
-    def detokenize_ids(self, body: dict[str, Any]) -> list[int]:
-        """/detokenize: the token ids to decode, each in the vocabulary."""
+    def detokenize(self, body: dict[str, Any]) -> str:
+        """/detokenize: the text of the token ids, each in the vocabulary (special tokens kept)."""
         ids = body.get("tokens")
         vs = self.engine.tokenizer.vocab_size
         if not isinstance(ids, list) or not all(is_token_id(t) and 0 <= t < vs for t in ids):
             raise APIError(400, "'tokens' must be a list of valid token ids", param="tokens")
-        return ids
+        return self.engine.tokenizer.decode(ids, skip_special_tokens=False)
 
     def generation(self, body: dict[str, Any], chat: bool) -> GenerationRequest:
         jobs = self._jobs(body, chat)
