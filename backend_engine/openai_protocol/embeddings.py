@@ -15,7 +15,7 @@ import numpy as np
 
 from backend_engine.model.prompt import prompt_too_long
 from backend_engine.openai_protocol.errors import APIError
-from backend_engine.openai_protocol.requests import RequestParser, field, known_fields
+from backend_engine.openai_protocol.requests import RequestParser, field, is_token_id, known_fields, token_ids
 
 REQUEST_FIELDS = frozenset({"input", "model", "encoding_format", "dimensions", "user"})
 MAX_INPUTS = 2048  # OpenAI's limit per request
@@ -62,27 +62,27 @@ def _token_lists(value: Any, parser: RequestParser) -> list[list[int]]:
                 raise APIError(400, prompt_too_long(len(text)), param="input", code="context_length_exceeded")
         return [parser.engine.tokenizer.encode(text) for text in texts]
 
+    max_len = parser.engine.max_model_len
     if isinstance(value, str):
         return encode_all([value])
-    if isinstance(value, list) and value:
+    if isinstance(value, list) and value and is_token_id(value[0]):  # one input of token ids
+        ids = token_ids(value, max_len, "input")
+        if ids is not None:
+            return [ids]
+    elif isinstance(value, list) and value:
         if len(value) > MAX_INPUTS:
             raise APIError(400, f"at most {MAX_INPUTS} inputs per request", param="input")
-        if all(_is_token_id(t) for t in value):
-            return [list(value)]
         if all(isinstance(s, str) for s in value):
             return encode_all(value)
-        if all(isinstance(ids, list) and all(_is_token_id(t) for t in ids) for ids in value):
-            return [list(ids) for ids in value]
+        lists = [ids for v in value if (ids := token_ids(v, max_len, "input")) is not None]
+        if len(lists) == len(value):
+            return lists
     raise APIError(
         400,
         "'input' must be a string, an array of strings, an array of token ids or an array of token-id arrays, "
         "and not empty",
         param="input",
     )
-
-
-def _is_token_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def unit_vector(pooled: np.ndarray, dimensions: int | None) -> np.ndarray:

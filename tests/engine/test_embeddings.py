@@ -11,6 +11,8 @@ import openai
 import pytest
 
 from backend_engine.batch import build_forward_batch
+from backend_engine.openai_protocol.embeddings import MAX_INPUTS, parse_embedding_request
+from backend_engine.openai_protocol.requests import RequestParser
 from backend_engine.sequence import SamplingParams, Sequence
 from backend_engine.server import EngineServer
 
@@ -151,6 +153,25 @@ def test_bad_requests_get_400_in_openai_shape(served, body, param, code):
     assert err["type"] == "invalid_request_error" and err["message"] and err["param"] == param
     if code:
         assert err["code"] == code
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_token_ids_longer_than_the_context_are_refused_before_they_are_walked(served, batched):
+    """Every id of an input was checked before its length: ten million ids took seconds of a core before the 400.
+    The last "id" here is no id at all, so only an input measured before it is walked is refused for its length."""
+    ids = [84] * (served[0].engine.max_model_len + 1) + ["x"]
+    r = httpx.post(served[1] + "/v1/embeddings", json={"input": [ids] if batched else ids}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "context_length_exceeded" and r.json()["error"]["param"] == "input"
+
+
+def test_a_flat_list_of_token_ids_is_one_input_however_long(make_engine):
+    """A flat list of token ids is one input, but its ids were counted as inputs: a 2,100-token input, inside the
+    context, was refused as more than 2048 inputs."""
+    parser = RequestParser(make_engine(kv_cache_bytes=128 << 20), MODEL)
+    ids = [84] * (MAX_INPUTS + 52)
+    assert parser.engine.max_model_len > len(ids)
+    assert parse_embedding_request({"input": ids}, parser).inputs == [ids]
 
 
 @pytest.mark.parametrize("value", ["word " * 1_600_000, ["hi", "word " * 1_600_000]])

@@ -279,6 +279,18 @@ def test_a_batch_of_too_many_prompts_is_refused_before_it_is_tokenized(server):
     assert time.monotonic() - started < 8  # tokenized first, it took 16-28 s
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_token_ids_longer_than_the_context_are_refused_before_they_are_walked(server, batched):
+    """Every id of a token-id prompt was checked before the prompt's length: ten million ids took seconds of a core
+    the engine's steps share, only to be refused as longer than the context. The last "id" here is no id at all, so
+    only a prompt measured before it is walked is refused for its length."""
+    max_model_len = httpx.get(server + "/v1/models").json()["data"][0]["max_model_len"]
+    ids = [84] * max_model_len + ["x"]
+    r = httpx.post(server + "/v1/completions", json={"prompt": [ids] if batched else ids, "max_tokens": 1}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "context_length_exceeded" and r.json()["error"]["param"] == "prompt"
+
+
 LONG_TEXT = "word " * 1_600_000  # 8 MB: far more than the context holds, well inside the body limit
 
 
