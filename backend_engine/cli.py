@@ -22,6 +22,17 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512M, 2G, 1048576)") from None
 
 
+def _seconds(text: str) -> float:
+    """A positive number of seconds (a zero or negative timeout would refuse every request body)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:  # also false for NaN
+        raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
+    return value
+
+
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     """Add `engine` with its `serve` subcommand to a parent parser's subparsers."""
     engine = subparsers.add_parser("engine", help="the bundled inference engine")
@@ -66,6 +77,18 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--no-prefix-caching", action="store_true")
     s.add_argument("--seed", type=int, default=None)
     s.add_argument("--threads", type=int, default=None, help="BLAS threads (default: all cores)")
+    s.add_argument(
+        "--body-idle-timeout",
+        type=_seconds,
+        default=10.0,
+        help="seconds a request body may go without a byte (then 408)",
+    )
+    s.add_argument(
+        "--body-timeout",
+        type=_seconds,
+        default=60.0,
+        help="seconds a whole request body may take to arrive, however it trickles (then 408)",
+    )
     s.add_argument("--log-level", default="info")
     s.set_defaults(func=serve)
 
@@ -94,6 +117,8 @@ def serve(args: argparse.Namespace) -> int:
         enable_prefix_caching=not args.no_prefix_caching,
         seed=args.seed,
         threads=args.threads,
+        body_idle_timeout=args.body_idle_timeout,
+        body_timeout=args.body_timeout,
     )
     try:
         engine = LLMEngine(cfg)

@@ -43,6 +43,10 @@ class EngineConfig:
     max_logprobs: int = 20
     seed: int | None = None
     threads: int | None = None  # BLAS (and int8 kernel) threads; None = all cores
+    # Request bodies (408 past either): a client that sends nothing holds a connection and its buffer for the idle
+    # wait; one that trickles a byte just inside it, for the whole wait. 60 s reads 32 MiB at 0.5 MiB/s.
+    body_idle_timeout: float = 10.0  # seconds between a body's chunks, as the gateway's limits.body_idle_timeout
+    body_timeout: float = 60.0  # seconds from a body's first read to its last byte
 
     def resolved_model(self) -> str:
         return self.model or default_model_path()

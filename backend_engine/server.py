@@ -29,7 +29,7 @@ from backend_engine.engine import LLMEngine, RequestOutput
 from backend_engine.kv_events import KVEventBus
 from backend_engine.openai_protocol.embeddings import embedding_response, parse_embedding_request
 from backend_engine.openai_protocol.errors import APIError
-from backend_engine.openai_protocol.requests import RequestParser, json_object
+from backend_engine.openai_protocol.requests import RequestParser
 from backend_engine.openai_protocol.responses import ResponseShaper
 from backend_engine.openai_protocol.responses_api import (
     ResponseDraft,
@@ -134,7 +134,7 @@ class EngineServer:
     async def tokenize(self, request: Request) -> Response:
         try:
             # off the event loop, as every body that is rendered or tokenized: /tokenize takes any length of text
-            ids = await run_in_threadpool(self.parser.tokenize_ids, await json_object(request))
+            ids = await run_in_threadpool(self.parser.tokenize_ids, await self.parser.body(request))
         except APIError as e:
             return e.response()
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": self.engine.max_model_len})
@@ -142,7 +142,7 @@ class EngineServer:
     async def detokenize(self, request: Request) -> Response:
         try:
             # off the event loop, as /tokenize: checking and decoding 10 million ids there held every stream for 3 s
-            text = await run_in_threadpool(self.parser.detokenize, await json_object(request))
+            text = await run_in_threadpool(self.parser.detokenize, await self.parser.body(request))
         except APIError as e:
             return e.response()
         # orjson: json.dumps holds the interpreter lock (and so the event loop) 8x as long over the same text
@@ -177,7 +177,7 @@ class EngineServer:
         try:
             # off the event loop: rendering a chat of a million messages, or tokenizing 64 prompts, took seconds there,
             # and every other request (and /health) waited for it
-            req = await run_in_threadpool(self.parser.generation, await json_object(request), chat)
+            req = await run_in_threadpool(self.parser.generation, await self.parser.body(request), chat)
         except APIError as e:
             return e.response()
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -196,7 +196,7 @@ class EngineServer:
 
     async def responses(self, request: Request) -> Response:
         try:
-            req = await run_in_threadpool(parse_responses_request, await json_object(request), self.parser)
+            req = await run_in_threadpool(parse_responses_request, await self.parser.body(request), self.parser)
         except APIError as e:
             return e.response()
         draft = ResponseDraft(self.model_name, req.echo)
@@ -238,7 +238,7 @@ class EngineServer:
     async def embeddings(self, request: Request) -> Response:
         try:
             # tokenizing up to 2048 inputs: off the event loop
-            req = await run_in_threadpool(parse_embedding_request, await json_object(request), self.parser)
+            req = await run_in_threadpool(parse_embedding_request, await self.parser.body(request), self.parser)
             pooled = await until_disconnect(request, self.async_engine.embed(req.inputs))
         except Exception as e:  # noqa: BLE001 - every failure gets OpenAI's error shape
             return generation_error(e).response()

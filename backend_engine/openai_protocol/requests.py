@@ -24,7 +24,6 @@ MAX_TOKEN_ID_DIGITS = 18  # a logit_bias key longer than this is no vocabulary's
 # a 20 MB salt cost a 1,400-token prompt 3.6 s of hashing there. The gateway's salts are 16 characters.
 MAX_CACHE_SALT_CHARS = 1024
 MAX_BODY_BYTES = 32 << 20  # far above any prompt the context holds, or a batch of embedding inputs
-BODY_IDLE_TIMEOUT = 10.0  # seconds between a body's chunks, as the gateway's limits.body_idle_timeout
 
 _MISSING = object()
 
@@ -156,38 +155,45 @@ def logit_bias(body: dict[str, Any]) -> dict[int, float]:
     return bias
 
 
-async def read_body(request: Request) -> bytes:
-    """The body, bounded in bytes as it arrives (413) and in time between its chunks (408): without either, one
-    client could hold a connection open forever or fill the engine's memory."""
+async def read_body(request: Request, idle_timeout: float, timeout: float) -> bytes:
+    """The body, bounded in bytes as it arrives (413), and in time between its chunks and in all (408): without
+    these, one client could fill the engine's memory, or hold a connection and its buffer forever by sending a byte
+    just inside each idle wait. A 408 closes the connection, where the rest of such a body would keep it open."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
         raise _too_large()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
     chunks: list[bytes] = []
     size = 0
-    stream = request.stream()
-    while True:
-        try:
-            async with asyncio.timeout(BODY_IDLE_TIMEOUT):
-                chunk = await anext(stream)
-        except StopAsyncIteration:
-            return b"".join(chunks)
-        except TimeoutError:
-            raise APIError(408, f"request body stalled for {BODY_IDLE_TIMEOUT:g}s", code="body_timeout") from None
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise _too_large()
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout_at(min(loop.time() + idle_timeout, deadline)) as timer:  # moved on by each chunk
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise _too_large()
+                chunks.append(chunk)
+                timer.reschedule(min(loop.time() + idle_timeout, deadline))
+    except TimeoutError:
+        message = (
+            f"request body not complete within {timeout:g}s"
+            if timer.when() == deadline
+            else f"request body stalled for {idle_timeout:g}s"
+        )
+        raise APIError(408, message, code="body_timeout", headers={"connection": "close"}) from None
+    return b"".join(chunks)
 
 
 def _too_large() -> APIError:
     return APIError(413, f"request body exceeds the {MAX_BODY_BYTES}-byte limit", code="request_too_large")
 
 
-async def json_object(request: Request) -> dict[str, Any]:
-    """The body as a JSON object. Strict JSON, as the gateway parses it: Python's json module would also take NaN and
-    Infinity (a NaN temperature) and strings with lone surrogates (which the tokenizer cannot encode)."""
+async def json_object(request: Request, idle_timeout: float, timeout: float) -> dict[str, Any]:
+    """The body (read within `read_body`'s bounds) as a JSON object. Strict JSON, as the gateway parses it: Python's
+    json module would also take NaN and Infinity (a NaN temperature) and strings with lone surrogates (which the
+    tokenizer cannot encode)."""
     try:
-        body = orjson.loads(await read_body(request))
+        body = orjson.loads(await read_body(request, idle_timeout, timeout))
     except orjson.JSONDecodeError:
         raise APIError(400, "request body must be valid JSON", code="invalid_json") from None
     if not isinstance(body, dict):
@@ -217,6 +223,11 @@ class RequestParser:
         # on the event loop, and 30 MB of text held every other request for a minute only to be refused. Four times
         # the bound a token's bytes give, for normalizers that compose characters (fewer bytes than the input has).
         self.max_prompt_chars = 4 * engine.max_model_len * engine.tokenizer.max_token_bytes
+
+    async def body(self, request: Request) -> dict[str, Any]:
+        """The request's body as a JSON object, read within this engine's body timeouts."""
+        config = self.engine.config
+        return await json_object(request, config.body_idle_timeout, config.body_timeout)
 
     def check_model(self, body: dict[str, Any]) -> None:
         model = body.get("model")

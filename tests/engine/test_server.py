@@ -5,20 +5,24 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
 import pytest
 
 from backend_engine.block_hash import hash_prompt_blocks
+from backend_engine.server import EngineServer
 
 from .conftest import reference
+from .served import running_server
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "SmolLM2-135M-Instruct"
@@ -442,6 +446,34 @@ def test_a_stalled_body_is_answered_with_408(server):
                 break
     assert answer.startswith(b"HTTP/1.1 408") and b"body_timeout" in answer, answer
     assert 5 < time.monotonic() - started < 25
+
+
+def test_a_body_trickled_past_its_deadline_is_answered_with_408_and_closed(make_engine):
+    """A client sending a byte just inside each idle wait held its connection, and a handler reading its body, for as
+    long as it went on: the idle timeout alone never fired. Short timeouts keep the test to seconds."""
+    server = EngineServer(make_engine(body_idle_timeout=1.0, body_timeout=3.0))
+    with running_server(server) as url:
+        parts = urlsplit(url)
+        with socket.create_connection((parts.hostname, parts.port), timeout=30) as conn:
+            conn.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"content-length: 1000\r\n\r\n{"
+            )
+            started = time.monotonic()
+            answer = b""
+            while time.monotonic() - started < 20:
+                try:
+                    conn.sendall(b" ")  # well inside the idle timeout
+                except OSError:
+                    break  # closed by the server
+                if select.select([conn], [], [], 0.3)[0]:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break  # closed by the server
+                    answer += chunk
+            elapsed = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408") and b"body_timeout" in answer and b"within 3s" in answer, answer
+    assert 2.5 < elapsed < 10, elapsed  # the deadline, and the connection closed after it however the client goes on
 
 
 def test_logit_bias_steers_the_completion(server):
