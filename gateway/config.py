@@ -96,6 +96,16 @@ class LimitsConfig(_Strict):
     body_idle_timeout: Annotated[
         float, Field(gt=0, description=("seconds the request body may go without a byte → 408"))
     ] = 10.0
+    body_timeout: Annotated[
+        float,
+        Field(
+            gt=0,
+            description=(
+                "seconds from the request head to the body's last byte, however it trickles → 408; a client that "
+                "sends a byte just inside each idle wait is cut off here"
+            ),
+        ),
+    ] = 60.0
     send_timeout: Annotated[
         float,
         Field(

@@ -47,16 +47,20 @@ class ParseStage:
         ctx.span.set_attribute("gen_ai.request.model", ctx.model)
 
     async def read_body(self, ctx: RequestContext) -> bytes:
-        """The body, bounded in bytes as it arrives and in time between its chunks (a slow client holds a slot)."""
+        """The body, bounded in bytes as it arrives, in time between its chunks and in time in all: a slow client
+        holds a slot and a connection, and one that sends a byte just inside each idle wait would hold them for as
+        long as its body lasts."""
         request = ctx.request
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             raise _too_large(self.max_body_bytes)
-        idle = self.limits.body_idle_timeout
+        idle, whole = self.limits.body_idle_timeout, self.limits.body_timeout
         loop = asyncio.get_running_loop()
+        deadline = loop.time() + whole
         chunks, size = [], 0
         try:
-            async with asyncio.timeout(idle) as stalled:  # one timer, moved on by every chunk
+            # one timer, moved on by every chunk, never past the deadline
+            async with asyncio.timeout_at(min(loop.time() + idle, deadline)) as timer:
                 while True:
                     message = await request.receive()
                     if message["type"] == "http.disconnect":
@@ -68,10 +72,11 @@ class ParseStage:
                     chunks.append(chunk)
                     if not message.get("more_body", False):
                         return b"".join(chunks)
-                    stalled.reschedule(loop.time() + idle)
+                    timer.reschedule(min(loop.time() + idle, deadline))
         except TimeoutError:
+            why = f"not complete within {whole:g}s" if timer.when() == deadline else f"stalled for {idle:g}s"
             raise GatewayError(
-                408, f"request body stalled for {idle:g}s", code="body_timeout", headers={"connection": "close"}
+                408, f"request body {why}", code="body_timeout", headers={"connection": "close"}
             ) from None
 
 

@@ -19,6 +19,7 @@ LIMITS = {
     "max_header_bytes": 8192,
     "header_timeout": 2.0,
     "body_idle_timeout": 2.0,
+    "body_timeout": 4.0,
     "max_connections": 8,
 }
 
@@ -104,6 +105,23 @@ def test_a_stalled_body_gets_408(gw):
     assert answer is not None and answer.status == 408
     assert answer.error()["code"] == "body_timeout"
     assert time.monotonic() - started < 6
+
+
+def test_a_body_trickled_inside_each_idle_wait_gets_408_at_the_body_deadline(gw):
+    sock = connect(gw.url)
+    send_ignoring_reset(sock, head(extra=b"content-length: 100000\r\n\r\n"))
+    started = time.monotonic()
+    while time.monotonic() - started < 12:  # a body byte every half second: never stalled, never complete
+        if not send_ignoring_reset(sock, b" "):
+            break
+        time.sleep(0.5)
+    answer = read_answer(sock, timeout=2)
+    assert answer is not None and answer.status == 408, "a trickled body was never cut off"
+    assert answer.error()["code"] == "body_timeout" and "within 4s" in answer.error()["message"]
+    assert time.monotonic() - started < 10
+    waited = time.monotonic()
+    assert read_all(sock, timeout=3) == b"" and time.monotonic() - waited < 2.5, "the connection stayed open"
+    assert_healthy(gw)
 
 
 def test_connections_past_the_listener_cap_are_refused_and_the_rest_served(gw):
