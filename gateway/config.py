@@ -627,10 +627,10 @@ class StoreConfig(_Strict):
             description=(
                 "seconds an instance that cannot read the key store keeps accepting stored keys from its last copy "
                 "(a key revoked meanwhile among them); past it they get 503 key_store_unavailable until the store "
-                "answers. null: no bound"
+                "answers. null (the default): no bound, a store outage stops no one"
             ),
         ),
-    ] = 60.0
+    ] = None
     flush_interval: Annotated[
         float, Field(gt=0, le=60, description="seconds the spend ledger gathers costs before writing them")
     ] = 1.0

@@ -9,7 +9,7 @@ Stored keys reach the ring from the key store (gateway/keystore/store.py): loade
 then polled for changes every `store.poll_interval` seconds. A poll that fails is logged and retried; the ring keeps
 what it had, so a store outage stops no one whose key was already known (and lets no revoked key back in). What it
 had may be stale: a key revoked through an instance that still reaches the store works here until a poll succeeds.
-`store.max_key_staleness` bounds that: once the last successful read is older, stored keys (and anonymous
+`store.max_key_staleness`, where set, bounds that: once the last successful read is older, stored keys (and anonymous
 access, which holds only while no key exists) are refused as `key_store_unavailable` until the store answers, when
 the changes missed apply at once. Static keys need no store and keep working.
 
