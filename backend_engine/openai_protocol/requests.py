@@ -15,7 +15,7 @@ from starlette.requests import Request
 from backend_engine.engine import LLMEngine
 from backend_engine.model.prompt import PromptError, prompt_too_long
 from backend_engine.openai_protocol.errors import APIError
-from backend_engine.sequence import SamplingParams
+from backend_engine.sequence import MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SamplingParams
 
 MAX_N = 16  # choices per prompt
 MAX_CHOICES = 64  # prompts x n per request
@@ -68,6 +68,14 @@ def token_ids(value: Any, limit: int, param: str) -> list[int] | None:
     return list(value) if all(is_token_id(t) for t in value) else None
 
 
+def _bounded(items: list[Any], limit: int, param: str) -> list[Any]:
+    """`items`, or a 400 when there are more than `limit`: counted before they are walked, which for millions of
+    them took a second of the core the engine's steps share."""
+    if len(items) > limit:
+        raise APIError(400, f"'{param}' may hold at most {limit} items", param=param)
+    return items
+
+
 def known_fields(body: dict[str, Any], allowed: frozenset[str]) -> None:
     """400 for the first field outside `allowed`, as OpenAI rejects parameters it does not know."""
     for key in body:
@@ -89,9 +97,9 @@ def sampling_params(body: dict[str, Any], max_tokens_default: int, chat: bool) -
         stop = []
     elif isinstance(stop, str):
         stop = [stop]
-    elif not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+    elif not (isinstance(stop, list) and all(isinstance(s, str) for s in _bounded(stop, MAX_STOP_STRINGS, "stop"))):
         raise APIError(400, "'stop' must be a string or a list of strings", param="stop")
-    stop_ids = field(body, "stop_token_ids", list, [])
+    stop_ids = _bounded(field(body, "stop_token_ids", list, []), MAX_STOP_TOKEN_IDS, "stop_token_ids")
     if not all(is_token_id(t) for t in stop_ids):
         raise APIError(400, "'stop_token_ids' must be a list of integers", param="stop_token_ids")
     if chat:
