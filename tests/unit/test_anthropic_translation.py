@@ -59,11 +59,15 @@ def recorded_chunks(name: str) -> list[dict[str, Any]]:
     return [data for _, data in sse_data((REFERENCE / name).read_bytes())]
 
 
+def translated_bytes(chunks: list[dict[str, Any]], **options: Any) -> bytes:
+    """Our stream's bytes for a chat stream, as the gateway sends them."""
+    translator = ChatStreamToMessages("claude-on-vllm", **options)
+    return b"".join(event for chunk in chunks for event in translator.feed(chunk)) + b"".join(translator.finish())
+
+
 def translate_stream(chunks: list[dict[str, Any]], **options: Any) -> list[dict[str, Any]]:
     """Our events for a chat stream, each checked as SSE: its event name is its data's type."""
-    translator = ChatStreamToMessages("claude-on-vllm", **options)
-    raw = b"".join(event for chunk in chunks for event in translator.feed(chunk)) + b"".join(translator.finish())
-    events = sse_data(raw)
+    events = sse_data(translated_bytes(chunks, **options))
     assert all(name == data["type"] for name, data in events)
     return [data for _, data in events]
 
@@ -637,11 +641,7 @@ ASK = {"model": "claude-on-vllm", "max_tokens": 64, "messages": [{"role": "user"
 def test_the_sdk_streams_our_events_to_the_accumulated_message(sdk_client):
     client, server = sdk_client
     chunks = recorded_chunks("openai_chat_stream_tool_calls.sse")
-    translator = ChatStreamToMessages("claude-on-vllm")
-    server.answer = (
-        b"".join(e for c in chunks for e in translator.feed(c)) + b"".join(translator.finish()),
-        "text/event-stream",
-    )
+    server.answer = (translated_bytes(chunks), "text/event-stream")
     with client.messages.stream(**ASK) as stream:
         final = stream.get_final_message()
     assert final.model_dump() == accumulate(translate_stream(chunks)).model_dump()
@@ -857,11 +857,7 @@ def test_interleaved_tool_call_fragments_become_one_whole_block_each(sdk_client)
     assert (message.stop_reason, message.usage.output_tokens) == ("tool_use", 12)
 
     client, server = sdk_client
-    translator = ChatStreamToMessages("claude-on-vllm")
-    server.answer = (
-        b"".join(e for c in chunks for e in translator.feed(c)) + b"".join(translator.finish()),
-        "text/event-stream",
-    )
+    server.answer = (translated_bytes(chunks), "text/event-stream")
     with client.messages.stream(**ASK) as stream:
         stopped = [e.content_block.input for e in stream if e.type == "content_block_stop"]  # type: ignore[union-attr]
     assert stopped == [{"city": "Paris"}, {"ticker": "AAPL"}]  # each input whole when its block stops
@@ -899,11 +895,7 @@ def test_text_inside_a_calls_arguments_comes_after_its_block(sdk_client):
     assert content == [("text", "Checking."), ("tool_use", {"city": "Paris"}), ("text", " One moment. Done.")]
 
     client, server = sdk_client
-    translator = ChatStreamToMessages("claude-on-vllm")
-    server.answer = (
-        b"".join(e for c in chunks for e in translator.feed(c)) + b"".join(translator.finish()),
-        "text/event-stream",
-    )
+    server.answer = (translated_bytes(chunks), "text/event-stream")
     with client.messages.stream(**ASK) as stream:
         stopped = [e.content_block for e in stream if e.type == "content_block_stop"]
     assert [getattr(block, "input", None) for block in stopped] == [None, {"city": "Paris"}, None]
