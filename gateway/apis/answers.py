@@ -3,7 +3,9 @@ show them), where the generated text is (the output guard scans and redacts it i
 complete, whether an event is the upstream's own error, and which reported token counts are counts (charging, the
 fair queue, metrics and the Messages translation all take the same ones).
 
-A format reads one request's answer: a whole body, or the stream's events one by one (parsed JSON objects).
+A format reads one request's answer: a whole body, or the stream's events one by one (parsed JSON objects), a
+stream's by a copy of its own (`for_stream`): which call a chat tool-call fragment belongs to depends on the fragments
+before it (gateway/apis/chat_calls.py).
 Generated text is addressed as (channel, holder, key): the dict holding a piece of text and its key, and the
 channel the piece belongs to (a choice, a Responses content part, an Anthropic content block), so the guard can
 follow each channel's text across events. Reasoning is generated text too, read like the answer: it reaches the
@@ -21,10 +23,14 @@ absent, never as an exception that would cost the client a 500 or a stream cut w
 
 from __future__ import annotations
 
+import copy
 import json
+from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
+
+from gateway.apis.chat_calls import StreamedCalls
 
 if TYPE_CHECKING:
     from gateway.context import Usage
@@ -38,8 +44,9 @@ FUNCTION_CALL = "function_call"  # the legacy single tool call, before tool_call
 @dataclass(frozen=True, slots=True)
 class Arguments:
     """A tool call's arguments, as a channel: JSON text that an agent parses and runs, so the guard redacts it
-    keeping the JSON valid. `at` is the call: (choice, tool call index or FUNCTION_CALL) in chat, the content block
-    in Messages, the output item in Responses."""
+    keeping the JSON valid. `at` is the call: (choice, the call's number or FUNCTION_CALL) in chat (the calls
+    numbered in the order they start, as a whole answer lists them), the content block in Messages, the output item
+    in Responses."""
 
     at: Hashable
 
@@ -52,6 +59,14 @@ class AnswerFormat:
 
     def __init__(self, *, reasoning: bool = True) -> None:
         self.reasoning = reasoning
+        self._calls: defaultdict[int, StreamedCalls] = defaultdict(StreamedCalls)  # a stream's, per choice
+
+    def for_stream(self) -> Self:
+        """This format, to read one stream's events with: a chat stream's tool calls are told apart by what their
+        earlier fragments said, which no other stream may share."""
+        reader = copy.copy(self)
+        reader._calls = defaultdict(StreamedCalls)
+        return reader
 
     def record(self, usage: Usage, body: dict[str, Any]) -> None:
         """Usage and finish reasons from a whole answer or from one stream event."""
@@ -73,7 +88,8 @@ class AnswerFormat:
         """The pieces of generated text a stream event carries."""
         for i, choice in enumerate(_array(event.get("choices"))):
             if isinstance(choice, dict):
-                yield from self._choice_texts(_index(choice.get("index"), i), choice)
+                number = _index(choice.get("index"), i)
+                yield from self._choice_texts(number, choice, self._calls[number])
 
     def ended(self, event: dict[str, Any]) -> Iterator[Hashable]:
         """The channels a stream event ends. A choice's reasoning ends where its answer starts (reasoning comes
@@ -105,11 +121,12 @@ class AnswerFormat:
         """The generated texts of a whole answer."""
         for i, choice in enumerate(_array(body.get("choices"))):
             if isinstance(choice, dict):
-                yield from self._choice_texts(i, choice)
+                yield from self._choice_texts(i, choice, None)
 
-    def _choice_texts(self, number: int, choice: dict[str, Any]) -> Iterator[Text]:
+    def _choice_texts(self, number: int, choice: dict[str, Any], calls: StreamedCalls | None) -> Iterator[Text]:
         """A choice's answer text on the choice's channel; its reasoning (per field) and refusal on channels of
-        their own; each tool call's arguments on the call's (by its `index` in a stream, its place in a message)."""
+        their own; each tool call's arguments on the call's: a stream's calls as `calls` tells them apart, a
+        message's by their place."""
         holder, key = _choice_text(choice)
         if holder is not None:
             yield number, holder, key
@@ -120,7 +137,7 @@ class AnswerFormat:
             for field in (*(REASONING_FIELDS if self.reasoning else ()), REFUSAL):
                 if isinstance(inner.get(field), str):
                     yield (number, field), inner, field
-            for call, function in _calls(inner):
+            for call, function in _calls(inner, calls):
                 yield Arguments((number, call)), function, "arguments"
 
 
@@ -324,12 +341,16 @@ def _answer_started(delta: Any) -> bool:
     return any(delta.get(key) for key in ("content", "refusal", "tool_calls"))
 
 
-def _calls(message: dict[str, Any]) -> Iterator[tuple[int | str, dict[str, Any]]]:
-    """A chat message's (or delta's) tool calls with arguments: (the call's index, the dict holding its arguments),
-    the legacy function_call as FUNCTION_CALL."""
+def _calls(message: dict[str, Any], streamed: StreamedCalls | None) -> Iterator[tuple[int | str, dict[str, Any]]]:
+    """A chat message's (or delta's) tool calls with arguments: (the call's number, the dict holding its arguments),
+    the legacy function_call as FUNCTION_CALL. A delta's fragments are numbered by the stream's calls so far (each
+    fragment counts, with arguments or not: a call's first may name it and hold none), a message's by their place."""
     for j, call in enumerate(_array(message.get("tool_calls"))):
-        if isinstance(call, dict) and _holds_text(call.get("function"), "arguments"):
-            yield _index(call.get("index"), j), call["function"]
+        if not isinstance(call, dict):
+            continue
+        number = streamed.number(call)[0] if streamed is not None else j
+        if _holds_text(call.get("function"), "arguments"):
+            yield number, call["function"]
     if _holds_text(message.get(FUNCTION_CALL), "arguments"):
         yield FUNCTION_CALL, message[FUNCTION_CALL]
 

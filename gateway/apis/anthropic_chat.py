@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from gateway.apis.answers import token_count
+from gateway.apis.chat_calls import StreamedCalls
 from gateway.sse import typed_event
 from gateway.tool_text import dotted
 
@@ -573,9 +574,8 @@ class ChatStreamToMessages:
     in order, and goes out once they are whole (or at the end). So a call's block never stops before its input is
     whole (a client reads the input at the stop), every delta comes between its own block's start and stop, and
     nothing is dropped; text that interrupted a call comes after it, in a block of its own, the one place
-    Anthropic's stream has for it. A fragment names its call by `index`; some OpenAI-compatible servers send none,
-    or put every call at index 0, and give each call's first fragment its `id`: a new id is a new call, and a
-    fragment without one continues the call at its index (without an index, the last call). The upstream sends usage
+    Anthropic's stream has for it. A fragment's call is found by its `index` or its `id`, as servers other than
+    OpenAI and vLLM need (gateway/apis/chat_calls.py), the way the output guard finds it. The upstream sends usage
     in its last chunk only (`include_usage`), after message_start has gone, so message_start counts 0 and the final
     message_delta carries the real input, cache-read and output counts: the SDK's accumulator takes each one it
     finds there.
@@ -591,8 +591,7 @@ class ChatStreamToMessages:
         self._blocks = 0  # content blocks started so far: the next one's index
         self._open: str | _ToolCall | None = None  # the open block: "text", "thinking", or a tool call
         self._calls: list[_ToolCall] = []  # every tool call seen, in the order they started
-        self._call_ids: dict[str, _ToolCall] = {}  # by the id the upstream gave it
-        self._call_at: dict[int, _ToolCall] = {}  # the newest call at each upstream index
+        self._numbers = StreamedCalls()  # which of them a fragment belongs to
         self._held: list[_ToolCall | _Piece] = []  # what waits for the open call to be whole, in order
         self._finish_reason: Any = None
         self._stop_reason: Any = None
@@ -686,18 +685,11 @@ class ChatStreamToMessages:
         queues its tool_use block; an arguments fragment is an input_json_delta on that call's block once it started,
         kept with the call until then."""
         function = call.get("function") or {}
-        upstream_id, index = _text(call.get("id")), call.get("index")
-        if not isinstance(index, int):
-            index = None  # a malformed index names no call
-        entry = self._call_of(upstream_id, index)
-        if entry is None:
-            entry = _ToolCall(upstream_id or _tool_use_id(), _text(function.get("name")))
-            self._calls.append(entry)
-            self._held.append(entry)
-            if upstream_id:
-                self._call_ids[upstream_id] = entry
-            if index is not None:
-                self._call_at[index] = entry
+        number, starts = self._numbers.number(call)
+        if starts:
+            self._calls.append(_ToolCall(_text(call.get("id")) or _tool_use_id(), _text(function.get("name"))))
+            self._held.append(self._calls[-1])
+        entry = self._calls[number]
         arguments = _text(function.get("arguments"))
         entry.arguments += arguments
         events: list[dict[str, Any]] = []
@@ -706,16 +698,6 @@ class ChatStreamToMessages:
         while self._held and not self._call_in_progress():
             events += self._unhold(self._held.pop(0))
         return events
-
-    def _call_of(self, upstream_id: str, index: int | None) -> _ToolCall | None:
-        """The call a fragment belongs to; None for a new one. By its `id` where it has one (a new id is a new
-        call, even at an index an earlier call had), else by its `index`, else (neither) the last call. Looked up,
-        not searched: an upstream may send thousands of calls."""
-        if upstream_id:
-            return self._call_ids.get(upstream_id)
-        if index is not None:
-            return self._call_at.get(index)
-        return self._calls[-1] if self._calls else None
 
     def _piece(self, piece: _Piece) -> list[dict[str, Any]]:
         """Text or thinking: a delta on its block, or held behind a call whose arguments are not yet whole (its

@@ -68,7 +68,7 @@ class OutputGuard:
         self, guard: Guard, spec: GuardSpec, policy_version: str, request_id: str, answers: AnswerFormat
     ) -> None:
         self._guard = guard
-        self._answers = answers  # the upstream's format: where its text is
+        self._answers = answers.for_stream()  # the upstream's format: where its text is
         self._spec = spec
         self._policy = spec.output
         self._version = policy_version

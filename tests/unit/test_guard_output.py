@@ -173,12 +173,84 @@ def test_tool_call_arguments_are_read_as_json_and_stay_json() -> None:
     )
     body = "Hi,\n[REDACTED:EMAIL] and \u00e9[REDACTED:EMAIL]\\"
     assert json.loads(sent) == {"to": "ops", "body": body}
-    assert g.verdicts[0].where == "choices[0].tool_calls[1].function.arguments"
+    assert g.verdicts[0].where == "choices[0].tool_calls[0].function.arguments", "the first call, as a message lists it"
 
     secret = json.dumps({"body": "key:\nAKIAIOSFODNN7EXAMPLE"})  # \nAKIA: no word boundary in the raw JSON text
     g = OutputGuard(MarkerGuard(), spec(secrets="block"), "v1", "r", CHAT_ANSWERS)
     with pytest.raises(GuardBlocked):
         feed_all(g, [[tool_call(secret, "tool_calls"), DONE]])
+
+
+# How servers other than OpenAI and vLLM tell a stream's tool calls apart: each call's fragments as they send them,
+# from the call's number and its fragments (the first names the call)
+CALL_STYLES = {
+    "no index, the id on each call's first fragment": lambda n, first: {} if not first else {"id": f"call_{n}"},
+    "all at index 0, a new id each, '' after (lmdeploy)": lambda n, first: {"index": 0, "id": f"call_{n}" * first},
+    "all at index 0, the call's id on each (SGLang)": lambda n, first: {"index": 0, "id": f"call_{n}"},
+}
+
+
+def streamed_calls(style: str, calls: list[str]) -> list[bytes]:
+    """Chat chunks of each call in turn: its head (id and name, no arguments), then its arguments in 7-character
+    pieces, each fragment shaped as the style's server sends it."""
+    chunks = []
+    for n, arguments in enumerate(calls):
+        head = {**CALL_STYLES[style](n, True), "type": "function", "function": {"name": f"tool_{n}"}}
+        pieces = [arguments[i : i + 7] for i in range(0, len(arguments), 7)]
+        fragments = [head] + [{**CALL_STYLES[style](n, False), "function": {"arguments": p}} for p in pieces]
+        for fragment in fragments:
+            choice = {"index": 0, "delta": {"tool_calls": [fragment]}, "finish_reason": None}
+            chunks.append(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
+    return chunks
+
+
+def sent_calls(released: list[bytes], style: str, count: int) -> list[str]:
+    """Each call's arguments as the client got them, the calls told apart by their place in the stream."""
+    fragments = [
+        call
+        for event in released
+        if event != DONE
+        for choice in json.loads(event[6:])["choices"]
+        for call in choice["delta"].get("tool_calls", ())
+    ]
+    calls = [""] * count
+    number = -1
+    for fragment in fragments:
+        number += "name" in fragment["function"]  # each call's head comes first, as streamed_calls sends it
+        calls[number] += fragment["function"].get("arguments", "")
+    return calls
+
+
+@pytest.mark.parametrize("style", CALL_STYLES)
+def test_calls_that_share_or_lack_an_index_are_guarded_each_on_its_own(style: str) -> None:
+    """A server that sends no index, or puts every call at index 0, tells its calls apart by their ids: the guard
+    reads each call's arguments as the JSON text it is, not the calls run together. A finding is in the call that
+    holds it; the other call is left whole; one call's words are no context for the next one's (a commit hash after
+    a call about an AWS secret is no AWS secret key)."""
+    first = json.dumps({"to": "ops", "body": "Rotate the AWS secret"})
+    second = json.dumps({"to": "ops", "body": "Hi,\nalice.smith@example.com is in."})
+    g = OutputGuard(MarkerGuard(), spec(pii="redact", hold_back=32, scan_every=16), "v1", "r", CHAT_ANSWERS)
+    released = [
+        e for batch in feed_all(g, [[c] for c in streamed_calls(style, [first, second])] + [[DONE]]) for e in batch
+    ]
+    assert [json.loads(c) for c in sent_calls(released, style, 2)] == [
+        json.loads(first),
+        {"to": "ops", "body": "Hi,\n[REDACTED:EMAIL] is in."},
+    ]
+    assert [v.where for v in g.verdicts] == ["choices[0].tool_calls[1].function.arguments"]
+
+    commit = json.dumps({"commit": "0123456789abcdef0123456789abcdef01234567", "repo": "infra"})
+    g = OutputGuard(MarkerGuard(), spec(secrets="block", hold_back=32, scan_every=16), "v1", "r", CHAT_ANSWERS)
+    released = [
+        e for batch in feed_all(g, [[c] for c in streamed_calls(style, [first, commit])] + [[DONE]]) for e in batch
+    ]
+    assert sent_calls(released, style, 2) == [first, commit] and g.verdicts == []
+
+    leaky = json.dumps({"to": "ops", "body": "key:\nAKIAIOSFODNN7EXAMPLE"})
+    g = OutputGuard(MarkerGuard(), spec(secrets="block", hold_back=32, scan_every=16), "v1", "r", CHAT_ANSWERS)
+    with pytest.raises(GuardBlocked) as caught:
+        feed_all(g, [[c] for c in streamed_calls(style, [first, leaky])] + [[DONE]])
+    assert caught.value.verdict.where == "choices[0].tool_calls[1].function.arguments"
 
 
 def test_a_finding_across_a_json_quote_blocks_rather_than_breaking_the_arguments() -> None:
