@@ -21,7 +21,9 @@ text>"}`), the model calls a tool after its text: chat's `tool_calls` (arguments
 when streamed), a Messages tool_use block (`input`, or input_json_delta fragments), a Responses function_call item
 (function_call_arguments deltas). `fake.tool_call.type` picks another kind of call where the API has one: a Messages
 `server_tool_use` or `mcp_tool_use` block (a tool Anthropic runs, streamed as tool_use is), a Responses
-`custom_tool_call` item (its `input` is the arguments text as free text, in custom_tool_call_input deltas).
+`custom_tool_call` item (its `input` is the arguments text as free text, in custom_tool_call_input deltas), an
+`mcp_call` item (its `arguments`, in mcp_call_arguments deltas) or a `code_interpreter_call` item (its `code` is the
+arguments text, in code_interpreter_call_code deltas).
 `fake.tool_stream` streams chat's calls as some OpenAI-compatible servers do (`{"repeat": n, "unindexed": true,
 "interrupt": "text"}`: the call made n times, each with its own id; fragments without `index`; text sent as `content`
 between the call's first two argument pieces). With `fake.refusal`, a chat or Responses model refuses instead of
@@ -325,27 +327,30 @@ def reasoning_events(body: dict[str, Any], item: dict[str, Any]) -> list[dict[st
 CALL_STREAMS = {
     "function_call": ("response.function_call_arguments", "arguments"),
     "custom_tool_call": ("response.custom_tool_call_input", "input"),
+    "mcp_call": ("response.mcp_call_arguments", "arguments"),
+    "code_interpreter_call": ("response.code_interpreter_call_code", "code"),
 }
 
 
+def call_fields(kind: str, name: str) -> dict[str, Any]:
+    """A tool call item's members besides its id, type, text and status (openai-python's types/responses)."""
+    if kind == "mcp_call":
+        return {"name": name, "server_label": "fake_mcp", "output": None, "error": None}
+    if kind == "code_interpreter_call":
+        return {"container_id": "cntr_fake", "outputs": None}
+    return {"call_id": "call_fake", "name": name}
+
+
 def function_calls(body: dict[str, Any], msg_id: str) -> list[dict[str, Any]]:
-    """A Response's tool call item, after its message, where the test asked for a tool call: a function_call, or a
-    custom_tool_call whose free-text `input` is the arguments text."""
+    """A Response's tool call item, after its message, where the test asked for a tool call: a function_call, or
+    another kind of call whose text (a custom tool's free-text `input`, an MCP call's `arguments`, code interpreter's
+    `code`) is the arguments text."""
     call = tool_call(body)
     if call is None:
         return []
     kind = tool_kind(body, "function_call")
     text = {CALL_STREAMS[kind][1]: call["arguments"]}
-    return [
-        {
-            "type": kind,
-            "id": f"fc_{msg_id}",
-            "call_id": "call_fake",
-            "name": call["name"],
-            **text,
-            "status": "completed",
-        }
-    ]
+    return [{"type": kind, "id": f"fc_{msg_id}", **call_fields(kind, call["name"]), **text, "status": "completed"}]
 
 
 def function_call_events(body: dict[str, Any], item: dict[str, Any], index: int) -> list[dict[str, Any]]:
