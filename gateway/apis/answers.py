@@ -15,7 +15,8 @@ choice's reasoning, a reasoning summary part), so its text is never run together
 call's arguments and a refusal: an agent runs the call, so a secret or PII in `send_email(body=...)` leaves as surely
 as one in the answer does. Arguments are JSON text, on `Arguments` channels, which the guard redacts so that the
 JSON stays valid; an Anthropic tool_use block's `input` is an object, read as its JSON and parsed back when redacted.
-A Responses custom tool's input is free text in the tool's own grammar, on a text channel as the answer is.
+A Responses custom tool's input is free text in the tool's own grammar, and code interpreter's code is code: each on
+a text channel as the answer is.
 
 Every reader takes any JSON object: the answer is whatever the upstream sent, so a field of the wrong type reads as
 absent, never as an exception that would cost the client a 500 or a stream cut without its error event.
@@ -147,8 +148,10 @@ class ResponsesFormat(AnswerFormat):
     A message's refusal parts are read as its output_text parts are (their delta and done events mirror
     output_text's, the text under `refusal`), and so is a reasoning item's text: its `reasoning_text` content parts
     on the content parts' channels, each summary part on a channel of its own. A function_call item's arguments are
-    read on the item's channel: their deltas, the `.done` event's and the item's full copies; a custom_tool_call
-    item's `input` likewise, on a text channel (free text in the tool's own grammar, not JSON)."""
+    read on the item's channel: their deltas, the `.done` event's and the item's full copies; so are an mcp_call
+    item's (a tool the provider calls on an MCP server) and an mcp_approval_request's (the call the client approves;
+    whole items only, they are not streamed). A custom_tool_call item's `input` and a code_interpreter_call item's
+    `code` likewise, on text channels (free text in the tool's own grammar, code: not JSON)."""
 
     _FINAL = ("response.completed", "response.incomplete", "response.failed")  # not a set: a `type` may not hash
 
@@ -219,8 +222,8 @@ class ResponsesFormat(AnswerFormat):
             return f"output[{channel.item}].summary[{channel.part}]"
         if isinstance(channel, Arguments):
             return f"output[{channel.at}].arguments"
-        if isinstance(channel, _CustomToolInput):
-            return f"output[{channel.item}].input"
+        if isinstance(channel, _ItemText):
+            return f"output[{channel.item}].{channel.key}"
         item, part = channel if isinstance(channel, tuple) else (channel, 0)
         return f"output[{item}].content[{part}]"
 
@@ -396,11 +399,17 @@ class _Summary:
 
 
 @dataclass(frozen=True, slots=True)
-class _CustomToolInput:
-    """A Responses custom_tool_call item's input, as a channel: text an agent runs, in the tool's own grammar (not
-    JSON, so not an `Arguments` channel)."""
+class _ItemText:
+    """A Responses tool call item's free text, as a channel: text an agent or a tool runs (a custom tool's `input`, in
+    the tool's own grammar; code interpreter's `code`), not JSON, so not an `Arguments` channel."""
 
     item: int
+    key: str
+
+
+# the items whose `arguments` are JSON text (a tuple, not a set: a `type` may not hash)
+_ARGUMENT_ITEMS = ("function_call", "mcp_call", "mcp_approval_request")
+_FREE_TEXT_ITEMS = {"custom_tool_call": "input", "code_interpreter_call": "code"}  # type -> the key of its free text
 
 
 # a content part's type -> the key of its text: a message's answer and refusal parts, a reasoning item's text
@@ -425,8 +434,9 @@ def _call_arguments(event: dict[str, Any]) -> Hashable:
     return Arguments(_index(event.get("output_index")))
 
 
-def _custom_tool_input(event: dict[str, Any]) -> Hashable:
-    return _CustomToolInput(_index(event.get("output_index")))
+def _item_text(key: str) -> Callable[[dict[str, Any]], Hashable]:
+    """The channel of an item's free text under `key`, for its delta and done events."""
+    return lambda event: _ItemText(_index(event.get("output_index")), key)
 
 
 # a streamed text's events (+ .delta / .done) -> the channel an event is on, and the key of the done event's copy
@@ -436,7 +446,9 @@ _STREAMED: dict[str, tuple[Callable[[dict[str, Any]], Hashable], str]] = {
     "response.reasoning_text": (_part, "text"),
     "response.reasoning_summary_text": (_summary, "text"),
     "response.function_call_arguments": (_call_arguments, "arguments"),
-    "response.custom_tool_call_input": (_custom_tool_input, "input"),
+    "response.mcp_call_arguments": (_call_arguments, "arguments"),
+    "response.custom_tool_call_input": (_item_text("input"), "input"),
+    "response.code_interpreter_call_code": (_item_text("code"), "code"),
 }
 
 
@@ -456,14 +468,15 @@ def _is_text(part: Any, *types: str) -> bool:
 
 def _item_texts(index: int, item: dict[str, Any]) -> Iterator[Text]:
     """An output item's texts: a message's or a reasoning item's content parts, a reasoning item's summary parts, a
-    function_call's arguments, a custom_tool_call's input."""
+    tool call's arguments or free text."""
     for j, part in enumerate(_array(item.get("content"))):
         if key := _content_key(part):
             yield (index, j), part, key
     for j, part in enumerate(_array(item.get("summary"))):
         if _is_text(part, "summary_text"):
             yield _Summary(index, j), part, "text"
-    if item.get("type") == "function_call" and _holds_text(item, "arguments"):
+    if item.get("type") in _ARGUMENT_ITEMS and _holds_text(item, "arguments"):
         yield Arguments(index), item, "arguments"
-    if item.get("type") == "custom_tool_call" and _holds_text(item, "input"):
-        yield _CustomToolInput(index), item, "input"
+    key = _FREE_TEXT_ITEMS.get(item["type"]) if isinstance(item.get("type"), str) else None
+    if key is not None and _holds_text(item, key):
+        yield _ItemText(index, key), item, key

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, Process, free_port, pool, spawn
-from tests.fake_providers import input_tokens
+from tests.fake_providers import CALL_STREAMS, input_tokens
 
 CLAUDE, GPT, CHAT = "claude-sonnet-4-5", "gpt-4.1-mini", "chat-model"
 CLIENT_KEY, UPSTREAM_KEY = "sk-portcullis-client-7f3a", "sk-ant-upstream-91c2"
@@ -626,12 +626,16 @@ def test_anthropic_tool_use_input_is_redacted_or_blocked(gw, block) -> None:
     assert AWS_KEY[:8] not in wire and events[-1][0] == "error"
 
 
-def test_responses_function_call_arguments_are_redacted_or_blocked_in_every_copy(gw) -> None:
-    def body(arguments: str, stream: bool) -> dict[str, Any]:
-        return {"model": GPT, "input": "Mail it.", "stream": stream, "fake": calling(arguments)}
+@pytest.mark.parametrize("kind", ["function_call", "mcp_call"])
+def test_responses_function_call_arguments_are_redacted_or_blocked_in_every_copy(gw, kind) -> None:
+    """A function call's arguments, and an MCP call's (a tool the provider calls on an MCP server): JSON text."""
 
+    def body(arguments: str, stream: bool) -> dict[str, Any]:
+        return {"model": GPT, "input": "Mail it.", "stream": stream, "fake": calling(arguments, type=kind)}
+
+    streamed = CALL_STREAMS[kind][0]
     output = post(gw, "/v1/responses", body(CHATTY_ARGS, False)).json()["output"]
-    assert output[-1]["type"] == "function_call" and json.loads(output[-1]["arguments"]) == REDACTED_INPUT
+    assert output[-1]["type"] == kind and json.loads(output[-1]["arguments"]) == REDACTED_INPUT
     blocked = post(gw, "/v1/responses", body(LEAKY_ARGS, False))
     assert blocked.status_code == 502 and AWS_KEY[:8] not in blocked.text
     assert blocked.json()["error"]["guard"]["where"] == "output[1].arguments"
@@ -639,8 +643,8 @@ def test_responses_function_call_arguments_are_redacted_or_blocked_in_every_copy
     wire, events = raw_stream(gw, "/v1/responses", body(CHATTY_ARGS, True))
     assert EMAIL not in wire, "not in a delta, not in any of the full copies"
     by_kind = by_type(events)
-    assert json.loads("".join(e["delta"] for e in by_kind["response.function_call_arguments.delta"])) == REDACTED_INPUT
-    assert json.loads(by_kind["response.function_call_arguments.done"][0]["arguments"]) == REDACTED_INPUT
+    assert json.loads("".join(e["delta"] for e in by_kind[f"{streamed}.delta"])) == REDACTED_INPUT
+    assert json.loads(by_kind[f"{streamed}.done"][0]["arguments"]) == REDACTED_INPUT
     assert json.loads(by_kind["response.output_item.done"][-1]["item"]["arguments"]) == REDACTED_INPUT
     assert json.loads(by_kind["response.completed"][0]["response"]["output"][-1]["arguments"]) == REDACTED_INPUT
     wire, events = raw_stream(gw, "/v1/responses", body(LEAKY_ARGS, True))
@@ -699,25 +703,28 @@ def test_responses_refusal_is_redacted_or_blocked_in_every_copy(gw) -> None:
     assert AWS_KEY[:8] not in wire and events[-1][1]["code"] == "response_blocked"
 
 
-def test_responses_custom_tool_call_input_is_redacted_or_blocked_in_every_copy(gw) -> None:
-    """A custom tool's input is free text an agent runs (the tool's own grammar, not JSON): read as text is."""
+@pytest.mark.parametrize("kind", ["custom_tool_call", "code_interpreter_call"])
+def test_responses_custom_tool_call_input_is_redacted_or_blocked_in_every_copy(gw, kind) -> None:
+    """A custom tool's input is free text an agent runs (the tool's own grammar, not JSON), and so is the code the
+    model writes for code interpreter: read as text is."""
 
     def body(text: str, stream: bool) -> dict[str, Any]:
-        fake = calling(text, type="custom_tool_call")
+        fake = calling(text, type=kind)
         return {"model": GPT, "input": "Mail it.", "stream": stream, "fake": fake}
 
+    streamed, key = CALL_STREAMS[kind]
     output = post(gw, "/v1/responses", body(CHATTY, False)).json()["output"]
-    assert output[-1]["type"] == "custom_tool_call" and output[-1]["input"] == REDACTED
+    assert output[-1]["type"] == kind and output[-1][key] == REDACTED
     blocked = post(gw, "/v1/responses", body(LEAKY, False))
     assert blocked.status_code == 502 and AWS_KEY[:8] not in blocked.text
-    assert blocked.json()["error"]["guard"]["where"] == "output[1].input"
+    assert blocked.json()["error"]["guard"]["where"] == f"output[1].{key}"
 
     wire, events = raw_stream(gw, "/v1/responses", body(CHATTY, True))
     assert EMAIL not in wire, "not in a delta, not in any of the full copies"
     by_kind = by_type(events)
-    assert "".join(e["delta"] for e in by_kind["response.custom_tool_call_input.delta"]) == REDACTED
-    assert by_kind["response.custom_tool_call_input.done"][0]["input"] == REDACTED
-    assert by_kind["response.output_item.done"][-1]["item"]["input"] == REDACTED
-    assert by_kind["response.completed"][0]["response"]["output"][-1]["input"] == REDACTED
+    assert "".join(e["delta"] for e in by_kind[f"{streamed}.delta"]) == REDACTED
+    assert by_kind[f"{streamed}.done"][0][key] == REDACTED
+    assert by_kind["response.output_item.done"][-1]["item"][key] == REDACTED
+    assert by_kind["response.completed"][0]["response"]["output"][-1][key] == REDACTED
     wire, events = raw_stream(gw, "/v1/responses", body(LEAKY, True))
     assert AWS_KEY[:8] not in wire and events[-1][1]["code"] == "response_blocked"

@@ -345,3 +345,17 @@ def test_responses_custom_tool_input_is_redacted_in_every_copy() -> None:
     assert b"alice.smith" not in out and b"example.com" not in out
     assert out.count(b"[REDACTED:EMAIL]") == 4, "the deltas once, and each of the three copies"
     assert g.verdicts[0].where == "output[0].input"
+
+
+def test_an_mcp_approval_request_s_arguments_are_redacted_and_stay_json() -> None:
+    """An MCP approval request holds the arguments the model would call an MCP server's tool with: the client reads
+    them to approve, and the provider then runs them. They are read as a call's arguments are."""
+    from gateway.apis.answers import ResponsesFormat
+
+    arguments = json.dumps({"to": "ops", "body": "Hi,\nalice.smith@example.com is in."})
+    item = {"type": "mcp_approval_request", "id": "mcpr_1", "name": "send", "server_label": "mail"}
+    body = {"object": "response", "status": "completed", "output": [{**item, "arguments": arguments}]}
+    g = OutputGuard(MarkerGuard(), spec(pii="redact"), "v1", "r", ResponsesFormat())
+    out = json.loads(asyncio.run(g.check_body(json.dumps(body).encode())))
+    assert json.loads(out["output"][0]["arguments"]) == {"to": "ops", "body": "Hi,\n[REDACTED:EMAIL] is in."}
+    assert g.verdicts[0].where == "output[0].arguments"
