@@ -27,7 +27,8 @@ arguments text, in code_interpreter_call_code deltas).
 `fake.tool_stream` streams chat's calls as some OpenAI-compatible servers do (`{"repeat": n, "unindexed": true,
 "interrupt": "text"}`: the call made n times, each with its own id; fragments without `index`; text sent as `content`
 between the call's first two argument pieces). With `fake.refusal`, a chat or Responses model refuses instead of
-answering: chat's `refusal`, a Responses `refusal` content part (refusal deltas). A Messages request translated to
+answering: chat's `refusal`, a Responses `refusal` content part (refusal deltas). With `fake.cut_after: n`, a
+Responses stream ends after its first n events, as a broken connection does. A Messages request translated to
 chat keeps no member it does not translate, so there the `fake` object rides as JSON in `metadata.user_id`, which
 reaches chat as `user`. Like the providers, it refuses a request without its key (`--api-key`: `x-api-key` on the
 Anthropic routes, `Authorization: Bearer` on the OpenAI ones). `GET /_received` returns every request it got (path,
@@ -396,6 +397,8 @@ async def response_events(body: dict[str, Any], text: str) -> AsyncIterator[str]
         {"type": "response.completed", "response": final},
     ]
     for number, event in enumerate(events):
+        if number == (body.get("fake") or {}).get("cut_after"):
+            return  # the connection ends here, as a broken one does: no response.completed, no usage
         yield sse(event["type"], {**event, "sequence_number": number})
         await pause(body)
 

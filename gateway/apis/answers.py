@@ -156,8 +156,10 @@ class ResponsesFormat(AnswerFormat):
     _FINAL = ("response.completed", "response.incomplete", "response.failed")  # not a set: a `type` may not hash
 
     def record(self, usage: Usage, body: dict[str, Any]) -> None:
+        """A delta of any text the model writes is output seen, reasoning, a refusal or a tool call's text as much as
+        the answer: a stream cut before its usage keeps its completion reservation once the model generated any."""
         kind = body.get("type")
-        if kind in ("response.output_text.delta", "response.function_call_arguments.delta"):
+        if self._streamed(body, ".delta") is not None:
             usage.generated = True
         if kind in self._FINAL and isinstance(body.get("response"), dict):
             body = body["response"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from tests.conftest import ROOT, Process, free_port, pool, spawn
 from tests.fake_providers import CALL_STREAMS, input_tokens
 
 CLAUDE, GPT, CHAT = "claude-sonnet-4-5", "gpt-4.1-mini", "chat-model"
+CUT = "gpt-4.1-nano"  # a Responses model only the billing test asks for: what it is billed is that test's alone
 CLIENT_KEY, UPSTREAM_KEY = "sk-portcullis-client-7f3a", "sk-ant-upstream-91c2"
 POOL_VERSION = "2023-01-01"  # not the SDK's own 2023-06-01: the pool's setting is what the upstream must get
 AWS_KEY = "AKIAIOSFODNN7EXAMPLE"
@@ -85,7 +87,7 @@ def stack(tmp_path_factory) -> Iterator[tuple[Process, Process]]:
                     api_key_env="FAKE_PROVIDER_KEY",
                     anthropic_version=POOL_VERSION,
                 ),
-                pool("hosted", fake.url, models=[GPT], api_key_env="FAKE_PROVIDER_KEY"),
+                pool("hosted", fake.url, models=[GPT, CUT], api_key_env="FAKE_PROVIDER_KEY"),
                 pool("chat", fake.url, models=[CHAT], api_key_env="FAKE_PROVIDER_KEY"),
             ],
         }
@@ -93,6 +95,7 @@ def stack(tmp_path_factory) -> Iterator[tuple[Process, Process]]:
         path.write_text(yaml.safe_dump(config))
         gw_cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)]
         gw = spawn(gw_cmd, port, logs / "gateway.log", env={"FAKE_PROVIDER_KEY": UPSTREAM_KEY})
+        gw.admin_url = f"http://127.0.0.1:{admin}"
         started.append(gw)
         yield gw, fake
     finally:
@@ -728,3 +731,39 @@ def test_responses_custom_tool_call_input_is_redacted_or_blocked_in_every_copy(g
     assert by_kind["response.completed"][0]["response"]["output"][-1][key] == REDACTED
     wire, events = raw_stream(gw, "/v1/responses", body(LEAKY, True))
     assert AWS_KEY[:8] not in wire and events[-1][1]["code"] == "response_blocked"
+
+
+# ---- billing a stream cut before its usage ------------------------------------------------------------------------
+
+
+def metric(gw: Process, name: str, **labels: str) -> float:
+    """One of the gateway's counters; 0 before it counted anything."""
+    wanted = name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "} "
+    lines = httpx.get(gw.admin_url + "/metrics").text.splitlines()
+    return next((float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(wanted)), 0.0)
+
+
+def billed_completion(gw: Process, requests: float) -> float:
+    """The completion tokens billed for CUT once it billed `requests` requests (a request is billed as it finishes,
+    which may come a moment after the client read its end)."""
+    deadline = time.monotonic() + 10
+    while metric(gw, "portcullis_billed_requests_total", model=CUT, tenant="app") < requests:
+        assert time.monotonic() < deadline, "the request was not billed"
+        time.sleep(0.05)
+    return metric(gw, "portcullis_billed_tokens_total", kind="completion", model=CUT, tenant="app")
+
+
+@pytest.mark.parametrize("reasoning", [True, False])
+def test_a_responses_stream_cut_after_any_generated_text_keeps_its_completion_reservation(gw, reasoning) -> None:
+    """A stream that breaks before response.completed reports no usage: once the model generated anything (its
+    reasoning summary as much as its answer), the completion is billed at its reservation (max_output_tokens), as
+    the other formats' streams are; before it generated anything, at nothing."""
+    requests = metric(gw, "portcullis_billed_requests_total", model=CUT, tenant="app")
+    completion = billed_completion(gw, requests)
+    # created, in_progress, then (reasoning) the reasoning item and its summary part added, two summary text deltas
+    fake = {"reasoning": "Let me think this through.", "cut_after": 6} if reasoning else {"cut_after": 2}
+    body = {"model": CUT, "input": "Hi.", "stream": True, "max_output_tokens": 321, "fake": fake}
+    _, events = raw_stream(gw, "/v1/responses", body)
+    assert events[-1][1]["code"] == "upstream_stream_truncated"
+    assert "response.output_text.delta" not in by_type(events)
+    assert billed_completion(gw, requests + 1) - completion == (321 if reasoning else 0)

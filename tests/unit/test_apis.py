@@ -183,3 +183,26 @@ def test_answer_formats_report_usage_as_limits_settle_it() -> None:
     assert (anthropic.prompt_tokens, anthropic.cached_tokens, anthropic.completion_tokens) == (43, 40, 7)
     assert anthropic.finish_reasons == ["end_turn"] and anthropic.generated
     assert fmt.ends(b"", {"type": "message_stop"})
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "response.output_text",
+        "response.refusal",
+        "response.reasoning_text",
+        "response.reasoning_summary_text",
+        "response.function_call_arguments",
+        "response.mcp_call_arguments",
+        "response.custom_tool_call_input",
+        "response.code_interpreter_call_code",
+    ],
+)
+def test_every_text_a_responses_model_writes_is_output_seen(kind: str) -> None:
+    """A stream cut before response.completed is billed its completion reservation once output was seen: reasoning,
+    a refusal, a tool call's text are output the model generated as much as the answer is."""
+    usage = Usage()
+    ResponsesFormat().record(usage, {"type": "response.created", "response": {"object": "response", "output": []}})
+    assert not usage.generated
+    ResponsesFormat().record(usage, {"type": f"{kind}.delta", "output_index": 0, "delta": "x"})
+    assert usage.generated
