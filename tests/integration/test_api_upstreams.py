@@ -13,9 +13,9 @@ import hashlib
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anthropic
 import httpx
@@ -498,27 +498,58 @@ def test_anthropic_thinking_is_redacted_or_blocked_like_text(gw) -> None:
     assert AWS_KEY[:8] not in wire and events[-1][0] == "error"
 
 
+def assert_responses_text_guarded(
+    gw: Process,
+    body: Callable[[str, bool], dict[str, Any]],
+    path: tuple[Any, ...],
+    where: str,
+    streamed: str,
+    done_key: str,
+    part_done: str | None = None,
+    json_text: bool = False,
+) -> None:
+    """A Responses answer text that the output guard redacts (the body made with CHATTY) or blocks (with LEAKY), in
+    the whole answer and in every copy a stream holds: the `streamed` deltas, their done event's `done_key`, the
+    part's done event (`part_done`) where the text is a part, the item's done event and response.completed. `path`
+    leads from the Response to the text (("output", 0, "summary", 0, "text")), `where` is the verdict's name for it;
+    JSON text (tool-call arguments) is compared as the object it parses to."""
+    chatty, leaky = (CHATTY_ARGS, LEAKY_ARGS) if json_text else (CHATTY, LEAKY)
+    read = cast(Callable[[str], Any], json.loads if json_text else str)
+    expected = REDACTED_INPUT if json_text else REDACTED
+
+    def at(holder: Any, keys: tuple[Any, ...]) -> Any:
+        for key in keys:
+            holder = holder[key]
+        return read(holder)
+
+    assert at(post(gw, "/v1/responses", body(chatty, False)).json(), path) == expected
+    blocked = post(gw, "/v1/responses", body(leaky, False))
+    assert blocked.status_code == 502 and AWS_KEY[:8] not in blocked.text
+    assert blocked.json()["error"]["guard"]["where"] == where
+
+    wire, events = raw_stream(gw, "/v1/responses", body(chatty, True))
+    assert EMAIL not in wire, "not in a delta, not in any of the full copies"
+    by_kind = by_type(events)
+    assert read("".join(e["delta"] for e in by_kind[f"{streamed}.delta"])) == expected
+    assert at(by_kind[f"{streamed}.done"][0], (done_key,)) == expected
+    if part_done is not None:
+        assert at(by_kind[part_done][0], ("part", path[-1])) == expected
+    [item_done] = [e for e in by_kind["response.output_item.done"] if e["output_index"] == path[1]]
+    assert at(item_done, ("item", *path[2:])) == expected
+    assert at(by_kind["response.completed"][0], ("response", *path)) == expected
+    wire, events = raw_stream(gw, "/v1/responses", body(leaky, True))
+    assert AWS_KEY[:8] not in wire and events[-1][1]["type"] == "error"
+    assert events[-1][1]["code"] == "response_blocked"
+
+
 def test_responses_reasoning_summary_is_redacted_or_blocked_in_every_copy(gw) -> None:
     def body(reasoning: str, stream: bool) -> dict[str, Any]:
         return {"model": GPT, "input": "What is 2 + 2?", "stream": stream, "fake": reasoned(reasoning)}
 
-    output = post(gw, "/v1/responses", body(CHATTY, False)).json()["output"]
-    assert output[0]["summary"][0]["text"] == REDACTED and output[1]["content"][0]["text"] == "4"
-    blocked = post(gw, "/v1/responses", body(LEAKY, False))
-    assert blocked.status_code == 502 and AWS_KEY[:8] not in blocked.text
-    assert blocked.json()["error"]["guard"]["where"] == "output[0].summary[0]"
-
-    wire, events = raw_stream(gw, "/v1/responses", body(CHATTY, True))
-    assert EMAIL not in wire, "not in a delta, not in any of the full-text copies"
-    by_kind = by_type(events)
-    assert "".join(e["delta"] for e in by_kind["response.reasoning_summary_text.delta"]) == REDACTED
-    assert by_kind["response.reasoning_summary_text.done"][0]["text"] == REDACTED
-    assert by_kind["response.reasoning_summary_part.done"][0]["part"]["text"] == REDACTED
-    assert by_kind["response.output_item.done"][0]["item"]["summary"][0]["text"] == REDACTED
-    assert by_kind["response.completed"][0]["response"]["output"][0]["summary"][0]["text"] == REDACTED
-    wire, events = raw_stream(gw, "/v1/responses", body(LEAKY, True))
-    assert AWS_KEY[:8] not in wire and events[-1][1]["type"] == "error"
-    assert events[-1][1]["code"] == "response_blocked"
+    assert post(gw, "/v1/responses", body(CHATTY, False)).json()["output"][1]["content"][0]["text"] == "4"
+    path, where = ("output", 0, "summary", 0, "text"), "output[0].summary[0]"
+    summary = "response.reasoning_summary_text"
+    assert_responses_text_guarded(gw, body, path, where, summary, "text", "response.reasoning_summary_part.done")
 
 
 # ---- the output guard on tool calls and refusals: what an agent runs, and what the client reads ------------------
@@ -636,23 +667,9 @@ def test_responses_function_call_arguments_are_redacted_or_blocked_in_every_copy
     def body(arguments: str, stream: bool) -> dict[str, Any]:
         return {"model": GPT, "input": "Mail it.", "stream": stream, "fake": calling(arguments, type=kind)}
 
-    streamed = CALL_STREAMS[kind][0]
-    output = post(gw, "/v1/responses", body(CHATTY_ARGS, False)).json()["output"]
-    assert output[-1]["type"] == kind and json.loads(output[-1]["arguments"]) == REDACTED_INPUT
-    blocked = post(gw, "/v1/responses", body(LEAKY_ARGS, False))
-    assert blocked.status_code == 502 and AWS_KEY[:8] not in blocked.text
-    assert blocked.json()["error"]["guard"]["where"] == "output[1].arguments"
-
-    wire, events = raw_stream(gw, "/v1/responses", body(CHATTY_ARGS, True))
-    assert EMAIL not in wire, "not in a delta, not in any of the full copies"
-    by_kind = by_type(events)
-    assert json.loads("".join(e["delta"] for e in by_kind[f"{streamed}.delta"])) == REDACTED_INPUT
-    assert json.loads(by_kind[f"{streamed}.done"][0]["arguments"]) == REDACTED_INPUT
-    assert json.loads(by_kind["response.output_item.done"][-1]["item"]["arguments"]) == REDACTED_INPUT
-    assert json.loads(by_kind["response.completed"][0]["response"]["output"][-1]["arguments"]) == REDACTED_INPUT
-    wire, events = raw_stream(gw, "/v1/responses", body(LEAKY_ARGS, True))
-    assert AWS_KEY[:8] not in wire and events[-1][1]["type"] == "error"
-    assert events[-1][1]["code"] == "response_blocked"
+    assert post(gw, "/v1/responses", body(CHATTY_ARGS, False)).json()["output"][1]["type"] == kind
+    path, where = ("output", 1, "arguments"), "output[1].arguments"
+    assert_responses_text_guarded(gw, body, path, where, CALL_STREAMS[kind][0], "arguments", json_text=True)
 
 
 def test_chat_refusal_is_redacted_or_blocked_like_the_answer(gw) -> None:
@@ -688,22 +705,9 @@ def test_responses_refusal_is_redacted_or_blocked_in_every_copy(gw) -> None:
     def body(refusal: str, stream: bool) -> dict[str, Any]:
         return {"model": GPT, "input": "Mail it.", "stream": stream, "fake": {"refusal": refusal}}
 
-    output = post(gw, "/v1/responses", body(CHATTY, False)).json()["output"]
-    assert output[0]["content"] == [{"type": "refusal", "refusal": REDACTED}]
-    blocked = post(gw, "/v1/responses", body(LEAKY, False))
-    assert blocked.status_code == 502 and AWS_KEY[:8] not in blocked.text
-    assert blocked.json()["error"]["guard"]["where"] == "output[0].content[0]"
-
-    wire, events = raw_stream(gw, "/v1/responses", body(CHATTY, True))
-    assert EMAIL not in wire, "not in a delta, not in any of the full copies"
-    by_kind = by_type(events)
-    assert "".join(e["delta"] for e in by_kind["response.refusal.delta"]) == REDACTED
-    assert by_kind["response.refusal.done"][0]["refusal"] == REDACTED
-    assert by_kind["response.content_part.done"][0]["part"]["refusal"] == REDACTED
-    assert by_kind["response.output_item.done"][0]["item"]["content"][0]["refusal"] == REDACTED
-    assert by_kind["response.completed"][0]["response"]["output"][0]["content"][0]["refusal"] == REDACTED
-    wire, events = raw_stream(gw, "/v1/responses", body(LEAKY, True))
-    assert AWS_KEY[:8] not in wire and events[-1][1]["code"] == "response_blocked"
+    assert post(gw, "/v1/responses", body(CHATTY, False)).json()["output"][0]["content"][0]["type"] == "refusal"
+    path, where = ("output", 0, "content", 0, "refusal"), "output[0].content[0]"
+    assert_responses_text_guarded(gw, body, path, where, "response.refusal", "refusal", "response.content_part.done")
 
 
 @pytest.mark.parametrize("kind", ["custom_tool_call", "code_interpreter_call"])
@@ -716,21 +720,8 @@ def test_responses_custom_tool_call_input_is_redacted_or_blocked_in_every_copy(g
         return {"model": GPT, "input": "Mail it.", "stream": stream, "fake": fake}
 
     streamed, key = CALL_STREAMS[kind]
-    output = post(gw, "/v1/responses", body(CHATTY, False)).json()["output"]
-    assert output[-1]["type"] == kind and output[-1][key] == REDACTED
-    blocked = post(gw, "/v1/responses", body(LEAKY, False))
-    assert blocked.status_code == 502 and AWS_KEY[:8] not in blocked.text
-    assert blocked.json()["error"]["guard"]["where"] == f"output[1].{key}"
-
-    wire, events = raw_stream(gw, "/v1/responses", body(CHATTY, True))
-    assert EMAIL not in wire, "not in a delta, not in any of the full copies"
-    by_kind = by_type(events)
-    assert "".join(e["delta"] for e in by_kind[f"{streamed}.delta"]) == REDACTED
-    assert by_kind[f"{streamed}.done"][0][key] == REDACTED
-    assert by_kind["response.output_item.done"][-1]["item"][key] == REDACTED
-    assert by_kind["response.completed"][0]["response"]["output"][-1][key] == REDACTED
-    wire, events = raw_stream(gw, "/v1/responses", body(LEAKY, True))
-    assert AWS_KEY[:8] not in wire and events[-1][1]["code"] == "response_blocked"
+    assert post(gw, "/v1/responses", body(CHATTY, False)).json()["output"][1]["type"] == kind
+    assert_responses_text_guarded(gw, body, ("output", 1, key), f"output[1].{key}", streamed, key)
 
 
 # ---- billing a stream cut before its usage ------------------------------------------------------------------------
