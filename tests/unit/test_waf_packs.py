@@ -112,6 +112,20 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
         [("q", "1 AND sleep(5)"), ("h:user-agent", "x' and benchmark(9999999,md5(1))")],
         [("q", "I need sleep tonight")],
     ),
+    "sqli-131": (
+        [
+            ("q", "1 (CASE WHEN 5=5 THEN 1 ELSE NULL END)"),
+            ("json", "1) AND (SELECT COUNT(*) FROM GENERATE_SERIES(1,5000000))"),
+            ("h:user-agent", "1') ELT(4821=4821,7310)-- -"),
+            ("q", "1' (4821=4821)*7310 AND 'a'='a"),
+        ],
+        [
+            ("q", "in case when it rains then stay in, else go out"),
+            ("q", "please select one from the list (select all that apply)"),
+            ("json", "(select 2 from the left column)"),
+            ("q", "max(2, 3) = 3"),
+        ],
+    ),
     "sqli-140": ([("q", "1; DROP TABLE users")], [("q", "first; then second")]),
     "sqli-150": ([("q", "admin'--")], [("q", "it's fine -- really")]),
     "sqli-141": (
