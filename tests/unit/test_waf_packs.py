@@ -524,8 +524,21 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
         [("q", "while (waiting)"), ("json", "Process data")],
     ),
     "generic-150": (
-        [("q", "{{7*7}}"), ("json", "{% import os %}")],
-        [("q", "{{username}}"), ("json", "50% off {today}")],
+        [
+            ("q", "{{7*7}}"),
+            ("json", "{% import os %}"),
+            ("q", "{{7*'7'}}"),
+            ("q", "{{_self.env.registerUndefinedFilterCallback('exec')}}"),
+            ("h:user-agent", "${pageContext.request.getSession().getAttribute('admin')}"),
+            ("json", '<#assign ex="freemarker.template.utility.Execute"?new()>${ex("id")}'),
+        ],
+        [
+            ("q", "{{username}}"),
+            ("json", "50% off {today}"),
+            ("q", "Hello {{ user.name }}, your order {{order.id}} shipped"),
+            ("h:x-install-dir", "${HOME}/bin"),
+            ("q", "<#> tag (see {x})"),
+        ],
     ),
     "generic-160": ([("qname", "user__password__startswith")], [("qname", "user_name"), ("qname", "__init__")]),
     # php
