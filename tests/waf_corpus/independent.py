@@ -49,6 +49,7 @@ from gateway.waf.engine import CompiledWaf
 from gateway.waf.model import WafSpec
 from gateway.waf.packs import builtin_packs, compile_waf, pack_rules
 from gateway.waf.parts import RequestView
+from tests.bench.waf_bench import HEADERS  # an OpenAI SDK client's headers
 
 ROOT = Path(__file__).resolve().parents[2]
 BENIGN = ROOT.parent / "shared" / "datasets" / "prompt_injection"
@@ -57,13 +58,6 @@ WFUZZ = "usr/share/wfuzz/wordlist"
 SQLMAP = "usr/share/sqlmap/data/xml/payloads"
 WAPITI = "wapitiCore/data/attacks"
 PLACES = ("query", "json", "header")
-HEADERS = [
-    ("host", "gateway.internal:8080"),
-    ("user-agent", "OpenAI/Python 1.40.0"),
-    ("content-type", "application/json"),
-    ("accept", "application/json"),
-    ("authorization", "Bearer sk-0123456789abcdef0123456789abcdef"),
-]
 BARE_WORD = re.compile(r"\w*")
 
 # What each scanner puts in place of its placeholders (wapiti: the parameter's own value, its external endpoint).
@@ -218,7 +212,7 @@ def chat_request(prompt: str = "Summarise this paragraph for me.", place: str = 
     elif place == "json":
         body["user"] = payload
     elif place == "header":
-        headers[1] = ("user-agent", payload)
+        headers = [(name, payload if name == "user-agent" else value) for name, value in headers]
     raw = json.dumps(body).encode()
     return RequestView(
         method="POST",
