@@ -22,8 +22,11 @@ when streamed), a Messages tool_use block (`input`, or input_json_delta fragment
 (function_call_arguments deltas). `fake.tool_call.type` picks another kind of call where the API has one: a Messages
 `server_tool_use` or `mcp_tool_use` block (a tool Anthropic runs, streamed as tool_use is), a Responses
 `custom_tool_call` item (its `input` is the arguments text as free text, in custom_tool_call_input deltas), an
-`mcp_call` item (its `arguments`, in mcp_call_arguments deltas) or a `code_interpreter_call` item (its `code` is the
-arguments text, in code_interpreter_call_code deltas).
+`mcp_call` item (its `arguments`, in mcp_call_arguments deltas), a `code_interpreter_call` item (its `code` is the
+arguments text, in code_interpreter_call_code deltas), or a call that runs a command, the arguments text being the
+command: a `shell_call` item (its one command, in shell_call_command events), an `apply_patch_call` item (the diff of
+the file it creates, in apply_patch_call_operation_diff deltas), a `local_shell_call` item (`bash -lc` the command) or
+a `computer_call` item (a `type` action's `text`), both not streamed: added whole, as OpenAI's streams add them.
 `fake.tool_stream` streams chat's calls as some OpenAI-compatible servers do (`{"repeat": n, "unindexed": true,
 "interrupt": "text"}`: the call made n times, each with its own id; fragments without `index`; text sent as `content`
 between the call's first two argument pieces). With `fake.refusal`, a chat or Responses model refuses instead of
@@ -39,7 +42,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
+import functools
 import json
+import operator
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -324,45 +330,91 @@ def reasoning_events(body: dict[str, Any], item: dict[str, Any]) -> list[dict[st
     ]
 
 
-# a tool call item's type -> the events its text streams in (+ .delta / .done), and the key of that text
+# a tool call item's type -> the events its text streams in (+ .delta / .done), and the key of the done event's copy
 CALL_STREAMS = {
     "function_call": ("response.function_call_arguments", "arguments"),
     "custom_tool_call": ("response.custom_tool_call_input", "input"),
     "mcp_call": ("response.mcp_call_arguments", "arguments"),
     "code_interpreter_call": ("response.code_interpreter_call_code", "code"),
+    "shell_call": ("response.shell_call_command", "command"),  # each command's, its first piece in a `.added` too
+    "apply_patch_call": ("response.apply_patch_call_operation_diff", "diff"),
+}
+# a tool call item's type -> where its text is in the item (openai-python's types/responses)
+CALL_TEXTS: dict[str, tuple[str | int, ...]] = {
+    "function_call": ("arguments",),
+    "custom_tool_call": ("input",),
+    "mcp_call": ("arguments",),
+    "code_interpreter_call": ("code",),
+    "shell_call": ("action", "commands", 0),
+    "apply_patch_call": ("operation", "diff"),
+    "local_shell_call": ("action", "command", 2),
+    "computer_call": ("action", "text"),
 }
 
 
-def call_fields(kind: str, name: str) -> dict[str, Any]:
-    """A tool call item's members besides its id, type, text and status (openai-python's types/responses)."""
+def call_fields(kind: str, name: str, text: str) -> dict[str, Any]:
+    """A tool call item's members besides its id, type and status, `text` where the kind keeps it (openai-python's
+    types/responses)."""
     if kind == "mcp_call":
-        return {"name": name, "server_label": "fake_mcp", "output": None, "error": None}
+        return {"name": name, "server_label": "fake_mcp", "arguments": text, "output": None, "error": None}
     if kind == "code_interpreter_call":
-        return {"container_id": "cntr_fake", "outputs": None}
-    return {"call_id": "call_fake", "name": name}
+        return {"container_id": "cntr_fake", "code": text, "outputs": None}
+    if kind == "shell_call":
+        return {"call_id": "call_fake", "action": {"commands": [text], "timeout_ms": None, "max_output_length": None}}
+    if kind == "apply_patch_call":
+        return {"call_id": "call_fake", "operation": {"type": "create_file", "path": "notes.md", "diff": text}}
+    if kind == "local_shell_call":
+        action = {"type": "exec", "command": ["bash", "-lc", text], "env": {}, "working_directory": None}
+        return {"call_id": "call_fake", "action": action}
+    if kind == "computer_call":
+        return {"call_id": "call_fake", "action": {"type": "type", "text": text}, "pending_safety_checks": []}
+    return {"call_id": "call_fake", "name": name, CALL_TEXTS[kind][0]: text}
 
 
 def function_calls(body: dict[str, Any], msg_id: str) -> list[dict[str, Any]]:
     """A Response's tool call item, after its message, where the test asked for a tool call: a function_call, or
     another kind of call whose text (a custom tool's free-text `input`, an MCP call's `arguments`, code interpreter's
-    `code`) is the arguments text."""
+    `code`, a command a shell or computer call runs, the diff a patch writes) is the arguments text."""
     call = tool_call(body)
     if call is None:
         return []
     kind = tool_kind(body, "function_call")
-    text = {CALL_STREAMS[kind][1]: call["arguments"]}
-    return [{"type": kind, "id": f"fc_{msg_id}", **call_fields(kind, call["name"]), **text, "status": "completed"}]
+    fields = call_fields(kind, call["name"], call["arguments"])
+    return [{"type": kind, "id": f"fc_{msg_id}", **fields, "status": "completed"}]
+
+
+def item_added(item: dict[str, Any]) -> dict[str, Any]:
+    """A tool call item as response.output_item.added carries it: its text to come where it streams (a shell call's
+    commands none yet: each is added by an event of its own), whole where it does not."""
+    if item["type"] not in CALL_STREAMS:
+        return item
+    added = copy.deepcopy(item)
+    *outer, key = CALL_TEXTS[item["type"]]
+    holder = functools.reduce(operator.getitem, outer, added)
+    if isinstance(holder, list):
+        holder.clear()
+    else:
+        holder[key] = ""
+    return added
 
 
 def function_call_events(body: dict[str, Any], item: dict[str, Any], index: int) -> list[dict[str, Any]]:
-    """A tool call item streamed: added with no arguments (input), them in deltas, their done, the item's."""
-    at = {"item_id": item["id"], "output_index": index}
+    """A tool call item streamed: added with no text (a whole item with it), its text in deltas, their done, the
+    item's. A shell call's command is added (with no text yet), in deltas, done, by its index, and no item id."""
+    added = {"type": "response.output_item.added", "output_index": index, "item": item_added(item)}
+    done = {"type": "response.output_item.done", "output_index": index, "item": item}
+    if item["type"] not in CALL_STREAMS:
+        return [added, done]
     events, key = CALL_STREAMS[item["type"]]
+    text = functools.reduce(operator.getitem, CALL_TEXTS[item["type"]], item)
+    shell = item["type"] == "shell_call"
+    at = {"output_index": index, **({"command_index": 0} if shell else {"item_id": item["id"]})}
     return [
-        {"type": "response.output_item.added", "output_index": index, "item": {**item, key: ""}},
-        *({"type": f"{events}.delta", **at, "delta": p} for p in pieces(body, item[key])),
-        {"type": f"{events}.done", **at, key: item[key]},
-        {"type": "response.output_item.done", "output_index": index, "item": item},
+        added,
+        *([{"type": f"{events}.added", **at, key: ""}] if shell else []),
+        *({"type": f"{events}.delta", **at, "delta": p} for p in pieces(body, text)),
+        {"type": f"{events}.done", **at, key: text},
+        done,
     ]
 
 
@@ -370,7 +422,7 @@ async def response_events(body: dict[str, Any], text: str) -> AsyncIterator[str]
     msg_id, resp_id = f"msg_{uuid.uuid4().hex}", f"resp_{uuid.uuid4().hex}"
     final = response_object(body, text, msg_id, resp_id)
     reasoning = [i for i in final["output"] if i["type"] == "reasoning"]
-    calls = [i for i in final["output"] if i["type"] in CALL_STREAMS]
+    calls = [i for i in final["output"] if i["type"] in CALL_TEXTS]
     item = next(i for i in final["output"] if i["type"] == "message")
     part, index = item["content"][0], len(reasoning)
     key = "refusal" if part["type"] == "refusal" else "text"  # streamed in response.refusal.* or output_text.*
