@@ -15,8 +15,10 @@ choice's reasoning, a reasoning summary part), so its text is never run together
 call's arguments and a refusal: an agent runs the call, so a secret or PII in `send_email(body=...)` leaves as surely
 as one in the answer does. Arguments are JSON text, on `Arguments` channels, which the guard redacts so that the
 JSON stays valid; an Anthropic tool_use block's `input` is an object, read as its JSON and parsed back when redacted.
-A Responses custom tool's input is free text in the tool's own grammar, and code interpreter's code is code: each on
-a text channel as the answer is.
+A Responses custom tool's input is free text in the tool's own grammar, code interpreter's code is code, and so are
+the commands a shell, local shell or computer call runs and the diff a patch call writes: each string on a text
+channel as the answer is, held where it is (a command line's words are an array's strings, an environment an
+object's), so a redaction leaves each a string where it was.
 
 Every reader takes any JSON object: the answer is whatever the upstream sent, so a field of the wrong type reads as
 absent, never as an exception that would cost the client a 500 or a stream cut without its error event.
@@ -29,14 +31,23 @@ import json
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from gateway.apis.chat_calls import StreamedCalls
 
 if TYPE_CHECKING:
     from gateway.context import Usage
 
-Text = tuple[Hashable, dict[str, Any], str]  # (channel, holder, key): holder[key] is a piece of generated text
+
+class Holder(Protocol):
+    """What holds a piece of generated text: an object by its key, or an array by its index (a command's words)."""
+
+    def __getitem__(self, key: Any, /) -> Any: ...
+
+    def __setitem__(self, key: Any, value: Any, /) -> None: ...
+
+
+Text = tuple[Hashable, Holder, str | int]  # (channel, holder, key): holder[key] is a piece of generated text
 REASONING_FIELDS = ("reasoning_content", "reasoning")  # a chat answer's reasoning: vLLM's name, and newer releases'
 REFUSAL = "refusal"  # a chat answer's refusal: text the client reads (a Messages client, as a text block)
 FUNCTION_CALL = "function_call"  # the legacy single tool call, before tool_calls
@@ -151,7 +162,12 @@ class ResponsesFormat(AnswerFormat):
     read on the item's channel: their deltas, the `.done` event's and the item's full copies; so are an mcp_call
     item's (a tool the provider calls on an MCP server) and an mcp_approval_request's (the call the client approves;
     whole items only, they are not streamed). A custom_tool_call item's `input` and a code_interpreter_call item's
-    `code` likewise, on text channels (free text in the tool's own grammar, code: not JSON)."""
+    `code` likewise, on text channels (free text in the tool's own grammar, code: not JSON), and the texts of the calls
+    that run commands (`_FREE_TEXT_ITEMS`): each shell_call command on a channel of its own, streamed in
+    shell_call_command events (whose `.added` carries the command's first piece), an apply_patch_call's diff in
+    apply_patch_call_operation_diff deltas; a local_shell_call or computer_call comes whole. An item's texts in its
+    `output_item.added` event are the first piece of each (deltas append to them, as openai-python's stream reader
+    reads them): an item that is not streamed is added whole."""
 
     _FINAL = ("response.completed", "response.incomplete", "response.failed")  # not a set: a `type` may not hash
 
@@ -183,6 +199,13 @@ class ResponsesFormat(AnswerFormat):
         streamed = self._streamed(event, ".delta")
         if streamed is not None and isinstance(event.get("delta"), str):
             yield streamed[0], event, "delta"
+        # a text's first piece where an added event carries it (an empty one, all still to come, holds nothing back)
+        added = self._streamed(event, ".added")
+        if added is not None and _holds_text(event, added[1]) and event[added[1]]:
+            yield added[0], event, added[1]
+        if event.get("type") == "response.output_item.added" and isinstance(event.get("item"), dict):
+            texts = _item_texts(_index(event.get("output_index")), event["item"])
+            yield from ((channel, holder, key) for channel, holder, key in texts if holder[key])
 
     def ended(self, event: dict[str, Any]) -> Iterator[Hashable]:
         streamed = self._streamed(event, ".done")
@@ -190,7 +213,8 @@ class ResponsesFormat(AnswerFormat):
             yield streamed[0]
 
     def _streamed(self, event: dict[str, Any], suffix: str) -> tuple[Hashable, str] | None:
-        """A text delta or done event's channel and the key of the done event's full copy; None for other events."""
+        """A streamed text's event's channel and the key of its text in the done and added events; None for other
+        events."""
         kind = event.get("type")
         if not isinstance(kind, str) or not kind.endswith(suffix):
             return None
@@ -225,7 +249,7 @@ class ResponsesFormat(AnswerFormat):
         if isinstance(channel, Arguments):
             return f"output[{channel.at}].arguments"
         if isinstance(channel, _ItemText):
-            return f"output[{channel.item}].{channel.key}"
+            return f"output[{channel.item}].{channel.path}"
         item, part = channel if isinstance(channel, tuple) else (channel, 0)
         return f"output[{item}].content[{part}]"
 
@@ -403,15 +427,28 @@ class _Summary:
 @dataclass(frozen=True, slots=True)
 class _ItemText:
     """A Responses tool call item's free text, as a channel: text an agent or a tool runs (a custom tool's `input`, in
-    the tool's own grammar; code interpreter's `code`), not JSON, so not an `Arguments` channel."""
+    the tool's own grammar; code interpreter's `code`; a shell command), not JSON, so not an `Arguments` channel.
+    `path` is where it is in the item (`action.command[2]`)."""
 
     item: int
-    key: str
+    path: str
 
 
 # the items whose `arguments` are JSON text (a tuple, not a set: a `type` may not hash)
 _ARGUMENT_ITEMS = ("function_call", "mcp_call", "mcp_approval_request")
-_FREE_TEXT_ITEMS = {"custom_tool_call": "input", "code_interpreter_call": "code"}  # type -> the key of its free text
+# a tool call item's type -> where its free texts are: `a.b` a member's member, `a[]` each string of an array, `a{}`
+# each string value of an object. From openai-python's types/responses: response_custom_tool_call.py,
+# response_code_interpreter_tool_call.py, response_output_item.py (LocalShellCall's exec action),
+# response_function_shell_tool_call.py (shell_call), response_apply_patch_tool_call.py (its create_file,
+# update_file, delete_file operations), response_computer_tool_call.py (a `type` action's text; `actions` batches them)
+_FREE_TEXT_ITEMS = {
+    "custom_tool_call": ("input",),
+    "code_interpreter_call": ("code",),
+    "local_shell_call": ("action.command[]", "action.env{}", "action.working_directory"),
+    "shell_call": ("action.commands[]",),
+    "apply_patch_call": ("operation.diff", "operation.path"),
+    "computer_call": ("action.text", "actions[].text"),
+}
 
 
 # a content part's type -> the key of its text: a message's answer and refusal parts, a reasoning item's text
@@ -436,12 +473,19 @@ def _call_arguments(event: dict[str, Any]) -> Hashable:
     return Arguments(_index(event.get("output_index")))
 
 
-def _item_text(key: str) -> Callable[[dict[str, Any]], Hashable]:
-    """The channel of an item's free text under `key`, for its delta and done events."""
-    return lambda event: _ItemText(_index(event.get("output_index")), key)
+def _item_text(path: str) -> Callable[[dict[str, Any]], Hashable]:
+    """The channel of an item's free text at `path`, for its delta and done events."""
+    return lambda event: _ItemText(_index(event.get("output_index")), path)
 
 
-# a streamed text's events (+ .delta / .done) -> the channel an event is on, and the key of the done event's copy
+def _shell_command(event: dict[str, Any]) -> Hashable:
+    return _ItemText(_index(event.get("output_index")), f"action.commands[{_index(event.get('command_index'))}]")
+
+
+# a streamed text's events (+ .delta / .done; a shell command's also .added) -> the channel an event is on, and the
+# key of the done (and added) event's copy. Named as openai-python's types/responses/response_*_event.py name them;
+# the apply_patch_call diff's, which it lacks, as OpenAI's streaming reference and openai-php's client do
+# (src/Responses/Responses/Streaming/ApplyPatchCallOperationDiffDelta.php, ...Done.php: `delta`, then `diff`)
 _STREAMED: dict[str, tuple[Callable[[dict[str, Any]], Hashable], str]] = {
     "response.output_text": (_part, "text"),
     "response.refusal": (_part, "refusal"),
@@ -451,6 +495,8 @@ _STREAMED: dict[str, tuple[Callable[[dict[str, Any]], Hashable], str]] = {
     "response.mcp_call_arguments": (_call_arguments, "arguments"),
     "response.custom_tool_call_input": (_item_text("input"), "input"),
     "response.code_interpreter_call_code": (_item_text("code"), "code"),
+    "response.shell_call_command": (_shell_command, "command"),
+    "response.apply_patch_call_operation_diff": (_item_text("operation.diff"), "diff"),
 }
 
 
@@ -479,6 +525,27 @@ def _item_texts(index: int, item: dict[str, Any]) -> Iterator[Text]:
             yield _Summary(index, j), part, "text"
     if item.get("type") in _ARGUMENT_ITEMS and _holds_text(item, "arguments"):
         yield Arguments(index), item, "arguments"
-    key = _FREE_TEXT_ITEMS.get(item["type"]) if isinstance(item.get("type"), str) else None
-    if key is not None and _holds_text(item, key):
-        yield _ItemText(index, key), item, key
+    patterns = _FREE_TEXT_ITEMS.get(item["type"], ()) if isinstance(item.get("type"), str) else ()
+    for pattern in patterns:
+        for path, holder, place in _strings_at(item, pattern):
+            yield _ItemText(index, path), holder, place
+
+
+def _strings_at(holder: dict[str, Any], pattern: str, path: str = "") -> Iterator[tuple[str, Holder, str | int]]:
+    """The strings `pattern` names in an item (see `_FREE_TEXT_ITEMS`): each one's path, and its holder and key."""
+    step, _, rest = pattern.partition(".")
+    name = step.removesuffix("[]").removesuffix("{}")
+    value = holder.get(name)
+    here = f"{path}.{name}" if path else name
+    places: list[tuple[str, Holder, str | int]]
+    if step.endswith("[]"):
+        places = [(f"{here}[{i}]", _array(value), i) for i in range(len(_array(value)))]
+    elif step.endswith("{}"):
+        places = [(f"{here}.{key}", value, key) for key in value] if isinstance(value, dict) else []
+    else:
+        places = [(here, holder, name)] if name in holder else []
+    for where, inner, key in places:
+        if not rest and isinstance(inner[key], str):
+            yield where, inner, key
+        elif rest and isinstance(inner[key], dict):
+            yield from _strings_at(inner[key], rest, where)

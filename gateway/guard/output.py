@@ -21,9 +21,8 @@ import json
 import re
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any
 
-from gateway.apis.answers import AnswerFormat, Arguments
+from gateway.apis.answers import AnswerFormat, Arguments, Holder, Text
 from gateway.guard import pii
 from gateway.guard.runtime import Guard, GuardBlocked, Verdict
 from gateway.guard.spec import GuardSpec
@@ -35,8 +34,8 @@ CONTEXT_CHARS = 512  # already-released text a scan re-reads before the new text
 @dataclass(slots=True)
 class _Segment:
     channel: Hashable
-    holder: dict[str, Any]
-    key: str
+    holder: Holder
+    key: str | int
     start: int  # where the piece sits in its channel's text
     end: int
 
@@ -46,7 +45,7 @@ class _Held:
     event: bytes
     chunk: dict = field(default_factory=dict)  # the event's JSON object; {} for [DONE] and events that are not one
     segments: list[_Segment] = field(default_factory=list)
-    snapshots: list[tuple[Hashable, dict[str, Any], str]] = field(default_factory=list)
+    snapshots: list[Text] = field(default_factory=list)
 
 
 @dataclass
@@ -112,7 +111,7 @@ class OutputGuard:
             self._channels[channel] = _opened(channel)
         return self._channels[channel]
 
-    def _append(self, held: _Held, channel: Hashable, holder: dict[str, Any], key: str) -> None:
+    def _append(self, held: _Held, channel: Hashable, holder: Holder, key: str | int) -> None:
         state = self._channel(channel)
         start = len(state.text)
         state.text += holder[key]

