@@ -208,9 +208,13 @@ class ResponsesFormat(AnswerFormat):
             yield from ((channel, holder, key) for channel, holder, key in texts if holder[key])
 
     def ended(self, event: dict[str, Any]) -> Iterator[Hashable]:
+        """A streamed text's done event ends it; an item's done event ends all of its texts (an item added whole, not
+        streamed, ends there)."""
         streamed = self._streamed(event, ".done")
         if streamed is not None:
             yield streamed[0]
+        elif event.get("type") == "response.output_item.done" and isinstance(event.get("item"), dict):
+            yield from (channel for channel, _, _ in _item_texts(_index(event.get("output_index")), event["item"]))
 
     def _streamed(self, event: dict[str, Any], suffix: str) -> tuple[Hashable, str] | None:
         """A streamed text's event's channel and the key of its text in the done and added events; None for other

