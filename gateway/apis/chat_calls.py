@@ -3,14 +3,23 @@
 OpenAI and vLLM name a fragment's call by its `index`, and give the call's `id` with its first fragment only. Some
 OpenAI-compatible servers send no index, or put every call at index 0 (lmdeploy), and tell calls apart by their
 ids (SGLang repeats the id on every fragment). A fragment with an id not seen before starts a new call, whatever its
-index; one without an id continues the call at its index, and one with neither continues the last call. The Messages
-translation (each call its own tool_use block) and the output guard (each call's arguments their own JSON text)
-read a stream's calls the same way.
+index, and so does one whose id was seen at another index (a server or model that names calls by their function,
+`get_weather` twice); one without an id continues the call at its index, and one with neither continues the last
+call. The Messages translation (each call its own tool_use block) and the output guard (each call's arguments their
+own JSON text) read a stream's calls the same way.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass(slots=True)
+class _Call:
+    number: int
+    id: str
+    index: int | None
 
 
 class StreamedCalls:
@@ -19,8 +28,9 @@ class StreamedCalls:
 
     def __init__(self) -> None:
         self._started = 0
-        self._ids: dict[str, int] = {}  # by the id the upstream gave the call
-        self._at: dict[int, int] = {}  # the newest call at each upstream index
+        self._ids: dict[str, _Call] = {}  # the newest call with each id the upstream gave
+        self._at: dict[int, _Call] = {}  # the newest call at each upstream index
+        self._last: _Call | None = None
 
     def number(self, fragment: dict[str, Any]) -> tuple[int, bool]:
         """The number of the call a fragment belongs to, and whether the fragment starts it. An id or an index of the
@@ -28,17 +38,22 @@ class StreamedCalls:
         upstream_id, index = fragment.get("id"), fragment.get("index")
         upstream_id = upstream_id if isinstance(upstream_id, str) else ""
         index = index if isinstance(index, int) else None
-        if upstream_id:
-            known = self._ids.get(upstream_id)
-        elif index is not None:
-            known = self._at.get(index)
-        else:
-            known = self._started - 1 if self._started else None
+        known = self._find(upstream_id, index)
         if known is not None:
-            return known, False
-        number, self._started = self._started, self._started + 1
+            return known.number, False
+        call = self._last = _Call(self._started, upstream_id, index)
+        self._started += 1
         if upstream_id:
-            self._ids[upstream_id] = number
+            self._ids[upstream_id] = call
         if index is not None:
-            self._at[index] = number
-        return number, True
+            self._at[index] = call
+        return call.number, True
+
+    def _find(self, upstream_id: str, index: int | None) -> _Call | None:
+        if not upstream_id:
+            return self._at.get(index) if index is not None else self._last
+        call = self._ids.get(upstream_id)
+        if call is not None and (index is None or call.index in (None, index)):
+            return call
+        at = self._at.get(index) if index is not None else None
+        return at if at is not None and at.id == upstream_id else None  # an id seen before, at this index

@@ -948,3 +948,21 @@ def test_a_malformed_call_index_names_no_call():
     events = translate_stream(chunks)
     assert_block_grammar(events)
     assert [(b.id, b.input) for b in accumulate(events).content] == [("call_0", {"city": "Paris"})]  # type: ignore[union-attr]
+
+
+def test_parallel_calls_that_share_an_id_are_told_apart_by_their_index():
+    """A server or model that names calls after their function gives two parallel calls one id: at two indices they
+    are two calls, each fragment on its own, however they interleave."""
+    call = {"type": "function", "id": "get_weather", "function": {"name": "get_weather"}}
+    fragments = [
+        {**call, "index": 0, "function": {**call["function"], "arguments": '{"city": '}},
+        {**call, "index": 1, "function": {**call["function"], "arguments": '{"city": "Rome"}'}},
+        {"index": 0, "function": {"arguments": '"Paris"}'}},
+        {**call, "index": 1, "function": {"arguments": ""}},
+    ]
+    events = translate_stream([vllm_chunk({"tool_calls": [f]}) for f in fragments] + [vllm_chunk({}, "tool_calls")])
+    assert_block_grammar(events)
+    assert [(b.id, b.input) for b in accumulate(events).content] == [  # type: ignore[union-attr]
+        ("get_weather", {"city": "Paris"}),
+        ("get_weather", {"city": "Rome"}),
+    ]
