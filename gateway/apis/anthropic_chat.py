@@ -16,6 +16,7 @@ only when the request asked for thinking, with an empty signature (the gateway c
 from __future__ import annotations
 
 import uuid
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -543,6 +544,8 @@ class _ToolCall:
     name: str
     arguments: str = ""
     block: int | None = None
+    judged: tuple[int, bool] = (-1, False)  # (length of the arguments, whether they were whole JSON then)
+    waited_out: bool = False  # what it held back reached MAX_HELD_CHARS: the blocks after it go out regardless
 
 
 @dataclass(slots=True)
@@ -554,6 +557,11 @@ class _Piece:
 
 
 # The block each kind of piece opens, and its delta's type.
+# Text and thinking held back behind one call whose arguments are not yet whole JSON. A pool whose call never parses
+# (Python-dict arguments, a broken stream) would otherwise hold the rest of its answer in memory to the end; past
+# this, the call's block is left behind and what follows goes out.
+MAX_HELD_CHARS = 1 << 20
+
 _PIECE_BLOCKS = {
     "thinking": ({"type": "thinking", "thinking": "", "signature": ""}, "thinking_delta"),
     "text": ({"type": "text", "text": ""}, "text_delta"),
@@ -592,7 +600,8 @@ class ChatStreamToMessages:
         self._open: str | _ToolCall | None = None  # the open block: "text", "thinking", or a tool call
         self._calls: list[_ToolCall] = []  # every tool call seen, in the order they started
         self._numbers = StreamedCalls()  # which of them a fragment belongs to
-        self._held: list[_ToolCall | _Piece] = []  # what waits for the open call to be whole, in order
+        self._held: deque[_ToolCall | _Piece] = deque()  # what waits for the open call to be whole, in order
+        self._held_chars = 0  # of the text and thinking in it
         self._finish_reason: Any = None
         self._stop_reason: Any = None
         self._usage: Any = None
@@ -618,8 +627,7 @@ class ChatStreamToMessages:
         if self._closed:
             return []
         events = self._start({})
-        while self._held:
-            events += self._unhold(self._held.pop(0))
+        events += self._release(to_the_end=True)
         events += self._close_block()
         stop_reason, stop_sequence = _stop(
             self._finish_reason, self._stop_reason, self.stop_sequences, bool(self._calls)
@@ -695,32 +703,44 @@ class ChatStreamToMessages:
         events: list[dict[str, Any]] = []
         if entry.block is not None and arguments:
             events.append(_arguments_delta(entry.block, arguments))
-        while self._held and not self._call_in_progress():
-            events += self._unhold(self._held.pop(0))
-        return events
+        return events + self._release()
 
     def _piece(self, piece: _Piece) -> list[dict[str, Any]]:
         """Text or thinking: a delta on its block, or held behind a call whose arguments are not yet whole (its
         block cannot stop yet, and no other block may start before it stops)."""
-        if self._call_in_progress():
+        if not self._call_in_progress():
+            return self._unhold(piece)
+        if self._held_chars + len(piece.text) <= MAX_HELD_CHARS:
             self._held.append(piece)
+            self._held_chars += len(piece.text)
             return []
-        return self._unhold(piece)
+        assert isinstance(self._open, _ToolCall)
+        self._open.waited_out = True
+        return self._release() + self._piece(piece)
+
+    def _release(self, to_the_end: bool = False) -> list[dict[str, Any]]:
+        """What was held, in order, up to a call whose arguments are still not whole (`to_the_end`: all of it)."""
+        events: list[dict[str, Any]] = []
+        while self._held and (to_the_end or not self._call_in_progress()):
+            held = self._held.popleft()
+            if isinstance(held, _Piece):
+                self._held_chars -= len(held.text)
+            events += self._unhold(held)
+        return events
 
     def _call_in_progress(self) -> bool:
         """Whether the open block is a tool call whose arguments are not yet a whole JSON value. Arguments are an
         object: only text that ends in a closing brace can be whole, so the parse runs on those alone, not on every
-        fragment of a long call (each parse reads all the arguments so far)."""
+        fragment of a long call (each parse reads all the arguments so far), and once for each length they reach,
+        not again for each piece of text held behind them."""
         call = self._open
-        if not isinstance(call, _ToolCall):
+        if not isinstance(call, _ToolCall) or call.waited_out:
             return False
-        if not call.arguments.rstrip().endswith(("}", "]")):
-            return True
-        try:
-            orjson.loads(call.arguments)
-        except orjson.JSONDecodeError:
-            return True
-        return False
+        length, whole = call.judged
+        if length != len(call.arguments):
+            whole = call.arguments.rstrip().endswith(("}", "]")) and _parses(call.arguments)
+            call.judged = (len(call.arguments), whole)
+        return not whole
 
     def _unhold(self, held: _ToolCall | _Piece) -> list[dict[str, Any]]:
         """A held piece's delta on its block; a held call's block, started with the arguments it gathered."""
@@ -754,3 +774,11 @@ class ChatStreamToMessages:
 
     def _delta(self, delta: dict[str, Any]) -> dict[str, Any]:
         return {"type": "content_block_delta", "index": self._blocks - 1, "delta": delta}
+
+
+def _parses(text: str) -> bool:
+    try:
+        orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return False
+    return True
