@@ -72,9 +72,10 @@ class KVEventBus:
             while True:
                 try:
                     batch = await asyncio.wait_for(sub.queue.get(), timeout=heartbeat)
-                except TimeoutError:  # the queue is empty: every batch offered was sent or dropped
-                    yield {"seq": sub.offered, "ts": time.time(), "heartbeat": True, "events": []}
-                    continue
+                except TimeoutError:
+                    if sub.queue.empty():  # every batch offered was sent or dropped
+                        yield {"seq": sub.offered, "ts": time.time(), "heartbeat": True, "events": []}
+                    continue  # else one came as the wait ran out: it goes next, and no heartbeat claims it
                 if batch["seq"] <= last:
                     continue  # already covered by the snapshot
                 last = batch["seq"]

@@ -48,3 +48,28 @@ def test_a_reader_that_leaves_is_unsubscribed():
     bus = KVEventBus(block_size=16)
     asyncio.run(_read_after(bus, published=1))
     assert not bus._subs  # a publish after it offers to no dead loop
+
+
+def test_a_batch_offered_as_the_heartbeat_wait_ends_is_sent_not_claimed_by_a_heartbeat():
+    """The engine thread's offer can land in the loop iteration whose timer ends the heartbeat wait: the batch is
+    then queued, not yet sent, and a heartbeat numbered with it would tell the follower it was lost (it resubscribes
+    and forgets the replica's blocks for nothing)."""
+
+    async def read() -> list[dict[str, Any]]:
+        bus = KVEventBus(block_size=16)
+        loop = asyncio.get_running_loop()
+        batches = bus.batches(heartbeat=0.5)
+        await anext(batches)  # the snapshot
+        waiting = asyncio.ensure_future(anext(batches))
+        await asyncio.sleep(0)  # the wait's timer is set
+        [sub] = bus._subs
+        batch = {"seq": 1, "ts": 0.0, "events": _stored(1)}
+        loop.call_at(loop.time() + 0.5001, bus._offer, sub, batch)  # as the engine thread's call_soon_threadsafe
+        first = await waiting
+        second = await anext(batches)
+        await batches.aclose()
+        return [first, second]
+
+    first, second = asyncio.run(read())
+    assert first["seq"] == 1 and not first.get("heartbeat"), "a heartbeat claimed the batch before it was sent"
+    assert second["seq"] == 1 and second.get("heartbeat")
