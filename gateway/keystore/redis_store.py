@@ -70,7 +70,7 @@ class RedisKeyStore:
             # a record changed since the snapshot reads newer than `version`: harmless, its change comes again
             chunk = await self._redis.hmget(RECORDS, ids[start : start + HMGET_CHUNK])
             records.extend(KeyRecord.model_validate_json(raw) for raw in chunk if raw is not None)
-        epoch = f"{server['run_id']}/{token.decode() if token else ''}"
+        epoch = f"{server.get('run_id', '')}/{token.decode() if token else ''}"  # a server may not report run_id
         return Changes(epoch, int(raw_version or 0), records)
 
     async def aclose(self) -> None:
