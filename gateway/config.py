@@ -101,8 +101,9 @@ class LimitsConfig(_Strict):
         Field(
             gt=0,
             description=(
-                "seconds from the request head to the body's last byte, however it trickles → 408; a client that "
-                "sends a byte just inside each idle wait is cut off here"
+                "seconds from the start of the body's read to its last byte, however it trickles → 408; a client "
+                "that sends a byte just inside each idle wait is cut off here. Raise it with max_body_bytes for "
+                "large passthrough uploads"
             ),
         ),
     ] = 60.0
