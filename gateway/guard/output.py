@@ -23,6 +23,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from gateway.apis.answers import AnswerFormat, Arguments, Holder, Text
+from gateway.growing_text import GrowingText
 from gateway.guard import pii
 from gateway.guard.runtime import Guard, GuardBlocked, Verdict
 from gateway.guard.spec import GuardSpec
@@ -50,7 +51,7 @@ class _Held:
 
 @dataclass
 class _Channel:
-    text: str = ""
+    text: GrowingText = field(default_factory=GrowingText)
     scanned: int = 0  # text[:scanned] has been scanned
     released: int = 0  # text[:released] has reached the client
     finished: bool = False
@@ -59,7 +60,7 @@ class _Channel:
 
 
 def _opened(channel: Hashable, text: str = "") -> _Channel:
-    return _Channel(text=text, json=isinstance(channel, Arguments))
+    return _Channel(text=GrowingText(text), json=isinstance(channel, Arguments))
 
 
 class OutputGuard:
@@ -114,7 +115,7 @@ class OutputGuard:
     def _append(self, held: _Held, channel: Hashable, holder: Holder, key: str | int) -> None:
         state = self._channel(channel)
         start = len(state.text)
-        state.text += holder[key]
+        state.text.append(holder[key])
         held.segments.append(_Segment(channel, holder, key, start, len(state.text)))
 
     async def _scan(self, channel: Hashable, state: _Channel) -> None:
@@ -138,7 +139,7 @@ class OutputGuard:
             if any(self._channels[channel].redactions for channel, _, _ in held.snapshots):
                 for channel, holder, key in held.snapshots:
                     state = self._channels[channel]
-                    holder[key] = pii.redact(state.text, sorted(state.redactions, key=lambda f: f.start))
+                    holder[key] = pii.redact(str(state.text), sorted(state.redactions, key=lambda f: f.start))
                 held.event = with_data(held.event, json.dumps(held.chunk).encode())
             out.append(held.event)
         return out
@@ -170,9 +171,9 @@ class OutputGuard:
             if not holder[key]:
                 continue
             state = _opened(channel, holder[key])
-            await self._check(state.text, offset=0, state=state, where=self._answers.where(channel))
+            await self._check(holder[key], offset=0, state=state, where=self._answers.where(channel))
             if state.redactions:
-                holder[key] = pii.redact(state.text, sorted(state.redactions, key=lambda f: f.start))
+                holder[key] = pii.redact(holder[key], sorted(state.redactions, key=lambda f: f.start))
                 changed = True
         return json.dumps(body).encode() if changed else content
 
@@ -252,7 +253,7 @@ def _merged(redactions: list[pii.Finding], found: list[pii.Finding]) -> list[pii
     return out
 
 
-def _redacted_segment(text: str, start: int, end: int, findings: list[pii.Finding]) -> str:
+def _redacted_segment(text: GrowingText, start: int, end: int, findings: list[pii.Finding]) -> str:
     """text[start:end] with each finding's first character replaced by its placeholder and the rest removed."""
     out, pos = [], start
     for f in findings:
@@ -270,7 +271,7 @@ def _redacted_segment(text: str, start: int, end: int, findings: list[pii.Findin
 _ESCAPE = re.compile(r"\\(?:u[0-9A-Fa-f]{0,4}|.)?", re.DOTALL)  # one JSON escape sequence (or its start, mid-stream)
 
 
-def _json_view(text: str, start: int, end: int) -> str:
+def _json_view(text: GrowingText, start: int, end: int) -> str:
     """text[start:end], a stretch of JSON text, with each escape sequence blanked out (spaces, same length): a
     detector sees the word boundary a `\\n` stands for, and its finding starts and ends outside escapes. The
     parse starts far enough back (an escape is 6 characters at most) to know which backslashes start one."""

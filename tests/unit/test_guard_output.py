@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -432,3 +433,16 @@ def test_an_item_added_whole_reaches_the_client_at_its_done_event() -> None:
     assert released[0] == [], "held until it is scanned"
     envs = [json.loads(e.split(b"data: ")[1])["item"]["action"]["env"] for e in released[1]]
     assert envs == [{"TO": "[REDACTED:EMAIL]"}] * 2, "both copies, once the item is done"
+
+
+def test_a_long_answer_in_small_deltas_costs_the_guard_time_in_proportion_to_its_length() -> None:
+    """Each delta is appended to its channel's text: a str grown piece by piece copied all of it per delta, so a
+    2.4 MB answer in 40-character deltas held the event loop for tens of seconds; the guard's cost is now the
+    events' own."""
+    g = OutputGuard(MarkerGuard(), spec(pii="redact", scan_every=65536), "v1", "r", CHAT_ANSWERS)
+    deltas = 60_000  # 2.4 MB
+    batches = [[event("a few more words of the answer, and more ") for _ in range(1000)] for _ in range(deltas // 1000)]
+    started = time.perf_counter()
+    out = feed_all(g, batches + [[event("", "stop"), b"data: [DONE]\n\n"]])
+    assert time.perf_counter() - started < 12  # a generous bound for a loaded machine; the copying took 30 s here
+    assert sum(len(batch) for batch in out) == deltas + 2
