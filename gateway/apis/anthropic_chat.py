@@ -18,13 +18,14 @@ from __future__ import annotations
 import uuid
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from gateway.apis.answers import token_count
 from gateway.apis.chat_calls import StreamedCalls
+from gateway.growing_text import GrowingText
 from gateway.sse import typed_event
 from gateway.tool_text import dotted
 
@@ -542,7 +543,7 @@ class _ToolCall:
 
     id: str
     name: str
-    arguments: str = ""
+    arguments: GrowingText = field(default_factory=GrowingText)
     block: int | None = None
     judged: tuple[int, bool] = (-1, False)  # (length of the arguments, whether they were whole JSON then)
     waited_out: bool = False  # what it held back reached MAX_HELD_CHARS: the blocks after it go out regardless
@@ -699,7 +700,7 @@ class ChatStreamToMessages:
             self._held.append(self._calls[-1])
         entry = self._calls[number]
         arguments = _text(function.get("arguments"))
-        entry.arguments += arguments
+        entry.arguments.append(arguments)
         events: list[dict[str, Any]] = []
         if entry.block is not None and arguments:
             events.append(_arguments_delta(entry.block, arguments))
@@ -738,7 +739,7 @@ class ChatStreamToMessages:
             return False
         length, whole = call.judged
         if length != len(call.arguments):
-            whole = call.arguments.rstrip().endswith(("}", "]")) and _parses(call.arguments)
+            whole = call.arguments.last_visible in ("}", "]") and _parses(str(call.arguments))
             call.judged = (len(call.arguments), whole)
         return not whole
 
@@ -753,7 +754,7 @@ class ChatStreamToMessages:
         events = self._open_block(held, block)
         held.block = self._blocks - 1
         if held.arguments:
-            events.append(_arguments_delta(held.block, held.arguments))
+            events.append(_arguments_delta(held.block, str(held.arguments)))
         return events
 
     def _open_block(self, key: str | _ToolCall, block: dict[str, Any]) -> list[dict[str, Any]]:

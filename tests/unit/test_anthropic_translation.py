@@ -986,3 +986,16 @@ def test_text_behind_a_call_that_never_parses_is_held_within_a_bound():
     texts = [delta["text"] for delta in deltas if delta["type"] == "text_delta"]
     assert "".join(texts) == "".join(pieces)
     assert any(b"text_delta" in event for event in before_the_end), "all of it was held to the end"
+
+
+def test_a_long_call_in_small_fragments_costs_time_in_proportion_to_its_length():
+    """An agent's write_file call may stream megabytes of arguments: each fragment used to copy all of them (a
+    string grown with +=, then stripped to see whether it ended in a brace), so 2 MB took the event loop 20 s."""
+    body = "x" * 23
+    fragments = [call_fragment(0, '{"content": "', first=True)] + [call_fragment(0, body) for _ in range(80_000)]
+    chunks = [vllm_chunk({"tool_calls": [f]}) for f in fragments + [call_fragment(0, '"}')]]
+    started = time.perf_counter()
+    raw = translated_bytes(chunks + [vllm_chunk({}, "tool_calls")])
+    assert time.perf_counter() - started < 15  # a generous bound for a loaded machine
+    deltas = [data["delta"] for _, data in sse_data(raw) if data["type"] == "content_block_delta"]
+    assert json.loads("".join(d["partial_json"] for d in deltas)) == {"content": body * 80_000}
