@@ -27,7 +27,9 @@ Each payload goes, one request each, into a query argument (`?q=`, percent-encod
 and the User-Agent header of an otherwise ordinary `POST /v1/chat/completions`; a payload counts as caught in a
 place when the WAF blocks that request. Benign traffic: the label-0 rows of ../shared/datasets/prompt_injection
 (S-Labs, neuralchemy) and guard_models/data/hard_negatives.jsonl as the user message; a row blocked is a false
-positive.
+positive. The web-attack packs do not read the prompt, so the same rows are also sent as arguments, where those
+packs do read them (natural language and code as a client's free-text parameter): each row once in the query
+argument and once in the body's `user` field of an ordinary chat request, with the rules that blocked it counted.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import re
 import sys
 import time
 import xml.etree.ElementTree as ET
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -58,6 +60,7 @@ WFUZZ = "usr/share/wfuzz/wordlist"
 SQLMAP = "usr/share/sqlmap/data/xml/payloads"
 WAPITI = "wapitiCore/data/attacks"
 PLACES = ("query", "json", "header")
+ARGUMENT_PLACES = ("query", "json")  # where a benign row goes as an argument (a header carries no line breaks)
 BARE_WORD = re.compile(r"\w*")
 
 # What each scanner puts in place of its placeholders (wapiti: the parameter's own value, its external endpoint).
@@ -270,12 +273,36 @@ def measure_benign(waf: CompiledWaf, prompts: dict[str, list[str]], fps: dict) -
     return out
 
 
+def measure_benign_args(waf: CompiledWaf, prompts: dict[str, list[str]], fps: dict) -> dict:
+    """Per place: rows sent and blocked per dataset, and per rule the rows it fired on among those blocked;
+    fps[place] lists (dataset, rules fired, text) for each row blocked."""
+    out = {}
+    for place in ARGUMENT_PLACES:
+        by_rule: Counter[str] = Counter()
+        sent = {}
+        for name, texts in prompts.items():
+            blocked = 0
+            for text in texts:
+                view = chat_request(place=place, payload=text)
+                if waf.evaluate(view).blocked:
+                    blocked += 1
+                    fired = sorted({m.rule.id for m in waf.evaluate(view, all_matches=True).matches})
+                    by_rule.update(fired)
+                    fps.setdefault(place, []).append((name, fired, text))
+            sent[name] = [len(texts), blocked]
+        out[place] = {"rows": sent, "rules": dict(by_rule.most_common())}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", type=Path, required=True, help="the folder the lists were unpacked into")
     parser.add_argument("--level", type=int, nargs="*", default=[1, 2])
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--misses", help="print the misses of this family (and benign rows blocked: 'benign')")
+    parser.add_argument(
+        "--misses",
+        help="print the misses of this family (benign rows blocked: 'benign', as arguments: 'benign-args')",
+    )
     args = parser.parse_args(argv)
     corpus = families(args.corpus)
     prompts = benign_prompts()
@@ -288,7 +315,9 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         attacks = measure_attacks(waf, corpus, misses)
         benign = measure_benign(waf, prompts, fps)
-        results[level] = {"attacks": attacks, "benign": benign}
+        arg_fps: dict = {}
+        benign_args = measure_benign_args(waf, prompts, arg_fps)
+        results[level] = {"attacks": attacks, "benign": benign, "benign_args": benign_args}
         print(f"\nparanoia level {level}: {len(waf.rules)} rules, {time.perf_counter() - started:.1f}s")
         print(f"{'family':12} " + " ".join(f"{p:>22}" for p in PLACES))
         for family, tally in attacks.items():
@@ -296,11 +325,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{family:12} " + " ".join(f"{cell:>22}" for cell in cells))
         for name, (n, blocked) in benign.items():
             print(f"benign {name:18} {blocked}/{n} blocked {blocked / n:6.2%}")
+        for place, tally in benign_args.items():
+            for name, (n, blocked) in tally["rows"].items():
+                print(f"benign as {place:5} {name:14} {blocked}/{n} blocked {blocked / n:6.2%}")
+            print(f"benign as {place:5} rules: {tally['rules']}")
         if args.misses == "benign":
             for name, texts in fps.items():
                 for text in texts:
                     fired = [m.rule.id for m in waf.evaluate(chat_request(prompt=text), all_matches=True).matches]
                     print("fp", name, fired, repr(text[:160]))
+        elif args.misses == "benign-args":
+            for place, rows in arg_fps.items():
+                for name, fired, text in rows:
+                    print("fp", place, name, fired, repr(text[:160]))
         elif args.misses:
             for place, payload in misses.get(args.misses, []):
                 print("miss", place, repr(payload[:200]))
