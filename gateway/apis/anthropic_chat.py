@@ -546,7 +546,6 @@ class _ToolCall:
     arguments: GrowingText = field(default_factory=GrowingText)
     block: int | None = None
     judged: tuple[int, bool] = (-1, False)  # (length of the arguments, whether they were whole JSON then)
-    waited_out: bool = False  # what it held back reached MAX_HELD_CHARS: the blocks after it go out regardless
 
 
 @dataclass(slots=True)
@@ -560,8 +559,14 @@ class _Piece:
 # The block each kind of piece opens, and its delta's type.
 # Text and thinking held back behind one call whose arguments are not yet whole JSON. A pool whose call never parses
 # (Python-dict arguments, a broken stream) would otherwise hold the rest of its answer in memory to the end; past
-# this, the call's block is left behind and what follows goes out.
+# this the stream ends with an error event: the call's block cannot stop before its input is whole (the client
+# reads the input at the stop), and nothing may follow the block's stop for it.
 MAX_HELD_CHARS = 1 << 20
+
+
+class _CallNeverWhole(Exception):
+    """MAX_HELD_CHARS of the answer arrived behind a call whose arguments are still not JSON."""
+
 
 _PIECE_BLOCKS = {
     "thinking": ({"type": "thinking", "thinking": "", "signature": ""}, "thinking_delta"),
@@ -617,9 +622,13 @@ class ChatStreamToMessages:
         events = self._start(chunk)
         if chunk.get("usage"):
             self._usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) == 0:
-                events += self._choice(choice)
+        try:
+            for choice in chunk.get("choices") or ():
+                if choice.get("index", 0) == 0:
+                    events += self._choice(choice)
+        except _CallNeverWhole:
+            message = f"a tool call's arguments were still not JSON after {MAX_HELD_CHARS} more characters"
+            return [typed_event(e) for e in events] + [self.error("api_error", message)]
         return [typed_event(e) for e in events]
 
     def finish(self) -> list[bytes]:
@@ -711,13 +720,11 @@ class ChatStreamToMessages:
         block cannot stop yet, and no other block may start before it stops)."""
         if not self._call_in_progress():
             return self._unhold(piece)
-        if self._held_chars + len(piece.text) <= MAX_HELD_CHARS:
-            self._held.append(piece)
-            self._held_chars += len(piece.text)
-            return []
-        assert isinstance(self._open, _ToolCall)
-        self._open.waited_out = True
-        return self._release() + self._piece(piece)
+        if self._held_chars + len(piece.text) > MAX_HELD_CHARS:
+            raise _CallNeverWhole()
+        self._held.append(piece)
+        self._held_chars += len(piece.text)
+        return []
 
     def _release(self, to_the_end: bool = False) -> list[dict[str, Any]]:
         """What was held, in order, up to a call whose arguments are still not whole (`to_the_end`: all of it)."""
@@ -735,7 +742,7 @@ class ChatStreamToMessages:
         fragment of a long call (each parse reads all the arguments so far), and once for each length they reach,
         not again for each piece of text held behind them."""
         call = self._open
-        if not isinstance(call, _ToolCall) or call.waited_out:
+        if not isinstance(call, _ToolCall):
             return False
         length, whole = call.judged
         if length != len(call.arguments):
