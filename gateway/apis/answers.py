@@ -208,13 +208,18 @@ class ResponsesFormat(AnswerFormat):
             yield from ((channel, holder, key) for channel, holder, key in texts if holder[key])
 
     def ended(self, event: dict[str, Any]) -> Iterator[Hashable]:
-        """A streamed text's done event ends it; an item's done event ends all of its texts (an item added whole, not
-        streamed, ends there)."""
+        """A streamed text's done event ends it; an item's done event ends all of its texts, and its added event the
+        texts it carries (what is streamed starts empty there: a text the added event holds comes whole, such as an
+        apply_patch_call's path, and waiting for its item's end held back the diff streamed after it)."""
         streamed = self._streamed(event, ".done")
+        kind, item = event.get("type"), event.get("item")
         if streamed is not None:
             yield streamed[0]
-        elif event.get("type") == "response.output_item.done" and isinstance(event.get("item"), dict):
-            yield from (channel for channel, _, _ in _item_texts(_index(event.get("output_index")), event["item"]))
+        elif kind == "response.output_item.done" and isinstance(item, dict):
+            yield from (channel for channel, _, _ in _item_texts(_index(event.get("output_index")), item))
+        elif kind == "response.output_item.added" and isinstance(item, dict):
+            texts = _item_texts(_index(event.get("output_index")), item)
+            yield from (channel for channel, holder, key in texts if holder[key])
 
     def _streamed(self, event: dict[str, Any], suffix: str) -> tuple[Hashable, str] | None:
         """A streamed text's event's channel and the key of its text in the done and added events; None for other

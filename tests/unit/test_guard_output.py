@@ -420,9 +420,9 @@ def test_a_shell_call_s_commands_are_each_read_on_their_own_in_every_copy() -> N
     assert g.verdicts[0].where == "output[0].action.commands[1]"
 
 
-def test_an_item_added_whole_reaches_the_client_at_its_done_event() -> None:
-    """A call that is not streamed (a local shell call) comes whole in its added event: once its done event says it
-    is complete, it is scanned and released, not held back until the stream ends."""
+def test_an_item_added_whole_reaches_the_client_scanned_at_once() -> None:
+    """A call that is not streamed (a local shell call) comes whole in its added event: it is scanned and released
+    there, redacted, not held back until the stream ends; its done event's copy is redacted the same way."""
     from gateway.apis.answers import ResponsesFormat
 
     g = OutputGuard(MarkerGuard(), spec(pii="redact", hold_back=32, scan_every=64), "v1", "r", ResponsesFormat())
@@ -430,9 +430,9 @@ def test_an_item_added_whole_reaches_the_client_at_its_done_event() -> None:
     item = {"type": "local_shell_call", "id": "ls_1", "call_id": "c", "action": action, "status": "completed"}
     added, done = (sse(f"response.output_item.{kind}", {"output_index": 0, "item": item}) for kind in ("added", "done"))
     released = feed_all(g, [[added], [done]])
-    assert released[0] == [], "held until it is scanned"
-    envs = [json.loads(e.split(b"data: ")[1])["item"]["action"]["env"] for e in released[1]]
-    assert envs == [{"TO": "[REDACTED:EMAIL]"}] * 2, "both copies, once the item is done"
+    assert [len(batch) for batch in released] == [1, 1], "each event released as it came"
+    envs = [json.loads(e.split(b"data: ")[1])["item"]["action"]["env"] for batch in released for e in batch]
+    assert envs == [{"TO": "[REDACTED:EMAIL]"}] * 2, "both copies"
 
 
 def test_a_long_answer_in_small_deltas_costs_the_guard_time_in_proportion_to_its_length() -> None:
@@ -446,3 +446,20 @@ def test_a_long_answer_in_small_deltas_costs_the_guard_time_in_proportion_to_its
     out = feed_all(g, batches + [[event("", "stop"), b"data: [DONE]\n\n"]])
     assert time.perf_counter() - started < 12  # a generous bound for a loaded machine; the copying took 30 s here
     assert sum(len(batch) for batch in out) == deltas + 2
+
+
+def test_a_text_that_comes_whole_in_an_added_event_holds_back_nothing_streamed_after_it() -> None:
+    """An apply_patch_call's added event carries its path whole, then its diff streams: the path's channel ended
+    only at the item's done event, and every diff delta queued behind it waited there."""
+    from gateway.apis.answers import ResponsesFormat
+
+    g = OutputGuard(MarkerGuard(), spec(pii="redact"), "v1", "r", ResponsesFormat())
+    pieces = [f"+line {i:03d} of the new file, some code here\n" for i in range(200)]
+    operation = {"type": "create_file", "path": "src/notes.txt", "diff": ""}
+    item = {"type": "apply_patch_call", "id": "ap_1", "call_id": "c", "status": "in_progress", "operation": operation}
+    at = {"output_index": 0, "item_id": "ap_1"}
+    events = [sse("response.output_item.added", {"output_index": 0, "item": item})]
+    events += [sse("response.apply_patch_call_operation_diff.delta", {**at, "delta": p}) for p in pieces]
+    released = feed_all(g, [[e] for e in events])
+    first = next(i for i, batch in enumerate(released) if batch)
+    assert first < 10, f"nothing reached the client before event {first} of {len(events)}"
