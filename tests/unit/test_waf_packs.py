@@ -405,6 +405,12 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
             ("q", "I need more\nsleep 8 hours"),
             ("q", "Which one?\nWhoami is a command"),
             ("json", "def f():\n    id = 5\nenv: prod"),
+            ("q", "Total is $50\nless $5 coupon"),
+            ("q", "Exercises:\nhead / shoulders / knees"),
+            ("q", "Options for the tool\ntype --help for usage"),
+            ("q", "Today I want to\nsleep 8h"),
+            ("q", "columns:\nname\nemail\nid"),
+            ("json", "step 1: build\nls -la dist/ to check"),
         ],
     ),
     "rce-151": (
