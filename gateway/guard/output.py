@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
@@ -73,8 +74,9 @@ class OutputGuard:
         self._policy = spec.output
         self._version = policy_version
         self._request_id = request_id
-        self._held: list[_Held] = []
+        self._held: deque[_Held] = deque()
         self._channels: dict[Hashable, _Channel] = {}
+        self._unscanned: dict[Hashable, None] = {}  # the channels with text not scanned yet, in order
         self.verdicts: list[Verdict] = []
         self._recorded: set[tuple[str, str]] = set()
 
@@ -99,12 +101,14 @@ class OutputGuard:
             for channel in answers.ended(chunk):
                 self._channel(channel).finished = True
             self._held.append(held)
-        for number, state in self._channels.items():
+        # only channels with new text: an answer may open thousands (a command's words each), and walking them all
+        # for every event made the cost of a stream the product of the two
+        for channel in list(self._unscanned):
+            state = self._channels[channel]
             final = done or state.finished
-            if len(state.text) - state.scanned >= self._policy.scan_every or (
-                final and state.scanned < len(state.text)
-            ):
-                await self._scan(number, state)
+            if len(state.text) - state.scanned >= self._policy.scan_every or final:
+                await self._scan(channel, state)
+                del self._unscanned[channel]
         return self._release(done)
 
     def _channel(self, channel: Hashable) -> _Channel:
@@ -117,6 +121,8 @@ class OutputGuard:
         start = len(state.text)
         state.text.append(holder[key])
         held.segments.append(_Segment(channel, holder, key, start, len(state.text)))
+        if len(state.text) > state.scanned:
+            self._unscanned[channel] = None
 
     async def _scan(self, channel: Hashable, state: _Channel) -> None:
         start = max(0, min(state.released, state.scanned) - CONTEXT_CHARS)
@@ -132,7 +138,7 @@ class OutputGuard:
             held = self._held[0]
             if not done and not all(s.end <= self._safe(self._channels[s.channel]) for s in held.segments):
                 break
-            self._held.pop(0)
+            self._held.popleft()
             for segment in held.segments:
                 state = self._channels[segment.channel]
                 state.released = max(state.released, segment.end)

@@ -463,3 +463,26 @@ def test_a_text_that_comes_whole_in_an_added_event_holds_back_nothing_streamed_a
     released = feed_all(g, [[e] for e in events])
     first = next(i for i, batch in enumerate(released) if batch)
     assert first < 10, f"nothing reached the client before event {first} of {len(events)}"
+
+
+def test_thousands_of_channels_in_one_item_do_not_slow_every_later_event() -> None:
+    """A local shell call's command words are each a channel: an upstream that sends 20,000 of them made every later
+    event walk them all (13 s of the event loop for 2,000 deltas); only channels with new text are
+    visited now."""
+    from gateway.apis.answers import ResponsesFormat
+
+    g = OutputGuard(MarkerGuard(), spec(pii="redact"), "v1", "r", ResponsesFormat())
+    action = {"type": "exec", "command": ["x"] * 20_000, "env": {}}
+    shell = {"type": "local_shell_call", "id": "ls", "call_id": "c", "status": "completed", "action": action}
+    message = {"type": "message", "id": "m", "role": "assistant", "content": []}
+    at = {"output_index": 1, "content_index": 0, "item_id": "m"}
+    events = [
+        sse("response.output_item.added", {"output_index": 0, "item": shell}),
+        sse("response.output_item.done", {"output_index": 0, "item": shell}),
+        sse("response.output_item.added", {"output_index": 1, "item": message}),
+    ] + [sse("response.output_text.delta", {**at, "delta": "word "}) for _ in range(2000)]
+    feed_all(g, [events[:3]])
+    started = time.perf_counter()
+    released = feed_all(g, [[e] for e in events[3:]])
+    assert time.perf_counter() - started < 5  # a generous bound for a loaded machine; walking them all took 13 s
+    assert sum(len(batch) for batch in released) > 1900, "the answer streams"
