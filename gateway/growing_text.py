@@ -14,16 +14,12 @@ class GrowingText:
     def __init__(self, text: str = "") -> None:
         self._buffer = io.StringIO(newline="")  # newline="": no newline translation, characters as given
         self._length = 0
-        self.last_visible = ""  # the last character that is not whitespace ("" while there is none)
         self.append(text)
 
     def append(self, piece: str) -> None:
         self._buffer.seek(self._length)
         self._buffer.write(piece)
         self._length += len(piece)
-        visible = piece.rstrip()
-        if visible:
-            self.last_visible = visible[-1]
 
     def __len__(self) -> int:
         return self._length

@@ -25,7 +25,7 @@ import orjson
 
 from gateway.apis.answers import token_count
 from gateway.apis.chat_calls import StreamedCalls
-from gateway.growing_text import GrowingText
+from gateway.apis.streamed_json import StreamedJson
 from gateway.sse import typed_event
 from gateway.tool_text import dotted
 
@@ -543,9 +543,8 @@ class _ToolCall:
 
     id: str
     name: str
-    arguments: GrowingText = field(default_factory=GrowingText)
+    arguments: StreamedJson = field(default_factory=StreamedJson)
     block: int | None = None
-    judged: tuple[int, bool] = (-1, False)  # (length of the arguments, whether they were whole JSON then)
 
 
 @dataclass(slots=True)
@@ -737,18 +736,9 @@ class ChatStreamToMessages:
         return events
 
     def _call_in_progress(self) -> bool:
-        """Whether the open block is a tool call whose arguments are not yet a whole JSON value. Arguments are an
-        object: only text that ends in a closing brace can be whole, so the parse runs on those alone, not on every
-        fragment of a long call (each parse reads all the arguments so far), and once for each length they reach,
-        not again for each piece of text held behind them."""
+        """Whether the open block is a tool call whose arguments are not yet a whole JSON value."""
         call = self._open
-        if not isinstance(call, _ToolCall):
-            return False
-        length, whole = call.judged
-        if length != len(call.arguments):
-            whole = call.arguments.last_visible in ("}", "]") and _parses(str(call.arguments))
-            call.judged = (len(call.arguments), whole)
-        return not whole
+        return isinstance(call, _ToolCall) and not call.arguments.whole()
 
     def _unhold(self, held: _ToolCall | _Piece) -> list[dict[str, Any]]:
         """A held piece's delta on its block; a held call's block, started with the arguments it gathered."""
@@ -761,7 +751,7 @@ class ChatStreamToMessages:
         events = self._open_block(held, block)
         held.block = self._blocks - 1
         if held.arguments:
-            events.append(_arguments_delta(held.block, str(held.arguments)))
+            events.append(_arguments_delta(held.block, str(held.arguments.text)))
         return events
 
     def _open_block(self, key: str | _ToolCall, block: dict[str, Any]) -> list[dict[str, Any]]:
@@ -782,11 +772,3 @@ class ChatStreamToMessages:
 
     def _delta(self, delta: dict[str, Any]) -> dict[str, Any]:
         return {"type": "content_block_delta", "index": self._blocks - 1, "delta": delta}
-
-
-def _parses(text: str) -> bool:
-    try:
-        orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return False
-    return True
