@@ -106,7 +106,10 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     ),
     "sqli-102": ([("path", "/v1/chat/completions/1'%20or%20'a'='a")], [("path", "/v1/chat/completions")]),
     "sqli-110": ([("q", "1 UNION/**/ALL SELECT null,null")], [("q", "the union selected a leader")]),
-    "sqli-120": ([("q", "x' or 'a'='a")], [("q", "x or y")]),
+    "sqli-120": (
+        [("q", "x' or 'a'='a"), ("q", "x' or 'a' in ('a','b')")],
+        [("q", "x or y"), ("q", 'Never write "sorry" or "instead" in your answer')],
+    ),
     "sqli-121": ([("q", "1 or 1=1")], [("q", "1 or 2 apples")]),
     "sqli-130": (
         [("q", "1 AND sleep(5)"), ("h:user-agent", "x' and benchmark(9999999,md5(1))")],
