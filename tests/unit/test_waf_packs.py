@@ -387,8 +387,15 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
             ("q", ";$a cat $a test.txt"),
             ("q", "a; sh$XX -c id"),
             ("q", "data://text/plain;base64,Y2F0IC9ldGMvcGFzc3dkOyBpZA=="),  # its payload: cat /etc/passwd; id
+            ("q", "@{[qx{whoami}]}"),
+            ("q", "{,ifconfig}"),
         ],
-        [("q", "cats; dogs"), ("q", "price; $5 each"), ("q", "data://text/plain;base64,SSBsb3ZlIFBIUAo=")],
+        [
+            ("q", "cats; dogs"),
+            ("q", "price; $5 each"),
+            ("q", "data://text/plain;base64,SSBsb3ZlIFBIUAo="),
+            ("q", "How do I call /users/{id} with DELETE?"),  # a URL template's placeholder
+        ],
     ),
     "rce-101": (
         [
