@@ -497,7 +497,20 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "scanner-100": ([("h:user-agent", "sqlmap/1.7")], [("h:user-agent", "curl/8.0")]),
     "scanner-110": ([("h:x-callback", "abc.oast.pro")], [("h:x-callback", "example.com")]),
     "scanner-120": ([("noua", "")], [("h:user-agent", "client/1")]),
-    "proto-attack-100": ([("q", "x\r\nSet-Cookie: a=b")], [("q", "x y")]),
+    "proto-attack-100": (
+        [
+            ("q", "x\r\nSet-Cookie: a=b"),
+            ("q", "foo\r\nLocation: http://evil.example/"),
+            ("q", "barGET /a.html HTTP/1.1\r\nSomething: x"),  # a request smuggled in: any header after it
+            ("h:x-note", "data%0dInjected: splitting"),  # a header carries no text, so any name counts
+        ],
+        [
+            ("q", "x y"),
+            ("q", "Is this compose file ok?\nservices:\n  db:\n    image: postgres:16"),
+            ("q", "CI says:\nfatal: could not read Username for 'https://github.com'"),
+            ("json", "Traceback (most recent call last):\n  File \"app.py\", line 3\nKeyError: 'id'"),
+        ],
+    ),
     "proto-attack-110": ([("q", "x\r\nGET /admin HTTP/1.1")], [("q", "get / out")]),
     "proto-attack-120": ([("path", "/v1/a%0d%0ab")], [("path", "/v1/ab")]),
     # gateway protocol
