@@ -42,6 +42,7 @@ Transform = Literal[
     "remove_xml_data_markup",
     "remove_string_lists",
     "remove_data_uri_payloads",
+    "remove_markdown_code_marks",
     "trim",
 ]
 

