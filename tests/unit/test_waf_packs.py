@@ -371,7 +371,10 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     # lfi
     "lfi-100": ([("q", "%2e%2e%2fetc"), ("path", "/v1/%2e%2e/%2e%2e/etc/passwd")], [("q", "1.2.3")]),
     "lfi-110": ([("q", "../../etc/hosts"), ("h:x-file", "..\\..\\boot.ini")], [("q", "wait... what/why")]),
-    "lfi-120": ([("q", "/etc/passwd"), ("q", "C:\\Windows\\win.ini")], [("q", "etc. and so on")]),
+    "lfi-120": (
+        [("q", "/etc/passwd"), ("q", "C:\\Windows\\win.ini"), ("q", "../../.env"), ("q", "/app/.env"), ("q", ".env")],
+        [("q", "etc. and so on"), ("q", "How do I make git ignore my .env file?")],
+    ),
     "lfi-130": ([("path", "/.git/config"), ("path", "/.env")], [("path", "/.well-known/security.txt")]),
     "lfi-140": (
         [("path", "/backup.sql"), ("q", "db.sql.gz"), ("path", "/get/dump%2Erdb")],
