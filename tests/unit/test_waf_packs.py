@@ -705,8 +705,18 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     ),
     # protocol attacks in values
     "proto-attack-130": (
-        [("rawq", "x=test%0Dnext=more"), ("rawq", "a=1&%0d%0arest")],
-        [("rawq", "x=line%0AMore%20text"), ("rawq", "x=a%20b")],
+        [
+            ("rawq", "x=test%0Dnext=more"),
+            ("rawq", "a=1&%0d%0arest"),
+            ("rawq", "x=test%0A%0Dnext=more"),
+            ("q", "x\r\nX-Debug: 1"),
+        ],
+        [
+            ("rawq", "x=line%0AMore%20text"),
+            ("rawq", "x=a%20b"),
+            ("q", "Is this loop ok?\n```python\ni = 0\nwhile i < 10:\n    i += 1\n```"),
+            ("q", "Our compose file:\nservices:\n  db:\n    image: postgres:16"),
+        ],
     ),
     "proto-attack-140": (
         [("q", "admin)(|(uid=*"), ("q", "*)!(sn=*"), ("cookie", "v)(uid=*")],
