@@ -261,8 +261,12 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
             ("q", "1;exec @s"),
             ("q", "x'; exec('sel'+'ect 1')--"),
             ("q", "1; EXEC dbo.proc 1"),
+            ("q", "x from mysql.user"),
+            ("q", "1 from `db`.`users`"),
         ],
         [
+            ("q", "Protect the country from harm. What if it fails?"),
+            ("q", "WARN access attempt from 10.0.0.23, token expired"),
             ("q", "How do AI agents plan and execute tasks?"),
             ("q", "find the file and execute it"),
             ("q", "as far from here"),
