@@ -119,13 +119,16 @@ def cmd_line(value: str) -> str:
 def quote_split_words(value: str) -> str:
     """The words a quote splits from inside (wh'o'ami, "w"get), quotes removed, space-separated; every other word
     is dropped. The shell joins quoted and bare pieces into one word, so this is the word it runs; a word merely
-    in quotes ("ip") is not split and does not appear."""
+    in quotes ("ip") is not split and does not appear, nor does one whose quote is closed in a later word (I'd,
+    c'at x'): the shell's word then runs on past a space, and is no command (prose's I'd is not id)."""
     if "'" not in value and '"' not in value:
         return ""
     # Split first, then test each word: one pattern spanning a whole word would backtrack quadratically on a long
     # word that holds a quote but is not split by it.
     return " ".join(
-        w.replace("'", "").replace('"', "") for w in _SHELL_WORD_BREAK.split(value) if _QUOTE_INSIDE_WORD.search(w)
+        w.replace("'", "").replace('"', "")
+        for w in _SHELL_WORD_BREAK.split(value)
+        if _QUOTE_INSIDE_WORD.search(w) and w.count("'") % 2 == 0 and w.count('"') % 2 == 0
     )
 
 

@@ -444,7 +444,13 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     ),
     "rce-151": (
         [("q", "'wh'oami"), ("q", '"w"get localhost'), ("q", "x; c'a't /etc/passwd"), ("q", "'i'p a")],
-        [("q", "O'Keefe's cat"), ("q", 'the "ip" field'), ("q", 'That\'s two "O"s in goose'), ("q", "don't ping me")],
+        [
+            ("q", "O'Keefe's cat"),
+            ("q", 'the "ip" field'),
+            ("q", 'That\'s two "O"s in goose'),
+            ("q", "don't ping me"),
+            ("q", "I'd like you to roleplay as a customer returning a product"),
+        ],
     ),
     "rce-153": (
         [("q", "~+"), ("q", "~-1"), ("q", "~+/.ssh/id_rsa")],
@@ -1022,7 +1028,7 @@ def test_quote_split_words_is_linear_on_a_long_word_with_a_stray_quote():
     started = time.perf_counter()
     assert quote_split_words("a" * 1_000_000 + "' x") == ""
     assert time.perf_counter() - started < 0.5
-    assert quote_split_words("x; 'wh'oami and O'Keefe") == "whoami OKeefe"
+    assert quote_split_words("x; 'wh'oami and O'Keefe") == "whoami"
 
 
 def test_remove_markdown_code_marks_is_linear_on_many_unclosed_spans_and_fences():
