@@ -190,8 +190,27 @@ CASES: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
         [("q", "a /* comment */ b"), ("q", "http:0xABCDEF"), ("q", "0x41414141A9FEA9FE")],
     ),
     "sqli-184": (
-        [("q", "a<>b"), ("q", "x rlike y"), ("q", "id != 3"), ("q", "||"), ("q", "x=||(k=!1)")],
-        [("q", "likely yes"), ("q", "11!=11"), ("q", "88213||sort=||page=3"), ("q", "7|12|||AB||C|||")],
+        [
+            ("q", "a<>b"),
+            ("q", "x rlike y"),
+            ("q", "id != 3"),
+            ("q", "||"),
+            ("q", "x=||(k=!1)"),
+            ("q", "1 xor 1"),
+            ("q", "' xor sleep(5)--"),
+            ("qname", "XOR"),
+            ("q", "x' or y is not null--"),
+            ("q", "x' or a sounds like 'a'--"),
+        ],
+        [
+            ("q", "likely yes"),
+            ("q", "11!=11"),
+            ("q", "88213||sort=||page=3"),
+            ("q", "7|12|||AB||C|||"),
+            ("q", "How do xor filters improve lookup efficiency"),
+            ("q", "It helps me sleep with calming sounds like rain"),
+            ("q", "The inventor of the fire hydrant is unknown due to a fire"),
+        ],
     ),
     "sqli-194": (
         [
