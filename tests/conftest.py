@@ -84,51 +84,97 @@ def spawn(
     raise RuntimeError(f"{cmd} did not become ready in {timeout}s:\n{process.output()}")
 
 
-@pytest.fixture
-def processes() -> Iterator[list[Process]]:
-    started: list[Process] = []
-    yield started
-    for process in reversed(started):
-        process.stop()
+class Launcher:
+    """Starts real processes on free loopback ports, logging into one directory, and stops them all at teardown.
 
+    `launcher` gives each test its own; `module_launcher` shares one by a test module, for the tests that can use the
+    same gateway configuration: each process costs a second or two of CPU to start, and a suite that started one per
+    test spent most of its time doing so. A test that changes a shared process's state (kills it, fills a limit,
+    counts what its upstream saw) takes its own."""
 
-@pytest.fixture
-def fake_upstream(processes: list[Process], tmp_path: Path) -> Callable[..., Process]:
-    """Start a fake OpenAI-compatible upstream: fake_upstream(name="a", fail_status=None)."""
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.started: list[Process] = []
 
-    def start(name: str = "fake", fail_status: int | None = None) -> Process:
-        port = free_port()
-        cmd = [sys.executable, str(ROOT / "tests" / "fake_upstream.py"), "--port", str(port), "--name", name]
-        if fail_status:
-            cmd += ["--fail-status", str(fail_status)]
-        process = spawn(cmd, port, tmp_path / f"upstream-{name}-{port}.log", ready_path="/_stats")
-        processes.append(process)
-        return process
+    def spawn(self, cmd: Callable[[int], list[str]], name: str, **options) -> Process:
+        """`cmd(port)` on a free port, retried on another if that port was taken meanwhile (parallel test workers
+        draw from the same ports)."""
+        for attempt in range(3):
+            port = free_port()
+            try:
+                process = spawn(cmd(port), port, self.directory / f"{name}-{port}.log", **options)
+            except RuntimeError as e:
+                if "address already in use" not in str(e).lower() or attempt == 2:
+                    raise
+                continue
+            self.started.append(process)
+            return process
+        raise AssertionError("unreachable")
 
-    return start
+    def fake_upstream(self, name: str = "fake", fail_status: int | None = None) -> Process:
+        """A fake OpenAI-compatible upstream (tests/fake_upstream.py)."""
 
+        def cmd(port: int) -> list[str]:
+            args = [sys.executable, str(ROOT / "tests" / "fake_upstream.py"), "--port", str(port), "--name", name]
+            return args + (["--fail-status", str(fail_status)] if fail_status else [])
 
-@pytest.fixture
-def gateway(processes: list[Process], tmp_path: Path) -> Callable[..., Process]:
-    """Start `portcullis serve` with a config dict (listen and admin ports filled in): gateway(config, env={...})."""
+        return self.spawn(cmd, f"upstream-{name}", ready_path="/_stats")
 
-    def start(config: dict, env: dict[str, str] | None = None) -> Process:
-        port, admin_port = free_port(), free_port()
-        config = {
-            **config,
-            "listen": {"host": "127.0.0.1", "port": port},
-            "admin": {"port": admin_port, **config.get("admin", {})},
-            "store": {"sqlite_path": str(tmp_path / f"portcullis-{port}.db"), **config.get("store", {})},
-        }
-        path = tmp_path / f"portcullis-{port}.yaml"
-        path.write_text(yaml.safe_dump(config))
-        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)]
-        process = spawn(cmd, port, tmp_path / f"gateway-{port}.log", env=env)
+    def gateway(self, config: dict, env: dict[str, str] | None = None) -> Process:
+        """`portcullis serve` with `config` (listen and admin ports and the key store's file filled in)."""
+        admin_port = free_port()
+
+        def cmd(port: int) -> list[str]:
+            full = {
+                **config,
+                "listen": {"host": "127.0.0.1", "port": port},
+                "admin": {"port": admin_port, **config.get("admin", {})},
+                "store": {"sqlite_path": str(self.directory / f"portcullis-{port}.db"), **config.get("store", {})},
+            }
+            path = self.directory / f"portcullis-{port}.yaml"
+            path.write_text(yaml.safe_dump(full))
+            return [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)]
+
+        process = self.spawn(cmd, "gateway", env=env)
         process.admin_url = f"http://127.0.0.1:{admin_port}"
-        processes.append(process)
         return process
 
-    return start
+    def stop_all(self) -> None:
+        for process in reversed(self.started):
+            process.stop()
+        self.started.clear()
+
+
+@pytest.fixture
+def launcher(tmp_path: Path) -> Iterator[Launcher]:
+    started = Launcher(tmp_path)
+    yield started
+    started.stop_all()
+
+
+@pytest.fixture(scope="module")
+def module_launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+    started = Launcher(tmp_path_factory.mktemp("module"))
+    yield started
+    started.stop_all()
+
+
+@pytest.fixture
+def processes(launcher: Launcher) -> list[Process]:
+    """The processes this test started; they are stopped when it ends, and so is anything appended here."""
+    return launcher.started
+
+
+@pytest.fixture
+def fake_upstream(launcher: Launcher) -> Callable[..., Process]:
+    """Start a fake OpenAI-compatible upstream for this test: fake_upstream(name="a", fail_status=None)."""
+    return launcher.fake_upstream
+
+
+@pytest.fixture
+def gateway(launcher: Launcher) -> Callable[..., Process]:
+    """Start `portcullis serve` for this test with a config dict: gateway(config, env={...})."""
+    return launcher.gateway
 
 
 def pool(name: str, *urls: str, **options) -> dict:
