@@ -43,11 +43,9 @@ def load_prompt_renderer(path: str) -> PromptRenderer:
     p = _checked(path)
     if p.is_dir():
         return PromptRenderer(tok := Tokenizer.from_pretrained_dir(p), _template(tok))
-    from gguf import GGUFReader
+    from backend_engine.model.gguf import open_gguf, read_metadata
 
-    from backend_engine.model.gguf import read_metadata
-
-    tok = Tokenizer.from_gguf_metadata(read_metadata(GGUFReader(str(p))))
+    tok = Tokenizer.from_gguf_metadata(read_metadata(open_gguf(str(p))))
     return PromptRenderer(tok, _template(tok))
 
 

@@ -35,6 +35,26 @@ _GLOBAL_NAMES = {
 }
 
 
+def open_gguf(path: str) -> Any:
+    """The `gguf` package's reader over `path`, with its byte array a plain ndarray over the same mapped pages.
+
+    The reader slices its array once or more per metadata field, and the bundled model's vocabulary and merges are
+    ~98k string fields: through np.memmap, whose every slice runs Python hooks, that took 10 s of CPU per load (each
+    engine start, each gateway counting tokens with the bundled tokenizer); through a plain view, a quarter of it."""
+    import gguf
+
+    class Reader(gguf.GGUFReader):
+        @property  # type: ignore[override]  # the same bytes, without memmap's per-slice hooks
+        def data(self) -> np.ndarray:
+            return self._mapped
+
+        @data.setter
+        def data(self, mapped: np.memmap) -> None:
+            self._mapped = mapped.view(np.ndarray)  # keeps the memmap (its base) and so the mapping alive
+
+    return Reader(path)
+
+
 def read_metadata(reader: Any) -> dict[str, Any]:
     """All key/value fields as plain Python values."""
     meta: dict[str, Any] = {}
@@ -90,7 +110,7 @@ def load_gguf(path: str, keep_blocks: bool = False) -> tuple[LlamaConfig, dict[s
     `keep_blocks` the Q4_0/Q4_1/Q8_0 matrices stay in their blocks (`BlockQuantized`) for `--compute int8`."""
     import gguf
 
-    reader = gguf.GGUFReader(path)
+    reader = open_gguf(path)
     meta = read_metadata(reader)
     cfg = config_from_metadata(meta)
     tensors: dict[str, np.ndarray | quant_blocks.BlockQuantized] = {}

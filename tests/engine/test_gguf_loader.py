@@ -4,7 +4,7 @@ import gguf
 import numpy as np
 import pytest
 
-from backend_engine.model.gguf import load_gguf, unpermute_qk
+from backend_engine.model.gguf import load_gguf, open_gguf, read_metadata, unpermute_qk
 from backend_engine.model.quant_blocks import BlockQuantized
 
 H, I, NH, NKV, HD, V = 64, 128, 4, 2, 16, 96  # noqa: E741 - the model's dimension names
@@ -100,3 +100,23 @@ def test_tiny_model_roundtrip(tmp_path, qtype, tol):
             np.testing.assert_array_equal(kept.dequantize(), dense, err_msg=k)
         else:
             np.testing.assert_array_equal(kept, dense, err_msg=k)
+
+
+def test_the_fast_reader_reads_what_the_gguf_package_reads(tmp_path):
+    """open_gguf only swaps the reader's memmap for a plain view of the same pages: every field and tensor the same."""
+    path = tmp_path / "fields.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"tok{i}" for i in range(3000)])
+    w.add_token_merges([f"t o{i}" for i in range(2000)])
+    w.add_token_types([1] * 3000)
+    w.add_chat_template("{{ messages }}")
+    w.add_tensor("x.weight", np.arange(64, dtype=np.float32).reshape(8, 8))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    fast, stock = open_gguf(str(path)), gguf.GGUFReader(str(path))
+    assert read_metadata(fast) == read_metadata(stock) and len(read_metadata(fast)["tokenizer.ggml.tokens"]) == 3000
+    assert [(t.name, t.data.tobytes()) for t in fast.tensors] == [(t.name, t.data.tobytes()) for t in stock.tensors]
+    assert type(fast.data) is np.ndarray
