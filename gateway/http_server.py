@@ -9,6 +9,9 @@ most its `max_connections` open; one more gets 503 and is closed at once. One cl
 `limits.max_connections_per_client` of them (a trusted proxy's address, which carries many clients, is not
 capped); one more gets 429, so a single client reconnecting as fast as connections are cut cannot hold them all.
 Every answer is OpenAI-shaped and closes the connection. Parsing stays with llhttp: nothing here reads HTTP syntax.
+A close that may leave the client's bytes unread (the answer came before the request's end) lingers, bounded, so
+the client reads the answer instead of a reset (gateway/lingering_close.py); until it really closes, a lingering
+connection counts toward the caps.
 
 The other direction: a client that stops reading its answer parks the response's writes on flow control (uvicorn
 waits for the transport to drain), where no timeout reaches, and the request kept its concurrency slot, its upstream
@@ -35,11 +38,12 @@ from ipaddress import IPv4Network, IPv6Network, ip_address
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from gateway import log_writer
 from gateway.client_exit import CLIENT_GONE
 from gateway.config import GatewayConfig, LimitsConfig
+from gateway.lingering_close import LingeringCloseProtocol
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +51,7 @@ BACKLOG = 2048
 _HEADER_FRAMING = 4  # ": " and CRLF around each header line
 
 
-class BoundedProtocol(HttpToolsProtocol):
+class BoundedProtocol(LingeringCloseProtocol):
     """uvicorn's httptools protocol with the request head bounded in bytes and time, and connections per listener."""
 
     limits: LimitsConfig
@@ -156,19 +160,6 @@ class BoundedProtocol(HttpToolsProtocol):
             self._send_timer.cancel()
             self._send_timer = None
 
-    def on_response_complete(self) -> None:
-        """An answer went out before its request's body was read (/healthz, a 404, a 413 for the declared length):
-        uvicorn read on only to drop the body, and each byte put off the keep-alive timeout, so a client trickling
-        a body held the connection for ever. Its bytes are now dropped unread, and the connection ends: a FIN once
-        the answer is written, and the close at uvicorn's keep-alive timeout, which no byte puts off any more. (Not
-        close(): with the client's bytes unread the kernel resets the connection, and the answer may be lost.)"""
-        # with nothing queued behind it, the request answered is the last one parsed
-        if not self.pipeline and self.cycle.more_body and not self.transport.is_closing():
-            self._read_no_more = True
-            if self.transport.can_write_eof():
-                self.transport.write_eof()
-        super().on_response_complete()
-
     # the request head, counted as it arrives
 
     def data_received(self, data: bytes) -> None:
@@ -229,6 +220,10 @@ class BoundedProtocol(HttpToolsProtocol):
         self.cycle.keep_alive = False
         self._read_no_more = True
 
+    def may_have_unread_bytes(self) -> bool:
+        """Also after an upgrade request: what the client sends behind it is dropped, not parsed."""
+        return self._read_no_more or super().may_have_unread_bytes()
+
     def _unsupported_upgrade_warning(self) -> None:
         """uvicorn's warning (and its advice to install a WebSocket library) for each upgrade request: a client
         chooses how many; `_upgrade_requested` has answered it."""
@@ -263,7 +258,9 @@ class BoundedProtocol(HttpToolsProtocol):
             self._refuse(408, f"request head not complete within {self.limits.header_timeout:g}s", "header_timeout")
 
     def _refuse(self, status: int, message: str, code: str, extra_headers: tuple[bytes, ...] = ()) -> None:
-        """Answer with an OpenAI-shaped error and close: after a refusal the connection's bytes mean nothing."""
+        """Answer with an OpenAI-shaped error and close: after a refusal the connection's bytes mean nothing. The
+        close lingers where the client may still be sending (gateway/lingering_close.py); a connection refused at
+        accept (503, 429) is closed at once: it is not counted, and one past the cap must not outlive its answer."""
         self._refused = True
         self._cancel_head_timer()
         if self.transport.is_closing():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import io
 import json
+import select
 import socket
 import time
 from dataclasses import dataclass
@@ -71,6 +72,65 @@ def send_ignoring_reset(sock: socket.socket, data: bytes) -> bool:
         return True
     except (BrokenPipeError, ConnectionResetError):
         return False
+
+
+def send_all_then_read(sock: socket.socket, data: bytes, timeout: float = 10.0) -> bytes:
+    """A client that writes the rest of its request before it reads, as most HTTP clients do: `data` in 64 KB
+    writes, then everything the server sends until its FIN. A reset fails the test, on either side: it is what lost an
+    answer sent before the request's end."""
+    for start in range(0, len(data), 65536):
+        try:
+            sock.sendall(data[start : start + 65536])
+        except (BrokenPipeError, ConnectionResetError) as e:
+            raise AssertionError(f"the connection was reset with {len(data) - start} bytes left to send: {e!r}") from e
+    sock.settimeout(timeout)
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except ConnectionResetError as e:
+        raise AssertionError(f"a reset instead of the answer's end, after {received[:200]!r}") from e
+    except TimeoutError as e:
+        raise AssertionError(f"the connection stayed open after {received[:200]!r}") from e
+    return received
+
+
+@dataclass
+class Cutoff:
+    """What a client that never stops sending saw; times in seconds from its start."""
+
+    data: bytes  # what the server sent
+    eof: float | None  # when the server's FIN came (the answer's end); None: it never did
+    cut: float | None  # when a reset ended the sending; None: it never did
+    sent_after_eof: int  # bytes sent after the FIN came
+
+
+def send_until_cut(sock: socket.socket, piece: bytes, pause: float = 0.0, timeout: float = 15.0) -> Cutoff:
+    """Send `piece` over and over (as fast as the socket takes it, or every `pause` seconds), reading what comes back,
+    until the connection is reset or `timeout` passes."""
+    sock.setblocking(False)
+    started = time.monotonic()
+    data, eof, cut, after_eof = b"", None, None, 0
+    while cut is None and time.monotonic() - started < timeout:
+        readable, writable, _ = select.select([sock] if eof is None else [], [sock], [], 0.1)
+        now = time.monotonic() - started
+        try:
+            if readable:
+                chunk = sock.recv(65536)
+                data += chunk
+                if not chunk:
+                    eof = now
+            if writable:
+                sent = sock.send(piece)
+                if eof is not None:
+                    after_eof += sent
+        except BlockingIOError:
+            pass
+        except (BrokenPipeError, ConnectionResetError):
+            cut = now
+        if pause:
+            time.sleep(pause)
+    return Cutoff(data, eof, cut, after_eof)
 
 
 class _Bytes:

@@ -6,13 +6,23 @@ OpenAI-shaped error, quickly, with the connection closed and the gateway still s
 
 from __future__ import annotations
 
+import select
 import time
 
 import httpx
 import pytest
 
+from gateway.lingering_close import LingerBounds
 from tests.conftest import chat_body, pool
-from tests.hostile.raw_http import connect, parse_answer, read_all, read_answer, send_ignoring_reset
+from tests.hostile.raw_http import (
+    connect,
+    parse_answer,
+    read_all,
+    read_answer,
+    send_all_then_read,
+    send_ignoring_reset,
+    send_until_cut,
+)
 
 LIMITS = {
     "max_url_bytes": 4096,
@@ -52,7 +62,7 @@ def test_header_bytes_past_the_limit_get_431_even_when_trickled_in_small_pieces(
     started = time.monotonic()
     sent = 0
     while sent < 4_000_000 and send_ignoring_reset(sock, b"x-pad: " + b"p" * 1000 + b"\r\n"):
-        sent += 1009  # the server answers and closes long before 4 MB: sending stops at the reset
+        sent += 1009  # the server answers long before 4 MB, and drops what follows until it closes
     answer = read_answer(sock)
     assert answer is not None and answer.status == 431
     assert answer.error()["code"] == "request_header_fields_too_large"
@@ -64,13 +74,14 @@ def test_one_huge_header_line_is_refused_without_reading_it_all(gw):
     sock = connect(gw.url)
     send_ignoring_reset(sock, head(extra=b"x-big: "))
     accepted = 0
-    for _ in range(256):  # up to 16 MB of one header value, 64 KB at a time
+    for _ in range(1024):  # up to 64 MB of one header value, 64 KB at a time
         if not send_ignoring_reset(sock, b"v" * 65536):
             break
         accepted += 1
     answer = read_answer(sock)
     assert answer is not None and answer.status == 431
-    assert accepted < 256, "the gateway kept reading a header past its limit"
+    # past the answer, its close lingers: a few MB more read and dropped (LingerBounds.max_bytes), then a reset
+    assert accepted < 1024, "the gateway kept reading a header past its limit"
     assert_healthy(gw)
 
 
@@ -80,9 +91,8 @@ def test_a_slowloris_head_gets_408_at_the_header_deadline(gw):
     started = time.monotonic()
     answer = None
     while time.monotonic() - started < 8:  # a header byte every half second: never complete
-        if not send_ignoring_reset(sock, b"x"):
-            break
-        time.sleep(0.5)
+        if not send_ignoring_reset(sock, b"x") or select.select([sock], [], [], 0.5)[0]:
+            break  # the answer came (or the connection was cut)
     answer = read_answer(sock, timeout=2)
     assert answer is not None and answer.status == 408, "a trickled head was never cut off"
     assert answer.error()["code"] == "header_timeout"
@@ -112,9 +122,8 @@ def test_a_body_trickled_inside_each_idle_wait_gets_408_at_the_body_deadline(gw)
     send_ignoring_reset(sock, head(extra=b"content-length: 100000\r\n\r\n"))
     started = time.monotonic()
     while time.monotonic() - started < 12:  # a body byte every half second: never stalled, never complete
-        if not send_ignoring_reset(sock, b" "):
-            break
-        time.sleep(0.5)
+        if not send_ignoring_reset(sock, b" ") or select.select([sock], [], [], 0.5)[0]:
+            break  # the answer came (or the connection was cut)
     answer = read_answer(sock, timeout=2)
     assert answer is not None and answer.status == 408, "a trickled body was never cut off"
     assert answer.error()["code"] == "body_timeout" and "within 4s" in answer.error()["message"]
@@ -270,4 +279,60 @@ def test_a_body_trickled_after_its_answer_does_not_hold_the_connection(gw):
         assert parse_answer(data).status == status
         assert ended is not None and ended < 2, f"{request[:20]!r}: no end of the answer's connection after it"
         assert closed is not None and closed < 9, f"{request[:20]!r}: a trickled body held the connection open"
+    assert_healthy(gw)
+
+
+LINGER = LingerBounds()  # the gateway's own bounds on a lingering close (gateway/lingering_close.py)
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    "start, trickled, more, status, code",
+    [
+        (b"GET /v1/models?" + b"a" * 8192, None, b"a", 414, "uri_too_long"),
+        (head(extra=b"x-big: "), None, b"v", 431, "request_header_fields_too_large"),
+        (head(extra=b"content-length: 100000000\r\n\r\n"), None, b" ", 413, "request_too_large"),
+        (head(), b"x", b"x", 408, "header_timeout"),
+        (head(extra=b"content-length: 3000000\r\n\r\n{"), b" ", b" ", 408, "body_timeout"),
+    ],
+    ids=["414-target", "431-headers", "413-body", "408-head-deadline", "408-body-deadline"],
+)
+def test_a_client_still_sending_its_request_reads_the_whole_answer_then_the_end(
+    gw, start, trickled, more, status, code
+):
+    """The gateway answered before the request's end and closed with the client's bytes unread: Linux resets such a
+    connection, and a client still writing its request (as most do before they read) got ECONNRESET or EPIPE instead
+    of the answer. The close now lingers: the answer, a FIN, and the client's further bytes read and dropped."""
+    sock = connect(gw.url)
+    sock.sendall(start)
+    if trickled is not None:  # a byte at a time until the deadline's answer is there (unread)
+        started = time.monotonic()
+        while not select.select([sock], [], [], 0.25)[0]:
+            assert time.monotonic() - started < 10, "no answer at the deadline"
+            sock.sendall(trickled)
+    data = send_all_then_read(sock, more * MIB)  # 1 MiB more than the socket buffers hold, then read
+    answer = parse_answer(data)  # the whole answer: a truncated body fails here
+    assert answer.status == status and answer.error()["code"] == code, data
+    sock.close()
+    assert_healthy(gw)
+
+
+@pytest.mark.parametrize("piece, pause", [(b"v" * 65536, 0.0), (b"v" * 1024, 0.05)], ids=["blasting", "trickling"])
+def test_a_client_that_never_stops_sending_reads_its_answer_and_is_cut_off_within_the_linger_bounds(gw, piece, pause):
+    """After the answer the client's bytes are read only to be dropped: a client that never stops costs at most
+    `LINGER.max_bytes` (one sending as fast as it can) or `LINGER.total` seconds (one that trickles inside the idle
+    wait), then is reset. Before either, it reads the whole answer and the FIN after it."""
+    sock = connect(gw.url)
+    sock.sendall(head(extra=b"x-big: "))  # then one header value for ever: 431 once past the limit
+    run = send_until_cut(sock, piece, pause)
+    sock.close()
+    answer = parse_answer(run.data)
+    assert answer.status == 431 and answer.error()["code"] == "request_header_fields_too_large"
+    assert run.eof is not None, "no FIN after the answer (a reset, or the connection held open)"
+    assert run.cut is not None, "a client that never stops sending was never cut off"
+    assert run.cut - run.eof < LINGER.total + 1.5, f"lingered {run.cut - run.eof:.1f}s"
+    if pause:  # never idle for LINGER.idle: held to the total bound, not reset at once
+        assert run.cut - run.eof > LINGER.total - 1, f"reset {run.cut - run.eof:.1f}s after the answer"
+    else:  # bounded in bytes (plus what the sockets' buffers hold), well before the total bound
+        assert run.sent_after_eof < 64 * MIB, f"{run.sent_after_eof} bytes read after the answer"
     assert_healthy(gw)
