@@ -6,6 +6,7 @@ Standalone: python -m backend_engine.cli engine serve --port 8000
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 
@@ -95,12 +96,10 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    import uvicorn
-
     from backend_engine import tracing
     from backend_engine.config import EngineConfig
     from backend_engine.engine import LLMEngine
-    from backend_engine.server import build_app
+    from backend_engine.server import build_app, http_server
 
     cfg = EngineConfig(
         model=args.model,
@@ -126,10 +125,10 @@ def serve(args: argparse.Namespace) -> int:
         print(f"portcullis engine serve: {e}", file=sys.stderr)
         return 2
     tracing.configure_from_env()
-    uvicorn.run(
-        build_app(engine), host=args.host, port=args.port, log_level=args.log_level.lower(), timeout_graceful_shutdown=5
-    )
-    return 0
+    server = http_server(build_app(engine), host=args.host, port=args.port, log_level=args.log_level.lower())
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    return 0 if server.started else 3  # uvicorn.run's exit status when the server failed to start
 
 
 def main(argv: list[str] | None = None) -> int:

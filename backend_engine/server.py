@@ -17,6 +17,7 @@ from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
 import orjson
+import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -43,6 +44,7 @@ from backend_engine.streaming import (
     generation_error,
     until_disconnect,
 )
+from gateway.lingering_close import LingeringCloseProtocol
 
 # /v1/kv_events' heartbeat, in seconds: a zero or tiny one would have the stream write heartbeats in a tight loop
 MIN_HEARTBEAT = 0.1
@@ -249,3 +251,13 @@ class EngineServer:
 
 def build_app(engine: LLMEngine, served_model_name: str | None = None) -> Starlette:
     return EngineServer(engine, served_model_name).app()
+
+
+def http_server(app: Starlette, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> uvicorn.Server:
+    """The app under uvicorn, as `portcullis engine serve` runs it (and the tests that serve it): uvicorn's httptools
+    protocol whose close lingers while the client may still be sending (gateway/lingering_close.py), so a 408 or 413
+    answered before the body's end reaches the client instead of a reset."""
+    config = uvicorn.Config(
+        app, host=host, port=port, http=LingeringCloseProtocol, log_level=log_level, timeout_graceful_shutdown=5
+    )
+    return uvicorn.Server(config)

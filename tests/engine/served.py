@@ -8,20 +8,18 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import uvicorn
-
-from backend_engine.server import EngineServer
+from backend_engine.server import EngineServer, http_server
 
 MODEL = "SmolLM2-135M-Instruct"
 
 
 @contextmanager
 def running_server(server: EngineServer) -> Iterator[str]:
-    """The engine's app under uvicorn on a loopback socket, in a thread of this process (so a test can look at the
-    engine's blocks); yields the base URL."""
+    """The engine's app served as `portcullis engine serve` serves it, on a loopback socket, in a thread of this
+    process (so a test can look at the engine's blocks); yields the base URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    uv = uvicorn.Server(uvicorn.Config(server.app(), log_level="warning"))
+    uv = http_server(server.app(), log_level="warning")
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

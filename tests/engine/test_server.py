@@ -20,6 +20,8 @@ import pytest
 
 from backend_engine.block_hash import hash_prompt_blocks
 from backend_engine.server import EngineServer
+from gateway.lingering_close import LingerBounds
+from tests.hostile.raw_http import send_all_then_read, send_until_cut
 
 from .conftest import reference
 from .served import running_server
@@ -486,6 +488,57 @@ def test_a_body_trickled_past_its_deadline_is_answered_with_408_and_closed(make_
             elapsed = time.monotonic() - started
     assert answer.startswith(b"HTTP/1.1 408") and b"body_timeout" in answer and b"within 3s" in answer, answer
     assert 2.5 < elapsed < 10, elapsed  # the deadline, and the connection closed after it however the client goes on
+
+
+def _stream_past_the_limit(conn: socket.socket) -> None:
+    """A chunked body, one chunk declared far past MAX_BODY_BYTES, its first MiB and a byte sent (the limit is 1 MiB
+    in these tests): the engine answers 413 once it has read past the limit."""
+    conn.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"transfer-encoding: chunked\r\n\r\n4000000\r\n" + b" " * ((1 << 20) + 1)
+    )
+
+
+@pytest.fixture
+def small_body_limit(monkeypatch):
+    monkeypatch.setattr("backend_engine.openai_protocol.requests.MAX_BODY_BYTES", 1 << 20)
+
+
+def test_a_body_streamed_past_the_limit_gets_the_whole_413_and_the_end_however_much_more_comes(
+    make_engine, small_body_limit
+):
+    """Answered 413 while the client still sent its body: uvicorn kept the connection to read and drop the rest of
+    the body, for as long as the client sent it. The connection now ends with the answer, its close lingering: the
+    client, still writing, loses nothing to a reset, and reads the whole answer and then the end."""
+    with running_server(EngineServer(make_engine())) as url:
+        parts = urlsplit(url)
+        with socket.create_connection((parts.hostname, parts.port), timeout=30) as conn:
+            _stream_past_the_limit(conn)
+            data = send_all_then_read(conn, b" " * (1 << 20))  # a MiB more, then read
+    assert data.startswith(b"HTTP/1.1 413") and b"request_too_large" in data, data
+    assert data.endswith(b"}"), data  # the whole body: nothing lost to a reset
+
+
+@pytest.mark.parametrize("piece, pause", [(b" " * 65536, 0.0), (b" " * 1024, 0.05)], ids=["blasting", "trickling"])
+def test_a_client_that_never_stops_sending_after_its_413_is_cut_off_within_the_linger_bounds(
+    make_engine, small_body_limit, piece, pause
+):
+    """What comes after the answer is read only to be dropped, within LingerBounds: bytes for a client sending as
+    fast as it can, seconds for one trickling inside the idle wait; then the connection is reset."""
+    bounds = LingerBounds()
+    with running_server(EngineServer(make_engine())) as url:
+        parts = urlsplit(url)
+        with socket.create_connection((parts.hostname, parts.port), timeout=30) as conn:
+            _stream_past_the_limit(conn)
+            run = send_until_cut(conn, piece, pause)
+    assert run.data.startswith(b"HTTP/1.1 413") and run.data.endswith(b"}"), run.data
+    assert run.eof is not None, "no FIN after the answer (a reset, or the connection held open)"
+    assert run.cut is not None, "a client that never stops sending was never cut off"
+    assert run.cut - run.eof < bounds.total + 1.5, f"lingered {run.cut - run.eof:.1f}s"
+    if pause:
+        assert run.cut - run.eof > bounds.total - 1, f"reset {run.cut - run.eof:.1f}s after the answer"
+    else:
+        assert run.sent_after_eof < 64 << 20, f"{run.sent_after_eof} bytes read after the answer"
 
 
 def test_logit_bias_steers_the_completion(server):
