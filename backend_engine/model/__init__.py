@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +40,17 @@ def _template(tok: Tokenizer) -> ChatTemplate:
 
 
 def load_prompt_renderer(path: str) -> PromptRenderer:
-    """Tokenizer and chat template without the weights: what a router needs to count tokens as the engine does."""
+    """Tokenizer and chat template without the weights: what a router needs to count tokens as the engine does.
+
+    Loaded once per process and file version: every model entry, tool and test that counts with the same file
+    shares it (a vocabulary takes seconds to read), and a file replaced on disk is read again."""
     p = _checked(path)
+    stat = p.stat()
+    return _renderer_of(p.resolve(), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _renderer_of(p: Path, mtime_ns: int, size: int) -> PromptRenderer:
     if p.is_dir():
         return PromptRenderer(tok := Tokenizer.from_pretrained_dir(p), _template(tok))
     from backend_engine.model.gguf import open_gguf, read_metadata
