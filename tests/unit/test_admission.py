@@ -16,7 +16,7 @@ from gateway.errors import GatewayError
 from gateway.offload import Offload
 from gateway.policy.loader import empty_policy_set
 from gateway.stages.tokenize import TokenizeStage
-from gateway.tokenization import EngineCounter, EstimateCounter
+from gateway.tokenization import EstimateCounter
 
 
 class Gate:
@@ -114,23 +114,6 @@ def _ctx(route: str, payload: dict) -> RequestContext:
     return ctx
 
 
-def test_bundled_tokenizer_counts_like_the_engine_and_the_window_is_enforced():
-    stage = TokenizeStage(
-        [ModelConfig(name="m", tokenizer="bundled", context_window=64)], empty_policy_set, Offload(LimitsConfig())
-    )
-    ok = _ctx("chat", {"model": "m", "messages": [{"role": "user", "content": "Say hello"}]})
-    asyncio.run(stage(ok))
-    assert ok.prompt_tokens == 32 == len(ok.prompt_token_ids)  # the engine reports 32 for this prompt
-    assert ok.max_tokens == 32 and ok.payload["max_tokens"] == 32  # filled: the window's remainder < 1024
-    too_long = _ctx("chat", {"model": "m", "max_tokens": 40, "messages": [{"role": "user", "content": "Say hello"}]})
-    with pytest.raises(GatewayError) as info:
-        asyncio.run(stage(too_long))
-    assert info.value.code == "context_length_exceeded" and "72 tokens (32 in the messages, 40" in info.value.message
-    ids = _ctx("completions", {"model": "m", "prompt": [1, 2, 3], "max_tokens": 5})
-    asyncio.run(stage(ids))
-    assert ids.prompt_tokens == 3 and ids.prompt_token_ids == [1, 2, 3]
-
-
 def test_tiktoken_counts_offline_and_unknown_models_are_estimated():
     counter_stage = TokenizeStage(
         [ModelConfig(name="gpt", tokenizer="tiktoken:cl100k_base")], empty_policy_set, Offload(LimitsConfig())
@@ -144,15 +127,6 @@ def test_tiktoken_counts_offline_and_unknown_models_are_estimated():
     unknown = _ctx("chat", {"model": "other", "max_tokens": 3, "messages": [{"role": "user", "content": "x" * 40}]})
     asyncio.run(counter_stage(unknown))
     assert unknown.prompt_tokens == EstimateCounter().count("chat", unknown.payload["messages"]).tokens == 14
-
-
-def test_engine_counter_rejects_unrenderable_prompts_as_400():
-    from backend_engine.config import default_model_path
-
-    counter = EngineCounter(default_model_path())
-    with pytest.raises(GatewayError) as info:
-        counter.count("chat", [{"role": "user", "content": [{"type": "image_url"}]}])
-    assert info.value.status == 400 and info.value.param == "messages"
 
 
 WEATHER = {  # the function of OpenAI's cookbook "How to count tokens with tiktoken", section 7
@@ -220,20 +194,3 @@ def test_function_definitions_count_as_prompt_tokens_in_every_shape():
     with pytest.raises(GatewayError) as info:
         asyncio.run(stage(long))
     assert info.value.code == "context_length_exceeded"
-
-
-def test_the_bundled_engine_renders_no_tools_so_they_add_nothing():
-    stage = TokenizeStage([ModelConfig(name="m", tokenizer="bundled")], empty_policy_set, Offload(LimitsConfig()))
-    plain = _ctx("chat", {"model": "m", "messages": [{"role": "user", "content": "Say hello"}]})
-    tools = _ctx(
-        "chat",
-        {
-            "model": "m",
-            "messages": [{"role": "user", "content": "Say hello"}],
-            "tools": [{"type": "function", "function": WEATHER}],
-            "tool_choice": "none",
-        },
-    )
-    asyncio.run(stage(plain))
-    asyncio.run(stage(tools))
-    assert tools.prompt_tokens == plain.prompt_tokens == len(tools.prompt_token_ids)

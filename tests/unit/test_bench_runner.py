@@ -141,28 +141,6 @@ def test_request_rate_follows_the_planned_arrival_times():
     assert result["duration_s"] >= arrivals[-1]
 
 
-def test_oracle_hit_rate_with_the_bundled_tokenizer():
-    target = Target()
-    base = dict(
-        workload="shared-prefix", tenants=2, system_prompt_len=160, conversations=4, turns=2, user_len=8, concurrency=1
-    )
-    result = bench(target, **base, tokenizer="bundled")
-    cache = result["prefix_cache"]
-    # 8 requests, 2 tenants: all but the first of each tenant reuse the 160-token system prompt's blocks, and
-    # second turns also reuse their first turn
-    assert cache["tokenizer"] == "bundled" and cache["block_size"] == 16
-    assert 0.6 < cache["oracle_hit_rate"] < 0.95
-    assert cache["oracle_cached_tokens"] % 16 == 0
-    # second turns also find their first turn's reply ("reply-N ") cached, once it completes a block
-    assert cache["oracle_hit_rate_with_outputs"] >= cache["oracle_hit_rate"]
-    rows = result["requests"]
-    assert sum(r["oracle_cached_tokens"] for r in rows) == cache["oracle_cached_tokens"]
-    assert all(r["oracle_prompt_tokens"] > 160 for r in rows)
-    random_run = bench(Target(), workload="random", num_requests=8, input_len=100, concurrency=1, tokenizer="bundled")
-    # random prompts share only the chat template's default system prompt: one 16-token block each, after the first
-    assert random_run["prefix_cache"]["oracle_cached_tokens"] == 7 * 16
-
-
 def test_prefix_caches_are_reset_before_the_first_request():
     target = Target()
     result = bench(

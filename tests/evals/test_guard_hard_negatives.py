@@ -17,6 +17,8 @@ import pytest
 from gateway.guard.ensemble import load_guard
 from gateway.guard.evaluation import metrics
 
+pytestmark = pytest.mark.eval
+
 DATA = Path(__file__).resolve().parents[2] / "guard_models" / "data"
 
 

@@ -15,9 +15,12 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import chat_body, pool
 from tests.hostile.raw_http import connect, send_ignoring_reset
+
+pytestmark = pytest.mark.eval
 
 KEY = "sk-liveness-test"
 AUTH = {"authorization": f"Bearer {KEY}"}

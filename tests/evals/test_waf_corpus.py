@@ -18,7 +18,7 @@ from tests.waf_corpus.harness import (
     web_waf,
 )
 
-pytestmark = pytest.mark.shared
+pytestmark = [pytest.mark.eval, pytest.mark.shared]
 
 
 @pytest.fixture(scope="module")
