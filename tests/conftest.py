@@ -293,6 +293,18 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server.kill()
 
 
+@pytest.fixture(scope="module")
+def module_redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One redis-server for a test module, for tests that keep to keys of their own (a tenant, a rule id); a test that
+    kills or restarts Redis, or empties it, takes `redis_server`."""
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is not installed: `make test` installs it (apt-get install redis-server)")
+    server = RedisServer(free_port(), tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.kill()
+
+
 def policy_dir(tmp_path: Path, rate_limits: list[dict], overlays: dict[str, list[dict]] | None = None) -> str:
     """Write a policy directory with a base policy (and tenant overlays); returns its path for the config."""
     directory = tmp_path / "policies"
