@@ -24,6 +24,18 @@ from tests.conftest import ROOT, Process, chat_body, free_port, policy_dir, pool
 KEY = "sk-workers"
 AUTH = {"keys": [{"tenant": "t1", "sha256": hashlib.sha256(KEY.encode()).hexdigest()}]}
 
+# A bare httpx.post or httpx.Client() builds a TLS context (the CA bundle, tens of milliseconds of CPU) per call. The
+# admin plane is asked through one client; chat requests through one that keeps no connection alive, so each still
+# goes on a connection of its own.
+http = httpx.Client()
+fresh_connections = httpx.Client(timeout=30, limits=httpx.Limits(max_keepalive_connections=0))
+
+
+@pytest.fixture(scope="module")
+def upstream(module_launcher):
+    """The module's upstream (no test here stops it); a test counts what reached it as a difference."""
+    return module_launcher.fake_upstream()
+
 
 def start_workers(processes: list[Process], tmp_path: Path, config: dict, workers: int = 2) -> Process:
     """`portcullis serve` with `listen.workers`, returned once every worker serves."""
@@ -102,10 +114,9 @@ def fresh_connection_posts(gateway: Process, count: int) -> list[int]:
     """`count` chat requests, each on a connection of its own (so the kernel spreads them over the workers)."""
 
     def one(_: int) -> int:
-        with httpx.Client(timeout=30) as client:
-            return client.post(
-                gateway.url + "/v1/chat/completions", json=chat_body(), headers={"authorization": f"Bearer {KEY}"}
-            ).status_code
+        return fresh_connections.post(
+            gateway.url + "/v1/chat/completions", json=chat_body(), headers={"authorization": f"Bearer {KEY}"}
+        ).status_code
 
     with ThreadPoolExecutor(8) as threads:
         return list(threads.map(one, range(count)))
@@ -113,7 +124,7 @@ def fresh_connection_posts(gateway: Process, count: int) -> list[int]:
 
 def metric(gateway: Process, name: str, **labels: str) -> float:
     total = 0.0
-    for line in httpx.get(gateway.admin_url + "/metrics").text.splitlines():
+    for line in http.get(gateway.admin_url + "/metrics").text.splitlines():
         match = re.match(rf"^{name}\{{(.*)\}} (\S+)$", line)
         if match and all(f'{k}="{v}"' in match.group(1) for k, v in labels.items()):
             total += float(match.group(2))
@@ -121,9 +132,9 @@ def metric(gateway: Process, name: str, **labels: str) -> float:
 
 
 def test_a_redis_rate_limit_is_exact_across_workers_and_metrics_count_every_worker(
-    processes, fake_upstream, redis_server, tmp_path
+    processes, upstream, redis_server, tmp_path
 ):
-    upstream = fake_upstream()
+    before = http.get(upstream.url + "/_stats").json()["requests"]
     # an hour's window: no request comes back into the limit while the test runs on a slow machine
     rules = [{"id": "tenant-20", "key": ["tenant"], "requests": {"limit": 20, "per": "1h"}}]
     gateway = start_workers(
@@ -140,7 +151,7 @@ def test_a_redis_rate_limit_is_exact_across_workers_and_metrics_count_every_work
     assert statuses.count(200) == 20 and statuses.count(429) == 40
     served_by = {line["worker"] for line in access_lines(gateway)}
     assert served_by == {0, 1}, "both workers took connections"
-    assert httpx.get(upstream.url + "/_stats").json()["requests"] == 20
+    assert http.get(upstream.url + "/_stats").json()["requests"] - before == 20
     # worker 0 serves /metrics and counts what worker 1 served too
     assert metric(gateway, "portcullis_ratelimit_decisions_total", result="allowed", backend="redis") == 20
     # per-request tallies (requests, durations, billing) are published by each worker every second, so the scrape
@@ -158,8 +169,7 @@ def eventually(gateway: Process, name: str, expected: float, **labels: str) -> f
     return value
 
 
-def test_a_killed_worker_is_restarted_while_the_port_keeps_answering(processes, fake_upstream, tmp_path):
-    upstream = fake_upstream()
+def test_a_killed_worker_is_restarted_while_the_port_keeps_answering(processes, upstream, tmp_path):
     gateway = start_workers(processes, tmp_path, {"pools": [pool("main", upstream.url)], "auth": AUTH})
     before = worker_pids(gateway)
     os.kill(before[1], signal.SIGKILL)
@@ -178,8 +188,7 @@ def test_a_killed_worker_is_restarted_while_the_port_keeps_answering(processes, 
     assert after[0] == before[0] and after[1] != before[1]
 
 
-def test_sigterm_to_the_supervisor_ends_every_worker_and_removes_its_files(processes, fake_upstream, tmp_path):
-    upstream = fake_upstream()
+def test_sigterm_to_the_supervisor_ends_every_worker_and_removes_its_files(processes, upstream, tmp_path):
     gateway = start_workers(processes, tmp_path, {"pools": [pool("main", upstream.url)], "auth": AUTH})
     workers = list(worker_pids(gateway).values())
     directory = supervisor_directory(workers[0])
@@ -192,8 +201,7 @@ def test_sigterm_to_the_supervisor_ends_every_worker_and_removes_its_files(proce
         httpx.get(gateway.url + "/healthz")
 
 
-def test_workers_do_not_outlive_a_killed_supervisor(processes, fake_upstream, tmp_path):
-    upstream = fake_upstream()
+def test_workers_do_not_outlive_a_killed_supervisor(processes, upstream, tmp_path):
     gateway = start_workers(processes, tmp_path, {"pools": [pool("main", upstream.url)], "auth": AUTH})
     workers = list(worker_pids(gateway).values())
     assert len(workers) == 2
@@ -204,11 +212,11 @@ def test_workers_do_not_outlive_a_killed_supervisor(processes, fake_upstream, tm
     shutil.rmtree(directory)  # what a killed supervisor cannot remove
 
 
-def test_a_public_port_in_use_fails_at_once(tmp_path, fake_upstream):
+def test_a_public_port_in_use_fails_at_once(tmp_path, upstream):
     taken = socket.create_server(("127.0.0.1", 0))
     config = {
         "listen": {"host": "127.0.0.1", "port": taken.getsockname()[1], "workers": 2},
-        "pools": [pool("main", fake_upstream().url)],
+        "pools": [pool("main", upstream.url)],
     }
     with taken:
         done = run_serve(config, tmp_path)
@@ -216,13 +224,13 @@ def test_a_public_port_in_use_fails_at_once(tmp_path, fake_upstream):
     assert "worker 0 started" not in done.stderr
 
 
-def test_a_worker_that_cannot_start_stops_the_supervisor_with_status_2(tmp_path, fake_upstream):
+def test_a_worker_that_cannot_start_stops_the_supervisor_with_status_2(tmp_path, upstream):
     taken = socket.create_server(("127.0.0.1", 0))  # worker 0 binds the admin port: it cannot
     config = {
         "listen": {"host": "127.0.0.1", "port": free_port(), "workers": 2},
         "admin": {"port": taken.getsockname()[1]},
         "store": {"sqlite_path": str(tmp_path / "portcullis.db")},
-        "pools": [pool("main", fake_upstream().url)],
+        "pools": [pool("main", upstream.url)],
     }
     with taken:
         done = run_serve(config, tmp_path)
