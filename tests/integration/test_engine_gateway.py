@@ -1,6 +1,7 @@
 """The whole path with nothing faked: gateways in front of two real engine replicas serving the bundled model.
 
-Tests run in file order and share the engines; the last one kills a replica.
+Tests run in file order and share the engines, and the gateways whose configuration is the same; the last one kills
+a replica.
 """
 
 from __future__ import annotations
@@ -13,80 +14,70 @@ import time
 import httpx
 import openai
 import pytest
-import yaml
 
 from backend_engine.block_hash import hash_prompt_blocks
 from gateway.tokenization import EngineCounter
-from tests.conftest import ROOT, Process, free_port, pool, spawn
+from tests.conftest import ROOT, Process, pool
 
 MODEL = "SmolLM2-135M-Instruct"
 SYSTEM = " ".join(f"Rule {i}: answer politely and briefly, citing rule {i}." for i in range(30))  # ~400 tokens
 
 
+# The gateway for kv_events routing: the prefix test and the replica-killing one (the last test) share it; an
+# unreachable replica is ejected at its first failure.
+KV_EVENTS = {"routing": "kv_events", "health": {"failures_to_eject": 1, "eject_seconds": 60}}
+
+
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    """Two engine replicas (one BLAS thread each); `stack.gateway(policy)` starts a gateway in front of them."""
-    logs = tmp_path_factory.mktemp("stack")
-    started: list[Process] = []
+def stack(module_launcher):
+    """Two engine replicas (one BLAS thread each); `stack.gateway(routing, ...)` gives a gateway in front of them,
+    started once per configuration. The module's launcher stops the gateways before the engines, whose kv-event
+    streams they follow."""
 
     class Stack:
-        engines: list[Process] = []
+        def __init__(self) -> None:
+            self.engines: list[Process] = []
+            self.gateways: dict[str, Process] = {}
 
         def gateway(self, routing: str, auth: dict | None = None, **pool_options) -> Process:
-            port, admin_port = free_port(), free_port()
-            config = logs / f"portcullis-{routing}-{port}.yaml"
-            config.write_text(
-                yaml.safe_dump(
-                    {
-                        "listen": {"port": port},
-                        "admin": {"port": admin_port},
-                        "policy_dir": str(ROOT / "policies"),
-                        "auth": auth or {},
-                        "telemetry": {"replica_header": True},
-                        "pools": [
-                            pool(
-                                "engine",
-                                *(e.url for e in self.engines),
-                                routing=routing,
-                                scrape_interval=0.2,
-                                **pool_options,
-                            )
-                        ],
-                    }
-                )
-            )
-            process = spawn(
-                [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)],
-                port,
-                logs / f"gateway-{routing}-{port}.log",
-            )
-            process.admin_url = f"http://127.0.0.1:{admin_port}"
-            started.append(process)
-            return process
+            config = {
+                "policy_dir": str(ROOT / "policies"),
+                "auth": auth or {},
+                "telemetry": {"replica_header": True},
+                "pools": [
+                    pool(
+                        "engine",
+                        *(e.url for e in self.engines),
+                        routing=routing,
+                        scrape_interval=0.2,
+                        **pool_options,
+                    )
+                ],
+            }
+            key = json.dumps(config, sort_keys=True)
+            if key not in self.gateways:
+                self.gateways[key] = module_launcher.gateway(config)
+                time.sleep(0.5)  # first scrape and KV-event snapshots
+            return self.gateways[key]
+
+    def engine(port: int) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "engine",
+            "serve",
+            "--port",
+            str(port),
+            "--threads",
+            "1",
+            "--kv-cache-bytes",
+            "128M",
+        ]
 
     stack = Stack()
-    try:
-        for i in range(2):
-            port = free_port()
-            cmd = [
-                sys.executable,
-                "-m",
-                "gateway.cli",
-                "engine",
-                "serve",
-                "--port",
-                str(port),
-                "--threads",
-                "1",
-                "--kv-cache-bytes",
-                "128M",
-            ]
-            stack.engines.append(spawn(cmd, port, logs / f"engine-{i}.log", ready_path="/health", timeout=300))
-        started.extend(stack.engines)
-        yield stack
-    finally:
-        for process in started:
-            process.stop()
+    stack.engines = [module_launcher.spawn(engine, f"engine-{i}", ready_path="/health", timeout=300) for i in range(2)]
+    return stack
 
 
 def served_requests(engine: Process) -> float:
@@ -169,8 +160,7 @@ def test_gateway_block_hashes_are_the_engines(stack):
 
 @pytest.mark.parametrize("routing", ["kv_events", "prefix_affinity"])
 def test_next_turn_goes_where_its_prefix_is_cached_and_predictions_match(stack, routing):
-    gateway = stack.gateway(routing)
-    time.sleep(0.5)  # first scrape and KV-event snapshots
+    gateway = stack.gateway(**KV_EVENTS) if routing == "kv_events" else stack.gateway(routing)
     for conversation in range(3):
         history = [
             {"role": "system", "content": f"{SYSTEM} (conversation {conversation} via {routing})"},
@@ -196,7 +186,6 @@ def test_tenant_cache_isolation_keeps_prefixes_apart_and_routing_still_predicts_
     keys = {"sk-iso-a": "tenant-a", "sk-iso-b": "tenant-b"}
     auth = {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()} for k, t in keys.items()]}
     gateway = stack.gateway("kv_events", auth=auth, cache_isolation="tenant")
-    time.sleep(0.5)
     prompt = [{"role": "system", "content": SYSTEM + " (isolation)"}, {"role": "user", "content": "Rule 9?"}]
     chat(gateway, prompt, key="sk-iso-a", cache_salt="guess")  # a client-sent salt is replaced, not used
     time.sleep(1.5)
@@ -209,12 +198,13 @@ def test_tenant_cache_isolation_keeps_prefixes_apart_and_routing_still_predicts_
 
 
 def test_killing_the_replica_that_holds_a_prefix_reroutes_cleanly(stack):
-    gateway = stack.gateway("kv_events", health={"failures_to_eject": 1, "eject_seconds": 60})
-    time.sleep(0.5)
+    gateway = stack.gateway(**KV_EVENTS)
     history = [{"role": "system", "content": SYSTEM + " (failover)"}, {"role": "user", "content": "Rule 1?"}]
     first = chat(gateway, history)
     holder = first.headers["x-portcullis-replica"]
-    next(e for e in stack.engines if e.url == holder).stop()
+    killed = next(e for e in stack.engines if e.url == holder).proc
+    killed.kill()  # SIGKILL: gone at once, its connections and its kv-event stream cut
+    killed.wait()
     history += [first.json()["choices"][0]["message"], {"role": "user", "content": "Rule 2?"}]
     for _ in range(3):
         again = chat(gateway, history)
