@@ -42,12 +42,14 @@ class Received:
                             }
                         )
 
-    def wait_for(self, name: str, timeout: float = 10.0) -> list[dict]:
+    def wait_for(self, name: str, timeout: float = 10.0, trace_id: str | None = None) -> list[dict]:
+        """Every span received once one named `name` has been (of trace `trace_id`, when given: that trace's)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self.lock:
-                if any(s["name"] == name for s in self.spans):
-                    return list(self.spans)
+                spans = [s for s in self.spans if trace_id is None or s["trace_id"] == trace_id]
+                if any(s["name"] == name for s in spans):
+                    return spans
             time.sleep(0.1)
         raise AssertionError(f"no span {name!r} exported; got {[s['name'] for s in self.spans]}")
 
@@ -59,7 +61,7 @@ def _value(value):
     return getattr(value, kind)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def http_receiver() -> Iterator[tuple[str, Received]]:
     received = Received()
 
@@ -102,6 +104,23 @@ def grpc_receiver() -> Iterator[tuple[str, Received]]:
     server.stop(grace=None)
 
 
+# One client for the module's requests: a bare httpx.post builds a client, and its TLS context, per call.
+http = httpx.Client()
+
+
+@pytest.fixture(scope="module")
+def upstream(module_launcher):
+    return module_launcher.fake_upstream()
+
+
+@pytest.fixture(scope="module")
+def http_traced(module_launcher, upstream, http_receiver):
+    """A gateway exporting over OTLP/HTTP, shared by the tests that find their own request's trace (by the trace id
+    its access-log line names), and its receiver."""
+    endpoint, received = http_receiver
+    return traced_gateway(module_launcher.gateway, upstream, endpoint, "http/protobuf"), received
+
+
 def traced_gateway(gateway, upstream, endpoint: str, protocol: str, **telemetry):
     return gateway(
         {
@@ -115,16 +134,14 @@ def traced_gateway(gateway, upstream, endpoint: str, protocol: str, **telemetry)
     )
 
 
-def test_one_trace_covers_stages_upstream_span_and_upstream_traceparent(fake_upstream, gateway, http_receiver):
-    endpoint, received = http_receiver
-    upstream = fake_upstream()
-    gw = traced_gateway(gateway, upstream, endpoint, "http/protobuf")
-    response = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(stream=True, max_tokens=5))
+def test_one_trace_covers_stages_upstream_span_and_upstream_traceparent(http_traced, upstream):
+    gw, received = http_traced
+    response = http.post(gw.url + "/v1/chat/completions", json=chat_body(stream=True, max_tokens=5))
     assert response.status_code == 200
 
-    spans = received.wait_for("POST /v1/chat/completions")
-    root = next(s for s in spans if s["name"] == "POST /v1/chat/completions")
-    trace = [s for s in spans if s["trace_id"] == root["trace_id"]]
+    trace_id = gw.access_log(response.headers["x-request-id"])["trace_id"]
+    trace = received.wait_for("POST /v1/chat/completions", trace_id=trace_id)
+    root = next(s for s in trace if s["name"] == "POST /v1/chat/completions")
     by_name = {s["name"]: s for s in trace}
     assert {"stage.parse", "stage.auth", "stage.route", "chat test-model"} <= set(by_name)
     for stage in ("stage.parse", "stage.auth", "stage.route", "chat test-model"):
@@ -142,26 +159,27 @@ def test_one_trace_covers_stages_upstream_span_and_upstream_traceparent(fake_ups
     assert 0 < attrs["portcullis.upstream.time_to_first_chunk"] < 5
     assert root["attributes"]["http.response.status_code"] == 200
 
-    sent = httpx.get(upstream.url + "/_stats").json()["last_headers"]["traceparent"]
+    sent = http.get(upstream.url + "/_stats").json()["last_headers"]["traceparent"]
     _, trace_id, parent_id, _ = sent.split("-")
     assert trace_id == root["trace_id"] and parent_id == client["span_id"]
 
 
-def test_a_trusted_incoming_traceparent_is_continued_over_grpc_export(fake_upstream, gateway, grpc_receiver):
+def test_a_trusted_incoming_traceparent_is_continued_over_grpc_export(upstream, gateway, grpc_receiver):
     endpoint, received = grpc_receiver
-    gw = traced_gateway(gateway, fake_upstream(), endpoint, "grpc", trust_client_trace=True)
+    gw = traced_gateway(gateway, upstream, endpoint, "grpc", trust_client_trace=True)
     caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-    httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers={"traceparent": caller})
+    http.post(gw.url + "/v1/chat/completions", json=chat_body(), headers={"traceparent": caller})
     root = next(s for s in received.wait_for("POST /v1/chat/completions") if s["name"] == "POST /v1/chat/completions")
     assert root["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
     assert root["parent_id"] == "00f067aa0ba902b7"
 
 
-def test_rejected_request_marks_its_stage_span(fake_upstream, gateway, http_receiver):
-    endpoint, received = http_receiver
-    gw = traced_gateway(gateway, fake_upstream(), endpoint, "http/protobuf")
-    assert httpx.post(gw.url + "/v1/chat/completions", content=b"{bad").status_code == 400
-    spans = received.wait_for("stage.parse")
+def test_rejected_request_marks_its_stage_span(http_traced):
+    gw, received = http_traced
+    rejected = http.post(gw.url + "/v1/chat/completions", content=b"{bad")
+    assert rejected.status_code == 400
+    trace_id = gw.access_log(rejected.headers["x-request-id"])["trace_id"]
+    spans = received.wait_for("stage.parse", trace_id=trace_id)
     parse = next(s for s in spans if s["name"] == "stage.parse")
     assert parse["attributes"]["portcullis.verdict"] == "reject"
     assert parse["attributes"]["portcullis.reject.code"] == "invalid_json"
@@ -169,18 +187,17 @@ def test_rejected_request_marks_its_stage_span(fake_upstream, gateway, http_rece
 
 
 @pytest.mark.parametrize("trusted", [False, True])
-def test_with_export_off_the_upstream_and_the_access_log_name_the_same_trace(fake_upstream, gateway, trusted):
+def test_with_export_off_the_upstream_and_the_access_log_name_the_same_trace(upstream, gateway, trusted):
     """Tracing off (no OTLP), nothing is recorded, but every request still has ids: the access log's trace and span
     ids are the ones the upstream's traceparent carries (not sampled); a trusted caller's trace and tracestate are
     continued, an untrusted caller's are not."""
-    upstream = fake_upstream("ids")
     gw = gateway({"pools": [pool("main", upstream.url)], "telemetry": {"trust_client_trace": trusted}})
     caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     sent_ids = []
     for headers in ({}, {"traceparent": caller, "tracestate": "vendor=abc"}):
-        response = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=headers)
+        response = http.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=headers)
         assert response.status_code == 200
-        upstream_saw = httpx.get(upstream.url + "/_stats").json()["last_headers"]
+        upstream_saw = http.get(upstream.url + "/_stats").json()["last_headers"]
         version, trace_id, span_id, flags = upstream_saw["traceparent"].split("-")
         assert version == "00" and not int(flags, 16) & 1, "not sampled: nothing is recorded"
         entry = gw.access_log(response.headers["x-request-id"])
