@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 
 from tests.conftest import chat_body, pool
@@ -22,6 +23,15 @@ AUTH = {
     ]
 }
 URL = "/v1/chat/completions"
+
+# One client for the module's requests: a bare httpx.post builds a client, and its TLS context, per call.
+http = httpx.Client()
+
+
+@pytest.fixture(scope="module")
+def upstream(module_launcher):
+    """The module's upstream; each test keeps its own gateway (its own policy, or a policy it reloads)."""
+    return module_launcher.fake_upstream()
 
 
 def write(directory: Path, waf: dict, overlays: dict | None = None) -> None:
@@ -44,7 +54,7 @@ def start(gateway, upstream, directory: Path):
 
 
 def post(gw, key="sk-b", query="", **body) -> httpx.Response:
-    return httpx.post(
+    return http.post(
         gw.url + URL + query, json=chat_body(**body), headers={"authorization": f"Bearer {key}"}, timeout=10
     )
 
@@ -57,8 +67,8 @@ def audit_lines(gw) -> list[dict]:
     return out
 
 
-def test_blocks_are_openai_shaped_audited_and_never_reach_the_upstream(fake_upstream, gateway, tmp_path):
-    upstream = fake_upstream()
+def test_blocks_are_openai_shaped_audited_and_never_reach_the_upstream(upstream, gateway, tmp_path):
+    before = http.get(upstream.url + "/_stats").json()["requests"]
     write(tmp_path / "p", {"packs": ["protocol", "scanners", "sqli", "xss", "lfi", "rce", "llm"]})
     gw = start(gateway, upstream, tmp_path / "p")
     assert post(gw).status_code == 200
@@ -70,9 +80,9 @@ def test_blocks_are_openai_shaped_audited_and_never_reach_the_upstream(fake_upst
     key = post(gw, messages=[{"role": "user", "content": "-----BEGIN RSA PRIVATE KEY-----\nMIIE"}])
     assert key.status_code == 403 and key.json()["error"]["param"] == "llm-secret-100"
     assert post(gw, messages=[{"role": "user", "content": "Why is ' OR 1=1 -- dangerous in SQL?"}]).status_code == 200
-    assert httpx.get(upstream.url + "/_stats").json()["requests"] == 2
+    assert http.get(upstream.url + "/_stats").json()["requests"] - before == 2
 
-    policy = httpx.get(gw.admin_url + "/admin/policy").json()
+    policy = http.get(gw.admin_url + "/admin/policy").json()
     assert policy["version"].startswith("sha256:") and policy["waf"]["rules"] > 40
     time.sleep(0.2)
     audits = audit_lines(gw)
@@ -85,18 +95,16 @@ def test_blocks_are_openai_shaped_audited_and_never_reach_the_upstream(fake_upst
     assert "BEGIN RSA" not in json.dumps(audits[1])
 
 
-def test_secrets_are_redacted_before_the_upstream_sees_them(fake_upstream, gateway, tmp_path):
-    upstream = fake_upstream()
+def test_secrets_are_redacted_before_the_upstream_sees_them(upstream, gateway, tmp_path):
     write(tmp_path / "p", {"packs": ["llm"]})
     gw = start(gateway, upstream, tmp_path / "p")
     response = post(gw, messages=[{"role": "user", "content": "deploy with AKIAIOSFODNN7EXAMPLE please"}])
     assert response.status_code == 200
-    sent = httpx.get(upstream.url + "/_stats").json()["last_body"]
+    sent = http.get(upstream.url + "/_stats").json()["last_body"]
     assert sent["messages"][0]["content"] == "deploy with [REDACTED:secret] please"
 
 
-def test_tenant_overlays_apply_before_auth(fake_upstream, gateway, tmp_path):
-    upstream = fake_upstream()
+def test_tenant_overlays_apply_before_auth(upstream, gateway, tmp_path):
     rule = {
         "id": "ops-only-model",
         "when": {
@@ -113,13 +121,12 @@ def test_tenant_overlays_apply_before_auth(fake_upstream, gateway, tmp_path):
     assert post(gw, "sk-unknown", model="other").status_code == 401  # the WAF passed it; auth refused
 
 
-def test_hot_reload_keeps_serving_through_a_broken_edit_and_applies_a_good_one(fake_upstream, gateway, tmp_path):
-    upstream = fake_upstream()
+def test_hot_reload_keeps_serving_through_a_broken_edit_and_applies_a_good_one(upstream, gateway, tmp_path):
     directory = tmp_path / "p"
     rule = {"id": "no-foo", "description": "first", "when": {"target": "prompt", "regex": "foo"}}
     write(directory, {"rules": [rule]})
     gw = start(gateway, upstream, directory)
-    version = httpx.get(gw.admin_url + "/admin/policy").json()["version"]
+    version = http.get(gw.admin_url + "/admin/policy").json()["version"]
     statuses: list[int] = []
     errors: list[str] = []
     stop = threading.Event()
@@ -163,22 +170,21 @@ def test_hot_reload_keeps_serving_through_a_broken_edit_and_applies_a_good_one(f
 def _wait(gw, ready, timeout: float = 10.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        status = httpx.get(gw.admin_url + "/admin/policy").json()
+        status = http.get(gw.admin_url + "/admin/policy").json()
         if ready(status) or time.monotonic() > deadline:
             return status
         time.sleep(0.1)
 
 
-def test_sighup_reloads_and_never_kills_the_gateway(fake_upstream, gateway, tmp_path):
+def test_sighup_reloads_and_never_kills_the_gateway(upstream, gateway, tmp_path):
     import signal
 
-    upstream = fake_upstream()
     directory = tmp_path / "p"
     write(directory, {"rules": [{"id": "no-foo", "when": {"target": "prompt", "regex": "foo"}}]})
     gw = start(gateway, upstream, directory)
     gw.proc.send_signal(signal.SIGHUP)  # nothing changed: a reload that keeps the same version
     time.sleep(0.5)
     assert gw.proc.poll() is None
-    status = httpx.get(gw.admin_url + "/admin/policy").json()
+    status = http.get(gw.admin_url + "/admin/policy").json()
     assert status["last_error"] is None and status["reloads"] == 0
     assert post(gw, messages=[{"role": "user", "content": "foo"}]).status_code == 403
