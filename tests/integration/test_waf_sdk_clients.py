@@ -21,9 +21,10 @@ from tests.conftest import pool
 KEY = "sk-sdk-clients"
 
 
-@pytest.fixture
-def gw(fake_upstream, gateway, tmp_path):
-    policies = tmp_path / "policies"
+@pytest.fixture(scope="module")
+def gw(module_launcher):
+    """One gateway for the module: every test only sends requests through it."""
+    policies = module_launcher.directory / "policies"
     policies.mkdir()
     every_pack = sorted(builtin_packs()[0])
     base = {
@@ -33,9 +34,9 @@ def gw(fake_upstream, gateway, tmp_path):
         "spec": {"waf": {"mode": "block", "paranoia_level": 2, "packs": every_pack}},
     }
     (policies / "base.yaml").write_text(yaml.safe_dump(base))
-    return gateway(
+    return module_launcher.gateway(
         {
-            "pools": [pool("main", fake_upstream("sdk").url)],
+            "pools": [pool("main", module_launcher.fake_upstream("sdk").url)],
             "auth": {"keys": [{"tenant": "team", "sha256": hashlib.sha256(KEY.encode()).hexdigest()}]},
             "models": [{"name": "test-model"}],
             "policy_dir": str(policies),
