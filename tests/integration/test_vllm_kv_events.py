@@ -8,6 +8,7 @@ own transcription of vLLM's hashing stores; what a replica "would report" is vLL
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
@@ -50,15 +51,16 @@ class Replica:
         self.publisher.publish(block_removed([as_int(d) for d in vllm_block_hashes(ids, BLOCK, ALGO, SEED)]))
 
 
-@pytest.fixture
-def fleet(fake_upstream, gateway):
+@contextlib.contextmanager
+def started_fleet(launcher):
+    """Two fake replicas with their publishers, and a gateway routing on their events."""
     endpoints = {name: f"tcp://127.0.0.1:{free_port()}" for name in ("a", "a_replay", "b")}
     publishers = [
         VllmKvPublisher(endpoints["a"], endpoints["a_replay"], topic="kv", events_as_maps=True, batch_as_map=True),
         VllmKvPublisher(endpoints["b"], None, topic="kv", events_as_maps=False, batch_as_map=False),
     ]
     try:
-        upstreams = [fake_upstream("a"), fake_upstream("b")]
+        upstreams = [launcher.fake_upstream("a"), launcher.fake_upstream("b")]
         pool = {
             "name": "vllm",
             "routing": "kv_events",
@@ -70,13 +72,28 @@ def fleet(fake_upstream, gateway):
             ],
             "kv_events": {"source": "vllm", "topic": "kv", "hash_algo": ALGO, "hash_seed_env": "TEST_VLLM_SEED"},
         }
-        gw = gateway({"telemetry": {"replica_header": True}, "pools": [pool]}, env={"TEST_VLLM_SEED": SEED})
+        gw = launcher.gateway({"telemetry": {"replica_header": True}, "pools": [pool]}, env={"TEST_VLLM_SEED": SEED})
         for publisher in publishers:
             publisher.wait_for_subscriber()
         yield gw, Replica(upstreams[0], publishers[0]), Replica(upstreams[1], publishers[1])
     finally:
         for publisher in publishers:
             publisher.close()
+
+
+@pytest.fixture(scope="module")
+def fleet(module_launcher):
+    """The module's fleet, for the tests that keep their publishers open: each uses prompts of its own, and a gap it
+    makes is numbered from where the publisher stands."""
+    with started_fleet(module_launcher) as started:
+        yield started
+
+
+@pytest.fixture
+def own_fleet(launcher):
+    """A fleet of the test's own, for a test that closes a publisher."""
+    with started_fleet(launcher) as started:
+        yield started
 
 
 def complete(gw, ids: list[int]) -> tuple[str, int]:
@@ -114,19 +131,20 @@ def test_a_sequence_gap_is_replayed_where_a_replay_socket_exists_and_resets_wher
     a.store(p4)
     b.store(p5)
     time.sleep(SETTLE)
+    lost = a.publisher.seq
     missed = a.store(p3, lose=True)  # numbered and buffered, never sent: the next batch shows a gap
     a.store(p4)
     b.store(p4, lose=True)
     b.store(p6)
     time.sleep(SETTLE)
     assert complete(gw, p3) == (a.url, reported_cached_tokens(missed, len(p3), BLOCK))  # replayed
-    assert 1 in a.publisher.replay_requests  # the batch after the last one applied
+    assert lost in a.publisher.replay_requests  # the batch after the last one applied
     assert complete(gw, p5)[1] == 0  # b forgot what it held before the gap
     assert complete(gw, p6) == (b.url, 64)
 
 
-def test_a_dropped_publisher_forgets_its_replicas_blocks(fleet):
-    gw, a, b = fleet
+def test_a_dropped_publisher_forgets_its_replicas_blocks(own_fleet):
+    gw, a, b = own_fleet
     p7 = prompt(50, 7)
     b.store(p7)
     time.sleep(SETTLE)
