@@ -25,8 +25,19 @@ def bench(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_bench_serve_writes_json_table_and_ttft_plot(fake_upstream, tmp_path: Path):
-    upstream = fake_upstream("a")
+@pytest.fixture(scope="module")
+def upstreams(module_launcher):
+    """Two upstreams for the module's benchmarks; a test counts what reached them as a difference."""
+    return module_launcher.fake_upstream("a"), module_launcher.fake_upstream("b")
+
+
+def stats(upstream) -> dict:
+    return httpx.get(upstream.url + "/_stats").json()
+
+
+def test_bench_serve_writes_json_table_and_ttft_plot(upstreams, tmp_path: Path):
+    upstream = upstreams[0]
+    before = stats(upstream)
     out, png = tmp_path / "out.json", tmp_path / "ttft.png"
     proc = bench(
         "--base-url",
@@ -76,15 +87,18 @@ def test_bench_serve_writes_json_table_and_ttft_plot(fake_upstream, tmp_path: Pa
     assert run["replica_share"] is None and run["prefix_cache"]["measured_hit_rate"] is None
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert "TTFT p99 (ms)" in proc.stdout and "Replica share" in proc.stdout and "n/a" in proc.stdout
-    stats = httpx.get(upstream.url + "/_stats").json()
-    assert stats["requests"] == 14 and stats["completed_streams"] == 14
-    last = stats["last_body"]
+    seen = stats(upstream)
+    assert seen["requests"] - before["requests"] == 14
+    assert seen["completed_streams"] - before["completed_streams"] == 14
+    last = seen["last_body"]
     assert last["stream"] is True and last["max_tokens"] == 4 and last["fake"]["chunks"] == 4
-    assert stats["last_headers"]["authorization"] in ("Bearer ka", "Bearer kb")
+    assert seen["last_headers"]["authorization"] in ("Bearer ka", "Bearer kb")
 
 
-def test_bench_serve_runs_the_same_sequence_against_each_target_and_counts_failures(fake_upstream, tmp_path: Path):
-    good, bad = fake_upstream("good"), fake_upstream("bad", fail_status=503)
+def test_bench_serve_runs_the_same_sequence_against_each_target_and_counts_failures(
+    upstreams, fake_upstream, tmp_path: Path
+):
+    good, bad = upstreams[0], fake_upstream("bad", fail_status=503)
     out = tmp_path / "runs.json"
     proc = bench(
         "--runs",
@@ -118,10 +132,10 @@ def test_bench_serve_runs_the_same_sequence_against_each_target_and_counts_failu
     assert "6x HTTP 503: bad forced failure" in proc.stdout
 
 
-def test_bench_through_the_gateway_reports_the_replica_share(fake_upstream, gateway, tmp_path: Path):
+def test_bench_through_the_gateway_reports_the_replica_share(upstreams, gateway, tmp_path: Path):
     from tests.conftest import pool
 
-    a, b = fake_upstream("a"), fake_upstream("b")
+    a, b = upstreams
     gw = gateway({"pools": [pool("main", a.url, b.url, routing="round_robin")], "telemetry": {"replica_header": True}})
     out = tmp_path / "gw.json"
     proc = bench(
