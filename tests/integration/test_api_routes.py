@@ -21,7 +21,7 @@ import yaml
 from backend_engine.openai_protocol.responses_input import responses_messages
 from gateway.apis.anthropic_chat import messages_to_chat
 from gateway.tokenization import EngineCounter
-from tests.conftest import Process, free_port, pool, spawn
+from tests.conftest import Process, pool
 
 MODEL = "SmolLM2-135M-Instruct"
 KEY, LIMITED_KEY, STRICT_KEY = "sk-routes-main", "sk-routes-limited", "sk-routes-strict"
@@ -55,36 +55,22 @@ def _policies(directory: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory) -> Process:
-    logs = tmp_path_factory.mktemp("routes")
-    started: list[Process] = []
-    try:
-        port = free_port()
-        engine_cmd = [sys.executable, "-m", "gateway.cli", "engine", "serve", "--port", str(port), "--threads", "1"]
-        engine = spawn(engine_cmd, port, logs / "engine.log", ready_path="/health", timeout=300)
-        started.append(engine)
-        port, admin = free_port(), free_port()
-        config = {
-            "listen": {"port": port},
-            "admin": {"port": admin},
-            "policy_dir": _policies(logs / "policies"),
-            "auth": {
-                "keys": [
-                    {"tenant": tenant, "sha256": hashlib.sha256(key.encode()).hexdigest()}
-                    for tenant, key in (("main", KEY), ("limited", LIMITED_KEY), ("strict", STRICT_KEY))
-                ]
-            },
-            "pools": [pool("engine", engine.url, routing="least_outstanding")],
-        }
-        path = logs / "portcullis.yaml"
-        path.write_text(yaml.safe_dump(config))
-        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)]
-        gw = spawn(cmd, port, logs / "gateway.log", timeout=120)
-        started.append(gw)
-        yield gw
-    finally:
-        for process in started:
-            process.stop()
+def gateway(module_launcher) -> Process:
+    def engine_cmd(port: int) -> list[str]:
+        return [sys.executable, "-m", "gateway.cli", "engine", "serve", "--port", str(port), "--threads", "1"]
+
+    engine = module_launcher.spawn(engine_cmd, "engine", ready_path="/health", timeout=300)
+    config = {
+        "policy_dir": _policies(module_launcher.directory / "policies"),
+        "auth": {
+            "keys": [
+                {"tenant": tenant, "sha256": hashlib.sha256(key.encode()).hexdigest()}
+                for tenant, key in (("main", KEY), ("limited", LIMITED_KEY), ("strict", STRICT_KEY))
+            ]
+        },
+        "pools": [pool("engine", engine.url, routing="least_outstanding")],
+    }
+    return module_launcher.gateway(config)
 
 
 @pytest.fixture(scope="module")
