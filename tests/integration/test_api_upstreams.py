@@ -13,7 +13,7 @@ import hashlib
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,7 +23,7 @@ import openai
 import pytest
 import yaml
 
-from tests.conftest import ROOT, Process, free_port, pool, spawn
+from tests.conftest import ROOT, Process, pool
 from tests.fake_providers import CALL_STREAMS, CALL_TEXTS, input_tokens
 
 CLAUDE, GPT, CHAT = "claude-sonnet-4-5", "gpt-4.1-mini", "chat-model"
@@ -56,13 +56,11 @@ def _policies(directory: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory) -> Iterator[tuple[Process, Process]]:
+def stack(module_launcher) -> tuple[Process, Process]:
     """(gateway, fake provider), started once for the module."""
-    logs = tmp_path_factory.mktemp("upstreams")
-    started: list[Process] = []
-    try:
-        port = free_port()
-        cmd = [
+
+    def fake_cmd(port: int) -> list[str]:
+        return [
             sys.executable,
             str(ROOT / "tests" / "fake_providers.py"),
             "--port",
@@ -70,37 +68,25 @@ def stack(tmp_path_factory) -> Iterator[tuple[Process, Process]]:
             "--api-key",
             UPSTREAM_KEY,
         ]
-        fake = spawn(cmd, port, logs / "fake.log", ready_path="/_received")
-        started.append(fake)
-        port, admin = free_port(), free_port()
-        config = {
-            "listen": {"host": "127.0.0.1", "port": port},
-            "admin": {"port": admin},
-            "policy_dir": _policies(logs / "policies"),
-            "auth": {"keys": [{"tenant": "app", "sha256": hashlib.sha256(CLIENT_KEY.encode()).hexdigest()}]},
-            "pools": [
-                pool(
-                    "claude",
-                    fake.url,
-                    models=[CLAUDE],
-                    api="anthropic",
-                    api_key_env="FAKE_PROVIDER_KEY",
-                    anthropic_version=POOL_VERSION,
-                ),
-                pool("hosted", fake.url, models=[GPT, CUT], api_key_env="FAKE_PROVIDER_KEY"),
-                pool("chat", fake.url, models=[CHAT], api_key_env="FAKE_PROVIDER_KEY"),
-            ],
-        }
-        path = logs / "portcullis.yaml"
-        path.write_text(yaml.safe_dump(config))
-        gw_cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)]
-        gw = spawn(gw_cmd, port, logs / "gateway.log", env={"FAKE_PROVIDER_KEY": UPSTREAM_KEY})
-        gw.admin_url = f"http://127.0.0.1:{admin}"
-        started.append(gw)
-        yield gw, fake
-    finally:
-        for process in reversed(started):
-            process.stop()
+
+    fake = module_launcher.spawn(fake_cmd, "fake-providers", ready_path="/_received")
+    config = {
+        "policy_dir": _policies(module_launcher.directory / "policies"),
+        "auth": {"keys": [{"tenant": "app", "sha256": hashlib.sha256(CLIENT_KEY.encode()).hexdigest()}]},
+        "pools": [
+            pool(
+                "claude",
+                fake.url,
+                models=[CLAUDE],
+                api="anthropic",
+                api_key_env="FAKE_PROVIDER_KEY",
+                anthropic_version=POOL_VERSION,
+            ),
+            pool("hosted", fake.url, models=[GPT, CUT], api_key_env="FAKE_PROVIDER_KEY"),
+            pool("chat", fake.url, models=[CHAT], api_key_env="FAKE_PROVIDER_KEY"),
+        ],
+    }
+    return module_launcher.gateway(config, env={"FAKE_PROVIDER_KEY": UPSTREAM_KEY}), fake
 
 
 @pytest.fixture(scope="module")
