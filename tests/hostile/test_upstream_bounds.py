@@ -1,6 +1,9 @@
 """A hostile upstream cannot make the gateway buffer without bound, stall its event loop, or hand garbage to a client.
 
 Every test runs the real gateway against tests/hostile/hostile_upstream.py, a real process misbehaving on the wire.
+The module starts one of each, and the tests that read only what they sent (their own tags, request ids and answers)
+share them; a test that measures the gateway process (its peak memory, its CPU), configures it otherwise, or counts
+what it did in total starts a gateway of its own.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
-from tests.conftest import chat_body, pool
-from tests.hostile.conftest import upstream_seen, wait_for
+from tests.conftest import Launcher, Process, chat_body, pool
+from tests.hostile.conftest import log_mark, upstream_seen, wait_for
 
 MIB = 1024 * 1024
 
@@ -36,6 +40,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
+@pytest.fixture(scope="module")
+def upstream(module_hostile_upstream) -> Process:
+    """The module's hostile upstream: each test reads the records of its own tags, or a count's change."""
+    return module_hostile_upstream()
+
+
+@pytest.fixture(scope="module")
+def gw(module_launcher: Launcher, upstream: Process) -> Process:
+    """The module's gateway in front of it, for the tests that read only their own answers and log lines."""
+    return module_launcher.gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
+
+
 def assert_openai_error(response: httpx.Response, status: int, code: str | None = None) -> dict:
     assert response.status_code == status, response.text[:300]
     error = response.json()["error"]
@@ -45,9 +61,9 @@ def assert_openai_error(response: httpx.Response, status: int, code: str | None 
     return error
 
 
-def test_a_huge_answer_is_dropped_at_the_cap_and_never_buffered(hostile_upstream, gateway):
-    """256 MiB answers against the default 32 MiB cap: 502, the upstream connection dropped, memory flat."""
-    upstream = hostile_upstream()
+def test_a_huge_answer_is_dropped_at_the_cap_and_never_buffered(upstream, gateway):
+    """256 MiB answers against the default 32 MiB cap: 502, the upstream connection dropped, memory flat. A gateway of
+    its own: its peak memory is what a shared one's other tests have raised it to."""
     gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
     pid = gw.proc.pid
     httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), timeout=30)  # warm: first-request allocations
@@ -61,10 +77,8 @@ def test_a_huge_answer_is_dropped_at_the_cap_and_never_buffered(hostile_upstream
     assert grown < 128 * MIB, f"the gateway's peak memory grew by {grown / MIB:.0f} MiB"
 
 
-def test_an_event_above_the_cap_ends_the_stream_with_an_error_event(hostile_upstream, gateway):
+def test_an_event_above_the_cap_ends_the_stream_with_an_error_event(upstream, gw):
     """One SSE event of 16 MiB against the default 1 MiB event cap."""
-    upstream = hostile_upstream()
-    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
     hostile = {"behaviour": "no_boundary", "bytes": 16 * MIB, "tag": "big-event"}
     response = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(stream=True, hostile=hostile), timeout=60)
     assert response.status_code == 200
@@ -74,10 +88,9 @@ def test_an_event_above_the_cap_ends_the_stream_with_an_error_event(hostile_upst
     assert wait_for(upstream, "big-event", "closed_at", timeout=10), "the gateway kept reading the stream"
 
 
-def test_a_stream_without_event_boundaries_costs_linear_time(hostile_upstream, gateway):
+def test_a_stream_without_event_boundaries_costs_linear_time(upstream, gateway):
     """24 MiB of one unfinished event in 16 KiB writes: rescanning the pending bytes per chunk would cost the gateway
     minutes of CPU (and stall every other request); one pass costs a fraction of a second."""
-    upstream = hostile_upstream()
     gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1, max_event_bytes=64 * MIB)]})
     httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), timeout=30)
     cpu_before = cpu_seconds(gw.proc.pid)
@@ -95,10 +108,8 @@ def test_a_stream_without_event_boundaries_costs_linear_time(hostile_upstream, g
     assert spent < 8.0, f"the gateway spent {spent:.1f} s of CPU framing a 24 MiB stream"
 
 
-def test_every_sse_line_ending_is_framed(hostile_upstream, gateway):
+def test_every_sse_line_ending_is_framed(gw):
     """CR, LF and CRLF mixed, each byte of every line ending in its own TCP write (so CRLFs arrive cut in two)."""
-    upstream = hostile_upstream()
-    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
     hostile = {
         "behaviour": "line_endings",
         "endings": ["\n\r\n", "\r\n\n", "\r\r", "\r\n\r\n", "\n\r", "\r\r\n"],
@@ -115,11 +126,9 @@ def test_every_sse_line_ending_is_framed(hostile_upstream, gateway):
     assert chunks[-1]["usage"]["completion_tokens"] == 4  # the usage event, read by the gateway, reached the client
 
 
-def test_a_stream_that_starts_with_a_byte_order_mark_loses_none_of_its_first_event(hostile_upstream, gateway):
+def test_a_stream_that_starts_with_a_byte_order_mark_loses_none_of_its_first_event(gw):
     """A UTF-8 BOM before the first event (which the SSE specification has a reader ignore): that event's text
     reaches a Messages client of the chat pool, and its output counts for the bill, as any other event's does."""
-    upstream = hostile_upstream()
-    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
     chunks = (
         {"choices": [{"index": 0, "delta": {"content": "Hi"}}]},
         {"choices": [{"index": 0, "delta": {"content": " there"}, "finish_reason": "stop"}]},
@@ -139,11 +148,9 @@ def test_a_stream_that_starts_with_a_byte_order_mark_loses_none_of_its_first_eve
     assert [json.loads(d)["choices"][0]["delta"]["content"] for d in data[:2]] == ["Hi", " there"]
 
 
-def test_a_failed_responses_stream_is_charged_the_usage_it_reports(hostile_upstream, gateway):
+def test_a_failed_responses_stream_is_charged_the_usage_it_reports(gw):
     """A Responses stream that ends in `response.failed` after some output, its Response reporting what the
     attempt used: the request is charged those counts, not the tokenizer's guess and the whole reservation."""
-    upstream = hostile_upstream()
-    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
     failed = {
         "object": "response",
         "status": "failed",
@@ -165,10 +172,7 @@ def test_a_failed_responses_stream_is_charged_the_usage_it_reports(hostile_upstr
     assert (line["prompt_tokens"], line["completion_tokens"], line["cached_tokens"]) == (5, 3, 2), line
 
 
-def test_upstream_errors_and_garbage_reach_the_client_openai_shaped(hostile_upstream, gateway):
-    upstream = hostile_upstream()
-    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
-
+def test_upstream_errors_and_garbage_reach_the_client_openai_shaped(gw):
     def ask(hostile: dict, stream: bool = False) -> httpx.Response:
         return httpx.post(gw.url + "/v1/chat/completions", json=chat_body(stream=stream, hostile=hostile), timeout=30)
 
@@ -233,11 +237,9 @@ def test_upstream_errors_and_garbage_reach_the_client_openai_shaped(hostile_upst
     assert "sk-pool" not in error["message"]
 
 
-def test_stream_headers_go_out_when_the_upstream_answers(hostile_upstream, gateway):
-    """The upstream answers 200 at once and sends its first event after 4 s (a long prefill)."""
-    upstream = hostile_upstream()
-    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
-    hostile = {"behaviour": "slow_first", "delay": 4.0, "tag": "slow"}
+def test_stream_headers_go_out_when_the_upstream_answers(upstream, gw):
+    """The upstream answers 200 at once and sends its first event after 2.5 s (a long prefill)."""
+    hostile = {"behaviour": "slow_first", "delay": 2.5, "tag": "slow"}
     started = time.monotonic()
     with httpx.stream(
         "POST", gw.url + "/v1/chat/completions", json=chat_body(stream=True, hostile=hostile), timeout=30
@@ -247,7 +249,7 @@ def test_stream_headers_go_out_when_the_upstream_answers(hostile_upstream, gatew
         assert response.headers["content-type"].startswith("text/event-stream")
         text = response.read().decode()
     assert upstream_seen(upstream, "slow")["answered"]
-    assert headers_after < 2.5, f"the client waited {headers_after:.1f} s for its headers"
+    assert headers_after < 1.8, f"the client waited {headers_after:.1f} s for its headers"
     data = sse_data(text)
     assert (
         data[-1] == "[DONE]"
@@ -279,13 +281,12 @@ def translated(url: str, answer: str, stream: bool, **extra: object) -> httpx.Re
     return httpx.post(url + "/v1/messages", json=body, timeout=30)
 
 
-def test_answers_of_the_wrong_shape_are_relayed_or_refused_in_each_routes_own_shape(hostile_upstream, gateway):
+def test_answers_of_the_wrong_shape_are_relayed_or_refused_in_each_routes_own_shape(gw):
     """JSON objects that are not the answers they claim to be (`choices` a number, an event `type` a list). What
     is relayed as sent reaches the client as sent; what the gateway translates for a Messages client fails in
     Anthropic's shape: a 502 body, or an error event that ends the stream. Never a 500, and never a stream cut
     without its error event."""
-    upstream = hostile_upstream()
-    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
+    mark = log_mark(gw)
 
     def relayed(path: str, body: dict, answer: str, stream: bool) -> None:
         response = httpx.post(gw.url + path, json={**body, "hostile": garbage(answer, stream)}, timeout=30)
@@ -305,15 +306,13 @@ def test_answers_of_the_wrong_shape_are_relayed_or_refused_in_each_routes_own_sh
     assert streamed.status_code == 200
     last = json.loads(sse_data(streamed.text)[-1])
     assert last["type"] == "error" and last["error"]["type"] == "api_error", streamed.text
-    log = gw.output()
+    log = gw.output()[mark:]
     assert "Traceback" not in log and "unhandled error" not in log
 
 
-def test_a_translated_answer_carries_no_field_of_the_wrong_type(hostile_upstream, gateway):
+def test_a_translated_answer_carries_no_field_of_the_wrong_type(gw):
     """Text that is not a string and usage counts that are not counts (as charging judges them), in a chat answer
     translated for a Messages client: the text is absent and the counts are 0, in the body and in the stream."""
-    upstream = hostile_upstream()
-    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
     usage = {"prompt_tokens": 1.5, "completion_tokens": -3}
     answer = {"choices": [{"message": {"content": 5}, "finish_reason": "stop"}], "usage": usage}
     message = translated(gw.url, json.dumps(answer), stream=False)
@@ -360,11 +359,9 @@ def test_a_replica_whose_metrics_say_infinity_stops_no_health_checks(hostile_ups
     assert served == [0, 6]
 
 
-def test_a_translated_answer_keeps_its_reasoning_as_thinking_when_the_request_asked(hostile_upstream, gateway):
+def test_a_translated_answer_keeps_its_reasoning_as_thinking_when_the_request_asked(gw):
     """A Messages client that asks for extended thinking, in front of a chat pool whose model reasons (vLLM's
     `reasoning_content`), gets the reasoning as a thinking block, whole or streamed; one that did not ask gets none."""
-    upstream = hostile_upstream()
-    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
     base = {"id": "chatcmpl-r", "object": "chat.completion", "model": "test-model"}
     whole = {
         **base,
@@ -402,26 +399,25 @@ def test_a_translated_answer_keeps_its_reasoning_as_thinking_when_the_request_as
     assert starts == ["thinking", "text"]
 
 
-def test_a_pooled_connection_closed_as_a_request_goes_out_is_sent_again_not_failed(hostile_upstream, gateway):
+def test_a_pooled_connection_closed_as_a_request_goes_out_is_sent_again_not_failed(upstream, gateway):
     """An upstream whose idle timeout closes a kept connection just as the gateway reuses it: the request never
-    reached it, so it is sent again on a new connection, and neither the client nor the replica's health pays."""
-    upstream = hostile_upstream()
+    reached it, so it is sent again on a new connection, and neither the client nor the replica's health pays. A
+    gateway of its own, whose upstream error counters no other test has moved."""
     gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
+    dropped = httpx.get(upstream.url + "/_stats").json()["dropped"]
     first = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(hostile={"behaviour": "idle_close"}))
     assert first.status_code == 200, first.text
     for _ in range(3):  # each follows an idle_close answer on the connection it left open
         again = httpx.post(gw.url + "/v1/chat/completions", json=chat_body(hostile={"behaviour": "idle_close"}))
         assert again.status_code == 200, again.text
-    assert httpx.get(upstream.url + "/_stats").json()["dropped"] == 3
+    assert httpx.get(upstream.url + "/_stats").json()["dropped"] - dropped == 3
     metrics = httpx.get(gw.admin_url + "/metrics").text
     assert "portcullis_upstream_errors_total{" not in metrics
 
 
-def test_an_upstream_error_event_ends_the_stream_with_no_second_error(hostile_upstream, gateway):
+def test_an_upstream_error_event_ends_the_stream_with_no_second_error(gw):
     """An upstream that reports its failure in the stream and then closes without [DONE]: its error event is the
     stream's end, in the client's shape; the gateway adds no 'truncated' error of its own after it."""
-    upstream = hostile_upstream()
-    gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)]})
     chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "test-model"}
     answer = (
         f"data: {json.dumps({**chunk, 'choices': [{'index': 0, 'delta': {'content': 'Hi'}}]})}\n\n"
