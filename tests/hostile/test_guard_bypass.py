@@ -4,18 +4,23 @@ Each test is one walk-around: a benign prompt refused because the classifier jud
 instead of the text, an injection sent as token ids, an injection in a `function` message, and an injection in
 the part of a long text that was never scanned. The policy is the recommended one (policies/examples/guard.yaml)
 where the walk-around concerns it.
+
+Each gateway loads the classifier, so the module starts two and its tests share them: the recommended policy's,
+for anonymous requests, and one whose tenants (one key each) carry the policies the other tests need. They share
+one upstream: a test reads the change of its request count over the test, and the last body it saw.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from pathlib import Path
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import httpx
 import pytest
 import yaml
 
-from tests.conftest import ROOT, pool
+from tests.conftest import ROOT, Launcher, Process, pool
 from tests.integration.test_guard_gateway import BENIGN, INJECTION, LONG_BENIGN, guard_policy
 
 ENGINE_MODEL = "SmolLM2-135M-Instruct"  # the default config's model: the bundled engine's tokenizer is known
@@ -28,11 +33,25 @@ def recommended_guard() -> dict:
     return next(d for d in documents if d["kind"] == "Policy")["spec"]["guard"]
 
 
-def engine_ids(text: str) -> list[int]:
-    from backend_engine.config import default_model_path
-    from backend_engine.model import load_prompt_renderer
+@functools.cache
+def engine_renderer() -> Future:
+    """The bundled engine's tokenizer, loaded once for the module (seconds: its GGUF is read whole) in a thread of
+    its own, so the module's gateways start meanwhile."""
 
-    return load_prompt_renderer(default_model_path()).text_ids(text, add_bos=False)
+    def load():
+        from backend_engine.config import default_model_path
+        from backend_engine.model import load_prompt_renderer
+
+        return load_prompt_renderer(default_model_path())
+
+    loader = ThreadPoolExecutor(1)
+    loading = loader.submit(load)
+    loader.shutdown(wait=False)  # the load goes on; the thread ends with it
+    return loading
+
+
+def engine_ids(text: str) -> list[int]:
+    return engine_renderer().result().text_ids(text, add_bos=False)
 
 
 def chat(gw, messages: list[dict], key: str | None = None) -> httpx.Response:
@@ -59,11 +78,33 @@ def upstream_stats(upstream) -> dict:
     return httpx.get(upstream.url + "/_stats").json()
 
 
-@pytest.fixture
-def recommended(gateway, fake_upstream, tmp_path: Path):
-    upstream = fake_upstream()
-    gw = gateway({"pools": [pool("p", upstream.url)], "policy_dir": guard_policy(tmp_path, recommended_guard())})
-    return gw, upstream
+@pytest.fixture(scope="module")
+def upstream(module_launcher: Launcher) -> Process:
+    return module_launcher.fake_upstream()
+
+
+@pytest.fixture(scope="module")
+def recommended(module_launcher: Launcher, upstream: Process, tmp_path_factory: pytest.TempPathFactory):
+    """A gateway with the recommended guard policy and no keys: requests are anonymous."""
+    engine_renderer()  # loads while the gateway starts
+    policies = guard_policy(tmp_path_factory.mktemp("recommended"), recommended_guard())
+    return module_launcher.gateway({"pools": [pool("p", upstream.url)], "policy_dir": policies}), upstream
+
+
+TENANT_KEYS = {"strict": "sk-strict", "lenient": "sk-lenient", "tight": "sk-tight", "roomy": "sk-roomy"}
+
+
+@pytest.fixture(scope="module")
+def tenants(module_launcher: Launcher, upstream: Process, tmp_path_factory: pytest.TempPathFactory):
+    """A gateway whose base guard scans at most 4 windows (strict and tight have it as it is), lenient passes token
+    ids no tokenizer can read, roomy scans up to 16 windows."""
+    policies = guard_policy(
+        tmp_path_factory.mktemp("tenants"),
+        {"enabled": True, "injection": {"max_windows": 4}},
+        {"lenient": {"unknown_tokenizer": "pass"}, "roomy": {"injection": {"max_windows": 16}}},
+    )
+    auth = {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()} for t, k in TENANT_KEYS.items()]}
+    return module_launcher.gateway({"pools": [pool("p", upstream.url)], "auth": auth, "policy_dir": policies}), upstream
 
 
 def test_the_classifier_judges_the_text_not_its_redaction(recommended) -> None:
@@ -80,6 +121,7 @@ def test_the_classifier_judges_the_text_not_its_redaction(recommended) -> None:
 
 def test_token_id_prompts_are_decoded_and_scanned(recommended) -> None:
     gw, upstream = recommended
+    before = upstream_stats(upstream)["requests"]
     benign = complete(gw, ENGINE_MODEL, engine_ids(BENIGN))
     assert benign.status_code == 200, benign.text
     assert upstream_stats(upstream)["last_body"]["prompt"] == engine_ids(BENIGN), "ids pass through untouched"
@@ -93,34 +135,23 @@ def test_token_id_prompts_are_decoded_and_scanned(recommended) -> None:
         assert verdict["category"] == "prompt_injection" and verdict["where"] == where
     unreadable = complete(gw, ENGINE_MODEL, engine_ids(BENIGN) + [10**9])
     assert unreadable.status_code == 400 and "vocabulary" in unreadable.json()["error"]["message"]
-    assert upstream_stats(upstream)["requests"] == 1, "no injected or unreadable ids reached the upstream"
+    assert upstream_stats(upstream)["requests"] - before == 1, "no injected or unreadable ids reached the upstream"
 
 
 def test_token_ids_no_tokenizer_can_read_are_refused(recommended) -> None:
     gw, upstream = recommended
+    before = upstream_stats(upstream)["requests"]
     response = complete(gw, UNKNOWN_MODEL, [101, 2023, 2003, 102])
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["code"] == "prompt_unscannable" and error["param"] == "prompt"
     assert UNKNOWN_MODEL in error["message"] and "tokenizer" in error["message"]
     assert complete(gw, UNKNOWN_MODEL, BENIGN).status_code == 200, "the same model's text prompts are served"
-    assert upstream_stats(upstream)["requests"] == 1
+    assert upstream_stats(upstream)["requests"] - before == 1
 
 
-def test_a_policy_may_pass_token_ids_no_tokenizer_can_read(gateway, fake_upstream, tmp_path: Path) -> None:
-    upstream = fake_upstream()
-    gw = gateway(
-        {
-            "pools": [pool("p", upstream.url)],
-            "auth": {
-                "keys": [
-                    {"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()}
-                    for t, k in (("strict", "sk-strict"), ("lenient", "sk-lenient"))
-                ]
-            },
-            "policy_dir": guard_policy(tmp_path, {"enabled": True}, {"lenient": {"unknown_tokenizer": "pass"}}),
-        }
-    )
+def test_a_policy_may_pass_token_ids_no_tokenizer_can_read(tenants) -> None:
+    gw, upstream = tenants
     ids = [101, 2023, 2003, 102]
     assert complete(gw, UNKNOWN_MODEL, ids, key="sk-strict").status_code == 400
     assert complete(gw, UNKNOWN_MODEL, ids, key="sk-lenient").status_code == 200
@@ -129,6 +160,7 @@ def test_a_policy_may_pass_token_ids_no_tokenizer_can_read(gateway, fake_upstrea
 
 def test_function_messages_are_scanned_and_redacted_like_tool_messages(recommended) -> None:
     gw, upstream = recommended
+    before = upstream_stats(upstream)["requests"]
     call = {"role": "assistant", "content": None, "function_call": {"name": "lookup", "arguments": "{}"}}
     served = chat(
         gw,
@@ -146,29 +178,14 @@ def test_function_messages_are_scanned_and_redacted_like_tool_messages(recommend
     )
     assert attack.status_code == 400, attack.text
     assert attack.json()["error"]["guard"]["where"] == "messages[2]"
-    assert upstream_stats(upstream)["requests"] == 1
+    assert upstream_stats(upstream)["requests"] - before == 1
 
 
-def test_text_longer_than_the_scan_limit_is_refused_not_scanned_in_part(gateway, fake_upstream, tmp_path: Path) -> None:
+def test_text_longer_than_the_scan_limit_is_refused_not_scanned_in_part(tenants) -> None:
     """Nine windows with the injection in the fifth: a limit of four must refuse it, not scan the two first and
     the two last windows and serve it; under a limit it fits, every window is scanned and the attack found."""
-    upstream = fake_upstream()
-    gw = gateway(
-        {
-            "pools": [pool("p", upstream.url)],
-            "auth": {
-                "keys": [
-                    {"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()}
-                    for t, k in (("tight", "sk-tight"), ("roomy", "sk-roomy"))
-                ]
-            },
-            "policy_dir": guard_policy(
-                tmp_path,
-                {"enabled": True, "injection": {"max_windows": 4}},
-                {"roomy": {"injection": {"max_windows": 16}}},
-            ),
-        }
-    )
+    gw, upstream = tenants
+    before = upstream_stats(upstream)["requests"]
     hidden = [{"role": "user", "content": f"{LONG_BENIGN} {INJECTION} {LONG_BENIGN}"}]
     tight = chat(gw, hidden, key="sk-tight")
     assert tight.status_code == 413, tight.text
@@ -178,4 +195,4 @@ def test_text_longer_than_the_scan_limit_is_refused_not_scanned_in_part(gateway,
     assert roomy.status_code == 400, roomy.text
     assert roomy.json()["error"]["guard"]["category"] == "prompt_injection"
     assert chat(gw, [{"role": "user", "content": BENIGN}], key="sk-tight").status_code == 200
-    assert upstream_stats(upstream)["requests"] == 1
+    assert upstream_stats(upstream)["requests"] - before == 1
