@@ -4,7 +4,11 @@ max_completion_tokens, times n), and spend is written where a restart reads it e
 
 Token budgets are read from `x-ratelimit-remaining-tokens`: a fresh key answers `limit - reservation`, and a later
 request shows what the earlier ones were charged. Token limits here run per week, so the refill over a test is far
-below one token."""
+below one token.
+
+The module starts its fake upstreams once, and one gateway under the weekly token limit that the tests reading only
+their own tenants' budgets share (each test its own tenants, fresh when it starts); a test that kills, freezes or
+restarts something, configures the gateway otherwise or reads the spend ledger whole starts its own."""
 
 from __future__ import annotations
 
@@ -22,9 +26,10 @@ import pytest
 
 from gateway.ratelimit.checks import Settlement, SlotCheck
 from gateway.ratelimit.redis_backend import RedisBackend
-from tests.conftest import ROOT, chat_body, free_port, policy_dir, pool
+from tests.conftest import ROOT, Launcher, Process, chat_body, free_port, policy_dir, pool
 
-KEYS = {f"sk-acct-{t}": t for t in ("t1", "t2", "t3", "t4", "t5", "t6")}
+SHARED_TENANTS = ("failed", "cut", "fresh1", "fresh2", "fresh3", "fresh4", "fresh5", "window")
+KEYS = {f"sk-acct-{t}": t for t in ("t1", "t2", "t3", "t4", "t5", "t6", *SHARED_TENANTS)}
 AUTH = {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()} for k, t in KEYS.items()]}
 CHAT = "/v1/chat/completions"
 TOKENS = [{"id": "tenant-tokens", "key": ["tenant"], "tokens": {"limit": 100_000, "per": "7d"}}]
@@ -47,10 +52,53 @@ def settled() -> None:
     time.sleep(0.3)
 
 
-def test_slots_held_in_redis_are_freed_within_seconds_of_it_coming_back(fake_upstream, gateway, tmp_path, redis_server):
+@pytest.fixture(scope="module")
+def upstreams(module_launcher: Launcher) -> dict[str, Process]:
+    """Fake upstreams for the module: one that serves, one that fails every request with 502, one for slow answers."""
+    return {
+        "good": module_launcher.fake_upstream("good"),
+        "failing": module_launcher.fake_upstream("failing", fail_status=502),
+        "slow": module_launcher.fake_upstream("slow"),
+    }
+
+
+def token_limited(upstreams: dict[str, Process], policies: str) -> dict:
+    """A gateway under the weekly token limit: failing-model's pool answers 502, dead-model's is not listening,
+    slow-model's gives up reading after 0.5 s, every other model is served."""
+    return {
+        "pools": [
+            pool("failing", upstreams["failing"].url, models=["failing-model"]),
+            pool("dead", f"http://127.0.0.1:{free_port()}", models=["dead-model"]),
+            pool("slow", upstreams["slow"].url, models=["slow-model"], timeouts={"connect": 3, "read": 0.5}),
+            pool("good", upstreams["good"].url),
+        ],
+        "auth": AUTH,
+        "policy_dir": policies,
+    }
+
+
+@pytest.fixture(scope="module")
+def shared(module_launcher: Launcher, upstreams: dict[str, Process], tmp_path_factory: pytest.TempPathFactory):
+    """The module's gateway under the weekly token limit, test-model's context window 4096 tokens; the tests that
+    use it use tenants of their own (SHARED_TENANTS)."""
+    config = token_limited(upstreams, policy_dir(tmp_path_factory.mktemp("tokens"), TOKENS))
+    return module_launcher.gateway({**config, "models": [{"name": "test-model", "context_window": 4096}]})
+
+
+@pytest.fixture(scope="module")
+def misbehaving(module_hostile_upstream) -> Process:
+    """The module's hostile upstream: it counts nothing a test here reads."""
+    return module_hostile_upstream()
+
+
+def upstream_requests(upstream: Process) -> int:
+    return httpx.get(upstream.url + "/_stats").json()["requests"]
+
+
+def test_slots_held_in_redis_are_freed_within_seconds_of_it_coming_back(upstreams, gateway, tmp_path, redis_server):
     """Redis restarts from its snapshot while two streams hold the tenant's only slots; they end during the outage.
     Their releases must reach Redis once it is back, not wait for the slots' ten-minute lease."""
-    upstream = fake_upstream()
+    upstream = upstreams["good"]
     rules = [{"id": "two-at-once", "key": ["tenant"], "concurrency": {"limit": 2}}]
     gw = gateway(
         {
@@ -100,101 +148,73 @@ def test_slots_held_in_redis_are_freed_within_seconds_of_it_coming_back(fake_ups
 
 
 @pytest.mark.parametrize("store", ["memory", "redis"])
-def test_a_request_the_upstream_failed_costs_no_tokens(fake_upstream, gateway, tmp_path, request, store):
+def test_a_request_the_upstream_failed_costs_no_tokens(upstreams, gateway, tmp_path, request, store):
     """A 502 from the upstream, an upstream nobody answers at, and one that times out: no tokens charged. A served
-    request is charged exactly what the upstream reported."""
-    good, failing, slow = fake_upstream("good"), fake_upstream("failing", fail_status=502), fake_upstream("slow")
-    config = {
-        "pools": [
-            pool("failing", failing.url, models=["failing-model"]),
-            pool("dead", f"http://127.0.0.1:{free_port()}", models=["dead-model"]),
-            pool("slow", slow.url, models=["slow-model"], timeouts={"connect": 3, "read": 0.5}),
-            pool("good", good.url),
-        ],
-        "auth": AUTH,
-        "policy_dir": policy_dir(tmp_path, TOKENS),
-    }
+    request is charged exactly what the upstream reported. In memory: the module's gateway, this test's tenant."""
     if store == "redis":
-        config["redis"] = {
-            "url": request.getfixturevalue("redis_server").url,
-            "timeout": 5.0,
-            "on_failure": "fail_closed",
-        }
-    gw = gateway(config)
+        redis = {"url": request.getfixturevalue("redis_server").url, "timeout": 5.0, "on_failure": "fail_closed"}
+        gw = gateway({**token_limited(upstreams, policy_dir(tmp_path, TOKENS)), "redis": redis})
+    else:
+        gw = request.getfixturevalue("shared")
 
-    before = remaining(post(gw, "t1", max_tokens=500))
+    before = remaining(post(gw, "failed", max_tokens=500))
     settled()
-    assert post(gw, "t1", model="failing-model", max_tokens=5000).status_code == 502
-    assert post(gw, "t1", model="dead-model", max_tokens=5000).status_code in (502, 503)
-    assert post(gw, "t1", model="slow-model", max_tokens=5000, fake={"header_delay": 3}).status_code == 504
+    assert post(gw, "failed", model="failing-model", max_tokens=5000).status_code == 502
+    assert post(gw, "failed", model="dead-model", max_tokens=5000).status_code in (502, 503)
+    assert post(gw, "failed", model="slow-model", max_tokens=5000, fake={"header_delay": 3}).status_code == 504
     settled()
-    after = remaining(post(gw, "t1", max_tokens=500))
+    after = remaining(post(gw, "failed", max_tokens=500))
     assert before - after == USED  # the first request's usage; the failed ones cost nothing
 
 
-def test_a_stream_that_ends_before_any_token_is_charged_its_prompt_only(fake_upstream, gateway, tmp_path):
+def test_a_stream_that_ends_before_any_token_is_charged_its_prompt_only(shared):
     """Accepted (200) but cut before any output: the upstream read the prompt, generated nothing. Cut after output
     with no usage reported: the whole reservation stays charged, so hanging up early never skips the bill."""
-    upstream = fake_upstream()
-    gw = gateway({"pools": [pool("main", upstream.url)], "auth": AUTH, "policy_dir": policy_dir(tmp_path, TOKENS)})
-    first = remaining(post(gw, "t1", max_tokens=100))
+    gw = shared
+    first = remaining(post(gw, "cut", max_tokens=100))
     prompt = 100_000 - first - 100  # what the gateway counted for the prompt
     settled()
-    reservation_left = remaining(post(gw, "t1", max_tokens=100))
+    reservation_left = remaining(post(gw, "cut", max_tokens=100))
     assert first - reservation_left == USED
 
-    cut = post(gw, "t1", max_tokens=100, stream=True, fake={"chunks": 3, "abort_after": 0})
+    cut = post(gw, "cut", max_tokens=100, stream=True, fake={"chunks": 3, "abort_after": 0})
     assert cut.status_code == 200 and "error" in cut.text
     settled()
-    after_cut = remaining(post(gw, "t1", max_tokens=100))
+    after_cut = remaining(post(gw, "cut", max_tokens=100))
     assert reservation_left - after_cut == USED + prompt
 
-    late = post(gw, "t1", max_tokens=100, stream=True, fake={"chunks": 3, "abort_after": 2, "delay": 0.1})
+    late = post(gw, "cut", max_tokens=100, stream=True, fake={"chunks": 3, "abort_after": 2, "delay": 0.1})
     assert late.status_code == 200 and "w1" in late.text
     settled()
-    assert after_cut - remaining(post(gw, "t1", max_tokens=100)) == USED + prompt + 100
+    assert after_cut - remaining(post(gw, "cut", max_tokens=100)) == USED + prompt + 100
 
 
-def test_reservations_cover_every_choice_and_the_larger_token_field(fake_upstream, gateway, tmp_path):
+def test_reservations_cover_every_choice_and_the_larger_token_field(shared):
     """Fresh tenants answer `limit - reservation`: the difference between two of them is the difference between
     their reservations."""
-    upstream = fake_upstream()
-    gw = gateway(
-        {
-            "pools": [pool("main", upstream.url)],
-            "auth": AUTH,
-            "policy_dir": policy_dir(tmp_path, TOKENS),
-            "models": [{"name": "test-model", "context_window": 4096}],
-        }
-    )
-    single = remaining(post(gw, "t1", max_tokens=100))
-    assert single - remaining(post(gw, "t2", max_tokens=100, n=4)) == 300
+    gw = shared
+    single = remaining(post(gw, "fresh1", max_tokens=100))
+    assert single - remaining(post(gw, "fresh2", max_tokens=100, n=4)) == 300
     # the upstream honours max_completion_tokens; another may honour max_tokens: the larger one is reserved
-    assert single - remaining(post(gw, "t3", max_tokens=2000, max_completion_tokens=100)) == 1900
-    assert single - remaining(post(gw, "t4", max_tokens=100, max_completion_tokens=2000)) == 1900
+    assert single - remaining(post(gw, "fresh3", max_tokens=2000, max_completion_tokens=100)) == 1900
+    assert single - remaining(post(gw, "fresh4", max_tokens=100, max_completion_tokens=2000)) == 1900
     # the policy's default max_tokens (1024) for each of n choices
-    assert single - remaining(post(gw, "t5", n=3)) == 3 * 1024 - 100
+    assert single - remaining(post(gw, "fresh5", n=3)) == 3 * 1024 - 100
 
 
-def test_a_token_field_beyond_the_window_is_refused_even_when_the_other_fits(fake_upstream, gateway, tmp_path):
-    upstream = fake_upstream()
-    gw = gateway(
-        {
-            "pools": [pool("main", upstream.url)],
-            "auth": AUTH,
-            "policy_dir": policy_dir(tmp_path, TOKENS),
-            "models": [{"name": "test-model", "context_window": 4096}],
-        }
-    )
-    refused = post(gw, "t1", max_completion_tokens=1, max_tokens=90_000)
+def test_a_token_field_beyond_the_window_is_refused_even_when_the_other_fits(shared, upstreams):
+    gw = shared
+    served = upstream_requests(upstreams["good"])
+    refused = post(gw, "window", max_completion_tokens=1, max_tokens=90_000)
     assert refused.status_code == 400
     error = refused.json()["error"]
     assert error["code"] == "context_length_exceeded" and error["param"] == "max_tokens"
-    assert httpx.get(upstream.url + "/_stats").json()["requests"] == 0
+    assert upstream_requests(upstreams["good"]) == served
 
 
-def test_n_is_bounded_and_multiplies_what_a_token_limit_admits(fake_upstream, gateway, tmp_path):
-    upstream = fake_upstream()
+def test_n_is_bounded_and_multiplies_what_a_token_limit_admits(upstreams, gateway, tmp_path):
+    upstream = upstreams["good"]
+    served = upstream_requests(upstream)
     rules = [{"id": "tenant-tokens", "key": ["tenant"], "tokens": {"limit": 5000, "per": "7d"}}]
     gw = gateway({"pools": [pool("main", upstream.url)], "auth": AUTH, "policy_dir": policy_dir(tmp_path, rules)})
     too_many = post(gw, "t1", n=50, max_tokens=10)
@@ -203,7 +223,7 @@ def test_n_is_bounded_and_multiplies_what_a_token_limit_admits(fake_upstream, ga
     assert post(gw, "t2", n=1, max_tokens=1000).status_code == 200
     refused = post(gw, "t3", n=8, max_tokens=1000)  # 8000 tokens it may generate: more than the whole budget
     assert refused.status_code == 429 and refused.json()["error"]["type"] == "tokens"
-    assert httpx.get(upstream.url + "/_stats").json()["requests"] == 1
+    assert upstream_requests(upstream) - served == 1
 
 
 def test_settlements_kept_during_an_outage_are_bounded_and_delivered_oldest_first(redis_server):
@@ -232,11 +252,11 @@ def test_settlements_kept_during_an_outage_are_bounded_and_delivered_oldest_firs
     assert sorted(redis_server.client().zrange(key, 0, -1)) == [b"r0", b"r1"]
 
 
-def test_a_count_no_request_can_reach_is_not_charged_and_spend_keeps_being_written(hostile_upstream, gateway):
+def test_a_count_no_request_can_reach_is_not_charged_and_spend_keeps_being_written(misbehaving, gateway):
     """An upstream reports 2^64 - 1 prompt tokens (valid JSON; no context window comes near it). The request is
     charged the prompt the gateway counted, and the spend ledger, whose store holds 64-bit integers, keeps writing
     every tenant's spend instead of failing each flush on that one row."""
-    upstream = hostile_upstream()
+    upstream = misbehaving
     gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1)], "auth": AUTH})
     answer = {
         "id": "cmpl-hostile",
@@ -254,10 +274,10 @@ def test_a_count_no_request_can_reach_is_not_charged_and_spend_keeps_being_writt
     assert "spend ledger" not in gw.output()
 
 
-def test_a_count_that_is_not_a_number_settles_a_fair_queue_like_an_unreported_one(hostile_upstream, gateway):
+def test_a_count_that_is_not_a_number_settles_a_fair_queue_like_an_unreported_one(misbehaving, gateway):
     """A pool with KV-budget admission charges its fair queue the output a request really generated, as the upstream
     reported it; a report of "3" (a string) is no count, so nothing fails to settle."""
-    upstream = hostile_upstream()
+    upstream = misbehaving
     gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1, admission={"enabled": True})], "auth": AUTH})
     answer = {
         "id": "cmpl-hostile",
@@ -288,13 +308,13 @@ answers.AnswerFormat.record = record
 
 
 def test_a_defect_mid_stream_ends_it_in_the_routes_shape_and_the_request_is_still_settled(
-    hostile_upstream, gateway, tmp_path
+    misbehaving, gateway, tmp_path
 ):
     """A defect of the gateway's own while it relays a stream (injected: no known input causes one; this guards the
     net under them): the client hears the stream end with an error event, and the request is still logged, billed
     and its concurrency slot freed, as on every other exit path."""
     (tmp_path / "sitecustomize.py").write_text(FAULT)
-    upstream = hostile_upstream()
+    upstream = misbehaving
     rules = [{"id": "one-at-once", "key": ["tenant"], "concurrency": {"limit": 1}}]
     config = {"pools": [pool("main", upstream.url, max_attempts=1)], "auth": AUTH}
     gw = gateway(
@@ -319,11 +339,11 @@ def test_a_defect_mid_stream_ends_it_in_the_routes_shape_and_the_request_is_stil
     assert [(row["tenant"], row["requests"]) for row in report] == [("t1", 2)], report
 
 
-def test_spend_written_after_its_file_is_moved_away_lands_where_a_restart_reads_it(fake_upstream, gateway, tmp_path):
+def test_spend_written_after_its_file_is_moved_away_lands_where_a_restart_reads_it(upstreams, gateway, tmp_path):
     """The SQLite file is renamed while the gateway serves: the gateway says so and writes from then on to a new file
     at the configured path, the one a restart opens, not to the file it no longer names."""
     path = tmp_path / "spend.db"
-    gw = gateway({"pools": [pool("main", fake_upstream().url)], "auth": AUTH, "store": {"sqlite_path": str(path)}})
+    gw = gateway({"pools": [pool("main", upstreams["good"].url)], "auth": AUTH, "store": {"sqlite_path": str(path)}})
     assert post(gw, "t1").status_code == 200
     assert spend_at(path, "t1") == 1  # flushed to the file the gateway opened
     path.rename(tmp_path / "moved.db")
@@ -350,12 +370,12 @@ def spend_at(path, tenant: str) -> int | None:
     return found
 
 
-def test_a_stream_the_shutdown_cuts_is_still_billed(fake_upstream, gateway, tmp_path):
+def test_a_stream_the_shutdown_cuts_is_still_billed(upstreams, gateway, tmp_path):
     """SIGTERM while a stream runs longer than the graceful-shutdown wait: the server cancels the request. Its
     upstream read the prompt and sent output, so it is billed (written to the spend ledger a restart reads budgets
     back from) and logged, as on every other exit path."""
     path = tmp_path / "spend.db"
-    gw = gateway({"pools": [pool("main", fake_upstream().url)], "auth": AUTH, "store": {"sqlite_path": str(path)}})
+    gw = gateway({"pools": [pool("main", upstreams["good"].url)], "auth": AUTH, "store": {"sqlite_path": str(path)}})
     body = chat_body(stream=True, max_tokens=100, fake={"chunks": 60, "delay": 0.5})
     with httpx.Client(timeout=60) as client:
         with client.stream("POST", gw.url + CHAT, json=body, headers={"authorization": "Bearer sk-acct-t1"}) as r:
@@ -372,11 +392,11 @@ def test_a_stream_the_shutdown_cuts_is_still_billed(fake_upstream, gateway, tmp_
     assert gw.access_log(request_id)["status"] == 200
 
 
-def test_spend_a_frozen_redis_applies_after_its_flush_gave_up_is_counted_once(fake_upstream, gateway, redis_server):
+def test_spend_a_frozen_redis_applies_after_its_flush_gave_up_is_counted_once(upstreams, gateway, redis_server):
     """Redis freezes (SIGSTOP) while the ledger flushes: the flush times out after sending its whole transaction on
     the connection it already had, and Redis runs it once it wakes. The rows the gateway kept for the next flush
     must not be added a second time."""
-    upstream = fake_upstream()
+    upstream = upstreams["good"]
     gw = gateway(
         {
             "pools": [pool("main", upstream.url)],
