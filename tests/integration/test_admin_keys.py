@@ -3,6 +3,9 @@
 A key made through the admin API is used with the official `openai` client on the public port; rotation, revocation
 and updates reach the gateway's key ring by its poll (a fraction of a second), so the checks that follow a change
 poll. Every change writes one audit line, and the audit file never holds a secret or a digest.
+
+The tests share one gateway and its audit file: each makes keys for a tenant of its own and reads its own keys (by
+tenant or id), the audit lines written while it ran, and counts as changes over the test.
 """
 
 from __future__ import annotations
@@ -19,25 +22,27 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import ROOT, Process, pool
+from tests.conftest import ROOT, Launcher, Process, pool
 
 TOKEN = "admin-token-for-tests"
 TOKEN_ENV = "PORTCULLIS_TEST_ADMIN_TOKEN"
 STATIC_KEY = "sk-static-key-for-tests"  # so the gateway is never anonymous, whatever the store holds
 
 
-@pytest.fixture
-def audit_path(tmp_path: Path) -> Path:
-    return tmp_path / "audit.jsonl"
+@pytest.fixture(scope="module")
+def audit_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("audit") / "audit.jsonl"
 
 
-@pytest.fixture
-def gw(fake_upstream, gateway, audit_path) -> Process:
-    return gateway(
+@pytest.fixture(scope="module")
+def gw(module_launcher: Launcher, audit_path: Path) -> Process:
+    """The module's gateway; its key ring looks for changed keys every 0.1 s."""
+    return module_launcher.gateway(
         {
-            "pools": [pool("main", fake_upstream().url)],
+            "pools": [pool("main", module_launcher.fake_upstream().url)],
             "auth": {"keys": [{"tenant": "static", "sha256": hashlib.sha256(STATIC_KEY.encode()).hexdigest()}]},
             "admin": {"token_env": TOKEN_ENV, "audit_log": str(audit_path)},
+            "store": {"poll_interval": 0.1},
         },
         env={TOKEN_ENV: TOKEN},
     )
@@ -67,8 +72,8 @@ def eventually(check: Callable[[], bool], timeout: float = 3.0) -> None:
         time.sleep(0.05)
 
 
-def create(client: httpx.Client, **settings) -> dict:
-    response = client.post("/admin/keys", json={"tenant": "acme", **settings})
+def create(client: httpx.Client, tenant: str, **settings) -> dict:
+    response = client.post("/admin/keys", json={"tenant": tenant, **settings})
     assert response.status_code == 201, response.text
     return response.json()
 
@@ -77,31 +82,37 @@ def audit_lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def listed(client: httpx.Client, **params) -> list[dict]:
+    return client.get("/admin/keys", params=params).json()["data"]
+
+
 def test_the_admin_token_is_required(gw):
+    before = listed(admin(gw))
     assert httpx.get(gw.admin_url + "/admin/keys").status_code == 401
     refused = httpx.post(gw.admin_url + "/admin/keys", json={"tenant": "acme"})
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_admin_token"
     wrong = {"authorization": "Bearer not-the-token"}
     assert httpx.get(gw.admin_url + "/admin/spend", headers=wrong).status_code == 401
-    assert admin(gw).get("/admin/keys").json()["data"] == []  # nothing was created
+    assert listed(admin(gw)) == before  # nothing was created
 
 
 def test_a_created_key_works_with_the_openai_client_and_is_listed_without_secrets(gw):
     with admin(gw) as client:
-        key = create(client, label="ci", metadata={"owner": "alice"})
+        key = create(client, "created", label="ci", metadata={"owner": "alice"})
         secret = key.pop("secret")
-        assert secret.startswith(f"pcl-{key['id']}-") and key["tenant"] == "acme" and key["revoked_at"] is None
+        assert secret.startswith(f"pcl-{key['id']}-") and key["tenant"] == "created" and key["revoked_at"] is None
         eventually(lambda: chat(gw, secret) == "ok")
         assert chat(gw, secret + "x") == "invalid_api_key"
-        listed = client.get("/admin/keys").json()["data"]
-        assert listed == [key] and client.get(f"/admin/keys/{key['id']}").json() == key
-        assert client.get("/admin/keys", params={"tenant": "other"}).json()["data"] == []
-        assert "digest" not in json.dumps(listed) and secret not in json.dumps(listed)
+        every = listed(client)
+        assert key in every and listed(client, tenant="created") == [key]
+        assert client.get(f"/admin/keys/{key['id']}").json() == key
+        assert listed(client, tenant="other") == []
+        assert "digest" not in json.dumps(every) and secret not in json.dumps(every)
 
 
 def test_rotation_keeps_the_old_secret_for_its_grace_and_zero_grace_ends_it(gw):
     with admin(gw) as client:
-        key = create(client)
+        key = create(client, "rotated")
         first = key["secret"]
         eventually(lambda: chat(gw, first) == "ok")
         rotated = client.post(f"/admin/keys/{key['id']}/rotate", json={"grace": 3600})
@@ -119,7 +130,7 @@ def test_rotation_keeps_the_old_secret_for_its_grace_and_zero_grace_ends_it(gw):
 
 def test_a_revoked_key_is_refused_stays_listed_and_revoking_again_changes_nothing(gw, audit_path):
     with admin(gw) as client:
-        key = create(client)
+        key = create(client, "revoked")
         eventually(lambda: chat(gw, key["secret"]) == "ok")
         revoked = client.post(f"/admin/keys/{key['id']}/revoke")
         assert revoked.status_code == 200 and revoked.json()["revoked_at"] is not None
@@ -129,19 +140,19 @@ def test_a_revoked_key_is_refused_stays_listed_and_revoking_again_changes_nothin
         again = client.post(f"/admin/keys/{key['id']}/revoke")
         assert again.status_code == 200 and again.json()["revoked_at"] == revoked.json()["revoked_at"]
         assert len(audit_lines(audit_path)) == lines
-        assert [k["id"] for k in client.get("/admin/keys").json()["data"]] == [key["id"]]
+        assert [k["id"] for k in listed(client, tenant="revoked")] == [key["id"]]
         rotate = client.post(f"/admin/keys/{key['id']}/rotate", json={})
         assert rotate.status_code == 409 and rotate.json()["error"]["code"] == "key_revoked"
 
 
 def test_an_update_replaces_the_fields_given(gw):
     with admin(gw) as client:
-        key = create(client, label="keep me")
+        key = create(client, "updated", label="keep me")
         eventually(lambda: chat(gw, key["secret"]) == "ok")
-        updated = client.patch(f"/admin/keys/{key['id']}", json={"models": ["other-*"], "tenant": "beta"})
+        updated = client.patch(f"/admin/keys/{key['id']}", json={"models": ["other-*"], "tenant": "updated-beta"})
         assert updated.status_code == 200
         view = updated.json()
-        assert (view["models"], view["tenant"], view["label"]) == (["other-*"], "beta", "keep me")
+        assert (view["models"], view["tenant"], view["label"]) == (["other-*"], "updated-beta", "keep me")
         eventually(lambda: chat(gw, key["secret"]) == "model_not_allowed")
         client.patch(f"/admin/keys/{key['id']}", json={"models": []})
         eventually(lambda: chat(gw, key["secret"]) == "ok")
@@ -149,8 +160,8 @@ def test_an_update_replaces_the_fields_given(gw):
 
 def test_bad_requests_are_4xx_in_the_openai_shape_and_not_audited(gw, audit_path):
     with admin(gw) as client:
-        key = create(client)
-        lines = len(audit_lines(audit_path))
+        key = create(client, "refused")
+        lines, keys = len(audit_lines(audit_path)), len(listed(client))
         for path in ("/admin/keys/abcdef123456", "/admin/keys/NOT-AN-ID", "/admin/keys/" + "a" * 5000):
             missing = client.get(path)
             assert missing.status_code == 404 and missing.json()["error"]["code"] == "key_not_found", path
@@ -167,7 +178,7 @@ def test_bad_requests_are_4xx_in_the_openai_shape_and_not_audited(gw, audit_path
         assert huge.status_code == 413 and huge.json()["error"]["code"] == "request_too_large"
         assert client.get("/admin/spend", params={"start": "soon"}).json()["error"]["param"] == "start"
         assert len(audit_lines(audit_path)) == lines
-        assert len(client.get("/admin/keys").json()["data"]) == 1
+        assert len(listed(client)) == keys
 
 
 def test_a_spend_window_whose_offset_leaves_the_calendar_is_a_400(gw):
@@ -181,17 +192,18 @@ def test_a_spend_window_whose_offset_leaves_the_calendar_is_a_400(gw):
 
 
 def test_each_change_is_audited_with_before_and_after_and_no_secret(gw, audit_path):
+    earlier = len(audit_lines(audit_path))
     with admin(gw) as client:
-        created = client.post("/admin/keys", json={"tenant": "acme"})
+        created = client.post("/admin/keys", json={"tenant": "audited"})
         key = created.json()
         client.patch(f"/admin/keys/{key['id']}", json={"label": "renamed"})
         rotated = client.post(f"/admin/keys/{key['id']}/rotate", json={"grace": 60}).json()
         client.post(f"/admin/keys/{key['id']}/revoke")
-    lines = audit_lines(audit_path)
+    lines = audit_lines(audit_path)[earlier:]  # what this test's changes wrote
     assert [line["action"] for line in lines] == ["create", "update", "rotate", "revoke"]
     assert lines[0]["request_id"] == created.headers["x-request-id"]
     for line in lines:
-        assert line["key_id"] == key["id"] and line["tenant"] == "acme" and line["ts"].endswith("Z")
+        assert line["key_id"] == key["id"] and line["tenant"] == "audited" and line["ts"].endswith("Z")
         assert line["actor"] == {"auth": "admin-token", "address": "127.0.0.1", "name": "ops-alice"}
     assert lines[0]["before"] is None and lines[0]["after"]["label"] == ""
     assert (lines[1]["before"]["label"], lines[1]["after"]["label"]) == ("", "renamed")
@@ -203,7 +215,7 @@ def test_each_change_is_audited_with_before_and_after_and_no_secret(gw, audit_pa
 
 def test_spend_is_reported_per_key_as_json_and_csv(gw):
     with admin(gw) as client:
-        key = create(client)
+        key = create(client, "spender")
         eventually(lambda: chat(gw, key["secret"]) == "ok")
         assert chat(gw, key["secret"]) == "ok"
         report = client.get("/admin/spend", params={"group_by": "key,model,day", "key": key["id"]}).json()
@@ -237,10 +249,10 @@ def test_the_keys_cli_creates_lists_rotates_revokes_and_reports(gw, audit_path):
     assert "shown this once" in made.stderr
     eventually(lambda: chat(gw, secret) == "ok")
 
-    listed = cli(gw, "list", "--json")
-    (key,) = json.loads(listed.stdout)
+    (key,) = json.loads(cli(gw, "list", "--json", "--tenant", "cli-team").stdout)
     assert (key["id"], key["models"], key["metadata"]) == (key_id, ["test-*"], {"team": "ml"})
-    table = cli(gw, "list").stdout.splitlines()
+    assert key_id in [k["id"] for k in json.loads(cli(gw, "list", "--json").stdout)]
+    table = cli(gw, "list", "--tenant", "cli-team").stdout.splitlines()
     assert table[0].split()[:3] == ["id", "tenant", "label"] and table[1].startswith(key_id)
 
     assert cli(gw, "update", key_id, "--budget", "50", "--period", "day").returncode == 0
