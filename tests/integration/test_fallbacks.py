@@ -1,39 +1,69 @@
 """Fallbacks across pools, end to end: the real gateway in front of real upstream processes (tests/fake_upstream.py)
-that fail the ways upstreams fail: 429, 503, too slow, down, too long a prompt, a stream broken after its start."""
+that fail the ways upstreams fail: 429, 503, too slow, down, too long a prompt, a stream broken after its start.
+
+Each upstream is started once for the module and shared by the tests that ask for it, which count what it saw as a
+change over the test. A pool that failed cools down for its model (30 s by default) in the gateway that saw it fail,
+so every test whose primary fails has a gateway of its own; the tests whose primary serves share one.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from tests.conftest import ROOT, Process, chat_body, free_port, pool, spawn
+from tests.conftest import ROOT, Launcher, Process, chat_body, free_port, pool
 from tests.integration.test_tracing import http_receiver  # noqa: F401  (a fixture: the in-test OTLP receiver)
 
 PRIMARY, BACKUP = "big-model", "backup-model"
 
 
-@pytest.fixture
-def upstream(processes: list[Process], tmp_path: Path):
-    """Start a fake upstream broken as asked: upstream(name, "--fail-status", "429")."""
+@pytest.fixture(scope="module")
+def upstream(module_launcher: Launcher):
+    """A fake upstream broken as asked: upstream(name, "--fail-status", "429"); started the first time a test of the
+    module asks for that name and those flags, the same process after."""
+    started: dict[tuple[str, ...], Process] = {}
 
     def start(name: str, *flags: str) -> Process:
-        port = free_port()
-        cmd = [sys.executable, str(ROOT / "tests" / "fake_upstream.py"), "--port", str(port), "--name", name, *flags]
-        process = spawn(cmd, port, tmp_path / f"upstream-{name}-{port}.log", ready_path="/_stats")
-        processes.append(process)
-        return process
+        if (name, *flags) not in started:
+            started[(name, *flags)] = module_launcher.spawn(
+                lambda port: [
+                    sys.executable,
+                    str(ROOT / "tests" / "fake_upstream.py"),
+                    *("--port", str(port), "--name", name, *flags),
+                ],
+                f"upstream-{name}",
+                ready_path="/_stats",
+            )
+        return started[(name, *flags)]
 
     return start
 
 
 def requests_seen(process: Process) -> int:
     return httpx.get(process.url + "/_stats").json()["requests"]
+
+
+class Seen:
+    """Requests each of these upstreams has seen since this was made: what this test sent them."""
+
+    def __init__(self, *upstreams: Process) -> None:
+        self.before = {p.url: requests_seen(p) for p in upstreams}
+
+    def __call__(self, *upstreams: Process) -> tuple[int, ...] | int:
+        seen = tuple(requests_seen(p) - self.before[p.url] for p in upstreams)
+        return seen[0] if len(seen) == 1 else seen
+
+
+@pytest.fixture(scope="module")
+def serving(module_launcher: Launcher, upstream) -> tuple[Process, Process, Process]:
+    """A gateway whose primary serves (no fallback is taken, nothing cools): (gateway, primary, backup)."""
+    primary, backup = upstream("primary"), upstream("backup")
+    return module_launcher.gateway(config([primary.url], backup.url)), primary, backup
 
 
 def config(primary_urls: list[str], backup_url: str, **fallback) -> dict:
@@ -62,6 +92,7 @@ def metric(gw: Process, trigger: str) -> float:
 
 def test_a_429_from_the_primary_is_served_by_the_fallback_model_through_the_openai_client(upstream, gateway):
     primary, backup = upstream("primary", "--fail-status", "429"), upstream("backup")
+    seen = Seen(primary, backup)
     gw = gateway(config([primary.url], backup.url))
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
     raw = client.chat.completions.with_raw_response.create(
@@ -71,7 +102,7 @@ def test_a_429_from_the_primary_is_served_by_the_fallback_model_through_the_open
     assert raw.headers["x-portcullis-model"] == BACKUP
     assert completion.model == BACKUP  # the backup was sent the backup model's name, not the one asked for
     assert completion.choices[0].message.content == "w0 w1 w2 "
-    assert (requests_seen(primary), requests_seen(backup)) == (1, 1)
+    assert seen(primary, backup) == (1, 1)
     assert metric(gw, "429") == 1
     logged = gw.access_log(raw.headers["x-request-id"])
     assert (logged["model"], logged["fallback_from"], logged["pool"]) == (BACKUP, PRIMARY, "backup")
@@ -99,24 +130,25 @@ def test_each_attempt_is_one_span_and_the_fallback_says_its_step_model_and_pool(
     assert fallback["gen_ai.request.model"] == BACKUP
 
 
-def test_an_answer_without_fallback_names_its_own_model(upstream, gateway):
-    primary, backup = upstream("primary"), upstream("backup")
-    gw = gateway(config([primary.url], backup.url))
+def test_an_answer_without_fallback_names_its_own_model(serving):
+    gw, primary, backup = serving
+    seen = Seen(primary, backup)
     response = chat(gw)
     assert response.status_code == 200
     assert response.headers["x-portcullis-model"] == PRIMARY
-    assert requests_seen(backup) == 0
+    assert seen(primary, backup) == (1, 0)
     assert gw.access_log(response.headers["x-request-id"])["fallback_from"] is None
 
 
 def test_a_503_on_every_primary_replica_falls_back_once_the_retries_are_spent(upstream, gateway):
     first, second = upstream("p1", "--fail-status", "503"), upstream("p2", "--fail-status", "503")
     backup = upstream("backup")
+    seen = Seen(first, second, backup)
     gw = gateway(config([first.url, second.url], backup.url))
     response = chat(gw)
     assert response.status_code == 200, response.text
     assert response.headers["x-portcullis-model"] == BACKUP
-    assert (requests_seen(first), requests_seen(second), requests_seen(backup)) == (1, 1, 1)
+    assert seen(first, second, backup) == (1, 1, 1)
     assert metric(gw, "5xx") == 1
 
 
@@ -142,16 +174,17 @@ def test_a_primary_nothing_listens_for_falls_back(upstream, gateway):
 
 def test_a_trigger_the_model_does_not_list_is_answered_as_it_failed(upstream, gateway):
     primary, backup = upstream("primary", "--fail-status", "429"), upstream("backup")
+    seen = Seen(backup)
     gw = gateway(config([primary.url], backup.url, on=["5xx"]))
     response = chat(gw)
     assert response.status_code == 429
     assert response.json()["error"]["message"] == "primary forced failure"
-    assert requests_seen(backup) == 0
+    assert seen(backup) == 0
 
 
-def test_a_stream_broken_after_its_first_byte_ends_with_its_error_event_and_no_fallback(upstream, gateway):
-    primary, backup = upstream("primary"), upstream("backup")
-    gw = gateway(config([primary.url], backup.url))
+def test_a_stream_broken_after_its_first_byte_ends_with_its_error_event_and_no_fallback(serving):
+    gw, primary, backup = serving
+    seen = Seen(backup)
     body = chat_body(model=PRIMARY, stream=True, fake={"chunks": 5, "abort_after": 2})
     with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=20) as response:
         assert response.status_code == 200
@@ -159,7 +192,7 @@ def test_a_stream_broken_after_its_first_byte_ends_with_its_error_event_and_no_f
         events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
     assert [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:2]] == ["w0 ", "w1 "]
     assert "error" in json.loads(events[-2]) and events[-1] == "[DONE]"
-    assert requests_seen(backup) == 0
+    assert seen(backup) == 0
 
 
 def test_a_stream_whose_primary_fails_before_its_start_is_served_by_the_fallback_without_a_usage_chunk(
@@ -182,16 +215,17 @@ def test_a_stream_whose_primary_fails_before_its_start_is_served_by_the_fallback
 
 def test_a_failed_pool_cools_down_for_the_model_then_is_tried_again(upstream, gateway):
     primary, backup = upstream("primary", "--fail-status", "503"), upstream("backup")
-    gw = gateway(config([primary.url], backup.url, cooldown=2.0))
+    seen = Seen(primary, backup)
+    gw = gateway(config([primary.url], backup.url, cooldown=1.0))
     assert chat(gw).headers["x-portcullis-model"] == BACKUP
-    assert requests_seen(primary) == 1
+    assert seen(primary) == 1
     cooled = chat(gw)  # straight to the fallback: the primary is not asked while it cools
     assert cooled.headers["x-portcullis-model"] == BACKUP
-    assert (requests_seen(primary), requests_seen(backup)) == (1, 2)
+    assert seen(primary, backup) == (1, 2)
     assert metric(gw, "cooldown") == 1
-    time.sleep(2.2)
+    time.sleep(1.2)
     assert chat(gw).headers["x-portcullis-model"] == BACKUP
-    assert requests_seen(primary) == 2  # cooled off: tried again first
+    assert seen(primary) == 2  # cooled off: tried again first
 
 
 def test_a_pool_target_keeps_the_model(upstream, gateway):
@@ -213,27 +247,30 @@ def test_a_pool_target_keeps_the_model(upstream, gateway):
 def test_an_upstream_context_length_error_goes_to_the_larger_model(upstream, gateway):
     primary = upstream("primary", "--fail-status", "400", "--fail-code", "context_length_exceeded")
     backup = upstream("backup")
+    seen = Seen(primary)
     gw = gateway(config([primary.url], backup.url))
     response = chat(gw)
     assert response.status_code == 200, response.text
     assert response.headers["x-portcullis-model"] == BACKUP
     assert metric(gw, "context_length_exceeded") == 1
     # nothing cools: it was the request's length, not the pool
-    assert chat(gw).status_code == 200 and requests_seen(primary) == 2
+    assert chat(gw).status_code == 200 and seen(primary) == 2
 
 
 def test_another_upstream_400_is_the_clients_and_falls_back_nowhere(upstream, gateway):
     primary = upstream("primary", "--fail-status", "400", "--fail-code", "invalid_value")
     backup = upstream("backup")
+    seen = Seen(backup)
     gw = gateway(config([primary.url], backup.url))
     response = chat(gw)
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_value"
-    assert requests_seen(backup) == 0
+    assert seen(backup) == 0
 
 
 def test_a_prompt_too_long_for_the_models_window_goes_straight_to_a_model_whose_window_fits(upstream, gateway):
     small, large = upstream("small"), upstream("large")
+    seen = Seen(small, large)
     gw = gateway(
         {
             "pools": [
@@ -252,7 +289,7 @@ def test_a_prompt_too_long_for_the_models_window_goes_straight_to_a_model_whose_
     )
     assert response.status_code == 200, response.text
     assert response.headers["x-portcullis-model"] == "large-model"
-    assert requests_seen(small) == 0  # the gateway knew: the small model was never asked
+    assert seen(small) == 0  # the gateway knew: the small model was never asked
     assert httpx.get(large.url + "/_stats").json()["last_body"]["model"] == "large-model"
     # a prompt too long for every window is still refused, as the requested model's
     refused = httpx.post(
@@ -262,4 +299,4 @@ def test_a_prompt_too_long_for_the_models_window_goes_straight_to_a_model_whose_
     )
     assert refused.status_code == 400
     assert refused.json()["error"]["code"] == "context_length_exceeded"
-    assert requests_seen(large) == 1
+    assert seen(large) == 1
