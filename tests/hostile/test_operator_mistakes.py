@@ -1,5 +1,8 @@
 """Operator mistakes caught before they cost traffic: a WAF rule that matches every request, YAML 1.1 booleans in
-policy files, client-chosen model names as metric labels, and `portcullis up` leaving its engines behind."""
+policy files, client-chosen model names as metric labels, and `portcullis up` leaving its engines behind.
+
+Every gateway here is configured its own way, is refused at start, or reloads its policy, so each test starts its
+own; they share the module's fake upstream, which none counts."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import ROOT, chat_body, free_port, pool
+from tests.conftest import ROOT, Launcher, Process, chat_body, free_port, pool
 
 CHAT = "/v1/chat/completions"
 BASE = {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "ops"}}
@@ -44,6 +47,11 @@ def ask(gw, prompt: str) -> httpx.Response:
     )
 
 
+@pytest.fixture(scope="module")
+def upstream(module_launcher: Launcher) -> Process:
+    return module_launcher.fake_upstream()
+
+
 # -- rules that match every request ----------------------------------------------------------------------------
 
 
@@ -70,26 +78,26 @@ def test_policy_check_refuses_a_rule_that_blocks_every_request(tmp_path):
     assert "blocks every request" in result.stderr and "'oops'" in result.stderr
 
 
-def test_a_gateway_refuses_to_start_with_a_blanket_block(fake_upstream, gateway, tmp_path):
+def test_a_gateway_refuses_to_start_with_a_blanket_block(upstream, gateway, tmp_path):
     directory = write_policy(
         tmp_path / "policies", {"rules": [{"id": "oops", "action": "block", "when": {"target": "path", "regex": "a*"}}]}
     )
     with pytest.raises(RuntimeError, match="blocks every request"):
-        gateway({"pools": [pool("main", fake_upstream().url)], "policy_dir": str(directory)})
+        gateway({"pools": [pool("main", upstream.url)], "policy_dir": str(directory)})
 
 
 @pytest.mark.parametrize("where", ["missing/portcullis.db", "."])
-def test_a_store_file_that_cannot_be_opened_is_a_clear_start_error(fake_upstream, gateway, tmp_path, where):
+def test_a_store_file_that_cannot_be_opened_is_a_clear_start_error(upstream, gateway, tmp_path, where):
     path = tmp_path / where  # in a directory that does not exist; a directory itself
     with pytest.raises(RuntimeError) as failed:
-        gateway({"pools": [pool("main", fake_upstream().url)], "store": {"sqlite_path": str(path)}})
+        gateway({"pools": [pool("main", upstream.url)], "store": {"sqlite_path": str(path)}})
     assert f"portcullis: store.sqlite_path: cannot open {path}" in str(failed.value)
     assert "Traceback" not in str(failed.value)
 
 
-def test_a_reload_to_a_blanket_block_keeps_the_last_good_policy(fake_upstream, gateway, tmp_path):
+def test_a_reload_to_a_blanket_block_keeps_the_last_good_policy(upstream, gateway, tmp_path):
     directory = write_policy(tmp_path / "policies", {"rules": [FORBIDDEN]})
-    gw = gateway({"pools": [pool("main", fake_upstream().url)], "policy_dir": str(directory)})
+    gw = gateway({"pools": [pool("main", upstream.url)], "policy_dir": str(directory)})
     assert ask(gw, "hello").status_code == 200
     assert ask(gw, "say forbidden-word").status_code == 403
 
@@ -108,11 +116,11 @@ def test_a_reload_to_a_blanket_block_keeps_the_last_good_policy(fake_upstream, g
     assert "blocks every request" in status["last_error"]
 
 
-def test_a_policy_directory_replaced_while_serving_is_still_watched(fake_upstream, gateway, tmp_path):
+def test_a_policy_directory_replaced_while_serving_is_still_watched(upstream, gateway, tmp_path):
     """A deploy that renames a new directory over the old one, or removes it and writes it again: the watch follows
     the old directory's inode, so without watching the new one anew, later edits would never load."""
     directory = write_policy(tmp_path / "policies", {"rules": [FORBIDDEN]})
-    gw = gateway({"pools": [pool("main", fake_upstream().url)], "policy_dir": str(directory)})
+    gw = gateway({"pools": [pool("main", upstream.url)], "policy_dir": str(directory)})
 
     def until_blocked(word: str) -> None:
         deadline = time.monotonic() + 20
@@ -142,7 +150,7 @@ def test_a_policy_directory_replaced_while_serving_is_still_watched(fake_upstrea
 # -- YAML 1.1 booleans -------------------------------------------------------------------------------------------
 
 
-def test_unquoted_off_and_no_load_as_off(fake_upstream, gateway, tmp_path):
+def test_unquoted_off_and_no_load_as_off(upstream, gateway, tmp_path):
     directory = tmp_path / "policies"
     directory.mkdir()
     # written by hand: yaml.safe_dump would quote them
@@ -157,17 +165,17 @@ spec:
   guard:
     pii: {pii: off, secrets: no}
 """)
-    gw = gateway({"pools": [pool("main", fake_upstream().url)], "policy_dir": str(directory)})
+    gw = gateway({"pools": [pool("main", upstream.url)], "policy_dir": str(directory)})
     assert ask(gw, "say forbidden-word").status_code == 200  # mode off: the rule does not run
 
 
 # -- metric labels -----------------------------------------------------------------------------------------------
 
 
-def test_made_up_model_names_do_not_grow_metrics(fake_upstream, gateway):
+def test_made_up_model_names_do_not_grow_metrics(upstream, gateway):
     gw = gateway(
         {
-            "pools": [pool("any", fake_upstream().url)],  # a catch-all pool: every name is served
+            "pools": [pool("any", upstream.url)],  # a catch-all pool: every name is served
             "models": [{"name": "known-model"}],
         }
     )
@@ -190,7 +198,7 @@ def test_made_up_model_names_do_not_grow_metrics(fake_upstream, gateway):
     send(["known-model", "made-up-warmup"])
     before = httpx.get(metrics_url).text
     assert 'model="known-model"' in before  # configured models keep their own label
-    send([f"made-up-{i}" for i in range(3000)])
+    send([f"made-up-{i}" for i in range(500)])  # labelled, each would add hundreds of bytes
     after = httpx.get(metrics_url).text
     assert "made-up-" not in after
     assert len(after) - len(before) < 4096, f"/metrics grew from {len(before)} to {len(after)} bytes"
