@@ -1,4 +1,6 @@
-"""The admin plane answers only on its own listener: the public port says nothing about internals."""
+"""The admin plane answers only on its own listener: the public port says nothing about internals.
+
+The tests that only read share one gateway; those that configure an admin token or stop Redis start their own."""
 
 from __future__ import annotations
 
@@ -8,16 +10,21 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import chat_body, pool
+from tests.conftest import Launcher, Process, chat_body, pool
 
 INTERNAL = ("/metrics", "/admin/policy")
 
 
-@pytest.fixture
-def gw(fake_upstream, gateway):
-    return gateway(
+@pytest.fixture(scope="module")
+def upstream(module_launcher: Launcher) -> Process:
+    return module_launcher.fake_upstream()
+
+
+@pytest.fixture(scope="module")
+def gw(module_launcher: Launcher, upstream: Process) -> Process:
+    return module_launcher.gateway(
         {
-            "pools": [pool("main", fake_upstream().url), pool("gone", "http://127.0.0.1:9", models=["x"])],
+            "pools": [pool("main", upstream.url), pool("gone", "http://127.0.0.1:9", models=["x"])],
             "auth": {"keys": [{"tenant": "team-secret", "sha256": "a" * 64}]},
         }
     )
@@ -46,9 +53,9 @@ def test_the_admin_listener_does_not_proxy(gw):
     assert response.status_code == 404
 
 
-def test_an_admin_token_is_required_when_configured(fake_upstream, gateway):
+def test_an_admin_token_is_required_when_configured(upstream, gateway):
     gw = gateway(
-        {"pools": [pool("main", fake_upstream().url)], "admin": {"token_env": "ADMIN_TOKEN"}},
+        {"pools": [pool("main", upstream.url)], "admin": {"token_env": "ADMIN_TOKEN"}},
         env={"ADMIN_TOKEN": "s3cret-admin"},
     )
     refused = httpx.get(gw.admin_url + "/metrics")
@@ -57,12 +64,12 @@ def test_an_admin_token_is_required_when_configured(fake_upstream, gateway):
     assert httpx.get(gw.admin_url + "/metrics", headers={"authorization": "Bearer s3cret-admin"}).status_code == 200
 
 
-def test_a_store_that_is_down_is_a_503_on_the_key_and_spend_routes(fake_upstream, gateway, redis_server):
+def test_a_store_that_is_down_is_a_503_on_the_key_and_spend_routes(upstream, gateway, redis_server):
     """Keys and spend in Redis, and Redis gone: the operator is told the store is unavailable, not that the gateway
     failed; once it is back the same calls work."""
     gw = gateway(
         {
-            "pools": [pool("main", fake_upstream().url)],
+            "pools": [pool("main", upstream.url)],
             "redis": {"url": redis_server.url},
             "store": {"backend": "redis"},
         }
@@ -81,13 +88,13 @@ def test_a_store_that_is_down_is_a_503_on_the_key_and_spend_routes(fake_upstream
     assert httpx.get(gw.admin_url + "/admin/spend", timeout=10).status_code == 200
 
 
-def test_a_frozen_redis_costs_the_admin_plane_and_shutdown_only_redis_timeout(fake_upstream, gateway, redis_server):
+def test_a_frozen_redis_costs_the_admin_plane_and_shutdown_only_redis_timeout(upstream, gateway, redis_server):
     """Keys and spend in Redis, and Redis stopped (it accepts connections, answers nothing): each call gives up after
     `redis.timeout`, so the operator gets a 503 at once, and a stopping gateway whose spend cannot be written does
     not wait on Redis."""
     gw = gateway(
         {
-            "pools": [pool("main", fake_upstream().url)],
+            "pools": [pool("main", upstream.url)],
             "redis": {"url": redis_server.url, "timeout": 0.25},
             "store": {"backend": "redis", "flush_interval": 60},
             "models": [],  # no tokenizer to load: a stop waits for no warm-up, only for what it must write
