@@ -1,20 +1,22 @@
 """Bad input never costs a 500: each malformed body, wrong type, odd path or vanished client gets the gateway's own
 OpenAI-shaped 4xx (or, for a client that left, nothing at all), and the gateway log holds no traceback.
 
-The gateway runs the WAF (every pack) and an exact tokenizer, so the payload reaches the stages that walk it."""
+The gateway runs the WAF (every pack) and an exact tokenizer, so the payload reaches the stages that walk it. The
+module's tests share it and its upstream: each counts the upstream's requests as a change over the test, and reads
+the access log from where it stood when the test began."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
-from tests.conftest import chat_body, pool
+from tests.conftest import Launcher, chat_body, pool
+from tests.hostile.conftest import log_mark
 from tests.hostile.raw_http import connect, send_ignoring_reset
 
 KEY = "sk-hostile-input"
@@ -137,9 +139,9 @@ CASES = [
 ]
 
 
-@pytest.fixture
-def gw(fake_upstream, gateway, tmp_path: Path):
-    policies = tmp_path / "policies"
+@pytest.fixture(scope="module")
+def gw(module_launcher: Launcher, tmp_path_factory: pytest.TempPathFactory):
+    policies = tmp_path_factory.mktemp("waf") / "policies"
     policies.mkdir()
     (policies / "base.yaml").write_text(
         yaml.safe_dump(
@@ -151,8 +153,8 @@ def gw(fake_upstream, gateway, tmp_path: Path):
             }
         )
     )
-    upstream = fake_upstream()
-    process = gateway(
+    upstream = module_launcher.fake_upstream()
+    process = module_launcher.gateway(
         {
             "pools": [pool("main", upstream.url)],
             "policy_dir": str(policies),
@@ -163,18 +165,24 @@ def gw(fake_upstream, gateway, tmp_path: Path):
     return process, upstream
 
 
-def access_log(process, wait: float = 10.0) -> list[dict]:
-    """The gateway's JSON access-log entries, once there is one (a line is written after the request ended)."""
+def access_log(process, since: int, wait: float = 10.0) -> list[dict]:
+    """The gateway's JSON access-log entries after `since` in its log, once there is one (a line is written after
+    the request ended)."""
     deadline = time.monotonic() + wait
     while True:
-        entries = [json.loads(line) for line in process.output().splitlines() if '"request_id"' in line]
+        entries = [json.loads(line) for line in process.output()[since:].splitlines() if '"request_id"' in line]
         if entries or time.monotonic() > deadline:
             return entries
         time.sleep(0.1)
 
 
+def requests_seen(upstream) -> int:
+    return httpx.get(upstream.url + "/_stats").json()["requests"]
+
+
 def test_every_bad_body_gets_an_openai_shaped_4xx_and_no_traceback(gw):
     process, upstream = gw
+    before = requests_seen(upstream)
     wrong = []
     for what, path, content, status, param in CASES:
         # a Host of the client's choosing must never come back as a redirect target
@@ -194,12 +202,13 @@ def test_every_bad_body_gets_an_openai_shaped_4xx_and_no_traceback(gw):
         ):
             wrong.append(f"{what}: {response.status_code} {response.text[:200]!r}")
     assert not wrong, "\n".join(wrong)
-    assert httpx.get(upstream.url + "/_stats").json()["requests"] == 0
+    assert requests_seen(upstream) == before
     assert "Traceback" not in process.output()
 
 
 def test_a_client_that_leaves_mid_body_is_a_logged_disconnect_not_an_error(gw):
     process, _ = gw
+    mark = log_mark(process)  # the earlier tests' lines are all written
     sock = connect(process.url)
     send_ignoring_reset(
         sock,
@@ -212,10 +221,10 @@ def test_a_client_that_leaves_mid_body_is_a_logged_disconnect_not_an_error(gw):
     )
     time.sleep(0.3)  # the gateway is reading the body now
     sock.close()
-    entries = access_log(process)
+    entries = access_log(process, since=mark)
     log = process.output()
     assert "Traceback" not in log and "unhandled error" not in log
-    assert "disconnected" in log
+    assert "disconnected" in log[mark:]
     assert [e["status"] for e in entries] == [499]
     assert httpx.get(process.url + "/healthz", timeout=5).status_code == 200
 
@@ -224,12 +233,13 @@ def test_a_non_text_part_with_a_non_string_text_field_is_counted_without_it(gw):
     """Parts other than text parts are the upstream's to judge, stray fields included: the exact (tiktoken) count
     reads the string texts every other stage reads, and never feeds the tokenizer a number or a null."""
     process, upstream = gw
+    before = requests_seen(upstream)
     image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
     for stray in (5, None, ["a"]):
         content = [{"type": "text", "text": "What is this?"}, {**image, "text": stray}]
         response = httpx.post(process.url + CHAT, content=message(content=content), headers=HEADERS, timeout=30)
         assert response.status_code == 200, (stray, response.text)
-    assert httpx.get(upstream.url + "/_stats").json()["requests"] == 3
+    assert requests_seen(upstream) - before == 3
     assert "Traceback" not in process.output()
 
 
@@ -237,10 +247,11 @@ def test_an_unserved_route_under_messages_answers_in_anthropics_shape(gw):
     """Message Batches and other Anthropic routes the gateway does not serve: an Anthropic client hears a 404 in its
     own API's shape, naming the routes served."""
     process, upstream = gw
+    before = requests_seen(upstream)
     for method, path in (("POST", "/v1/messages/batches"), ("GET", "/v1/messages/batches/msgbatch_1/results")):
         response = httpx.request(method, process.url + path, headers=HEADERS, content=b"{}", timeout=30)
         assert response.status_code == 404, response.text
         body = response.json()
         assert body["type"] == "error" and body["error"]["type"] == "not_found_error", body
         assert "/v1/messages" in body["error"]["message"]
-    assert httpx.get(upstream.url + "/_stats").json()["requests"] == 0
+    assert requests_seen(upstream) == before
