@@ -1,5 +1,7 @@
 """Bounded input: the JSON limits of `limits:` in portcullis.yaml, each hit through a real gateway with its own named
-4xx and the JSON path in `param`, and big bodies kept off the event loop so a burst of them cannot stall it."""
+4xx and the JSON path in `param`, and big bodies kept off the event loop so a burst of them cannot stall it.
+
+Each test configures its gateway its own way; they share the module's fake upstream, counted as a change."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import chat_body, pool
+from tests.conftest import Launcher, Process, chat_body, pool
 
 KEY = "sk-hostile-bounds"
 AUTH = {"keys": [{"tenant": "t", "sha256": hashlib.sha256(KEY.encode()).hexdigest()}]}
@@ -58,9 +60,14 @@ def refused(response: httpx.Response, status: int, code: str, limit: int, param:
     return None
 
 
-def test_default_limits_refuse_what_is_past_them_and_serve_what_is_at_them(fake_upstream, gateway):
-    upstream = fake_upstream()
+@pytest.fixture(scope="module")
+def upstream(module_launcher: Launcher) -> Process:
+    return module_launcher.fake_upstream()
+
+
+def test_default_limits_refuse_what_is_past_them_and_serve_what_is_at_them(upstream, gateway):
     gw = gateway({"pools": [pool("main", upstream.url)], "auth": AUTH})
+    served = httpx.get(upstream.url + "/_stats").json()["requests"]
     past = {
         "2049 messages": (chat_body(messages=messages(2049)), 400, "array_above_max_length", 2048, "messages"),
         "129 tools": (chat_body(tools=tools(129)), 400, "array_above_max_length", 128, "tools"),
@@ -87,7 +94,7 @@ def test_default_limits_refuse_what_is_past_them_and_serve_what_is_at_them(fake_
         if (problem := refused(post(gw, payload), *expected))
     ]
     assert not wrong, "\n".join(wrong)
-    assert httpx.get(upstream.url + "/_stats").json()["requests"] == 0
+    assert httpx.get(upstream.url + "/_stats").json()["requests"] == served
     at = {
         "2048 messages": chat_body(messages=messages(2048)),
         "128 tools": chat_body(tools=tools(128)),
@@ -99,9 +106,9 @@ def test_default_limits_refuse_what_is_past_them_and_serve_what_is_at_them(fake_
     assert served == {what: 200 for what in at}
 
 
-def test_operator_limits_apply_and_are_named(fake_upstream, gateway):
+def test_operator_limits_apply_and_are_named(upstream, gateway):
     limits = {"max_json_depth": 8, "max_json_values": 200, "max_string_chars": 64, "max_messages": 4, "max_tools": 2}
-    gw = gateway({"pools": [pool("main", fake_upstream().url)], "auth": AUTH, "limits": limits})
+    gw = gateway({"pools": [pool("main", upstream.url)], "auth": AUTH, "limits": limits})
     past = {
         "messages": (chat_body(messages=messages(5)), 400, "array_above_max_length", 4, "messages"),
         "tools": (chat_body(tools=tools(3)), 400, "array_above_max_length", 2, "tools"),
@@ -148,12 +155,12 @@ def waf_policies(tmp_path: Path) -> str:
     return str(directory)
 
 
-def test_a_burst_of_big_bodies_does_not_stall_the_event_loop(fake_upstream, gateway, waf_policies):
+def test_a_burst_of_big_bodies_does_not_stall_the_event_loop(upstream, gateway, waf_policies):
     """Big bodies, anonymous (refused by a limit, or judged by the WAF before auth) and authenticated (a long
     prompt to tokenize), all at once: /healthz keeps answering while they are worked on."""
     gw = gateway(
         {
-            "pools": [pool("main", fake_upstream().url)],
+            "pools": [pool("main", upstream.url)],
             "auth": AUTH,
             "policy_dir": waf_policies,
             "models": [{"name": "test-model", "tokenizer": "bundled"}],
