@@ -1,6 +1,9 @@
 """Stored keys through real gateway processes: shared by instances on one redis-server, kept across a restart in a
 SQLite file, refused for models they may not call. Keys are made and revoked through one instance's admin API, or
-written with the store's own classes as that API does."""
+written with the store's own classes as that API does.
+
+The two Redis tests share a redis-server and the instance they make and revoke keys through (each test its own
+tenant and keys); the instance that must see the change, or is cut off, is each test's own."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import pytest
 from gateway.keystore.records import KeyRecord, digest_of, new_key_id, new_secret
 from gateway.keystore.sqlite_store import SqliteKeyStore
 from gateway.keystore.store import KeyStoreBackend
-from tests.conftest import Partition, Process, chat_body, pool
+from tests.conftest import Launcher, Partition, Process, RedisServer, chat_body, pool
 
 STATIC_KEY = "sk-static-operator"
 STATIC_KEYS = {"keys": [{"tenant": "operator", "sha256": hashlib.sha256(STATIC_KEY.encode()).hexdigest()}]}
@@ -60,15 +63,31 @@ def openai_client(gw: Process, secret: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=gw.url + "/v1", api_key=secret, max_retries=0, timeout=30)
 
 
-def test_instances_sharing_redis_see_a_key_and_its_revocation_within_a_second(fake_upstream, gateway, redis_server):
-    upstream = fake_upstream()
-    config = {
+@pytest.fixture(scope="module")
+def upstream(module_launcher: Launcher) -> Process:
+    return module_launcher.fake_upstream()
+
+
+def on_redis(upstream: Process, redis_url: str) -> dict:
+    """An instance whose keys are in Redis at `redis_url`, with a static key too."""
+    return {
         "pools": [pool("main", upstream.url)],
         "auth": STATIC_KEYS,
-        "redis": {"url": redis_server.url},
+        "redis": {"url": redis_url},
         "store": {"backend": "redis"},
     }
-    one, two = gateway(config), gateway(config)
+
+
+@pytest.fixture(scope="module")
+def one(module_launcher: Launcher, upstream: Process, module_redis_server: RedisServer) -> Process:
+    """The instance the Redis tests make and revoke keys through."""
+    return module_launcher.gateway(on_redis(upstream, module_redis_server.url))
+
+
+def test_instances_sharing_redis_see_a_key_and_its_revocation_within_a_second(
+    upstream, gateway, module_redis_server, one
+):
+    two = gateway(on_redis(upstream, module_redis_server.url))
     created = httpx.post(one.admin_url + "/admin/keys", json={"tenant": "team-shared"}).json()  # through one
     secret = created["secret"]
     for gw in (one, two):
@@ -90,19 +109,16 @@ def test_instances_sharing_redis_see_a_key_and_its_revocation_within_a_second(fa
 
 
 def test_an_instance_cut_off_from_redis_refuses_stored_keys_past_max_key_staleness(
-    fake_upstream, gateway, redis_server
+    upstream, gateway, module_redis_server, one
 ):
     """A key revoked through one instance while the other cannot reach Redis: the other serves it from its copy for
     `store.max_key_staleness`, then answers 503 key_store_unavailable for stored keys (static keys still work) and
     says so in its log and metrics; once Redis is reachable again the revocation applies within a poll."""
-    upstream = fake_upstream()
-    partition = Partition(redis_server.port)
-    config = {"pools": [pool("main", upstream.url)], "auth": STATIC_KEYS, "store": {"backend": "redis"}}
-    one = gateway({**config, "redis": {"url": redis_server.url}})
-    cut_off_url = f"redis://127.0.0.1:{partition.port}/0"
-    two = gateway({**config, "redis": {"url": cut_off_url}, "store": {"backend": "redis", "max_key_staleness": 1}})
+    partition = Partition(module_redis_server.port)
+    cut_off = on_redis(upstream, f"redis://127.0.0.1:{partition.port}/0")
+    two = gateway({**cut_off, "store": {"backend": "redis", "max_key_staleness": 1}})
     try:
-        created = httpx.post(one.admin_url + "/admin/keys", json={"tenant": "team-shared"}).json()
+        created = httpx.post(one.admin_url + "/admin/keys", json={"tenant": "team-cut-off"}).json()
         until_status(two, created["secret"], 200)
         partition.cut()
         assert httpx.post(f"{one.admin_url}/admin/keys/{created['id']}/revoke").status_code == 200
@@ -122,8 +138,7 @@ def test_an_instance_cut_off_from_redis_refuses_stored_keys_past_max_key_stalene
         partition.cut()
 
 
-def test_sqlite_store_keeps_keys_across_a_restart(fake_upstream, gateway, tmp_path: Path):
-    upstream = fake_upstream()
+def test_sqlite_store_keeps_keys_across_a_restart(upstream, gateway, tmp_path: Path):
     config = {"pools": [pool("main", upstream.url)], "store": {"sqlite_path": str(tmp_path / "keys.db")}}
     first = gateway(config)
     secret, record = new_key("team-kept")
@@ -136,8 +151,7 @@ def test_sqlite_store_keeps_keys_across_a_restart(fake_upstream, gateway, tmp_pa
     assert chat(second, "sk-unknown").status_code == 401
 
 
-def test_a_key_is_refused_models_its_globs_do_not_match(fake_upstream, gateway, tmp_path: Path):
-    upstream = fake_upstream()
+def test_a_key_is_refused_models_its_globs_do_not_match(upstream, gateway, tmp_path: Path):
     gw = gateway(
         {
             "pools": [pool("main", upstream.url, models=["gpt-4o", "o3", "test-model"])],
