@@ -1,7 +1,9 @@
 """Budgets: spend reserved before a request and settled on its cost, exact across gateway instances.
 
 Real parts throughout: redis-server, gateway processes, a fake OpenAI-compatible upstream process (tests/
-fake_upstream.py, which reports 7 prompt tokens and one completion token per chunk).
+fake_upstream.py, which reports 7 prompt tokens and one completion token per chunk). Each test fills a budget or
+reads every budget counter in its Redis, so each has its own gateways and redis-server; the upstream, which none
+counts, is the module's.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from gateway.ratelimit.redis_backend import RedisBackend
 from gateway.routing.replica import Replica
 from gateway.stages.ratelimit import RateLimitStage
 from gateway.telemetry import Metrics
-from tests.conftest import chat_body, pool
+from tests.conftest import Launcher, Process, chat_body, pool
 
 KEY = "sk-budget-test"
 AUTH = {"keys": [{"tenant": "team-a", "sha256": hashlib.sha256(KEY.encode()).hexdigest()}]}
@@ -46,6 +48,11 @@ PRICES = {"models": {"test-model": {"input": 1.0, "output": 2.0}}}
 NANOS = 1_000_000_000
 UPSTREAM = Replica("http://127.0.0.1:9")
 POLICY_HEAD = {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "b"}}
+
+
+@pytest.fixture(scope="module")
+def upstream(module_launcher: Launcher) -> Process:
+    return module_launcher.fake_upstream("spend")
 
 
 def budget_policies(tmp_path, limit: float, period: str = "day") -> str:
@@ -280,9 +287,12 @@ def test_a_held_slice_keeps_serving_while_redis_is_down(redis_server):
 def test_once_redis_is_back_no_slice_the_outage_granted_in_memory_keeps_deciding(redis_server):
     """Failing open, a budget 10 requests from its limit: while Redis is down the instance decides alone (slices of
     its own memory); once Redis is back (with its data) the budget is decided in Redis again, so no more than the 10
-    requests it had left are admitted, not the rest of a large slice the fallback granted during the outage."""
+    requests it had left are admitted, not the rest of a large slice the fallback granted during the outage.
+
+    2,500 requests' worth: the fallback, which starts the outage knowing nothing spent, is as far from the limit as
+    a slice of a whole 128 requests needs (16 x 128 = 2,048), and its 300 requests still leave it more than that."""
     cost = 7 * 1000 + 10 * 2000  # each request reserves and is settled at 7 prompt and 10 output tokens
-    spec = {"prices": PRICES, "budgets": [{"id": "team-spend", "key": "tenant", "limit": 5000 * cost / NANOS}]}
+    spec = {"prices": PRICES, "budgets": [{"id": "team-spend", "key": "tenant", "limit": 2500 * cost / NANOS}]}
     policies = PolicySet(Policy.model_validate({**POLICY_HEAD, "spec": spec}), {}, "reopen")
 
     async def run() -> list[str]:
@@ -294,7 +304,7 @@ def test_once_redis_is_back_no_slice_the_outage_granted_in_memory_keeps_deciding
         limiter.start()
         stage = RateLimitStage(lambda: policies, limiter)
         try:
-            assert await _answers(stage, 4990, completion=10) == ["admitted"] * 4990
+            assert await _answers(stage, 2490, completion=10) == ["admitted"] * 2490
             await asyncio.sleep(1.5)  # idle: the slices go back to Redis
             redis_server.client().save()
             redis_server.kill()
@@ -444,8 +454,7 @@ class DelayingRelay:
             writer.close()
 
 
-def test_two_gateways_share_a_budget_exactly(fake_upstream, gateway, redis_server, tmp_path):
-    upstream = fake_upstream("spend")
+def test_two_gateways_share_a_budget_exactly(upstream, gateway, redis_server, tmp_path):
     limit_nanos = 1_000_000  # 0.001: about 70 requests of 13,000 nanos, 200 sent at once
     config = gateway_config(
         upstream.url,
@@ -493,12 +502,12 @@ def test_two_gateways_share_a_budget_exactly(fake_upstream, gateway, redis_serve
 
 
 def test_a_budget_far_from_its_limit_is_decided_on_slices_and_settles_exactly(
-    fake_upstream, gateway, redis_server, tmp_path
+    upstream, gateway, redis_server, tmp_path
 ):
     """Far from the limit a gateway reserves on a slice of the budget it took from Redis, not a round trip a request;
     once it is idle, the slice goes back and the counter is the sum of the settled costs."""
     config = gateway_config(
-        fake_upstream("slices").url,
+        upstream.url,
         budget_policies(tmp_path, 1.0),  # a dollar: tens of thousands of these requests
         redis={"url": redis_server.url, "timeout": 2.0},
         store={"backend": "redis"},
@@ -521,8 +530,7 @@ def test_a_budget_far_from_its_limit_is_decided_on_slices_and_settles_exactly(
     assert counters == [spent] == [80 * 13_000]
 
 
-def test_a_budget_survives_a_restart_with_the_embedded_store(fake_upstream, gateway, tmp_path, processes):
-    upstream = fake_upstream("restart")
+def test_a_budget_survives_a_restart_with_the_embedded_store(upstream, gateway, tmp_path, processes):
     config = gateway_config(
         upstream.url, budget_policies(tmp_path, 0.0001), store={"sqlite_path": str(tmp_path / "spend.db")}
     )
@@ -555,8 +563,7 @@ def test_a_budget_survives_a_restart_with_the_embedded_store(fake_upstream, gate
     assert remaining * NANOS == pytest.approx(100_000 - spent, abs=1)
 
 
-def test_the_official_client_sees_budget_exhaustion_as_a_rate_limit_error(fake_upstream, gateway, tmp_path):
-    upstream = fake_upstream("sdk")
+def test_the_official_client_sees_budget_exhaustion_as_a_rate_limit_error(upstream, gateway, tmp_path):
     gw = gateway(gateway_config(upstream.url, budget_policies(tmp_path, 0.00003)))
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0)
     client.chat.completions.create(model="test-model", messages=[{"role": "user", "content": "hi"}], max_tokens=10)
@@ -566,7 +573,7 @@ def test_the_official_client_sees_budget_exhaustion_as_a_rate_limit_error(fake_u
     assert "team-spend" in refused.value.message
 
 
-def test_a_stored_key_has_its_own_budget_and_limits(fake_upstream, gateway, tmp_path):
+def test_a_stored_key_has_its_own_budget_and_limits(upstream, gateway, tmp_path):
     """Keys made through the admin API: one with a budget of its own and its own limit for a per-key policy rule,
     one without; the per-key billing counters name each."""
     directory = tmp_path / "key-policies"
@@ -578,7 +585,7 @@ def test_a_stored_key_has_its_own_budget_and_limits(fake_upstream, gateway, tmp_
     )
     gw = gateway(
         {
-            "pools": [pool("main", fake_upstream("keys").url)],
+            "pools": [pool("main", upstream.url)],
             "models": [{"name": "test-model"}],
             "policy_dir": str(directory),
             "auth": AUTH,  # a static key too: the gateway is never anonymous while the stored keys load
@@ -628,14 +635,14 @@ def test_a_stored_key_has_its_own_budget_and_limits(fake_upstream, gateway, tmp_
     assert sample("portcullis_key_billed_requests_total", plain["id"]) == 2
 
 
-def test_a_client_that_leaves_while_its_budget_is_read_back_fails_no_other_request(fake_upstream, gateway, tmp_path):
+def test_a_client_that_leaves_while_its_budget_is_read_back_fails_no_other_request(upstream, gateway, tmp_path):
     """Without Redis, a budget period's first requests wait for one read of its spend from the ledger. The request
     that began that read leaves while it runs (slow here: another writer holds the ledger's file, so the read's flush
     waits): the requests waiting on the same read are still decided and served, never answered 500."""
     path = tmp_path / "spend.db"
     keys = {"sk-budget-a": "team-a", "sk-budget-b": "team-b"}
     auth = {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()} for k, t in keys.items()]}
-    config = gateway_config(fake_upstream().url, budget_policies(tmp_path, 1.0))
+    config = gateway_config(upstream.url, budget_policies(tmp_path, 1.0))
     gw = gateway({**config, "auth": auth, "store": {"sqlite_path": str(path), "flush_interval": 60}})
     url = gw.url + "/v1/chat/completions"
     # team-b's answer is billed: its ledger row waits for the next flush, which a read of spend makes first
