@@ -28,11 +28,13 @@ from gateway.ratelimit.checks import Settlement, SlotCheck
 from gateway.ratelimit.redis_backend import RedisBackend
 from tests.conftest import ROOT, Launcher, Process, chat_body, free_port, policy_dir, pool
 
-SHARED_TENANTS = ("failed", "cut", "fresh1", "fresh2", "fresh3", "fresh4", "fresh5", "window")
+SMALL_TENANTS = ("small1", "small2", "small3")  # limited to 5,000 tokens a week by their overlays
+SHARED_TENANTS = ("failed", "cut", "window", *(f"fresh{i}" for i in range(1, 6)), *SMALL_TENANTS)
 KEYS = {f"sk-acct-{t}": t for t in ("t1", "t2", "t3", "t4", "t5", "t6", *SHARED_TENANTS)}
 AUTH = {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()} for k, t in KEYS.items()]}
 CHAT = "/v1/chat/completions"
 TOKENS = [{"id": "tenant-tokens", "key": ["tenant"], "tokens": {"limit": 100_000, "per": "7d"}}]
+SMALL = [{"id": "tenant-tokens", "key": ["tenant"], "tokens": {"limit": 5000, "per": "7d"}}]
 USED = 7 + 3  # what the fake upstream reports for a three-chunk answer
 
 
@@ -79,9 +81,10 @@ def token_limited(upstreams: dict[str, Process], policies: str) -> dict:
 
 @pytest.fixture(scope="module")
 def shared(module_launcher: Launcher, upstreams: dict[str, Process], tmp_path_factory: pytest.TempPathFactory):
-    """The module's gateway under the weekly token limit, test-model's context window 4096 tokens; the tests that
-    use it use tenants of their own (SHARED_TENANTS)."""
-    config = token_limited(upstreams, policy_dir(tmp_path_factory.mktemp("tokens"), TOKENS))
+    """The module's gateway under the weekly token limit (100,000 tokens, 5,000 for SMALL_TENANTS), test-model's
+    context window 4096 tokens; the tests that use it use tenants of their own (SHARED_TENANTS)."""
+    overlays = {tenant: SMALL for tenant in SMALL_TENANTS}
+    config = token_limited(upstreams, policy_dir(tmp_path_factory.mktemp("tokens"), TOKENS, overlays))
     return module_launcher.gateway({**config, "models": [{"name": "test-model", "context_window": 4096}]})
 
 
@@ -212,16 +215,15 @@ def test_a_token_field_beyond_the_window_is_refused_even_when_the_other_fits(sha
     assert upstream_requests(upstreams["good"]) == served
 
 
-def test_n_is_bounded_and_multiplies_what_a_token_limit_admits(upstreams, gateway, tmp_path):
-    upstream = upstreams["good"]
+def test_n_is_bounded_and_multiplies_what_a_token_limit_admits(shared, upstreams):
+    """Tenants whose overlay limits them to 5,000 tokens a week."""
+    gw, upstream = shared, upstreams["good"]
     served = upstream_requests(upstream)
-    rules = [{"id": "tenant-tokens", "key": ["tenant"], "tokens": {"limit": 5000, "per": "7d"}}]
-    gw = gateway({"pools": [pool("main", upstream.url)], "auth": AUTH, "policy_dir": policy_dir(tmp_path, rules)})
-    too_many = post(gw, "t1", n=50, max_tokens=10)
+    too_many = post(gw, "small1", n=50, max_tokens=10)
     assert too_many.status_code == 400
     assert too_many.json()["error"]["param"] == "n" and too_many.json()["error"]["code"] == "integer_above_max_value"
-    assert post(gw, "t2", n=1, max_tokens=1000).status_code == 200
-    refused = post(gw, "t3", n=8, max_tokens=1000)  # 8000 tokens it may generate: more than the whole budget
+    assert post(gw, "small2", n=1, max_tokens=1000).status_code == 200
+    refused = post(gw, "small3", n=8, max_tokens=1000)  # 8000 tokens it may generate: more than the whole budget
     assert refused.status_code == 429 and refused.json()["error"]["type"] == "tokens"
     assert upstream_requests(upstream) - served == 1
 
