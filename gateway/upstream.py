@@ -377,6 +377,20 @@ class Upstream:
         )
         saw_done = False
         idle: float | None = None  # the wait for the first chunk is `timeouts.read`'s (a long prefill)
+        settled = False
+
+        def settle() -> None:
+            """Let the upstream go and close the attempt's books, once: before an error event is written (a slow
+            reader would hold the upstream connection and the replica's count until it read that far), or at the end."""
+            nonlocal settled
+            if not settled:
+                settled = True
+                if saw_done:
+                    response.release()  # complete: the connection goes back to the pool
+                else:
+                    response.close()  # broken or abandoned: drop the connection, so the upstream stops
+                self._finish(ctx, attempt)
+
         try:
             yield b""  # the step `_started` takes
             while chunk := await _next_bytes(response.content, idle, deadline):
@@ -414,11 +428,13 @@ class Upstream:
             log.warning("upstream %s stream ended early: %s", attempt.replica.url, error.message)
             attempt.span.set_status(Status(StatusCode.ERROR, error.message))
             attempt.span.set_attribute("error.type", error.code or "upstream_error")
+            settle()
             yield ctx.api.stream_error(error)
         except Exception:  # a defect of the gateway's own: the client still hears the stream end, in its shape
             log.exception("relaying %s's stream failed (request id %s)", attempt.replica.url, ctx.request_id)
             ctx.stream_error = "internal_error"
             attempt.span.set_status(Status(StatusCode.ERROR, "internal_error"))
+            settle()
             yield ctx.api.stream_error(internal_error())
         except BaseException:  # GeneratorExit or cancellation: the client left, or its answer was closed early
             if ctx.stream_error is None:
@@ -426,11 +442,7 @@ class Upstream:
                 log.info("client disconnected mid-stream (request id %s)", ctx.request_id)
             raise
         finally:
-            if saw_done:
-                response.release()  # complete: the connection goes back to the pool
-            else:
-                response.close()  # broken or abandoned: drop the connection, so the upstream stops
-            self._finish(ctx, attempt)
+            settle()
 
     def _inspect_event(self, ctx: RequestContext, exchange: Exchange, chunk: dict[str, Any], strip_usage: bool) -> bool:
         """Record usage and finish reasons from one event; False drops a usage chunk the client did not ask for.

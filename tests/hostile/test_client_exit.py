@@ -118,16 +118,16 @@ def test_a_client_that_stops_reading_is_cut_off_and_frees_its_slot(upstream, gat
 
 def test_the_total_deadline_ends_a_stream_to_a_slow_reader(upstream, gateway):
     """A client reading slowly but steadily keeps the upstream's bytes waiting in the gateway, so reading them never
-    waits and the deadline's timer never had a chance to fire: the stream went on for as long as the answer did."""
+    waits and the deadline's timer never had a chance to fire: the stream went on for as long as the answer did. And
+    once the deadline ends it, the upstream is let go at once: its error event waits behind the megabytes the
+    gateway's socket still holds for this reader, and the upstream connection used to wait with it."""
     gw = gateway({"pools": [pool("main", upstream.url, max_attempts=1, timeouts={"total": 1, "stream_idle": 60})]})
     stop = threading.Event()
 
     def read_slowly(sock: socket.socket) -> None:
-        """About 2 MB/s: the ~32 MB answer would take 15 s or more. Once the deadline ends the stream, its error
-        event waits behind what the gateway's socket still holds (megabytes), so the upstream closes when this
-        reader has read that: the slower it reads, the longer after the deadline."""
+        """About 400 KB/s: what the gateway's socket holds at the deadline takes this reader seconds to read."""
         while not stop.is_set() and sock.recv(4096):
-            time.sleep(0.002)
+            time.sleep(0.01)
 
     with long_stream_on_a_small_buffer(gw.url, "slow-reader") as sock:
         reader = threading.Thread(target=read_slowly, args=(sock,), daemon=True)
@@ -136,7 +136,7 @@ def test_the_total_deadline_ends_a_stream_to_a_slow_reader(upstream, gateway):
         stop.set()
         reader.join(timeout=5)
     assert seen, "the stream outlived its 1 s deadline by 15 s"
-    assert not seen["answered"] and seen["closed_at"] - seen["received_at"] < 6
+    assert not seen["answered"] and 1 <= seen["closed_at"] - seen["received_at"] < 3
 
 
 def test_the_total_deadline_ends_a_trickling_upstream(upstream, gateway):
