@@ -1,7 +1,8 @@
 """`--compute int8`: the GGUF's quantized matrices multiplied by onnxruntime's MatMulNBits with int8 activations.
 
 Not bit-exact with the float32 reference by design (activations are rounded to int8), so these tests bound the
-difference: the real kernel on the real weights, then the whole engine against both shared references.
+difference: the real kernel on the real weights, then the whole engine against the float32 engine along the
+reference answers (int8_drift.py), within bounds that hold on every kernel path onnxruntime picks by CPU.
 """
 
 import gguf
@@ -11,20 +12,17 @@ import pytest
 from backend_engine.config import EngineConfig, default_model_path
 from backend_engine.engine import LLMEngine
 from backend_engine.model import load_model
+from backend_engine.model.gguf import open_gguf
 from backend_engine.model.int8_matmul import Int8Matmul
 from backend_engine.model.quant_blocks import from_gguf
-from backend_engine.sequence import SamplingParams
 
-from .conftest import reference
-from .test_reference import out_logprobs
-
-CASES = reference()["cases"]
+from . import int8_drift
 
 
 @pytest.fixture(scope="module")
 def bundled_tensors():
     """The bundled model's first Q4_1 matrix (with per-block offsets) and its Q8_0 embedding / LM head."""
-    reader = gguf.GGUFReader(default_model_path())
+    reader = open_gguf(default_model_path())
     wanted = {"blk.0.ffn_down.weight", "token_embd.weight"}
     return {t.name: t for t in reader.tensors if t.name in wanted}
 
@@ -63,20 +61,19 @@ def test_int8_weights_stay_quantized_in_memory(int8_engine, loaded):
     assert int8_engine.model.weight_bytes() < 0.45 * loaded.model.weight_bytes()
 
 
-def test_int8_engine_tracks_the_references(int8_engine):
-    """llama.cpp runs these weights the same way; like it, top-1 must mostly agree with float32."""
-    top1, early = 0, 0
-    seqs = int8_engine.generate([c["prompt_ids"] for c in CASES], SamplingParams(max_tokens=8, temperature=0))
-    for case, seq in zip(CASES, seqs):
-        (lp,) = out_logprobs(int8_engine, case["prompt_ids"])
-        ref = case["first_step_top5"]
-        top1 += lp.top[0][0] == ref[0]["id"]
-        for token, logprob in lp.top:
-            match = next((r for r in ref if r["id"] == token), None)
-            if match is not None:
-                assert abs(logprob - match["logprob"]) < 0.5
-        early += seq.output_token_ids[:4] == case["greedy_ids"][:4]
-    assert top1 >= len(CASES) - 1 and early >= len(CASES) - 1
+def test_int8_engine_tracks_float32_on_every_kernel_path(int8_engine, engine):
+    """onnxruntime picks its int8 kernel by CPU, and a near-tie's greedy choice moves with it (llama.cpp, on the same
+    weights, answers the system-prompt case "L'Étoile, …" where float32 says "The capital of France is Paris.").
+    So int8 is held to float32 where both read the same text, within bounds chosen from the figures measured on
+    onnxruntime's AVX2 and AVX-512 VNNI paths (docs/benchmarks.md, int8 drift): about twice the worse path's."""
+    drift = int8_drift.measure(int8_engine, engine)
+    assert drift.max_logprob_error < 1.4, drift  # measured on AVX-512 VNNI: 0.69
+    assert drift.p95_logprob_error < 0.8, drift  # 0.40
+    assert drift.top1_agreement >= 0.93, drift  # 0.970
+    # Where float32 is sure of its next token, int8 never picks another: its answers stay float32's.
+    assert drift.largest_lead_overturned < 1.0, drift  # 0.22
+    # ...and it is no float32 engine in disguise: int8 rounding shows.
+    assert drift.max_logprob_error > 1e-3, drift
 
 
 def test_int8_needs_cpu_and_a_gguf(cpu_backend, tmp_path):
