@@ -5,7 +5,7 @@ prefix. Fed by routing decisions (`prefix_affinity`, approximate) or by each eng
 precise: evictions are seen). A decision can also name the replica's KV capacity: the index then keeps at most that
 many blocks for it, the least recently routed dropped first, the way the engine's LRU evicts them. Without that
 bound a decision-fed index believes, under cache pressure, in prefixes the replica evicted long ago, and piles
-"cached" requests onto it that all prefill cold (docs/benchmarks.md, routing History).
+"cached" requests onto it that all prefill cold (docs/benchmarks.md, KV-cache-aware routing).
 """
 
 from __future__ import annotations
