@@ -3,6 +3,9 @@
 An event ends at a blank line, and a line may end in CRLF, LF or CR (the SSE specification allows all three, mixed).
 The framer keeps its scan position between chunks, so a stream costs time linear in its length however it is
 chunked, and it holds at most one unfinished event, never more than `max_event_bytes` of it.
+
+`read_event` reads a framed event as a client will, and refuses one that is not SSE at all: an event is relayed
+byte for byte, so what the gateway read of it (its type, its data) must be all that any client's parser reads.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import orjson
 
 _LINE_END = re.compile(rb"[\r\n]")
 _LINE = re.compile(rb"\r\n|\n|\r")
+_FIELDS = (b"data", b"event", b"id", b"retry")  # the fields the SSE specification gives a meaning
 
 DONE = b"data: [DONE]\n\n"
 BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark
@@ -21,6 +25,11 @@ BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark
 
 class EventTooLarge(Exception):
     """An upstream event grew past the framer's limit: the stream cannot be relayed event by event."""
+
+
+class MalformedEvent(Exception):
+    """An upstream event that no client could read as the event the gateway read: not SSE, or data that is none of
+    the route's events. Relayed, it would reach the client as bytes the gateway never judged."""
 
 
 class EventFramer:
@@ -96,6 +105,36 @@ def event_data(event: bytes) -> bytes | None:
     if not lines:
         return None
     return b"\n".join(line[6:] if line.startswith(b"data: ") else line[5:] for line in lines)
+
+
+def read_event(event: bytes) -> tuple[bytes | None, bytes | None]:
+    """An event's type (its `event` field; None where it names none) and its data (as `event_data` reads it; None for
+    a comment or an event without data).
+
+    MalformedEvent unless every line is a comment or one of the fields the SSE specification defines, with its
+    colon, and a comment's or field's text is UTF-8 (data is checked as the route's format reads it, as JSON or
+    [DONE]). The specification has a client skip a line of any other field and decode bytes that are not UTF-8 as
+    replacement characters, so such a line in a relayed event is something the gateway did not read and a client
+    may read otherwise (binary garbage, a field a lenient parser takes for data). One pass over the event's lines,
+    which the framer bounds at `max_event_bytes`."""
+    name, data = None, []
+    for line in _LINE.split(event):
+        if not line:
+            continue
+        field, colon, value = line.partition(b":")
+        if field and (not colon or field not in _FIELDS):
+            raise MalformedEvent("an upstream event has a line that is neither an SSE field nor a comment")
+        value = value[1:] if value.startswith(b" ") else value
+        if field == b"data":
+            data.append(value)
+            continue
+        try:
+            value.decode()
+        except UnicodeDecodeError:
+            raise MalformedEvent("an upstream event has a line that is not UTF-8") from None
+        if field == b"event":
+            name = value
+    return name, b"\n".join(data) if data else None
 
 
 def typed_event(data: dict[str, Any]) -> bytes:

@@ -10,9 +10,12 @@ never silently and never by splicing a second replica's stream behind the first 
 answer is read whole before the client hears anything: its status and size decide what the client gets.
 
 Bounds, per pool: a non-streaming (or error) body is read incrementally and dropped past `max_response_bytes`
-(502); an SSE event may not grow past `max_event_bytes` (error event); `timeouts.total`, counted from the request's
-arrival, bounds the whole request (504 before the answer started, error event after); `timeouts.stream_idle` bounds
-the silence between an answer's chunks once its body has begun (the wait for the first is `timeouts.read`'s).
+(502); an SSE event may not grow past `max_event_bytes` (error event), nor be anything but one of the route's events
+(SSE fields a client reads as the gateway did, data the route's format knows: gateway/sse.py's `read_event`, the
+format's `is_event`): the first that is not ends the stream with the error event, unrelayed, and nothing after it is
+read; `timeouts.total`, counted from the request's arrival, bounds the whole request (504 before the answer started,
+error event after); `timeouts.stream_idle` bounds the silence between an answer's chunks once its body has begun (the
+wait for the first is `timeouts.read`'s).
 Upstream errors reach the client OpenAI-shaped: the upstream's own message (and its status, if a 4xx or 502-504)
 where it sent an OpenAI-style error, 502 for anything else (an HTML error page, a non-JSON or non-UTF-8 body).
 
@@ -41,7 +44,7 @@ from opentelemetry import propagate
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
 from starlette.responses import Response, StreamingResponse
 
-from gateway.apis.answers import token_count
+from gateway.apis.answers import AnswerFormat, token_count
 from gateway.apis.anthropic_chat import (
     ChatStreamToMessages,
     MessagesRequestError,
@@ -56,7 +59,7 @@ from gateway.errors import GatewayError, internal_error, invalid_request
 from gateway.offload import Offload
 from gateway.routing.pool import Pool
 from gateway.routing.replica import Replica
-from gateway.sse import EventFramer, EventTooLarge, event_data
+from gateway.sse import EventFramer, EventTooLarge, MalformedEvent, event_data, read_event
 from gateway.telemetry import Metrics
 
 log = logging.getLogger(__name__)
@@ -398,12 +401,11 @@ class Upstream:
                     self._first_chunk_arrived(attempt)
                     idle = config.timeouts.stream_idle
                 out = []
-                for event in framer.feed(chunk):
-                    data = event_data(event)
+                events, malformed = _read_events(exchange.answers, framer.feed(chunk))
+                for event, data, parsed in events:
                     if data is None:
                         out.append(event)
                         continue
-                    parsed = _json_or_none(data)
                     saw_done = saw_done or exchange.answers.ends(data, parsed)
                     if parsed is None or self._inspect_event(ctx, exchange, parsed, strip_usage):
                         out.append(event)
@@ -415,6 +417,8 @@ class Upstream:
                     out = _translated(translator, out)
                 if out:
                     yield b"".join(out)
+                if malformed is not None:
+                    raise malformed
             if not saw_done and ctx.stream_error != "upstream_error_event":  # its error event already ended it
                 raise GatewayError(
                     502,
@@ -422,7 +426,7 @@ class Upstream:
                     type="upstream_error",
                     code="upstream_stream_truncated",
                 )
-        except (aiohttp.ClientError, TimeoutError, GatewayError, EventTooLarge) as exc:
+        except (aiohttp.ClientError, TimeoutError, GatewayError, EventTooLarge, MalformedEvent) as exc:
             error = _as_gateway_error(exc)
             ctx.stream_error = error.code
             log.warning("upstream %s stream ended early: %s", attempt.replica.url, error.message)
@@ -519,6 +523,25 @@ def _outgoing_body(ctx: RequestContext, exchange: Exchange) -> bytes:
         return orjson.dumps(messages_to_chat(ctx.payload))
     except MessagesRequestError as exc:
         raise invalid_request(str(exc), param=exc.param) from None
+
+
+def _read_events(
+    answers: AnswerFormat, events: list[bytes]
+) -> tuple[list[tuple[bytes, bytes | None, dict[str, Any] | None]], MalformedEvent | None]:
+    """A chunk's events as the route's format reads them (each with its data and that data parsed), up to the first
+    that is none of its events: that one and any after it are never relayed, and the error says why. The events
+    before it go out as any others: the client hears what the upstream said well, then the error."""
+    read: list[tuple[bytes, bytes | None, dict[str, Any] | None]] = []
+    for event in events:
+        try:
+            name, data = read_event(event)
+        except MalformedEvent as exc:
+            return read, exc
+        parsed = None if data is None else _json_or_none(data)
+        if data is not None and not answers.is_event(name, data, parsed):
+            return read, MalformedEvent("an upstream event's data is none of the events of the route's stream format")
+        read.append((event, data, parsed))
+    return read, None
 
 
 def _translated(translator: ChatStreamToMessages, events: list[bytes]) -> list[bytes]:
@@ -678,6 +701,8 @@ def _as_gateway_error(exc: Exception) -> GatewayError:
         return GatewayError(
             502, f"{exc} (the pool's max_event_bytes)", type="upstream_error", code="upstream_event_too_large"
         )
+    if isinstance(exc, MalformedEvent):
+        return GatewayError(502, f"{exc}: the stream ends there", type="upstream_error", code="upstream_bad_event")
     if isinstance(exc, TimeoutError):  # aiohttp's connect and read timeouts are TimeoutErrors too
         return GatewayError(
             504, f"upstream timed out ({type(exc).__name__})", type="upstream_error", code="upstream_timeout"

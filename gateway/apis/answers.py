@@ -93,6 +93,13 @@ class AnswerFormat:
         """Whether this event completes the stream (nothing may follow it)."""
         return data == b"[DONE]"
 
+    def is_event(self, name: bytes | None, data: bytes, event: dict[str, Any] | None) -> bool:
+        """Whether a stream event's data is one of this format's events (`name`: its SSE type, `event`: its data
+        parsed, None where it is not a JSON object): a chat or completions chunk is a JSON object, and [DONE] ends
+        the stream. What a client reads is the upstream's to say, so a field of the wrong type is still an event
+        (the readers take any object); data that is no object is not."""
+        return event is not None or data == b"[DONE]"
+
     def is_error(self, event: dict[str, Any]) -> bool:
         return "error" in event
 
@@ -191,6 +198,11 @@ class ResponsesFormat(AnswerFormat):
 
     def ends(self, data: bytes, event: dict[str, Any] | None) -> bool:
         return event is not None and (event.get("type") in self._FINAL or event.get("type") == "error")
+
+    def is_event(self, name: bytes | None, data: bytes, event: dict[str, Any] | None) -> bool:
+        """A typed event (a client dispatches it by its type); [DONE] too, which OpenAI's clients take as the end
+        of any stream."""
+        return _is_typed(name, event) if event is not None else data == b"[DONE]"
 
     def is_error(self, event: dict[str, Any]) -> bool:
         return event.get("type") in ("error", "response.failed")
@@ -302,6 +314,10 @@ class MessagesFormat(AnswerFormat):
     def ends(self, data: bytes, event: dict[str, Any] | None) -> bool:
         return event is not None and event.get("type") in ("message_stop", "error")
 
+    def is_event(self, name: bytes | None, data: bytes, event: dict[str, Any] | None) -> bool:
+        """A typed event, and nothing else: Anthropic's streams have no [DONE]."""
+        return event is not None and _is_typed(name, event)
+
     def is_error(self, event: dict[str, Any]) -> bool:
         return event.get("type") == "error"
 
@@ -348,6 +364,13 @@ def _take_usage(usage: Usage, reported: Any, prompt: str, completion: str, detai
     cached = reported.get(details)
     if isinstance(cached, dict):
         usage.cached_tokens = cached.get("cached_tokens")
+
+
+def _is_typed(name: bytes | None, event: dict[str, Any]) -> bool:
+    """An event of a typed stream (Responses, Messages): its `type` a string, and the SSE type it was sent under the
+    same, where it names one (clients dispatch by either: Anthropic's by the SSE type, OpenAI's by the data's)."""
+    kind = event.get("type")
+    return isinstance(kind, str) and (name is None or name == kind.encode())
 
 
 _MAX_TOKENS = 2**31  # no context window comes near it; 2^64 - 1 would overflow the spend store's 64-bit columns

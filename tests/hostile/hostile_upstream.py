@@ -17,6 +17,9 @@ Requests are parsed with h11; answers are written as raw bytes, so the upstream 
   html_502      502 with an nginx-style HTML error page
   line_endings  a normal stream whose events end in `endings` taken in turn (e.g. ["\r\r", "\n\r\n"]); every
                 byte of a line ending is its own write, `gap` s apart, so a CRLF arrives cut in two
+  written       200 SSE, then each string of `events` (written as latin-1) in a write of its own, `gap` s apart
+                (0.05 by default), so each arrives in a read of its own; then the answer ends, or with `hold` the
+                connection is held open (only a gateway that stops reading closes it: `closed_at`)
   idle_close    a well-formed completion on a connection kept open; the next request on that connection is read
                 and the connection closed unanswered, as a server closing an idle connection just as a request on
                 it arrives (`dropped` in the stats counts them)
@@ -213,6 +216,15 @@ async def line_endings(answer: Answer, spec: dict) -> None:
             await answer.write(bytes([byte]))
 
 
+async def written(answer: Answer, spec: dict) -> None:
+    await answer.head(200, "text/event-stream")
+    for event in spec["events"]:
+        await answer.write(event.encode("latin-1"))
+        await asyncio.sleep(spec.get("gap", 0.05))
+    if spec.get("hold"):
+        await asyncio.Event().wait()
+
+
 BEHAVIOURS: dict[str, Callable[[Answer, dict], Awaitable[None]]] = {
     f.__name__: f
     for f in (
@@ -227,6 +239,7 @@ BEHAVIOURS: dict[str, Callable[[Answer, dict], Awaitable[None]]] = {
         garbage,
         html_502,
         line_endings,
+        written,
     )
 }
 

@@ -282,10 +282,11 @@ def translated(url: str, answer: str, stream: bool, **extra: object) -> httpx.Re
 
 
 def test_answers_of_the_wrong_shape_are_relayed_or_refused_in_each_routes_own_shape(gw):
-    """JSON objects that are not the answers they claim to be (`choices` a number, an event `type` a list). What
-    is relayed as sent reaches the client as sent; what the gateway translates for a Messages client fails in
-    Anthropic's shape: a 502 body, or an error event that ends the stream. Never a 500, and never a stream cut
-    without its error event."""
+    """JSON objects that are not the answers they claim to be (`choices` a number, a Response's `output` a number,
+    an event `type` a list). What is relayed as sent reaches the client as sent; an event no client could dispatch
+    (its type not a string) ends the stream with the route's error event, unrelayed; what the gateway translates for
+    a Messages client fails in Anthropic's shape: a 502 body, or an error event that ends the stream. Never a 500,
+    and never a stream cut without its error event."""
     mark = log_mark(gw)
 
     def relayed(path: str, body: dict, answer: str, stream: bool) -> None:
@@ -297,7 +298,15 @@ def test_answers_of_the_wrong_shape_are_relayed_or_refused_in_each_routes_own_sh
     relayed("/v1/chat/completions", chat_body(stream=True), events(not_a_list), stream=True)
     responses = {"model": "test-model", "input": "hello", "stream": True}
     final = {"type": "response.completed", "response": {"object": "response", "output": 5}}
-    relayed("/v1/responses", responses, events({"type": ["response.completed"]}, final), stream=True)
+    relayed("/v1/responses", responses, events(final), stream=True)
+    untyped = httpx.post(
+        gw.url + "/v1/responses",
+        json={**responses, "hostile": garbage(events({"type": ["response.completed"]}, final), True)},
+        timeout=30,
+    )
+    assert untyped.status_code == 200
+    [error] = [json.loads(d) for d in sse_data(untyped.text)]
+    assert error["type"] == "error" and error["code"] == "upstream_bad_event", untyped.text
 
     answer = translated(gw.url, json.dumps(not_a_list), stream=False)
     assert answer.status_code == 502

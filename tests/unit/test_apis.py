@@ -3,6 +3,8 @@ shape is counted, and how each answer format reports usage."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gateway.apis.answers import AnswerFormat, MessagesFormat, ResponsesFormat
@@ -183,6 +185,25 @@ def test_answer_formats_report_usage_as_limits_settle_it() -> None:
     assert (anthropic.prompt_tokens, anthropic.cached_tokens, anthropic.completion_tokens) == (43, 40, 7)
     assert anthropic.finish_reasons == ["end_turn"] and anthropic.generated
     assert fmt.ends(b"", {"type": "message_stop"})
+
+
+def test_each_answer_format_knows_its_stream_events() -> None:
+    """The envelope a client reads an event by: a JSON object (chat), typed by its `type` (Responses, Messages),
+    under the same SSE type where one is named; [DONE] ends OpenAI's streams, never Anthropic's. A field of the wrong
+    type inside is the upstream's to answer for, and still an event."""
+
+    def event(fmt: AnswerFormat, data: bytes, name: bytes | None = None) -> bool:
+        parsed = json.loads(data) if data != b"[DONE]" else None
+        return fmt.is_event(name, data, parsed if isinstance(parsed, dict) else None)
+
+    chat, responses, messages = AnswerFormat(), ResponsesFormat(), MessagesFormat()
+    assert event(chat, b'{"choices": 5}') and event(chat, b"[DONE]")
+    assert not event(chat, b"[1, 2]") and not event(chat, b'"text"')
+    for typed in (responses, messages):
+        assert event(typed, b'{"type": "ping"}') and event(typed, b'{"type": "ping"}', b"ping")
+        assert not event(typed, b'{"delta": "x"}') and not event(typed, b'{"type": ["ping"]}')
+        assert not event(typed, b'{"type": "ping"}', b"message_stop")
+    assert event(responses, b"[DONE]") and not event(messages, b"[DONE]")
 
 
 @pytest.mark.parametrize(

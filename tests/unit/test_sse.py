@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.sse import EventFramer, EventTooLarge, event_data
+from gateway.sse import EventFramer, EventTooLarge, MalformedEvent, event_data, read_event
 
 # Every blank-line form the SSE specification allows: each line may end in CRLF, LF or CR, mixed within an event.
 EVENTS = [
@@ -141,3 +141,26 @@ def test_only_a_leading_byte_order_mark_is_dropped():
     assert events == [b"data: a\n\n", BOM + b"data: b\n\n"]  # later on, U+FEFF is the event's own byte
     events, _ = frame([b"\xef", b"\xbbdata: x\n\n"])  # not a whole BOM: the stream's own bytes, as sent
     assert events == [b"\xef\xbbdata: x\n\n"]
+
+
+def test_read_event_reads_the_data_event_data_reads_and_the_events_type():
+    assert [read_event(e)[1] for e in EVENTS] == DATA
+    assert read_event(b"event: x\ndata:nospace\n\n") == (b"x", b"nospace")
+    assert read_event(b"id: 7\nretry: 100\nevent: ping\n\n") == (b"ping", None)
+    assert read_event(b"\n") == (None, None)  # the LF of a CRLF cut across chunks leads the next event
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        b"\x00\x01\xfe\xff garbage\n\n",  # binary: a line of no field
+        b"dta: {}\n\n",  # a field the specification does not define (a client skips it)
+        b"data: ok\nnot a field\n\n",  # a field name without its colon
+        b"data\n\n",  # the same, for a field the specification defines: never sent, and read otherwise
+        b": \xff\xfe\n\n",  # a comment that is not UTF-8
+        b"event: \xff\ndata: {}\n\n",  # a type that is not UTF-8
+    ],
+)
+def test_read_event_refuses_what_is_not_sse(event):
+    with pytest.raises(MalformedEvent):
+        read_event(event)
