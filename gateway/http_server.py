@@ -11,7 +11,8 @@ capped); one more gets 429, so a single client reconnecting as fast as connectio
 Every answer is OpenAI-shaped and closes the connection. Parsing stays with llhttp: nothing here reads HTTP syntax.
 A close that may leave the client's bytes unread (the answer came before the request's end) lingers, bounded, so
 the client reads the answer instead of a reset (gateway/lingering_close.py); until it really closes, a lingering
-connection counts toward the caps.
+connection counts toward the caps. What llhttp parses but the gateway refuses: a Transfer-Encoding in an HTTP/1.0
+request (400, closed: RFC 9112 has a server treat its framing as faulty), and an upgrade request with a body.
 
 The other direction: a client that stops reading its answer parks the response's writes on flow control (uvicorn
 waits for the transport to drain), where no timeout reaches, and the request kept its concurrency slot, its upstream
@@ -196,10 +197,24 @@ class BoundedProtocol(LingeringCloseProtocol):
             self._refuse_url()
         elif header_bytes > self.limits.max_header_bytes:
             self._refuse_headers()
+        elif self._transfer_encoding_before_1_1():
+            self._refuse(
+                400,
+                "malformed HTTP request: Transfer-Encoding before HTTP/1.1; send HTTP/1.1, or a Content-Length",
+                "invalid_http",
+            )
         elif self.parser.should_upgrade():
             self._upgrade_requested()
         else:
             super().on_headers_complete()
+
+    def _transfer_encoding_before_1_1(self) -> bool:
+        """A request before HTTP/1.1 with a Transfer-Encoding (RFC 9112, 6.1: its framing is faulty, and the connection
+        must close after the answer). HTTP/1.0 has no chunked coding, so a 1.0 hop in front of the gateway frames
+        such a request by its Content-Length or its close while llhttp read it as chunked: the two disagree on
+        where the body ends, which is how a request is smuggled. Read from llhttp's parse, not from the bytes."""
+        before_1_1 = self.parser.get_http_version() in ("0.9", "1.0")  # llhttp parses a 0.9 request line too
+        return before_1_1 and any(name == b"transfer-encoding" for name, _ in self.headers)
 
     def _upgrade_requested(self) -> None:
         """No protocol is switched to, but llhttp ends an upgrade request's message at its head and hands the bytes

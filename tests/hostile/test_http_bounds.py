@@ -6,6 +6,7 @@ OpenAI-shaped error, quickly, with the connection closed and the gateway still s
 
 from __future__ import annotations
 
+import json
 import select
 import time
 
@@ -189,6 +190,29 @@ def test_malformed_http_is_answered_in_the_gateway_error_shape(gw):
     answer = read_answer(sock)
     assert answer is not None and answer.status == 400
     assert answer.error()["code"] == "invalid_http"
+
+
+@pytest.mark.parametrize("version", [b"1.0", b"0.9"])
+def test_transfer_encoding_before_http_1_1_is_refused_and_the_connection_closed(gw, version):
+    """RFC 9112, 6.1: a request before HTTP/1.1 with a Transfer-Encoding has faulty framing (a 1.0 hop in front reads
+    its body otherwise than chunked), and the connection closes after the answer; asked to stay open, it does not."""
+    body = json.dumps(chat_body()).encode()
+    request = (
+        b"POST /v1/chat/completions HTTP/" + version + b"\r\nhost: gw\r\nconnection: keep-alive\r\n"
+        b"content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+        + b"%x\r\n" % len(body)
+        + body
+        + b"\r\n0\r\n\r\n"
+    )
+    data = send_all_then_read(connect(gw.url), request, timeout=5)  # fails unless the gateway closes
+    assert data.count(b"HTTP/1.1 ") == 1, data
+    answer = parse_answer(data)
+    assert answer.status == 400 and answer.error()["code"] == "invalid_http", data
+    assert answer.headers["connection"] == "close"
+    # HTTP/1.0 with its own framing is still served
+    plain = b"POST /v1/chat/completions HTTP/1.0\r\nhost: gw\r\ncontent-type: application/json\r\n"
+    served = parse_answer(send_all_then_read(connect(gw.url), plain + b"content-length: %d\r\n\r\n" % len(body) + body))
+    assert served.status == 200, served.body
 
 
 def read_status(sock) -> bytes:
