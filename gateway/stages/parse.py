@@ -2,8 +2,10 @@
 stage relies on (each route's own, gateway/apis/).
 
 Everything after it trusts what it checked: a field the gateway (or the bundled engine) reads has the type OpenAI
-documents, so bad input is a 400 here and never a 500 in a later stage. Big bodies are decoded and checked on the
-offload executor (gateway/offload.py): decoding and walking a 4 MB body takes the event loop tens of milliseconds.
+documents, and the model is a name every later use can carry as it is (gateway/apis/model_name.py), so bad input is
+a 400 here and never a 500 in a later stage, nor a request an upstream is paid for. Big bodies are decoded and
+checked on the offload executor (gateway/offload.py): decoding and walking a 4 MB body takes the event loop tens of
+milliseconds.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect
 
 from gateway import json_bounds
+from gateway.apis.model_name import check_model_name
 from gateway.apis.routes import BY_NAME
 from gateway.apis.shape import Api
 from gateway.config import LimitsConfig
@@ -109,6 +112,7 @@ def parse_body(route: str, body: bytes, limits: LimitsConfig) -> tuple[dict[str,
     _check_array_lengths(api, payload, limits)
     values = json_bounds.within_limits_unwalked(body, limits) or json_bounds.check_shape(payload, limits)
     api.check(payload)
+    check_model_name(payload["model"])  # every shape's: what routes, keys limits and spend, and names the answer
     return payload, values
 
 
