@@ -9,6 +9,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.header_values import rendered
+
 
 class GatewayError(Exception):
     """A request the gateway refuses or cannot serve; raised by stages and the upstream call."""
@@ -40,7 +42,7 @@ class GatewayError(Exception):
     def response(self, body: dict | None = None) -> Response:
         """This error answered: OpenAI's body, or the one a route of another shape gives."""
         content = self.to_json() if body is None else json.dumps(body).encode()
-        return Response(content, status_code=self.status, headers=self.headers, media_type="application/json")
+        return Response(content, status_code=self.status, headers=rendered(self.headers), media_type="application/json")
 
     def sse_event(self) -> bytes:
         """The same error as a server-sent event, for streams that already started."""

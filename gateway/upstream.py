@@ -22,7 +22,7 @@ where it sent an OpenAI-style error, 502 for anything else (an HTML error page, 
 A pool that fails a request before the client heard anything (every attempt failed, or the last one answered an
 error) raises `PoolFailed`, which names the failure in fallback terms (gateway/fallbacks.py) where it is one of them:
 the caller may place the request on another pool and forward it again. Every answer names the model that served it
-(`x-portcullis-model`).
+(`x-portcullis-model`); every header value is rendered by gateway/header_values.py, whatever text it carries.
 
 A client that leaves cancels the work done for it (gateway/client_exit.py until the answer starts, Starlette's
 disconnect listener during a stream); cancelling an attempt closes its upstream connection, so the upstream stops.
@@ -56,6 +56,7 @@ from gateway.apis.exchange import Exchange
 from gateway.config import FallbackTrigger
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, internal_error, invalid_request
+from gateway.header_values import rendered
 from gateway.offload import Offload
 from gateway.routing.pool import Pool
 from gateway.routing.replica import Replica
@@ -158,6 +159,7 @@ class Upstream:
         headers = {"x-request-id": ctx.request_id, "x-portcullis-model": ctx.model, **ctx.response_headers}
         if self._replica_header:
             headers["x-portcullis-replica"] = attempt.replica.url
+        headers = rendered(headers)
         if ctx.stream and ctx.status == 200:
             return StreamingResponse(
                 await _started(self._relay(ctx, attempt, exchange, strip_usage, deadline)),
@@ -191,7 +193,7 @@ class Upstream:
         ctx.status = 200
         exchange.answers.record(ctx.usage, {})
         body = orjson.dumps({"input_tokens": ctx.prompt_tokens or 0})
-        headers = {"x-request-id": ctx.request_id, "x-portcullis-model": ctx.model}
+        headers = rendered({"x-request-id": ctx.request_id, "x-portcullis-model": ctx.model})
         return Response(body, headers=headers, media_type="application/json")
 
     async def _attempts(self, ctx: RequestContext, pool: Pool, exchange: Exchange, body: bytes) -> _Attempt:
@@ -306,7 +308,7 @@ class Upstream:
         return StreamingResponse(
             await _started(self._relay_raw(ctx, attempt, deadline)),
             status_code=response.status,
-            headers={**kept, "x-request-id": ctx.request_id, **ctx.response_headers},
+            headers=rendered({**kept, "x-request-id": ctx.request_id, **ctx.response_headers}),
         )
 
     async def _relay_raw(

@@ -12,7 +12,8 @@ twice the longest of these. A gateway may front a model by another name (a serve
 but a name outside this set is one no header, metric label or log field carries as it is: a control character (NUL, DEL)
 breaks the response, and a name beyond Latin-1 cannot be written in a header at all, and both only once the upstream has
 served and charged the request. Spaces are refused too: one at either end is trimmed from a header, so the header would
-name another model.
+name another model. The header writer encodes whatever reaches it anyway (gateway/header_values.py: an operator's
+configured fallback name may be anything), so this rule is what clients are held to, not what keeps a header valid.
 """
 
 from __future__ import annotations
