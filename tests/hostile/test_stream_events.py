@@ -2,6 +2,9 @@
 data of the wrong shape) never reaches the client: the stream ends there with the route's own error event, and the
 gateway lets the upstream go. Comments, pings and `[DONE]` still pass.
 
+Every streaming route is covered: chat, completions, Responses, Messages (sent as it is to an Anthropic pool, and
+translated for an OpenAI one).
+
 The module runs one gateway in front of one hostile upstream (tests/hostile/hostile_upstream.py): an OpenAI pool that
 takes every model, and an Anthropic pool for `claude-test`, whose /v1/messages requests go as sent. Each answer's
 events are written one per write (`written`), so the garbage comes in a read of its own, after valid events the
@@ -19,6 +22,7 @@ from tests.conftest import Launcher, Process, chat_body, pool
 from tests.hostile.conftest import wait_for
 
 ANTHROPIC_MODEL = "claude-test"
+DONE = "data: [DONE]\n\n"
 
 # (what, the bytes the upstream writes, as latin-1), bad in every route's format
 GARBAGE = [
@@ -101,7 +105,7 @@ def test_a_chat_stream_ends_at_a_line_that_is_no_chunk(upstream, gw, what, garba
         sse(None, chat_chunk("Hi")),
         garbage,
         sse(None, chat_chunk(" there", "stop")),
-        "data: [DONE]\n\n",
+        DONE,
     )
     response = httpx.post(
         gw.url + "/v1/chat/completions", json=chat_body(stream=True, hostile=written(tag, *events)), timeout=30
@@ -117,12 +121,30 @@ def test_a_chat_stream_ends_at_a_line_that_is_no_chunk(upstream, gw, what, garba
 
 def test_a_chat_stream_of_chunks_comments_and_done_is_relayed_as_it_came(upstream, gw):
     """What the check lets pass: every event of a well-formed stream, byte for byte."""
-    events = (": ping\n\n", sse(None, chat_chunk("Hi")), sse(None, chat_chunk(" there", "stop")), "data: [DONE]\n\n")
+    events = (": ping\n\n", sse(None, chat_chunk("Hi")), sse(None, chat_chunk(" there", "stop")), DONE)
     body = chat_body(
         stream=True, stream_options={"include_usage": False}, hostile=written("chat fine", *events, hold=False)
     )
     response = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=30)
     assert (response.status_code, response.text) == (200, "".join(events))
+
+
+def completion_chunk(text: str, finish: str | None = None) -> dict:
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    return {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "test-model", "choices": [choice]}
+
+
+@pytest.mark.parametrize(("what", "garbage"), GARBAGE, ids=[w for w, _ in GARBAGE])
+def test_a_completions_stream_ends_at_a_line_that_is_no_chunk(upstream, gw, what, garbage):
+    tag = f"completions {what}"
+    events = (sse(None, completion_chunk("Hi")), garbage, sse(None, completion_chunk(" there", "stop")), DONE)
+    body = {"model": "test-model", "prompt": "hello", "stream": True, "hostile": written(tag, *events)}
+    response = httpx.post(gw.url + "/v1/completions", json=body, timeout=30)
+    assert_cut_at_the_garbage(upstream, tag, response, garbage)
+    data = data_fields(response.text)
+    assert len(data) == 3 and data[-1] == "[DONE]", response.text
+    assert json.loads(data[0])["choices"][0]["text"] == "Hi"
+    assert json.loads(data[1])["error"]["code"] == "upstream_bad_event"
 
 
 RESPONSE = {"id": "resp_1", "object": "response", "status": "in_progress", "output": []}
@@ -175,7 +197,7 @@ MESSAGES_END = (
     typed({"type": "message_stop"}),
 )
 # a chat stream's end is no event of Anthropic's
-NOT_MESSAGES = [("a chat stream's end", "data: [DONE]\n\n")]
+NOT_MESSAGES = [("a chat stream's end", DONE)]
 
 
 def messages_request(model: str, hostile: dict) -> dict:
@@ -221,7 +243,7 @@ def test_an_anthropic_stream_of_events_and_pings_is_relayed_as_it_came(upstream,
 @pytest.mark.parametrize(("what", "garbage"), GARBAGE, ids=[w for w, _ in GARBAGE])
 def test_a_chat_stream_translated_for_a_messages_client_ends_at_a_line_that_is_no_chunk(upstream, gw, what, garbage):
     tag = f"translated {what}"
-    events = (sse(None, chat_chunk("Hi")), garbage, sse(None, chat_chunk(" there", "stop")), "data: [DONE]\n\n")
+    events = (sse(None, chat_chunk("Hi")), garbage, sse(None, chat_chunk(" there", "stop")), DONE)
     response = httpx.post(gw.url + "/v1/messages", json=messages_request("test-model", written(tag, *events)))
     assert_cut_at_the_garbage(upstream, tag, response, garbage)
     sent = assert_anthropic_error_last(response)
