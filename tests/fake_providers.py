@@ -33,9 +33,10 @@ between the call's first two argument pieces). With `fake.refusal`, a chat or Re
 answering: chat's `refusal`, a Responses `refusal` content part (refusal deltas). With `fake.cut_after: n`, a
 Responses stream ends after its first n events, as a broken connection does. A Messages request translated to
 chat keeps no member it does not translate, so there the `fake` object rides as JSON in `metadata.user_id`, which
-reaches chat as `user`. Like the providers, it refuses a request without its key (`--api-key`: `x-api-key` on the
-Anthropic routes, `Authorization: Bearer` on the OpenAI ones). `GET /_received` returns every request it got (path,
-headers, body), for assertions on the upstream side of the wire.
+reaches chat as `user`. Like the providers, it refuses a request without its key (`--api-key`, given once or more:
+`x-api-key` on the Anthropic routes, `Authorization: Bearer` on the OpenAI ones). It keeps OpenAI's Files and stored
+Responses (below) per key, as the provider keeps them per organization; any other `/v1/` path is OpenAI's 404.
+`GET /_received` returns every request it got (path, headers, body), for assertions on the upstream side of the wire.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ import operator
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from email.parser import BytesParser
+from email.policy import HTTP
 from typing import Any
 
 import uvicorn
@@ -252,6 +255,13 @@ def openai_error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": {**error, "param": None, "code": None}}, status_code=status)
 
 
+def with_error_fields(response: JSONResponse, **fields: str) -> JSONResponse:
+    """An OpenAI error with its `param` and `code` filled in."""
+    body = json.loads(response.body)
+    body["error"].update(fields)
+    return JSONResponse(body, status_code=response.status_code)
+
+
 def response_object(body: dict[str, Any], text: str | None, msg_id: str, resp_id: str) -> dict[str, Any]:
     """A Response: in progress with no output (text None), or completed with the message and usage."""
     done = text is not None
@@ -286,9 +296,9 @@ def response_object(body: dict[str, Any], text: str | None, msg_id: str, resp_id
         "model": body.get("model"),
         "output": output if done else [],
         "parallel_tool_calls": True,
-        "previous_response_id": None,
+        "previous_response_id": body.get("previous_response_id"),
         "reasoning": {"effort": None, "summary": None},
-        "store": True,
+        "store": body.get("store", True),
         "temperature": body.get("temperature", 1.0),
         "text": {"format": {"type": "text"}},
         "tool_choice": "auto",
@@ -418,8 +428,7 @@ def function_call_events(body: dict[str, Any], item: dict[str, Any], index: int)
     ]
 
 
-async def response_events(body: dict[str, Any], text: str) -> AsyncIterator[str]:
-    msg_id, resp_id = f"msg_{uuid.uuid4().hex}", f"resp_{uuid.uuid4().hex}"
+async def response_events(body: dict[str, Any], text: str, msg_id: str, resp_id: str) -> AsyncIterator[str]:
     final = response_object(body, text, msg_id, resp_id)
     reasoning = [i for i in final["output"] if i["type"] == "reasoning"]
     calls = [i for i in final["output"] if i["type"] in CALL_TEXTS]
@@ -456,10 +465,19 @@ async def response_events(body: dict[str, Any], text: str) -> AsyncIterator[str]
 
 
 async def responses(request: Request, body: dict[str, Any]) -> Response:
+    stored = organization(request)
+    previous = body.get("previous_response_id")
+    if previous is not None and previous not in stored.responses:
+        error = openai_error(400, f"Previous response with id '{previous}' not found.")
+        return with_error_fields(error, param="previous_response_id", code="previous_response_not_found")
     text = reply_text(body)
+    msg_id, resp_id = f"msg_{uuid.uuid4().hex}", f"resp_{uuid.uuid4().hex}"
+    final = response_object(body, text, msg_id, resp_id)
+    if final["store"] is not False:
+        stored.responses[resp_id] = final
     if not body.get("stream"):
-        return JSONResponse(response_object(body, text, f"msg_{uuid.uuid4().hex}", f"resp_{uuid.uuid4().hex}"))
-    return StreamingResponse(response_events(body, text), media_type="text/event-stream")
+        return JSONResponse(final)
+    return StreamingResponse(response_events(body, text, msg_id, resp_id), media_type="text/event-stream")
 
 
 def chat_finish(body: dict[str, Any]) -> str:
@@ -546,12 +564,120 @@ def steered(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "fake": fake} if isinstance(fake, dict) else body
 
 
+# ---- OpenAI Files and stored Responses -------------------------------------------------------------------------
+# platform.openai.com API reference, "Files": POST /v1/files (multipart: file, purpose) -> a File object; GET /v1/files
+# (purpose, limit 1-10,000 default 10,000, order desc by default, after: an id) -> {"object": "list", "data",
+# "first_id", "last_id", "has_more"}; GET /v1/files/{id}; GET /v1/files/{id}/content; DELETE /v1/files/{id} ->
+# {"id", "object": "file", "deleted": true}. "Responses": a response made with `store` (true by default) is kept:
+# GET /v1/responses/{id}, DELETE /v1/responses/{id} -> {"id", "object": "response", "deleted": true}, and a later
+# request may continue it (`previous_response_id`; an unknown one is a 400 previous_response_not_found).
+
+
+class Objects:
+    """What the fake keeps for the callers of one key, as the provider keeps it per organization."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, tuple[dict[str, Any], bytes]] = {}  # by id, oldest first
+        self.responses: dict[str, dict[str, Any]] = {}
+
+
+def organization(request: Request) -> Objects:
+    """The objects of the key the request carries (checked already): each key is an organization of its own."""
+    orgs: dict[str, Objects] = request.app.state.organizations
+    return orgs[request.headers.get("authorization", "").removeprefix("Bearer ")]
+
+
+def not_found(kind: str, object_id: str) -> JSONResponse:
+    return with_error_fields(openai_error(404, f"No such {kind} object: {object_id}"), param="id")
+
+
+def form_fields(content_type: str, body: bytes) -> dict[str, tuple[str | None, bytes]]:
+    """A multipart/form-data body's fields: name -> (file name, bytes), read with the standard library's MIME
+    parser (the test environment has no python-multipart)."""
+    message = BytesParser(policy=HTTP).parsebytes(f"Content-Type: {content_type}\r\n\r\n".encode() + body)
+    fields = {}
+    for part in message.iter_parts() if message.is_multipart() else ():
+        name = part.get_param("name", header="content-disposition")
+        if isinstance(name, str):
+            fields[name] = (part.get_filename(), part.get_payload(decode=True) or b"")
+    return fields
+
+
+async def create_file(request: Request, stored: Objects) -> Response:
+    form = form_fields(request.headers.get("content-type", ""), await request.body())
+    if "file" not in form or "purpose" not in form:
+        return openai_error(400, "'file' and 'purpose' are required")
+    filename, content = form["file"]
+    purpose = form["purpose"][1].decode()
+    file = {
+        "id": f"file-{uuid.uuid4().hex[:24]}",
+        "object": "file",
+        "bytes": len(content),
+        "created_at": int(time.time()),
+        "expires_at": None,
+        "filename": filename,
+        "purpose": purpose,
+        "status": "processed",
+        "status_details": None,
+    }
+    stored.files[file["id"]] = (file, content)
+    return JSONResponse(file)
+
+
+async def list_files(request: Request, stored: Objects) -> Response:
+    query = request.query_params
+    limit = int(query.get("limit", 10_000))
+    if not 1 <= limit <= 10_000:
+        return with_error_fields(openai_error(400, "limit must be between 1 and 10000"), param="limit")
+    files = [f for f, _ in stored.files.values() if query.get("purpose") in (None, f["purpose"])]
+    if query.get("order", "desc") == "desc":
+        files.reverse()
+    if (after := query.get("after")) is not None:
+        at = next((i for i, f in enumerate(files) if f["id"] == after), None)
+        if at is None:
+            return not_found("File", after)
+        files = files[at + 1 :]
+    page = files[:limit]
+    first, last = (page[0]["id"], page[-1]["id"]) if page else (None, None)
+    return JSONResponse(
+        {"object": "list", "data": page, "first_id": first, "last_id": last, "has_more": len(files) > limit}
+    )
+
+
+async def one_file(request: Request, stored: Objects) -> Response:
+    file_id = request.path_params["file_id"]
+    if file_id not in stored.files:
+        return not_found("File", file_id)
+    file, content = stored.files[file_id]
+    if request.url.path.endswith("/content"):
+        return Response(content, media_type="application/octet-stream")
+    if request.method == "DELETE":
+        del stored.files[file_id]
+        return JSONResponse({"id": file_id, "object": "file", "deleted": True})
+    return JSONResponse(file)
+
+
+async def one_response(request: Request, stored: Objects) -> Response:
+    response_id = request.path_params["response_id"]
+    if response_id not in stored.responses:
+        return not_found("Response", response_id)
+    if request.method == "DELETE":
+        del stored.responses[response_id]
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+    return JSONResponse(stored.responses[response_id])
+
+
+async def unknown_route(request: Request, stored: Objects) -> Response:
+    """Any other path: OpenAI's 404 for a URL it does not serve (recorded, so a test sees what reached it)."""
+    return openai_error(404, f"Invalid URL ({request.method} {request.url.path})")
+
+
 # ---- the app ------------------------------------------------------------------------------------------------------
 
 Handler = Callable[[Request, dict[str, Any]], Any]
 
 
-def build(api_key: str) -> Starlette:
+def build(api_keys: list[str]) -> Starlette:
     received: list[dict[str, Any]] = []
 
     def endpoint(handler: Handler, anthropic: bool) -> Callable[[Request], Any]:
@@ -560,7 +686,7 @@ def build(api_key: str) -> Starlette:
             received.append({"path": request.url.path, "headers": dict(request.headers), "body": body})
             refuse = anthropic_error if anthropic else openai_error
             sent_key = request.headers.get("x-api-key") if anthropic else request.headers.get("authorization")
-            if sent_key != (api_key if anthropic else f"Bearer {api_key}"):
+            if sent_key not in (api_keys if anthropic else [f"Bearer {key}" for key in api_keys]):
                 return refuse(401, "invalid x-api-key" if anthropic else "Incorrect API key provided")
             if anthropic and not request.headers.get("anthropic-version"):
                 return refuse(400, "anthropic-version: header is required")
@@ -571,24 +697,56 @@ def build(api_key: str) -> Starlette:
 
         return receive
 
+    def objects(handler: Callable[[Request, Objects], Any]) -> Callable[[Request], Any]:
+        """An object route: recorded (its body when JSON), refused without a key like the model routes, and served
+        from the objects of the key it carries."""
+
+        async def receive(request: Request) -> Response:
+            body = await request.body()
+            json_body = body and "json" in request.headers.get("content-type", "")
+            received.append(
+                {
+                    "path": request.url.path,
+                    "method": request.method,
+                    "query": request.url.query,
+                    "headers": dict(request.headers),
+                    "body": json.loads(body) if json_body else None,
+                }
+            )
+            if request.headers.get("authorization") not in [f"Bearer {key}" for key in api_keys]:
+                return openai_error(401, "Incorrect API key provided")
+            return await handler(request, organization(request))
+
+        return receive
+
     async def get_received(request: Request) -> Response:
         return JSONResponse(received)
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/v1/messages", endpoint(messages, anthropic=True), methods=["POST"]),
             Route("/v1/messages/count_tokens", endpoint(count_tokens, anthropic=True), methods=["POST"]),
             Route("/v1/responses", endpoint(responses, anthropic=False), methods=["POST"]),
+            Route("/v1/responses/{response_id}", objects(one_response), methods=["GET", "DELETE"]),
             Route("/v1/chat/completions", endpoint(chat, anthropic=False), methods=["POST"]),
+            Route("/v1/files", objects(create_file), methods=["POST"]),
+            Route("/v1/files", objects(list_files), methods=["GET"]),
+            Route("/v1/files/{file_id}", objects(one_file), methods=["GET", "DELETE"]),
+            Route("/v1/files/{file_id}/content", objects(one_file), methods=["GET"]),
             Route("/_received", get_received),
+            Route("/v1/{path:path}", objects(unknown_route), methods=["GET", "POST", "DELETE"]),
         ]
     )
+    app.state.organizations = {key: Objects() for key in api_keys}
+    return app
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--api-key", required=True, help="the key every request must carry")
+    parser.add_argument(
+        "--api-key", required=True, action="append", help="a key a request may carry; each keeps its own objects"
+    )
     args = parser.parse_args()
     uvicorn.run(build(args.api_key), host="127.0.0.1", port=args.port, log_level="warning")
 

@@ -82,7 +82,7 @@ def stack(module_launcher) -> tuple[Process, Process]:
                 api_key_env="FAKE_PROVIDER_KEY",
                 anthropic_version=POOL_VERSION,
             ),
-            pool("hosted", fake.url, models=[GPT, CUT], api_key_env="FAKE_PROVIDER_KEY"),
+            pool("hosted", fake.url, models=[GPT, CUT], api_key_env="FAKE_PROVIDER_KEY", passthrough=["/v1/files*"]),
             pool("chat", fake.url, models=[CHAT], api_key_env="FAKE_PROVIDER_KEY"),
         ],
     }
@@ -317,24 +317,27 @@ def test_secret_in_a_translated_stream_ends_it_with_an_anthropic_error_event(gw)
 
 def test_responses_items_a_hosted_pool_reads_reach_it_as_sent(gw, fake) -> None:
     """Image and file parts, item references and item types the bundled engine does not know are the pool's to
-    judge: the gateway counts what text it can and sends the rest as the client wrote it."""
+    judge: the gateway counts what text it can and sends the rest as the client wrote it. The objects they name are
+    the tenant's own, made through the gateway (another tenant's: tests/hostile/test_tenant_objects.py)."""
+    earlier = gpt(gw).responses.create(model=GPT, input="an earlier turn")
+    file_id = gpt(gw).files.create(file=("notes.txt", b"notes\n"), purpose="user_data").id
     items: list[Any] = [
-        {"type": "item_reference", "id": "msg_earlier"},
+        {"type": "item_reference", "id": earlier.output[0].id},
         {
             "role": "user",
             "content": [
                 {"type": "input_text", "text": "What is in this picture and this file?"},
                 {"type": "input_image", "image_url": "https://example.com/cat.png", "detail": "low"},
-                {"type": "input_file", "file_id": "file-abc123"},
+                {"type": "input_file", "file_id": file_id},
             ],
         },
         {"type": "custom_tool_call_output", "call_id": "c1", "output": "done"},
     ]
-    raw = gpt(gw).responses.with_raw_response.create(model=GPT, previous_response_id="resp_earlier", input=items)
+    raw = gpt(gw).responses.with_raw_response.create(model=GPT, previous_response_id=earlier.id, input=items)
     assert raw.parse().output_text == "What is in this picture and this file?"
     [upstream] = received(fake, raw.headers["x-request-id"])
     assert upstream["path"] == "/v1/responses" and upstream["body"]["input"] == items
-    assert upstream["body"]["previous_response_id"] == "resp_earlier"
+    assert upstream["body"]["previous_response_id"] == earlier.id
     assert gw.access_log(raw.headers["x-request-id"])["prompt_tokens"] > 0
 
 
