@@ -70,6 +70,9 @@ from gateway.telemetry import (
     server_span,
     trace_ids,
 )
+from gateway.tenancy.ownership import TenantObjects
+from gateway.tenancy.passthrough import ObjectPassthrough
+from gateway.tenancy.store import build_object_store
 from gateway.upstream import PoolFailed, Upstream
 
 log = logging.getLogger(__name__)
@@ -128,6 +131,8 @@ class Gateway:
         self.fallbacks = Fallbacks(config.fallbacks, self.pools, config.models, self.metrics.fallbacks)
         self.admission = AdmissionStage(self.pools.pools, self.fallbacks, self.tracer, self.metrics)
         self.route = RouteStage()
+        # what tenants make upstream (files, batches) is recorded where the keys are, and theirs alone
+        self.objects = TenantObjects(build_object_store(config), config.tenant_objects)
         self.pipeline = Pipeline(
             [
                 parse,
@@ -145,6 +150,7 @@ class Gateway:
         # a pool's passthrough routes: the same stages up to the rate limits, none that read a model request
         self.passthrough = Pipeline([RawBodyStage(parse), waf, self.auth, rate_limits], self.tracer, self.metrics)
         self.upstream = Upstream(self.tracer, self.metrics, self.offload, config.telemetry.replica_header)
+        self.object_passthrough = ObjectPassthrough(self.objects, self.upstream)
         self.billing = Billing(self.metrics, lambda: self.policies, self.spend, config.telemetry)
 
     def _install(self, policies: PolicySet) -> None:
@@ -158,6 +164,7 @@ class Gateway:
         await self.metrics.tallies.aclose()  # what was counted since the last publish, billing too
         await self.rate_limiter.aclose()  # before Redis goes: its budget slices go back there
         await self.spend.aclose()  # before Redis goes: it may hold the ledger
+        await self.objects.aclose()
         if self.redis:
             await self.redis.aclose()
         self.offload.close()
@@ -334,7 +341,7 @@ class PassthroughEndpoint(ProxyEndpoint):
         pool = self.gateway.pools.for_passthrough(ctx.request.scope["path"])
         assert pool is not None  # checked on arrival; pools do not change while the process runs
         await self.gateway.passthrough.run(ctx)
-        return await self.gateway.upstream.pass_through(ctx, pool)
+        return await self.gateway.object_passthrough(ctx, pool)
 
 
 def _spend_store(config: GatewayConfig) -> SpendStore:

@@ -14,7 +14,18 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, IPvAnyNetwork, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    IPvAnyNetwork,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from gateway.tenancy.catalog import uncovered
 
 CONFIG_ENV = "PORTCULLIS_CONFIG"
 
@@ -379,8 +390,10 @@ class PoolConfig(_Strict):
     passthrough: list[str] = Field(
         default_factory=list,
         description=(
-            "other /v1/ routes this pool serves as they are (e.g. '/v1/files', '/v1/audio/*'): the WAF on the "
-            "request line and headers, auth and request-rate limits apply, the content stages do not"
+            "other /v1/ routes this pool serves as they are (e.g. '/v1/files*', '/v1/audio/speech'): the WAF on "
+            "the request line and headers, auth and request-rate limits apply, the content stages do not. Only "
+            "paths known to be stateless, or collections of objects the gateway keeps apart by tenant "
+            "(gateway/tenancy/catalog.py)"
         ),
     )
     timeouts: TimeoutsConfig = TimeoutsConfig()
@@ -416,6 +429,18 @@ class PoolConfig(_Strict):
         for route in routes:
             if not route.startswith("/v1/") or "*" in route.rstrip("*"):
                 raise ValueError(f"{route!r}: a passthrough route is a path under /v1/, optionally ending in '*'")
+        return routes
+
+    @field_validator("passthrough")
+    @classmethod
+    def _passthrough_known(cls, routes: list[str], info: ValidationInfo) -> list[str]:
+        """Fail closed: a route whose paths are not known to be stateless, or objects kept apart by tenant, would
+        share one tenant's upstream objects with every other through the pool's one key."""
+        if "api" not in info.data:  # refused already
+            return routes
+        for route in routes:
+            if (why := uncovered(info.data["api"], route)) is not None:
+                raise ValueError(f"{why}. Pass through those only")
         return routes
 
     @model_validator(mode="after")
@@ -586,6 +611,31 @@ def _default_pools() -> list[PoolConfig]:
     ]
 
 
+class TenantObjectsConfig(_Strict):
+    """Objects tenants make upstream through the gateway (files, batches, stored responses: the collections of
+    gateway/tenancy/catalog.py) are recorded with their tenant in the key store's backend, and only that tenant may
+    reach them; docs/keys-and-spend.md."""
+
+    ttl: Annotated[
+        float,
+        Field(
+            gt=0,
+            description=(
+                "seconds a record of who made an object is kept from its making; after it the object is unreachable "
+                "through the gateway (404), as if made outside it. Match what the upstream keeps (OpenAI keeps "
+                "stored responses 30 days, files until deleted)"
+            ),
+        ),
+    ] = 90 * 86400.0
+    unrecorded: Literal["hidden", "readable"] = Field(
+        default="hidden",
+        description=(
+            "objects the gateway has no record of (made outside it, or before their record expired): 'hidden', 404 "
+            "to every tenant; 'readable', every tenant may read, list and refer to them, none may change or delete them"
+        ),
+    )
+
+
 class AdminConfig(_Strict):
     """The admin plane: /metrics, detailed /readyz and /admin/* answer only on this listener, never on the public one.
 
@@ -684,6 +734,7 @@ class GatewayConfig(_Strict):
     redis: RedisConfig = RedisConfig()
     store: StoreConfig = StoreConfig()
     fallbacks: list[FallbackConfig] = Field(default_factory=list)
+    tenant_objects: TenantObjectsConfig = TenantObjectsConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
 
     @model_validator(mode="after")

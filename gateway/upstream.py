@@ -107,6 +107,26 @@ class _Attempt:
         return self.response
 
 
+@dataclass(slots=True)
+class PassedAnswer:
+    """A passthrough request's whole answer: its status, the headers a client may see, and its body."""
+
+    status: int
+    headers: dict[str, str]
+    content: bytes
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    def json(self) -> dict[str, Any] | None:
+        """The body as a JSON object, or None."""
+        return _json_or_none(self.content)
+
+    def response(self) -> Response:
+        return Response(self.content, status_code=self.status, headers=self.headers)
+
+
 class _Deadline:
     """A request's total deadline (`timeouts.total`, counted from its arrival), in event-loop time."""
 
@@ -284,32 +304,84 @@ class Upstream:
         """A passthrough route: the request to the pool's first available replica as it came (method, path, query,
         body, content type), no retry (a file upload is not idempotent); the answer back as it comes, within the
         pool's response-size and idle bounds and the request's deadline."""
+        attempt, deadline = await self._pass(ctx, pool)
+        response = attempt.answered
+        return StreamingResponse(
+            await _started(self._relay_raw(ctx, attempt, deadline)),
+            status_code=response.status,
+            headers=_passed_headers(ctx, response),
+        )
+
+    async def pass_through_whole(
+        self,
+        ctx: RequestContext,
+        pool: Pool,
+        *,
+        method: str | None = None,
+        path: str | None = None,
+        query: str | None = None,
+        body: bytes | None = None,
+    ) -> PassedAnswer:
+        """A passthrough request whose answer the gateway reads before the client hears it (the id of an object
+        made, a list page to filter), read whole within the pool's `max_response_bytes` and the request's deadline.
+        `method`, `path`, `query` and `body` replace the request's own (a list's next page, a create undone)."""
+        attempt, deadline = await self._pass(ctx, pool, method, path, query, body)
+        response = attempt.answered
+        complete = False
+        try:
+            async with asyncio.timeout_at(deadline.at):
+                content = await _read_body(response, pool)
+            complete = True
+        except TimeoutError:
+            raise deadline.exceeded() from None
+        except aiohttp.ClientError as exc:
+            raise _as_gateway_error(exc) from None
+        finally:
+            if complete:
+                response.release()
+            else:
+                response.close()
+            self._finish(ctx, attempt)
+        return PassedAnswer(response.status, _passed_headers(ctx, response), content)
+
+    async def _pass(
+        self,
+        ctx: RequestContext,
+        pool: Pool,
+        method: str | None = None,
+        path: str | None = None,
+        query: str | None = None,
+        body: bytes | None = None,
+    ) -> tuple[_Attempt, _Deadline]:
+        """Send a passthrough request and wait for its status line: the attempt, answered, and the deadline its
+        answer is read within."""
         scope = ctx.request.scope
         replica = pool.rank(pool.request_shape(0, 0, None)).replicas[0]
         attempt = _Attempt(pool, replica, self._start_span(ctx, pool, replica, 1), time.perf_counter())
         replica.outstanding += 1
-        headers = {k: v for k, v in ctx.request.headers.items() if k in _PASSED_HEADERS}
+        headers = {
+            k: v
+            for k, v in ctx.request.headers.items()
+            if k in _PASSED_HEADERS and not (body is not None and k == "content-type")  # not the body it describes
+        }
         headers.update(_pool_headers(pool, ctx, attempt.span))
-        query = scope.get("query_string") or b""
-        url = replica.url + scope["path"] + ("?" + query.decode("latin-1") if query else "")
+        if query is None:
+            query = (scope.get("query_string") or b"").decode("latin-1")
+        url = replica.url + (path or scope["path"]) + ("?" + query if query else "")
         deadline = _Deadline(pool, ctx.started)
         try:
             async with asyncio.timeout_at(deadline.at):
-                attempt.response = await pool.session.request(scope["method"], url, data=ctx.body, headers=headers)
+                attempt.response = await pool.session.request(
+                    method or scope["method"], url, data=ctx.body if body is None else body, headers=headers
+                )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise self._failed(ctx, attempt, 1, exc) from None
         except BaseException:
             self._drop(ctx, attempt)
             raise
-        response = attempt.response
-        ctx.replica, ctx.status = replica, response.status
-        pool.record(replica, ok=response.status < 500)
-        kept = {k: v for k, v in response.headers.items() if k.lower() in _RETURNED_HEADERS}
-        return StreamingResponse(
-            await _started(self._relay_raw(ctx, attempt, deadline)),
-            status_code=response.status,
-            headers=rendered({**kept, "x-request-id": ctx.request_id, **ctx.response_headers}),
-        )
+        ctx.replica, ctx.status = replica, attempt.response.status
+        pool.record(replica, ok=attempt.response.status < 500)
+        return attempt, deadline
 
     async def _relay_raw(
         self, ctx: RequestContext, attempt: _Attempt, deadline: _Deadline
@@ -486,6 +558,12 @@ async def _started(relay: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, 
     up for good."""
     await anext(relay)
     return relay
+
+
+def _passed_headers(ctx: RequestContext, response: aiohttp.ClientResponse) -> dict[str, str]:
+    """A passthrough answer's headers for the client: the upstream's that describe the body, and the gateway's."""
+    kept = {k: v for k, v in response.headers.items() if k.lower() in _RETURNED_HEADERS}
+    return rendered({**kept, "x-request-id": ctx.request_id, **ctx.response_headers})
 
 
 def _ask_for_usage(ctx: RequestContext, pool: Pool) -> bool:

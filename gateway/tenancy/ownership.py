@@ -1,0 +1,103 @@
+"""Who may reach which upstream object: the tenant that made it through the gateway, and no one else.
+
+Every decision reads the records (gateway/tenancy/store.py) and answers the same way for an object another tenant
+made and for one that does not exist: a 404 in the route's shape, never a 403, which would tell the asker that the
+id is real. An object the gateway has no record of (made outside it, or its record expired) is hidden from every
+tenant, unless `tenant_objects.unrecorded: readable` lets every tenant read it (never change or delete it). A store
+that does not answer decides nothing: 503, and nothing goes upstream.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Iterable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from gateway.config import TenantObjectsConfig
+from gateway.errors import GatewayError
+from gateway.tenancy.catalog import is_object_id
+from gateway.tenancy.records import Made, ObjectRecord, StoreUnavailable
+from gateway.tenancy.references import Reference
+from gateway.tenancy.store import ObjectStore
+
+if TYPE_CHECKING:
+    from gateway.context import RequestContext
+
+log = logging.getLogger(__name__)
+
+_ID_IN_MESSAGE = 128  # characters of an asked-for id echoed back
+
+T = TypeVar("T")
+
+
+def anonymous(ctx: RequestContext) -> bool:
+    """Served without a key: one tenant, nothing to keep apart (auth leaves a key id for every static or stored key,
+    none for anonymous access)."""
+    return ctx.key_id is None
+
+
+class TenantObjects:
+    def __init__(self, store: ObjectStore, config: TenantObjectsConfig) -> None:
+        self.store = store
+        self._ttl = config.ttl
+        self._unrecorded_readable = config.unrecorded == "readable"
+
+    async def require(self, tenant: str, wanted: Sequence[Reference], *, change: bool = False) -> None:
+        """Pass if every object `wanted` names is the tenant's to read (to `change`: modify, delete, add to), else
+        raise the 404 for the first that is not."""
+        found = await self._find(r.object_id for r in wanted)
+        for reference in wanted:
+            if not self._reaches(tenant, reference.kind, found.get(reference.object_id), change):
+                raise not_found(reference)
+
+    async def visible(self, tenant: str, kind: str, object_ids: Sequence[str]) -> set[str]:
+        """Those of a list page's ids the tenant may see."""
+        found = await self._find(object_ids)
+        return {i for i in object_ids if is_object_id(i) and self._reaches(tenant, kind, found.get(i), False)}
+
+    async def record(self, tenant: str, made: Iterable[tuple[str, str]]) -> None:
+        """Record objects (id, kind) the upstream made for the tenant; an id recorded already keeps its record."""
+        now = time.time()
+        rows = [Made(i, ObjectRecord(tenant, kind, now)) for i, kind in made if is_object_id(i)]
+        if rows:
+            await self._answered(self.store.add(rows, self._ttl))
+
+    async def forget(self, object_id: str) -> None:
+        """The object was deleted upstream: its record goes too."""
+        await self._answered(self.store.remove(object_id))
+
+    async def aclose(self) -> None:
+        await self.store.aclose()
+
+    def _reaches(self, tenant: str, kind: str, record: ObjectRecord | None, change: bool) -> bool:
+        if record is None:
+            return self._unrecorded_readable and not change
+        return record.tenant == tenant and record.kind == kind
+
+    async def _find(self, object_ids: Iterable[str]) -> dict[str, ObjectRecord]:
+        asked = list(dict.fromkeys(i for i in object_ids if is_object_id(i)))  # others cannot have a record
+        return await self._answered(self.store.find(asked)) if asked else {}
+
+    async def _answered(self, call: Awaitable[T]) -> T:
+        try:
+            return await call
+        except StoreUnavailable as err:
+            log.warning("tenant objects: the %s store did not answer (%s); refusing with 503", self.store.name, err)
+            raise GatewayError(
+                503,
+                "who owns this object cannot be checked: the object store is unreachable; retry",
+                type="server_error",
+                code="object_store_unavailable",
+                headers={"retry-after": "1"},
+            ) from None
+
+
+def not_found(reference: Reference) -> GatewayError:
+    """The same answer whether the object is another tenant's or does not exist."""
+    shown = reference.object_id[:_ID_IN_MESSAGE]
+    if reference.kind == "response" and reference.param == "previous_response_id":
+        message = f"Previous response with id '{shown}' not found."  # OpenAI's own wording
+        return GatewayError(404, message, code="previous_response_not_found", param=reference.param)
+    message = f"No {reference.kind.replace('_', ' ')} found with id '{shown}'."
+    return GatewayError(404, message, code=f"{reference.kind}_not_found", param=reference.param)

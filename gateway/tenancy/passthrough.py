@@ -1,0 +1,209 @@
+"""A pool's passthrough routes, served within what the requesting tenant owns (gateway/tenancy/catalog.py says what
+each path is):
+
+- a stateless path goes upstream as it came;
+- creating an object (`POST /v1/files`) reads the answer and records the id it names as the tenant's before the
+  client hears it, with the objects its answer says were made for it (an upload's file);
+- one object (`/v1/files/{id}` and everything under it) is served only to the tenant that made it: anyone else gets
+  a 404 and nothing goes upstream; a delete that succeeded removes the record; a read names the objects made for it
+  since (a batch's output file);
+- a list (`GET /v1/files`) is filtered to the tenant's objects, paging on with the upstream's cursor until the
+  client's page is full or the upstream has no more (at most `LIST_PAGES` upstream pages per answer);
+- any other path a pattern's prefix admits is a 404.
+
+Every request body's references to other objects (a batch's `input_file_id`) must be the tenant's too. Anonymous
+access (one tenant) is passed through as before, within the catalog's paths.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+import orjson
+from starlette.responses import Response
+
+from gateway.apis.anthropic_chat import anthropic_error
+from gateway.context import RequestContext
+from gateway.errors import GatewayError, invalid_request
+from gateway.routing.pool import Pool
+from gateway.tenancy.catalog import PAGES, Collection, Named, ObjectRoute, classify, is_object_id, named_ids
+from gateway.tenancy.ownership import TenantObjects, anonymous
+from gateway.tenancy.references import Reference, references
+from gateway.upstream import PassedAnswer, Upstream
+
+log = logging.getLogger(__name__)
+
+LIST_PAGES = 10  # upstream pages read for one filtered list page, at most
+SCAN_LIMIT = 100  # objects asked of the upstream per page while filtering (within the collection's max_limit)
+_READS = frozenset({"GET", "HEAD"})
+
+
+class ObjectPassthrough:
+    def __init__(self, objects: TenantObjects, upstream: Upstream) -> None:
+        self._objects = objects
+        self._upstream = upstream
+
+    async def __call__(self, ctx: RequestContext, pool: Pool) -> Response:
+        try:
+            return await self._serve(ctx, pool)
+        except GatewayError as error:
+            if pool.config.api == "anthropic":  # its clients read Anthropic's error shape
+                raise AnthropicShaped(error) from None
+            raise
+
+    async def _serve(self, ctx: RequestContext, pool: Pool) -> Response:
+        method, path = ctx.request.method, ctx.request.scope["path"]
+        route = classify(pool.config.api, path)
+        if route is None:
+            raise _unknown(method, path)
+        if not isinstance(route, ObjectRoute) or anonymous(ctx) or ctx.tenant is None:
+            return await self._upstream.pass_through(ctx, pool)  # stateless, or one tenant
+        tenant, collection = ctx.tenant, route.collection
+        body_references = references(ctx.payload) if ctx.payload else []
+        if route.object_id is not None:
+            change = method not in _READS
+            await self._objects.require(tenant, [Reference(collection.kind, route.object_id, "id")], change=change)
+            await self._objects.require(tenant, body_references)
+            return await self._one(ctx, pool, route, change)
+        if route.action is None and method == "GET" and collection.lists:
+            return await self._list(ctx, pool, collection, tenant)
+        if route.action is not None and method == "POST":
+            made: tuple[Named, ...] = collection.actions[route.action]
+        elif method == "POST" and collection.creates:
+            made = (Named(("id",), collection.kind), *collection.names)
+        else:
+            raise _unknown(method, path)
+        await self._objects.require(tenant, body_references)
+        answer = await self._upstream.pass_through_whole(ctx, pool)
+        if answer.ok and (body := answer.json()) is not None:
+            await self._record(ctx, pool, tenant, route, body, made)
+        return answer.response()
+
+    async def _one(self, ctx: RequestContext, pool: Pool, route: ObjectRoute, change: bool) -> Response:
+        """One object the tenant owns (checked): its content and sub-lists stream as they come; anything else is read
+        whole, for what it deletes or names."""
+        if not change and route.rest:
+            return await self._upstream.pass_through(ctx, pool)
+        answer = await self._upstream.pass_through_whole(ctx, pool)
+        if answer.ok and ctx.tenant is not None and route.object_id is not None:
+            if ctx.request.method == "DELETE" and not route.rest:
+                await self._objects.forget(route.object_id)
+            elif route.collection.names and (body := answer.json()) is not None:
+                await self._objects.record(ctx.tenant, named_ids(body, route.collection.names))
+        return answer.response()
+
+    async def _record(
+        self,
+        ctx: RequestContext,
+        pool: Pool,
+        tenant: str,
+        route: ObjectRoute,
+        body: dict[str, Any],
+        made: tuple[Named, ...],
+    ) -> None:
+        """Record what a create or an action made. A create that cannot be recorded is undone (deleted upstream,
+        best effort) and refused: no one could reach it, its maker included."""
+        try:
+            await self._objects.record(tenant, named_ids(body, made))
+        except GatewayError:
+            object_id, collection = body.get("id"), route.collection
+            if route.action is None and isinstance(object_id, str) and is_object_id(object_id):
+                log.error("%s %s made upstream but not recorded: deleting it", collection.kind, object_id)
+                try:
+                    path = f"{collection.root}/{object_id}"
+                    await self._upstream.pass_through_whole(ctx, pool, method="DELETE", path=path, query="", body=b"")
+                except GatewayError as err:
+                    log.error("%s %s could not be deleted: %s", collection.kind, object_id, err.message)
+            raise
+
+    async def _list(self, ctx: RequestContext, pool: Pool, collection: Collection, tenant: str) -> Response:
+        """A list page of the tenant's own objects: the upstream's pages filtered, read on with its cursor until
+        the page is full, the upstream has no more, or `LIST_PAGES` pages were read (then `has_more` stays true and
+        the page may be short, or empty)."""
+        pages = PAGES[pool.config.api]
+        query = parse_qsl((ctx.request.scope.get("query_string") or b"").decode("latin-1"), keep_blank_values=True)
+        asked = dict(query)
+        limit = _limit(asked.get("limit"), collection)
+        backward = pages.before in asked  # toward the list's start: each upstream page is read from its end
+        cursor_name = pages.before if backward else pages.after
+        cursor = asked.get(cursor_name)
+        if cursor is not None:  # a cursor is an object of the tenant's own list, as the SDKs page
+            await self._objects.require(tenant, [Reference(collection.kind, cursor, cursor_name)])
+        passed = [(k, v) for k, v in query if k not in ("limit", pages.after, pages.before)]
+        scan = str(min(max(limit, SCAN_LIMIT), collection.max_limit))
+        kept: list[dict[str, Any]] = []
+        more = True  # unless the upstream says it has no more
+        for _ in range(LIST_PAGES):
+            at = [(cursor_name, cursor)] if cursor is not None else []
+            answer = await self._upstream.pass_through_whole(
+                ctx, pool, query=urlencode([*passed, *at, ("limit", scan)])
+            )
+            if not answer.ok:
+                return answer.response()  # the upstream's own refusal, as it sent it
+            page, data = _list_page(answer)
+            visible = await self._objects.visible(tenant, collection.kind, [item["id"] for item in data])
+            mine = [item for item in (reversed(data) if backward else data) if item["id"] in visible]
+            room = limit - len(kept)
+            kept += mine[:room]
+            if len(mine) > room:  # the page is full, and more of the tenant's follow in this very one
+                break
+            if len(kept) == limit or not (page.get("has_more") and data):
+                more = bool(page.get("has_more")) and bool(data)
+                break
+            cursor = (data[0] if backward else data[-1])["id"]
+        if backward:
+            kept.reverse()
+        filtered = {
+            **page,
+            "data": kept,
+            "first_id": kept[0]["id"] if kept else None,
+            "last_id": kept[-1]["id"] if kept else None,
+            "has_more": more,
+        }
+        return Response(orjson.dumps(filtered), media_type="application/json", headers=answer.headers)
+
+
+def _limit(value: str | None, collection: Collection) -> int:
+    if value is None:
+        return collection.default_limit
+    if not value.isdigit() or not 1 <= int(value) <= collection.max_limit:
+        raise invalid_request(
+            f"'limit' must be an integer from 1 to {collection.max_limit}", param="limit", code="invalid_limit"
+        )
+    return int(value)
+
+
+def _list_page(answer: PassedAnswer) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A list page's body and its objects (each with a string id), or a 502 for anything else."""
+    body = answer.json()
+    data = body.get("data") if body is not None else None
+    if (
+        body is None
+        or not isinstance(data, list)
+        or not all(isinstance(o, dict) and isinstance(o.get("id"), str) for o in data)
+    ):
+        raise GatewayError(
+            502,
+            "the upstream's list answer is not a page of objects the gateway can filter",
+            type="upstream_error",
+            code="upstream_bad_response",
+        )
+    return body, data
+
+
+def _unknown(method: str, path: str) -> GatewayError:
+    return GatewayError(404, f"Unknown route {method} {path[:256]}: not one this pool passes through", code="not_found")
+
+
+class AnthropicShaped(GatewayError):
+    """An error on an Anthropic pool's passthrough route, in Anthropic's shape."""
+
+    def __init__(self, error: GatewayError) -> None:
+        super().__init__(
+            error.status, error.message, type=error.type, code=error.code, param=error.param, headers=error.headers
+        )
+
+    def body(self) -> dict[str, Any]:
+        return anthropic_error(self.status, self.message, self.type)

@@ -1,0 +1,84 @@
+"""The upstream objects a request body refers to by id: a Responses request's `previous_response_id` (continuing a
+stored response), a file part's `file_id`, a batch's `input_file_id`, a run's `assistant_id`... Each is read, or
+built on, upstream with the pool's one key, so each must be the requester's own (gateway/tenancy/ownership.py).
+
+Found by member name anywhere in the JSON body (a reviewed list, the same in every request shape), not by each
+shape's layout: a file part nested where a later API version puts it is still found. Left out: `metadata` (the
+client's own labels) and `annotations` (an answer's citations, sent back with its message, which the upstream does
+not read as a reference). An item reference (`{"type": "item_reference", "id": ...}`) names an item of a stored
+response.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+# a member's name → the kind of object its value (an id, or a list of ids) names
+REFERENCES: dict[str, str] = {
+    "previous_response_id": "response",
+    "conversation": "conversation",  # an id, or {"id": ...}
+    "file_id": "file",
+    "file_ids": "file",
+    "input_file_id": "file",
+    "training_file": "file",
+    "validation_file": "file",
+    "vector_store_id": "vector_store",
+    "vector_store_ids": "vector_store",
+    "assistant_id": "assistant",
+    "thread_id": "thread",
+    "container": "container",  # a code interpreter's container: an id, or {"type": "auto", ...}
+}
+ITEM_REFERENCE = "item_reference"
+_SKIPPED = frozenset({"metadata", "annotations"})
+# A body holds a reference only if one of these is in its bytes (or an escape, which could spell a name): most model
+# requests are not walked at all.
+_NEEDLES = (*(f'"{name}"'.encode() for name in REFERENCES), f'"{ITEM_REFERENCE}"'.encode(), b"\\u")
+
+
+class Reference(NamedTuple):
+    kind: str
+    object_id: str
+    param: str  # where in the body, for the error: "previous_response_id", "input[0].content[2].file_id"
+
+
+def may_refer(body: bytes) -> bool:
+    """Whether a body could hold a reference: false for most model requests, which then need no walk."""
+    return any(needle in body for needle in _NEEDLES)
+
+
+def references(payload: Any) -> list[Reference]:
+    """Every reference in a decoded JSON body (bounded by the parse limits), in document order."""
+    return list(_walk(payload, ""))
+
+
+def _walk(node: Any, at: str) -> Iterator[Reference]:
+    if isinstance(node, list):
+        for i, item in enumerate(node):
+            yield from _walk(item, f"{at}[{i}]")
+    elif isinstance(node, dict):
+        if node.get("type") == ITEM_REFERENCE and isinstance(node.get("id"), str):
+            yield Reference("item", node["id"], _join(at, "id"))
+        for key, value in node.items():
+            where = _join(at, key)
+            kind = REFERENCES.get(key)
+            if kind is not None:
+                yield from _ids(kind, value, where)
+            elif key not in _SKIPPED:
+                yield from _walk(value, where)
+
+
+def _ids(kind: str, value: Any, where: str) -> Iterator[Reference]:
+    if isinstance(value, str):
+        yield Reference(kind, value, where)
+    elif isinstance(value, list):
+        yield from (Reference(kind, v, f"{where}[{i}]") for i, v in enumerate(value) if isinstance(v, str))
+    elif isinstance(value, dict):
+        if isinstance(value.get("id"), str):  # {"id": ...}: a conversation named as an object
+            yield Reference(kind, value["id"], _join(where, "id"))
+        else:  # {"type": "auto", "file_ids": [...]}: a container made on the spot, with files of its own
+            yield from _walk(value, where)
+
+
+def _join(at: str, key: str) -> str:
+    return f"{at}.{key}" if at else key

@@ -1,0 +1,216 @@
+"""Tenants attacking each other's upstream objects through a pool's one key: files, stored responses and the
+conversations built on them, through a real gateway in front of tests/fake_providers.py (OpenAI's Files and stored
+Responses, kept per key as OpenAI keeps them per organization), called with the official `openai` SDK.
+
+Each tenant makes objects of its own and keeps to them, so the module's gateway and fake serve every test that reads
+only its own tenants' objects; the fleet (two gateways on one Redis), anonymous access and start refusals take their
+own. "Never reached the upstream" is read from the fake's record of what it received, by the gateway's request id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import ROOT, Launcher, Process, pool
+from tests.hostile.raw_http import connect, read_answer
+
+GPT = "gpt-4.1-mini"
+UPSTREAM_KEY = "sk-upstream-tenancy-5e1d"
+KEYS = {tenant: f"sk-portcullis-{tenant}-0c4f" for tenant in ("ann", "bob", "cat", "dan", "eve", "fay", "gus", "hal")}
+PASSTHROUGH = ["/v1/files*", "/v1/responses/*", "/v1/batches*"]
+
+
+def fake_provider(launcher: Launcher) -> Process:
+    def cmd(port: int) -> list[str]:
+        return [
+            sys.executable,
+            str(ROOT / "tests" / "fake_providers.py"),
+            "--port",
+            str(port),
+            "--api-key",
+            UPSTREAM_KEY,
+        ]
+
+    return launcher.spawn(cmd, "fake-providers", ready_path="/_received")
+
+
+def gateway_config(fake: Process, keys: bool = True, **extra: Any) -> dict[str, Any]:
+    auth = {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()} for t, k in KEYS.items()]}
+    return {
+        "pools": [pool("openai", fake.url, models=[GPT], api_key_env="TENANCY_UPSTREAM_KEY", passthrough=PASSTHROUGH)],
+        **({"auth": auth} if keys else {}),
+        **extra,
+    }
+
+
+def start_gateway(launcher: Launcher, fake: Process, keys: bool = True, **extra: Any) -> Process:
+    return launcher.gateway(gateway_config(fake, keys, **extra), env={"TENANCY_UPSTREAM_KEY": UPSTREAM_KEY})
+
+
+@pytest.fixture(scope="module")
+def fake(module_launcher: Launcher) -> Process:
+    return fake_provider(module_launcher)
+
+
+@pytest.fixture(scope="module")
+def gw(module_launcher: Launcher, fake: Process) -> Process:
+    return start_gateway(module_launcher, fake)
+
+
+def client(gw: Process, tenant: str | None) -> openai.OpenAI:
+    key = KEYS[tenant] if tenant else "no-key-needed"
+    return openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def received(fake: Process, request_id: str) -> list[dict[str, Any]]:
+    """What the fake received for one gateway request (the gateway sends its request id upstream)."""
+    return [r for r in httpx.get(fake.url + "/_received").json() if r["headers"].get("x-request-id") == request_id]
+
+
+def refused(call: Any, fake: Process, code: str) -> openai.NotFoundError:
+    """`call()` answered with the gateway's own 404 (`code`), and nothing of it reached the upstream."""
+    with pytest.raises(openai.NotFoundError) as caught:
+        call()
+    error = caught.value
+    assert error.code == code, error.body
+    assert received(fake, error.response.headers["x-request-id"]) == [], "a refused request reached the upstream"
+    return error
+
+
+def upload(gw: Process, tenant: str, text: str = "one line\n") -> str:
+    return client(gw, tenant).files.create(file=("data.jsonl", text.encode()), purpose="batch").id
+
+
+def upload_outside(fake: Process) -> str:
+    """A file made at the upstream with its key, not through the gateway."""
+    files = {"file": ("outside.jsonl", b"made elsewhere\n"), "purpose": (None, "batch")}
+    answer = httpx.post(fake.url + "/v1/files", files=files, headers={"authorization": f"Bearer {UPSTREAM_KEY}"})
+    assert answer.status_code == 200, answer.text
+    return answer.json()["id"]
+
+
+# ---- files ----------------------------------------------------------------------------------------------------------
+
+
+def test_another_tenants_file_is_not_found_to_read_download_or_delete(gw, fake) -> None:
+    file_id = upload(gw, "ann", "ann's secret rows\n")
+    bob = client(gw, "bob")
+    refused(lambda: bob.files.retrieve(file_id), fake, "file_not_found")
+    refused(lambda: bob.files.content(file_id), fake, "file_not_found")
+    refused(lambda: bob.files.delete(file_id), fake, "file_not_found")
+
+    ann = client(gw, "ann")
+    assert ann.files.retrieve(file_id).id == file_id
+    assert ann.files.content(file_id).content == b"ann's secret rows\n", "bob's delete must not have gone upstream"
+    assert ann.files.delete(file_id).deleted
+    # the record went with the file: asking again is the gateway's 404, not a trip upstream
+    refused(lambda: ann.files.retrieve(file_id), fake, "file_not_found")
+
+
+def test_a_file_list_holds_only_the_tenants_own_and_pages_through_them(gw, fake) -> None:
+    cats, dans = [], []
+    for turn in "cddcddcdd":  # the other tenant's files between each of cat's
+        (cats if turn == "c" else dans).append(upload(gw, "cat" if turn == "c" else "dan"))
+    outside = upload_outside(fake)
+
+    for limit in (1, 2, 100):
+        listed = [f.id for f in client(gw, "cat").files.list(limit=limit)]  # the SDK pages with `after`
+        assert listed == cats[::-1], f"limit {limit}"  # newest first, as the upstream orders them
+    assert [f.id for f in client(gw, "dan").files.list()] == dans[::-1]
+
+    first = client(gw, "cat").files.list(limit=2)
+    assert [f.id for f in first.data] == cats[:0:-1] and first.has_more
+    last = client(gw, "cat").files.list(limit=2, after=cats[1])
+    assert [f.id for f in last.data] == [cats[0]] and not last.has_more
+    assert outside not in [f.id for f in client(gw, "dan").files.list()]
+
+
+def test_a_list_cursor_must_be_the_tenants_own(gw, fake) -> None:
+    anns = upload(gw, "ann")
+    refused(lambda: client(gw, "eve").files.list(after=anns), fake, "file_not_found")
+
+
+def test_a_file_made_outside_the_gateway_is_hidden_from_every_tenant(gw, fake) -> None:
+    outside = upload_outside(fake)
+    for tenant in ("ann", "bob"):
+        refused(lambda t=tenant: client(gw, t).files.retrieve(outside), fake, "file_not_found")
+        assert outside not in [f.id for f in client(gw, tenant).files.list()]
+
+
+def test_a_batch_may_not_read_another_tenants_file(gw, fake) -> None:
+    file_id = upload(gw, "fay")
+    error = refused(
+        lambda: client(gw, "gus").batches.create(
+            input_file_id=file_id, endpoint="/v1/responses", completion_window="24h"
+        ),
+        fake,
+        "file_not_found",
+    )
+    assert error.body["param"] == "input_file_id"
+
+
+def test_dot_segments_cannot_lead_a_passthrough_route_elsewhere(gw, fake) -> None:
+    """`/v1/files/x/../../vector_stores` would reach /v1/vector_stores upstream (the client library resolves dot
+    segments), a route this pool does not pass through, and lists every tenant's."""
+    sock = connect(gw.url)
+    sock.sendall(
+        b"GET /v1/files/file-x/%2e%2e/%2e%2e/vector_stores HTTP/1.1\r\nhost: gw\r\n"
+        b"authorization: Bearer " + KEYS["ann"].encode() + b"\r\nconnection: close\r\n\r\n"
+    )
+    answer = read_answer(sock)
+    assert answer is not None and answer.status == 404, answer
+    assert answer.error()["code"] == "not_found"
+    assert received(fake, answer.headers["x-request-id"]) == []
+
+
+# ---- a fleet, anonymous access, refusals at start ----------------------------------------------------------------
+
+
+def test_records_expire_with_their_ttl(launcher) -> None:
+    fake = fake_provider(launcher)
+    gw = start_gateway(launcher, fake, tenant_objects={"ttl": 2})
+    file_id = upload(gw, "ann")
+    assert client(gw, "ann").files.retrieve(file_id).id == file_id
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client(gw, "ann").files.retrieve(file_id)
+        except openai.NotFoundError:
+            break
+        assert time.monotonic() < deadline, "the record outlived its ttl"
+        time.sleep(0.1)
+
+
+def test_anonymous_access_serves_every_object_as_before(launcher) -> None:
+    """No key anywhere: one tenant, and what the upstream holds is all its own, made through the gateway or not."""
+    fake = fake_provider(launcher)
+    gw = start_gateway(launcher, fake, keys=False)
+    outside = upload_outside(fake)
+    anyone = client(gw, None)
+    assert anyone.files.retrieve(outside).id == outside
+    assert outside in [f.id for f in anyone.files.list()]
+
+
+@pytest.mark.parametrize(
+    ("route", "told"),
+    [
+        ("/v1/*", "known under '/v1/': /v1/assistants*"),
+        ("/v1/audio/*", "known under '/v1/audio/': /v1/audio/speech, /v1/audio/transcriptions"),
+        ("/v1/chat/completions/*", "not known to be stateless"),
+    ],
+)
+def test_a_pool_passing_an_unknown_route_through_is_refused_at_start(launcher, route, told) -> None:
+    config = {"pools": [pool("openai", "http://127.0.0.1:9", passthrough=["/v1/files*", route])]}
+    with pytest.raises(RuntimeError) as failed:
+        launcher.gateway(config)
+    message = str(failed.value)
+    assert f"pools[0].passthrough: Value error, '{route}' reaches paths" in message
+    assert told in message
+    assert ".yaml" in message and "Traceback" not in message
