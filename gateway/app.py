@@ -72,6 +72,7 @@ from gateway.telemetry import (
 )
 from gateway.tenancy.ownership import TenantObjects
 from gateway.tenancy.passthrough import ObjectPassthrough
+from gateway.tenancy.stage import ObjectsStage
 from gateway.tenancy.store import build_object_store
 from gateway.upstream import PoolFailed, Upstream
 
@@ -131,13 +132,14 @@ class Gateway:
         self.fallbacks = Fallbacks(config.fallbacks, self.pools, config.models, self.metrics.fallbacks)
         self.admission = AdmissionStage(self.pools.pools, self.fallbacks, self.tracer, self.metrics)
         self.route = RouteStage()
-        # what tenants make upstream (files, batches) is recorded where the keys are, and theirs alone
+        # what tenants make upstream (files, stored responses) is recorded where the keys are, and theirs alone
         self.objects = TenantObjects(build_object_store(config), config.tenant_objects)
         self.pipeline = Pipeline(
             [
                 parse,
                 waf,
                 self.auth,
+                ObjectsStage(self.objects),
                 ContextWindowFallback(self.tokenize, self.fallbacks),
                 rate_limits,
                 self.admission,

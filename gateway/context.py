@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from gateway.routing.pool import Pool
     from gateway.routing.replica import KvHold, Replica
     from gateway.spend.charge import Charge
+    from gateway.tenancy.stage import MadeObjects
 
 
 _REQUEST_ID_PREFIX = os.urandom(8).hex()  # this process's: ids from several processes never collide
@@ -116,6 +117,8 @@ class RequestContext:
     usage: Usage = field(default_factory=Usage)
     stream_error: str | None = None
     response_headers: dict[str, str] = field(default_factory=dict)
+    # objects the upstream makes for the tenant (a stored response): recorded as theirs (gateway/tenancy/stage.py)
+    made_objects: MadeObjects | None = None
     # what the ended request is charged, at which price table (gateway/spend/charge.py): settlement and billing ask
     charged: tuple[PriceTable, Charge] | None = None
 

@@ -193,6 +193,8 @@ class Upstream:
                 raise _with_trigger(error, _status_trigger(ctx.status, error))
             if attempt.answer is not None:
                 exchange.answers.record(ctx.usage, attempt.answer)
+                if ctx.made_objects is not None:  # a stored response: the tenant's, before its id is told
+                    await ctx.made_objects.answer(attempt.answer)
             if ctx.output_guard is not None:  # raises GuardBlocked (a GatewayError) on a block
                 attempt.content = await ctx.output_guard.check_body(attempt.content)
         finally:
@@ -481,6 +483,8 @@ class Upstream:
                         out.append(event)
                         continue
                     saw_done = saw_done or exchange.answers.ends(data, parsed)
+                    if parsed is not None and ctx.made_objects is not None:
+                        await ctx.made_objects.event(parsed)  # before the event that tells the id goes out
                     if parsed is None or self._inspect_event(ctx, exchange, parsed, strip_usage):
                         out.append(event)
                 if ctx.usage.generated:  # the first output token came: routing stops counting this prefill

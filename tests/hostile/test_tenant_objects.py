@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import ROOT, Launcher, Process, pool
+from tests.conftest import ROOT, Launcher, Process, RedisServer, pool
 from tests.hostile.raw_http import connect, read_answer
 
 GPT = "gpt-4.1-mini"
@@ -170,7 +170,93 @@ def test_dot_segments_cannot_lead_a_passthrough_route_elsewhere(gw, fake) -> Non
     assert received(fake, answer.headers["x-request-id"]) == []
 
 
+# ---- stored responses -----------------------------------------------------------------------------------------------
+
+
+def test_another_tenants_stored_response_is_not_found_to_read_continue_or_delete(gw, fake) -> None:
+    ann, bob = client(gw, "ann"), client(gw, "bob")
+    made = ann.responses.create(model=GPT, input="ann's plans for the merger")
+    refused(lambda: bob.responses.retrieve(made.id), fake, "response_not_found")
+    refused(
+        lambda: bob.responses.create(model=GPT, input="go on", previous_response_id=made.id),
+        fake,
+        "previous_response_not_found",
+    )
+    refused(lambda: bob.responses.delete(made.id), fake, "response_not_found")
+
+    assert ann.responses.retrieve(made.id).output_text == "ann's plans for the merger"
+    continued = ann.responses.with_raw_response.create(model=GPT, input="go on", previous_response_id=made.id)
+    assert continued.parse().previous_response_id == made.id
+    [sent] = received(fake, continued.headers["x-request-id"])
+    assert sent["body"]["previous_response_id"] == made.id
+    ann.responses.delete(made.id)
+    refused(lambda: ann.responses.retrieve(made.id), fake, "response_not_found")
+
+
+def test_a_streamed_response_is_its_tenants_from_its_first_event(gw, fake) -> None:
+    with client(gw, "cat").responses.create(model=GPT, input="streamed for cat", stream=True) as stream:
+        first = next(iter(stream))
+        assert first.type == "response.created"
+        made = first.response.id
+        # while the stream is still open: its id is cat's already, on any request
+        assert client(gw, "cat").responses.retrieve(made).id == made
+        refused(lambda: client(gw, "dan").responses.retrieve(made), fake, "response_not_found")
+        for _ in stream:
+            pass
+    refused(
+        lambda: client(gw, "dan").responses.create(model=GPT, input="x", previous_response_id=made),
+        fake,
+        "previous_response_not_found",
+    )
+
+
+def test_an_unknown_previous_response_is_refused_before_the_upstream(gw, fake) -> None:
+    refused(
+        lambda: client(gw, "eve").responses.create(model=GPT, input="x", previous_response_id="resp_madeup"),
+        fake,
+        "previous_response_not_found",
+    )
+
+
+def test_a_request_may_not_show_the_model_another_tenants_file(gw, fake) -> None:
+    file_id = upload(gw, "hal", "hal's contract\n")
+
+    def asking(tenant: str) -> Any:
+        content = [{"type": "input_text", "text": "summarise"}, {"type": "input_file", "file_id": file_id}]
+        return client(gw, tenant).responses.create(model=GPT, input=[{"role": "user", "content": content}])
+
+    error = refused(lambda: asking("fay"), fake, "file_not_found")
+    assert error.body["param"] == "input[0].content[1].file_id"
+    assert asking("hal").output_text == "summarise"
+
+
+def test_an_item_of_another_tenants_response_may_not_be_referenced(gw, fake) -> None:
+    made = client(gw, "gus").responses.create(model=GPT, input="gus's item")
+    item = made.output[0].id
+    items = [{"type": "item_reference", "id": item}, {"role": "user", "content": "and?"}]
+    refused(lambda: client(gw, "fay").responses.create(model=GPT, input=items), fake, "item_not_found")
+    assert client(gw, "gus").responses.create(model=GPT, input=items).output_text == "and?"
+
+
 # ---- a fleet, anonymous access, refusals at start ----------------------------------------------------------------
+
+
+def test_two_instances_sharing_redis_agree_on_who_owns_what(launcher, redis_server: RedisServer) -> None:
+    fake = fake_provider(launcher)
+    shared = {"redis": {"url": redis_server.url}, "store": {"backend": "redis"}}
+    one, two = start_gateway(launcher, fake, **shared), start_gateway(launcher, fake, **shared)
+    file_id = upload(one, "ann")
+    made = client(one, "ann").responses.create(model=GPT, input="on instance one")
+
+    assert client(two, "ann").files.retrieve(file_id).id == file_id
+    assert [f.id for f in client(two, "ann").files.list()] == [file_id]
+    assert client(two, "ann").responses.create(model=GPT, input="on two", previous_response_id=made.id).id
+    refused(lambda: client(two, "bob").files.retrieve(file_id), fake, "file_not_found")
+    refused(lambda: client(two, "bob").responses.retrieve(made.id), fake, "response_not_found")
+    assert client(two, "bob").files.list().data == []
+
+    client(two, "ann").files.delete(file_id)
+    refused(lambda: client(one, "ann").files.retrieve(file_id), fake, "file_not_found")
 
 
 def test_records_expire_with_their_ttl(launcher) -> None:
@@ -196,6 +282,9 @@ def test_anonymous_access_serves_every_object_as_before(launcher) -> None:
     anyone = client(gw, None)
     assert anyone.files.retrieve(outside).id == outside
     assert outside in [f.id for f in anyone.files.list()]
+    with pytest.raises(openai.BadRequestError) as caught:  # the upstream's own answer: no record is asked for
+        anyone.responses.create(model=GPT, input="x", previous_response_id="resp_madeup")
+    assert received(fake, caught.value.response.headers["x-request-id"])
 
 
 @pytest.mark.parametrize(
