@@ -384,6 +384,15 @@ class PoolConfig(_Strict):
         ),
     )
     api_key_env: str | None = Field(default=None, description="env var holding the upstream API key")
+    tenant_api_key_env: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "tenant -> env var holding that tenant's own upstream API key: every request of the tenant to this pool "
+            "carries it instead of api_key_env's, so the provider keeps its objects apart from other tenants', and "
+            "the tenant may use passthrough routes the gateway does not keep apart by tenant. Other tenants use "
+            "api_key_env's key"
+        ),
+    )
     anthropic_version: str = Field(
         default="2023-06-01", description="the anthropic-version header an 'anthropic' pool is sent"
     )
@@ -393,7 +402,7 @@ class PoolConfig(_Strict):
             "other /v1/ routes this pool serves as they are (e.g. '/v1/files*', '/v1/audio/speech'): the WAF on "
             "the request line and headers, auth and request-rate limits apply, the content stages do not. Only "
             "paths known to be stateless, or collections of objects the gateway keeps apart by tenant "
-            "(gateway/tenancy/catalog.py)"
+            "(gateway/tenancy/catalog.py), unless tenants have their own upstream keys (tenant_api_key_env)"
         ),
     )
     timeouts: TimeoutsConfig = TimeoutsConfig()
@@ -435,12 +444,15 @@ class PoolConfig(_Strict):
     @classmethod
     def _passthrough_known(cls, routes: list[str], info: ValidationInfo) -> list[str]:
         """Fail closed: a route whose paths are not known to be stateless, or objects kept apart by tenant, would
-        share one tenant's upstream objects with every other through the pool's one key."""
-        if "api" not in info.data:  # refused already
+        share one tenant's upstream objects with every other through the pool's one key. With tenants' own keys the
+        provider keeps theirs apart, and a tenant without one is refused such paths per request."""
+        if info.data.get("tenant_api_key_env") or "api" not in info.data:
             return routes
         for route in routes:
             if (why := uncovered(info.data["api"], route)) is not None:
-                raise ValueError(f"{why}. Pass through those only")
+                raise ValueError(
+                    f"{why}. Pass through those only, or give each tenant its own key (tenant_api_key_env)"
+                )
         return routes
 
     @model_validator(mode="after")
@@ -458,6 +470,17 @@ class PoolConfig(_Strict):
 
     def api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    def tenant_api_keys(self) -> dict[str, str]:
+        """Each tenant's own upstream key, read at start; a variable that is not set stops the start."""
+        keys = {}
+        for tenant, env in self.tenant_api_key_env.items():
+            if not (key := os.environ.get(env)):
+                raise ConfigError(
+                    f"pool {self.name!r}: tenant_api_key_env.{tenant}: environment variable {env} is not set"
+                )
+            keys[tenant] = key
+        return keys
 
     def vllm_hash_seed(self) -> str:
         """The replicas' PYTHONHASHSEED, read at start like API keys; the file never holds it."""

@@ -584,16 +584,18 @@ def _ask_for_usage(ctx: RequestContext, pool: Pool) -> bool:
 
 
 def _pool_headers(pool: Pool, ctx: RequestContext, span: Span) -> dict[str, str]:
-    """What every request to a pool carries: the pool's own credentials in its API's way, the request id, the trace."""
+    """What every request to a pool carries: the pool's credentials for the tenant (its own key, else the pool's) in
+    its API's way, the request id, the trace."""
     headers = {"accept-encoding": "identity", "x-request-id": ctx.request_id}
+    api_key = pool.api_key_for(ctx.tenant)
     if pool.config.api == "anthropic":
         headers["anthropic-version"] = pool.config.anthropic_version
         if beta := ctx.request.headers.get("anthropic-beta"):
             headers["anthropic-beta"] = beta  # features a client opts in to are its request's, as sent
-        if pool.api_key:
-            headers["x-api-key"] = pool.api_key
-    elif pool.api_key:
-        headers["authorization"] = f"Bearer {pool.api_key}"
+        if api_key:
+            headers["x-api-key"] = api_key
+    elif api_key:
+        headers["authorization"] = f"Bearer {api_key}"
     propagate.inject(headers, context=set_span_in_context(span))
     return headers
 

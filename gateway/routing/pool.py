@@ -66,6 +66,7 @@ class Pool:
         self.name = config.name
         self.replicas = [Replica(url=r.url) for r in config.replicas]
         self.api_key = config.api_key()  # read once at start; the file never holds it
+        self.tenant_api_keys = config.tenant_api_keys()
         self.index = PrefixIndex(config.affinity.index_capacity)
         self.policy = _policy(config, self.index)
         events = config.kv_events
@@ -88,6 +89,14 @@ class Pool:
         self.on_change: list[Callable[[], None]] = []  # capacity may have freed (admission re-dispatches)
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
+
+    def api_key_for(self, tenant: str | None) -> str | None:
+        """The upstream key a tenant's requests carry: its own where it has one, else the pool's."""
+        return self.tenant_api_keys.get(tenant, self.api_key) if tenant is not None else self.api_key
+
+    def has_own_key(self, tenant: str | None) -> bool:
+        """Whether the provider keeps this tenant's objects apart (its own upstream key)."""
+        return tenant is not None and tenant in self.tenant_api_keys
 
     @property
     def session(self) -> aiohttp.ClientSession:

@@ -9,7 +9,8 @@ each path is):
   since (a batch's output file);
 - a list (`GET /v1/files`) is filtered to the tenant's objects, paging on with the upstream's cursor until the
   client's page is full or the upstream has no more (at most `LIST_PAGES` upstream pages per answer);
-- any other path a pattern's prefix admits is a 404.
+- any other path a pattern admits is a 404, unless the tenant has its own upstream key on the pool
+  (`tenant_api_key_env`): then the provider keeps its objects apart, and the path goes upstream as it came.
 
 Every request body's references to other objects (a batch's `input_file_id`) must be the tenant's too. Anonymous
 access (one tenant) is passed through as before, within the catalog's paths.
@@ -56,6 +57,8 @@ class ObjectPassthrough:
     async def _serve(self, ctx: RequestContext, pool: Pool) -> Response:
         method, path = ctx.request.method, ctx.request.scope["path"]
         route = classify(pool.config.api, path)
+        if route is None and pool.has_own_key(ctx.tenant):  # the provider keeps this tenant's objects apart
+            return await self._upstream.pass_through(ctx, pool)
         if route is None:
             raise _unknown(method, path)
         if not isinstance(route, ObjectRoute) or anonymous(ctx) or ctx.tenant is None:

@@ -27,16 +27,12 @@ KEYS = {tenant: f"sk-portcullis-{tenant}-0c4f" for tenant in ("ann", "bob", "cat
 PASSTHROUGH = ["/v1/files*", "/v1/responses/*", "/v1/batches*"]
 
 
-def fake_provider(launcher: Launcher) -> Process:
+def fake_provider(launcher: Launcher, *other_keys: str) -> Process:
+    """The fake OpenAI, taking the pool's key and `other_keys`, each an organization with objects of its own."""
+
     def cmd(port: int) -> list[str]:
-        return [
-            sys.executable,
-            str(ROOT / "tests" / "fake_providers.py"),
-            "--port",
-            str(port),
-            "--api-key",
-            UPSTREAM_KEY,
-        ]
+        keys = [arg for key in (UPSTREAM_KEY, *other_keys) for arg in ("--api-key", key)]
+        return [sys.executable, str(ROOT / "tests" / "fake_providers.py"), "--port", str(port), *keys]
 
     return launcher.spawn(cmd, "fake-providers", ready_path="/_received")
 
@@ -301,5 +297,50 @@ def test_a_pool_passing_an_unknown_route_through_is_refused_at_start(launcher, r
         launcher.gateway(config)
     message = str(failed.value)
     assert f"pools[0].passthrough: Value error, '{route}' reaches paths" in message
-    assert told in message
+    assert told in message and "tenant_api_key_env" in message
     assert ".yaml" in message and "Traceback" not in message
+
+
+def test_tenants_with_their_own_upstream_keys_keep_their_objects_at_the_provider(launcher) -> None:
+    """`tenant_api_key_env`: a listed tenant's requests carry its own key on every route, so the provider keeps its
+    objects apart, and the pool may pass through a route the gateway does not know; a tenant without a key of its
+    own reaches that route not at all, and the others with the pool's key."""
+    own = {"ann": "sk-upstream-ann-77d2", "bob": "sk-upstream-bob-19ea"}
+    fake = fake_provider(launcher, *own.values())
+    pools = [
+        pool(
+            "openai",
+            fake.url,
+            models=[GPT],
+            api_key_env="TENANCY_UPSTREAM_KEY",
+            tenant_api_key_env={"ann": "TENANCY_ANN_KEY", "bob": "TENANCY_BOB_KEY"},
+            passthrough=["/v1/files*", "/v1/evals*"],
+        )
+    ]
+    auth = {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()} for t, k in KEYS.items()]}
+    env = {"TENANCY_UPSTREAM_KEY": UPSTREAM_KEY, "TENANCY_ANN_KEY": own["ann"], "TENANCY_BOB_KEY": own["bob"]}
+    gw = launcher.gateway({"pools": pools, "auth": auth}, env=env)
+
+    def sent_key(request_id: str) -> str:
+        [sent] = received(fake, request_id)
+        return sent["headers"]["authorization"]
+
+    evals = {
+        tenant: httpx.get(gw.url + "/v1/evals", headers={"authorization": f"Bearer {KEYS[tenant]}"})
+        for tenant in ("ann", "cat")
+    }
+    assert evals["ann"].status_code == 404 and "Invalid URL" in evals["ann"].json()["error"]["message"]
+    assert sent_key(evals["ann"].headers["x-request-id"]) == f"Bearer {own['ann']}"
+    assert evals["cat"].status_code == 404 and evals["cat"].json()["error"]["code"] == "not_found"
+    assert received(fake, evals["cat"].headers["x-request-id"]) == [], "a tenant on the pool's key reached it"
+
+    made = client(gw, "ann").responses.with_raw_response.create(model=GPT, input="ann's, at the provider")
+    assert sent_key(made.headers["x-request-id"]) == f"Bearer {own['ann']}"
+    cats = client(gw, "cat").responses.with_raw_response.create(model=GPT, input="cat's, on the pool's key")
+    assert sent_key(cats.headers["x-request-id"]) == f"Bearer {UPSTREAM_KEY}"
+
+    file_id = upload(gw, "ann")
+    in_pool_org = httpx.get(fake.url + "/v1/files", headers={"authorization": f"Bearer {UPSTREAM_KEY}"}).json()
+    assert file_id not in [f["id"] for f in in_pool_org["data"]], "ann's file is in the pool's organization"
+    assert client(gw, "ann").files.retrieve(file_id).id == file_id
+    refused(lambda: client(gw, "bob").files.retrieve(file_id), fake, "file_not_found")
