@@ -4,9 +4,10 @@ built on, upstream with the pool's one key, so each must be the requester's own 
 
 Found by member name anywhere in the JSON body (a reviewed list, the same in every request shape), not by each
 shape's layout: a file part nested where a later API version puts it is still found. Left out: `metadata` (the
-client's own labels) and `annotations` (an answer's citations, sent back with its message, which the upstream does
-not read as a reference). An item reference (`{"type": "item_reference", "id": ...}`) names an item of a stored
-response.
+client's own labels), `annotations` (an answer's citations, sent back with its message, which the upstream does
+not read as a reference) and a Messages tool call's `input` (the arguments the model gave the client's own tool,
+which may name anything: `{"file_id": "report-7"}`). An item reference (`{"type": "item_reference", "id": ...}`)
+names an item of a stored response.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ REFERENCES: dict[str, str] = {
 }
 ITEM_REFERENCE = "item_reference"
 _SKIPPED = frozenset({"metadata", "annotations"})
+_TOOL_CALLS = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})  # content blocks whose `input` is left out
 # A body holds a reference only if one of these is in its bytes (or an escape, which could spell a name): most model
 # requests are not walked at all.
 _NEEDLES = (*(f'"{name}"'.encode() for name in REFERENCES), f'"{ITEM_REFERENCE}"'.encode(), b"\\u")
@@ -59,12 +61,13 @@ def _walk(node: Any, at: str) -> Iterator[Reference]:
     elif isinstance(node, dict):
         if node.get("type") == ITEM_REFERENCE and isinstance(node.get("id"), str):
             yield Reference("item", node["id"], _join(at, "id"))
+        tool_call = node.get("type") in _TOOL_CALLS
         for key, value in node.items():
             where = _join(at, key)
             kind = REFERENCES.get(key)
             if kind is not None:
                 yield from _ids(kind, value, where)
-            elif key not in _SKIPPED:
+            elif key not in _SKIPPED and not (tool_call and key == "input"):
                 yield from _walk(value, where)
 
 

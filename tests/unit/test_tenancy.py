@@ -64,6 +64,20 @@ def test_references_are_found_wherever_the_body_holds_them() -> None:
     ]
 
 
+def test_a_tool_calls_own_arguments_are_no_reference() -> None:
+    """A Messages tool call's `input` is what the model passed the client's tool, not an upstream object."""
+    body = {
+        "messages": [
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t1", "name": "open", "input": {"file_id": "r7"}}],
+            },
+            {"role": "user", "content": [{"type": "document", "source": {"type": "file", "file_id": "file-9"}}]},
+        ]
+    }
+    assert references(body) == [Reference("file", "file-9", "messages[1].content[0].source.file_id")]
+
+
 def test_a_body_naming_no_reference_is_not_walked() -> None:
     assert not may_refer(b'{"model": "m", "input": "hello"}')
     assert may_refer(b'{"previous_response_id": "resp_1"}')
