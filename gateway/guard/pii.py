@@ -3,14 +3,25 @@
 Each detector has a type (`email`, `credit_card`, `aws_access_key`, ...) and a kind (`pii` or `secret`). `find()`
 returns the validated matches without overlaps; `redact()` replaces each with a typed placeholder such as
 `[REDACTED:EMAIL]`, so the model (or the client) still sees that something was there and what it was.
+
+Text is read as whoever gets it will read it, not only as its code points run: also folded (gateway/guard/folding.py:
+NFKC, invisible characters removed), and where a detector's type allows it (the secrets: a key's base64 is the key to
+anyone who decodes it), inside base64 runs of a plausible length (`MIN_BASE64_RUN` to `MAX_BASE64_RUN` characters:
+shorter ones cannot hold a key, longer ones are files and images, not decoded). A finding in a folded or decoded view
+covers the whole stretch of the text it came from, so a redaction takes out the invisible characters inside a key and
+the whole base64 run.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+
+from gateway.guard.folding import Folded
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +31,7 @@ class Detector:
     pattern: re.Pattern
     validate: Callable[[str], bool] | None = None
     group: int = 0
+    in_base64: bool = False  # also looked for inside base64 runs (a secret's encoding is the secret)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,33 +176,46 @@ DETECTORS: tuple[Detector, ...] = (
             r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY"
             r"(?: BLOCK)?-----|\Z)"
         ),
+        in_base64=True,
     ),
-    Detector("aws_access_key", "secret", re.compile(r"\b(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}\b")),
+    Detector("aws_access_key", "secret", re.compile(r"\b(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}\b"), in_base64=True),
     Detector(
         "aws_secret_key",
         "secret",
         re.compile(r"(?i)aws.{0,20}?(?:secret|private).{0,20}?[\"'=: ]\s*([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])"),
         group=1,
+        in_base64=True,
     ),
-    Detector("gcp_api_key", "secret", re.compile(r"\bAIza[0-9A-Za-z_\-]{35}(?![0-9A-Za-z_\-])")),
-    Detector("gcp_service_account", "secret", re.compile(r"\"type\"\s*:\s*\"service_account\"")),
+    Detector("gcp_api_key", "secret", re.compile(r"\bAIza[0-9A-Za-z_\-]{35}(?![0-9A-Za-z_\-])"), in_base64=True),
+    Detector("gcp_service_account", "secret", re.compile(r"\"type\"\s*:\s*\"service_account\""), in_base64=True),
     Detector(
-        "github_token", "secret", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b")
+        "github_token",
+        "secret",
+        re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b"),
+        in_base64=True,
     ),
-    Detector("anthropic_api_key", "secret", re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{20,}")),
+    Detector("anthropic_api_key", "secret", re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{20,}"), in_base64=True),
     Detector(
         "openai_api_key",
         "secret",
         re.compile(
             r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}(?:T3BlbkFJ[A-Za-z0-9_\-]{20,})?(?![A-Za-z0-9_\-])"
         ),
+        in_base64=True,
     ),
-    Detector("slack_token", "secret", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}")),
-    Detector("jwt", "secret", re.compile(r"\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{10,}")),
+    Detector("slack_token", "secret", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"), in_base64=True),
+    Detector(
+        "jwt",
+        "secret",
+        re.compile(r"\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{10,}"),
+        in_base64=True,
+    ),
     Detector(
         "email",
         "pii",
-        re.compile(r"(?<![\w.+-])[A-Za-z0-9](?:[A-Za-z0-9._%+-]{0,63})@(?:[A-Za-z0-9-]{1,63}\.)+[A-Za-z]{2,24}\b"),
+        re.compile(  # an ASCII look-behind: a letter of another script just before an address (`ébob@…`) hides nothing
+            r"(?<![A-Za-z0-9_.+-])[A-Za-z0-9](?:[A-Za-z0-9._%+-]{0,63})@(?:[A-Za-z0-9-]{1,63}\.)+[A-Za-z]{2,24}\b"
+        ),
     ),
     Detector("iban", "pii", re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b"), iban),
     Detector("credit_card", "pii", re.compile(r"(?<![\d-])(?:\d[ -]?){12,18}\d(?![\d-])"), luhn),
@@ -212,23 +237,72 @@ TYPES = tuple(sorted({d.type for d in DETECTORS}))
 
 
 def find(text: str, types: Iterable[str] | None = None) -> list[Finding]:
-    """Validated findings in text order, without overlaps (the earlier detector in DETECTORS wins a tie)."""
+    """Validated findings in text order, without overlaps: in the text as it is, then in its folded view (the
+    earlier detector in DETECTORS wins a tie, the text as it is over its folded view), then in its base64 runs."""
     wanted = set(types) if types is not None else None
+    detectors = [d for d in DETECTORS if wanted is None or d.type in wanted]
+    views = [Folded.identity(text)]
+    folded = Folded.of(text)
+    if folded is not None:
+        views.append(folded)
     found: list[Finding] = []
     taken: list[tuple[int, int]] = []
-    for detector in DETECTORS:
-        if wanted is not None and detector.type not in wanted:
-            continue
-        for match in detector.pattern.finditer(text):
-            start, end = match.span(detector.group)
-            if start < 0 or (detector.validate and not detector.validate(match.group(detector.group))):
-                continue
-            if any(start < e and s < end for s, e in taken):
-                continue
-            taken.append((start, end))
-            found.append(Finding(detector.type, detector.kind, start, end))
+
+    def take(finding: Finding) -> None:
+        if not any(finding.start < e and s < finding.end for s, e in taken):
+            taken.append((finding.start, finding.end))
+            found.append(finding)
+
+    for detector in detectors:
+        for view in views:
+            for start, end in _matches(detector, view.text):
+                take(Finding(detector.type, detector.kind, *view.source(start, end)))
+    encoded = [d for d in detectors if d.in_base64]
+    if encoded:
+        for finding in _in_base64(text, encoded):
+            take(finding)
     found.sort(key=lambda f: f.start)
     return found
+
+
+def _matches(detector: Detector, text: str) -> Iterator[tuple[int, int]]:
+    for match in detector.pattern.finditer(text):
+        start, end = match.span(detector.group)
+        if start >= 0 and not (detector.validate and not detector.validate(match.group(detector.group))):
+            yield start, end
+
+
+# Base64 runs (standard or URL-safe alphabet) a secret may be encoded in: 24 characters are 18 bytes, less than the
+# shortest key; past MAX_BASE64_RUN a run is a file or an image, which is not decoded (the bound on the cost).
+MIN_BASE64_RUN, MAX_BASE64_RUN = 24, 8192
+_BASE64_RUN = re.compile(rf"[A-Za-z0-9+/_-]{{{MIN_BASE64_RUN},}}={{0,2}}")
+_URL_SAFE = str.maketrans("-_", "+/")
+# the shortest secret a detector finds (a Slack token) is 15 characters of text: bytes without such a stretch are not
+# read further (what a file, an image or a random id decodes to), which keeps base64-heavy text cheap
+_TEXT_STRETCH = re.compile(r"[\x20-\x7e\t\r\n]{15,}")
+
+
+def _in_base64(text: str, detectors: list[Detector]) -> Iterator[Finding]:
+    """A finding for each base64 run that decodes to text one of these detectors finds something in, covering the
+    whole run. The run is decoded from each of its first four characters: what precedes the encoding in the run
+    (`token` in `tokenQUtJQ…`) shifts where its groups of four start."""
+    for run in _BASE64_RUN.finditer(text):
+        encoded = run.group().rstrip("=").translate(_URL_SAFE)
+        if len(encoded) > MAX_BASE64_RUN:
+            continue
+        for shift in range(4):
+            part = encoded[shift:]
+            part = part[:-1] if len(part) % 4 == 1 else part + "=" * (-len(part) % 4)  # a last char alone is no byte
+            try:
+                plain = base64.b64decode(part, validate=True).decode("latin-1")
+            except (binascii.Error, ValueError):
+                continue
+            if not _TEXT_STRETCH.search(plain):
+                continue
+            hit = next((d for d in detectors if next(_matches(d, plain), None)), None)
+            if hit is not None:
+                yield Finding(hit.type, hit.kind, run.start(), run.end())
+                break
 
 
 def redact(text: str, findings: list[Finding]) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from gateway.guard import pii
@@ -90,3 +92,43 @@ def test_linear_time_on_a_long_adversarial_input() -> None:
     started = time.perf_counter()
     pii.find(text)
     assert time.perf_counter() - started < 5.0
+
+
+KEY = "AKIAIOSFODNN7EXAMPLE"
+
+
+@pytest.mark.parametrize(
+    "hidden",
+    [
+        "AKIA\u200dIOSFODNN7EXAMPLE",  # a zero-width joiner inside
+        "AKIA\u202eIOSF\u2066ODNN7EXAMPLE",  # bidi controls
+        "ＡＫＩＡIOSFODNN7EXAMPLE",  # fullwidth letters (NFKC)
+        "AKIA\u00adIOSFODNN7\ufe0fEXAMPLE",  # a soft hyphen, a variation selector
+    ],
+)
+def test_a_key_its_reader_sees_whole_is_found_and_redacted_whole(hidden: str) -> None:
+    text = f"the key: {hidden}. bye"
+    assert types(text) == ["aws_access_key"]
+    assert pii.redact(text, pii.find(text)) == "the key: [REDACTED:AWS_ACCESS_KEY]. bye"
+
+
+def test_a_key_in_base64_is_found_and_the_whole_run_redacted() -> None:
+    encoded = base64.b64encode(KEY.encode()).decode()
+    for run in (encoded, "token" + encoded, base64.urlsafe_b64encode(b"x:" + KEY.encode()).decode().rstrip("=")):
+        text = f"here: {run} ok"
+        assert types(text) == ["aws_access_key"], run
+        assert pii.redact(text, pii.find(text)) == "here: [REDACTED:AWS_ACCESS_KEY] ok"
+    plain = base64.b64encode(b"an ordinary sentence, nothing to see here").decode()
+    assert types(f"data {plain}") == [], "base64 of ordinary text is ordinary"
+    assert types("mail " + base64.b64encode(b"bob@example.org and more").decode()) == [], "only secrets are decoded"
+
+
+def test_base64_runs_past_the_bound_are_not_decoded() -> None:
+    """A run longer than MAX_BASE64_RUN is a file or an image: its cost is not paid, whatever it holds."""
+    filler = base64.b64encode(b"\0" * (pii.MAX_BASE64_RUN)).decode()
+    assert types(base64.b64encode(b"\0" * 30 + KEY.encode()).decode()) == ["aws_access_key"]
+    assert types(base64.b64encode(b"\0" * len(filler) + KEY.encode()).decode()) == []
+
+
+def test_an_address_right_after_another_scripts_letter_is_found() -> None:
+    assert pii.redact("\u00e9bob@example.org", pii.find("\u00e9bob@example.org")) == "\u00e9[REDACTED:EMAIL]"
