@@ -101,10 +101,18 @@ class EventFramer:
 
 def event_data(event: bytes) -> bytes | None:
     """The event's `data` field (multi-line data joined by newlines), or None for comments and data-less events."""
-    lines = [line for line in _LINE.split(event) if line.startswith(b"data:")]
-    if not lines:
-        return None
-    return b"\n".join(line[6:] if line.startswith(b"data: ") else line[5:] for line in lines)
+    return event_parts(event)[0]
+
+
+def event_parts(event: bytes) -> tuple[bytes | None, list[bytes]]:
+    """The event's `data` field (as `event_data` reads it) and its other lines (`event:`, `id:`, comments)."""
+    data, other = [], []
+    for line in _LINE.split(event):
+        if line.startswith(b"data:"):
+            data.append(line[6:] if line.startswith(b"data: ") else line[5:])
+        elif line:
+            other.append(line)
+    return (b"\n".join(data) if data else None), other
 
 
 def read_event(event: bytes) -> tuple[bytes | None, bytes | None]:

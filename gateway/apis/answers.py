@@ -20,6 +20,12 @@ the commands a shell, local shell or computer call runs and the diff a patch cal
 channel as the answer is, held where it is (a command line's words are an array's strings, an environment an
 object's), so a redaction leaves each a string where it was.
 
+Every string of an answer is accounted for: a format's readers name where its known texts are, its `Inventory`
+names the fields that hold no generated text (ids, enums, opaque blobs, the request's settings echoed back), and
+`untrusted()` gives every other string, of an event type the table knows or not, on an `Untrusted` channel
+(gateway/apis/untrusted.py) for the guard to read as it reads the answer: nothing the client gets goes unread.
+Copies of a text that a stream repeats whole (`snapshots()`) are compared with what its pieces said.
+
 Every reader takes any JSON object: the answer is whatever the upstream sent, so a field of the wrong type reads as
 absent, never as an exception that would cost the client a 500 or a stream cut without its error event.
 """
@@ -34,6 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from gateway.apis.chat_calls import StreamedCalls
+from gateway.apis.untrusted import Inventory, Place
 
 if TYPE_CHECKING:
     from gateway.context import Usage
@@ -69,9 +76,25 @@ class AnswerFormat:
     `reasoning=False` reads a chat answer without its reasoning: for a client that never gets it (a Messages
     client of a chat pool that did not ask for thinking), where scanning it could only block what nobody sees."""
 
+    # ids, enums and counts (vLLM's `stop_reason` is the request's stop string that matched; `kv_transfer_params`
+    # its disaggregated prefill's handle); an audio answer's sound (its transcript is text, read as untrusted)
+    INVENTORY = Inventory(
+        keys=frozenset(
+            {"id", "object", "model", "system_fingerprint", "service_tier", "finish_reason", "stop_reason", "role"}
+            | {"type", "obfuscation", "usage", "kv_transfer_params"}
+        ),
+        paths={"": frozenset({"choices[].delta.audio.data", "choices[].message.audio.data"})},
+        items=frozenset({"choices"}),
+    )
+
     def __init__(self, *, reasoning: bool = True) -> None:
         self.reasoning = reasoning
         self._calls: defaultdict[int, StreamedCalls] = defaultdict(StreamedCalls)  # a stream's, per choice
+        self._inventory = self.INVENTORY
+        if not reasoning:  # dropped on the way to the client: no text of its
+            self._inventory = Inventory(
+                self.INVENTORY.keys | set(REASONING_FIELDS), self.INVENTORY.paths, self.INVENTORY.items
+            )
 
     def for_stream(self) -> Self:
         """This format, to read one stream's events with: a chat stream's tool calls are told apart by what their
@@ -126,6 +149,11 @@ class AnswerFormat:
         """Copies of a channel's whole text so far that a stream event repeats (to redact as the pieces were)."""
         return iter(())
 
+    def untrusted(self, event: dict[str, Any], known: set[Place], *, whole: bool = False) -> Iterator[Text]:
+        """The strings of a stream event (or, `whole`, an answer) that are neither at a `known` place (the texts the
+        readers above gave) nor a field the format's inventory names: text for the guard to read as untrusted."""
+        return self._inventory.untrusted(event, known, whole=whole)
+
     def where(self, channel: Hashable) -> str:
         """A channel, for people (verdicts say where they found what they found)."""
         if isinstance(channel, Arguments):
@@ -177,6 +205,26 @@ class ResponsesFormat(AnswerFormat):
     reads them): an item that is not streamed is added whole."""
 
     _FINAL = ("response.completed", "response.incomplete", "response.failed")  # not a set: a `type` may not hash
+    # the request's own settings, which a Response repeats (its instructions and tools were the input guard's)
+    _ECHO = frozenset(
+        {"instructions", "tools", "tool_choice", "text", "reasoning", "prompt", "metadata", "conversation", "include"}
+        | {"truncation", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention", "store"}
+        | {"previous_response_id", "background", "billing", "incomplete_details", "error.code"}
+    )
+    # ids, enums and counts; opaque data: encrypted reasoning, images and sound as base64 (openai-python's
+    # types/responses); an error event's code and param
+    INVENTORY = Inventory(
+        keys=frozenset(
+            {"type", "id", "object", "status", "role", "model", "call_id", "item_id", "approval_request_id"}
+            | {"server_label", "created_by", "container_id", "file_id", "service_tier", "obfuscation", "usage"}
+            | {"encrypted_content", "partial_image_b64", "result", "output_format", "quality", "size"}
+        ),
+        paths={
+            "": _ECHO | {f"response.{field}" for field in _ECHO},
+            "response.audio.delta": frozenset({"delta"}),
+            "error": frozenset({"code", "param"}),
+        },
+    )
 
     def record(self, usage: Usage, body: dict[str, Any]) -> None:
         """A delta of any text the model writes is output seen, reasoning, a refusal or a tool call's text as much as
@@ -286,6 +334,14 @@ class MessagesFormat(AnswerFormat):
     client gets as it gets a tool_use block."""
 
     _BLOCKS = {"text": "text", "thinking": "thinking"}  # a block's type -> the key of its text
+    # ids, enums and counts; opaque data: a thinking block's signature, redacted thinking, encrypted search results;
+    # the request's stop sequence that matched (anthropic-sdk-python's types)
+    INVENTORY = Inventory(
+        keys=frozenset(
+            {"type", "id", "role", "model", "stop_reason", "stop_sequence", "signature", "tool_use_id", "usage"}
+            | {"container", "data", "encrypted_content", "encrypted_index", "page_age", "media_type", "file_id"}
+        )
+    )
     _CALLS = ("tool_use", "server_tool_use", "mcp_tool_use")  # blocks whose `input` is the model's call
     _DELTAS = {"text_delta": "text", "thinking_delta": "thinking"}  # a block delta's type -> the key of its text
 
@@ -322,13 +378,19 @@ class MessagesFormat(AnswerFormat):
         return event.get("type") == "error"
 
     def texts(self, event: dict[str, Any]) -> Iterator[Text]:
-        delta = event.get("delta")
-        if event.get("type") == "content_block_delta" and isinstance(delta, dict):
+        """A block delta's text; a block's start, and message_start's message, carry the first piece of their
+        blocks' texts (what the SDK's accumulator starts each block from): empty from Anthropic, not from everyone."""
+        kind, delta = event.get("type"), event.get("delta")
+        if kind == "content_block_delta" and isinstance(delta, dict):
             key = self._DELTAS.get(str(delta.get("type")))
             if key is not None and isinstance(delta.get(key), str):
                 yield _index(event.get("index")), delta, key
             elif delta.get("type") == "input_json_delta" and isinstance(delta.get("partial_json"), str):
                 yield Arguments(_index(event.get("index"))), delta, "partial_json"
+        elif kind == "content_block_start" and isinstance(event.get("content_block"), dict):
+            yield from self._block_texts(_index(event.get("index")), event["content_block"])
+        elif kind == "message_start" and isinstance(event.get("message"), dict):
+            yield from self.body_texts(event["message"])
 
     def ended(self, event: dict[str, Any]) -> Iterator[Hashable]:
         if event.get("type") == "content_block_stop":
@@ -336,11 +398,17 @@ class MessagesFormat(AnswerFormat):
 
     def body_texts(self, body: dict[str, Any]) -> Iterator[Text]:
         for i, block in enumerate(_array(body.get("content"))):
-            key = self._BLOCKS.get(str(block.get("type"))) if isinstance(block, dict) else None
-            if key is not None and isinstance(block.get(key), str):
-                yield i, block, key
-            elif isinstance(block, dict) and block.get("type") in self._CALLS and "input" in block:
-                yield Arguments(i), _AsJson(block, "input"), "json"
+            if isinstance(block, dict):
+                yield from self._block_texts(i, block)
+
+    def _block_texts(self, index: int, block: dict[str, Any]) -> Iterator[Text]:
+        """A content block's text or thinking on its channel; a call's input, read as its JSON, on its `Arguments`
+        channel (an empty one, as a stream's block starts, holds nothing)."""
+        key = self._BLOCKS.get(str(block.get("type")))
+        if key is not None and isinstance(block.get(key), str):
+            yield index, block, key
+        elif block.get("type") in self._CALLS and "input" in block and block["input"] != {}:
+            yield Arguments(index), _AsJson(block, "input"), "json"
 
     def where(self, channel: Hashable) -> str:
         if isinstance(channel, Arguments):
@@ -439,6 +507,11 @@ class _AsJson(dict[str, Any]):
     def __init__(self, owner: dict[str, Any], key: str) -> None:
         super().__init__(json=json.dumps(owner[key], ensure_ascii=False))
         self._owner, self._key = owner, key
+
+    @property
+    def place(self) -> Place:
+        """Where the value it stands for is held: every string in it is this text's."""
+        return id(self._owner), self._key
 
     def __setitem__(self, key: str, text: Any) -> None:
         super().__setitem__(key, text)

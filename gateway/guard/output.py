@@ -1,36 +1,62 @@
 """The output guard: generated text scanned as it streams, behind a hold-back buffer; whole answers scanned at once.
 
+What it reads: every string the client gets. The answer's format (gateway/apis/answers.py) names the channels of
+the texts it knows (a choice, its reasoning, a refusal, a content part or block, a tool call's arguments or input,
+a command), and every other string of every event, of a known event type or not, comes on an untrusted channel
+(gateway/apis/untrusted.py): read the same way, never relayed unread.
+
 Streams: the relay hands each batch of complete SSE events to `feed()`, which returns the events that may go to the
 client now. Text is released only after a scan has seen it together with what follows it: a scan runs when
-`scan_every` new characters have arrived on a channel (a choice, its reasoning, a content part or block: the
-answer's format says, gateway/apis/answers.py) over the last ones plus some context, and the newest `hold_back`
-characters stay held until the next scan, so a secret or an injected instruction that is still arriving is not
-half-released. The end of a channel or of the stream scans the rest and releases everything. Redaction rewrites the
-held events' text in place (typed placeholders), and the copies of a channel's whole text that some formats repeat
-at its end (Responses' `*.done` events and final response) as well; a block raises `GuardBlocked`, which the relay
-turns into an explicit error event in the client's format — never a silent cut.
+`scan_every` new characters have arrived on a channel over the last ones plus some context, and the newest
+`hold_back` characters stay held until the next scan, so a secret or an injected instruction that is still arriving
+is not half-released. The end of a channel or of the stream scans the rest and releases everything; an untrusted
+channel ends at the first event that does not add to it (so a field a server added to one event holds back only
+until the next), and if a later event adds to it after all, the scan reads that with what was released before it.
+Redaction rewrites the held events' text in place (typed placeholders); a block raises `GuardBlocked`, which the
+relay turns into an explicit error event in the client's format — never a silent cut.
 
-A tool call's arguments (an `Arguments` channel) are JSON text an agent parses: the detectors read them with each
-escape sequence blanked out, so `\\nAKIA...` still starts a key and a finding never cuts an escape in two, and a
-finding that crosses a string's quote blocks instead of being redacted, so a redaction leaves the JSON valid.
+Copies: some formats repeat a channel's whole text at its end (Responses' `*.done` events, the item's and the
+response's copies). A copy that says what the pieces said is rewritten with the pieces' redactions; one that does
+not (a secret in a `.done` after clean deltas) is scanned whole as a text of its own, and redacted or blocked.
+
+A tool call's arguments (an `Arguments` channel) are JSON text an agent parses: the detectors read them as its parser
+will (gateway/apis/decoded_json.py: `\\u0041KIA…` is a key, `\\n` a line break), a finding maps back to whole escape
+sequences, so a redaction inside one string leaves the JSON valid, and one that does not lie inside one string (it
+crosses a quote, or is a number) blocks instead. Hold-back counts the characters the client will decode, and an
+escape sequence still arriving is never released before it is decoded and read. Every text is read folded as well
+(NFKC, invisible characters removed: gateway/guard/folding.py) and a secret also in base64 (gateway/guard/pii.py);
+the classifier reads the folded text.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from gateway.apis.answers import AnswerFormat, Arguments, Holder, Text
+from gateway.apis.decoded_json import DecodedJson
+from gateway.apis.untrusted import Place, Untrusted, place_of
 from gateway.growing_text import GrowingText
 from gateway.guard import pii
+from gateway.guard.folding import folded
 from gateway.guard.runtime import Guard, GuardBlocked, Verdict
 from gateway.guard.spec import GuardSpec
-from gateway.sse import event_data, with_data
+from gateway.sse import event_parts, with_data
 
 CONTEXT_CHARS = 512  # already-released text a scan re-reads before the new text
+# what a stream's client gets outside its events' JSON: their lines other than data (a comment, an id, a name that is
+# not the data's type); read, and never rewritten
+UNPARSED = Untrusted("", "unparsed event")
+
+
+@dataclass(frozen=True, slots=True)
+class _Copy:
+    """A copy of a channel's whole text that does not say what its pieces said: a text of its own."""
+
+    of: Hashable
+    number: int
 
 
 @dataclass(slots=True)
@@ -52,16 +78,56 @@ class _Held:
 
 @dataclass
 class _Channel:
+    """A channel's text as the events carry it (offsets, redactions, what was scanned and released are in it), and,
+    for JSON text, the text its parser reads (`decoded`), which the detectors and the hold-back count in."""
+
     text: GrowingText = field(default_factory=GrowingText)
+    decoded: DecodedJson | None = None
+    replaceable: bool = True  # a finding may be replaced by its placeholder (not in what no JSON holds)
     scanned: int = 0  # text[:scanned] has been scanned
     released: int = 0  # text[:released] has reached the client
     finished: bool = False
     redactions: list[pii.Finding] = field(default_factory=list)
-    json: bool = False  # JSON text (a tool call's arguments): redactions must leave it JSON
+
+    def append(self, piece: str) -> None:
+        self.text.append(piece)
+        if self.decoded is not None:
+            self.decoded.append(piece)
+
+    def complete(self) -> int:
+        """How much of the text can be read: all of it, but an escape sequence still arriving."""
+        return len(self.text) if self.decoded is None else self.decoded.consumed
+
+    def view(self, start: int, end: int) -> tuple[str, int]:
+        """What the client reads of text[start:end] (whole characters of it), and where that starts in the view."""
+        if self.decoded is None:
+            return self.text[start:end], start
+        at = self.decoded.decoded_offset(start)
+        return self.decoded.text[at : self.decoded.decoded_offset(end)], at
+
+    def finding(self, found: pii.Finding, at: int) -> tuple[pii.Finding, bool]:
+        """A finding in a view starting at `at`, in the text's offsets; and whether it can be replaced by other
+        text (in JSON: it lies inside one string)."""
+        start, end = found.start + at, found.end + at
+        if self.decoded is None:
+            return pii.Finding(found.type, found.kind, start, end), self.replaceable
+        raw = pii.Finding(found.type, found.kind, self.decoded.raw_offset(start), self.decoded.raw_offset(end))
+        return raw, self.decoded.in_one_string(start, end)
+
+    def safe(self, hold_back: int) -> int:
+        """How much may be released: what was scanned, less the hold-back (in what the client reads) until it ends."""
+        if self.finished:
+            return self.scanned
+        if self.decoded is None:
+            return self.scanned - hold_back
+        return self.decoded.raw_offset(max(0, self.decoded.decoded_offset(self.scanned) - hold_back))
 
 
 def _opened(channel: Hashable, text: str = "") -> _Channel:
-    return _Channel(text=GrowingText(text), json=isinstance(channel, Arguments))
+    base = channel.of if isinstance(channel, _Copy) else channel
+    state = _Channel(decoded=DecodedJson() if isinstance(base, Arguments) else None, replaceable=base != UNPARSED)
+    state.append(text)
+    return state
 
 
 class OutputGuard:
@@ -77,39 +143,61 @@ class OutputGuard:
         self._held: deque[_Held] = deque()
         self._channels: dict[Hashable, _Channel] = {}
         self._unscanned: dict[Hashable, None] = {}  # the channels with text not scanned yet, in order
+        self._growing: dict[Hashable, None] = {}  # the untrusted channels the last event added to
         self.verdicts: list[Verdict] = []
         self._recorded: set[tuple[str, str]] = set()
 
     # ---- streams -------------------------------------------------------------------------------------------
     async def feed(self, events: list[bytes]) -> list[bytes]:
         """Take complete SSE events; return those now safe to send (in order). Raises GuardBlocked."""
-        answers = self._answers
         done = False
         for event in events:
-            data = event_data(event)
-            chunk = (_json(data) if data is not None else None) or {}
-            held = _Held(event, chunk)
-            if data is not None and answers.ends(data, chunk or None):
+            data, fields = event_parts(event)
+            chunk = _json(data) if data is not None else None
+            held = _Held(event, chunk or {})
+            if data is not None and self._answers.ends(data, chunk):
                 done = True
-            for channel, holder, key in answers.texts(chunk):
-                self._append(held, channel, holder, key)
-            for channel, holder, key in answers.snapshots(chunk):
-                if channel in self._channels and self._channels[channel].text:
-                    held.snapshots.append((channel, holder, key))
-                else:  # the channel's text arrives only whole: read it as its text
-                    self._append(held, channel, holder, key)
-            for channel in answers.ended(chunk):
-                self._channel(channel).finished = True
+            self._read(held, chunk or {}, _unparsed(chunk, fields))
             self._held.append(held)
         # only channels with new text: an answer may open thousands (a command's words each), and walking them all
         # for every event made the cost of a stream the product of the two
+        due = []
         for channel in list(self._unscanned):
             state = self._channels[channel]
-            final = done or state.finished
-            if len(state.text) - state.scanned >= self._policy.scan_every or final:
-                await self._scan(channel, state)
+            if state.complete() == state.scanned:  # nothing new it can read yet
                 del self._unscanned[channel]
+            elif done or state.finished or state.complete() - state.scanned >= self._policy.scan_every:
+                due.append((channel, state))
+                del self._unscanned[channel]
+        await self._scan(due)
         return self._release(done)
+
+    def _read(self, held: _Held, chunk: dict, unparsed: str) -> None:
+        """Every string of one event onto its channel: the format's known texts, its copies, the rest of its
+        strings, and its lines outside its JSON."""
+        answers = self._answers
+        known: set[Place] = set()
+        for channel, holder, key in answers.texts(chunk):
+            known.add(place_of(holder, key))
+            self._append(held, channel, holder, key)
+        for channel, holder, key in answers.snapshots(chunk):
+            known.add(place_of(holder, key))
+            self._snapshot(held, channel, holder, key)
+        for channel in answers.ended(chunk):
+            self._finish(channel)
+        growing: dict[Hashable, None] = {}
+        for channel, holder, key in answers.untrusted(chunk, known):
+            self._append(held, channel, holder, key)
+            growing[channel] = None
+        if unparsed:
+            self._append(held, UNPARSED, {"text": unparsed}, "text")
+            growing[UNPARSED] = None
+        for channel in self._growing:
+            if channel not in growing:
+                self._finish(channel)
+        for channel in growing:
+            self._channels[channel].finished = False
+        self._growing = growing
 
     def _channel(self, channel: Hashable) -> _Channel:
         if channel not in self._channels:
@@ -119,24 +207,57 @@ class OutputGuard:
     def _append(self, held: _Held, channel: Hashable, holder: Holder, key: str | int) -> None:
         state = self._channel(channel)
         start = len(state.text)
-        state.text.append(holder[key])
+        state.append(holder[key])
         held.segments.append(_Segment(channel, holder, key, start, len(state.text)))
         if len(state.text) > state.scanned:
             self._unscanned[channel] = None
 
-    async def _scan(self, channel: Hashable, state: _Channel) -> None:
-        start = max(0, min(state.released, state.scanned) - CONTEXT_CHARS)
-        end = len(state.text)
-        await self._check(state.text[start:end], offset=start, state=state, where=self._answers.where(channel))
-        state.scanned = end
-        if state.redactions:
-            self._rewrite(channel, state)
+    def _snapshot(self, held: _Held, channel: Hashable, holder: Holder, key: str | int) -> None:
+        """A copy of a channel's whole text: its text if the channel had none (it arrives only whole); else redacted
+        as the pieces were where it says what they said, and otherwise a text of its own, read whole now."""
+        state = self._channels.get(channel)
+        if state is None or not state.text:
+            self._append(held, channel, holder, key)
+        elif holder[key] == str(state.text):
+            held.snapshots.append((channel, holder, key))
+        else:
+            copy = _Copy(channel, len(self._channels))
+            self._append(held, copy, holder, key)
+            self._finish(copy)
+
+    def _finish(self, channel: Hashable) -> None:
+        state = self._channel(channel)
+        state.finished = True
+        if state.complete() > state.scanned:
+            self._unscanned[channel] = None
+
+    async def _scan(self, due: list[tuple[Hashable, _Channel]]) -> None:
+        """Scan each channel's new text with some of what came before it (the detectors), then all of it at once
+        (the classifier: one batch for every channel due, the untrusted ones' texts run together into one: an
+        answer of a million one-word fields costs the classifier its length, not a million windows)."""
+        texts: list[tuple[str, str]] = []
+        untrusted: list[tuple[str, str]] = []
+        for channel, state in due:
+            start = max(0, min(state.released, state.scanned) - CONTEXT_CHARS)
+            end = state.complete()
+            text, at = state.view(start, end)
+            where = self._where(channel)
+            self._detect(text, at, state, where)
+            state.scanned = end
+            if state.redactions:
+                self._rewrite(channel, state)
+            (untrusted if isinstance(channel, Untrusted) else texts).append((text, where))
+        if untrusted:
+            where = untrusted[0][1] if len(untrusted) == 1 else f"{untrusted[0][1]} and {len(untrusted) - 1} more"
+            texts.append(("\n".join(text for text, _ in untrusted), where))
+        await self._classify(texts)
 
     def _release(self, done: bool) -> list[bytes]:
         out: list[bytes] = []
+        hold_back = self._policy.hold_back
         while self._held:
             held = self._held[0]
-            if not done and not all(s.end <= self._safe(self._channels[s.channel]) for s in held.segments):
+            if not done and not all(s.end <= self._channels[s.channel].safe(hold_back) for s in held.segments):
                 break
             self._held.popleft()
             for segment in held.segments:
@@ -149,10 +270,6 @@ class OutputGuard:
                 held.event = with_data(held.event, json.dumps(held.chunk).encode())
             out.append(held.event)
         return out
-
-    def _safe(self, state: _Channel) -> int:
-        """How much of a channel's text may be released: what was scanned, less the hold-back until it ends."""
-        return state.scanned if state.finished else state.scanned - self._policy.hold_back
 
     def _rewrite(self, channel: Hashable, state: _Channel) -> None:
         """Re-render held events of this channel from the original text minus every redaction so far."""
@@ -168,65 +285,80 @@ class OutputGuard:
 
     # ---- whole answers -------------------------------------------------------------------------------------
     async def check_body(self, content: bytes) -> bytes:
-        """Scan a non-streaming answer's texts; returns the (possibly redacted) body. Raises GuardBlocked."""
+        """Scan every string of a non-streaming answer; returns the (possibly redacted) body. Raises GuardBlocked.
+        (A body that is no JSON object never gets here: the relay refuses it as a bad answer.)"""
         body = _json(content)
         if body is None:
             return content
+        texts = list(self._answers.body_texts(body))
+        known = {place_of(holder, key) for _, holder, key in texts}
+        texts += self._answers.untrusted(body, known, whole=True)
+        scans = []
+        for channel, holder, key in texts:
+            if holder[key]:
+                state = _opened(channel, holder[key])
+                state.finished = True
+                scans.append((channel, state, holder, key))
+        await self._scan([(channel, state) for channel, state, _, _ in scans])
         changed = False
-        for channel, holder, key in self._answers.body_texts(body):
-            if not holder[key]:
-                continue
-            state = _opened(channel, holder[key])
-            await self._check(holder[key], offset=0, state=state, where=self._answers.where(channel))
+        for _, state, holder, key in scans:
             if state.redactions:
-                holder[key] = pii.redact(holder[key], sorted(state.redactions, key=lambda f: f.start))
+                holder[key] = pii.redact(str(state.text), sorted(state.redactions, key=lambda f: f.start))
                 changed = True
         return json.dumps(body).encode() if changed else content
 
     # ---- the checks ----------------------------------------------------------------------------------------
-    async def _check(self, text: str, *, offset: int, state: _Channel, where: str) -> None:
+    def _where(self, channel: Hashable) -> str:
+        if isinstance(channel, Untrusted):
+            return f"{channel.kind} {channel.path}" if channel.kind else channel.path
+        return self._answers.where(channel.of if isinstance(channel, _Copy) else channel)
+
+    def _detect(self, text: str, at: int, state: _Channel, where: str) -> None:
+        """The secrets and PII detectors over a view of a channel's text that starts at `at`."""
         policy = self._policy
-        if state.json:
-            text = _json_view(state.text, offset, offset + len(text))
-        if policy.pii != "off" or policy.secrets != "off":
-            known = {(f.start, f.end) for f in state.redactions}
-            for kind, action in (("pii", policy.pii), ("secret", policy.secrets)):
-                if action == "off":
-                    continue
-                found = [f for f in pii.find(text, self._spec.pii.types or None) if f.kind == kind]
-                found = [pii.Finding(f.type, f.kind, f.start + offset, f.end + offset) for f in found]
-                found = [f for f in found if (f.start, f.end) not in known]
-                if not found:
-                    continue
-                types = sorted({f.type for f in found})
-                if action == "redact" and any(_unredacted_from(f, state.redactions) < state.released for f in found):
-                    action = "block"  # part of it already reached the client: refusing is the only honest option
-                if (
-                    action == "redact"
-                    and state.json
-                    and any('"' in text[f.start - offset : f.end - offset] for f in found)
-                ):
-                    action = "block"  # it crosses a string's quote: redacting it would break the JSON
-                self._verdict(
-                    Verdict("output", kind, f"guard.output.{kind}.{types[0]}", action, types=types, where=where)
+        if policy.pii == "off" and policy.secrets == "off":
+            return
+        findings = pii.find(text, self._spec.pii.types or None)
+        known = {(f.start, f.end) for f in state.redactions}
+        for kind, action in (("pii", policy.pii), ("secret", policy.secrets)):
+            if action == "off":
+                continue
+            found = [state.finding(f, at) for f in findings if f.kind == kind]
+            found = [(f, fits) for f, fits in found if (f.start, f.end) not in known]
+            if not found:
+                continue
+            types = sorted({f.type for f, _ in found})
+            if action == "redact" and any(_unredacted_from(f, state.redactions) < state.released for f, _ in found):
+                action = "block"  # part of it already reached the client: refusing is the only honest option
+            if action == "redact" and not all(fits for _, fits in found):
+                action = "block"  # it crosses a JSON string's quote (or is a number): redacting would break the JSON
+            self._verdict(Verdict("output", kind, f"guard.output.{kind}.{types[0]}", action, types=types, where=where))
+            if action == "redact":
+                state.redactions = _merged(state.redactions, [f for f, _ in found])
+
+    async def _classify(self, texts: list[tuple[str, str]]) -> None:
+        """The injection classifier over texts (with where each is), as their reader sees them (folded)."""
+        policy = self._policy
+        read = [(folded(text), where) for text, where in texts if text.strip()]
+        if policy.injection == "off" or not read:
+            return
+        score, index = await self._guard.classify(
+            [text for text, _ in read], self._spec.injection, self._spec.runtime, target="output"
+        )
+        threshold = self._guard.threshold(self._spec.injection)
+        if score >= threshold:
+            where = read[index][1] if 0 <= index < len(read) else read[0][1]
+            self._verdict(
+                Verdict(
+                    "output",
+                    "prompt_injection",
+                    "guard.output.injection",
+                    policy.injection,
+                    score,
+                    threshold,
+                    where=where,
                 )
-                if action == "redact":
-                    state.redactions = _merged(state.redactions, found)
-        if policy.injection != "off" and text.strip():
-            score, _ = await self._guard.classify([text], self._spec.injection, self._spec.runtime, target="output")
-            threshold = self._guard.threshold(self._spec.injection)
-            if score >= threshold:
-                self._verdict(
-                    Verdict(
-                        "output",
-                        "prompt_injection",
-                        "guard.output.injection",
-                        policy.injection,
-                        score,
-                        threshold,
-                        where=where,
-                    )
-                )
+            )
 
     def _verdict(self, verdict: Verdict) -> None:
         key = (verdict.rule, verdict.result)
@@ -274,17 +406,14 @@ def _redacted_segment(text: GrowingText, start: int, end: int, findings: list[pi
     return "".join(out)
 
 
-_ESCAPE = re.compile(r"\\(?:u[0-9A-Fa-f]{0,4}|.)?", re.DOTALL)  # one JSON escape sequence (or its start, mid-stream)
-
-
-def _json_view(text: GrowingText, start: int, end: int) -> str:
-    """text[start:end], a stretch of JSON text, with each escape sequence blanked out (spaces, same length): a
-    detector sees the word boundary a `\\n` stands for, and its finding starts and ends outside escapes. The
-    parse starts far enough back (an escape is 6 characters at most) to know which backslashes start one."""
-    lo = max(0, start - 5)
-    while lo and text[lo - 1] == "\\":
-        lo -= 1
-    return _ESCAPE.sub(lambda m: " " * len(m.group()), text[lo:end])[start - lo :]
+def _unparsed(chunk: dict | None, fields: list[bytes]) -> str:
+    """The text of an event that no format reads: its lines other than its data (a comment, an id, a name that is
+    not its data's type), less the `event:` line that names its data's type. (Data that is no event of the route's
+    never gets here: the relay ends the stream at it.)"""
+    kind = chunk.get("type") if chunk is not None else None
+    named = b"event: " + kind.encode() if isinstance(kind, str) else None
+    lines = [line for line in fields if line != named]
+    return b"\n".join(lines).decode("utf-8", "replace") if lines else ""
 
 
 def _json(data: bytes) -> dict | None:

@@ -9,6 +9,7 @@ import pytest
 
 from gateway.apis.answers import AnswerFormat, MessagesFormat, ResponsesFormat
 from gateway.apis.routes import BY_NAME, BY_PATH, ROUTE_NAMES
+from gateway.apis.untrusted import place_of
 from gateway.context import Usage
 from gateway.errors import GatewayError
 from gateway.guard.inputs import request_texts
@@ -227,3 +228,43 @@ def test_every_text_a_responses_model_writes_is_output_seen(kind: str) -> None:
     assert not usage.generated
     ResponsesFormat().record(usage, {"type": f"{kind}.delta", "output_index": 0, "delta": "x"})
     assert usage.generated
+
+
+def untrusted_strings(answers: AnswerFormat, event: dict, whole: bool = False) -> dict[str, str]:
+    """{where: string} of what a format's readers leave to the untrusted channels."""
+    known = {place_of(holder, key) for _, holder, key in (answers.body_texts if whole else answers.texts)(event)}
+    return {
+        f"{c.kind} {c.path}".strip(): holder[key] for c, holder, key in answers.untrusted(event, known, whole=whole)
+    }
+
+
+def test_every_string_no_reader_takes_is_untrusted_text_but_ids_and_echoed_settings() -> None:
+    """A new event type, a field a server added, a tool's name: read as untrusted. Ids, enums, opaque blobs and the
+    request's own settings that a Response repeats are not text the model wrote."""
+    unknown = {
+        "type": "response.hologram.delta",
+        "item_id": "h_1",
+        "output_index": 2,
+        "delta": "beam",
+        "sequence_number": 4,
+    }
+    assert untrusted_strings(ResponsesFormat(), unknown) == {"response.hologram.delta output_index=2 delta": "beam"}
+    created = {
+        "type": "response.created",
+        "response": {"id": "resp_1", "status": "in_progress", "instructions": "be brief", "tools": [{"name": "f"}]},
+    }
+    assert untrusted_strings(ResponsesFormat(), created) == {}
+    chunk = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "system_fingerprint": "fp_1",
+        "choices": [
+            {"index": 1, "delta": {"content": "hi", "hologram": "beam"}, "logprobs": {"content": [{"token": "hi"}]}}
+        ],
+    }
+    assert untrusted_strings(AnswerFormat(), chunk) == {
+        "choices[1].delta.hologram": "beam",
+        "choices[1].logprobs.content[].token": "hi",
+    }
+    block = {"type": "message", "content": [{"type": "hologram", "hologram": "beam", "signature": "c2ln"}]}
+    assert untrusted_strings(MessagesFormat(), block, whole=True) == {"content[0].hologram": "beam"}

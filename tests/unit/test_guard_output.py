@@ -486,3 +486,27 @@ def test_thousands_of_channels_in_one_item_do_not_slow_every_later_event() -> No
     released = feed_all(g, [[e] for e in events[3:]])
     assert time.perf_counter() - started < 5  # a generous bound for a loaded machine; walking them all took 13 s
     assert sum(len(batch) for batch in released) > 1900, "the answer streams"
+
+
+def test_untrusted_fields_cost_the_classifier_one_text_not_one_each() -> None:
+    """An answer of a thousand one-word fields no format names: each is read, and the classifier gets them run
+    together (one text, a window per 128 tokens) rather than a window for each."""
+
+    class Counting(MarkerGuard):
+        async def classify(self, texts, policy, settings, target="input"):
+            self.scanned.extend(texts)
+            return (0.99 if any("EVILMARK" in t for t in texts) else 0.01), 0
+
+    fields = {f"field{i}": f"word{i}" for i in range(1000)}
+    body = {"choices": [{"index": 0, "message": {"content": "hello", **fields}, "finish_reason": "stop"}]}
+    counting = Counting()
+    g = OutputGuard(counting, spec(injection="block"), "v1", "r", CHAT_ANSWERS)
+    asyncio.run(g.check_body(json.dumps(body).encode()))
+    assert len(counting.scanned) == 2 and "word999" in counting.scanned[1]
+    body["choices"][0]["message"]["field500"] = "EVILMARK"
+    with pytest.raises(GuardBlocked):
+        asyncio.run(
+            OutputGuard(Counting(), spec(injection="block"), "v1", "r", CHAT_ANSWERS).check_body(
+                json.dumps(body).encode()
+            )
+        )
