@@ -21,9 +21,10 @@ channel as the answer is, held where it is (a command line's words are an array'
 object's), so a redaction leaves each a string where it was.
 
 Every string of an answer is accounted for: a format's readers name where its known texts are, its `Inventory`
-names the fields that hold no generated text (ids, enums, opaque blobs, the request's settings echoed back), and
-`untrusted()` gives every other string, of an event type the table knows or not, on an `Untrusted` channel
-(gateway/apis/untrusted.py) for the guard to read as it reads the answer: nothing the client gets goes unread.
+names the fields that hold no generated text (identifiers, opaque blobs, the request's settings echoed back), and
+`untrusted()` gives every other string, of an event type the table knows or not, on an `Untrusted` channel, and the
+identifiers on `Identifier` ones (gateway/apis/untrusted.py), for the guard to read: nothing the client gets goes
+unread but base64 in an opaque field and the request's own settings.
 Copies of a text that a stream repeats whole (`snapshots()`) are compared with what its pieces said.
 
 Every reader takes any JSON object: the answer is whatever the upstream sent, so a field of the wrong type reads as
@@ -35,8 +36,8 @@ from __future__ import annotations
 import copy
 import json
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Container, Hashable, Iterator
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from gateway.apis.chat_calls import StreamedCalls
@@ -76,14 +77,16 @@ class AnswerFormat:
     `reasoning=False` reads a chat answer without its reasoning: for a client that never gets it (a Messages
     client of a chat pool that did not ask for thinking), where scanning it could only block what nobody sees."""
 
-    # ids, enums and counts (vLLM's `stop_reason` is the request's stop string that matched; `kv_transfer_params`
-    # its disaggregated prefill's handle); an audio answer's sound (its transcript is text, read as untrusted)
+    # ids, enums and names (vLLM's `stop_reason` is the request's stop string that matched; `kv_transfer_params`
+    # its disaggregated prefill's handle); opaque: an audio answer's sound (its transcript is text, read as untrusted),
+    # the padding that obfuscates a stream's event sizes
     INVENTORY = Inventory(
-        keys=frozenset(
+        identifiers=frozenset(
             {"id", "object", "model", "system_fingerprint", "service_tier", "finish_reason", "stop_reason", "role"}
-            | {"type", "obfuscation", "usage", "kv_transfer_params"}
+            | {"type", "kv_transfer_params"}
         ),
-        paths={"": frozenset({"choices[].delta.audio.data", "choices[].message.audio.data"})},
+        opaque=frozenset({"obfuscation"}),
+        opaque_paths={"": frozenset({"choices[].delta.audio.data", "choices[].message.audio.data"})},
         items=frozenset({"choices"}),
     )
 
@@ -92,9 +95,7 @@ class AnswerFormat:
         self._calls: defaultdict[int, StreamedCalls] = defaultdict(StreamedCalls)  # a stream's, per choice
         self._inventory = self.INVENTORY
         if not reasoning:  # dropped on the way to the client: no text of its
-            self._inventory = Inventory(
-                self.INVENTORY.keys | set(REASONING_FIELDS), self.INVENTORY.paths, self.INVENTORY.items
-            )
+            self._inventory = replace(self.INVENTORY, dropped=frozenset(REASONING_FIELDS))
 
     def for_stream(self) -> Self:
         """This format, to read one stream's events with: a chat stream's tool calls are told apart by what their
@@ -149,10 +150,13 @@ class AnswerFormat:
         """Copies of a channel's whole text so far that a stream event repeats (to redact as the pieces were)."""
         return iter(())
 
-    def untrusted(self, event: dict[str, Any], known: set[Place], *, whole: bool = False) -> Iterator[Text]:
-        """The strings of a stream event (or, `whole`, an answer) that are neither at a `known` place (the texts the
-        readers above gave) nor a field the format's inventory names: text for the guard to read as untrusted."""
-        return self._inventory.untrusted(event, known, whole=whole)
+    def untrusted(
+        self, event: dict[str, Any], known: set[Place], seen: Container[str] = (), *, whole: bool = False
+    ) -> Iterator[Text]:
+        """The strings of a stream event (or, `whole`, an answer) that are not at a `known` place (the texts the
+        readers above gave), as the format's inventory reads them: identifiers (but the values already `seen`) and
+        untrusted text, less what holds no text (gateway/apis/untrusted.py)."""
+        return self._inventory.untrusted(event, known, seen, whole=whole)
 
     def where(self, channel: Hashable) -> str:
         """A channel, for people (verdicts say where they found what they found)."""
@@ -209,21 +213,19 @@ class ResponsesFormat(AnswerFormat):
     _ECHO = frozenset(
         {"instructions", "tools", "tool_choice", "text", "reasoning", "prompt", "metadata", "conversation", "include"}
         | {"truncation", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention", "store"}
-        | {"previous_response_id", "background", "billing", "incomplete_details", "error.code"}
+        | {"previous_response_id", "background", "billing"}
     )
-    # ids, enums and counts; opaque data: encrypted reasoning, images and sound as base64 (openai-python's
-    # types/responses); an error event's code and param
+    # ids, enums and names; an error event's code and param; opaque: encrypted reasoning, images and sound as base64,
+    # the padding that obfuscates a stream's event sizes (openai-python's types/responses)
     INVENTORY = Inventory(
-        keys=frozenset(
+        identifiers=frozenset(
             {"type", "id", "object", "status", "role", "model", "call_id", "item_id", "approval_request_id"}
-            | {"server_label", "created_by", "container_id", "file_id", "service_tier", "obfuscation", "usage"}
-            | {"encrypted_content", "partial_image_b64", "result", "output_format", "quality", "size"}
+            | {"server_label", "created_by", "container_id", "file_id", "service_tier", "output_format", "quality"}
+            | {"size"}
         ),
-        paths={
-            "": _ECHO | {f"response.{field}" for field in _ECHO},
-            "response.audio.delta": frozenset({"delta"}),
-            "error": frozenset({"code", "param"}),
-        },
+        opaque=frozenset({"encrypted_content", "partial_image_b64", "result", "obfuscation"}),
+        opaque_paths={"response.audio.delta": frozenset({"delta"})},
+        echoed={"": _ECHO | {f"response.{field}" for field in _ECHO}},
     )
 
     def record(self, usage: Usage, body: dict[str, Any]) -> None:
@@ -334,13 +336,14 @@ class MessagesFormat(AnswerFormat):
     client gets as it gets a tool_use block."""
 
     _BLOCKS = {"text": "text", "thinking": "thinking"}  # a block's type -> the key of its text
-    # ids, enums and counts; opaque data: a thinking block's signature, redacted thinking, encrypted search results;
-    # the request's stop sequence that matched (anthropic-sdk-python's types)
+    # ids, enums and names (the request's stop sequence that matched); opaque: a thinking block's signature,
+    # redacted thinking, encrypted search results (anthropic-sdk-python's types)
     INVENTORY = Inventory(
-        keys=frozenset(
-            {"type", "id", "role", "model", "stop_reason", "stop_sequence", "signature", "tool_use_id", "usage"}
-            | {"container", "data", "encrypted_content", "encrypted_index", "page_age", "media_type", "file_id"}
-        )
+        identifiers=frozenset(
+            {"type", "id", "role", "model", "stop_reason", "stop_sequence", "tool_use_id", "container", "page_age"}
+            | {"media_type", "file_id"}
+        ),
+        opaque=frozenset({"signature", "data", "encrypted_content", "encrypted_index"}),
     )
     _CALLS = ("tool_use", "server_tool_use", "mcp_tool_use")  # blocks whose `input` is the model's call
     _DELTAS = {"text_delta": "text", "thinking_delta": "thinking"}  # a block delta's type -> the key of its text

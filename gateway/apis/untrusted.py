@@ -1,12 +1,14 @@
-"""The strings of an answer that its format's table does not name: text the output guard reads as untrusted.
+"""The strings of an answer that its format's table does not name, by provenance: identifiers, and untrusted text.
 
 A format's table (gateway/apis/answers.py) says where the generated text of each event type it knows is (channels
-with their provenance: the answer, reasoning, a refusal, a tool call's arguments or input), and which fields hold
-none (its `Inventory`: ids, enums, opaque blobs such as signatures and encrypted reasoning, the request's own
-settings that a Response echoes). Every other string of an event, in an event type the table knows or not, is text
-the client reads that no table vouches for: a new provider feature (a new delta type, an audio transcript, a tool's
-output), a field a server added, logprobs' tokens, a tool's name. The output guard scans it as it scans the
-answer, never relays it unread.
+with their provenance: the answer, reasoning, a refusal, a tool call's arguments or input), and its `Inventory`
+which fields hold none: identifiers (ids, types, statuses, model names), opaque blobs (signatures, encrypted
+reasoning, base64 media), the request's own settings that a Response echoes. Identifiers come on `Identifier`
+channels, for the output guard to read once per distinct value. Every other string of an event, in an event type
+the table knows or not, is text the client reads that no table vouches for: a new provider feature (a new delta
+type, an audio transcript, a tool's output), a field a server added, logprobs' tokens, a tool's name, and an opaque
+field that holds something other than base64. The output guard scans it as it scans the answer, never relays it
+unread.
 
 Each such string is on an `Untrusted` channel named by its event's type and its place: the path to it, with its
 event's own place (the top-level `index` and `*_index` fields: the output item, content part or block it belongs to)
@@ -17,7 +19,8 @@ string is a channel of its own at its full path.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Mapping
+import re
+from collections.abc import Container, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,62 +35,84 @@ class Untrusted:
     path: str
 
 
+@dataclass(frozen=True, slots=True)
+class Identifier:
+    """A string of a field that names or labels rather than says (an id, a model, a status, a type): the event type
+    it comes in ("" for a whole answer) and where."""
+
+    kind: str
+    path: str
+
+
+_BASE64 = re.compile(r"[A-Za-z0-9+/=_\-\r\n]*")  # what an opaque field holds: base64 (standard or URL-safe, wrapped)
+
+
 @dataclass(frozen=True)
 class Inventory:
-    """The fields of a format's answers that hold no generated text: `keys` wherever they appear, `paths` (in an
-    event of the type they are listed under; "" for any event and the whole answer) where they are, each with all it
-    holds. `items`: the arrays whose elements are each one item (chat's choices, by their `index`)."""
+    """The fields of a format's answers that hold no generated text.
 
-    keys: frozenset[str]
-    paths: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    `identifiers`: keys whose values name or label (ids, enums, models), wherever they appear, with all they hold:
+    given on `Identifier` channels. `opaque` keys and `opaque_paths` (by event type, "" for any event and the whole
+    answer): base64 blobs (encrypted reasoning, signatures, images, sound) that no reader of the answer reads as
+    text: passed over while they are base64, read as text when they are not. `echoed` paths: the request's own
+    settings that an answer repeats; `dropped` keys: fields the client never gets. `items`: the arrays whose
+    elements are each one item (chat's choices, by their `index`)."""
+
+    identifiers: frozenset[str]
+    opaque: frozenset[str] = frozenset()
+    opaque_paths: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    echoed: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    dropped: frozenset[str] = frozenset()
     items: frozenset[str] = frozenset()
 
     def untrusted(
-        self, event: dict[str, Any], known: set[Place], *, whole: bool
+        self, event: dict[str, Any], known: set[Place], seen: Container[str], *, whole: bool
     ) -> Iterator[tuple[Hashable, Any, Any]]:
-        """(channel, holder, key) of each string of `event` that is neither in `known` (the places of the texts the
-        format read) nor a field this inventory names, in document order. `whole`: a whole answer, not a stream event.
-        An explicit stack: the answer is whatever the upstream sent."""
+        """(channel, holder, key) of each string of `event` that is not in `known` (the places of the texts the
+        format read), in document order: an identifier's on an `Identifier` channel (unless its value was `seen`),
+        any other on an `Untrusted` one, but for what the inventory says holds no text. `whole`: a whole answer,
+        not a stream event. An explicit stack: the answer is whatever the upstream sent."""
         kind = event.get("type")
         kind = kind if not whole and isinstance(kind, str) else ""
-        listed = self.paths.get("", frozenset()) | self.paths.get(kind, frozenset())
+        opaque = self.opaque_paths.get("", frozenset()) | self.opaque_paths.get(kind, frozenset())
+        echoed = self.echoed.get("", frozenset()) | self.echoed.get(kind, frozenset())
         place = "" if whole else _event_place(event)
-        skipped = self.keys
-        stack: list[tuple[Any, str, str]] = [(event, "", "")]  # (value, generalised path, the path it is named by)
+        # (value, generalised path, the path it is named by, whether it is an identifier's)
+        stack: list[tuple[Any, str, str, bool]] = [(event, "", "", False)]
         while stack:
-            value, path, named = stack.pop()
+            value, path, named, naming = stack.pop()
             holder = id(value)
-            found: list[tuple[Any, str, str]] = []
-            children = (
-                (
-                    (key, child, f"{path}.{key}" if path else key, f"{named}.{key}" if named else key)
-                    for key, child in value.items()
-                )
-                if isinstance(value, dict)
-                else self._elements(value, path, named, whole)
-            )
-            for key, child, general, where in children:
-                if not child or key in skipped or (holder, key) in known or general in listed:
-                    continue  # an empty value holds no text; nor does a field the inventory names
+            array = isinstance(value, list)
+            items = array and path.rsplit(".", 1)[-1] in self.items
+            found: list[tuple[Any, str, str, bool]] = []
+            for key, child in enumerate(value) if array else value.items():
+                if not child or not isinstance(child, (str, dict, list)) or (holder, key) in known:
+                    continue  # no text in it (an empty value, a number), or a known text, read on its own channel
+                names = naming or key in self.identifiers
+                if names and isinstance(child, str) and child in seen or key in self.dropped:
+                    continue
+                if array:  # positions left out of the generalised path, kept where they tell items apart
+                    general, where = path + "[]", named + _label(child, key, items, whole)
+                else:
+                    general, where = (f"{path}.{key}", f"{named}.{key}") if path else (str(key), str(key))
+                if general in echoed:
+                    continue
+                if (key in self.opaque or general in opaque) and isinstance(child, str) and _BASE64.fullmatch(child):
+                    continue
                 if isinstance(child, str):
-                    yield Untrusted(kind, place + where), value, key
-                elif isinstance(child, (dict, list)):
-                    found.append((child, general, where))
+                    yield (Identifier if names else Untrusted)(kind, place + where), value, key
+                else:
+                    found.append((child, general, where, names))
             stack.extend(reversed(found))
 
-    def _elements(self, value: list[Any], path: str, named: str, whole: bool) -> Iterator[tuple[int, Any, str, str]]:
-        """(position, element, its generalised path, the path it is named by) of each element of an array: the
-        positions are left out of the generalised path, and kept in the named one where they tell items apart (in a
-        whole answer; in an `items` array, by the item's own `index`)."""
-        items = path.rsplit(".", 1)[-1] in self.items
-        general = path + "[]"
-        for i, child in enumerate(value):
-            number = child.get("index") if items and isinstance(child, dict) else None
-            if items:
-                label = f"[{number if isinstance(number, int) and not isinstance(number, bool) else i}]"
-            else:
-                label = f"[{i}]" if whole else "[]"
-            yield i, child, general, named + label
+
+def _label(element: Any, position: int, item: bool, whole: bool) -> str:
+    """An array element's step in the path it is named by: an item's own `index` (chat's choices), its position
+    in a whole answer, none in a stream (a field that grows event by event is one text)."""
+    if item:
+        number = element.get("index") if isinstance(element, dict) else None
+        return f"[{number if isinstance(number, int) and not isinstance(number, bool) else position}]"
+    return f"[{position}]" if whole else "[]"
 
 
 def place_of(holder: Any, key: Any) -> Place:

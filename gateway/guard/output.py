@@ -3,7 +3,8 @@
 What it reads: every string the client gets. The answer's format (gateway/apis/answers.py) names the channels of
 the texts it knows (a choice, its reasoning, a refusal, a content part or block, a tool call's arguments or input,
 a command), and every other string of every event, of a known event type or not, comes on an untrusted channel
-(gateway/apis/untrusted.py): read the same way, never relayed unread.
+(gateway/apis/untrusted.py): read the same way, never relayed unread. Identifiers (ids, types, statuses) are read
+for secrets once per distinct value, and a finding blocks: rewriting an id would break what refers to it.
 
 Streams: the relay hands each batch of complete SSE events to `feed()`, which returns the events that may go to the
 client now. Text is released only after a scan has seen it together with what follows it: a scan runs when
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 
 from gateway.apis.answers import AnswerFormat, Arguments, Holder, Text
 from gateway.apis.decoded_json import DecodedJson
-from gateway.apis.untrusted import Place, Untrusted, place_of
+from gateway.apis.untrusted import Identifier, Place, Untrusted, place_of
 from gateway.growing_text import GrowingText
 from gateway.guard import pii
 from gateway.guard.folding import folded
@@ -144,6 +145,7 @@ class OutputGuard:
         self._channels: dict[Hashable, _Channel] = {}
         self._unscanned: dict[Hashable, None] = {}  # the channels with text not scanned yet, in order
         self._growing: dict[Hashable, None] = {}  # the untrusted channels the last event added to
+        self._identified: set[str] = set()  # the identifiers' values read so far
         self.verdicts: list[Verdict] = []
         self._recorded: set[tuple[str, str]] = set()
 
@@ -186,7 +188,10 @@ class OutputGuard:
         for channel in answers.ended(chunk):
             self._finish(channel)
         growing: dict[Hashable, None] = {}
-        for channel, holder, key in answers.untrusted(chunk, known):
+        for channel, holder, key in answers.untrusted(chunk, known, self._identified):
+            if isinstance(channel, Identifier):
+                self._identify(channel, holder[key])
+                continue
             self._append(held, channel, holder, key)
             growing[channel] = None
         if unparsed:
@@ -292,10 +297,12 @@ class OutputGuard:
             return content
         texts = list(self._answers.body_texts(body))
         known = {place_of(holder, key) for _, holder, key in texts}
-        texts += self._answers.untrusted(body, known, whole=True)
+        texts += self._answers.untrusted(body, known, self._identified, whole=True)
         scans = []
         for channel, holder, key in texts:
-            if holder[key]:
+            if isinstance(channel, Identifier):
+                self._identify(channel, holder[key])
+            elif holder[key]:
                 state = _opened(channel, holder[key])
                 state.finished = True
                 scans.append((channel, state, holder, key))
@@ -309,7 +316,7 @@ class OutputGuard:
 
     # ---- the checks ----------------------------------------------------------------------------------------
     def _where(self, channel: Hashable) -> str:
-        if isinstance(channel, Untrusted):
+        if isinstance(channel, (Untrusted, Identifier)):
             return f"{channel.kind} {channel.path}" if channel.kind else channel.path
         return self._answers.where(channel.of if isinstance(channel, _Copy) else channel)
 
@@ -335,6 +342,19 @@ class OutputGuard:
             self._verdict(Verdict("output", kind, f"guard.output.{kind}.{types[0]}", action, types=types, where=where))
             if action == "redact":
                 state.redactions = _merged(state.redactions, [f for f, _ in found])
+
+    def _identify(self, channel: Identifier, value: str) -> None:
+        """An identifier's value (an id, a model, a status), read once: a secret in it blocks, as rewriting it would
+        break what refers to it. PII is not looked for: a user's id may well be an address, and it is their own."""
+        policy = self._policy
+        if policy.secrets == "off" or value in self._identified:
+            return
+        self._identified.add(value)
+        types = sorted({f.type for f in pii.find(value, self._spec.pii.types or None) if f.kind == "secret"})
+        if types:
+            action = "block" if policy.secrets == "redact" else policy.secrets
+            rule = f"guard.output.secret.{types[0]}"
+            self._verdict(Verdict("output", "secret", rule, action, types=types, where=self._where(channel)))
 
     async def _classify(self, texts: list[tuple[str, str]]) -> None:
         """The injection classifier over texts (with where each is), as their reader sees them (folded)."""

@@ -38,13 +38,13 @@ ROUTES = ("chat", "responses", "messages", "translated")  # translated: a Messag
 @pytest.fixture(scope="module")
 def gw(module_launcher: Launcher) -> Process:
     """One gateway for the module, in front of one hostile upstream as a chat pool and as an Anthropic pool; the
-    tenant `block` has secrets blocked (the default), `redact` has them redacted."""
+    tenant `block` has secrets blocked (the default), `redact` has them and PII redacted."""
     upstream = start_hostile_upstream(module_launcher)
     output = {"enabled": True, "secrets": "block", "hold_back": 16, "scan_every": 8}
     policies = guard_policy(
         module_launcher.directory / "output-inventory",
         {"enabled": True, "injection": {"enabled": False}, "output": output},
-        {"redact": {"output": {"secrets": "redact"}}},
+        {"redact": {"output": {"secrets": "redact", "pii": "redact"}}},
     )
     pools = [
         pool("chat", upstream.url, models=["test-model"]),
@@ -444,3 +444,29 @@ def test_an_events_lines_other_than_its_data_are_read(gw: Process, route: str, l
         "content_type": "text/event-stream",
     }
     assert_blocked(ask(gw, route, True, upstream, spec=spec), stream=True)
+
+
+def with_identifier(route: str, stream: bool, value: str) -> Any:
+    """A clean answer whose id (a chat chunk's, a Response item's, a Message's) is `value`."""
+    upstream = answer(route, stream, content="Here it is.")
+    if not stream:
+        return {**upstream, "id": value}
+    for event in upstream:
+        if isinstance(event, dict) and route == "chat":
+            event["id"] = value
+        elif isinstance(event, dict) and "item_id" in event:
+            event["item_id"] = value
+        elif isinstance(event, dict) and event["type"] == "message_start":
+            event["message"]["id"] = value
+    return upstream
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+@pytest.mark.parametrize("route", ["chat", "responses", "messages"])
+def test_a_key_in_an_identifier_is_blocked(gw: Process, route: str, stream: bool) -> None:
+    """Ids are read too (once per value, for secrets): a redaction would break what refers to them, so a key in one
+    blocks even where the policy redacts."""
+    for key in ("sk-block", "sk-redact"):
+        assert_blocked(ask(gw, route, stream, with_identifier(route, stream, f"id-{KEY}"), key=key), stream)
+    clean = ask(gw, route, stream, with_identifier(route, stream, "id-bob@example.org-0042"), key="sk-redact")
+    assert clean.status_code == 200 and "id-bob@example.org-0042" in clean.text, "an id is not searched for PII"

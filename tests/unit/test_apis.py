@@ -9,7 +9,7 @@ import pytest
 
 from gateway.apis.answers import AnswerFormat, MessagesFormat, ResponsesFormat
 from gateway.apis.routes import BY_NAME, BY_PATH, ROUTE_NAMES
-from gateway.apis.untrusted import place_of
+from gateway.apis.untrusted import Identifier, place_of
 from gateway.context import Usage
 from gateway.errors import GatewayError
 from gateway.guard.inputs import request_texts
@@ -231,16 +231,17 @@ def test_every_text_a_responses_model_writes_is_output_seen(kind: str) -> None:
 
 
 def untrusted_strings(answers: AnswerFormat, event: dict, whole: bool = False) -> dict[str, str]:
-    """{where: string} of what a format's readers leave to the untrusted channels."""
+    """{where: string} of what a format's readers leave to the guard: untrusted text, and identifiers (`id:` …)."""
     known = {place_of(holder, key) for _, holder, key in (answers.body_texts if whole else answers.texts)(event)}
     return {
-        f"{c.kind} {c.path}".strip(): holder[key] for c, holder, key in answers.untrusted(event, known, whole=whole)
+        ("id: " if isinstance(c, Identifier) else "") + f"{c.kind} {c.path}".strip(): holder[key]
+        for c, holder, key in answers.untrusted(event, known, whole=whole)
     }
 
 
-def test_every_string_no_reader_takes_is_untrusted_text_but_ids_and_echoed_settings() -> None:
-    """A new event type, a field a server added, a tool's name: read as untrusted. Ids, enums, opaque blobs and the
-    request's own settings that a Response repeats are not text the model wrote."""
+def test_every_string_no_reader_takes_is_read_as_untrusted_text_or_as_an_identifier() -> None:
+    """A new event type, a field a server added, a tool's name: untrusted text. Ids, enums and names: identifiers.
+    Not read: the request's own settings that a Response repeats, and opaque fields while they hold base64."""
     unknown = {
         "type": "response.hologram.delta",
         "item_id": "h_1",
@@ -248,23 +249,43 @@ def test_every_string_no_reader_takes_is_untrusted_text_but_ids_and_echoed_setti
         "delta": "beam",
         "sequence_number": 4,
     }
-    assert untrusted_strings(ResponsesFormat(), unknown) == {"response.hologram.delta output_index=2 delta": "beam"}
+    assert untrusted_strings(ResponsesFormat(), unknown) == {
+        "id: response.hologram.delta output_index=2 type": "response.hologram.delta",
+        "id: response.hologram.delta output_index=2 item_id": "h_1",
+        "response.hologram.delta output_index=2 delta": "beam",
+    }
     created = {
         "type": "response.created",
-        "response": {"id": "resp_1", "status": "in_progress", "instructions": "be brief", "tools": [{"name": "f"}]},
+        "response": {"id": "resp_1", "instructions": "be brief", "tools": [{"name": "f"}], "obfuscation": "Zm9v"},
     }
-    assert untrusted_strings(ResponsesFormat(), created) == {}
+    assert untrusted_strings(ResponsesFormat(), created) == {
+        "id: response.created type": "response.created",
+        "id: response.created response.id": "resp_1",
+    }
     chunk = {
         "id": "c1",
-        "object": "chat.completion.chunk",
-        "system_fingerprint": "fp_1",
         "choices": [
             {"index": 1, "delta": {"content": "hi", "hologram": "beam"}, "logprobs": {"content": [{"token": "hi"}]}}
         ],
     }
     assert untrusted_strings(AnswerFormat(), chunk) == {
+        "id: id": "c1",
         "choices[1].delta.hologram": "beam",
         "choices[1].logprobs.content[].token": "hi",
     }
-    block = {"type": "message", "content": [{"type": "hologram", "hologram": "beam", "signature": "c2ln"}]}
-    assert untrusted_strings(MessagesFormat(), block, whole=True) == {"content[0].hologram": "beam"}
+    blocks = {
+        "content": [{"type": "hologram", "hologram": "beam", "signature": "c2ln"}, {"signature": "not base64!"}],
+        "container": {"id": "container_1", "expires_at": "2026-12-06"},  # an identifier's object: all it holds
+    }
+    assert untrusted_strings(MessagesFormat(), blocks, whole=True) == {
+        "id: content[0].type": "hologram",
+        "content[0].hologram": "beam",
+        "content[1].signature": "not base64!",
+        "id: container.id": "container_1",
+        "id: container.expires_at": "2026-12-06",
+    }
+    seen = {"container_1"}
+    known: set = set()
+    assert [
+        c.path for c, _, _ in MessagesFormat().untrusted(blocks, known, seen, whole=True) if "container" in c.path
+    ] == ["container.expires_at"], "an identifier's value already read is not given again"
