@@ -1,27 +1,30 @@
-"""Budget slices leased from the shared store: most requests under a budget in Redis decide in this process.
+"""Budget slices leased from the shared store: most requests under a budget in Redis or the SQLite file decide in
+this process.
 
-Deciding each request's budget in Redis costs a round trip a request. Instead this process takes a slice of the
-budget at a time: a reservation in the store like a request's (the batch script's budget check, under a member name
-of its own), of up to LEASE_REQUESTS times the request's cost and never more than 1/SHARE of what the store had left.
-Requests reserve on the slice here until it cannot hold the next one; then a new slice is taken and the old one is
-settled, once its requests have ended, at what they used (the script's budget settlement: replaced once, exactly).
-So the store's counter never passes the limit (no slice is granted past it), and once every slice is settled it is
-the sum of the requests' costs.
+Deciding each request's budget in the store costs a round trip (or a transaction) a request. Instead this process
+takes a slice of the budget at a time: a reservation in the store like a request's (the store's budget check, under
+a member name of its own) of a whole number of the request's reservations, up to LEASE_REQUESTS of them and never
+more than 1/SHARE of what the store had left. Requests reserve on the slice here until it cannot hold the next one;
+then a new slice is taken and the old one is settled, once its requests have ended, at what they used (the store's
+budget settlement: replaced once, exactly). So the store's counter never passes the limit (no slice is granted past
+it), and once every slice is settled it is the sum of the requests' costs.
 
-Far from the limit, once a slice has less than 1/AHEAD of its room left, the next one is taken in the background
-(the spare): requests move on to it when the current one is full, and none waits for the store.
+Far from the limit (a whole slice of LEASE_REQUESTS is less than 1/SHARE of what is left), once a slice has less
+than 1/AHEAD of its room left, the next one is taken in the background (the spare): requests move on to it when the
+current one is full, and none waits for the store. Such a slice that nothing has used for IDLE seconds is settled.
+
+Nearer the limit slices shrink with what is left, and each is settled as soon as no request is in flight on it.
+With fewer than 2 x SHARE reservations left, a slice is exactly its request's reservation: the last requests are
+decided one by one in the store, as without slices, and no instance holds back more than its requests in flight, so
+a burst over several instances is served exactly as far as the budget goes.
 
 While the store is down and the limiter fails open, the fallback (this process's memory) decides: a slice it
 grants holds its request alone and is settled when that request ends, so each request asks again and the first
 after the store is back (and the breaker closed) is decided in the store, not on the rest of a slice the outage
 handed out.
 
-Near the limit (less than SHARE x LEASE_REQUESTS reservations left), slices shrink with what is left, down to
-exactly the request's cost when less than SHARE + 1 reservations' worth is left, and each is settled as soon as no
-request is in flight on it: the last requests are decided one by one in the store, as without slices, and no
-instance holds back more than its requests in flight. Far from it, a slice nothing has used for IDLE seconds is
-settled. A process killed outright leaves its open slices counted until their period ends (the current one, a
-spare, and any retired one whose requests were still running): an undershoot, never an overshoot.
+A process killed outright leaves its open slices counted until their period ends (the current one, a spare, and any
+retired one whose requests were still running): an undershoot, never an overshoot.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ if TYPE_CHECKING:
 
 
 LEASE_REQUESTS = 128  # a slice holds at most this many of the request's reservations
-SHARE = 16  # and at most 1/SHARE of what the store had left
+SHARE = 16  # and at most 1/SHARE of what the store had left: below 2 x SHARE reservations left, exactly one
 AHEAD = 4  # far from the limit, the next slice is taken once the current one has less than 1/AHEAD of its room left
 IDLE = 1.0  # seconds a slice with no request in flight is kept before it is settled
 _RETRIES = 3  # slices with room for others one request takes before it takes exact ones
@@ -236,7 +239,7 @@ class BudgetLeases:
                 if alone:  # for this request only, so the next asks the store again: it may be back
                     lease = Lease(check._replace(cost=cost), backend, kept=False, touched=now)
                 else:
-                    kept = _extra(outcome.remaining, cost) >= LEASE_REQUESTS * cost  # far from the limit
+                    kept = _far(outcome.remaining, cost)
                     lease = Lease(check, backend, kept=kept, touched=now)
                     account.remaining = outcome.remaining  # the store's word, not the fallback's
                 if ahead:
@@ -319,10 +322,19 @@ def _left(account: LeaseAccount) -> int:
 
 
 def _extra(remaining: int | None, cost: int) -> int:
-    """What a new slice holds beyond the request: nothing until the store has said what it has left."""
-    if remaining is None:
+    """What a new slice holds beyond the request: whole reservations of the request's `cost` (a fragment of one
+    would be room no request of that cost can use, held back from every instance), no more than make the slice
+    LEASE_REQUESTS reservations or 1/SHARE of what the store had left; none until the store has said what it has
+    left, nor once fewer than 2 x SHARE reservations are left."""
+    if remaining is None or cost <= 0:
         return 0
-    return max(0, min(LEASE_REQUESTS * cost, (remaining - cost) // SHARE))
+    return cost * max(0, min(LEASE_REQUESTS, remaining // (SHARE * cost)) - 1)
+
+
+def _far(remaining: int, cost: int) -> bool:
+    """Whether the store has so much left that the next slice will be a whole one (LEASE_REQUESTS reservations):
+    such a slice is kept while idle, and the next one is taken ahead."""
+    return _extra(remaining, cost) >= (LEASE_REQUESTS - 1) * cost
 
 
 def _settle(lease: Lease) -> None:

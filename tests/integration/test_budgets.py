@@ -55,10 +55,10 @@ def upstream(module_launcher: Launcher) -> Process:
     return module_launcher.fake_upstream("spend")
 
 
-def budget_policies(tmp_path, limit: float, period: str = "day") -> str:
+def budget_policies(tmp_path, limit: float, period: str = "day", prices: dict = PRICES) -> str:
     directory = tmp_path / "budget-policies"
     directory.mkdir(exist_ok=True)
-    spec = {"prices": PRICES, "budgets": [{"id": "team-spend", "key": "tenant", "limit": limit, "period": period}]}
+    spec = {"prices": prices, "budgets": [{"id": "team-spend", "key": "tenant", "limit": limit, "period": period}]}
     base = {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "b"}, "spec": spec}
     (directory / "base.yaml").write_text(yaml.safe_dump(base))
     return str(directory)
@@ -75,8 +75,9 @@ def gateway_config(upstream_url: str, policies: str, **extra) -> dict:
     }
 
 
-def ask(url: str, max_tokens: int = 10) -> httpx.Response:
-    return httpx.post(url + "/v1/chat/completions", json=chat_body(max_tokens=max_tokens), headers=HEADERS, timeout=30)
+def ask(url: str, max_tokens: int = 10, **fields) -> httpx.Response:
+    body = chat_body(max_tokens=max_tokens, **fields)
+    return httpx.post(url + "/v1/chat/completions", json=body, headers=HEADERS, timeout=30)
 
 
 def nanos(gw, response: httpx.Response) -> int:
@@ -499,6 +500,61 @@ def test_two_gateways_share_a_budget_exactly(upstream, gateway, redis_server, tm
             break
         time.sleep(0.1)
     assert counters == [spent]
+
+
+# Output tokens only, at 1 per million: a request of 10 output tokens that the upstream answers with 10 chunks costs
+# exactly what it reserved, 10,000 nanos, whatever the gateway counts for its prompt.
+OUTPUT_PRICES = {"models": {"test-model": {"input": 0.0, "output": 1.0}}}
+WHOLE = {"max_tokens": 10, "fake": {"chunks": 10, "header_delay": 1.0}}  # in flight together for 1 s
+WHOLE_COST = 10_000
+
+
+def test_near_the_limit_a_burst_over_two_gateways_serves_exactly_what_the_budget_allows(
+    upstream, gateway, redis_server, tmp_path
+):
+    """docs/keys-and-spend.md, budgets on Redis: what is admitted never sums past the limit, and an instance near the
+    limit holds back no more than its requests in flight. 60 requests at once over two gateways against a tenant's
+    budget of exactly 20 requests' cost: exactly 20 are served, the other 40 refused for the budget, and the counter
+    ends at the limit. Four tenants in turn, each burst on a budget of its own: a slice that held back a fragment
+    would lose a request in some of them."""
+    tenants = [f"burst{i}" for i in range(4)]
+    auth = {"keys": [{"tenant": t, "sha256": hashlib.sha256(f"sk-{t}".encode()).hexdigest()} for t in tenants]}
+    config = gateway_config(
+        upstream.url,
+        budget_policies(tmp_path, 20 * WHOLE_COST / NANOS, prices=OUTPUT_PRICES),
+        auth=auth,
+        redis={"url": redis_server.url, "timeout": 2.0},
+        store={"backend": "redis"},
+    )
+    gateways = [gateway(config), gateway(config)]
+    served = {}
+    for tenant in tenants:
+        start = threading.Barrier(60)
+
+        def one(i: int, tenant: str = tenant, start: threading.Barrier = start) -> httpx.Response:
+            start.wait()
+            return httpx.post(
+                gateways[i % 2].url + "/v1/chat/completions",
+                json=chat_body(**WHOLE),
+                headers={"authorization": f"Bearer sk-{tenant}"},
+                timeout=30,
+            )
+
+        with ThreadPoolExecutor(60) as threads:
+            answers = list(threads.map(one, range(60)))
+        assert {r.json()["error"]["code"] for r in answers if r.status_code != 200} == {"budget_exceeded"}
+        served[tenant] = sum(r.status_code == 200 for r in answers)
+        spent = sum(nanos(gateways[i % 2], r) for i, r in enumerate(answers) if r.status_code == 200)
+        assert spent == served[tenant] * WHOLE_COST
+    assert served == dict.fromkeys(tenants, 20)
+    client = redis_server.client()
+    deadline = time.monotonic() + 20
+    while True:
+        counters = [int(client.get(k)) for k in client.scan_iter("portcullis:budget:*") if not k.endswith(b":held")]
+        if counters == [20 * WHOLE_COST] * 4 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert counters == [20 * WHOLE_COST] * 4
 
 
 def test_a_budget_far_from_its_limit_is_decided_on_slices_and_settles_exactly(
