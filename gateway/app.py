@@ -42,15 +42,16 @@ from gateway.offload import Offload
 from gateway.pipeline import Pipeline
 from gateway.policy.loader import PolicySet, empty_policy_set, load_policy_dir
 from gateway.policy.reload import PolicyReloader, log_policy_warnings
+from gateway.ratelimit.checks import Backend
 from gateway.ratelimit.failover import CircuitBreaker, FailoverBackend
 from gateway.ratelimit.limiter import RateLimiter
 from gateway.ratelimit.memory import MemoryBackend
 from gateway.ratelimit.redis_backend import RedisBackend
 from gateway.routing.pool import Pool, Pools
 from gateway.shape_gate import ShapeGate
-from gateway.spend.budgets import BudgetSeeder
 from gateway.spend.ledger import SpendLedger
 from gateway.spend.redis_ledger import RedisSpendStore
+from gateway.spend.sqlite_budgets import SqliteBudgets
 from gateway.spend.sqlite_ledger import SqliteSpendStore
 from gateway.spend.store import SpendStore
 from gateway.stages.admission import AdmissionStage
@@ -114,20 +115,19 @@ class Gateway:
         self.spend = SpendLedger(
             _spend_store(config), config.store.flush_interval, lambda: self.policies.base.spec.prices.currency
         )
-        local_limits = MemoryBackend()
-        limits = FailoverBackend(
-            self.redis or local_limits,
-            MemoryBackend(),
-            fail_open=config.redis.on_failure == "fail_open",
-            breaker=CircuitBreaker(config.redis.breaker_failures, config.redis.breaker_cooldown),
-            metrics=self.metrics,
-        )
+        limits = self._failover(self.redis or MemoryBackend())
+        # without Redis, budgets are kept in the SQLite file every process of the host shares (workers included)
+        self.budget_store = None if self.redis else _budget_store(config)
+        if self.budget_store:
+            self.metrics.watch_settlements(self.budget_store.settlements)
         self.guard = GuardStage(lambda: self.policies, Guard(self.metrics.registry), self.offload, self.tokenize.decode)
         parse = ParseStage(config.limits, self.offload, self.shape_gate)
         waf = WafStage(lambda: self.policies, self.keys, self.offload)
-        # without Redis, budgets live in this process: each period's past spend is read back from the ledger
-        seeder = None if self.redis else BudgetSeeder(self.spend, local_limits)
-        self.rate_limiter = RateLimiter(limits, self.metrics, seeder)
+        self.rate_limiter = (
+            RateLimiter(limits, self.metrics)
+            if self.budget_store is None
+            else RateLimiter(limits, self.metrics, self._failover(self.budget_store), self.budget_store.expect)
+        )
         rate_limits = RateLimitStage(lambda: self.policies, self.rate_limiter)
         self.fallbacks = Fallbacks(config.fallbacks, self.pools, config.models, self.metrics.fallbacks)
         self.admission = AdmissionStage(self.pools.pools, self.fallbacks, self.tracer, self.metrics)
@@ -155,6 +155,17 @@ class Gateway:
         self.object_passthrough = ObjectPassthrough(self.objects, self.upstream)
         self.billing = Billing(self.metrics, lambda: self.policies, self.spend, config.telemetry)
 
+    def _failover(self, store: Backend) -> FailoverBackend:
+        """`store` with this process's memory to fall back on while it fails (`redis.on_failure` says whether)."""
+        config = self.config.redis
+        return FailoverBackend(
+            store,
+            MemoryBackend(),
+            fail_open=config.on_failure == "fail_open",
+            breaker=CircuitBreaker(config.breaker_failures, config.breaker_cooldown),
+            metrics=self.metrics,
+        )
+
     def _install(self, policies: PolicySet) -> None:
         self.policies = policies  # one assignment: each request reads one whole policy set
 
@@ -167,6 +178,8 @@ class Gateway:
         await self.rate_limiter.aclose()  # before Redis goes: its budget slices go back there
         await self.spend.aclose()  # before Redis goes: it may hold the ledger
         await self.objects.aclose()
+        if self.budget_store:
+            await self.budget_store.aclose()
         if self.redis:
             await self.redis.aclose()
         self.offload.close()
@@ -354,6 +367,15 @@ def _spend_store(config: GatewayConfig) -> SpendStore:
     try:
         return SqliteSpendStore(config.store.sqlite_path)  # opens the file: the first part of the gateway that does
     except sqlite3.Error as err:  # a missing directory, a path that is a directory, no permission
+        raise ConfigError(f"store.sqlite_path: cannot open {config.store.sqlite_path}: {err}") from err
+
+
+def _budget_store(config: GatewayConfig) -> SqliteBudgets:
+    """Budgets without Redis: in the SQLite file the spend ledger shares (`store.sqlite_path`, whichever backend
+    keeps the keys), so every process on the host reserves on the same counters."""
+    try:
+        return SqliteBudgets(config.store.sqlite_path)
+    except sqlite3.Error as err:
         raise ConfigError(f"store.sqlite_path: cannot open {config.store.sqlite_path}: {err}") from err
 
 

@@ -565,7 +565,8 @@ class TelemetryConfig(_Strict):
 
 
 class RedisConfig(_Strict):
-    """Shared state across gateway instances. Without a URL, limits are kept in this process's memory."""
+    """Shared state across gateway instances. Without a URL, limits are kept in this process's memory and budgets in
+    the SQLite file (`store.sqlite_path`) every process on the host shares."""
 
     url: str | None = Field(default=None, description="redis://host:port/db or rediss://…")
     timeout: Annotated[float, Field(gt=0)] = 0.25

@@ -11,7 +11,7 @@ import functools
 import hashlib
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 
@@ -22,9 +22,9 @@ from gateway.ratelimit.checks import Backend, BudgetCheck, Check, RateCheck, Set
 from gateway.ratelimit.failover import FailoverBackend
 from gateway.ratelimit.gcra import EPSILON, Outcome
 from gateway.ratelimit.headers import rate_limit_headers
-from gateway.ratelimit.memory import MemoryBackend, SpendAccount, budget_outcome
+from gateway.ratelimit.memory import MemoryBackend
 from gateway.spend import budgets
-from gateway.spend.budgets import AppliedBudget, BudgetSeeder, PeriodCounter, SoftThresholds
+from gateway.spend.budgets import AppliedBudget, SoftThresholds
 from gateway.spend.charge import charge, charged_tokens
 from gateway.spend.leases import BudgetLeases, Lease
 from gateway.telemetry import Metrics, cached_labels
@@ -41,18 +41,30 @@ class Grant:
     headers: dict[str, str]
     budgets: list[BudgetCheck] = field(default_factory=list)  # reservations a shared store holds
     prices: PriceTable | None = None  # the table the budgets reserved at: the same one settles them
-    accounts: Sequence[SpendAccount] = ()  # budgets in this process's memory: `reserved` nanos held on each
-    leases: Sequence[Lease] = ()  # budgets in the shared store, reserved on slices of them: `reserved` on each
+    leases: Sequence[Lease] = ()  # budgets reserved on this process's slices of them: `reserved` on each
     reserved: int = 0
 
 
+# Told of each budget period (its key) before this process reserves on it: where the store needs to know whose
+# spend it bounds.
+Expect = Callable[[str, AppliedBudget], None]
+
+
 class RateLimiter:
-    def __init__(self, backend: FailoverBackend, metrics: Metrics, seeder: BudgetSeeder | None = None) -> None:
-        """`seeder`: where budgets live in this process only (no Redis), how a period's past spend is read back."""
+    def __init__(
+        self,
+        backend: FailoverBackend,
+        metrics: Metrics,
+        budget_store: FailoverBackend | None = None,
+        expect: Expect | None = None,
+    ) -> None:
+        """`budget_store`: where budgets are kept, if not beside the limits in `backend` (without Redis, the limits
+        are in this process and the budgets in the SQLite file every process shares)."""
         self.backend = backend
         self._local = backend.local
-        self._seeder = seeder
-        self._leases = BudgetLeases(backend) if self._local is None else None
+        self._budget_store = budget_store or backend
+        self._leases = BudgetLeases(self._budget_store)
+        self._expect = expect
         self._thresholds = SoftThresholds(metrics)
         self._decisions = cached_labels(metrics.ratelimit_decisions)
         self._budgets_exceeded = cached_labels(metrics.budgets_exceeded)
@@ -71,12 +83,9 @@ class RateLimiter:
             if isinstance(check, RateCheck) and check.cost * check.interval - check.tolerance > EPSILON:
                 raise _too_large(rule, check)  # before any counter is touched: no wait would let it fit
         local = self._local
-        if applied and local is not None:
+        if applied and (not rules or local is not None):  # no round trip that decides the budgets with the limits
             assert prices is not None  # budgets are priced
-            return await self._admit_in_process(ctx, rules, checks, applied, prices, local)
-        if applied and not rules and self._leases is not None:
-            assert prices is not None
-            return await self._admit_on_slices(ctx, applied, prices, self._leases)
+            return await self._admit_on_slices(ctx, rules, checks, applied, prices, local)
         reserved: list[BudgetCheck] = []
         if applied:
             assert prices is not None
@@ -95,56 +104,18 @@ class RateLimiter:
         decided = list(zip(rules, checks, outcomes)) if rules else []
         return Grant(backend, decided, headers, reserved, prices)
 
-    async def _admit_in_process(
+    async def _admit_on_slices(
         self,
         ctx: RequestContext,
         rules: Sequence[RateLimitRule],
         checks: list[Check],
         applied: Sequence[AppliedBudget],
         prices: PriceTable,
-        local: MemoryBackend,
+        local: MemoryBackend | None,
     ) -> Grant:
-        """Budgets in this process's memory are reserved on their accounts directly: no check and no outcome is
-        built for a budget far from its limit. They are decided first and taken in the same event-loop step as the
-        rate limits, so a request takes all of them or none."""
-        cost = budgets.reservation(ctx, prices)
-        now = time.time()
-        accounts = []
-        for budget in applied:
-            counter = budget.counter
-            if not counter.start <= now < counter.end:  # a new period (or the payer's first request here)
-                counter = budgets.current(budget, now)
-            account = local.accounts.get(counter.key)
-            if account is None:  # the period's first request here
-                account = await self._open(budget, counter, local)
-            accounts.append(account)
-        # from here to the reservations nothing waits: no other request can take what this one is decided on
-        fits = quiet = True
-        for budget, account in zip(applied, accounts):
-            left = budget.limit - account.used - cost
-            if left < 0:
-                fits = False
-            elif left <= budget.quiet_above:  # past a soft threshold: rarely
-                quiet = False
-        outcomes: list[Outcome] = []
-        headers: dict[str, str] = {}
-        if checks:
-            outcomes = local.decide(checks, commit=fits)
-            headers = self._rate_headers(rules, outcomes, local.name)
-        if not (fits and quiet):
-            keys = [budget.counter.key for budget in applied]
-            decisions = [budget_outcome(a, budget.limit, cost, now) for budget, a in zip(applied, accounts)]
-            self._spend(applied, keys, decisions, local.name, prices.currency, headers)  # raises unless all fit
-        for account in accounts:
-            account.used += cost
-        decided = list(zip(rules, checks, outcomes)) if rules else []
-        return Grant(local, decided, headers, prices=prices, accounts=accounts, reserved=cost)
-
-    async def _admit_on_slices(
-        self, ctx: RequestContext, applied: Sequence[AppliedBudget], prices: PriceTable, leases: BudgetLeases
-    ) -> Grant:
-        """Budgets in the shared store, and no rate limit that needs a round trip anyway: reserved on this
-        process's slices of them (gateway/spend/leases.py), so most requests do not wait for the store."""
+        """Budgets reserved on this process's slices of them (gateway/spend/leases.py), so most requests do not wait
+        for the store: where they are the request's only limits, or where its limits are kept in this process
+        (`local`), which decides them in the same event-loop step as the slices' reservation: all or none."""
         cost = budgets.reservation(ctx, prices)
         now = time.time()
         keys = []
@@ -153,34 +124,44 @@ class RateLimiter:
             if not counter.start <= now < counter.end:
                 counter = budgets.current(budget, now)
             keys.append(counter.key)
-        backend = self.backend.primary
-        headers: dict[str, str] = {}
+        leases = self._leases
+        refusal, near = None, False
         taken = leases.reserve_held(applied, keys, cost, now)  # most requests: on the slices this process holds
         if taken is None:  # a slice to take, or a soft threshold near: rarely
-            taken, refusal = await leases.reserve(
-                keys, [b.limit for b in applied], [b.counter.end for b in applied], cost
-            )
-            if refusal is not None or any(leases.left(k) <= b.quiet_above for b, k in zip(applied, keys)):
-                outcomes = refusal or [
-                    Outcome(True, leases.left(k), 0.0, max(b.counter.end - now, 0.0)) for b, k in zip(applied, keys)
-                ]
-                self._spend(applied, keys, outcomes, backend.name, prices.currency, headers)  # raises on a refusal
+            if self._expect is not None:
+                for budget, key in zip(applied, keys):
+                    self._expect(key, budget)
+            limits, ends = [b.limit for b in applied], [b.counter.end for b in applied]
+            taken, refusal = await leases.reserve(keys, limits, ends, cost)
+            near = refusal is None and any(leases.left(k) <= b.quiet_above for b, k in zip(applied, keys))
+        # from here on nothing waits: the limits are decided on the state the slices were reserved in
+        headers: dict[str, str] = {}
+        decided: list[tuple[RateLimitRule, Check, Outcome]] = []
+        if checks:
+            assert local is not None  # limits beside budgets on slices are this process's
+            outcomes = local.decide(checks, commit=taken is not None)
+            try:
+                headers = self._rate_headers(rules, outcomes, local.name)  # a limit's refusal comes first
+            except GatewayError:
+                if taken is not None:
+                    leases.settle(taken, -cost)
+                raise
+            decided = list(zip(rules, checks, outcomes))
+        if refusal is not None or near:
+            outcomes = refusal or [
+                Outcome(True, leases.left(k), 0.0, max(b.counter.end - now, 0.0)) for b, k in zip(applied, keys)
+            ]
+            store = self._budget_store.primary.name
+            self._spend(applied, keys, outcomes, store, prices.currency, headers)  # raises on a refusal
         assert taken is not None  # a refusal raised
-        return Grant(backend, [], headers, prices=prices, leases=taken, reserved=cost)
+        return Grant(local or self._budget_store.primary, decided, headers, prices=prices, leases=taken, reserved=cost)
 
     def start(self) -> None:
-        if self._leases is not None:
-            self._leases.start()
+        self._leases.start()
 
     async def aclose(self) -> None:
         """Give the store back what this process's budget slices hold unused."""
-        if self._leases is not None:
-            await self._leases.aclose()
-
-    async def _open(self, budget: AppliedBudget, counter: PeriodCounter, local: MemoryBackend) -> SpendAccount:
-        if self._seeder is not None:
-            return await self._seeder.open(budget, counter)
-        return local.open_account(counter.key, counter.end)
+        await self._leases.aclose()
 
     def _rate_headers(
         self, rules: Sequence[RateLimitRule], outcomes: Sequence[Outcome], backend: str
@@ -227,17 +208,11 @@ class RateLimiter:
 
     def settle(self, grant: Grant, ctx: RequestContext) -> None:
         """Reconcile token and spend reservations with what the request cost, and free concurrency slots."""
-        if grant.accounts:  # budgets in this process: the reservation is replaced by the cost on the spot
+        if grant.leases:  # budgets on slices: the reservation is replaced by the cost on them (they go back whole)
             assert grant.prices is not None
-            correction = charge(ctx, grant.prices).cost_nanos - grant.reserved
-            for account in grant.accounts:
-                account.used += correction
+            self._leases.settle(grant.leases, charge(ctx, grant.prices).cost_nanos - grant.reserved)
             if not grant.decided:
                 return
-        if grant.leases:  # budgets on slices: the same, on the slices (which go back to the store whole)
-            assert grant.prices is not None and self._leases is not None
-            self._leases.settle(grant.leases, charge(ctx, grant.prices).cost_nanos - grant.reserved)
-            return
         grant.backend.settle(self._settlement(grant, ctx))
 
     def _settlement(self, grant: Grant, ctx: RequestContext) -> Settlement:

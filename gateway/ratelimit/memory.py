@@ -1,4 +1,5 @@
-"""In-process backend: exact for one gateway process, and the fallback when Redis is unreachable."""
+"""In-process backend: rate limits without Redis (exact for one gateway process), and the fallback for limits and
+budgets while their store is unreachable."""
 
 from __future__ import annotations
 
@@ -19,20 +20,10 @@ Writes = list[tuple[dict[Any, Any], Any, Any]]
 @dataclass(slots=True)
 class SpendAccount:
     """A budget's spend in one period (a key of its own), the reservations of requests in flight included: what
-    the next reservation is decided against. The rate limiter reserves and settles on it directly when budgets live
-    in this process, without building a check and an outcome per request."""
+    the next reservation is decided against."""
 
     used: int  # nanos
     ends: float  # Unix seconds: the end of the period
-
-
-def budget_outcome(account: SpendAccount, limit: int, cost: int, now: float) -> Outcome:
-    """Whether `cost` more fits the budget's `limit`, what is left after it, and when the period ends."""
-    left = limit - account.used
-    reset = account.ends - now if account.ends > now else 0.0
-    if cost > left:
-        return Outcome(False, left if left > 0 else 0, reset, reset)
-    return new_outcome((True, left - cost, 0.0, reset))
 
 
 class MemoryBackend:
@@ -46,7 +37,7 @@ class MemoryBackend:
         self._wall_clock = wall_clock
         self._tats: dict[str, float] = {}
         self._slots: dict[str, dict[str, float]] = {}
-        self.accounts: dict[str, SpendAccount] = {}  # budget key → its period's account (read it; open_account adds)
+        self._accounts: dict[str, SpendAccount] = {}  # budget key → its period's account
         self._held: dict[tuple[str, str], int] = {}  # (budget key, request) → its reservation, until settled
         self._ops = 0
         self._opened = 0  # accounts opened: every _SWEEP_EVERY, those of ended periods are dropped
@@ -84,13 +75,11 @@ class MemoryBackend:
                 self._held[budget_check.key, budget_check.member] = budget_check.cost
         return outcomes
 
-    def open_account(self, key: str, ends: float, spent: int = 0) -> SpendAccount:
-        """The budget period's account, opened at `spent` (what the spend ledger says was spent in it, after a
-        restart) if this process has none; a period this process already counts keeps its own count, which is the
-        more recent."""
-        account = self.accounts.get(key)
+    def _open_account(self, key: str, ends: float) -> SpendAccount:
+        """The budget period's account, opened at nothing spent if this process has none."""
+        account = self._accounts.get(key)
         if account is None or account.ends <= self._wall_clock():  # an ended period is not asked for again
-            account = self.accounts[key] = SpendAccount(spent, ends)
+            account = self._accounts[key] = SpendAccount(0, ends)
             self._opened += 1
             if not self._opened % _SWEEP_EVERY:
                 self._sweep_accounts()
@@ -110,18 +99,22 @@ class MemoryBackend:
             self._slots.get(slot.key, {}).pop(slot.member, None)
         for (key, _, _, _, member), cost in spend:
             reserved = self._held.pop((key, member), None)
-            account = self.accounts.get(key)
+            account = self._accounts.get(key)
             if reserved is not None and account is not None:
                 account.used += cost - reserved
 
     # Each check returns its outcome and adds to `writes` what to store if all of the request's checks are allowed.
 
     def _budget(self, check: BudgetCheck, reserving: list[tuple[SpendAccount, BudgetCheck]]) -> Outcome:
-        account = self.open_account(check.key, check.resets_at)
-        outcome = budget_outcome(account, check.limit, check.cost, self._wall_clock())
-        if outcome.allowed:
-            reserving.append((account, check))
-        return outcome
+        """Whether `check.cost` more fits the budget's limit, what is left after it, and when the period ends."""
+        account = self._open_account(check.key, check.resets_at)
+        now = self._wall_clock()
+        left = check.limit - account.used
+        reset = account.ends - now if account.ends > now else 0.0
+        if check.cost > left:
+            return Outcome(False, left if left > 0 else 0, reset, reset)
+        reserving.append((account, check))
+        return new_outcome((True, left - check.cost, 0.0, reset))
 
     def _rate(self, check: RateCheck, now: float, writes: Writes) -> Outcome:
         outcome, tat = gcra(self._tats.get(check.key, now), now, check.interval, check.tolerance, check.cost)
@@ -148,5 +141,5 @@ class MemoryBackend:
     def _sweep_accounts(self) -> None:
         """Drop the accounts of periods that ended, and what their requests still hold."""
         wall = self._wall_clock()
-        self.accounts = {k: account for k, account in self.accounts.items() if account.ends > wall}
-        self._held = {k: cost for k, cost in self._held.items() if k[0] in self.accounts}
+        self._accounts = {k: account for k, account in self._accounts.items() if account.ends > wall}
+        self._held = {k: cost for k, cost in self._held.items() if k[0] in self._accounts}

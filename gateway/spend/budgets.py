@@ -1,4 +1,4 @@
-"""Budgets: spend per tenant or key and period, decided with the request's rate limits in one round trip.
+"""Budgets: spend per tenant or key and period, reserved before a request and settled on what it cost.
 
 A request reserves what it may cost (its prompt at the input price, plus its whole output budget at the output
 price: the most it can cost) before it goes upstream, and its reservation is replaced by what it did cost when it
@@ -6,13 +6,12 @@ ends. The store decides each reservation atomically against the spend of the per
 instances race, the reservations admitted never sum past the limit, and the spend a period ends with is exactly the
 sum of its requests' settled costs. A period is a key of its own (`...:<period start>`): it starts from nothing.
 
-Without Redis a budget's counter lives in this process: its first use after a start reads the period's spend back
-from the spend ledger (`BudgetSeeder`), so a restart does not hand out the budget again.
+The store is Redis where there is one, else the SQLite file every process of the host shares
+(gateway/spend/sqlite_budgets.py); the rate limiter reserves on slices of a budget (gateway/spend/leases.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import calendar
 import functools
 import hashlib
@@ -30,8 +29,6 @@ from gateway.errors import GatewayError
 from gateway.policy.model import Budget, PriceTable
 from gateway.ratelimit.checks import BudgetCheck, new_budget_check
 from gateway.ratelimit.gcra import Outcome
-from gateway.ratelimit.memory import MemoryBackend, SpendAccount
-from gateway.spend.ledger import SpendLedger
 from gateway.spend.store import NANOS, amount_text
 from gateway.telemetry import Metrics
 
@@ -228,40 +225,3 @@ class SoftThresholds:
                 }
             },
         )
-
-
-class BudgetSeeder:
-    """Without a shared store, opens each budget period this process has not seen at the spend the ledger has for
-    it, so a restart does not hand the budget out again."""
-
-    def __init__(self, ledger: SpendLedger, memory: MemoryBackend) -> None:
-        self._ledger = ledger
-        self._memory = memory
-        self._seeding: dict[str, asyncio.Future[SpendAccount]] = {}  # period key → its ledger read, while in flight
-
-    async def open(self, budget: AppliedBudget, counter: PeriodCounter) -> SpendAccount:
-        """The period's account, read back from the ledger first if this process has none yet (the requests that
-        come meanwhile wait for the same read).
-
-        The read runs as a task of its own, not in the request that began it: that request's client may leave
-        mid-read, and its cancellation must neither reach the requests waiting on the same read (they would fail
-        with it, as 500s) nor cut the ledger's flush short."""
-        account = self._memory.accounts.get(counter.key)
-        if account is not None:
-            return account
-        seeding = self._seeding.get(counter.key)
-        if seeding is None:
-            seeding = self._seeding[counter.key] = asyncio.ensure_future(self._seed(budget, counter))
-            seeding.add_done_callback(functools.partial(self._seeded, counter.key))
-        return await asyncio.shield(seeding)
-
-    async def _seed(self, budget: AppliedBudget, counter: PeriodCounter) -> SpendAccount:
-        spent = await self._ledger.spent(budget.scope, budget.who, counter.start)
-        return self._memory.open_account(counter.key, counter.end, spent)
-
-    def _seeded(self, key: str, seeding: asyncio.Future[SpendAccount]) -> None:
-        """The read is over: the next request of a period still without an account (the read failed) tries again."""
-        if self._seeding.get(key) is seeding:
-            del self._seeding[key]
-        if not seeding.cancelled():
-            seeding.exception()  # retrieved: every request waiting on it may have left

@@ -100,13 +100,6 @@ class SpendLedger:
             await asyncio.sleep(self._flush_interval)
             await self.flush()
 
-    async def spent(self, scope: str, who: str, start: float) -> int:
-        """Nanos spent since `start` (an hour boundary) by a tenant (`scope` 'tenant') or a key ('api_key')."""
-        await self.flush()
-        field = "tenant" if scope == "tenant" else "key_id"
-        rows = await self.store.rows(int(start), int(self._clock()) + HOUR)
-        return sum(totals.cost_nanos for key, totals in rows if getattr(key, field) == who)
-
     async def report(
         self,
         start: int,

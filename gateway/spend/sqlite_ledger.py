@@ -10,7 +10,7 @@ from pathlib import Path
 from gateway import sqlite_wal
 from gateway.spend.store import SpendKey, SpendTotals
 
-_SCHEMA = """
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS spend (
     hour INTEGER NOT NULL, key_id TEXT NOT NULL, tenant TEXT NOT NULL, model TEXT NOT NULL,
     requests INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL,
@@ -33,7 +33,7 @@ class SqliteSpendStore:
     def __init__(self, path: Path) -> None:
         # one connection, used by one worker thread at a time (the lock), never by the event loop; opened now, so a
         # path that cannot hold the ledger stops the start
-        self._file = sqlite_wal.WalFile(path, 5.0, lambda db: db.execute(_SCHEMA), check_same_thread=False)
+        self._file = sqlite_wal.WalFile(path, 5.0, lambda db: db.execute(SCHEMA), check_same_thread=False)
         self._file.connection()
         self._lock = asyncio.Lock()
 

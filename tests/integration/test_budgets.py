@@ -36,6 +36,7 @@ from gateway.ratelimit.limiter import RateLimiter
 from gateway.ratelimit.memory import MemoryBackend
 from gateway.ratelimit.redis_backend import RedisBackend
 from gateway.routing.replica import Replica
+from gateway.spend.sqlite_budgets import SqliteBudgets
 from gateway.stages.ratelimit import RateLimitStage
 from gateway.telemetry import Metrics
 from tests.conftest import Launcher, Process, chat_body, pool
@@ -84,11 +85,13 @@ def nanos(gw, response: httpx.Response) -> int:
     return round(gw.access_log(response.headers["x-request-id"])["cost"] * NANOS)
 
 
-def test_budget_backends_decide_alike(redis_server):
-    """The same reservations and settlements, in the same order, get the same answers from both backends."""
+def test_budget_backends_decide_alike(redis_server, tmp_path):
+    """The same reservations and settlements, in the same order, get the same answers from every store that keeps
+    budgets: Redis, the SQLite file (without Redis) and this process's memory (the fallback while a store is down)."""
 
     async def run() -> None:
         memory, shared = MemoryBackend(), RedisBackend(redis_server.url, 2.0)
+        embedded = SqliteBudgets(tmp_path / "budgets.db")
         resets_at = time.time() + 3600
         rng = random.Random(7)
         held: list[tuple[BudgetCheck, int]] = []
@@ -99,26 +102,31 @@ def test_budget_backends_decide_alike(redis_server):
                     settlement = Settlement(spend=((check, cost),))
                     memory.settle(settlement)
                     shared.settle(settlement)
+                    embedded.settle(settlement)
                     assert not len(shared.settlements), "sent at once, ahead of the next admission"
                     continue
                 check = BudgetCheck(f"parity:{step % 2}", 50_000, rng.randrange(1, 9_000), resets_at, f"r{step}")
-                [mine], [theirs] = await memory.acquire([check]), await shared.acquire([check])
+                [mine], [theirs], [its] = await asyncio.gather(
+                    memory.acquire([check]), shared.acquire([check]), embedded.acquire([check])
+                )
                 assert (mine.allowed, mine.remaining) == (theirs.allowed, theirs.remaining), step
+                assert (its.allowed, its.remaining) == (theirs.allowed, theirs.remaining), step
                 if mine.allowed:
                     held.append((check, rng.randrange(0, check.cost + 1)))
                     if rng.random() < 0.1:  # a settlement sent twice (its answer was lost) applies once
                         held.append(held[-1])
         finally:
             await shared.aclose()
+            await embedded.aclose()
 
     asyncio.run(run())
 
 
-def test_budgets_in_process_and_in_redis_admit_alike(redis_server):
-    """The same requests, in the same order, through the rate limiter deciding in this process's memory (budgets
-    reserved on their accounts directly) and on Redis (one script decides every limit): the same ones are admitted,
-    refused for the rate limit or for the budget, with the same budget left; neither consumes anything for a
-    request it refused; and the budget ends at the same spend."""
+def test_budgets_without_redis_and_on_redis_admit_alike(redis_server, tmp_path):
+    """The same requests, in the same order, through the rate limiter without Redis (limits in this process's
+    memory, budgets reserved on slices of the SQLite file's) and on Redis (one script decides every limit): the same
+    ones are admitted, refused for the rate limit or for the budget, with the same budget left; neither consumes
+    anything for a request it refused; and the budget ends at the same spend."""
     spec = {
         "prices": PRICES,
         "budgets": [{"id": "team-spend", "key": "tenant", "limit": 0.0005, "period": "day"}],
@@ -129,9 +137,10 @@ def test_budgets_in_process_and_in_redis_admit_alike(redis_server):
     async def run() -> None:
         metrics = Metrics()
         shared = RedisBackend(redis_server.url, 2.0)
-        memory = MemoryBackend()
+        embedded = SqliteBudgets(tmp_path / "budgets.db")
+        local = RateLimiter(_failover(MemoryBackend(), metrics), metrics, _failover(embedded, metrics), embedded.expect)
         stages = [
-            RateLimitStage(lambda: policies, RateLimiter(_failover(memory, metrics), metrics)),
+            RateLimitStage(lambda: policies, local),
             RateLimitStage(lambda: policies, RateLimiter(_failover(shared, metrics), metrics)),
         ]
         rng = random.Random(5)
@@ -167,17 +176,20 @@ def test_budgets_in_process_and_in_redis_admit_alike(redis_server):
             for pair in held:  # the rest end without reaching an upstream: their reservations are given back
                 for stage, ctx in zip(stages, pair):
                     stage.settle(ctx)
+            await local.aclose()  # its slices go back to the file, settled at what their requests cost
         finally:
             await shared.aclose()
+            await embedded.aclose()
         assert {"admitted", "rate_limit_exceeded", "budget_exceeded"} <= set(answers), collections.Counter(answers)
         [key] = redis_server.client().keys("portcullis:budget:*")
-        account = memory.accounts.get(key.decode())
-        assert account is not None and account.used == int(redis_server.client().get(key)) > 0
+        with contextlib.closing(sqlite3.connect(tmp_path / "budgets.db")) as db:
+            [(used,)] = db.execute("SELECT used FROM budget WHERE key = ?", (key.decode(),)).fetchall()
+        assert used == int(redis_server.client().get(key)) > 0
 
     asyncio.run(run())
 
 
-def _failover(primary: MemoryBackend | RedisBackend, metrics: Metrics) -> FailoverBackend:
+def _failover(primary: MemoryBackend | RedisBackend | SqliteBudgets, metrics: Metrics) -> FailoverBackend:
     return FailoverBackend(primary, MemoryBackend(), False, CircuitBreaker(3, 1.0), metrics)
 
 
@@ -691,23 +703,24 @@ def test_a_stored_key_has_its_own_budget_and_limits(upstream, gateway, tmp_path)
     assert sample("portcullis_key_billed_requests_total", plain["id"]) == 2
 
 
-def test_a_client_that_leaves_while_its_budget_is_read_back_fails_no_other_request(upstream, gateway, tmp_path):
-    """Without Redis, a budget period's first requests wait for one read of its spend from the ledger. The request
-    that began that read leaves while it runs (slow here: another writer holds the ledger's file, so the read's flush
-    waits): the requests waiting on the same read are still decided and served, never answered 500."""
+def test_a_client_that_leaves_while_its_budget_is_decided_fails_no_other_request(upstream, gateway, tmp_path):
+    """Without Redis, a budget period's first request takes a slice of it in the SQLite file (its row opened from
+    the ledger there), and the next ones wait for that slice. The request that began the take leaves while it runs
+    (slow here: another writer holds the file): the requests waiting on it are still decided and served, never
+    answered 500."""
     path = tmp_path / "spend.db"
     keys = {"sk-budget-a": "team-a", "sk-budget-b": "team-b"}
     auth = {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()} for k, t in keys.items()]}
     config = gateway_config(upstream.url, budget_policies(tmp_path, 1.0))
     gw = gateway({**config, "auth": auth, "store": {"sqlite_path": str(path), "flush_interval": 60}})
     url = gw.url + "/v1/chat/completions"
-    # team-b's answer is billed: its ledger row waits for the next flush, which a read of spend makes first
+    # another tenant's budget is decided in the file first: the gateway has it open, and team-a's period is new
     assert httpx.post(url, json=chat_body(), headers={"authorization": "Bearer sk-budget-b"}).status_code == 200
     payload = json.dumps(chat_body()).encode()
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
-        db.execute("BEGIN IMMEDIATE")  # another writer holds the file (for less than the ledger's 5 s busy wait)
+        db.execute("BEGIN IMMEDIATE")  # another writer holds the file (for less than the budget store's 5 s busy wait)
         host, port = gw.url.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port)), timeout=10) as leader:  # team-a's first: reads the spend
+        with socket.create_connection((host, int(port)), timeout=10) as leader:  # team-a's first: takes a slice
             leader.sendall(
                 b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
                 b"authorization: Bearer sk-budget-a\r\ncontent-length: %d\r\n\r\n%s" % (len(payload), payload)
@@ -717,8 +730,8 @@ def test_a_client_that_leaves_while_its_budget_is_read_back_fails_no_other_reque
                 waiting = pool_.submit(
                     httpx.post, url, json=chat_body(), headers={"authorization": "Bearer sk-budget-a"}, timeout=30
                 )
-                time.sleep(0.5)  # it waits for the leader's read
-                leader.close()  # the leader leaves mid-read
+                time.sleep(0.5)  # it waits for the leader's slice
+                leader.close()  # the leader leaves while the file decides
                 time.sleep(0.5)
                 db.execute("ROLLBACK")
                 follower = waiting.result()

@@ -110,12 +110,13 @@ def access_lines(gateway: Process, since: int = 0) -> list[dict]:
     return [json.loads(line) for line in lines if '"trace_id"' in line]
 
 
-def fresh_connection_posts(gateway: Process, count: int) -> list[int]:
+def fresh_connection_posts(gateway: Process, count: int, **fields) -> list[int]:
     """`count` chat requests, each on a connection of its own (so the kernel spreads them over the workers)."""
+    body = chat_body(**fields)
 
     def one(_: int) -> int:
         return fresh_connections.post(
-            gateway.url + "/v1/chat/completions", json=chat_body(), headers={"authorization": f"Bearer {KEY}"}
+            gateway.url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {KEY}"}
         ).status_code
 
     with ThreadPoolExecutor(8) as threads:
@@ -167,6 +168,38 @@ def eventually(gateway: Process, name: str, expected: float, **labels: str) -> f
     while (value := metric(gateway, name, **labels)) < expected and time.monotonic() < deadline:
         time.sleep(0.2)
     return value
+
+
+def test_a_budget_in_the_sqlite_store_is_exact_across_workers(processes, upstream, tmp_path):
+    """docs/keys-and-spend.md, budgets without Redis: the workers reserve on the one SQLite file, so what they admit
+    never sums past the limit. A budget of exactly 100 requests' cost (10 output tokens each, answered with 10) and
+    300 requests spread over two workers: exactly 100 are served, and the spend report records exactly the limit."""
+    directory = tmp_path / "budget-policies"
+    directory.mkdir()
+    spec = {
+        "prices": {"models": {"test-model": {"input": 0.0, "output": 1.0}}},  # 10,000 nanos a request
+        "budgets": [{"id": "team-spend", "key": "tenant", "limit": 0.001, "period": "day"}],
+    }
+    policy = {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "b"}, "spec": spec}
+    (directory / "base.yaml").write_text(yaml.safe_dump(policy))
+    config = {
+        "pools": [pool("main", upstream.url)],
+        "auth": AUTH,
+        "models": [{"name": "test-model"}],
+        "policy_dir": str(directory),
+        "telemetry": {"access_log": True},
+    }
+    gateway = start_workers(processes, tmp_path, config)
+    statuses = fresh_connection_posts(gateway, 300, max_tokens=10, fake={"chunks": 10})
+    assert {line["worker"] for line in access_lines(gateway)} == {0, 1}, "both workers took connections"
+    assert statuses.count(200) == 100 and statuses.count(429) == 200
+    deadline = time.monotonic() + 20  # each worker writes its spend within a second
+    while True:
+        [row] = http.get(gateway.admin_url + "/admin/spend", params={"group_by": "tenant"}).json()["data"]
+        if row["cost_nanos"] >= 1_000_000 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert (row["cost_nanos"], row["completion_tokens"]) == (1_000_000, 1000)
 
 
 def test_a_killed_worker_is_restarted_while_the_port_keeps_answering(processes, upstream, tmp_path):

@@ -78,8 +78,6 @@ def test_the_ledger_adds_up_across_instances_and_reports_by_group(tmp_path):
                 "currency": "USD",
             }
         ]
-        assert await one.spent("api_key", "k1", DEC_3 - DEC_3 % 86400) == 3_005
-        assert await one.spent("tenant", "acme", clock[0] - clock[0] % 86400) == 5
         await one.aclose()
         await two.aclose()
 
