@@ -66,6 +66,7 @@ class Billing:
             charged.cached,
             charged.completion,
             charged.cost_nanos,
+            served=ctx.replica is not None and ctx.status == 200,  # else refused, by the gateway or upstream
         )
         model = self._metrics.model_label(ctx.model)
         cost = charged.cost_nanos / NANOS

@@ -29,7 +29,15 @@ TIMEOUT = 30.0
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _LIST_COLUMNS = ("id", "tenant", "label", "models", "expires_at", "revoked_at", "created_at")
-_SPEND_TOTALS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "cost", "currency")
+_SPEND_TOTALS = (
+    "requests",
+    "refused_requests",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "cost",
+    "currency",
+)
 
 
 class CliError(Exception):

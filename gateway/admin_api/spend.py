@@ -43,7 +43,10 @@ class SpendRow(BaseModel):
     period: str | None = Field(
         default=None, description="group 'hour', 'day' or 'month': its start as an ISO date (and hour), UTC"
     )
-    requests: int
+    requests: int = Field(description="requests served: an upstream answered them")
+    refused_requests: int = Field(
+        description="requests not served: refused by the gateway (a limit, the budget, the guard) or failed upstream"
+    )
     prompt_tokens: int = Field(description="prompt tokens not served from a prefix cache")
     cached_tokens: int
     completion_tokens: int

@@ -45,15 +45,27 @@ class SpendLedger:
         self._task: asyncio.Task[None] | None = None
 
     def record(
-        self, key_id: str, tenant: str, model: str, prompt: int, cached: int, completion: int, cost_nanos: int
+        self,
+        key_id: str,
+        tenant: str,
+        model: str,
+        prompt: int,
+        cached: int,
+        completion: int,
+        cost_nanos: int,
+        served: bool = True,
     ) -> None:
-        """Count one finished request (`cached` of its `prompt` tokens came from a prefix cache)."""
+        """Count one finished request (`cached` of its `prompt` tokens came from a prefix cache), as served or, where
+        no upstream answered it, as refused."""
         now = int(self._clock())
         key = SpendKey(now - now % HOUR, key_id, tenant, model)
         totals = self._pending.get(key)
         if totals is None:
             totals = self._pending[key] = SpendTotals()
-        totals.requests += 1
+        if served:
+            totals.requests += 1
+        else:
+            totals.refused_requests += 1
         totals.prompt_tokens += prompt - cached
         totals.cached_tokens += cached
         totals.completion_tokens += completion
@@ -121,6 +133,7 @@ class SpendLedger:
             {
                 **{_FIELD_NAMES[part]: value for part, value in zip(group_by, group)},
                 "requests": totals.requests,
+                "refused_requests": totals.refused_requests,
                 "prompt_tokens": totals.prompt_tokens,
                 "cached_tokens": totals.cached_tokens,
                 "completion_tokens": totals.completion_tokens,

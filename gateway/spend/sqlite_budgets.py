@@ -134,7 +134,7 @@ class SqliteBudgets:
 
 def _prepare(db: sqlite3.Connection) -> None:
     db.execute("PRAGMA synchronous = NORMAL")
-    db.execute(sqlite_ledger.SCHEMA)  # the ledger's table, which a period's row is opened from
+    sqlite_ledger.prepare(db)  # the ledger's table, which a period's row is opened from
     db.executescript(_SCHEMA)
 
 

@@ -4,27 +4,43 @@ model, added to by upsert, so several processes of one host can share it."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 
 from gateway import sqlite_wal
 from gateway.spend.store import SpendKey, SpendTotals
 
-SCHEMA = """
+_SCHEMA = """
 CREATE TABLE IF NOT EXISTS spend (
     hour INTEGER NOT NULL, key_id TEXT NOT NULL, tenant TEXT NOT NULL, model TEXT NOT NULL,
     requests INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL,
-    completion_tokens INTEGER NOT NULL, cost_nanos INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL, cost_nanos INTEGER NOT NULL, refused_requests INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (hour, key_id, tenant, model)
 ) WITHOUT ROWID
 """
-_ADD = """
-INSERT INTO spend VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+# a file made before refused requests were counted apart: the column is added, its past rows at 0
+_ADD_REFUSED = "ALTER TABLE spend ADD COLUMN refused_requests INTEGER NOT NULL DEFAULT 0"
+_COLUMNS = ", ".join((*SpendKey._fields, *(measure.name for measure in fields(SpendTotals))))  # as the row reads
+_ADD = f"""
+INSERT INTO spend ({_COLUMNS}) VALUES ({", ".join("?" * (len(SpendKey._fields) + len(fields(SpendTotals))))})
 ON CONFLICT (hour, key_id, tenant, model) DO UPDATE SET
     requests = requests + excluded.requests, prompt_tokens = prompt_tokens + excluded.prompt_tokens,
     cached_tokens = cached_tokens + excluded.cached_tokens,
-    completion_tokens = completion_tokens + excluded.completion_tokens, cost_nanos = cost_nanos + excluded.cost_nanos
+    completion_tokens = completion_tokens + excluded.completion_tokens, cost_nanos = cost_nanos + excluded.cost_nanos,
+    refused_requests = refused_requests + excluded.refused_requests
 """
+
+
+def prepare(db: sqlite3.Connection) -> None:
+    """The spend table, made or brought up to date; in one transaction, so processes opening the file together
+    do not both add a column."""
+    with db:
+        db.execute("BEGIN IMMEDIATE")
+        db.execute(_SCHEMA)
+        if "refused_requests" not in {row[1] for row in db.execute("PRAGMA table_info(spend)")}:
+            db.execute(_ADD_REFUSED)
 
 
 class SqliteSpendStore:
@@ -33,7 +49,7 @@ class SqliteSpendStore:
     def __init__(self, path: Path) -> None:
         # one connection, used by one worker thread at a time (the lock), never by the event loop; opened now, so a
         # path that cannot hold the ledger stops the start
-        self._file = sqlite_wal.WalFile(path, 5.0, lambda db: db.execute(SCHEMA), check_same_thread=False)
+        self._file = sqlite_wal.WalFile(path, 5.0, prepare, check_same_thread=False)
         self._file.connection()
         self._lock = asyncio.Lock()
 
@@ -41,7 +57,7 @@ class SqliteSpendStore:
         """`batch` is not needed here: a transaction that raised was not committed."""
         values = [
             (k.hour, k.key_id, k.tenant, k.model, t.requests, t.prompt_tokens, t.cached_tokens,
-             t.completion_tokens, t.cost_nanos)
+             t.completion_tokens, t.cost_nanos, t.refused_requests)
             for k, t in rows
         ]  # fmt: skip
         async with self._lock:
@@ -60,7 +76,9 @@ class SqliteSpendStore:
 
     def _select(self, start: int, end: int) -> list[tuple]:
         return (
-            self._file.connection().execute("SELECT * FROM spend WHERE hour >= ? AND hour < ?", (start, end)).fetchall()
+            self._file.connection()
+            .execute(f"SELECT {_COLUMNS} FROM spend WHERE hour >= ? AND hour < ?", (start, end))
+            .fetchall()
         )
 
     async def aclose(self) -> None:

@@ -29,14 +29,16 @@ class SpendKey(NamedTuple):
 
 @dataclass(slots=True)
 class SpendTotals:
-    requests: int = 0
+    requests: int = 0  # served: an upstream answered them
     prompt_tokens: int = 0  # not from a prefix cache
     cached_tokens: int = 0
     completion_tokens: int = 0
     cost_nanos: int = 0
+    refused_requests: int = 0  # not served: refused by the gateway, or failed upstream (charged nothing, mostly)
 
     def add(self, other: SpendTotals) -> None:
         self.requests += other.requests
+        self.refused_requests += other.refused_requests
         self.prompt_tokens += other.prompt_tokens
         self.cached_tokens += other.cached_tokens
         self.completion_tokens += other.completion_tokens

@@ -631,6 +631,26 @@ def test_a_budget_survives_a_restart_with_the_embedded_store(upstream, gateway, 
     assert remaining * NANOS == pytest.approx(100_000 - spent, abs=1)
 
 
+def test_the_spend_report_counts_served_and_refused_requests_apart(upstream, gateway, tmp_path):
+    """Ten requests against a budget two of them fill (50,000 nanos: each reserves up to 27,000 and costs 13,000):
+    the report, and its CSV export, count the two served as `requests` and the eight refused for the budget as
+    `refused_requests`, with the cost of the served alone."""
+    gw = gateway(gateway_config(upstream.url, budget_policies(tmp_path, 0.00005)))
+    statuses = [ask(gw.url).status_code for _ in range(10)]
+    assert statuses == [200] * 2 + [429] * 8
+    params = {"group_by": "tenant"}
+    deadline = time.monotonic() + 20  # the ledger is written once a second
+    while True:
+        [row] = httpx.get(gw.admin_url + "/admin/spend", params=params).json()["data"] or [{"requests": 0}]
+        if row["requests"] + row.get("refused_requests", 0) >= 10 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert (row["tenant"], row["requests"], row["refused_requests"], row["cost_nanos"]) == ("team-a", 2, 8, 26_000)
+    export = httpx.get(gw.admin_url + "/admin/spend", params={**params, "format": "csv"}).text.splitlines()
+    header, line = export[0].split(","), export[1].split(",")
+    assert dict(zip(header, line))["requests"] == "2" and dict(zip(header, line))["refused_requests"] == "8", export
+
+
 def test_the_official_client_sees_budget_exhaustion_as_a_rate_limit_error(upstream, gateway, tmp_path):
     gw = gateway(gateway_config(upstream.url, budget_policies(tmp_path, 0.00003)))
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 from datetime import UTC, datetime
 
 import pytest
@@ -70,6 +72,7 @@ def test_the_ledger_adds_up_across_instances_and_reports_by_group(tmp_path):
             {
                 "key_id": "k1",
                 "requests": 3,
+                "refused_requests": 0,
                 "prompt_tokens": 17,
                 "cached_tokens": 4,
                 "completion_tokens": 11,
@@ -97,6 +100,31 @@ def test_what_a_flush_could_not_write_is_kept_for_the_next(tmp_path):
         await ledger.flush()
         [row] = await ledger.report(0, int(DEC_3) + 3600, ["tenant"])
         assert (row["requests"], row["cost_nanos"]) == (2, 50)
+        await ledger.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_ledger_file_without_refused_requests_gains_them_and_keeps_its_rows(tmp_path):
+    """A file whose spend table has no column for refused requests (made before they were counted apart): opened,
+    it gets the column, its rows are read as they were (nothing refused), and new rows count the two apart."""
+    path = tmp_path / "l.db"
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute(
+            "CREATE TABLE spend (hour INTEGER NOT NULL, key_id TEXT NOT NULL, tenant TEXT NOT NULL,"
+            " model TEXT NOT NULL,"
+            " requests INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL,"
+            " completion_tokens INTEGER NOT NULL, cost_nanos INTEGER NOT NULL,"
+            " PRIMARY KEY (hour, key_id, tenant, model)) WITHOUT ROWID"
+        )
+        db.execute("INSERT INTO spend VALUES (?, 'k', 'acme', 'm', 4, 10, 0, 5, 900)", (int(DEC_3 - DEC_3 % 3600),))
+
+    async def run() -> None:
+        ledger = SpendLedger(SqliteSpendStore(path), 60, clock=lambda: DEC_3)
+        ledger.record("k", "acme", "m", 2, 0, 1, 100)
+        ledger.record("k", "acme", "m", 0, 0, 0, 0, served=False)
+        [row] = await ledger.report(0, int(DEC_3) + 3600, ["tenant"])
+        assert (row["requests"], row["refused_requests"], row["cost_nanos"]) == (5, 1, 1_000)
         await ledger.aclose()
 
     asyncio.run(run())
