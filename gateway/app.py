@@ -53,7 +53,7 @@ from gateway.spend.ledger import SpendLedger
 from gateway.spend.redis_ledger import RedisSpendStore
 from gateway.spend.sqlite_budgets import SqliteBudgets
 from gateway.spend.sqlite_ledger import SqliteSpendStore
-from gateway.spend.store import SpendStore
+from gateway.spend.store import NANOS, SpendStore
 from gateway.stages.admission import AdmissionStage
 from gateway.stages.auth import AuthStage
 from gateway.stages.guard import GuardStage
@@ -305,7 +305,7 @@ class ProxyEndpoint:
         elapsed = time.perf_counter() - ctx.started
         self._requests(self.route, str(ctx.status)).inc()
         self._duration.observe(elapsed)
-        cost = self.gateway.billing.record(ctx)
+        charged = self.gateway.billing.record(ctx)
         if not self.gateway.config.telemetry.access_log:
             return
         trace_id, span_id = trace_ids(ctx.span)
@@ -328,7 +328,9 @@ class ProxyEndpoint:
                 "prompt_tokens": ctx.usage.prompt_tokens,
                 "completion_tokens": ctx.usage.completion_tokens,
                 "cached_tokens": ctx.usage.cached_tokens,
-                "cost": cost,
+                "cost": None if charged is None else charged.cost_nanos / NANOS,
+                # completion tokens charged beyond the reservation: an upstream that reported more than max_tokens x n
+                "over_reservation_tokens": charged.over_reservation if charged and charged.over_reservation else None,
                 "predicted_cached_tokens": ctx.predicted_cached_tokens,
                 "finish_reasons": ctx.usage.finish_reasons or None,
                 "stream_error": ctx.stream_error,

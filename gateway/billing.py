@@ -52,8 +52,9 @@ class Billing:
             self._key_tokens = cached_labels(metrics.key_billed_tokens)
             self._key_spend = cached_labels(metrics.key_spend)
 
-    def record(self, ctx: RequestContext) -> float | None:
-        """Count the request's tokens and spend; its cost, or None for a request no tenant sent."""
+    def record(self, ctx: RequestContext) -> Charge | None:
+        """Count the request's tokens and spend; what it was charged, or None for a request no tenant sent. Usage
+        an upstream reported above the request's reservation is counted apart (`portcullis_usage_over_reservation`)."""
         if ctx.tenant is None:
             return None
         prices = self._policies().base.spec.prices
@@ -69,11 +70,12 @@ class Billing:
             served=ctx.replica is not None and ctx.status == 200,  # else refused, by the gateway or upstream
         )
         model = self._metrics.model_label(ctx.model)
-        cost = charged.cost_nanos / NANOS
+        if charged.over_reservation:  # rare: a counter of its own, incremented at once
+            self._metrics.usage_over_reservation.labels(ctx.tenant, model).inc()
         self._add((False, ctx.tenant, model, prices.currency), charged)
         if self._key_labels is not None:
             self._add((True, self._key_label(ctx.key_id or ""), model, prices.currency), charged)
-        return cost
+        return charged
 
     def _add(self, series: tuple[bool, str, str, str], charged: Charge) -> None:
         totals = self._pending.get(series)

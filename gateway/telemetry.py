@@ -132,6 +132,13 @@ class Metrics:
             ["tenant", "model", "currency"],
             registry=r,
         )
+        self.usage_over_reservation = Counter(
+            "portcullis_usage_over_reservation",
+            "Requests an upstream reported more completion tokens for than they reserved (max_tokens x n): charged as "
+            "reported, and so past what their budgets admitted",
+            ["tenant", "model"],
+            registry=r,
+        )
         self.budgets_exceeded = Counter(
             "portcullis_budget_exceeded",
             "Requests refused for a budget (policy rule id, or 'key' for a key's own)",

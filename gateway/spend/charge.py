@@ -15,6 +15,9 @@ class Charge(NamedTuple):
     cached: int  # of the prompt tokens, served from a prefix cache
     completion: int
     cost_nanos: int
+    # completion tokens the upstream reported beyond the request's output budget (max_tokens x n), which its
+    # reservation did not hold: charged all the same, and flagged
+    over_reservation: int
 
 
 def charge(ctx: RequestContext, prices: PriceTable) -> Charge:
@@ -25,7 +28,8 @@ def charge(ctx: RequestContext, prices: PriceTable) -> Charge:
     prompt, completion = charged_tokens(ctx)
     reported = ctx.usage.cached_tokens
     cached = min(reported, prompt) if isinstance(reported, int) and reported > 0 else 0
-    charged = Charge(prompt, cached, completion, prices.cost_nanos(ctx.model, prompt, cached, completion))
+    over = completion - ctx.max_tokens if ctx.max_tokens is not None and completion > ctx.max_tokens else 0
+    charged = Charge(prompt, cached, completion, prices.cost_nanos(ctx.model, prompt, cached, completion), over)
     ctx.charged = prices, charged
     return charged
 

@@ -651,6 +651,31 @@ def test_the_spend_report_counts_served_and_refused_requests_apart(upstream, gat
     assert dict(zip(header, line))["requests"] == "2" and dict(zip(header, line))["refused_requests"] == "8", export
 
 
+def test_usage_an_upstream_reports_above_the_reservation_is_charged_flagged_and_held_against_the_next(
+    upstream, gateway, tmp_path
+):
+    """An upstream that answers a request of 10 output tokens with 100 (one a chunk, and it says so): the request
+    reserved 10,000 nanos of a 50,000 budget and is charged the 100,000 its usage costs, flagged in the access log
+    (90 tokens over) and by `portcullis_usage_over_reservation_total`; the budget's spend holds the overshoot, so
+    the next request, which would have fitted before it, is refused."""
+    gw = gateway(gateway_config(upstream.url, budget_policies(tmp_path, 0.00005, prices=OUTPUT_PRICES)))
+    over = ask(gw.url, max_tokens=10, fake={"chunks": 100})
+    assert over.status_code == 200
+    line = gw.access_log(over.headers["x-request-id"])
+    assert (line["completion_tokens"], line["over_reservation_tokens"], line["cost"]) == (100, 90, 100_000 / NANOS)
+    metrics = httpx.get(gw.admin_url + "/metrics").text
+    flagged = 'portcullis_usage_over_reservation_total{model="test-model",tenant="team-a"} 1.0'
+    assert flagged in metrics, [m for m in metrics.splitlines() if "over_reservation" in m]
+    within = ask(gw.url, max_tokens=10)
+    assert within.status_code == 429 and within.json()["error"]["code"] == "budget_exceeded"
+    assert gw.access_log(within.headers["x-request-id"])["over_reservation_tokens"] is None
+    deadline = time.monotonic() + 20  # the ledger is written once a second
+    while not (rows := httpx.get(gw.admin_url + "/admin/spend", params={"group_by": "tenant"}).json()["data"]):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert (rows[0]["completion_tokens"], rows[0]["cost_nanos"]) == (100, 100_000)
+
+
 def test_the_official_client_sees_budget_exhaustion_as_a_rate_limit_error(upstream, gateway, tmp_path):
     gw = gateway(gateway_config(upstream.url, budget_policies(tmp_path, 0.00003)))
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0)
