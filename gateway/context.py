@@ -20,6 +20,7 @@ from opentelemetry.trace import Span
 from starlette.requests import Request
 
 from gateway.apis.exchange import Exchange, exchange_for
+from gateway.apis.inventory import Inventory
 from gateway.apis.routes import BY_NAME
 from gateway.apis.shape import Api
 
@@ -121,11 +122,26 @@ class RequestContext:
     made_objects: MadeObjects | None = None
     # what the ended request is charged, at which price table (gateway/spend/charge.py): settlement and billing ask
     charged: tuple[PriceTable, Charge] | None = None
+    # the payload's content inventory, taken once for the stages that read content (`content`), and the payload it is of
+    _content: tuple[dict[str, Any], Inventory] | None = field(default=None, repr=False)
 
     @property
     def api(self) -> Api:
         """The request shape: what its text is, how it is counted, what bounds its output."""
         return BY_NAME[self.route]
+
+    def content(self) -> Inventory:
+        """What the payload carries (gateway/apis/inventory.py): the WAF, the guard and redaction read only this. Taken
+        again if a stage replaced the payload; a stage that rewrites a text does so through the inventory. Taking it
+        walks the whole body: a big body's belongs on the offload executor."""
+        taken = self._content
+        if taken is None or taken[0] is not self.payload:
+            taken = self._content = (self.payload, self.api.inventory(self.payload))
+        return taken[1]
+
+    def keep_content(self, inventory: Inventory) -> None:
+        """The payload's inventory as a stage took it (the WAF, on the offload executor), for the later ones."""
+        self._content = (self.payload, inventory)
 
     @property
     def exchange(self) -> Exchange:

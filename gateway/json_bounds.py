@@ -15,7 +15,7 @@ import orjson
 
 from gateway.config import LimitsConfig
 from gateway.errors import GatewayError, invalid_request
-from gateway.tool_text import dotted
+from gateway.json_path import dotted
 
 # orjson's own nesting cap (a constant of the library): deeper input fails to decode before our walk can see it.
 DECODER_MAX_DEPTH = 1024

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from gateway.errors import GatewayError, invalid_request
-from gateway.tool_text import dotted
+from gateway.json_path import dotted
 
 MAX_BODY_BYTES = 64 * 1024
 _MAX_KEY_CHARS = 64

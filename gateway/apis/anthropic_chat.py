@@ -26,8 +26,8 @@ import orjson
 from gateway.apis.answers import token_count
 from gateway.apis.chat_calls import StreamedCalls
 from gateway.apis.streamed_json import StreamedJson
+from gateway.json_path import dotted
 from gateway.sse import typed_event
-from gateway.tool_text import dotted
 
 # --- errors ----------------------------------------------------------------------------------------------------
 

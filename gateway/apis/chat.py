@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-from gateway.apis.openai_fields import GENERATION_FIELDS, check_fields, check_model, check_tools, objects
-from gateway.apis.shape import Api, CountForm, Location, PromptText
+from gateway.apis.openai_carriers import CHAT
+from gateway.apis.openai_fields import GENERATION_FIELDS, TOOL_KEYS, check_fields, check_model, check_tools, objects
+from gateway.apis.shape import Api, CountForm
 from gateway.errors import invalid_request
-from gateway.tool_text import TOOL_KEYS, tool_descriptions
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
@@ -20,7 +19,7 @@ class Chat(Api):
     # OpenAI and vLLM honour max_completion_tokens when a request names both
     output_fields = ("max_completion_tokens", "max_tokens")
     choice_fields = ("n",)
-    prompt_keys = frozenset(("messages", *TOOL_KEYS))
+    carriers = CHAT
     array_fields = ("messages",)
 
     def check(self, payload: dict[str, Any]) -> None:
@@ -30,51 +29,8 @@ class Chat(Api):
             check_tools(key, payload.get(key))
         check_messages(payload.get("messages"))
 
-    def texts(self, payload: dict[str, Any]) -> Iterator[PromptText]:
-        yield from message_texts(payload.get("messages"), ("messages",))
-        yield from tool_definition_texts(payload)
-
-    def is_prompt(self, loc: Location) -> bool:
-        if loc[0] == "messages":  # messages[i].content..., messages[i].tool_calls[j].function.arguments
-            return len(loc) >= 3 and (
-                loc[2] == "content"
-                or (len(loc) == 6 and loc[2] == "tool_calls" and loc[4] == "function" and loc[5] == "arguments")
-            )
-        return is_tool_description(loc)
-
     def counted(self, payload: dict[str, Any]) -> tuple[CountForm, Any]:
         return "chat", payload.get("messages")
-
-
-def message_texts(messages: Any, at: Location) -> Iterator[PromptText]:
-    """Chat messages' text: string content, text parts, and the arguments of earlier tool calls."""
-    for i, message in enumerate(messages if isinstance(messages, list) else ()):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            continue
-        role, loc = message["role"], (*at, i)
-        content = message.get("content")
-        if isinstance(content, str):
-            yield PromptText(content, role, (*loc, "content"), message)
-        elif isinstance(content, list):
-            for j, part in enumerate(content):
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    yield PromptText(part["text"], role, (*loc, "content", j, "text"), part)
-        calls = message.get("tool_calls")
-        for j, call in enumerate(calls if isinstance(calls, list) else ()):
-            function = call.get("function") if isinstance(call, dict) else None
-            if isinstance(function, dict) and isinstance(function.get("arguments"), str):
-                where = (*loc, "tool_calls", j, "function", "arguments")
-                yield PromptText(function["arguments"], role, where, function, "tool_arguments")
-
-
-def tool_definition_texts(payload: dict[str, Any]) -> Iterator[PromptText]:
-    for holder, _key, loc in tool_descriptions(payload):
-        yield PromptText(holder["description"], "system", loc, holder, "tool_definition")
-
-
-def is_tool_description(loc: Location) -> bool:
-    """tools[i].function..., functions[i]..., tools[i]...: any description at least three levels down."""
-    return loc[0] in TOOL_KEYS and len(loc) >= 3 and loc[-1] == "description"
 
 
 def check_messages(messages: Any) -> None:

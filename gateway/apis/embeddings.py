@@ -6,12 +6,12 @@ Counted, limited and WAF'd like a completions prompt; the guard scans it only wh
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-from gateway.apis.completions import check_prompt, prompt_texts, token_prompts
+from gateway.apis.completions import check_prompt
+from gateway.apis.openai_carriers import EMBEDDINGS
 from gateway.apis.openai_fields import USER, check_fields, check_model, is_int
-from gateway.apis.shape import Api, CountForm, Location, PromptText, TokenPrompt
+from gateway.apis.shape import Api, CountForm
 from gateway.errors import invalid_request
 
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
@@ -23,7 +23,7 @@ class Embeddings(Api):
     operation = "embeddings"
     output_fields = ()
     fill_field = None
-    prompt_keys = frozenset(("input",))
+    carriers = EMBEDDINGS
 
     def check(self, payload: dict[str, Any]) -> None:
         check_model(payload)
@@ -44,15 +44,6 @@ class Embeddings(Api):
 
     def guarded(self, embeddings: bool) -> bool:
         return embeddings
-
-    def texts(self, payload: dict[str, Any]) -> Iterator[PromptText]:
-        return prompt_texts(payload, "input")
-
-    def token_prompts(self, payload: dict[str, Any]) -> Iterator[TokenPrompt]:
-        return token_prompts(payload, "input")
-
-    def is_prompt(self, loc: Location) -> bool:
-        return loc[0] == "input"
 
     def counted(self, payload: dict[str, Any]) -> tuple[CountForm, Any]:
         return "prompt", payload.get("input")

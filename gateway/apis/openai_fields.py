@@ -11,6 +11,8 @@ from typing import Any, TypeGuard
 
 from gateway.errors import invalid_request
 
+TOOL_KEYS = ("tools", "functions")  # `functions` is the deprecated form of `tools`
+
 # (key, valid, what a valid value is)
 FieldCheck = tuple[str, Callable[[Any], bool], str]
 

@@ -5,10 +5,10 @@ and answer travel as they are."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-from gateway.apis.shape import Api, CountForm, Location, PromptText
+from gateway.apis.carriers import PASSTHROUGH
+from gateway.apis.shape import Api, CountForm
 
 
 class Passthrough(Api):
@@ -17,15 +17,10 @@ class Passthrough(Api):
     operation = "passthrough"
     output_fields = ()
     fill_field = None
+    carriers = PASSTHROUGH
 
     def check(self, payload: dict[str, Any]) -> None:
         return None  # the upstream's to judge
-
-    def texts(self, payload: dict[str, Any]) -> Iterator[PromptText]:
-        return iter(())
-
-    def is_prompt(self, loc: Location) -> bool:
-        return False
 
     def counted(self, payload: dict[str, Any]) -> tuple[CountForm, Any]:
         return "prompt", ""

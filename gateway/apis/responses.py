@@ -7,10 +7,9 @@ Its text is read in place (redaction rewrites the items themselves); it is count
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-from gateway.apis.chat import is_tool_description, tool_definition_texts
+from gateway.apis.openai_carriers import RESPONSES
 from gateway.apis.openai_fields import (
     STREAM,
     TEMPERATURE,
@@ -23,12 +22,11 @@ from gateway.apis.openai_fields import (
     is_int,
     objects,
 )
-from gateway.apis.shape import Api, CountForm, Location, PromptText
+from gateway.apis.shape import Api, CountForm
 from gateway.errors import GatewayError, invalid_request
 from gateway.sse import typed_event
 
 _MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
-_ITEM_FIELDS = frozenset({"type", "role", "id", "call_id", "name", "status"})  # an item's labels: application fields
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal"})
 _FIELDS = (
     STREAM,
@@ -53,7 +51,7 @@ class Responses(Api):
     operation = "chat"
     output_fields = ("max_output_tokens",)
     fill_field = "max_output_tokens"
-    prompt_keys = frozenset(("instructions", "input", "tools"))
+    carriers = RESPONSES
     array_fields = ("input",)
 
     def check(self, payload: dict[str, Any]) -> None:
@@ -67,23 +65,6 @@ class Responses(Api):
             raise invalid_request("'input' must be a string or a non-empty array of items", param="input")
         for where, item in objects(items, "input"):
             _check_item(item, where)
-
-    def texts(self, payload: dict[str, Any]) -> Iterator[PromptText]:
-        if isinstance(payload.get("instructions"), str):
-            yield PromptText(payload["instructions"], "system", ("instructions",), payload)
-        items = payload.get("input")
-        if isinstance(items, str):
-            yield PromptText(items, "user", ("input",), payload)
-        for i, item in enumerate(items if isinstance(items, list) else ()):
-            yield from _item_texts(item, ("input", i))
-        yield from tool_definition_texts(payload)
-
-    def is_prompt(self, loc: Location) -> bool:
-        if loc[0] == "instructions" or loc == ("input",):
-            return True
-        if loc[0] == "input":  # what an item says (content, arguments, output, a reasoning summary, its encrypted
-            return len(loc) >= 3 and loc[2] not in _ITEM_FIELDS  # state), not how it is labelled
-        return is_tool_description(loc)
 
     def stream_error(self, error: GatewayError) -> bytes:
         """Responses' `error` event (its stream has no [DONE])."""
@@ -107,7 +88,7 @@ class Responses(Api):
         try:
             return "chat", responses_messages(payload)
         except PromptError:
-            return "chat", [{"role": "user", "content": "\n".join(t.text for t in self.texts(payload))}]
+            return "chat", [{"role": "user", "content": "\n".join(t.text for t in self.inventory(payload).texts())}]
 
 
 def _item_kind(item: dict[str, Any]) -> str:
@@ -142,27 +123,3 @@ def _check_content(content: Any, where: str, *, required: bool) -> None:
             raise invalid_request(f"'{param}.type' must be a string", param=f"{param}.type")
         if part["type"] in _TEXT_PARTS and not isinstance(part.get("text", part.get("refusal")), str):
             raise invalid_request(f"'{param}.text' must be a string", param=f"{param}.text")
-
-
-def _item_texts(item: Any, loc: Location) -> Iterator[PromptText]:
-    if not isinstance(item, dict):
-        return
-    kind = _item_kind(item)
-    if kind == "message" and isinstance(item.get("role"), str):
-        yield from _content_texts(item, "content", item["role"], loc)
-    elif kind == "function_call" and isinstance(item.get("arguments"), str):
-        yield PromptText(item["arguments"], "assistant", (*loc, "arguments"), item, "tool_arguments")
-    elif kind == "function_call_output":
-        yield from _content_texts(item, "output", "tool", loc)
-    elif kind == "reasoning":  # the model's own summary of its reasoning, sent back
-        yield from _content_texts(item, "summary", "assistant", loc)
-
-
-def _content_texts(item: dict[str, Any], key: str, role: str, loc: Location) -> Iterator[PromptText]:
-    content = item.get(key)
-    if isinstance(content, str):
-        yield PromptText(content, role, (*loc, key), item)
-    elif isinstance(content, list):
-        for j, part in enumerate(content):
-            if isinstance(part, dict) and isinstance(part.get("text"), str):
-                yield PromptText(part["text"], role, (*loc, key, j, "text"), part)

@@ -225,7 +225,10 @@ class Guard:
         self.batch_size.observe(size)
         self.batch_seconds.observe(seconds)
 
-    def threshold(self, policy: InjectionPolicy) -> float:
+    def threshold(self, policy: InjectionPolicy, given: float | None = None) -> float:
+        """`given` (a provenance's own), else the policy's, else the model card's."""
+        if given is not None:
+            return given
         if policy.threshold is not None:
             return policy.threshold
         model_threshold = self._classifier.model.threshold if self._classifier else None
@@ -245,11 +248,19 @@ class Guard:
         return Windows(classifier, len(texts), items)
 
     async def score(self, windows: Windows, target: str = "input") -> tuple[float, int]:
-        """(highest text score, index of the text that has it), each model's windows through its own micro-batcher,
-        the models at once; (0, -1) for no windows. The windows are scored by the classifier that made them, even
-        when a reload replaced it since."""
-        if not windows.items:
+        """(highest text score, index of the text that has it); (0, -1) for no windows. See `text_scores`."""
+        scores = await self.text_scores(windows, target)
+        if not scores:
             return 0.0, -1
+        best = int(np.argmax(scores))
+        return scores[best], best
+
+    async def text_scores(self, windows: Windows, target: str = "input") -> list[float]:
+        """Each text's score (its windows' blend), each model's windows through its own micro-batcher, the models
+        at once; [] for no windows. The windows are scored by the classifier that made them, even when a reload
+        replaced it since."""
+        if not windows.items:
+            return []
         items, classifier = windows.items, windows.classifier
         parts = [[k for k, w in enumerate(items) if w[1] == m] for m in range(len(classifier.batchers))]
         results = await asyncio.gather(
@@ -259,10 +270,9 @@ class Guard:
         for part, result in zip(parts, results):
             for k, margin in zip(part, result):
                 margins[k] = margin
-        scores = classifier.model.blend(windows.texts, items, margins)
-        best = int(np.argmax(scores))
-        self.scores.labels(target=target).observe(float(scores[best]))
-        return float(scores[best]), best
+        scores = [float(x) for x in classifier.model.blend(windows.texts, items, margins)]
+        self.scores.labels(target=target).observe(max(scores))
+        return scores
 
     async def classify(
         self, texts: list[str], policy: InjectionPolicy, settings: RuntimeSettings, target: str = "input"

@@ -7,23 +7,55 @@ changes only the threshold); `runtime` is read from the base only, since one pro
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Iterable
+from typing import Annotated, Literal, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.apis.inventory import Provenance
 from gateway.yaml_bools import Switch
 
-Action = Literal["block", "flag", "monitor"]
+Action = Literal["block", "flag", "redact", "monitor"]
 PiiAction = Switch[Literal["off", "monitor", "flag", "redact", "block"]]
-# Message roles, plus `tool_definitions`: the descriptions of the request's tools and their parameters, where a
-# poisoned third-party tool hides instructions for the model.
-Role = Literal["system", "developer", "user", "assistant", "tool", "tool_definitions"]
-INJECTION_ROLES: tuple[Role, ...] = ("user", "tool")  # the default: where injected instructions arrive
-PII_ROLES: tuple[Role, ...] = ("system", "developer", "user", "assistant", "tool")  # the default: every message
+# What the guard reads of a request, by provenance in its content inventory (gateway/apis/inventory.py): message
+# roles, earlier turns' reasoning and tool-call arguments, tool results, documents (attached files, search results,
+# fetched pages), tool and output-schema descriptions. `tool` is the older name of `tool_result`. Role-less prompts
+# (completions, embeddings) and content no shape classifies (`unknown`) are always read.
+Role = Literal[
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "reasoning",
+    "tool_result",
+    "document",
+    "tool_arguments",
+    "tool_definitions",
+    "tool",
+]
+ALIASES: dict[str, Provenance] = {"tool": "tool_result"}
+ALWAYS_READ: frozenset[Provenance] = frozenset(("prompt", "unknown"))
+INJECTION_ROLES: tuple[Role, ...] = tuple(r for r in get_args(Role) if r not in ALIASES)  # the default: all of it
+PII_ROLES: tuple[Role, ...] = INJECTION_ROLES
+# The classifier flags about half of ordinary documents and tool outputs (they are written as instructions, manuals,
+# READMEs): by default it only records what it finds there, and the WAF and the PII/secret detectors read them in full.
+MONITORED: dict[Provenance, dict[str, str]] = {"tool_result": {"action": "monitor"}, "document": {"action": "monitor"}}
+
+
+def provenances(roles: Iterable[str]) -> frozenset[Provenance]:
+    """The provenances a policy's `roles` select, with those always read."""
+    return ALWAYS_READ | frozenset(ALIASES.get(r, cast(Provenance, r)) for r in roles)
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ProvenanceDecision(_Strict):
+    """What the classifier's finding in one provenance's texts decides, where it differs from the policy's."""
+
+    threshold: Annotated[float | None, Field(ge=0, le=1, description="default: the injection policy's")] = None
+    action: Action | None = Field(default=None, description="default: the injection policy's")
 
 
 class InjectionPolicy(_Strict):
@@ -44,13 +76,22 @@ class InjectionPolicy(_Strict):
     action: Action = Field(
         default="block",
         description="block: refuse with 400 prompt_blocked; flag: serve it, with an "
-        "x-portcullis-guard response header; monitor: record only",
+        "x-portcullis-guard response header; redact: serve it with each flagged text replaced by "
+        "[REDACTED:PROMPT_INJECTION] (token-id prompts, which cannot be rewritten, are refused); monitor: record only",
     )
     roles: list[Role] = Field(
         default_factory=lambda: list(INJECTION_ROLES),
         description=(
-            "message roles scanned in chat requests (completions prompts are always scanned); tool also scans the "
-            "legacy function role; tool_definitions adds the descriptions of the request's tools and their parameters"
+            "provenances scanned (default: all): message roles, reasoning and tool_arguments of earlier turns, "
+            "tool_result (tool also names it; the legacy function role too), document (files, search results), "
+            "tool_definitions (tool and parameter descriptions); role-less prompts and unknown content always"
+        ),
+    )
+    provenances: dict[Provenance, ProvenanceDecision] = Field(
+        default_factory=lambda: {k: ProvenanceDecision.model_validate(v) for k, v in MONITORED.items()},
+        description=(
+            "a threshold or action of their own for the texts of a provenance (default: tool_result and document "
+            "are only monitored); in an overlay, merged by provenance"
         ),
     )
     window: Annotated[int, Field(ge=16, le=4096, description="tokens per scanning window (capped at the model's)")] = (
@@ -80,7 +121,7 @@ class PiiPolicy(_Strict):
     types: list[str] = Field(default_factory=list, description="detector types to run; [] runs all")
     roles: list[Role] = Field(
         default_factory=lambda: list(PII_ROLES),
-        description="message roles scanned; tool also scans the legacy function role",
+        description="provenances scanned (default: all; as the injection policy's roles)",
     )
 
 
@@ -142,6 +183,14 @@ class GuardSpec(_Strict):
             "completions prompts sent as token ids are decoded with the model's tokenizer and scanned as text; for a "
             "model whose tokenizer the gateway does not know, refuse them (400 prompt_unscannable) or pass them "
             "unscanned. Applies while the injection classifier or the PII/secret detectors scan prompts"
+        ),
+    )
+    unknown_content: Literal["scan", "refuse"] = Field(
+        default="scan",
+        description=(
+            "content the request's shape does not classify (an unknown block, item, part or field): scan it as "
+            "untrusted text (the WAF's argument and prompt packs, the classifier, the PII/secret detectors), or "
+            "refuse the request (400 unknown_content, naming where). Refusal applies even with the guard off"
         ),
     )
     embeddings: bool = Field(

@@ -1,9 +1,14 @@
 """Guard stage: PII/secrets and the prompt-injection classifier on the request's messages, after admission.
 
-Which messages are scanned is policy (`spec.guard.injection.roles`, `spec.guard.pii.roles`); completions prompts are
-always scanned, token-id prompts decoded with the model's tokenizer (gateway/guard/inputs.py). The classifier judges
-the text as the client sent it: redaction is for what goes upstream, and a `[REDACTED:EMAIL]` marker must not be
-what decides whether a prompt is an attack. Blocks are OpenAI-shaped 400s with `code: prompt_blocked`, the rule id in
+The guard reads the request's content inventory (gateway/apis/inventory.py): which provenances are scanned is policy
+(`spec.guard.injection.roles`, `spec.guard.pii.roles`, default all); role-less prompts and unknown content are always
+scanned, token-id prompts decoded with the model's tokenizer (gateway/guard/inputs.py); every text is read in its
+matching form (gateway/apis/matching.py). The classifier reads each carrier's texts as one passage (a message, a
+block, a document, a tool call's arguments) and judges each by its provenance's threshold and action
+(`injection.provenances`). It judges the text as the client sent it: redaction is for what goes upstream, and a
+`[REDACTED:EMAIL]` marker must not be what decides whether a prompt is an attack. Content the request's shape does
+not classify is refused (400 `unknown_content`) where the policy says `unknown_content: refuse`, even with the guard
+off. Blocks are OpenAI-shaped 400s with `code: prompt_blocked`, the rule id in
 `param` and the verdict in `error.guard`; `flag` serves the request with an `x-portcullis-guard` response header;
 `monitor` only records. Input the guard cannot scan whole is refused, never served unscanned: token ids of a model
 whose tokenizer is unknown (400, unless the policy passes them) and text needing more than `max_windows` (413). When
@@ -16,9 +21,9 @@ threads: neither holds the event loop. Off (the default), the stage costs one po
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from gateway.apis.shape import PromptText
+from gateway.apis.inventory import Carried, Passage, passages
+from gateway.apis.matching import matching_form
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
 from gateway.guard import pii
@@ -29,8 +34,11 @@ from gateway.guard.spec import GuardSpec
 from gateway.offload import Offload
 from gateway.policy.loader import PolicySet
 
-# (the texts the classifier scans, their windows)
-Scan = tuple[list[PromptText], Windows]
+# (the passages the classifier scans, their windows)
+Scan = tuple[list[Passage], Windows]
+# what a finding does, most severe first: the verdict of each that happened is recorded
+_SEVERITY = ("block", "redact", "flag", "monitor")
+REDACTED_INJECTION = "[REDACTED:PROMPT_INJECTION]"
 
 
 class GuardStage:
@@ -57,6 +65,8 @@ class GuardStage:
     async def __call__(self, ctx: RequestContext) -> None:
         policies = self._policies()
         spec = policies.guard_for(ctx.tenant)
+        if spec.unknown_content == "refuse":
+            await self._offload.run(self._offload.is_big(len(ctx.body), ctx.json_values), refuse_unknown, ctx)
         if not spec.enabled or not ctx.api.guarded(spec.embeddings):
             return
         verdicts: list[Verdict] = []
@@ -66,7 +76,7 @@ class GuardStage:
             big = self._offload.is_big(len(ctx.body), ctx.json_values)
             verdicts, scan = await self._offload.run(big, self._read, ctx, spec)
             if scan is not None:
-                verdicts.append(await self._injection(scan, spec))
+                verdicts += await self._injection(ctx, scan, spec)
         for verdict in verdicts:
             self.guard.record(verdict, policies.version)
         for verdict in verdicts:
@@ -84,13 +94,14 @@ class GuardStage:
         the original texts; no windows when the injection classifier is off or a PII verdict already blocks."""
         scan_pii, injection = _scans_pii(spec), spec.injection.enabled
         roles = set(spec.pii.roles if scan_pii else ()) | set(spec.injection.roles if injection else ())
-        texts = request_texts(ctx.api, ctx.payload, roles, self._decoder(ctx.model, spec))
+        texts = request_texts(ctx.content(), roles, self._decoder(ctx.model, spec))
+        scanned = passages([t for t in selected(texts, spec.injection.roles) if t.text]) if injection else []
+        originals = [p.text for p in scanned]  # read before redaction rewrites them
         verdicts = self._pii(ctx, spec, selected(texts, spec.pii.roles)) if scan_pii else []
         if not injection or any(v.result == "block" for v in verdicts):
             return verdicts, None
-        scanned = [t for t in selected(texts, spec.injection.roles) if t.text]
         policy = spec.injection
-        return verdicts, (scanned, self.guard.windows([t.text for t in scanned], policy, policy.max_windows))
+        return verdicts, (scanned, self.guard.windows(originals, policy, policy.max_windows))
 
     def _decoder(self, model: str, spec: GuardSpec) -> Decode:
         def decode(ids: list[int], where: str) -> str | None:
@@ -107,29 +118,53 @@ class GuardStage:
 
         return decode
 
-    async def _injection(self, scan: Scan, spec: GuardSpec) -> Verdict:
-        texts, windows = scan
-        score, index = await self.guard.score(windows)
-        threshold = self.guard.threshold(spec.injection)
-        result = spec.injection.action if score >= threshold else "pass"
-        return Verdict(
-            "input",
-            "prompt_injection",
-            "guard.injection",
-            result,
-            score,
-            threshold,
-            where=texts[index].where if result != "pass" and index >= 0 else None,
-        )
+    async def _injection(self, ctx: RequestContext, scan: Scan, spec: GuardSpec) -> list[Verdict]:
+        """Each passage judged by its provenance's threshold and action: a verdict for the highest-scoring passage of
+        each result that happened (one `pass` verdict when none did); `redact` rewrites the passages it finds."""
+        scanned, windows = scan
+        scores = await self.guard.text_scores(windows)
+        policy = spec.injection
+        found: dict[str, tuple[float, float, Passage]] = {}
+        best: tuple[float, float] = (0.0, self.guard.threshold(policy))
+        redacted: list[Passage] = []
+        for passage, score in zip(scanned, scores):
+            decision = policy.provenances.get(passage.provenance)
+            threshold = self.guard.threshold(policy, decision.threshold if decision else None)
+            if score > best[0]:
+                best = (score, threshold)
+            if score < threshold:
+                continue
+            result = (decision.action if decision else None) or policy.action
+            if result == "redact":
+                if any(part.holder is None for part in passage.parts):
+                    result = "block"  # a token-id prompt cannot be rewritten
+                else:
+                    redacted.append(passage)
+            if result not in found or score > found[result][0]:
+                found[result] = (score, threshold, passage)
+        for passage in redacted if "block" not in found else ():
+            for part in passage.parts:
+                part.rewrite(REDACTED_INJECTION)
+            ctx.payload_rewritten = True
+        if not found:
+            return [Verdict("input", "prompt_injection", "guard.injection", "pass", best[0], best[1])]
+        return [
+            Verdict("input", "prompt_injection", "guard.injection", result, score, threshold, where=passage.where)
+            for result in _SEVERITY
+            if result in found
+            for score, threshold, passage in (found[result],)
+        ]
 
-    def _pii(self, ctx: RequestContext, spec: GuardSpec, texts: list[PromptText]) -> list[Verdict]:
-        """Detector verdicts; `redact` rewrites the payload in place. Token-id prompts cannot be rewritten, so there
-        redaction blocks."""
+    def _pii(self, ctx: RequestContext, spec: GuardSpec, texts: list[Carried]) -> list[Verdict]:
+        """Detector verdicts over each text's matching form; `redact` rewrites the payload in place (a text whose
+        matching form differs goes upstream in that form, the finding replaced). Token-id prompts cannot be
+        rewritten, so there redaction blocks."""
         policy = spec.pii
         types = policy.types or None
         verdicts: list[Verdict] = []
         for item in texts:
-            findings = pii.find(item.text, types)
+            text = matching_form(item.text)
+            findings = pii.find(text, types)
             if not findings:
                 continue
             redact = []
@@ -148,10 +183,23 @@ class GuardStage:
                 if action == "redact":
                     redact += found
             if redact and item.holder is not None:  # (no holder: redaction became a block above)
-                holder: Any = item.holder  # a message, content part, payload or prompt list; item.key fits it
-                holder[item.key] = pii.redact(item.text, sorted(redact, key=lambda f: f.start))
+                item.rewrite(pii.redact(text, sorted(redact, key=lambda f: f.start)))
                 ctx.payload_rewritten = True
         return verdicts
+
+
+def refuse_unknown(ctx: RequestContext) -> None:
+    """400 `unknown_content` naming the first place that holds content the request's shape does not classify."""
+    unknown = ctx.content().unknown()
+    if unknown:
+        where = unknown[0].where
+        raise GatewayError(
+            400,
+            f"{where} is content the gateway does not know how to read for {ctx.api.path}, and the policy refuses "
+            "unknown content (guard.unknown_content: refuse)",
+            code="unknown_content",
+            param=where,
+        )
 
 
 def _scans_pii(spec: GuardSpec) -> bool:

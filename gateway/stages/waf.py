@@ -47,7 +47,9 @@ class WafStage:
             return
         view = view_of(ctx, tenant, identity.label if identity else None)
         big = self._offload.is_big(len(ctx.body), ctx.json_values)
-        verdict = await self._offload.run(big, waf.evaluate, view)
+        verdict = await self._offload.run(big, waf.evaluate, view)  # (takes the inventory, for the later stages too)
+        if view.inventory is not None and ctx.payload:
+            ctx.keep_content(view.inventory)
         span.set_attribute("portcullis.waf.action", verdict.action)
         span.set_attribute("portcullis.waf.score", verdict.score)
         if not verdict.matches:

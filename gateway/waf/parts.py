@@ -5,15 +5,19 @@ knows (parsed JSON, tenant, API key label, client IP). The same view serves the 
 corpus harness, so all three decide alike.
 
 Which parts hold what:
-- `args`: query and form arguments (URL-decoded once), and every JSON string/number *outside the prompt text*;
-  `args_names`: their names (JSON keys included). The prompt — what the request's shape (gateway/apis/) says a
-  model reads: message contents, completions prompts, Responses items, Anthropic content blocks, embeddings inputs,
-  and the other natural-language or model-written text of a request: tool (function) and parameter descriptions,
-  the arguments of the assistant's earlier tool calls — is its own part, `prompt`, because it may legitimately talk
-  about SQL, shell or HTML (a `run_sql` tool's description, the query the model passed it); LLM packs read it,
-  web-attack packs do not. Tool descriptions count as the `system` role's text, tool-call arguments as the
-  `assistant`'s, role-less prompts as the `user`'s. A request on no known route has no prompt: all of it is args.
-- `json:PATH` reads the parsed body by dotted path (`*` is any key or index), `prompt:ROLE` one role's messages.
+- `args`: query and form arguments (URL-decoded once), and, of the JSON body's content inventory
+  (gateway/apis/inventory.py), every identifier, application field and number, and every unknown text;
+  `args_names`: their names (JSON keys included). The text a model reads (messages, prompts, tool results,
+  documents, tool and parameter descriptions, the arguments of earlier tool calls) is its own part, `prompt`,
+  because it may legitimately talk about SQL, shell or HTML (a `run_sql` tool's description, the query the model
+  passed it); LLM packs read it, web-attack packs do not. Unknown text, which the request's shape does not know, is
+  in both. Each prompt text is read as sent and, where they differ, in the form detectors match
+  (gateway/apis/matching.py: no zero-width or bidirectional controls, NFKC), so a key split by invisible characters
+  is still a key, and the encoding packs still see the invisible characters. A request on no known route has no
+  prompt: all of it is args.
+- `json:PATH` reads the parsed body by dotted path (`*` is any key or index); `prompt:ROLE` one provenance's texts
+  (`prompt:document`, `prompt:tool_result`, ...) or one role's: `user` (with role-less prompts), `system` (with
+  tool definitions), `assistant` (with reasoning and tool-call arguments), `tool` (tool results).
 - `header_values`: the headers a client fills with free text that servers log or act on (User-Agent, Referer,
   X-Forwarded-*, X-Api-Version, any custom header: where real exploit traffic such as Log4Shell arrives), each
   read the way its syntax says: Referer and Origin as the URL and its decoded query values, X-Forwarded-For and
@@ -42,8 +46,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
 
+from gateway.apis.carriers import PASSTHROUGH
+from gateway.apis.inventory import Carried, Inventory, take
+from gateway.apis.matching import matching_form
 from gateway.apis.routes import BY_NAME
-from gateway.apis.shape import PROMPT_ROLE, Api, PromptText
+from gateway.apis.shape import Api
 from gateway.waf.decode import base64_layers
 
 # A value and where it came from (for explanations, and for redaction inside the JSON body).
@@ -64,12 +71,13 @@ class RequestView:
     tenant: str | None = None
     key_label: str | None = None
     model: str = ""
+    # the payload's content inventory, when the caller has taken it already (the gateway's stages share one)
+    inventory: Inventory | None = field(default=None, repr=False)
     # What is extracted once per request: each part's values, and the pieces several parts are made of.
     _values: dict[str, list[Value]] = field(default_factory=dict, init=False, repr=False)
     _headers_by_name: dict[str, list[str]] | None = field(default=None, init=False, repr=False)
     _form: list[tuple[str, str]] | None = field(default=None, init=False, repr=False)
     _cookie_pairs: list[tuple[str, str]] | None = field(default=None, init=False, repr=False)
-    _json: _JsonShape | None = field(default=None, init=False, repr=False)
 
     # -- raw pieces -------------------------------------------------------------------------------------------
     def header(self, name: str) -> list[str]:
@@ -197,12 +205,12 @@ class RequestView:
             return [] if value is None else [(target, str(value), None)]
         if target == "args":
             out: list[Value] = [(f"arg:{k}", v, None) for k, v in self._query_args() + self._form_args()]
-            return out + [(_json_part(loc), text, loc) for loc, text in self.json_shape().leaves]
+            return out + [(_json_part(c.loc), c.text, c.loc) for c in self.carried().carried if _is_argument(c)]
         if target == "args_names":
             out = [("args_names", k, None) for k, _ in self._query_args() + self._form_args()]
-            return out + [("args_names", k, None) for k in self.json_shape().keys]
+            return out + [("args_names", k, None) for k in self.carried().keys]
         if target == "json_strings":
-            return [(_json_part(loc), text, loc) for loc, text in _walk(self.payload, None).leaves]
+            return _json_strings(self.carried())
         if target == "headers":
             return [(f"header:{k}", v, None) for k, v in self.headers]
         if target == "header_names":
@@ -246,22 +254,67 @@ class RequestView:
             return self._prompt(param)
         raise KeyError(target)
 
-    def json_shape(self) -> _JsonShape:
-        if self._json is None:
-            self._json = _walk(self.payload, self.api())
-        return self._json
+    def carried(self) -> Inventory:
+        """The payload's content inventory: what the request's shape says each string is (off the model routes,
+        all of it application fields)."""
+        if self.inventory is None:
+            api = self.api()
+            self.inventory = api.inventory(self.payload) if api is not None else take(PASSTHROUGH, self.payload)
+        return self.inventory
 
     def api(self) -> Api | None:
-        """The request's shape, which says where its prompt text is; None off the model routes."""
+        """The request's shape, which says what its payload carries; None off the model routes."""
         return BY_NAME.get(self.route)
 
     def _prompt(self, role: str | None) -> list[Value]:
-        """The prompt's texts, or one role's (tool descriptions as 'system', role-less prompts as 'user')."""
-        api = self.api()
-        if api is None or not isinstance(self.payload, dict):
-            return []
+        """The texts a model reads, or one provenance's or role's, each as sent and in its matching form."""
+        wanted = None if role is None else ROLE_PROVENANCES.get(role, frozenset((role,)))
         name = f"prompt:{role}" if role else "prompt"
-        return [(name, t.text, t.loc) for t in api.texts(self.payload) if role is None or _waf_role(t) == role]
+        out: list[Value] = []
+        for carried in self.carried().carried:
+            if carried.kind != "text" or (wanted is not None and carried.provenance not in wanted):
+                continue
+            text = carried.text
+            out.append((name, text, carried.loc))
+            normal = matching_form(text)
+            if normal is not text and normal != text:
+                out.append((name, normal, carried.loc))
+        return out
+
+
+# `prompt:ROLE` for a message role: that role's texts and the texts that speak with its voice.
+ROLE_PROVENANCES: dict[str, frozenset[str]] = {
+    "user": frozenset(("user", "prompt")),
+    "system": frozenset(("system", "tool_definitions")),
+    "assistant": frozenset(("assistant", "reasoning", "tool_arguments")),
+    "tool": frozenset(("tool_result",)),
+    "function": frozenset(("tool_result",)),
+}
+
+
+def _is_argument(carried: Carried) -> bool:
+    """What the web-attack packs read of the body: identifiers, application fields, numbers, and unknown text."""
+    kind = carried.kind
+    return kind == "identifier" or kind == "field" or carried.provenance == "unknown"
+
+
+def _json_strings(inventory: Inventory) -> list[Value]:
+    """Every string and number of the body as sent (encoded files as their encoding, a string that holds JSON as
+    that JSON text, once), token ids included."""
+    out: list[Value] = []
+    embedded: set[int] = set()
+    for carried in inventory.carried:
+        outer = carried.embedded
+        if outer is not None:
+            if id(outer) not in embedded:
+                embedded.add(id(outer))
+                out.append((_json_part(outer.loc), outer.holder[outer.key], outer.loc))
+            continue
+        value = carried.holder[carried.key]
+        out.append((_json_part(carried.loc), value if type(value) is str else carried.text, carried.loc))
+    for prompt in inventory.token_prompts:
+        out.extend((_json_part((*prompt.loc, i)), str(t), (*prompt.loc, i)) for i, t in enumerate(prompt.ids))
+    return out
 
 
 # Headers whose syntax the gateway checks, that hold credentials, or whose values are read elsewhere (cookies).
@@ -360,7 +413,7 @@ def _invalid_utf8(view: RequestView) -> int:
 
 
 def _prompt_size(view: RequestView) -> int:
-    return sum(len(text) for _, text, _ in view.values("prompt"))
+    return sum(len(c.text) for c in view.carried().carried if c.kind == "text")
 
 
 # Parts that are a count: a `number` condition reads them as the int they are, any other operator as its text.
@@ -368,8 +421,8 @@ COUNTS: dict[str, Callable[[RequestView], int]] = {
     "body_size": lambda v: len(v.body),
     "header_count": lambda v: len(v.headers),
     "arg_count": lambda v: len(v._query_args()) + len(v._form_args()),
-    "json_depth": lambda v: v.json_shape().depth,
-    "json_keys": lambda v: len(v.json_shape().keys),
+    "json_depth": lambda v: v.carried().depth,
+    "json_keys": lambda v: len(v.carried().keys),
     "invalid_utf8": _invalid_utf8,
     "prompt_size": _prompt_size,
 }
@@ -403,40 +456,6 @@ def _scalar(value: Any) -> str | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class _JsonShape:
-    leaves: list[tuple[Location, str]]  # (location, text) of every string and number, in document order
-    keys: list[str]  # every key, wherever it is (the prompt's message dicts included)
-    depth: int  # containers nested, 0 for no JSON body
-
-
-def _walk(payload: Any, prompt_of: Api | None) -> _JsonShape:
-    """One pass over the parsed body for its leaves, keys and depth (three parts read per request); with a request
-    shape, the leaves leave out its prompt text."""
-    leaves: list[tuple[Location, str]] = []
-    keys: list[str] = []
-    deepest = 0
-    stack: list[tuple[Location, Any, int, bool]] = [((), payload, 1, False)]
-    while stack:
-        loc, node, depth, hidden = stack.pop()
-        if not hidden and prompt_of is not None and loc and loc[0] in prompt_of.prompt_keys:
-            hidden = prompt_of.is_prompt(loc)
-        if isinstance(node, dict):
-            if depth > deepest:
-                deepest = depth
-            keys.extend(k for k in node if isinstance(k, str))
-            stack.extend([((*loc, k), v, depth + 1, hidden) for k, v in reversed(node.items())])
-        elif isinstance(node, list):
-            if depth > deepest:
-                deepest = depth
-            stack.extend([((*loc, i), node[i], depth + 1, hidden) for i in range(len(node) - 1, -1, -1)])
-        elif not hidden and loc:
-            text = node if type(node) is str else _scalar(node)
-            if text is not None:
-                leaves.append((loc, text))
-    return _JsonShape(leaves, keys, deepest)
-
-
 def _json_path(payload: Any, steps: list[str]) -> list[tuple[Location, str]]:
     frontier: list[tuple[Location, Any]] = [((), payload)]
     for step in steps:
@@ -453,12 +472,6 @@ def _json_path(payload: Any, steps: list[str]) -> list[tuple[Location, str]]:
                     nxt.append(((*loc, i), node[i]))
         frontier = nxt
     return [(loc, text) for loc, node in frontier if (text := _scalar(node)) is not None]
-
-
-def _waf_role(text: PromptText) -> str:
-    if text.kind == "tool_definition":
-        return "system"
-    return "user" if text.role == PROMPT_ROLE else text.role
 
 
 _PART_NAMES: dict[Location, str] = {}  # the same locations recur request after request (model, messages.0.role)

@@ -1,36 +1,56 @@
-"""Redaction: replacing, in the parsed request body, what the matched `redact` rules' regexes find."""
+"""Redaction: replacing, in the parsed request body, what the matched `redact` rules' regexes find.
+
+A value is rewritten through its place in the content inventory, so a file sent as base64 is redacted in the
+text it decodes to and sent encoded again. A match that only the value's matching form reveals (a key split by
+zero-width characters, gateway/apis/matching.py) is redacted there: that value goes upstream in its matching form.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
 import re2
 
+from gateway.apis.inventory import Carried, Location
+from gateway.apis.matching import matching_form
 from gateway.waf.compile import CompiledRule
-from gateway.waf.parts import Location, RequestView
+from gateway.waf.parts import RequestView
 from gateway.waf.verdict import Verdict
 
 
 def redact_payload(rules: list[CompiledRule], view: RequestView, verdict: Verdict, payload: object) -> int:
-    """Replace, in `payload` (the parsed body, edited in place), every span the redacting rules' regexes match in the
-    parts they read. Returns the number of spans replaced."""
+    """Replace, in `payload` (the parsed body the view reads, edited in place), every span the redacting rules'
+    regexes match in the parts they read. Returns the number of spans replaced."""
+    if payload is not view.payload:
+        raise ValueError("redaction edits the payload the request view reads")
     by_id = {r.rule.id: r for r in rules}
+    inventory = view.carried()
     count = 0
     for match in verdict.redactions:
         compiled = by_id[match.rule.id]
         for targets, regex in compiled.redactors:
+            done: set[Location] = set()
             for target in targets:
                 for _, _, loc in view.values(target):
-                    if not loc:
+                    if not loc or loc in done:
                         continue
-                    text = _get_at(payload, loc)
-                    if not isinstance(text, str):
-                        continue
-                    new, n = _redact_text(regex, compiled.rule.replacement, text)
-                    if n:
-                        _set_at(payload, loc, new)
-                        count += n
+                    done.add(loc)
+                    carried = inventory.at(loc)
+                    if carried is not None and carried.holder is not None and carried.kind != "opaque":
+                        count += _redact(carried, regex, compiled.rule.replacement)
     return count
+
+
+def _redact(carried: Carried, regex: re2._Regexp, replacement: str) -> int:
+    if carried.decoded is None and type(carried.holder[carried.key]) is not str:
+        return 0  # a number: its text is not what the body holds
+    new, replaced = _redact_text(regex, replacement, carried.text)
+    normal = matching_form(new)
+    if normal is not new and normal != new:
+        hidden, found = _redact_text(regex, replacement, normal)
+        if found:
+            new, replaced = hidden, replaced + found
+    if replaced:
+        carried.rewrite(new)
+    return replaced
 
 
 def _redact_text(regex: re2._Regexp, replacement: str, text: str) -> tuple[str, int]:
@@ -47,20 +67,3 @@ def _redact_text(regex: re2._Regexp, replacement: str, text: str) -> tuple[str, 
 
     new, _ = regex.subn(swap, text)
     return new, replaced
-
-
-def _get_at(payload: object, loc: Location) -> object:
-    node: Any = payload
-    try:
-        for step in loc:
-            node = node[step]
-    except (KeyError, IndexError, TypeError):
-        return None
-    return node
-
-
-def _set_at(payload: object, loc: Location, value: str) -> None:
-    node: Any = payload
-    for step in loc[:-1]:
-        node = node[step]
-    node[loc[-1]] = value

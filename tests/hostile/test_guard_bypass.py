@@ -91,17 +91,28 @@ def recommended(module_launcher: Launcher, upstream: Process, tmp_path_factory: 
     return module_launcher.gateway({"pools": [pool("p", upstream.url)], "policy_dir": policies}), upstream
 
 
-TENANT_KEYS = {"strict": "sk-strict", "lenient": "sk-lenient", "tight": "sk-tight", "roomy": "sk-roomy"}
+TENANT_KEYS = {
+    "strict": "sk-strict",
+    "lenient": "sk-lenient",
+    "tight": "sk-tight",
+    "roomy": "sk-roomy",
+    "tools": "sk-tools",
+}
 
 
 @pytest.fixture(scope="module")
 def tenants(module_launcher: Launcher, upstream: Process, tmp_path_factory: pytest.TempPathFactory):
     """A gateway whose base guard scans at most 4 windows (strict and tight have it as it is), lenient passes token
-    ids no tokenizer can read, roomy scans up to 16 windows."""
+    ids no tokenizer can read, roomy scans up to 16 windows, tools blocks on what the classifier finds in tool
+    results (by default only monitored)."""
     policies = guard_policy(
         tmp_path_factory.mktemp("tenants"),
         {"enabled": True, "injection": {"max_windows": 4}},
-        {"lenient": {"unknown_tokenizer": "pass"}, "roomy": {"injection": {"max_windows": 16}}},
+        {
+            "lenient": {"unknown_tokenizer": "pass"},
+            "roomy": {"injection": {"max_windows": 16}},
+            "tools": {"injection": {"provenances": {"tool_result": {"action": "block"}}}},
+        },
     )
     auth = {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()} for t, k in TENANT_KEYS.items()]}
     return module_launcher.gateway({"pools": [pool("p", upstream.url)], "auth": auth, "policy_dir": policies}), upstream
@@ -158,7 +169,7 @@ def test_a_policy_may_pass_token_ids_no_tokenizer_can_read(tenants) -> None:
     assert upstream_stats(upstream)["last_body"]["prompt"] == ids
 
 
-def test_function_messages_are_scanned_and_redacted_like_tool_messages(recommended) -> None:
+def test_function_messages_are_scanned_and_redacted_like_tool_messages(recommended, tenants) -> None:
     gw, upstream = recommended
     before = upstream_stats(upstream)["requests"]
     call = {"role": "assistant", "content": None, "function_call": {"name": "lookup", "arguments": "{}"}}
@@ -173,9 +184,9 @@ def test_function_messages_are_scanned_and_redacted_like_tool_messages(recommend
     assert served.status_code == 200, served.text
     redacted = upstream_stats(upstream)["last_body"]["messages"][2]["content"]
     assert redacted == "Found 1 result: Bob Smith, [REDACTED:EMAIL], Sales."
-    attack = chat(
-        gw, [{"role": "user", "content": BENIGN}, call, {"role": "function", "name": "lookup", "content": INJECTION}]
-    )
+    assert upstream_stats(upstream)["requests"] - before == 1
+    messages = [{"role": "user", "content": BENIGN}, call, {"role": "function", "name": "lookup", "content": INJECTION}]
+    attack = chat(tenants[0], messages, key=TENANT_KEYS["tools"])  # a policy that blocks on tool results
     assert attack.status_code == 400, attack.text
     assert attack.json()["error"]["guard"]["where"] == "messages[2]"
     assert upstream_stats(upstream)["requests"] - before == 1

@@ -171,7 +171,7 @@ def test_a_burst_of_big_bodies_does_not_stall_the_event_loop(upstream, gateway, 
     burst = [  # (body, headers, status): each one costs the old event loop a second or more
         (chat_body(messages=messages(100_000)), anonymous, 400),  # 3 MB, pre-auth
         (chat_body(messages=messages(100_000)), anonymous, 400),
-        (chat_body(metadata=[text, text, text]), anonymous, 401),  # 3 MB of WAF-scanned text, then auth
+        (chat_body(metadata={"a": text, "b": text, "c": text}), anonymous, 401),  # 3 MB of WAF-scanned text, then auth
         (chat_body(metadata=list(range(100_000))), anonymous, 401),  # 100k WAF-scanned values, then auth
         (chat_body(messages=[{"role": "user", "content": text}]), HEADERS, 200),  # 1 MB to tokenize
     ]

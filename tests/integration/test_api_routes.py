@@ -37,7 +37,8 @@ def _policies(directory: Path) -> str:
         "metadata": {"name": "routes"},
         "spec": {
             "waf": {"mode": "block", "paranoia_level": 1, "packs": ["sqli"]},
-            "guard": {"enabled": True, "injection": {"action": "block", "roles": ["user", "tool"]}},
+            # tool results blocked like user text (by default the classifier only monitors them)
+            "guard": {"enabled": True, "injection": {"action": "block", "roles": ["user", "tool"], "provenances": {}}},
         },
     }
     limited = {
@@ -230,7 +231,7 @@ def test_messages_refusals_are_anthropic_shaped(gateway) -> None:
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "weather", "input": {"q": "x"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": INJECTION}]},
     ]
-    with pytest.raises(anthropic.BadRequestError):  # a tool result is read as the tool role
+    with pytest.raises(anthropic.BadRequestError):  # a tool result is read as a tool result
         client.messages.create(model=MODEL, max_tokens=4, messages=tool_result)
     with pytest.raises(anthropic.PermissionDeniedError) as waf:
         client.messages.create(

@@ -99,9 +99,9 @@ def series(gw, prefix: str) -> float:
 # input guard and one for the output guard, and gives each test's policy to a tenant of its own. An overlay's fields
 # replace the base's (gateway/guard/spec.py), so each tenant's effective policy is the one the test is about.
 INPUT_TENANTS = {
-    # base: the injection classifier blocks on user and tool messages
+    # base: the injection classifier blocks on every provenance (tool results and documents only monitored)
     "base": ("sk-base", None),
-    "lax": ("sk-lax", None),
+    "lax": ("sk-lax", {"injection": {"roles": ["user", "tool"]}}),
     "strict-system": ("sk-strict-system", {"injection": {"roles": ["system", "user", "tool"]}}),
     "strict-tools": ("sk-strict-tools", {"injection": {"roles": ["user", "tool", "tool_definitions"]}}),
     "flag": ("sk-flag", {"injection": {"action": "flag"}}),
@@ -165,7 +165,7 @@ def test_injection_at_the_end_of_a_long_prompt_is_caught(guarded) -> None:
 
 
 def test_system_messages_are_scanned_only_when_policy_says(guarded) -> None:
-    gw, _ = guarded  # lax: the base's roles; strict-system: system messages too
+    gw, _ = guarded  # lax: user and tool messages; strict-system: system messages too
     body = {
         "model": "test-model",
         "messages": [{"role": "system", "content": INJECTION}, {"role": "user", "content": BENIGN}],
@@ -179,8 +179,8 @@ def test_system_messages_are_scanned_only_when_policy_says(guarded) -> None:
 def test_tool_definitions_are_scanned_only_when_policy_says(guarded) -> None:
     """A poisoned tool: the injection hides in a tool's description, in no message at all. The clean control is
     OpenAI's own example tool; the bundled model does misjudge some plain tool descriptions (guard_models/README.md,
-    known weaknesses), which is why `tool_definitions` is opt-in."""
-    gw, _ = guarded  # lax: the base's roles; strict-tools: tool definitions too
+    known weaknesses), which is why a policy may leave `tool_definitions` out of its roles."""
+    gw, _ = guarded  # lax: user and tool messages; strict-tools: tool definitions too
 
     def call(description: str, key: str) -> httpx.Response:
         tool = {
@@ -205,7 +205,7 @@ def test_tool_definitions_are_scanned_only_when_policy_says(guarded) -> None:
     assert call(clean, "sk-strict-tools").status_code == 200
     strict = call(poisoned, "sk-strict-tools")
     assert strict.status_code == 400, strict.text
-    assert strict.json()["error"]["guard"]["where"] == "tools[0].function.description"
+    assert strict.json()["error"]["guard"]["where"] == "tools[0]", "a tool's descriptions are read together"
 
 
 def test_concurrent_requests_each_get_their_own_score(guarded) -> None:

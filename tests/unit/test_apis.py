@@ -13,6 +13,7 @@ from gateway.apis.untrusted import Identifier, place_of
 from gateway.context import Usage
 from gateway.errors import GatewayError
 from gateway.guard.inputs import request_texts
+from gateway.guard.spec import INJECTION_ROLES
 from gateway.waf.parts import RequestView
 
 SQLI = "1' UNION SELECT password FROM users--"
@@ -63,30 +64,35 @@ def test_every_route_name_is_a_policy_route_name() -> None:
     assert {api.path for api in BY_PATH.values()} >= {"/v1/responses", "/v1/embeddings", "/v1/messages"}
 
 
-def test_responses_texts_have_the_roles_the_guard_reads_them_by() -> None:
+def test_responses_texts_have_the_provenances_the_guard_reads_them_by() -> None:
     api = BY_NAME["responses"]
     api.check(RESPONSES_REQUEST)
     roles = {"system", "user", "tool", "tool_definitions"}
-    found = [(t.text, t.role, t.where) for t in request_texts(api, RESPONSES_REQUEST, roles, never_decoded)]
+    inventory = api.inventory(RESPONSES_REQUEST)
+    found = [(t.text, t.provenance, t.where) for t in request_texts(inventory, roles, never_decoded)]
     assert found == [
         ("Be brief.", "system", "instructions"),
         ("Find order 7.", "user", "input[0].content[0]"),
-        ("order 7: shipped", "tool", "input[2].output"),
+        ("order 7: shipped", "tool_result", "input[2].output"),
         ("Looks up an order.", "tool_definitions", "tools[0].description"),
-    ], "the model's own call arguments are not the guard's to read"
+    ], "the roles a policy names select the provenances it reads"
+    every = [(t.text, t.provenance) for t in request_texts(inventory, INJECTION_ROLES, never_decoded)]
+    assert ("x", "tool_arguments") in every and ("Use the lookup tool.", "reasoning") in every, (
+        "by default the guard reads the earlier turns the client sends back too: a forged history is input"
+    )
 
 
-def test_messages_texts_read_tool_results_as_the_tool_role() -> None:
+def test_messages_texts_read_tool_results_by_their_provenance() -> None:
     api = BY_NAME["messages"]
     api.check(MESSAGES_REQUEST)
-    texts = [(t.text, t.role, t.kind) for t in api.texts(MESSAGES_REQUEST)]
+    texts = [(t.text, t.provenance) for t in api.inventory(MESSAGES_REQUEST).texts()]
     assert texts == [
-        ("Be brief.", "system", "content"),
-        ("Weather in Paris?", "user", "content"),
-        ("Paris", "assistant", "tool_arguments"),
-        ("sunny", "tool", "content"),
-        ("Thanks.", "user", "content"),
-        ("Weather by city.", "system", "tool_definition"),
+        ("Be brief.", "system"),
+        ("Weather in Paris?", "user"),
+        ("Paris", "tool_arguments"),
+        ("sunny", "tool_result"),
+        ("Thanks.", "user"),
+        ("Weather by city.", "tool_definitions"),
     ]
 
 

@@ -1,4 +1,5 @@
-"""What the input guard reads of a request: roles (with `function` as `tool`), token-id prompts, tool descriptions."""
+"""What the input guard reads of a request: provenances (with `function` messages and the policy's older `tool` as
+`tool_result`), token-id prompts, tool descriptions; role-less prompts and unknown content whatever the roles."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ def unknown(ids: list[int], where: str) -> None:
     return None
 
 
-def test_function_messages_are_read_as_tool_messages() -> None:
+def test_function_messages_are_read_as_tool_results() -> None:
     payload = {
         "messages": [
             {"role": "user", "content": "hi"},
@@ -21,13 +22,13 @@ def test_function_messages_are_read_as_tool_messages() -> None:
             {"role": "system", "content": "rules"},
         ]
     }
-    texts = request_texts(CHAT, payload, {"user", "tool"}, unknown)
-    assert [(t.text, t.role, t.where) for t in texts] == [
+    texts = request_texts(CHAT.inventory(payload), {"user", "tool"}, unknown)
+    assert [(t.text, t.provenance, t.where) for t in texts] == [
         ("hi", "user", "messages[0]"),
-        ("result", "tool", "messages[1]"),
-        ("part", "tool", "messages[2].content[0]"),
+        ("result", "tool_result", "messages[1]"),
+        ("part", "tool_result", "messages[2].content[0]"),
     ]
-    assert [t.where for t in selected(texts, ["tool"])] == ["messages[1]", "messages[2].content[0]"]
+    assert [t.where for t in selected(texts, ["tool_result"])] == ["messages[1]", "messages[2].content[0]"]
 
 
 def test_tool_descriptions_only_when_a_role_asks_for_them() -> None:
@@ -35,8 +36,15 @@ def test_tool_descriptions_only_when_a_role_asks_for_them() -> None:
         "messages": [{"role": "user", "content": "hi"}],
         "tools": [{"type": "function", "function": {"name": "t", "description": "does things"}}],
     }
-    assert [t.where for t in request_texts(CHAT, payload, {"user"}, unknown)] == ["messages[0]"]
-    assert [t.where for t in request_texts(CHAT, payload, {"user", "tool_definitions"}, unknown)] == [
+    inventory = CHAT.inventory(payload)
+    assert [t.where for t in request_texts(inventory, {"user"}, unknown)] == ["messages[0]"]
+    assert [t.where for t in request_texts(inventory, {"user", "tool_definitions"}, unknown)] == [
         "messages[0]",
         "tools[0].function.description",
     ]
+
+
+def test_unknown_content_is_read_whatever_the_roles() -> None:
+    payload = {"messages": [{"role": "user", "content": [{"type": "hologram", "caption": "obey me"}]}]}
+    texts = request_texts(CHAT.inventory(payload), {"system"}, unknown)
+    assert ("obey me", "unknown") in [(t.text, t.provenance) for t in texts]

@@ -36,7 +36,12 @@ def write(tmp_path: Path, guard: dict | None, overlays: dict[str, dict] | None =
 def test_defaults_are_off_and_cheap(tmp_path: Path) -> None:
     guard = load_policy_dir(write(tmp_path, None)).guard_for(None)
     assert guard.enabled is False
-    assert guard.injection.action == "block" and guard.injection.roles == ["user", "tool"]
+    assert guard.injection.action == "block" and guard.unknown_content == "scan"
+    assert set(guard.injection.roles) >= {"system", "user", "assistant", "tool_result", "document", "tool_arguments"}
+    assert {k: v.action for k, v in guard.injection.provenances.items()} == {
+        "tool_result": "monitor",
+        "document": "monitor",
+    }, "the classifier flags about half of ordinary documents: by default it only records them"
     assert guard.output.enabled is False
 
 
