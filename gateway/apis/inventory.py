@@ -59,10 +59,11 @@ Provenance = Literal[
 class Carried:
     """One leaf of the payload: where it is, what it is, and the holder (dict or list) to rewrite it in.
 
-    `unit` is the carrier a text is read with: a message's content, a block, a tool call's arguments, all the tool
-    definitions; the guard scans each unit's texts together. A decoded text (a file sent as base64, a token-id
-    prompt) keeps its decoder in `decoded`; one without a holder cannot be rewritten. A string inside a JSON text
-    (a tool call's arguments) has the parsed JSON's container as its holder, and `embedded` writes the JSON back."""
+    `unit` is the carrier a text is read with: a message's content, a block, a document, a tool call's arguments, a
+    tool definition; the guard's classifier reads each unit's texts together. A decoded text (a file sent as base64,
+    a token-id prompt) keeps its decoder in `decoded`; one without a holder cannot be rewritten. A string inside a
+    JSON text (a tool call's arguments) has the parsed JSON's container as its holder, and `embedded` writes the JSON
+    back."""
 
     loc: Location
     holder: Any

@@ -7,6 +7,8 @@ zero-width characters, gateway/apis/matching.py) is redacted there: that value g
 
 from __future__ import annotations
 
+from typing import Any
+
 import re2
 
 from gateway.apis.inventory import Carried, Location
@@ -34,9 +36,28 @@ def redact_payload(rules: list[CompiledRule], view: RequestView, verdict: Verdic
                         continue
                     done.add(loc)
                     carried = inventory.at(loc)
-                    if carried is not None and carried.holder is not None and carried.kind != "opaque":
+                    if carried is None:  # a value the inventory reads decoded (tool-call arguments), as sent
+                        count += _redact_raw(payload, loc, regex, compiled.rule.replacement)
+                    elif carried.holder is not None and carried.kind != "opaque":
                         count += _redact(carried, regex, compiled.rule.replacement)
     return count
+
+
+def _redact_raw(payload: object, loc: Location, regex: re2._Regexp, replacement: str) -> int:
+    """A rule that reads the body as sent (`json:PATH`, `json_strings`) redacts the string as sent."""
+    node: Any = payload
+    try:
+        for step in loc[:-1]:
+            node = node[step]
+        text = node[loc[-1]]
+    except (KeyError, IndexError, TypeError):
+        return 0
+    if not isinstance(text, str):
+        return 0
+    new, replaced = _redact_text(regex, replacement, text)
+    if replaced:
+        node[loc[-1]] = new
+    return replaced
 
 
 def _redact(carried: Carried, regex: re2._Regexp, replacement: str) -> int:

@@ -108,3 +108,26 @@ def test_the_matching_form_reads_past_invisible_and_compatibility_characters() -
     assert matching_form("\U000e0069\U000e0067") == "ig", "tag characters read as the ASCII they mirror"
     plain = "plain ascii"
     assert matching_form(plain) is plain
+
+
+def test_a_waf_rule_on_the_body_as_sent_redacts_arguments_as_sent(tmp_path) -> None:
+    """`json_strings` reads a tool call's arguments as the JSON text they are sent as, and redacts them there too."""
+    import yaml
+
+    from gateway.policy.loader import load_policy_dir
+    from gateway.waf.parts import RequestView
+
+    rule = {
+        "id": "r",
+        "action": "redact",
+        "replacement": "[X]",
+        "when": {"target": "json_strings", "regex": "AKIA\\w+"},
+    }
+    policy = {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "p"}}
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump({**policy, "spec": {"waf": {"rules": [rule]}}}))
+    waf = load_policy_dir(tmp_path).waf_for(None)
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"q": "AKIAIOSFODNN7EXAMPLE"}'}}
+    payload = {"model": "m", "messages": [{"role": "assistant", "tool_calls": [call]}]}
+    view = RequestView(route="chat", payload=payload)
+    assert waf.redact(view, waf.evaluate(view), payload) == 1
+    assert json.loads(call["function"]["arguments"]) == {"q": "[X]"}
