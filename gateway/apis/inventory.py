@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from gateway.apis import encoded
 from gateway.apis.encoded import DecodedText
-from gateway.apis.matching import matching_form
+from gateway.guard.folding import folded
 from gateway.json_path import dotted
 
 Location = tuple[str | int, ...]  # keys and indices from the payload's root
@@ -108,7 +108,8 @@ class TokenPrompt:
 
 @dataclass(slots=True, eq=False)
 class Passage:
-    """One unit of text as the guard's classifier reads it: the texts of one carrier and provenance, joined."""
+    """One unit of text as the guard's classifier reads it: the texts of one carrier and provenance, joined, each as
+    its reader sees it (gateway/guard/folding.py: NFKC, invisible characters removed)."""
 
     provenance: Provenance
     unit: Location
@@ -117,8 +118,8 @@ class Passage:
     @property
     def text(self) -> str:
         if len(self.parts) == 1:
-            return matching_form(self.parts[0].text)
-        return "\n".join(matching_form(part.text) for part in self.parts)
+            return folded(self.parts[0].text)
+        return "\n".join(folded(part.text) for part in self.parts)
 
     @property
     def where(self) -> str:

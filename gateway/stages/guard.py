@@ -2,8 +2,8 @@
 
 The guard reads the request's content inventory (gateway/apis/inventory.py): which provenances are scanned is policy
 (`spec.guard.injection.roles`, `spec.guard.pii.roles`, default all); role-less prompts and unknown content are always
-scanned, token-id prompts decoded with the model's tokenizer (gateway/guard/inputs.py); every text is read in its
-matching form (gateway/apis/matching.py). The classifier reads each carrier's texts as one passage (a message, a
+scanned, token-id prompts decoded with the model's tokenizer (gateway/guard/inputs.py); every text is read as its
+reader sees it (gateway/guard/folding.py). The classifier reads each carrier's texts as one passage (a message, a
 block, a document, a tool call's arguments) and judges each by its provenance's threshold and action
 (`injection.provenances`). It judges the text as the client sent it: redaction is for what goes upstream, and a
 `[REDACTED:EMAIL]` marker must not be what decides whether a prompt is an attack. Content the request's shape does
@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gateway.apis.inventory import Carried, Passage, passages
-from gateway.apis.matching import matching_form
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
 from gateway.guard import pii
@@ -156,14 +155,14 @@ class GuardStage:
         ]
 
     def _pii(self, ctx: RequestContext, spec: GuardSpec, texts: list[Carried]) -> list[Verdict]:
-        """Detector verdicts over each text's matching form; `redact` rewrites the payload in place (a text whose
-        matching form differs goes upstream in that form, the finding replaced). Token-id prompts cannot be
-        rewritten, so there redaction blocks."""
+        """Detector verdicts (the detectors read each text folded and decoded too, gateway/guard/pii.py); `redact`
+        rewrites the payload in place, through the inventory. Token-id prompts cannot be rewritten, so there
+        redaction blocks."""
         policy = spec.pii
         types = policy.types or None
         verdicts: list[Verdict] = []
         for item in texts:
-            text = matching_form(item.text)
+            text = item.text
             findings = pii.find(text, types)
             if not findings:
                 continue

@@ -12,7 +12,7 @@ Which parts hold what:
   because it may legitimately talk about SQL, shell or HTML (a `run_sql` tool's description, the query the model
   passed it); LLM packs read it, web-attack packs do not. Unknown text, which the request's shape does not know, is
   in both. Each prompt text is read as sent and, where they differ, in the form detectors match
-  (gateway/apis/matching.py: no zero-width or bidirectional controls, NFKC), so a key split by invisible characters
+  (gateway/guard/folding.py: NFKC, invisible characters removed), so a key split by invisible characters
   is still a key, and the encoding packs still see the invisible characters. A request on no known route has no
   prompt: all of it is args.
 - `json:PATH` reads the parsed body by dotted path (`*` is any key or index); `prompt:ROLE` one provenance's texts
@@ -48,9 +48,9 @@ from urllib.parse import parse_qsl, unquote_to_bytes
 
 from gateway.apis.carriers import PASSTHROUGH
 from gateway.apis.inventory import Carried, Inventory, take
-from gateway.apis.matching import matching_form
 from gateway.apis.routes import BY_NAME
 from gateway.apis.shape import Api
+from gateway.guard.folding import folded
 from gateway.waf.decode import base64_layers
 
 # A value and where it came from (for explanations, and for redaction inside the JSON body).
@@ -267,7 +267,7 @@ class RequestView:
         return BY_NAME.get(self.route)
 
     def _prompt(self, role: str | None) -> list[Value]:
-        """The texts a model reads, or one provenance's or role's, each as sent and in its matching form."""
+        """The texts a model reads, or one provenance's or role's, each as sent and, where it differs, folded."""
         wanted = None if role is None else ROLE_PROVENANCES.get(role, frozenset((role,)))
         name = f"prompt:{role}" if role else "prompt"
         out: list[Value] = []
@@ -276,7 +276,7 @@ class RequestView:
                 continue
             text = carried.text
             out.append((name, text, carried.loc))
-            normal = matching_form(text)
+            normal = folded(text)
             if normal is not text and normal != text:
                 out.append((name, normal, carried.loc))
         return out

@@ -1,8 +1,8 @@
 """Redaction: replacing, in the parsed request body, what the matched `redact` rules' regexes find.
 
 A value is rewritten through its place in the content inventory, so a file sent as base64 is redacted in the
-text it decodes to and sent encoded again. A match that only the value's matching form reveals (a key split by
-zero-width characters, gateway/apis/matching.py) is redacted there: that value goes upstream in its matching form.
+text it decodes to and sent encoded again. A match that only the value's folded view reveals (a key split by
+zero-width characters, gateway/guard/folding.py) replaces the whole stretch of the value it comes from.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import re2
 
 from gateway.apis.inventory import Carried, Location
-from gateway.apis.matching import matching_form
+from gateway.guard.folding import Folded
 from gateway.waf.compile import CompiledRule
 from gateway.waf.parts import RequestView
 from gateway.waf.verdict import Verdict
@@ -64,14 +64,25 @@ def _redact(carried: Carried, regex: re2._Regexp, replacement: str) -> int:
     if carried.decoded is None and type(carried.holder[carried.key]) is not str:
         return 0  # a number: its text is not what the body holds
     new, replaced = _redact_text(regex, replacement, carried.text)
-    normal = matching_form(new)
-    if normal is not new and normal != new:
-        hidden, found = _redact_text(regex, replacement, normal)
-        if found:
-            new, replaced = hidden, replaced + found
+    view = Folded.of(new)
+    if view is not None:  # what only the folded view shows: its stretch of the value, invisible characters and all
+        spans = [view.source(m.start(), m.end()) for m in regex.finditer(view.text) if m.end() > m.start()]
+        for start, end in reversed(_merged(spans)):
+            new = new[:start] + replacement + new[end:]
+            replaced += 1
     if replaced:
         carried.rewrite(new)
     return replaced
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(end, out[-1][1]))
+        else:
+            out.append((start, end))
+    return out
 
 
 def _redact_text(regex: re2._Regexp, replacement: str, text: str) -> tuple[str, int]:

@@ -1,12 +1,11 @@
 """The content inventory's walk and its readings: depth past the recursion limit, strings read as their consumer reads
-them (JSON escapes, base64 text files, invisible characters), and rewrites that go back where the text came from."""
+them (JSON escapes, base64 text files), and rewrites that go back where the text came from."""
 
 from __future__ import annotations
 
 import base64
 import json
 
-from gateway.apis.matching import matching_form
 from gateway.apis.routes import BY_NAME
 
 CHAT, RESPONSES, MESSAGES = BY_NAME["chat"], BY_NAME["responses"], BY_NAME["messages"]
@@ -102,14 +101,6 @@ def test_unknown_content_is_listed_and_its_tag_is_a_label() -> None:
     assert unknown == {"input[0].type": "identifier", "input[0].caption": "text"}
 
 
-def test_the_matching_form_reads_past_invisible_and_compatibility_characters() -> None:
-    assert matching_form("AKIA\u200bIOSF\u202eODNN") == "AKIAIOSFODNN"
-    assert matching_form("ｉｇｎｏｒｅ") == "ignore"
-    assert matching_form("\U000e0069\U000e0067") == "ig", "tag characters read as the ASCII they mirror"
-    plain = "plain ascii"
-    assert matching_form(plain) is plain
-
-
 def test_a_waf_rule_on_the_body_as_sent_redacts_arguments_as_sent(tmp_path) -> None:
     """`json_strings` reads a tool call's arguments as the JSON text they are sent as, and redacts them there too."""
     import yaml
@@ -131,3 +122,21 @@ def test_a_waf_rule_on_the_body_as_sent_redacts_arguments_as_sent(tmp_path) -> N
     view = RequestView(route="chat", payload=payload)
     assert waf.redact(view, waf.evaluate(view), payload) == 1
     assert json.loads(call["function"]["arguments"]) == {"q": "[X]"}
+
+
+def test_a_waf_redaction_only_the_folded_text_shows_takes_the_whole_stretch(tmp_path) -> None:
+    """A key split by invisible characters is the key to its reader: the llm pack finds it folded, and the redaction
+    replaces the stretch it came from, invisible characters and all, leaving the rest of the text as sent."""
+    import yaml
+
+    from gateway.policy.loader import load_policy_dir
+    from gateway.waf.parts import RequestView
+
+    policy = {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "p"}}
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump({**policy, "spec": {"waf": {"packs": ["llm"]}}}))
+    waf = load_policy_dir(tmp_path).waf_for(None)
+    message = {"role": "user", "content": "café: AKIA\u200bIOSFODNN7\u202eEXAMPLE, thanks"}
+    payload = {"model": "m", "messages": [message]}
+    view = RequestView(route="chat", payload=payload)
+    assert waf.redact(view, waf.evaluate(view), payload) == 1
+    assert message["content"] == "café: [REDACTED:secret], thanks"
