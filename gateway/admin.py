@@ -3,7 +3,7 @@
 What these answer (tenant names, the policy directory, the last reload error, replica URLs, every metric) helps
 an attacker map the deployment, so none of it is served on the public port: `ByListener` sends each connection to
 the app of the listener it arrived on, and the public app has no admin routes at all. The admin listener binds
-loopback by default; with `admin.token_env` set it also requires `Authorization: Bearer <token>`.
+loopback by default, and every request on it needs `Authorization: Bearer <admin token>` (gateway/admin_token.py).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -38,14 +39,14 @@ log = logging.getLogger(__name__)
 class ByListener:
     """Routes each connection by the local port it arrived on: the admin port to the admin app, the rest public."""
 
-    def __init__(self, public: ASGIApp, admin: ASGIApp, admin_port: int | None) -> None:
+    def __init__(self, public: ASGIApp, admin: ASGIApp | None, admin_port: int | None) -> None:
         self.public = public
         self.admin = admin
         self.admin_port = admin_port
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         server = scope.get("server")
-        if scope["type"] == "http" and server and server[1] == self.admin_port:
+        if self.admin is not None and scope["type"] == "http" and server and server[1] == self.admin_port:
             await self.admin(scope, receive, send)
         else:
             await self.public(scope, receive, send)  # lifespan events too: the public app owns the gateway
@@ -90,9 +91,9 @@ async def store_unavailable(request: Request, exc: Exception) -> Response:
     ).response()
 
 
-def build_admin_app(gateway: Gateway) -> ASGIApp:
-    token = gateway.config.admin.token()
-    keys = KeysApi(gateway, AuditLog(gateway.config.admin.audit_log), token_required=token is not None)
+def build_admin_app(gateway: Gateway, token: str) -> Starlette:
+    """The admin plane's routes, behind the admin token `token`."""
+    keys = KeysApi(gateway, AuditLog(gateway.config.admin.audit_log))
     document = openapi_document()
 
     async def readyz(request: Request) -> Response:
@@ -153,6 +154,7 @@ def build_admin_app(gateway: Gateway) -> ASGIApp:
             Route("/admin/spend", spend_route(gateway), methods=["GET"]),
         ],
         exception_handlers=handlers,
+        middleware=[Middleware(RequireToken, token=token)],
     )
     app.router.redirect_slashes = False  # a redirect would be built from the client's Host header
-    return RequireToken(app, token) if token else app
+    return app

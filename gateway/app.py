@@ -26,6 +26,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.admin import ByListener, build_admin_app
+from gateway.admin_token import admin_token as resolve_admin_token
 from gateway.apis.routes import APIS, BY_PATH, PASSTHROUGH, route_error
 from gateway.billing import Billing
 from gateway.client_exit import ClientWatch
@@ -393,6 +394,7 @@ def _load_policies(config: GatewayConfig) -> PolicySet:
 
 def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = None) -> ASGIApp:
     """The public app and, on its own listener, the admin plane (gateway/admin.py)."""
+    admin_token = resolve_admin_token(config.admin) if config.admin.enabled else ""  # before anything else can fail
     gateway = Gateway(config, span_exporter)
 
     async def list_models(request: Request) -> Response:
@@ -454,4 +456,6 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
     }
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     app.router.redirect_slashes = False  # its redirect's Location is built from the client's own Host header
-    return ByListener(app, build_admin_app(gateway), config.admin.port if config.admin.enabled else None)
+    if not config.admin.enabled:
+        return ByListener(app, None, None)
+    return ByListener(app, build_admin_app(gateway, admin_token), config.admin.port)

@@ -27,16 +27,16 @@ log = logging.getLogger(AUDIT_LOGGER)
 
 @dataclass(frozen=True, slots=True)
 class Actor:
-    auth: str  # "admin-token", or "admin-listener" where the admin plane requires no token
+    auth: str  # how the caller was let in: "admin-token", the only way there is
     address: str
     name: str | None  # what the caller calls itself: bounded, printable ASCII only, not verified
 
 
-def actor_of(request: Request, token_required: bool) -> Actor:
+def actor_of(request: Request) -> Actor:
     named = request.headers.get(ACTOR_HEADER, "")
     name = "".join(c for c in named[:MAX_ACTOR_NAME] if c.isprintable() and c.isascii()) or None
     address = request.client.host if request.client else ""
-    return Actor("admin-token" if token_required else "admin-listener", address, name)
+    return Actor("admin-token", address, name)
 
 
 class AuditLog:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+from ipaddress import ip_address
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -663,27 +664,53 @@ class TenantObjectsConfig(_Strict):
 class AdminConfig(_Strict):
     """The admin plane: /metrics, detailed /readyz and /admin/* answer only on this listener, never on the public one.
 
-    It binds loopback by default; bind it wider (e.g. for a Prometheus scrape in Kubernetes) only on a network the
-    public cannot reach, and set `token_env` to require `Authorization: Bearer <token>` as well.
+    Every request needs `Authorization: Bearer <token>`: the token in `token_env`'s variable, else one the gateway
+    generates on its first start and keeps in `token_file` (gateway/admin_token.py). A generated token serves one
+    machine's operator, so the listener may bind beyond loopback (e.g. for a Prometheus scrape in Kubernetes) only
+    with `token_env` set, and only on a network the public cannot reach.
     """
 
     enabled: bool = True
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 9901
-    token_env: str | None = Field(default=None, description="env var holding a bearer token the admin plane requires")
+    token_env: str | None = Field(default=None, description="env var holding the bearer token the admin plane requires")
+    token_file: Path | None = Field(
+        default=None,
+        description=(
+            "without token_env: the file the generated admin token is kept in (mode 0600), made on first start; "
+            "unset: $XDG_STATE_HOME/portcullis/admin-token, else ~/.local/state/portcullis/admin-token"
+        ),
+    )
     max_connections: Annotated[int, Field(gt=0)] = 64
     audit_log: Path | None = Field(
         default=None,
         description="file the admin API appends one JSON line per action to; unset: the 'portcullis.audit' logger",
     )
 
-    def token(self) -> str | None:
-        if not self.token_env:
-            return None
-        token = os.environ.get(self.token_env)
-        if not token:
-            raise ConfigError(f"admin.token_env: environment variable {self.token_env} is not set")
-        return token
+    @model_validator(mode="after")
+    def _token_beyond_loopback(self) -> AdminConfig:
+        if self.token_env and self.token_file:
+            raise ValueError(
+                "admin.token_file is where a generated token is kept, and with admin.token_env set none is "
+                "generated: set one of them"
+            )
+        if self.enabled and not self.token_env and not is_loopback(self.host):
+            raise ValueError(
+                f"admin.host {self.host!r} binds the admin plane beyond loopback, and admin.token_env is not set: "
+                "set admin.token_env to an environment variable holding the admin token (a generated token file "
+                "is for one machine's operator, on loopback), or bind admin.host to 127.0.0.1"
+            )
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listener bound to `host` is reachable from this machine only: 'localhost', 127.0.0.0/8 or ::1."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ip_address(host).is_loopback
+    except ValueError:  # another name: it may resolve to anything
+        return False
 
 
 class StoreConfig(_Strict):

@@ -1,7 +1,8 @@
 """`portcullis keys`: stored API keys and the spend report, through a running gateway's admin API.
 
-It talks to `--admin-url` (default: $PORTCULLIS_ADMIN_URL, else the admin listener's default address) with the token
-in $PORTCULLIS_ADMIN_TOKEN, and names the local user in `x-portcullis-actor` for the audit log. A refusal prints the
+It talks to `--admin-url` (default: $PORTCULLIS_ADMIN_URL, else the admin listener's default address) with the admin
+token from `--admin-token-file`, else $PORTCULLIS_ADMIN_TOKEN, else the file a gateway of this user generated it in
+(gateway/admin_token.py), and names the local user in `x-portcullis-actor` for the audit log. A refusal prints the
 API's own message and exits 1; an admin API it cannot reach exits 2.
 """
 
@@ -16,10 +17,13 @@ import sys
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from gateway.admin_token import default_token_file, read_token_file
+from gateway.config import ConfigError
 from gateway.spend.store import amount_text
 
 URL_ENV = "PORTCULLIS_ADMIN_URL"
@@ -52,6 +56,14 @@ def add_subcommands(commands: argparse._SubParsersAction[argparse.ArgumentParser
         "--admin-url",
         default=os.environ.get(URL_ENV, DEFAULT_URL),
         help=f"admin API (default: ${URL_ENV} or {DEFAULT_URL})",
+    )
+    common.add_argument(
+        "--admin-token-file",
+        type=Path,
+        help=(
+            f"file holding the admin token (default: ${TOKEN_ENV}, else the token a gateway generated for this user "
+            "in $XDG_STATE_HOME/portcullis/admin-token or ~/.local/state/portcullis/admin-token)"
+        ),
     )
     shown = argparse.ArgumentParser(add_help=False, parents=[common])
     shown.add_argument("--json", action="store_true", help="print the API's JSON")
@@ -112,17 +124,40 @@ def _add_settings(verb: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     """Run one verb; its API refusal or an unreachable API becomes a message on stderr and the exit status."""
     try:
-        return args.call(args, AdminClient(args.admin_url))
+        return args.call(args, AdminClient(args.admin_url, _token(args.admin_token_file)))
     except CliError as exc:
         print(f"portcullis keys: {exc}", file=sys.stderr)
         return exc.status
 
 
+def _token(given_file: Path | None) -> str | None:
+    """The admin token: `--admin-token-file`, else $PORTCULLIS_ADMIN_TOKEN, else the generated token's default file;
+    None when there is none of them (the API's 401 then says so)."""
+    if given_file is not None:
+        token = _read_token(given_file, "--admin-token-file")
+        if token is None:
+            raise CliError(f"--admin-token-file: no such file: {given_file}")
+        return token
+    if os.environ.get(TOKEN_ENV):
+        return os.environ[TOKEN_ENV]
+    try:
+        default = default_token_file()
+    except ConfigError:  # no home directory: no generated token to find there either
+        return None
+    return _read_token(default, "the generated admin token")
+
+
+def _read_token(path: Path, what: str) -> str | None:
+    try:
+        return read_token_file(path, what)
+    except ConfigError as exc:  # unreadable, readable by others, not a token
+        raise CliError(str(exc)) from None
+
+
 class AdminClient:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, token: str | None) -> None:
         self.url = url.rstrip("/")
         self.headers = {"x-portcullis-actor": _local_user()}
-        token = os.environ.get(TOKEN_ENV)
         if token:
             self.headers["authorization"] = f"Bearer {token}"
 
@@ -139,6 +174,8 @@ class AdminClient:
             message = response.json()["error"]["message"]
         except (ValueError, KeyError, TypeError):
             message = response.text[:500]
+        if response.status_code == 401 and "authorization" not in self.headers:
+            message += f" (none found: give --admin-token-file or set ${TOKEN_ENV})"
         raise CliError(f"{response.status_code}: {message}")
 
 

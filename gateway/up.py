@@ -17,12 +17,15 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Literal
 
 import httpx
 
 from gateway import child_processes
-from gateway.config import AdminConfig, GatewayConfig, ListenConfig, PoolConfig, ReplicaConfig
+from gateway.admin_token import token_file
+from gateway.config import AdminConfig, ConfigError, GatewayConfig, ListenConfig, PoolConfig, ReplicaConfig
+from gateway.keys_cli import DEFAULT_URL as DEFAULT_ADMIN_URL
 
 ENGINE_START_TIMEOUT = 300.0
 ENGINE_STOP_TIMEOUT = 10.0  # after SIGTERM, then SIGKILL
@@ -50,7 +53,7 @@ def run_up(args: argparse.Namespace) -> int:
     from gateway.app import build_app
     from gateway.cli import configure_logging
     from gateway.http_server import serve
-    from gateway.workers import Supervisor
+    from gateway.workers import START_FAILED, Supervisor
 
     configure_logging(args.log_level)
     ports = [args.engine_port + i for i in range(args.replicas)]
@@ -76,10 +79,13 @@ def run_up(args: argparse.Namespace) -> int:
                 )
             ],
         )
-        print(_banner(args.port, args.admin_port, ports), file=sys.stderr, flush=True)
+        print(_banner(args.port, args.admin_port, ports, token_file(config.admin)), file=sys.stderr, flush=True)
         if config.listen.worker_count() > 1:
             return Supervisor(config, args.log_level).run()
         serve(build_app(config), config, config.listen.host, args.port)
+    except ConfigError as exc:  # the admin token's file cannot be read or made
+        print(f"portcullis up: {exc}", file=sys.stderr)
+        return START_FAILED
     finally:
         stopping.set()
         _stop_engines(engines)
@@ -140,9 +146,10 @@ def _wait_healthy(port: int, engine: subprocess.Popen) -> None:
     raise SystemExit(f"portcullis up: engine on port {port} not healthy after {ENGINE_START_TIMEOUT:.0f}s")
 
 
-def _banner(port: int, admin_port: int, engine_ports: list[int]) -> str:
+def _banner(port: int, admin_port: int, engine_ports: list[int], admin_token_file: Path) -> str:
     base = f"http://127.0.0.1:{port}"
     admin = f"http://127.0.0.1:{admin_port}"
+    keys = "portcullis keys list" + ("" if admin == DEFAULT_ADMIN_URL else f" --admin-url {admin}")
     return f"""
 Portcullis is up: gateway {base} -> engines {", ".join(f"127.0.0.1:{p}" for p in engine_ports)}
 
@@ -158,5 +165,9 @@ for ch in c.chat.completions.create(model="{DEFAULT_MODEL}", stream=True, max_to
   Also served: {base}/v1/responses (Responses, typed stream events), {base}/v1/embeddings,
   {base}/v1/messages (Anthropic's Messages API: anthropic.Anthropic(base_url="{base}", api_key="unused"))
 
-Admin plane (loopback only): {admin}/metrics {admin}/readyz {admin}/admin/policy   Stop: Ctrl-C
+Admin plane (loopback only, with the admin token kept in {admin_token_file}):
+  {keys}        (finds the token itself)
+  curl -H "authorization: Bearer $(cat {admin_token_file})" {admin}/metrics     also /readyz, /admin/policy
+
+Stop: Ctrl-C
 """

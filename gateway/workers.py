@@ -6,6 +6,8 @@ binds the admin listener; every worker writes its metrics into a directory the s
 (PROMETHEUS_MULTIPROC_DIR, see gateway/telemetry.py), so worker 0's /metrics counts all of them.
 
 The supervisor:
+- makes (or reads) the admin token before any worker starts, so a generated one is printed once, by the supervisor,
+  and worker 0, restarted ones too, reads the same file (gateway/admin_token.py);
 - reserves the public port before any worker starts (bound, never listening, so it is given no connections): a
   port in use fails at once, and port 0 becomes one port that every worker shares;
 - hands the workers the config it validated, written to a file of its own, so every worker (restarted ones too)
@@ -45,7 +47,8 @@ from types import FrameType
 from prometheus_client import multiprocess
 
 from gateway import child_processes
-from gateway.config import GatewayConfig
+from gateway.admin_token import admin_token
+from gateway.config import ConfigError, GatewayConfig
 from gateway.telemetry import MULTIPROCESS_DIR_ENV
 
 log = logging.getLogger(__name__)
@@ -90,6 +93,12 @@ class Supervisor:
 
     def run(self) -> int:
         host = self.config.listen.host
+        if self.config.admin.enabled:
+            try:
+                admin_token(self.config.admin)
+            except ConfigError as exc:
+                print(f"portcullis: {exc}", file=sys.stderr)
+                return START_FAILED
         try:
             reservation = _reserve(host, self.config.listen.port)
         except OSError as exc:

@@ -21,6 +21,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
+STATE_ENV = "XDG_STATE_HOME"  # where a gateway without admin.token_env keeps its generated admin token
 
 
 def free_port() -> int:
@@ -35,7 +36,19 @@ class Process:
     proc: subprocess.Popen
     log: Path
     admin_url: str = ""  # a gateway's admin plane (metrics, detailed readiness, policy status)
+    admin_token: str = ""  # the bearer token its admin plane requires
     _terminated: bool = False
+    _admin: httpx.Client | None = None
+
+    @property
+    def admin(self) -> httpx.Client:
+        """A client of the admin plane that sends its token, as an operator's tools do: `gw.admin.get("/metrics")`.
+        It keeps no connection open between calls, so a test that stops the gateway waits for none to go idle."""
+        if self._admin is None:
+            headers = {"authorization": f"Bearer {self.admin_token}"}
+            no_keepalive = httpx.Limits(max_keepalive_connections=0)
+            self._admin = httpx.Client(base_url=self.admin_url, headers=headers, timeout=10, limits=no_keepalive)
+        return self._admin
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -57,6 +70,8 @@ class Process:
             self._terminated = True
 
     def stop(self) -> None:
+        if self._admin is not None:
+            self._admin.close()
         if self.proc.poll() is None:
             self.terminate()
             try:
@@ -64,6 +79,29 @@ class Process:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def generated_token_file(env: dict[str, str]) -> Path:
+    """Where a gateway started with `env` added to the environment (and no admin.token_env) keeps its admin token."""
+    full = {**os.environ, **env}
+    state_home = Path(full[STATE_ENV]) if full.get(STATE_ENV) else Path(full["HOME"]) / ".local" / "state"
+    return state_home / "portcullis" / "admin-token"
+
+
+def generated_admin_token(state_home: Path) -> str:
+    """The admin token a gateway started with `$XDG_STATE_HOME` = `state_home` (and no admin.token_env) generated."""
+    return generated_token_file({STATE_ENV: str(state_home)}).read_text().strip()
+
+
+def admin_token_of(admin: dict, env: dict[str, str]) -> str:
+    """The admin token of a gateway started with config `admin:` and `env` added to the environment; "" with none."""
+    if not admin.get("enabled", True):
+        return ""
+    if admin.get("token_env"):
+        return {**os.environ, **env}[admin["token_env"]]
+    if admin.get("token_file"):
+        return Path(admin["token_file"]).read_text().strip()
+    return generated_token_file(env).read_text().strip()
 
 
 def spawn(
@@ -129,8 +167,10 @@ class Launcher:
         return self.spawn(cmd, f"upstream-{name}", ready_path="/_stats")
 
     def gateway(self, config: dict, env: dict[str, str] | None = None) -> Process:
-        """`portcullis serve` with `config` (listen and admin ports and the key store's file filled in)."""
+        """`portcullis serve` with `config` (listen and admin ports and the key store's file filled in). Without
+        `admin.token_env` it generates its admin token in this launcher's directory, never in the user's own."""
         admin_port = free_port()
+        env = {STATE_ENV: str(self.directory / "state"), **(env or {})}
 
         def cmd(port: int) -> list[str]:
             full = {
@@ -145,6 +185,7 @@ class Launcher:
 
         process = self.spawn(cmd, "gateway", env=env)
         process.admin_url = f"http://127.0.0.1:{admin_port}"
+        process.admin_token = admin_token_of(config.get("admin", {}), env)
         return process
 
     def stop_all(self) -> None:

@@ -41,10 +41,9 @@ class RotateBody(BaseModel):
 class KeysApi:
     """The key routes of the admin app, over the gateway's key store."""
 
-    def __init__(self, gateway: Gateway, audit: AuditLog, token_required: bool) -> None:
+    def __init__(self, gateway: Gateway, audit: AuditLog) -> None:
         self.gateway = gateway
         self.audit = audit
-        self.token_required = token_required
         self.writes = asyncio.Lock()
 
     def routes(self) -> list[Route]:
@@ -147,7 +146,7 @@ class KeysApi:
         view = after.public()
         self.audit.record(
             action,
-            actor_of(request, self.token_required),
+            actor_of(request),
             after.id,
             after.tenant,
             before.public() if before else None,

@@ -358,7 +358,7 @@ def start_portcullis(
     admin_port = None
     if checkout is None:
         admin_port = free_port()
-        config["admin"] = {"port": admin_port}
+        config["admin"] = {"port": admin_port, "token_file": str(tmp / f"{name}-admin-token")}  # not in $HOME
         config["store"] = {"backend": store, "sqlite_path": str(sqlite_path(tmp, name))}
     if redis_url:
         config["redis"] = {"url": redis_url, "on_failure": "fail_closed", "timeout": 2.0}

@@ -147,7 +147,7 @@ def test_slots_held_in_redis_are_freed_within_seconds_of_it_coming_back(upstream
     assert statuses[-1] == 200, f"still refused {time.monotonic() - back:.1f}s after Redis came back: {statuses}"
     settled()
     assert sum(redis.zcard(key) for key in redis.keys("portcullis:rl:*")) == 0
-    assert "portcullis_ratelimit_settlements_pending 0.0" in httpx.get(gw.admin_url + "/metrics").text
+    assert "portcullis_ratelimit_settlements_pending 0.0" in gw.admin.get("/metrics").text
 
 
 @pytest.mark.parametrize("store", ["memory", "redis"])
@@ -269,7 +269,7 @@ def test_a_count_no_request_can_reach_is_not_charged_and_spend_keeps_being_writt
     assert post(gw, "t1", hostile=hostile).status_code == 200
     assert post(gw, "t2").status_code == 200
     settled()
-    report = httpx.get(gw.admin_url + "/admin/spend", params={"group_by": "tenant"}, timeout=10).json()["data"]
+    report = gw.admin.get("/admin/spend", params={"group_by": "tenant"}, timeout=10).json()["data"]
     rows = {row["tenant"]: row for row in report}
     assert set(rows) == {"t1", "t2"} and rows["t1"]["requests"] == 1, report
     assert 0 < rows["t1"]["prompt_tokens"] < 100 and rows["t1"]["completion_tokens"] == 1
@@ -337,7 +337,7 @@ def test_a_defect_mid_stream_ends_it_in_the_routes_shape_and_the_request_is_stil
     assert "injected fault" in gw.output()  # logged with its traceback
     assert post(gw, "t1").status_code == 200  # the tenant's one slot was given back
     settled()
-    report = httpx.get(gw.admin_url + "/admin/spend", params={"group_by": "tenant"}, timeout=10).json()["data"]
+    report = gw.admin.get("/admin/spend", params={"group_by": "tenant"}, timeout=10).json()["data"]
     assert [(row["tenant"], row["requests"]) for row in report] == [("t1", 2)], report
 
 

@@ -1,16 +1,26 @@
-"""The admin plane answers only on its own listener: the public port says nothing about internals.
+"""The admin plane answers only on its own listener, and only to its operator: the public port says nothing about
+internals, and nothing on the admin listener answers without the admin token, though it binds loopback.
 
-The tests that only read share one gateway; those that configure an admin token or stop Redis start their own."""
+The module's gateway runs as `portcullis serve` does by default: no `admin.token_env`, so it generated its admin
+token. The tests that only read, or make keys of a tenant of their own, share it; those that need a home directory,
+a configured token or a stopped Redis start their own."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
+import yaml
 
-from tests.conftest import Launcher, Process, chat_body, pool
+from tests.conftest import ROOT, STATE_ENV, Launcher, Process, chat_body, free_port, pool
+from tests.hostile.raw_http import Answer, connect, read_answer
 
 INTERNAL = ("/metrics", "/admin/policy")
 
@@ -42,14 +52,14 @@ def test_internals_are_not_served_on_the_public_port(gw):
 
 
 def test_the_admin_listener_serves_metrics_readiness_and_policy(gw):
-    assert "# TYPE portcullis_requests_total counter" in httpx.get(gw.admin_url + "/metrics").text
-    assert httpx.get(gw.admin_url + "/admin/policy").json()["directory"] == "policies"
-    pools = httpx.get(gw.admin_url + "/readyz").json()["pools"]
+    assert "# TYPE portcullis_requests_total counter" in gw.admin.get("/metrics").text
+    assert gw.admin.get("/admin/policy").json()["directory"] == "policies"
+    pools = gw.admin.get("/readyz").json()["pools"]
     assert pools["gone"] == [{"url": "http://127.0.0.1:9", "up": False}]
 
 
 def test_the_admin_listener_does_not_proxy(gw):
-    response = httpx.post(gw.admin_url + "/v1/chat/completions", json={"model": "m", "messages": []})
+    response = gw.admin.post("/v1/chat/completions", json={"model": "m", "messages": []})
     assert response.status_code == 404
 
 
@@ -76,16 +86,16 @@ def test_a_store_that_is_down_is_a_503_on_the_key_and_spend_routes(upstream, gat
     )
     redis_server.kill()
     for answer in (
-        httpx.post(gw.admin_url + "/admin/keys", json={"tenant": "team-a"}, timeout=10),
-        httpx.post(gw.admin_url + "/admin/keys/0123456789ab/revoke", timeout=10),  # not taken as a 404
-        httpx.get(gw.admin_url + "/admin/keys", timeout=10),
-        httpx.get(gw.admin_url + "/admin/spend", timeout=10),
+        gw.admin.post("/admin/keys", json={"tenant": "team-a"}, timeout=10),
+        gw.admin.post("/admin/keys/0123456789ab/revoke", timeout=10),  # not taken as a 404
+        gw.admin.get("/admin/keys", timeout=10),
+        gw.admin.get("/admin/spend", timeout=10),
     ):
         assert answer.status_code == 503, answer.text
         assert answer.json()["error"]["code"] == "store_unavailable"
     redis_server.start()
-    assert httpx.post(gw.admin_url + "/admin/keys", json={"tenant": "team-a"}, timeout=10).status_code == 201
-    assert httpx.get(gw.admin_url + "/admin/spend", timeout=10).status_code == 200
+    assert gw.admin.post("/admin/keys", json={"tenant": "team-a"}, timeout=10).status_code == 201
+    assert gw.admin.get("/admin/spend", timeout=10).status_code == 200
 
 
 def test_a_frozen_redis_costs_the_admin_plane_and_shutdown_only_redis_timeout(upstream, gateway, redis_server):
@@ -100,12 +110,12 @@ def test_a_frozen_redis_costs_the_admin_plane_and_shutdown_only_redis_timeout(up
             "models": [],  # no tokenizer to load: a stop waits for no warm-up, only for what it must write
         }
     )
-    assert httpx.get(gw.admin_url + "/admin/spend", timeout=10).status_code == 200  # connected before the freeze
+    assert gw.admin.get("/admin/spend", timeout=10).status_code == 200  # connected before the freeze
     redis_server.proc.send_signal(signal.SIGSTOP)
     try:
         assert httpx.post(gw.url + "/v1/chat/completions", json=chat_body(), timeout=10).status_code == 200
         started = time.monotonic()
-        answer = httpx.get(gw.admin_url + "/admin/spend", timeout=30)
+        answer = gw.admin.get("/admin/spend", timeout=30)
         assert answer.status_code == 503, answer.text
         assert answer.json()["error"]["code"] == "store_unavailable"
         assert time.monotonic() - started < 3  # a flush and a read, 0.25 s each, not redis-py's 5 s apiece
@@ -116,3 +126,134 @@ def test_a_frozen_redis_costs_the_admin_plane_and_shutdown_only_redis_timeout(up
         assert "rows could not be written before stopping" in gw.output()
     finally:
         redis_server.proc.send_signal(signal.SIGCONT)
+
+
+# -- the admin token -----------------------------------------------------------------------------------------------
+
+
+def raw_request(gw: Process, method: str, path: str, headers: dict[str, str], body: bytes = b"") -> Answer:
+    """One request to the admin listener, its head written byte for byte as given (no Host added, nothing normalised:
+    what a browser sends for a page's form or fetch); the connection closes after the answer."""
+    head = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    head += f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    with connect(gw.admin_url) as sock:
+        sock.sendall(head.encode() + body)
+        answer = read_answer(sock)
+    assert answer is not None, "the admin listener closed without an answer"
+    return answer
+
+
+def own_host(gw: Process) -> str:
+    return urlsplit(gw.admin_url).netloc
+
+
+def keys_of(gw: Process, tenant: str) -> list[dict]:
+    return gw.admin.get("/admin/keys", params={"tenant": tenant}).json()["data"]
+
+
+def test_every_admin_route_needs_the_token_by_default(gw):
+    """No admin.token_env: the gateway generated a token, and nothing on the admin listener answers without it."""
+    for path in ("/metrics", "/readyz", "/healthz", "/admin/policy", "/admin/keys", "/admin/spend"):
+        answer = raw_request(gw, "GET", path, {"host": own_host(gw)})
+        assert answer.status == 401, (path, answer.body)
+        assert answer.error()["code"] == "invalid_admin_token" and answer.headers["www-authenticate"] == "Bearer"
+    refused = raw_request(
+        gw, "POST", "/admin/keys", {"host": own_host(gw), "content-type": "application/json"}, b'{"tenant": "no-token"}'
+    )
+    assert refused.status == 401 and keys_of(gw, "no-token") == []
+    wrong = raw_request(gw, "GET", "/metrics", {"host": own_host(gw), "authorization": "Bearer " + "x" * 43})
+    assert wrong.status == 401
+
+
+# -- the generated token -------------------------------------------------------------------------------------------
+
+
+def home_env(home: Path) -> dict[str, str]:
+    """A user whose home is `home`, with no $XDG_STATE_HOME: the generated token goes to ~/.local/state."""
+    return {"HOME": str(home), STATE_ENV: ""}
+
+
+def test_the_generated_token_file_is_the_owners_alone_works_and_is_kept_across_starts(upstream, launcher, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    config = {"pools": [pool("main", upstream.url)]}
+    first = launcher.gateway(config, env=home_env(home))
+    path = home / ".local" / "state" / "portcullis" / "admin-token"
+    assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
+    assert not [p for p in path.parent.iterdir() if p != path], "no temporary file is left beside it"
+    token = path.read_text().strip()
+    assert len(token) >= 40
+    assert first.output().count(token) == 1  # printed once, at the start that made it
+    authorised = {"authorization": f"Bearer {token}"}
+    assert httpx.get(first.admin_url + "/metrics", headers=authorised).status_code == 200
+    assert httpx.get(first.admin_url + "/metrics").status_code == 401
+    first.stop()
+
+    second = launcher.gateway(config, env=home_env(home))
+    assert path.read_text().strip() == token
+    assert httpx.get(second.admin_url + "/metrics", headers=authorised).status_code == 200
+    assert token not in second.output() and "generated the admin token" not in second.output()
+
+
+def test_portcullis_keys_finds_the_generated_token_by_itself(upstream, launcher, tmp_path):
+    """The operator's CLI on the same machine, run from another directory, neither told the token nor its file."""
+    home = tmp_path / "home"
+    elsewhere = tmp_path / "elsewhere"
+    home.mkdir()
+    elsewhere.mkdir()
+    gw = launcher.gateway({"pools": [pool("main", upstream.url)]}, env=home_env(home))
+    made = gw.admin.post("/admin/keys", json={"tenant": "cli-found-it"})
+    assert made.status_code == 201
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(ROOT),  # this checkout's gateway, run from another directory
+        **home_env(home),
+        "PORTCULLIS_ADMIN_URL": gw.admin_url,
+    }
+    command = [sys.executable, "-m", "gateway.cli", "keys", "list", "--tenant", "cli-found-it"]
+    listed = subprocess.run(command, capture_output=True, text=True, cwd=elsewhere, env=env, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert made.json()["id"] in listed.stdout
+
+    other_home = tmp_path / "other-home"  # another user: no token file, so a 401 that says where to look
+    other_home.mkdir()
+    stranger = subprocess.run(
+        command, capture_output=True, text=True, cwd=elsewhere, env={**env, **home_env(other_home)}, timeout=60
+    )
+    assert stranger.returncode == 1 and "--admin-token-file" in stranger.stderr
+
+    given = subprocess.run(
+        [*command, "--admin-token-file", str(home / ".local" / "state" / "portcullis" / "admin-token")],
+        capture_output=True,
+        text=True,
+        cwd=elsewhere,
+        env={**env, **home_env(other_home)},
+        timeout=60,
+    )
+    assert given.returncode == 0 and made.json()["id"] in given.stdout, given.stderr
+
+
+# -- binding beyond loopback ---------------------------------------------------------------------------------------
+
+
+def test_binding_the_admin_listener_beyond_loopback_without_token_env_refuses_to_start(upstream, tmp_path):
+    config = {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "admin": {"host": "0.0.0.0", "port": free_port()},
+        "pools": [pool("main", upstream.url)],
+        "store": {"sqlite_path": str(tmp_path / "portcullis.db")},
+    }
+    path = tmp_path / "portcullis.yaml"
+    path.write_text(yaml.safe_dump(config))
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
+        cwd=ROOT,
+        env={**os.environ, STATE_ENV: str(tmp_path / "state")},
+        capture_output=True,
+        text=True,
+        timeout=60,  # a gateway that starts runs until then: the refusal comes at once, at its config's check
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"{path}: admin:" in done.stderr and "admin.host '0.0.0.0'" in done.stderr
+    assert "admin.token_env" in done.stderr and "one machine's operator" in done.stderr
+    assert not (tmp_path / "state").exists(), "no token was generated for it"

@@ -204,7 +204,7 @@ def test_a_stream_whose_client_is_gone_before_it_starts_is_still_closed_and_coun
         seen = wait_for(upstream, "behind", "closed_at", timeout=10)
         assert seen, "the gateway kept the upstream stream open after its client was dropped"
     deadline = time.monotonic() + 10
-    while "portcullis_upstream_outstanding_requests" not in (metrics := httpx.get(gw.admin_url + "/metrics").text) or (
+    while "portcullis_upstream_outstanding_requests" not in (metrics := gw.admin.get("/metrics").text) or (
         f'replica="{upstream.url}"}} 0.0' not in metrics
     ):
         assert time.monotonic() < deadline, [line for line in metrics.splitlines() if "outstanding" in line]

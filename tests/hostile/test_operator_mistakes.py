@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import ROOT, Launcher, Process, chat_body, free_port, pool
+from tests.conftest import ROOT, STATE_ENV, Launcher, Process, chat_body, free_port, pool
 
 CHAT = "/v1/chat/completions"
 BASE = {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "ops"}}
@@ -112,7 +112,7 @@ def test_a_reload_to_a_blanket_block_keeps_the_last_good_policy(upstream, gatewa
 
     assert ask(gw, "hello").status_code == 200, "the blanket block took all traffic down"
     assert ask(gw, "say forbidden-word").status_code == 403  # the last good policy still runs
-    status = httpx.get(gw.admin_url + "/admin/policy").json()
+    status = gw.admin.get("/admin/policy").json()
     assert "blocks every request" in status["last_error"]
 
 
@@ -125,7 +125,7 @@ def test_a_policy_directory_replaced_while_serving_is_still_watched(upstream, ga
     def until_blocked(word: str) -> None:
         deadline = time.monotonic() + 20
         while ask(gw, f"say {word}").status_code != 403:
-            assert time.monotonic() < deadline, httpx.get(gw.admin_url + "/admin/policy").json()
+            assert time.monotonic() < deadline, gw.admin.get("/admin/policy").json()
             time.sleep(0.1)
 
     def blocking(word: str) -> dict:
@@ -144,7 +144,7 @@ def test_a_policy_directory_replaced_while_serving_is_still_watched(upstream, ga
     assert ask(gw, "say second-word").status_code == 403
     write_policy(directory, blocking("third-word"))
     until_blocked("third-word")
-    assert httpx.get(gw.admin_url + "/admin/policy").json()["last_error"] is None
+    assert gw.admin.get("/admin/policy").json()["last_error"] is None
 
 
 # -- YAML 1.1 booleans -------------------------------------------------------------------------------------------
@@ -179,7 +179,6 @@ def test_made_up_model_names_do_not_grow_metrics(upstream, gateway):
             "models": [{"name": "known-model"}],
         }
     )
-    metrics_url = gw.admin_url + "/metrics"
 
     def send(models: list[str]) -> None:
         async def run() -> None:
@@ -196,10 +195,10 @@ def test_made_up_model_names_do_not_grow_metrics(upstream, gateway):
         asyncio.run(run())
 
     send(["known-model", "made-up-warmup"])
-    before = httpx.get(metrics_url).text
+    before = gw.admin.get("/metrics").text
     assert 'model="known-model"' in before  # configured models keep their own label
     send([f"made-up-{i}" for i in range(500)])  # labelled, each would add hundreds of bytes
-    after = httpx.get(metrics_url).text
+    after = gw.admin.get("/metrics").text
     assert "made-up-" not in after
     assert len(after) - len(before) < 4096, f"/metrics grew from {len(before)} to {len(after)} bytes"
 
@@ -251,6 +250,7 @@ def up(tmp_path):
                 str(admin_port),
             ],
             cwd=ROOT,
+            env={**os.environ, STATE_ENV: str(tmp_path / "state")},  # its generated admin token: not in $HOME
             stdout=out,
             stderr=subprocess.STDOUT,
         )

@@ -412,7 +412,7 @@ def upstream_errors(gw: Process) -> list[str]:
     """The gateway's upstream error counters, once two reads 0.2 s apart agree (an earlier test's last count is in)."""
 
     def read() -> list[str]:
-        text = httpx.get(gw.admin_url + "/metrics").text
+        text = gw.admin.get("/metrics").text
         return [line for line in text.splitlines() if line.startswith("portcullis_upstream_errors_total{")]
 
     last, now = None, read()

@@ -234,7 +234,7 @@ def test_the_openapi_document_is_served(gw):
 
 
 def cli(gw: Process, *args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "PORTCULLIS_ADMIN_URL": gw.admin_url}
+    env = {"PATH": "/usr/bin:/bin", "PORTCULLIS_ADMIN_URL": gw.admin_url, "XDG_STATE_HOME": "/nonexistent"}
     if token:
         env["PORTCULLIS_ADMIN_TOKEN"] = token
     command = [sys.executable, "-m", "gateway.cli", "keys", *args]

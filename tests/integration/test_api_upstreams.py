@@ -749,7 +749,7 @@ def test_responses_commands_an_agent_or_the_provider_runs_are_redacted_or_blocke
 def metric(gw: Process, name: str, **labels: str) -> float:
     """One of the gateway's counters; 0 before it counted anything."""
     wanted = name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "} "
-    lines = httpx.get(gw.admin_url + "/metrics").text.splitlines()
+    lines = gw.admin.get("/metrics").text.splitlines()
     return next((float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(wanted)), 0.0)
 
 

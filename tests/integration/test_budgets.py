@@ -615,12 +615,12 @@ def test_a_budget_survives_a_restart_with_the_embedded_store(upstream, gateway, 
     soft = [json.loads(line) for line in first.output().splitlines() if '"budget_soft_threshold"' in line]
     assert [(event["budget"], event["threshold"]) for event in soft] == [("team-spend", 0.8)], "once per period"
     assert 'portcullis_budget_soft_threshold_crossings_total{budget="team-spend",threshold="0.8"} 1.0' in (
-        httpx.get(first.admin_url + "/metrics").text
+        first.admin.get("/metrics").text
     )
     first.stop()  # a clean stop writes the ledger
     processes.remove(first)
     second = gateway(config)
-    report = httpx.get(second.admin_url + "/admin/spend", params={"group_by": "tenant"}).json()["data"]
+    report = second.admin.get("/admin/spend", params={"group_by": "tenant"}).json()["data"]
     assert [(row["tenant"], row["cost_nanos"]) for row in report] == [("team-a", spent)], "the ledger kept the spend"
     again = ask(second.url)
     assert again.status_code == 429, "the restarted gateway reads the period's spend back from the ledger"
@@ -641,12 +641,12 @@ def test_the_spend_report_counts_served_and_refused_requests_apart(upstream, gat
     params = {"group_by": "tenant"}
     deadline = time.monotonic() + 20  # the ledger is written once a second
     while True:
-        [row] = httpx.get(gw.admin_url + "/admin/spend", params=params).json()["data"] or [{"requests": 0}]
+        [row] = gw.admin.get("/admin/spend", params=params).json()["data"] or [{"requests": 0}]
         if row["requests"] + row.get("refused_requests", 0) >= 10 or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     assert (row["tenant"], row["requests"], row["refused_requests"], row["cost_nanos"]) == ("team-a", 2, 8, 26_000)
-    export = httpx.get(gw.admin_url + "/admin/spend", params={**params, "format": "csv"}).text.splitlines()
+    export = gw.admin.get("/admin/spend", params={**params, "format": "csv"}).text.splitlines()
     header, line = export[0].split(","), export[1].split(",")
     assert dict(zip(header, line))["requests"] == "2" and dict(zip(header, line))["refused_requests"] == "8", export
 
@@ -663,14 +663,14 @@ def test_usage_an_upstream_reports_above_the_reservation_is_charged_flagged_and_
     assert over.status_code == 200
     line = gw.access_log(over.headers["x-request-id"])
     assert (line["completion_tokens"], line["over_reservation_tokens"], line["cost"]) == (100, 90, 100_000 / NANOS)
-    metrics = httpx.get(gw.admin_url + "/metrics").text
+    metrics = gw.admin.get("/metrics").text
     flagged = 'portcullis_usage_over_reservation_total{model="test-model",tenant="team-a"} 1.0'
     assert flagged in metrics, [m for m in metrics.splitlines() if "over_reservation" in m]
     within = ask(gw.url, max_tokens=10)
     assert within.status_code == 429 and within.json()["error"]["code"] == "budget_exceeded"
     assert gw.access_log(within.headers["x-request-id"])["over_reservation_tokens"] is None
     deadline = time.monotonic() + 20  # the ledger is written once a second
-    while not (rows := httpx.get(gw.admin_url + "/admin/spend", params={"group_by": "tenant"}).json()["data"]):
+    while not (rows := gw.admin.get("/admin/spend", params={"group_by": "tenant"}).json()["data"]):
         assert time.monotonic() < deadline
         time.sleep(0.2)
     assert (rows[0]["completion_tokens"], rows[0]["cost_nanos"]) == (100, 100_000)
@@ -705,12 +705,11 @@ def test_a_stored_key_has_its_own_budget_and_limits(upstream, gateway, tmp_path)
             "telemetry": {"per_key_metrics": True},
         }
     )
-    admin = httpx.Client(base_url=gw.admin_url)
-    own = admin.post(
+    own = gw.admin.post(
         "/admin/keys",
         json={"tenant": "acme", "limits": {"per-key-rpm": 100}, "budget": {"limit": 0.00004, "period": "day"}},
     ).json()
-    plain = admin.post("/admin/keys", json={"tenant": "acme"}).json()
+    plain = gw.admin.post("/admin/keys", json={"tenant": "acme"}).json()
 
     def ask_with(secret: str) -> httpx.Response:
         return httpx.post(
@@ -733,7 +732,7 @@ def test_a_stored_key_has_its_own_budget_and_limits(upstream, gateway, tmp_path)
     assert ask_with(plain["secret"]).status_code == 200
     limited = ask_with(plain["secret"]).json()["error"]
     assert (limited["code"], limited["param"]) == ("rate_limit_exceeded", "per-key-rpm"), "the policy's 1 an hour"
-    metrics = httpx.get(gw.admin_url + "/metrics").text
+    metrics = gw.admin.get("/metrics").text
     served_by_own = sum(r.status_code == 200 for r in outcomes)
 
     def sample(name: str, key_id: str) -> float:

@@ -211,7 +211,7 @@ def test_killing_the_replica_that_holds_a_prefix_reroutes_cleanly(stack):
     for _ in range(3):
         again = chat(gateway, history)
         assert again.headers["x-portcullis-replica"] != holder
-    state = httpx.get(gateway.admin_url + "/readyz").json()["pools"]["engine"]
+    state = gateway.admin.get("/readyz").json()["pools"]["engine"]
     assert {r["url"]: r["up"] for r in state}[holder] is False
 
 

@@ -84,7 +84,7 @@ def chat(gw: Process, **extra) -> httpx.Response:
 
 def metric(gw: Process, trigger: str) -> float:
     wanted = f'portcullis_fallbacks_total{{model="{PRIMARY}",to="{BACKUP}",trigger="{trigger}"}}'
-    for line in httpx.get(gw.admin_url + "/metrics").text.splitlines():
+    for line in gw.admin.get("/metrics").text.splitlines():
         if line.startswith(wanted):
             return float(line.split()[-1])
     return 0.0

@@ -89,7 +89,7 @@ def requests_seen(upstream) -> int:
 def series(gw, prefix: str) -> float:
     """The value of the first series on the admin plane whose line starts with `prefix`; 0 before it is written.
     The module's tests share a gateway, so a test counts what its own requests added."""
-    for line in http.get(gw.admin_url + "/metrics").text.splitlines():
+    for line in gw.admin.get("/metrics").text.splitlines():
         if line.startswith(prefix):
             return float(line.split()[-1])
     return 0.0
@@ -230,7 +230,7 @@ def test_concurrent_requests_each_get_their_own_score(guarded) -> None:
     for prompt, got, want in zip(prompts, scores, expected):
         assert got == pytest.approx(want, abs=0.05), prompt  # int8 activations are quantized per batch
     assert min(scores[0::2]) > 0.5 > max(scores[1::2])
-    metrics = http.get(gw.admin_url + "/metrics").text
+    metrics = gw.admin.get("/metrics").text
     batches = [line for line in metrics.splitlines() if line.startswith(batch_count)]
     # 32 prompts, one window each per model: without sharing, 32 calls per model
     members = len(model.members)

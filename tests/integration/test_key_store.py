@@ -88,7 +88,7 @@ def test_instances_sharing_redis_see_a_key_and_its_revocation_within_a_second(
     upstream, gateway, module_redis_server, one
 ):
     two = gateway(on_redis(upstream, module_redis_server.url))
-    created = httpx.post(one.admin_url + "/admin/keys", json={"tenant": "team-shared"}).json()  # through one
+    created = one.admin.post("/admin/keys", json={"tenant": "team-shared"}).json()  # through one
     secret = created["secret"]
     for gw in (one, two):
         until_status(gw, secret, 200)
@@ -97,7 +97,7 @@ def test_instances_sharing_redis_see_a_key_and_its_revocation_within_a_second(
         )
         assert reply.choices[0].message.content
 
-    revoked = httpx.post(f"{one.admin_url}/admin/keys/{created['id']}/revoke")  # through one: the other refuses it
+    revoked = one.admin.post(f"/admin/keys/{created['id']}/revoke")  # through one: the other refuses it
     assert revoked.status_code == 200 and revoked.json()["revoked_at"]
     with pytest.raises(openai.AuthenticationError) as refused:  # the instance that revoked it, at once: no poll wait
         openai_client(one, secret).chat.completions.create(
@@ -118,17 +118,17 @@ def test_an_instance_cut_off_from_redis_refuses_stored_keys_past_max_key_stalene
     cut_off = on_redis(upstream, f"redis://127.0.0.1:{partition.port}/0")
     two = gateway({**cut_off, "store": {"backend": "redis", "max_key_staleness": 1}})
     try:
-        created = httpx.post(one.admin_url + "/admin/keys", json={"tenant": "team-cut-off"}).json()
+        created = one.admin.post("/admin/keys", json={"tenant": "team-cut-off"}).json()
         until_status(two, created["secret"], 200)
         partition.cut()
-        assert httpx.post(f"{one.admin_url}/admin/keys/{created['id']}/revoke").status_code == 200
+        assert one.admin.post(f"/admin/keys/{created['id']}/revoke").status_code == 200
 
         until_status(two, created["secret"], 503)
         refused = chat(two, created["secret"])
         assert refused.json()["error"]["code"] == "key_store_unavailable" and refused.headers["retry-after"]
         assert chat(two, STATIC_KEY).status_code == 200
         assert "stored keys are refused with 503 key_store_unavailable" in two.output()
-        metrics = httpx.get(two.admin_url + "/metrics").text
+        metrics = two.admin.get("/metrics").text
         synced = float(re.search(r"^portcullis_key_store_synced_timestamp_seconds (\S+)$", metrics, re.M)[1])
         assert synced < time.time() - 1
 

@@ -35,7 +35,7 @@ def stats(upstream) -> dict:
 def series(gw, line: str) -> float:
     """The value of one exact series (`name{labels}`, as the gateway writes it) on the admin plane; 0 before it is
     written. The module's tests share a gateway, so a test asserts on what its own requests added."""
-    for sample in http.get(gw.admin_url + "/metrics").text.splitlines():
+    for sample in gw.admin.get("/metrics").text.splitlines():
         if sample.startswith(line + " "):
             return float(sample.rsplit(" ", 1)[1])
     return 0.0
@@ -143,7 +143,7 @@ def test_client_disconnect_cancels_the_upstream_stream(one_upstream):
     seen = stats(upstream)
     assert seen["cancelled_streams"] == before["cancelled_streams"] + 1
     assert seen["completed_streams"] == before["completed_streams"]
-    metrics = http.get(gw.admin_url + "/metrics").text
+    metrics = gw.admin.get("/metrics").text
     assert f'portcullis_upstream_outstanding_requests{{pool="main",replica="{upstream.url}"}} 0.0' in metrics
 
 
@@ -320,7 +320,7 @@ def test_readiness_follows_the_upstreams(fake_upstream, gateway, one_upstream):
     gw = gateway({"pools": [pool("live", upstream.url), pool("gone", "http://127.0.0.1:9", models=["x"])]})
     assert http.get(gw.url + "/healthz").status_code == 200
     assert http.get(gw.url + "/readyz").json() == {"status": "not_ready"}  # the public port names no replica
-    ready = http.get(gw.admin_url + "/readyz")
+    ready = gw.admin.get("/readyz")
     assert ready.status_code == 503
     assert ready.json()["pools"]["live"][0]["up"] is True and ready.json()["pools"]["gone"][0]["up"] is False
     upstream.stop()
@@ -424,7 +424,7 @@ def test_spend_is_priced_from_reconciled_usage_per_tenant_and_model(gateway, ups
     expected = [(2 * 2 + 5 * 0.5 + 4 * 10) / 1e6, (7 * 2 + 3 * 10) / 1e6, 7 * 1.0 / 1e6]
     logged = [gw.access_log(r.headers["x-request-id"])["cost"] for r in (cached, streamed, unpriced)]
     assert logged == pytest.approx(expected)
-    metrics = http.get(gw.admin_url + "/metrics").text
+    metrics = gw.admin.get("/metrics").text
 
     def sample(name: str, **labels: str) -> float:
         wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))

@@ -33,7 +33,7 @@ def bearer(key: str) -> dict[str, str]:
 def metric(gw, name: str, **labels) -> float:
     """Sum of a Prometheus sample over series whose labels include `labels`."""
     total = 0.0
-    for line in http.get(gw.admin_url + "/metrics").text.splitlines():
+    for line in gw.admin.get("/metrics").text.splitlines():
         match = re.match(rf"^{name}\{{(.*)\}} (\S+)$", line)
         if match and all(f'{k}="{v}"' in match.group(1) for k, v in labels.items()):
             total += float(match.group(2))

@@ -82,7 +82,7 @@ def test_blocks_are_openai_shaped_audited_and_never_reach_the_upstream(upstream,
     assert post(gw, messages=[{"role": "user", "content": "Why is ' OR 1=1 -- dangerous in SQL?"}]).status_code == 200
     assert http.get(upstream.url + "/_stats").json()["requests"] - before == 2
 
-    policy = http.get(gw.admin_url + "/admin/policy").json()
+    policy = gw.admin.get("/admin/policy").json()
     assert policy["version"].startswith("sha256:") and policy["waf"]["rules"] > 40
     time.sleep(0.2)
     audits = audit_lines(gw)
@@ -126,7 +126,7 @@ def test_hot_reload_keeps_serving_through_a_broken_edit_and_applies_a_good_one(u
     rule = {"id": "no-foo", "description": "first", "when": {"target": "prompt", "regex": "foo"}}
     write(directory, {"rules": [rule]})
     gw = start(gateway, upstream, directory)
-    version = http.get(gw.admin_url + "/admin/policy").json()["version"]
+    version = gw.admin.get("/admin/policy").json()["version"]
     statuses: list[int] = []
     errors: list[str] = []
     stop = threading.Event()
@@ -170,7 +170,7 @@ def test_hot_reload_keeps_serving_through_a_broken_edit_and_applies_a_good_one(u
 def _wait(gw, ready, timeout: float = 10.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        status = http.get(gw.admin_url + "/admin/policy").json()
+        status = gw.admin.get("/admin/policy").json()
         if ready(status) or time.monotonic() > deadline:
             return status
         time.sleep(0.1)
@@ -185,6 +185,6 @@ def test_sighup_reloads_and_never_kills_the_gateway(upstream, gateway, tmp_path)
     gw.proc.send_signal(signal.SIGHUP)  # nothing changed: a reload that keeps the same version
     time.sleep(0.5)
     assert gw.proc.poll() is None
-    status = http.get(gw.admin_url + "/admin/policy").json()
+    status = gw.admin.get("/admin/policy").json()
     assert status["last_error"] is None and status["reloads"] == 0
     assert post(gw, messages=[{"role": "user", "content": "foo"}]).status_code == 403

@@ -19,14 +19,24 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import ROOT, Process, chat_body, free_port, policy_dir, pool, spawn
+from tests.conftest import (
+    ROOT,
+    STATE_ENV,
+    Process,
+    chat_body,
+    free_port,
+    generated_admin_token,
+    policy_dir,
+    pool,
+    spawn,
+)
 
 KEY = "sk-workers"
 AUTH = {"keys": [{"tenant": "t1", "sha256": hashlib.sha256(KEY.encode()).hexdigest()}]}
 
 # A bare httpx.post or httpx.Client() builds a TLS context (the CA bundle, tens of milliseconds of CPU) per call. The
-# admin plane is asked through one client; chat requests through one that keeps no connection alive, so each still
-# goes on a connection of its own.
+# upstream's stats are asked through one client (the admin plane through the gateway's own); chat requests through
+# one that keeps no connection alive, so each still goes on a connection of its own.
 http = httpx.Client()
 fresh_connections = httpx.Client(timeout=30, limits=httpx.Limits(max_keepalive_connections=0))
 
@@ -49,8 +59,9 @@ def start_workers(processes: list[Process], tmp_path: Path, config: dict, worker
     path = tmp_path / "portcullis.yaml"
     path.write_text(yaml.safe_dump(config))
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)]
-    gateway = spawn(cmd, port, tmp_path / "gateway.log")
+    gateway = spawn(cmd, port, tmp_path / "gateway.log", env={STATE_ENV: str(tmp_path / "state")})
     gateway.admin_url = f"http://127.0.0.1:{admin_port}"
+    gateway.admin_token = generated_admin_token(tmp_path / "state")  # the supervisor made it before any worker
     processes.append(gateway)
     wait_for(lambda: f"all {workers} workers serving" in gateway.output(), what="every worker serving")
     return gateway
@@ -125,7 +136,7 @@ def fresh_connection_posts(gateway: Process, count: int, **fields) -> list[int]:
 
 def metric(gateway: Process, name: str, **labels: str) -> float:
     total = 0.0
-    for line in http.get(gateway.admin_url + "/metrics").text.splitlines():
+    for line in gateway.admin.get("/metrics").text.splitlines():
         match = re.match(rf"^{name}\{{(.*)\}} (\S+)$", line)
         if match and all(f'{k}="{v}"' in match.group(1) for k, v in labels.items()):
             total += float(match.group(2))
@@ -195,7 +206,7 @@ def test_a_budget_in_the_sqlite_store_is_exact_across_workers(processes, upstrea
     assert statuses.count(200) == 100 and statuses.count(429) == 200
     deadline = time.monotonic() + 20  # each worker writes its spend within a second
     while True:
-        [row] = http.get(gateway.admin_url + "/admin/spend", params={"group_by": "tenant"}).json()["data"]
+        [row] = gateway.admin.get("/admin/spend", params={"group_by": "tenant"}).json()["data"]
         if row["cost_nanos"] >= 1_000_000 or time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -278,4 +289,5 @@ def run_serve(config: dict, tmp_path: Path) -> subprocess.CompletedProcess:
     path = tmp_path / "portcullis.yaml"
     path.write_text(yaml.safe_dump(config))
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, STATE_ENV: str(tmp_path / "state")}
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)

@@ -124,7 +124,7 @@ def test_a_refused_body_names_the_field_without_echoing_it():
 
 @pytest.fixture(scope="module")
 def admin_routes() -> list[tuple[str, str]]:
-    app = build_admin_app(Gateway(load_config(None)))
+    app = build_admin_app(Gateway(load_config(None)), token="unit-test-token")
     return [
         (route.path, method.lower())
         for route in app.routes  # type: ignore[attr-defined]

@@ -37,6 +37,9 @@ def test_path_comes_from_environment(monkeypatch, tmp_path):
         ("redis: {url: 'localhost:6379'}\n", "redis.url", "redis://"),
         ("redis: {url: 'redis://cache:99999'}\n", "redis.url", "Port out of range"),
         ("redis: {url: 'redis://cache?socket_timeout=soon'}\n", "redis.url", "socket_timeout"),
+        ("admin: {host: '::'}\n", "admin", "admin.token_env is not set"),
+        ("admin: {host: admin.internal, token_file: /t}\n", "admin", "admin.token_env is not set"),
+        ("admin: {token_env: T, token_file: /t}\n", "admin", "set one of them"),
         (
             "pools:\n  - {name: a, replicas: [{url: 'http://x'}]}\n  - {name: a, replicas: [{url: 'http://y'}]}\n",
             "pools",

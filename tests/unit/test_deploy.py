@@ -720,4 +720,5 @@ def test_every_deploy_yaml_parses():
 def _env_vars_named(config: GatewayConfig) -> set[str]:
     names = {pool.api_key_env for pool in config.pools} | {key.key_env for key in config.auth.keys}
     names.add(config.telemetry.otlp.headers_env)
+    names.add(config.admin.token_env)
     return {n for n in names if n}
