@@ -3,12 +3,12 @@
 What these answer (tenant names, the policy directory, the last reload error, replica URLs, every metric) helps
 an attacker map the deployment, so none of it is served on the public port: `ByListener` sends each connection to
 the app of the listener it arrived on, and the public app has no admin routes at all. The admin listener binds
-loopback by default, and every request on it needs `Authorization: Bearer <admin token>` (gateway/admin_token.py).
+loopback by default, and every request on it passes `AdminGuard` (gateway/admin_guard.py) first: a Host naming the
+listener, no foreign Origin, a JSON body type for changes, and the admin token (gateway/admin_token.py).
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import sqlite3
 from collections.abc import Awaitable, Callable
@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 from prometheus_client import CONTENT_TYPE_LATEST
 from redis.exceptions import RedisError
 from starlette.applications import Starlette
-from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -27,6 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.admin_api.keys import KeysApi
 from gateway.admin_api.openapi import openapi_document
 from gateway.admin_api.spend import spend_route
+from gateway.admin_guard import AdminGuard
 from gateway.audit import AuditLog
 from gateway.errors import EXCEPTION_HANDLERS, GatewayError
 
@@ -52,28 +52,6 @@ class ByListener:
             await self.public(scope, receive, send)  # lifespan events too: the public app owns the gateway
 
 
-class RequireToken:
-    """Refuses admin requests without the configured bearer token (compared in constant time)."""
-
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {token}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        given = Headers(scope=scope).get("authorization", "").encode()
-        if scope["type"] == "http" and not hmac.compare_digest(given, self.expected):
-            error = GatewayError(
-                401,
-                "the admin plane needs its bearer token",
-                type="authentication_error",
-                code="invalid_admin_token",
-                headers={"www-authenticate": "Bearer"},
-            )
-            await error.response()(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-
 async def gateway_error(request: Request, exc: GatewayError) -> Response:
     """What an admin route refuses (a bad body, an unknown key), in the same OpenAI error shape."""
     return exc.response()
@@ -92,7 +70,7 @@ async def store_unavailable(request: Request, exc: Exception) -> Response:
 
 
 def build_admin_app(gateway: Gateway, token: str) -> Starlette:
-    """The admin plane's routes, behind the admin token `token`."""
+    """The admin plane's routes, behind `AdminGuard` with the admin token `token`."""
     keys = KeysApi(gateway, AuditLog(gateway.config.admin.audit_log))
     document = openapi_document()
 
@@ -154,7 +132,7 @@ def build_admin_app(gateway: Gateway, token: str) -> Starlette:
             Route("/admin/spend", spend_route(gateway), methods=["GET"]),
         ],
         exception_handlers=handlers,
-        middleware=[Middleware(RequireToken, token=token)],
+        middleware=[Middleware(AdminGuard, admin=gateway.config.admin, token=token)],
     )
     app.router.redirect_slashes = False  # a redirect would be built from the client's Host header
     return app

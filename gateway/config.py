@@ -29,6 +29,8 @@ from pydantic import (
 from gateway.tenancy.catalog import uncovered
 
 CONFIG_ENV = "PORTCULLIS_CONFIG"
+# a Host header's name, with a port or without: a DNS name, an IPv4 address or a bracketed IPv6 one
+_HOST_NAME = r"^([A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\])(:[0-9]{1,5})?$"
 
 
 class ConfigError(Exception):
@@ -681,11 +683,23 @@ class AdminConfig(_Strict):
             "unset: $XDG_STATE_HOME/portcullis/admin-token, else ~/.local/state/portcullis/admin-token"
         ),
     )
+    allowed_hosts: list[Annotated[str, Field(pattern=_HOST_NAME)]] = Field(
+        default_factory=list,
+        description=(
+            "Host header values the admin plane answers besides its own address (a DNS name a proxy forwards); "
+            "'name' matches on any port, 'name:port' on that port only"
+        ),
+    )
     max_connections: Annotated[int, Field(gt=0)] = 64
     audit_log: Path | None = Field(
         default=None,
         description="file the admin API appends one JSON line per action to; unset: the 'portcullis.audit' logger",
     )
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _lower_case(cls, hosts: list[str]) -> list[str]:
+        return [host.lower() for host in hosts]
 
     @model_validator(mode="after")
     def _token_beyond_loopback(self) -> AdminConfig:

@@ -162,6 +162,9 @@ class AdminClient:
             self.headers["authorization"] = f"Bearer {token}"
 
     def call(self, method: str, path: str, body: dict | None = None, params: dict | None = None) -> httpx.Response:
+        """One API call; a change always sends a JSON body (an empty object where it has none), as the API requires."""
+        if method != "GET" and body is None:
+            body = {}
         try:
             response = httpx.request(
                 method, self.url + path, json=body, params=params, headers=self.headers, timeout=TIMEOUT

@@ -1,5 +1,6 @@
 """The admin plane answers only on its own listener, and only to its operator: the public port says nothing about
-internals, and nothing on the admin listener answers without the admin token, though it binds loopback.
+internals, and a web page the operator opens (a cross-site request, a DNS-rebound name) can neither change nor read
+anything on the admin listener, though it binds loopback.
 
 The module's gateway runs as `portcullis serve` does by default: no `admin.token_env`, so it generated its admin
 token. The tests that only read, or make keys of a tenant of their own, share it; those that need a home directory,
@@ -7,6 +8,7 @@ a configured token or a stopped Redis start their own."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -87,7 +89,7 @@ def test_a_store_that_is_down_is_a_503_on_the_key_and_spend_routes(upstream, gat
     redis_server.kill()
     for answer in (
         gw.admin.post("/admin/keys", json={"tenant": "team-a"}, timeout=10),
-        gw.admin.post("/admin/keys/0123456789ab/revoke", timeout=10),  # not taken as a 404
+        gw.admin.post("/admin/keys/0123456789ab/revoke", json={}, timeout=10),  # not taken as a 404
         gw.admin.get("/admin/keys", timeout=10),
         gw.admin.get("/admin/spend", timeout=10),
     ):
@@ -128,7 +130,7 @@ def test_a_frozen_redis_costs_the_admin_plane_and_shutdown_only_redis_timeout(up
         redis_server.proc.send_signal(signal.SIGCONT)
 
 
-# -- the admin token -----------------------------------------------------------------------------------------------
+# -- what a web page can make the operator's browser send ----------------------------------------------------------
 
 
 def raw_request(gw: Process, method: str, path: str, headers: dict[str, str], body: bytes = b"") -> Answer:
@@ -151,6 +153,71 @@ def keys_of(gw: Process, tenant: str) -> list[dict]:
     return gw.admin.get("/admin/keys", params={"tenant": tenant}).json()["data"]
 
 
+def test_a_cross_site_post_as_found_creates_no_key(gw):
+    """The request an attacker's page sent through the operator's browser: a 'simple' POST (text/plain, so no CORS
+    preflight), on a DNS-rebound name, from a foreign origin, without the token. Before, it answered 201 with a
+    secret."""
+    answer = raw_request(
+        gw,
+        "POST",
+        "/admin/keys",
+        {
+            "host": f"evil.example:{urlsplit(gw.admin_url).port}",
+            "origin": "http://evil.example",
+            "content-type": "text/plain",
+        },
+        json.dumps({"tenant": "csrf-as-found"}).encode(),
+    )
+    assert answer.status in (403, 415, 421), answer.body
+    assert b"secret" not in answer.body
+    assert keys_of(gw, "csrf-as-found") == []
+
+
+def test_a_text_plain_post_is_refused_with_415_even_with_the_token(gw):
+    """A form or a text/plain fetch needs no preflight; the admin API takes only JSON for a change."""
+    headers = {"host": own_host(gw), "authorization": f"Bearer {gw.admin_token}"}
+    body = json.dumps({"tenant": "csrf-text-plain"}).encode()
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        answer = raw_request(gw, "POST", "/admin/keys", {**headers, "content-type": content_type}, body)
+        assert answer.status == 415, (content_type, answer.body)
+        assert answer.error()["code"] == "unsupported_media_type"
+    assert raw_request(gw, "POST", "/admin/keys/abcdef123456/revoke", headers).status == 415  # no body, no type
+    assert keys_of(gw, "csrf-text-plain") == []
+    made = raw_request(gw, "POST", "/admin/keys", {**headers, "content-type": "application/json; charset=utf-8"}, body)
+    assert made.status == 201, made.body  # the same request as JSON is served
+
+
+def test_a_host_that_does_not_name_the_admin_listener_is_refused(gw):
+    """A DNS-rebound name reaches the listener with the attacker's name in Host; the listener's own names pass."""
+    port = urlsplit(gw.admin_url).port
+    token = {"authorization": f"Bearer {gw.admin_token}"}
+    for host in (
+        f"evil.example:{port}",
+        "evil.example",
+        "127.0.0.1",
+        f"127.0.0.1:{port + 1}",
+        f"localhost.evil:{port}",
+    ):
+        answer = raw_request(gw, "GET", "/admin/keys", {**token, "host": host})
+        assert answer.status == 421, (host, answer.body)
+        assert answer.error()["code"] == "admin_host_not_allowed" and "admin.allowed_hosts" in answer.error()["message"]
+    assert raw_request(gw, "GET", "/admin/keys", token).status == 421  # no Host at all
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}"):
+        assert raw_request(gw, "GET", "/admin/keys", {**token, "host": host}).status == 200, host
+
+
+def test_a_foreign_origin_is_refused_and_the_listeners_own_is_not(gw):
+    headers = {"host": own_host(gw), "authorization": f"Bearer {gw.admin_token}", "content-type": "application/json"}
+    body = json.dumps({"tenant": "csrf-origin"}).encode()
+    for origin in ("http://evil.example", "null", f"http://{own_host(gw)}.evil.example", "http://127.0.0.1:1"):
+        answer = raw_request(gw, "POST", "/admin/keys", {**headers, "origin": origin}, body)
+        assert answer.status == 403, (origin, answer.body)
+        assert answer.error()["code"] == "admin_origin_not_allowed"
+    assert raw_request(gw, "GET", "/metrics", {**headers, "origin": "http://evil.example"}).status == 403
+    assert keys_of(gw, "csrf-origin") == []
+    assert raw_request(gw, "POST", "/admin/keys", {**headers, "origin": f"http://{own_host(gw)}"}, body).status == 201
+
+
 def test_every_admin_route_needs_the_token_by_default(gw):
     """No admin.token_env: the gateway generated a token, and nothing on the admin listener answers without it."""
     for path in ("/metrics", "/readyz", "/healthz", "/admin/policy", "/admin/keys", "/admin/spend"):
@@ -163,6 +230,17 @@ def test_every_admin_route_needs_the_token_by_default(gw):
     assert refused.status == 401 and keys_of(gw, "no-token") == []
     wrong = raw_request(gw, "GET", "/metrics", {"host": own_host(gw), "authorization": "Bearer " + "x" * 43})
     assert wrong.status == 401
+
+
+def test_a_prometheus_scrape_with_the_token_is_served(gw):
+    """What Prometheus sends: a GET with the bearer token, its Host the target's address, no Origin."""
+    scrape = raw_request(
+        gw,
+        "GET",
+        "/metrics",
+        {"host": own_host(gw), "authorization": f"Bearer {gw.admin_token}", "accept": "text/plain;version=0.0.4"},
+    )
+    assert scrape.status == 200 and b"portcullis_requests_total" in scrape.body
 
 
 # -- the generated token -------------------------------------------------------------------------------------------

@@ -132,12 +132,12 @@ def test_a_revoked_key_is_refused_stays_listed_and_revoking_again_changes_nothin
     with admin(gw) as client:
         key = create(client, "revoked")
         eventually(lambda: chat(gw, key["secret"]) == "ok")
-        revoked = client.post(f"/admin/keys/{key['id']}/revoke")
+        revoked = client.post(f"/admin/keys/{key['id']}/revoke", json={})
         assert revoked.status_code == 200 and revoked.json()["revoked_at"] is not None
         eventually(lambda: chat(gw, key["secret"]) != "ok")
         assert chat(gw, key["secret"]) == "invalid_api_key"
         lines = len(audit_lines(audit_path))
-        again = client.post(f"/admin/keys/{key['id']}/revoke")
+        again = client.post(f"/admin/keys/{key['id']}/revoke", json={})
         assert again.status_code == 200 and again.json()["revoked_at"] == revoked.json()["revoked_at"]
         assert len(audit_lines(audit_path)) == lines
         assert [k["id"] for k in listed(client, tenant="revoked")] == [key["id"]]
@@ -165,14 +165,15 @@ def test_bad_requests_are_4xx_in_the_openai_shape_and_not_audited(gw, audit_path
         for path in ("/admin/keys/abcdef123456", "/admin/keys/NOT-AN-ID", "/admin/keys/" + "a" * 5000):
             missing = client.get(path)
             assert missing.status_code == 404 and missing.json()["error"]["code"] == "key_not_found", path
-        assert client.post("/admin/keys/abcdef123456/revoke").status_code == 404
+        assert client.post("/admin/keys/abcdef123456/revoke", json={}).status_code == 404
         empty = client.post("/admin/keys", json={"tenant": ""})
         assert empty.status_code == 400 and empty.json()["error"]["param"] == "tenant"
         chosen_id = client.post("/admin/keys", json={"tenant": "acme", "id": "abcdef123456"})
         assert chosen_id.status_code == 400 and chosen_id.json()["error"]["param"] == "id"
         nested = client.patch(f"/admin/keys/{key['id']}", json={"budget": {"limit": -1}})
         assert nested.status_code == 400 and nested.json()["error"]["param"] == "budget.limit"
-        assert client.post("/admin/keys", content=b"{not json").json()["error"]["code"] == "invalid_json"
+        malformed = client.post("/admin/keys", content=b"{not json", headers={"content-type": "application/json"})
+        assert malformed.json()["error"]["code"] == "invalid_json"
         assert client.post("/admin/keys", json=["tenant"]).status_code == 400
         huge = client.post("/admin/keys", json={"tenant": "acme", "label": "x" * 70_000})
         assert huge.status_code == 413 and huge.json()["error"]["code"] == "request_too_large"
@@ -198,7 +199,7 @@ def test_each_change_is_audited_with_before_and_after_and_no_secret(gw, audit_pa
         key = created.json()
         client.patch(f"/admin/keys/{key['id']}", json={"label": "renamed"})
         rotated = client.post(f"/admin/keys/{key['id']}/rotate", json={"grace": 60}).json()
-        client.post(f"/admin/keys/{key['id']}/revoke")
+        client.post(f"/admin/keys/{key['id']}/revoke", json={})
     lines = audit_lines(audit_path)[earlier:]  # what this test's changes wrote
     assert [line["action"] for line in lines] == ["create", "update", "rotate", "revoke"]
     assert lines[0]["request_id"] == created.headers["x-request-id"]

@@ -97,7 +97,7 @@ def test_instances_sharing_redis_see_a_key_and_its_revocation_within_a_second(
         )
         assert reply.choices[0].message.content
 
-    revoked = one.admin.post(f"/admin/keys/{created['id']}/revoke")  # through one: the other refuses it
+    revoked = one.admin.post(f"/admin/keys/{created['id']}/revoke", json={})  # through one: the other refuses it
     assert revoked.status_code == 200 and revoked.json()["revoked_at"]
     with pytest.raises(openai.AuthenticationError) as refused:  # the instance that revoked it, at once: no poll wait
         openai_client(one, secret).chat.completions.create(
@@ -121,7 +121,7 @@ def test_an_instance_cut_off_from_redis_refuses_stored_keys_past_max_key_stalene
         created = one.admin.post("/admin/keys", json={"tenant": "team-cut-off"}).json()
         until_status(two, created["secret"], 200)
         partition.cut()
-        assert one.admin.post(f"/admin/keys/{created['id']}/revoke").status_code == 200
+        assert one.admin.post(f"/admin/keys/{created['id']}/revoke", json={}).status_code == 200
 
         until_status(two, created["secret"], 503)
         refused = chat(two, created["secret"])

@@ -40,6 +40,7 @@ def test_path_comes_from_environment(monkeypatch, tmp_path):
         ("admin: {host: '::'}\n", "admin", "admin.token_env is not set"),
         ("admin: {host: admin.internal, token_file: /t}\n", "admin", "admin.token_env is not set"),
         ("admin: {token_env: T, token_file: /t}\n", "admin", "set one of them"),
+        ("admin: {allowed_hosts: ['ops.example/x']}\n", "admin.allowed_hosts[0]", "should match pattern"),
         (
             "pools:\n  - {name: a, replicas: [{url: 'http://x'}]}\n  - {name: a, replicas: [{url: 'http://y'}]}\n",
             "pools",
