@@ -314,24 +314,40 @@ def test_portcullis_keys_finds_the_generated_token_by_itself(upstream, launcher,
 # -- binding beyond loopback ---------------------------------------------------------------------------------------
 
 
-def test_binding_the_admin_listener_beyond_loopback_without_token_env_refuses_to_start(upstream, tmp_path):
-    config = {
+def serve_refused(config: dict, tmp_path: Path) -> tuple[Path, str]:
+    """Runs `portcullis serve` with `config` (ports and store filled in), which must refuse to start with status 2;
+    returns the config file's path and what it printed."""
+    full = {
         "listen": {"host": "127.0.0.1", "port": free_port()},
-        "admin": {"host": "0.0.0.0", "port": free_port()},
-        "pools": [pool("main", upstream.url)],
         "store": {"sqlite_path": str(tmp_path / "portcullis.db")},
+        **config,
+        "admin": {"port": free_port(), **config.get("admin", {})},
     }
     path = tmp_path / "portcullis.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(full))
     done = subprocess.run(
         [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
         cwd=ROOT,
         env={**os.environ, STATE_ENV: str(tmp_path / "state")},
         capture_output=True,
         text=True,
-        timeout=60,  # a gateway that starts runs until then: the refusal comes at once, at its config's check
+        timeout=60,  # a gateway that starts runs until then: the refusal comes at once
     )
     assert done.returncode == 2, done.stderr
-    assert f"{path}: admin:" in done.stderr and "admin.host '0.0.0.0'" in done.stderr
-    assert "admin.token_env" in done.stderr and "one machine's operator" in done.stderr
+    return path, done.stderr
+
+
+def test_binding_the_admin_listener_beyond_loopback_without_token_env_refuses_to_start(upstream, tmp_path):
+    path, said = serve_refused({"admin": {"host": "0.0.0.0"}, "pools": [pool("main", upstream.url)]}, tmp_path)
+    assert f"{path}: admin:" in said and "admin.host '0.0.0.0'" in said
+    assert "admin.token_env" in said and "one machine's operator" in said
     assert not (tmp_path / "state").exists(), "no token was generated for it"
+
+
+def test_a_token_file_others_may_read_refuses_the_start(upstream, tmp_path):
+    token_file = tmp_path / "admin-token"
+    token_file.write_text("a-token-someone-else-may-have-read\n")
+    token_file.chmod(0o644)
+    _, said = serve_refused({"admin": {"token_file": str(token_file)}, "pools": [pool("main", upstream.url)]}, tmp_path)
+    assert f"admin.token_file: {token_file} may be read or written by others (mode 0644)" in said
+    assert f"chmod 600 {token_file}" in said
