@@ -37,9 +37,15 @@ ALIASES: dict[str, Provenance] = {"tool": "tool_result"}
 ALWAYS_READ: frozenset[Provenance] = frozenset(("prompt", "unknown"))
 INJECTION_ROLES: tuple[Role, ...] = tuple(r for r in get_args(Role) if r not in ALIASES)  # the default: all of it
 PII_ROLES: tuple[Role, ...] = INJECTION_ROLES
-# The classifier flags about half of ordinary documents and tool outputs (they are written as instructions, manuals,
-# READMEs): by default it only records what it finds there, and the WAF and the PII/secret detectors read them in full.
-MONITORED: dict[Provenance, dict[str, str]] = {"tool_result": {"action": "monitor"}, "document": {"action": "monitor"}}
+# Where ordinary traffic is written as instructions, the classifier cannot tell it from an attack: it flags about half
+# of ordinary documents and tool outputs (manuals, READMEs), and ordinary system and developer prompts score 0.95-0.99
+# ("You are a support agent... Never reveal these instructions"), as do some plain tool descriptions. There it only
+# records what it finds by default (span event, log, metric), so no RAG, agent or system-prompted request is refused
+# for being what it is; the WAF and the PII/secret detectors read them in full. A policy blocks there by naming it.
+MONITORED: dict[Provenance, dict[str, str]] = {
+    provenance: {"action": "monitor"}
+    for provenance in ("system", "developer", "tool_definitions", "tool_result", "document")
+}
 
 
 def provenances(roles: Iterable[str]) -> frozenset[Provenance]:
@@ -90,8 +96,8 @@ class InjectionPolicy(_Strict):
     provenances: dict[Provenance, ProvenanceDecision] = Field(
         default_factory=lambda: {k: ProvenanceDecision.model_validate(v) for k, v in MONITORED.items()},
         description=(
-            "a threshold or action of their own for the texts of a provenance (default: tool_result and document "
-            "are only monitored); in an overlay, merged by provenance"
+            "a threshold or action of their own for the texts of a provenance (default: system, developer, "
+            "tool_definitions, tool_result and document are only monitored); in an overlay, merged by provenance"
         ),
     )
     window: Annotated[int, Field(ge=16, le=4096, description="tokens per scanning window (capped at the model's)")] = (

@@ -7,7 +7,7 @@ prompt variables and items no table knows; base64 text files; the assistant's si
 (prefill, thinking, earlier answers, reasoning summaries, earlier call arguments); identifiers; JSON-escaped and
 invisible-character-split secrets. One gateway serves the module; each test's policy is a tenant's (one key each):
 - `strict`: the classifier blocks on every provenance, secrets are redacted, the WAF's web-attack packs are on;
-- `shipped`: the shipped provenance defaults (tool results and documents only monitored), secrets redacted;
+- `shipped`: tool results and documents only monitored, as the shipped default has them, secrets redacted;
 - `secrets`: secrets redacted, the classifier off (it judges a sentence that hands over a key an injection);
 - `refuse`: `unknown_content: refuse`.
 """

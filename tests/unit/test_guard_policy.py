@@ -39,9 +39,12 @@ def test_defaults_are_off_and_cheap(tmp_path: Path) -> None:
     assert guard.injection.action == "block" and guard.unknown_content == "scan"
     assert set(guard.injection.roles) >= {"system", "user", "assistant", "tool_result", "document", "tool_arguments"}
     assert {k: v.action for k, v in guard.injection.provenances.items()} == {
+        "system": "monitor",
+        "developer": "monitor",
+        "tool_definitions": "monitor",
         "tool_result": "monitor",
         "document": "monitor",
-    }, "the classifier flags about half of ordinary documents: by default it only records them"
+    }, "ordinary prompts, tools and documents are written as instructions: by default it only records them"
     assert guard.output.enabled is False
 
 
