@@ -67,11 +67,11 @@ def test_int8_engine_tracks_float32_on_every_kernel_path(int8_engine, engine):
     So int8 is held to float32 where both read the same text, within bounds chosen from the figures measured on
     onnxruntime's AVX2 and AVX-512 VNNI paths (docs/benchmarks.md, int8 drift): about twice the worse path's."""
     drift = int8_drift.measure(int8_engine, engine)
-    assert drift.max_logprob_error < 1.4, drift  # measured on AVX-512 VNNI: 0.69
-    assert drift.p95_logprob_error < 0.8, drift  # 0.40
-    assert drift.top1_agreement >= 0.93, drift  # 0.970
+    assert drift.max_logprob_error < 2.0, drift  # measured on AVX-512 VNNI: 0.69; on AVX2: 0.99
+    assert drift.p95_logprob_error < 0.8, drift  # 0.40; 0.37
+    assert drift.top1_agreement >= 0.93, drift  # 0.970; 0.974
     # Where float32 is sure of its next token, int8 never picks another: its answers stay float32's.
-    assert drift.largest_lead_overturned < 1.0, drift  # 0.22
+    assert drift.largest_lead_overturned < 1.0, drift  # 0.22; 0.26
     # ...and it is no float32 engine in disguise: int8 rounding shows.
     assert drift.max_logprob_error > 1e-3, drift
 
