@@ -326,7 +326,7 @@ def _pair(item: str, option: str) -> tuple[str, str]:
 
 
 def _count(rule: str, text: str) -> int:
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise CliError(f"--limit {rule}: not a whole number: {text!r}")
     return int(text)
 

@@ -732,7 +732,9 @@ def _upstream_error(status: int, content: bytes, retry_after: str | None = None)
             type=_text(error.get("type")) or "upstream_error",
             code=_text(error.get("code")),
             param=_text(error.get("param")),
-            headers={"retry-after": retry_after} if retry_after and retry_after.isdigit() else None,
+            headers={"retry-after": retry_after}
+            if retry_after and retry_after.isascii() and retry_after.isdigit()
+            else None,
         )
     return GatewayError(
         502,

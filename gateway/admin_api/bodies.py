@@ -25,7 +25,7 @@ Model = TypeVar("Model", bound=BaseModel)
 async def read_object(request: Request) -> dict:
     """The body as a JSON object (an empty body is `{}`); 413 past MAX_BODY_BYTES, 400 if not a JSON object."""
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+    if declared.isascii() and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise _too_large()
     body = bytearray()
     async for chunk in request.stream():

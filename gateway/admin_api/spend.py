@@ -155,7 +155,7 @@ def _time(text: str, param: str, end: bool) -> datetime:
     if len(text) > MAX_TIME_CHARS:
         raise invalid_request(problem, param=param)
     try:
-        if text.isdigit():
+        if text.isascii() and text.isdigit():
             return datetime.fromtimestamp(int(text), UTC)
         if len(text) == 10:
             day = date.fromisoformat(text)

@@ -661,7 +661,7 @@ class ChatStreamToMessages:
 
     def _upstream_error(self, error: dict[str, Any]) -> bytes:
         code = str(error.get("code") or "")
-        status = int(code) if code.isdigit() else 500
+        status = int(code) if code.isascii() and code.isdigit() else 500
         return self.error(anthropic_error_type(status), str(error.get("message") or "upstream error"))
 
     def _start(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:

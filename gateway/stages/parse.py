@@ -55,7 +55,7 @@ class ParseStage:
         long as its body lasts."""
         request = ctx.request
         length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+        if length is not None and length.isascii() and length.isdigit() and int(length) > self.max_body_bytes:
             raise _too_large(self.max_body_bytes)
         idle, whole = self.limits.body_idle_timeout, self.limits.body_timeout
         loop = asyncio.get_running_loop()

@@ -171,7 +171,7 @@ class ObjectPassthrough:
 def _limit(value: str | None, collection: Collection) -> int:
     if value is None:
         return collection.default_limit
-    if not value.isdigit() or not 1 <= int(value) <= collection.max_limit:
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= collection.max_limit:
         raise invalid_request(
             f"'limit' must be an integer from 1 to {collection.max_limit}", param="limit", code="invalid_limit"
         )

@@ -128,6 +128,15 @@ def test_a_file_list_holds_only_the_tenants_own_and_pages_through_them(gw, fake)
     assert outside not in [f.id for f in client(gw, "dan").files.list()]
 
 
+def test_a_list_limit_of_other_digits_is_a_400(gw, fake) -> None:
+    """`"²".isdigit()` holds but `int("²")` raises: such a limit is a bad value, never a 500."""
+    for limit in ("²", "١٠", "0", "10001"):
+        response = httpx.get(
+            gw.url + "/v1/files", params={"limit": limit}, headers={"authorization": f"Bearer {KEYS['cat']}"}
+        )
+        assert response.status_code == 400 and response.json()["error"]["param"] == "limit", (limit, response.text)
+
+
 def test_a_list_cursor_must_be_the_tenants_own(gw, fake) -> None:
     anns = upload(gw, "ann")
     refused(lambda: client(gw, "eve").files.list(after=anns), fake, "file_not_found")

@@ -514,6 +514,14 @@ def test_an_upstream_error_chunk_ends_the_stream_with_an_error_event():
     assert translator.finish() == [] and translator.feed(vllm_chunk({"content": "late"})) == []
 
 
+def test_an_upstream_error_code_of_other_digits_is_no_status():
+    """`"²".isdigit()` holds but `int("²")` raises: an upstream's code of such digits is no HTTP status, not a crash."""
+    for code in ("²", "٣", "5০0"):
+        [event] = ChatStreamToMessages("m").feed({"error": {"message": "boom", "code": code}})
+        [(name, data)] = sse_data(event)
+        assert name == "error" and data["error"] == {"type": "api_error", "message": "boom"}
+
+
 def test_error_event_is_the_documented_one():
     [(name, data)] = sse_data(ChatStreamToMessages("m").error("overloaded_error", "Overloaded"))
     [(reference_name, reference_data)] = sse_data((REFERENCE / "anthropic_stream_error.sse").read_bytes())
