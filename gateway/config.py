@@ -26,11 +26,16 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.apis.model_name import MODEL_NAME_PATTERN
 from gateway.tenancy.catalog import uncovered
 
 CONFIG_ENV = "PORTCULLIS_CONFIG"
 # a Host header's name, with a port or without: a DNS name, an IPv4 address or a bracketed IPv6 one
 _HOST_NAME = r"^([A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\])(:[0-9]{1,5})?$"
+
+
+# A model as a config names it: as a request may (gateway/apis/model_name.py), since it travels the same ways.
+ModelName = Annotated[str, Field(pattern=MODEL_NAME_PATTERN)]
 
 
 class ConfigError(Exception):
@@ -359,7 +364,7 @@ class PoolConfig(_Strict):
 
     name: str
     replicas: Annotated[list[ReplicaConfig], Field(min_length=1)]
-    models: list[str] = Field(default_factory=list, description="models routed here; empty means any")
+    models: list[ModelName] = Field(default_factory=list, description="models routed here; empty means any")
     routing: Literal["round_robin", "least_outstanding", "least_load", "prefix_affinity", "kv_events"] = (
         "least_outstanding"
     )
@@ -605,7 +610,7 @@ class RedisConfig(_Strict):
 class ModelConfig(_Strict):
     """What the gateway must know of a model to count its tokens and bound its requests."""
 
-    name: str
+    name: ModelName
     tokenizer: str | None = Field(
         default=None,
         description=(
@@ -760,7 +765,7 @@ class FallbackTarget(_Strict):
     """Where a failed request goes next: another model (served by whichever pool serves it), or the same model on
     another pool."""
 
-    model: str | None = None
+    model: ModelName | None = None
     pool: str | None = None
 
     @model_validator(mode="after")
@@ -773,7 +778,7 @@ class FallbackTarget(_Strict):
 class FallbackConfig(_Strict):
     """For requests naming `model`: the targets to try in order when its pool fails before the client got a byte."""
 
-    model: str
+    model: ModelName
     to: Annotated[list[FallbackTarget], Field(min_length=1, max_length=8)]
     on: Annotated[list[FallbackTrigger], Field(min_length=1)] = Field(default_factory=lambda: list(_ALL_TRIGGERS))
     cooldown: Annotated[

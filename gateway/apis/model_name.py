@@ -14,6 +14,8 @@ breaks the response, and a name beyond Latin-1 cannot be written in a header at 
 served and charged the request. Spaces are refused too: one at either end is trimmed from a header, so the header would
 name another model. The header writer encodes whatever reaches it anyway (gateway/header_values.py: an operator's
 configured fallback name may be anything), so this rule is what clients are held to, not what keeps a header valid.
+The operator's config (gateway/config.py) names its models by the same rule, so every model a request can reach is
+one a client could have asked for by name.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import re
 from gateway.errors import invalid_request
 
 MAX_MODEL_CHARS = 256
+MODEL_NAME_PATTERN = rf"^[!-~]{{1,{MAX_MODEL_CHARS}}}$"  # the operator's config names models by the same rule
 _VISIBLE_ASCII = re.compile(r"[!-~]+")
 
 
