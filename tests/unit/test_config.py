@@ -44,7 +44,7 @@ def test_path_comes_from_environment(monkeypatch, tmp_path):
         # a model a config names is one a client could name (gateway/apis/model_name.py): visible ASCII, 256 at most
         ("pools:\n  - {name: a, replicas: [{url: 'http://x'}], models: [模型]}\n", "pools[0].models[0]", "pattern"),
         ("models: [{name: 'a model'}]\n", "models[0].name", "pattern"),
-        ("fallbacks: [{model: a, to: [{model: \"b\\x7f\"}]}]\n", "fallbacks[0].to[0].model", "pattern"),
+        ('fallbacks: [{model: a, to: [{model: "b\\x7f"}]}]\n', "fallbacks[0].to[0].model", "pattern"),
         (f"fallbacks: [{{model: {'m' * 257}, to: [{{pool: p}}]}}]\n", "fallbacks[0].model", "pattern"),
         (
             "pools:\n  - {name: a, replicas: [{url: 'http://x'}]}\n  - {name: a, replicas: [{url: 'http://y'}]}\n",
