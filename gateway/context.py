@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from opentelemetry.trace import Span
 from starlette.requests import Request
@@ -59,6 +59,17 @@ class Usage:
     cached_tokens: int | None = None
     finish_reasons: list[str] = field(default_factory=list)
     generated: bool = False  # output (text, content, a tool call) came back: completion tokens were spent
+
+
+class Demand(NamedTuple):
+    """What one attempt asks of the model it goes to: the prompt as that model's tokenizer counts it (and its ids,
+    when they are exactly the upstream's), and the most it may generate within that model's context window. Limits
+    reserve it and budgets price it at that model."""
+
+    model: str
+    prompt_tokens: int
+    prompt_token_ids: list[int] | None
+    max_tokens: int
 
 
 @dataclass(slots=True)

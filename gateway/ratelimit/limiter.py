@@ -1,8 +1,11 @@
-"""One decision for every limit and budget that applies to a request, and its settlement when the response ends.
+"""One decision for every limit and budget that applies to a request sent to one model, and its settlement when the
+response ends.
 
-Tokens are reserved up front (prompt + the output budget the tokenize stage settled on: max_tokens x n) and
-reconciled when the request ends (`gateway/spend/charge.py`); so is a budget's spend (gateway/spend/budgets.py). A
-backend decides all of a request's limits and budgets at once and consumes nothing when any of them denies.
+Tokens are reserved up front (prompt + the output budget the tokenize stage settled on: max_tokens x n, both as the
+attempt's model counts them) and reconciled when the request ends (`gateway/spend/charge.py`); so is a budget's spend
+(gateway/spend/budgets.py), reserved at the attempt's model's price. A backend decides all of a request's limits and
+budgets at once and consumes nothing when any of them denies. An attempt that fails before its upstream served
+anything gives its grant back (`release`) before the next attempt is decided on its own model.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 
-from gateway.context import RequestContext
+from gateway.context import Demand, RequestContext
 from gateway.errors import GatewayError
 from gateway.policy.model import PriceTable, RateLimitRule, TokenRate
 from gateway.ratelimit.checks import Backend, BudgetCheck, Check, RateCheck, Settlement, SlotCheck
@@ -25,11 +28,12 @@ from gateway.ratelimit.headers import rate_limit_headers
 from gateway.ratelimit.memory import MemoryBackend
 from gateway.spend import budgets
 from gateway.spend.budgets import AppliedBudget, SoftThresholds
-from gateway.spend.charge import charge, charged_tokens
+from gateway.spend.charge import Charge, charge, charged_tokens
 from gateway.spend.leases import BudgetLeases, Lease
 from gateway.telemetry import Metrics, cached_labels
 
 KEY_PREFIX = "portcullis:rl:"
+NOTHING_SERVED = Charge(0, 0, 0, 0, 0)  # what an attempt that failed before its upstream served anything is charged
 
 
 @dataclass(slots=True)
@@ -73,23 +77,25 @@ class RateLimiter:
     async def admit(
         self,
         ctx: RequestContext,
+        demand: Demand,
         rules: Sequence[RateLimitRule],
         applied: Sequence[AppliedBudget] = (),
         prices: PriceTable | None = None,
     ) -> Grant:
-        """Decide all rules and budgets in one round trip; raise 429 if any denies."""
-        checks: list[Check] = [_check(rule, ctx) for rule in rules] if rules else []
+        """Decide all rules and budgets for the request sent to `demand.model`, in one round trip; raise 429 if any
+        denies."""
+        checks: list[Check] = [_check(rule, ctx, demand) for rule in rules] if rules else []
         for rule, check in zip(rules, checks):
             if isinstance(check, RateCheck) and check.cost * check.interval - check.tolerance > EPSILON:
                 raise _too_large(rule, check)  # before any counter is touched: no wait would let it fit
         local = self._local
         if applied and (not rules or local is not None):  # no round trip that decides the budgets with the limits
             assert prices is not None  # budgets are priced
-            return await self._admit_on_slices(ctx, rules, checks, applied, prices, local)
+            return await self._admit_on_slices(demand, rules, checks, applied, prices, local)
         reserved: list[BudgetCheck] = []
         if applied:
             assert prices is not None
-            reserved = budgets.checks(applied, ctx, prices)
+            reserved = budgets.checks(applied, demand, ctx.request_id, prices)
             checks += reserved
         backend: Backend
         if local is not None:
@@ -106,7 +112,7 @@ class RateLimiter:
 
     async def _admit_on_slices(
         self,
-        ctx: RequestContext,
+        demand: Demand,
         rules: Sequence[RateLimitRule],
         checks: list[Check],
         applied: Sequence[AppliedBudget],
@@ -116,7 +122,7 @@ class RateLimiter:
         """Budgets reserved on this process's slices of them (gateway/spend/leases.py), so most requests do not wait
         for the store: where they are the request's only limits, or where its limits are kept in this process
         (`local`), which decides them in the same event-loop step as the slices' reservation: all or none."""
-        cost = budgets.reservation(ctx, prices)
+        cost = budgets.reservation(demand, prices)
         now = time.time()
         keys = []
         for budget in applied:
@@ -207,45 +213,52 @@ class RateLimiter:
             raise budgets.exceeded(*exceeded, currency, headers)
 
     def settle(self, grant: Grant, ctx: RequestContext) -> None:
-        """Reconcile token and spend reservations with what the request cost, and free concurrency slots."""
-        if grant.leases:  # budgets on slices: the reservation is replaced by the cost on them (they go back whole)
-            assert grant.prices is not None
-            self._leases.settle(grant.leases, charge(ctx, grant.prices).cost_nanos - grant.reserved)
-            if not grant.decided:
-                return
-        grant.backend.settle(self._settlement(grant, ctx))
-
-    def _settlement(self, grant: Grant, ctx: RequestContext) -> Settlement:
-        spend: tuple[tuple[BudgetCheck, int], ...] = ()
+        """Reconcile token and spend reservations with what the request cost (at the price of the model that served
+        it, the one they were reserved for), and free concurrency slots."""
         if grant.prices is not None:  # budgets: tokens as they were charged
-            charged_cost = charge(ctx, grant.prices)
-            spend = tuple(zip(grant.budgets, repeat(charged_cost.cost_nanos)))
-            if not grant.decided:  # budgets alone: nothing else to settle
-                return Settlement((), (), spend)
-            prompt, completion = charged_cost.prompt, charged_cost.completion
+            self._settle(grant, charge(ctx, grant.prices))
         else:
             prompt, completion = charged_tokens(ctx)
+            self._settle(grant, Charge(prompt, 0, completion, 0, 0))
+
+    def release(self, grant: Grant) -> None:
+        """Give back what an attempt was granted that failed before its upstream served anything: it costs
+        nothing (token and spend reservations refunded whole) and frees its slots; requests counted stay counted."""
+        self._settle(grant, NOTHING_SERVED)
+
+    def _settle(self, grant: Grant, charged: Charge) -> None:
+        if grant.leases:  # budgets on slices: the reservation is replaced by the cost on them (they go back whole)
+            self._leases.settle(grant.leases, charged.cost_nanos - grant.reserved)
+            if not grant.decided:
+                return
+        grant.backend.settle(self._settlement(grant, charged))
+
+    def _settlement(self, grant: Grant, charged: Charge) -> Settlement:
+        spend = tuple(zip(grant.budgets, repeat(charged.cost_nanos))) if grant.prices is not None else ()
+        if grant.prices is not None and not grant.decided:  # budgets alone: nothing else to settle
+            return Settlement((), (), spend)
+        prompt, completion = charged.prompt, charged.completion
         adjustments, releases = [], []
         for rule, check, _ in grant.decided:
             if isinstance(check, SlotCheck):
                 releases.append(check)
             elif rule.tokens and isinstance(check, RateCheck):
-                charged = {"input": prompt, "output": completion, "total": prompt + completion}[rule.tokens.count]
-                if charged != check.cost:
-                    adjustments.append((check, charged - check.cost))
-                self._tokens_charged(rule.id).inc(charged)
+                tokens = {"input": prompt, "output": completion, "total": prompt + completion}[rule.tokens.count]
+                if tokens != check.cost:
+                    adjustments.append((check, tokens - check.cost))
+                self._tokens_charged(rule.id).inc(tokens)
         return Settlement(tuple(adjustments), tuple(releases), spend)
 
 
-def _check(rule: RateLimitRule, ctx: RequestContext) -> RateCheck | SlotCheck:
-    key = _counter_key(rule, ctx)
+def _check(rule: RateLimitRule, ctx: RequestContext, demand: Demand) -> RateCheck | SlotCheck:
+    key = _counter_key(rule, ctx, demand.model)
     limit = _limit_for(rule, ctx.key.limits if ctx.key is not None else None)
     if rule.requests:
         interval = rule.requests.per / limit
         return RateCheck(key, interval, interval * (rule.requests.burst or limit), 1)
     if rule.tokens:
         interval = rule.tokens.per / limit
-        return RateCheck(key, interval, interval * limit, _reservation(rule.tokens, ctx))
+        return RateCheck(key, interval, interval * limit, _reservation(rule.tokens, demand))
     assert rule.concurrency is not None
     return SlotCheck(key, limit, rule.concurrency.lease, ctx.request_id)
 
@@ -259,11 +272,14 @@ def _limit_for(rule: RateLimitRule, overrides: Mapping[str, int] | None) -> int:
     return window.limit
 
 
-_FIELDS = {"api_key": "key_id", "tenant": "tenant", "client_ip": "client_ip", "model": "model", "route": "route"}
+_FIELDS = {"api_key": "key_id", "tenant": "tenant", "client_ip": "client_ip", "route": "route"}
 
 
-def _counter_key(rule: RateLimitRule, ctx: RequestContext) -> str:
-    identity = "\x1f".join(f"{part}={getattr(ctx, _FIELDS[part]) or '-'}" for part in rule.key)
+def _counter_key(rule: RateLimitRule, ctx: RequestContext, model: str) -> str:
+    """The rule's counter for this caller and the model the attempt goes to."""
+    identity = "\x1f".join(
+        f"{part}={(model if part == 'model' else getattr(ctx, _FIELDS[part])) or '-'}" for part in rule.key
+    )
     return _key(rule.id, identity)
 
 
@@ -273,9 +289,9 @@ def _key(rule_id: str, identity: str) -> str:
     return f"{KEY_PREFIX}{{{rule_id}:{hashlib.sha256(identity.encode()).hexdigest()[:24]}}}"
 
 
-def _reservation(tokens: TokenRate, ctx: RequestContext) -> int:
-    """Prompt tokens as counted by the tokenize stage, plus the output budget it settled on."""
-    prompt, output = ctx.prompt_tokens or 0, ctx.max_tokens or 0
+def _reservation(tokens: TokenRate, demand: Demand) -> int:
+    """Prompt tokens as the attempt's model counts them, plus the output budget settled on for that model."""
+    prompt, output = demand.prompt_tokens, demand.max_tokens
     return {"input": prompt, "output": output, "total": prompt + output}[tokens.count]
 
 

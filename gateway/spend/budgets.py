@@ -1,10 +1,12 @@
 """Budgets: spend per tenant or key and period, reserved before a request and settled on what it cost.
 
 A request reserves what it may cost (its prompt at the input price, plus its whole output budget at the output
-price: the most it can cost) before it goes upstream, and its reservation is replaced by what it did cost when it
-ends. The store decides each reservation atomically against the spend of the period, so however many requests and
-instances race, the reservations admitted never sum past the limit, and the spend a period ends with is exactly the
-sum of its requests' settled costs. A period is a key of its own (`...:<period start>`): it starts from nothing.
+price: the most it can cost, at the price of the model the attempt goes to) before it goes upstream, and its
+reservation is replaced by what it did cost when it ends (or given back whole when that attempt fails before its
+upstream served anything). The store decides each reservation atomically against the spend of the period, so
+however many requests and instances race, the reservations admitted never sum past the limit, and the spend a
+period ends with is exactly the sum of its requests' settled costs. A period is a key of its own
+(`...:<period start>`): it starts from nothing.
 
 The store is Redis where there is one, else the SQLite file every process of the host shares
 (gateway/spend/sqlite_budgets.py); the rate limiter reserves on slices of a budget (gateway/spend/leases.py).
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from gateway.context import RequestContext
+from gateway.context import Demand, RequestContext
 from gateway.errors import GatewayError
 from gateway.policy.model import Budget, PriceTable
 from gateway.ratelimit.checks import BudgetCheck, new_budget_check
@@ -131,9 +133,10 @@ def window_seconds(text: str) -> int:
     return int(match.group(1)) * _UNIT[match.group(2)]
 
 
-def reservation(ctx: RequestContext, prices: PriceTable) -> int:
-    """The most the request can cost: its counted prompt, uncached, and its whole output budget."""
-    return prices.cost_nanos(ctx.model, ctx.prompt_tokens or 0, 0, ctx.max_tokens or 0)
+def reservation(demand: Demand, prices: PriceTable) -> int:
+    """The most the request can cost sent to `demand.model`: its prompt as that model counts it, uncached, and its
+    whole output budget, at that model's price."""
+    return prices.cost_nanos(demand.model, demand.prompt_tokens, 0, demand.max_tokens)
 
 
 def current(budget: AppliedBudget, now: float) -> PeriodCounter:
@@ -145,11 +148,11 @@ def current(budget: AppliedBudget, now: float) -> PeriodCounter:
     return counter
 
 
-def checks(applied: Sequence[AppliedBudget], ctx: RequestContext, prices: PriceTable) -> list[BudgetCheck]:
-    """Each budget's reservation of the most the request can cost, in the period that holds now, for a shared
-    store to decide."""
-    cost = reservation(ctx, prices)
-    now, member = time.time(), ctx.request_id
+def checks(applied: Sequence[AppliedBudget], demand: Demand, member: str, prices: PriceTable) -> list[BudgetCheck]:
+    """Each budget's reservation of the most the request (`member`) can cost sent to `demand.model`, in the period
+    that holds now, for a shared store to decide."""
+    cost = reservation(demand, prices)
+    now = time.time()
     reserved = []
     for budget in applied:
         counter = current(budget, now)

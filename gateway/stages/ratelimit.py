@@ -1,14 +1,17 @@
-"""Rate-limit stage: every policy limit and budget that applies to this request, decided at once; settled when it
-ends."""
+"""Rate limits and budgets: every policy limit and budget that applies to a request sent to one model, decided at
+once; settled when it ends, or given back when the attempt they were granted for fails.
+
+As a stage, it decides them for the request as it came: the model it names, the counts the tokenize stage left.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from gateway.context import RequestContext
+from gateway.context import Demand, RequestContext
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import RateLimitRule
-from gateway.ratelimit.limiter import RateLimiter
+from gateway.ratelimit.limiter import Grant, RateLimiter
 from gateway.spend import budgets
 
 
@@ -20,26 +23,50 @@ class RateLimitStage:
         self._limiter = limiter
 
     async def __call__(self, ctx: RequestContext) -> None:
+        """The request as it came: its limits for the model it names, if any."""
+        demand = Demand(ctx.model, ctx.prompt_tokens or 0, None, ctx.max_tokens or 0)
+        self.hold(ctx, await self.grant(ctx, demand))
+
+    async def grant(self, ctx: RequestContext, demand: Demand) -> Grant | None:
+        """The limits and budgets of the request sent to `demand.model`: the rules that match that model, counters
+        keyed on it, tokens reserved as it counts them, budgets reserved at its price. Raises 429 if any refuses;
+        None where none applies."""
         policies = self._policies()
         rules: Sequence[RateLimitRule] = policies.rate_limits_for(ctx.tenant)
         if rules:
-            rules = [r for r in rules if _applies(r, ctx)]
+            rules = [r for r in rules if _applies(r, ctx.route, demand.model)]
         applied = budgets.applicable(ctx, policies.budgets_for(ctx.tenant))
         if not rules and not applied:
-            return
+            return None
         span = ctx.span
         traced = span.is_recording()  # unsampled: skip building the attribute lists
         if traced:
             span.set_attribute("portcullis.ratelimit.limits", [r.id for r in rules])
             if applied:
                 span.set_attribute("portcullis.budgets", [b.id for b in applied])
-        grant = await self._limiter.admit(ctx, rules, applied, policies.base.spec.prices)
+        grant = await self._limiter.admit(ctx, demand, rules, applied, policies.base.spec.prices)
         if traced:
             span.set_attribute("portcullis.ratelimit.remaining", [o.remaining for _, _, o in grant.decided])
             span.set_attribute("portcullis.ratelimit.backend", grant.backend.name)
+        return grant
+
+    def hold(self, ctx: RequestContext, grant: Grant | None) -> None:
+        """The request holds `grant` until it ends (or its attempt fails); its answer says where it stands."""
         ctx.rate_limits = grant
-        if grant.headers:
+        if grant is not None and grant.headers:
             ctx.response_headers.update(grant.headers)
+
+    def release(self, ctx: RequestContext) -> None:
+        """Give back what the request holds for an attempt that failed before its upstream served anything: its
+        reservations cost nothing and its slots are free; the requests it counted stay counted (its upstream was
+        asked). Its answer no longer reports those limits."""
+        grant = ctx.rate_limits
+        if grant is None:
+            return
+        ctx.rate_limits = None
+        for name in grant.headers:
+            ctx.response_headers.pop(name, None)
+        self._limiter.release(grant)
 
     def settle(self, ctx: RequestContext) -> None:
         """Charge the request what it cost against its token and spend reservations, and free its slots."""
@@ -47,6 +74,6 @@ class RateLimitStage:
             self._limiter.settle(ctx.rate_limits, ctx)
 
 
-def _applies(rule: RateLimitRule, ctx: RequestContext) -> bool:
+def _applies(rule: RateLimitRule, route: str, model: str) -> bool:
     scope = rule.match
-    return (not scope.routes or ctx.route in scope.routes) and (not scope.models or ctx.model in scope.models)
+    return (not scope.routes or route in scope.routes) and (not scope.models or model in scope.models)

@@ -22,7 +22,7 @@ import time
 from opentelemetry import trace
 from starlette.requests import Request
 
-from gateway.context import RequestContext, Usage
+from gateway.context import Demand, RequestContext, Usage
 from gateway.policy.model import RateLimitRule
 from gateway.ratelimit.failover import CircuitBreaker, FailoverBackend
 from gateway.ratelimit.limiter import RateLimiter
@@ -49,7 +49,7 @@ def context(i: int) -> RequestContext:
 async def decide(limiter: RateLimiter, i: int) -> float:
     ctx = context(i)
     started = time.perf_counter()
-    grant = await limiter.admit(ctx, RULES)
+    grant = await limiter.admit(ctx, Demand(ctx.model, 0, None, 0), RULES)
     limiter.settle(grant, ctx)
     return time.perf_counter() - started
 
