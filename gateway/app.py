@@ -34,7 +34,7 @@ from gateway.client_ip import client_ip
 from gateway.config import ConfigError, GatewayConfig
 from gateway.context import RequestContext
 from gateway.errors import EXCEPTION_HANDLERS, GatewayError, internal_error
-from gateway.fallbacks import ContextWindowFallback, Fallbacks
+from gateway.fallbacks import Fallbacks
 from gateway.guard.runtime import Guard
 from gateway.keystore.keyring import KeyRing
 from gateway.keystore.store import build_key_store
@@ -57,11 +57,12 @@ from gateway.spend.sqlite_ledger import SqliteSpendStore
 from gateway.spend.store import NANOS, SpendStore
 from gateway.stages.admission import AdmissionStage
 from gateway.stages.auth import AuthStage
+from gateway.stages.authority import AuthorityStage
 from gateway.stages.guard import GuardStage
 from gateway.stages.parse import ParseStage, RawBodyStage
 from gateway.stages.ratelimit import RateLimitStage
 from gateway.stages.route import RouteStage
-from gateway.stages.tokenize import TokenizeStage
+from gateway.stages.tokenize import Tokenize
 from gateway.stages.waf import WafStage
 from gateway.telemetry import (
     Metrics,
@@ -105,7 +106,7 @@ class Gateway:
         self.auth = AuthStage(self.keys)
         self.offload = Offload(config.limits)  # big bodies' parse, WAF and tokenize run on its threads
         self.shape_gate = ShapeGate(config.limits)  # bodies with very many values are judged out of process
-        self.tokenize = TokenizeStage(config.models, lambda: self.policies, self.offload)
+        self.tokenize = Tokenize(config.models, lambda: self.policies, self.offload)
         self.redis = (
             RedisBackend(config.redis.url, config.redis.timeout, config.redis.max_pending_settlements)
             if config.redis.url
@@ -130,8 +131,10 @@ class Gateway:
             else RateLimiter(limits, self.metrics, self._failover(self.budget_store), self.budget_store.expect)
         )
         rate_limits = RateLimitStage(lambda: self.policies, self.rate_limiter)
-        self.fallbacks = Fallbacks(config.fallbacks, self.pools, config.models, self.metrics.fallbacks)
-        self.admission = AdmissionStage(self.pools.pools, self.fallbacks, self.tracer, self.metrics)
+        self.fallbacks = Fallbacks(config.fallbacks, self.pools, self.metrics.fallbacks)
+        # every attempt, the first and each fallback, is authorised for the model and pool it calls
+        self.authority = AuthorityStage(self.tokenize, rate_limits, self.fallbacks)
+        self.admission = AdmissionStage(self.pools.pools, self.tracer, self.metrics)
         self.route = RouteStage()
         # what tenants make upstream (files, stored responses) is recorded where the keys are, and theirs alone
         self.objects = TenantObjects(build_object_store(config), config.tenant_objects)
@@ -141,8 +144,7 @@ class Gateway:
                 waf,
                 self.auth,
                 ObjectsStage(self.objects),
-                ContextWindowFallback(self.tokenize, self.fallbacks),
-                rate_limits,
+                self.authority,
                 self.admission,
                 self.guard,
                 self.route,
@@ -289,17 +291,16 @@ class ProxyEndpoint:
 
     async def _answer(self, ctx: RequestContext) -> Response:
         """The pipeline, then the upstream; a pool that fails the request before the client heard a byte hands it
-        to the model's next fallback (gateway/fallbacks.py), placed there as admission and routing place any."""
+        to the model's next fallback its attempt is authorised for (gateway/fallbacks.py), placed there as
+        admission and routing place any; where none is, the client gets that failure."""
         gw = self.gateway
         await gw.pipeline.run(ctx)
         while True:
             try:
                 return await gw.upstream.forward(ctx)
             except PoolFailed as failure:
-                pool = gw.fallbacks.after(ctx, failure.trigger)
-                if pool is None:
-                    raise
-                await gw.admission.move(ctx, pool)
+                await gw.authority.after(ctx, failure)
+                await gw.admission.move(ctx)
                 await gw.route(ctx)
 
     def _account(self, ctx: RequestContext) -> None:

@@ -64,12 +64,13 @@ class Usage:
 class Demand(NamedTuple):
     """What one attempt asks of the model it goes to: the prompt as that model's tokenizer counts it (and its ids,
     when they are exactly the upstream's), and the most it may generate within that model's context window. Limits
-    reserve it and budgets price it at that model."""
+    reserve it and budgets price it at that model (gateway/stages/authority.py)."""
 
     model: str
     prompt_tokens: int
     prompt_token_ids: list[int] | None
     max_tokens: int
+    filled: int | None = None  # the output bound the gateway fills in where the request names none
 
 
 @dataclass(slots=True)
@@ -101,18 +102,21 @@ class RequestContext:
     json_values: int = 0  # how many values the body holds: with its size, whether its work leaves the event loop
     model: str = ""
     stream: bool = False
-    # tokenize
-    prompt_tokens: int | None = None
-    prompt_token_ids: list[int] | None = None  # only when exactly the upstream's ids (prefix-cache prediction)
-    # what the request may generate over all its choices: the larger of max_tokens and max_completion_tokens (or
-    # the policy's default), times n
-    max_tokens: int | None = None
     # auth
     tenant: str | None = None
     key_id: str | None = None  # short digest prefix: identifies a key in limits and logs, reveals nothing
     key_label: str | None = None
     key: KeyRecord | None = None  # a stored key's record (allowed models, limit overrides, budget); None if static
-    # rate limits: what the request holds (slots, token reservations) until it ends
+    # authority (gateway/stages/authority.py): what the request's current attempt is authorised for. `model` above is
+    # its model; these are that model's counts and the pool the attempt goes to (admission places the request there)
+    pool: Pool | None = None
+    prompt_tokens: int | None = None
+    prompt_token_ids: list[int] | None = None  # only when exactly the upstream's ids (prefix-cache prediction)
+    # what the request may generate over all its choices: the larger of max_tokens and max_completion_tokens (or
+    # the policy's default), times n
+    max_tokens: int | None = None
+    # what its limits and budgets granted (slots, token and spend reservations), held until the request ends or the
+    # attempt they were granted for fails (a passthrough route's rate-limit stage grants them too)
     rate_limits: Grant | None = None
     # admission / route: read `placed` in the stages after admission
     placement: Placement | None = None

@@ -1,7 +1,7 @@
 """One decision for every limit and budget that applies to a request sent to one model, and its settlement when the
 response ends.
 
-Tokens are reserved up front (prompt + the output budget the tokenize stage settled on: max_tokens x n, both as the
+Tokens are reserved up front (prompt + the output budget the tokenize part settled on: max_tokens x n, both as the
 attempt's model counts them) and reconciled when the request ends (`gateway/spend/charge.py`); so is a budget's spend
 (gateway/spend/budgets.py), reserved at the attempt's model's price. A backend decides all of a request's limits and
 budgets at once and consumes nothing when any of them denies. An attempt that fails before its upstream served

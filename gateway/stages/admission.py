@@ -1,11 +1,12 @@
-"""Admission stage: resolve the model's pool, price the request in KV blocks, and let it in only where it fits.
+"""Admission stage: place the request on its pool, price it in KV blocks, and let it in only where it fits.
 
 A request needs ceil((prompt + max_tokens − predicted cached prefix) / block size) blocks on a replica. If no
 available replica has that many free (scraped usage, corrected locally between scrapes), it waits in the pool's
 fair queue until capacity frees or its deadline passes.
 
-The pool is the model's unless its fallbacks say otherwise (gateway/fallbacks.py): one cooling down for the model
-is passed over on arrival, and a request its pool failed is placed again, on the next one, by `move`.
+The pool is the one the request's attempt is authorised for (gateway/stages/authority.py): the model's own unless its
+fallbacks said otherwise (gateway/fallbacks.py). A request its pool failed is placed again, on the pool its next
+attempt is authorised for, by `move`.
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ from opentelemetry.trace import Tracer
 
 from gateway.admission.fair_queue import FairQueue
 from gateway.apis.answers import token_count
-from gateway.context import Placement, RequestContext
-from gateway.errors import GatewayError
-from gateway.fallbacks import Fallbacks
+from gateway.context import Placement, RequestContext, StageOrderError
 from gateway.routing.policies import blocks_needed
 from gateway.routing.pool import Pool
 from gateway.routing.replica import KvHold
@@ -28,8 +27,7 @@ from gateway.telemetry import Metrics
 class AdmissionStage:
     name = "admission"
 
-    def __init__(self, pools: Sequence[Pool], fallbacks: Fallbacks, tracer: Tracer, metrics: Metrics) -> None:
-        self.fallbacks = fallbacks
+    def __init__(self, pools: Sequence[Pool], tracer: Tracer, metrics: Metrics) -> None:
         self._tracer = tracer
         self._metrics = metrics
         self.queues: dict[str, FairQueue] = {}
@@ -39,25 +37,21 @@ class AdmissionStage:
                 pool.on_change.append(queue.dispatch)
 
     async def __call__(self, ctx: RequestContext) -> None:
-        pool = self.fallbacks.first(ctx)
-        if pool is None:
-            raise GatewayError(
-                404,
-                f"the model '{ctx.model}' does not exist or is not served here",
-                code="model_not_found",
-                param="model",
-            )
-        await self._place(ctx, pool)
+        await self._place(ctx)
 
-    async def move(self, ctx: RequestContext, pool: Pool) -> None:
-        """Place a request again, on the pool its fallbacks chose after its pool failed it: what it held on the
-        failed pool is settled as its end would settle it, then it is admitted on the new one as on arrival."""
+    async def move(self, ctx: RequestContext) -> None:
+        """Place a request again, on the pool its next attempt is authorised for after its pool failed it: what it
+        held on the failed pool is settled as its end would settle it, then it is admitted on the new one as on
+        arrival."""
         if ctx.placement is not None:
             self._release(ctx, ctx.placement)
             ctx.placement = None
-        await self._place(ctx, pool)
+        await self._place(ctx)
 
-    async def _place(self, ctx: RequestContext, pool: Pool) -> None:
+    async def _place(self, ctx: RequestContext) -> None:
+        pool = ctx.pool
+        if pool is None:
+            raise StageOrderError("the request has no pool: the authority stage must run before admission")
         salt = pool.cache_salt(ctx.tenant)
         if salt is not None or "cache_salt" in ctx.payload:  # a client never picks whose cache it shares
             ctx.payload.pop("cache_salt", None)

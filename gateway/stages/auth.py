@@ -1,6 +1,6 @@
 """Auth stage: the one place that refuses a request for its API key. The KeyRing (gateway/keystore/keyring.py) says
-whose key it is, or why it opens nothing; a stored key's allowed models are checked here, after parse named the
-model."""
+whose key it is, or why it opens nothing; a stored key's allowed models are checked here for the model the request
+names, after parse named it (and again for the model of every attempt, gateway/stages/authority.py)."""
 
 from __future__ import annotations
 
@@ -47,13 +47,7 @@ class AuthStage:
         if record is not None and record.models:
             model = ctx.model or _named_model(ctx.payload)
             if model and not record.allows(model):
-                raise GatewayError(
-                    403,
-                    f"this API key may not use model {model[:MAX_MODEL_IN_MESSAGE]!r}",
-                    type="permission_error",
-                    code="model_not_allowed",
-                    param="model",
-                )
+                raise model_not_allowed(model)
         ctx.tenant, ctx.key_label, ctx.key_id = identity.tenant, identity.label or None, identity.key_id or None
         ctx.key = record
         ctx.span.set_attribute("portcullis.tenant", ctx.tenant)
@@ -63,3 +57,14 @@ def _named_model(payload: dict[str, Any]) -> str:
     """The model a passthrough route's JSON body names, if any (its parse reads no model)."""
     model = payload.get("model")
     return model if isinstance(model, str) else ""
+
+
+def model_not_allowed(model: str) -> GatewayError:
+    """The 403 for a model the calling key's allow-list does not name."""
+    return GatewayError(
+        403,
+        f"this API key may not use model {model[:MAX_MODEL_IN_MESSAGE]!r}",
+        type="permission_error",
+        code="model_not_allowed",
+        param="model",
+    )

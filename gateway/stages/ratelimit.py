@@ -1,7 +1,8 @@
 """Rate limits and budgets: every policy limit and budget that applies to a request sent to one model, decided at
 once; settled when it ends, or given back when the attempt they were granted for fails.
 
-As a stage, it decides them for the request as it came: the model it names, the counts the tokenize stage left.
+The rate-limit part of an attempt's authority (gateway/stages/authority.py), which decides them for each attempt's
+model; a passthrough route, which names no model, runs it as a stage of its pipeline.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class RateLimitStage:
         self._limiter = limiter
 
     async def __call__(self, ctx: RequestContext) -> None:
-        """The request as it came: its limits for the model it names, if any."""
+        """A request as it came (a passthrough route's): its limits for the model it names, if any."""
         demand = Demand(ctx.model, ctx.prompt_tokens or 0, None, ctx.max_tokens or 0)
         self.hold(ctx, await self.grant(ctx, demand))
 

@@ -1,9 +1,10 @@
-"""Tokenize stage: count the prompt exactly for its model, fill max_tokens from policy, enforce the context window.
+"""Tokenize: count the prompt exactly for a model, fill max_tokens from policy, enforce that model's context window.
 
-It runs before rate limits so token limits reserve real counts, and before admission and routing, which price a
-request in KV-cache blocks and hash its prompt blocks to predict cache hits. A long prompt takes its tokenizer
-milliseconds to seconds, and a tokenizer not loaded yet takes seconds to load: those counts run on the offload
-executor, not on the event loop.
+The tokenize part of an attempt's authority (gateway/stages/authority.py): each attempt's model counts the request by
+its own tokenizer and bounds it by its own window, before rate limits reserve those counts and budgets price them, and
+before admission and routing, which price a request in KV-cache blocks and hash its prompt blocks to predict cache
+hits. A long prompt takes its tokenizer milliseconds to seconds, and a tokenizer not loaded yet takes seconds to
+load: those counts run on the offload executor, not on the event loop.
 """
 
 from __future__ import annotations
@@ -13,16 +14,14 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.config import ModelConfig
-from gateway.context import RequestContext
+from gateway.context import Demand, RequestContext
 from gateway.errors import GatewayError
 from gateway.offload import Offload
 from gateway.policy.loader import PolicySet
 from gateway.tokenization import EstimateCounter, PromptCount, PromptCounter, build_counter, tool_shapes
 
 
-class TokenizeStage:
-    name = "tokenize"
-
+class Tokenize:
     def __init__(self, models: list[ModelConfig], policies: Callable[[], PolicySet], offload: Offload) -> None:
         self._models = {m.name: m for m in models}
         self._counters: dict[str, PromptCounter] = {}  # loaded on first use or by warm(): loading takes seconds
@@ -51,34 +50,37 @@ class TokenizeStage:
         Blocking (may load the tokenizer), so call it off the event loop."""
         return self._counter(model).decode(ids)
 
-    def _count(self, ctx: RequestContext) -> PromptCount:
+    def _count(self, ctx: RequestContext, model: str) -> PromptCount:
         """The messages (or prompt) and the function definitions, which the model reads as part of the prompt."""
-        counter = self._counter(ctx.model)
+        counter = self._counter(model)
         count = counter.count(*ctx.api.counted(ctx.payload))
         tools = counter.tool_tokens(tool_shapes(ctx.payload))
         return PromptCount(count.tokens + tools, count.token_ids) if tools else count
 
-    async def __call__(self, ctx: RequestContext) -> None:
+    async def demand(self, ctx: RequestContext, model: str) -> Demand:
+        """What the request asks of `model`: its prompt counted by that model's tokenizer, and the output it may
+        generate within that model's window (a 400 where it does not fit), with the output bound to fill in where
+        the request names none (written into its payload only once the attempt is authorised)."""
         admission = self._policies().admission_for(ctx.tenant)
         choices = _choices(ctx.payload, ctx.api.choice_fields, admission.max_n)  # before counting: refusing is free
-        loaded = ctx.model not in self._models or ctx.model in self._counters
+        loaded = model not in self._models or model in self._counters
         big = self._offload.is_big(len(ctx.body), ctx.json_values)
-        count = await self._offload.run(big or not loaded, self._count, ctx)
-        ctx.prompt_tokens, ctx.prompt_token_ids = count.tokens, count.token_ids
-        ctx.span.set_attribute("gen_ai.usage.input_tokens", count.tokens)
-        window = self._models[ctx.model].context_window if ctx.model in self._models else None
-        ctx.max_tokens = _per_choice(ctx, count.tokens, window, admission.default_max_tokens) * choices
+        count = await self._offload.run(big or not loaded, self._count, ctx, model)
+        window = self._models[model].context_window if model in self._models else None
+        output, filled = _per_choice(ctx, count.tokens, window, admission.default_max_tokens)
+        return Demand(model, count.tokens, count.token_ids, output * choices, filled)
 
 
-def _per_choice(ctx: RequestContext, prompt: int, window: int | None, default: int) -> int:
-    """The most tokens one choice may generate, which token limits reserve (times the choices).
+def _per_choice(ctx: RequestContext, prompt: int, window: int | None, default: int) -> tuple[int, int | None]:
+    """The most tokens one choice may generate, which token limits reserve (times the choices), and the bound to
+    fill in where the request names none.
 
     Where a shape has two such fields (chat: OpenAI and vLLM honour max_completion_tokens when a request names
     both, another upstream may honour max_tokens), the larger one is reserved, and it must fit the context window
     too. A request whose two fields disagree beyond the window is refused (400), not checked with the one it names
     first and reserved with the other: what a request reserves is always something it could really generate.
-    Naming none, it gets the policy's default, cut to what the window leaves, written into the body the upstream
-    sees. A shape that generates nothing (embeddings) reserves nothing, but its prompt must fit the window.
+    Naming none, it gets the policy's default, cut to what the window leaves, to be written into the body the
+    upstream sees. A shape that generates nothing (embeddings) reserves nothing, but its prompt must fit the window.
     """
     api = ctx.api
     # in the order upstreams honour them (parse checked they are positive integers)
@@ -87,11 +89,9 @@ def _per_choice(ctx: RequestContext, prompt: int, window: int | None, default: i
         if window and (prompt >= window if api.generates else prompt > window):  # generating needs room for one
             raise _too_long(window, prompt, 0)
         if api.fill_field is None:
-            return 0
+            return 0, None
         filled = min(default, window - prompt) if window else default
-        ctx.payload[api.fill_field] = filled
-        ctx.payload_rewritten = True
-        return filled
+        return filled, filled
     honoured_field, honoured = next(iter(named.items()))
     largest_field, largest = max(named.items(), key=lambda item: item[1])
     if window and prompt + honoured > window:
@@ -105,7 +105,7 @@ def _per_choice(ctx: RequestContext, prompt: int, window: int | None, default: i
             code="context_length_exceeded",
             param=largest_field,
         )
-    return largest
+    return largest, None
 
 
 def _choices(payload: dict[str, Any], fields: tuple[str, ...], most: int) -> int:

@@ -1,10 +1,9 @@
-"""The gateway's readers of the bundled model's tokenizer: token counts and the context window in the tokenize stage,
+"""The gateway's readers of the bundled model's tokenizer: token counts and the context window in the tokenize part,
 token-id prompts as the input guard decodes them, and the bench tool's prompt lengths and prefix-cache oracle. Each
 loads the model file's vocabulary, which is why they are not unit tests."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 
 import pytest
@@ -16,9 +15,9 @@ from gateway.errors import GatewayError
 from gateway.guard.inputs import request_texts
 from gateway.offload import Offload
 from gateway.policy.loader import empty_policy_set
-from gateway.stages.tokenize import TokenizeStage
+from gateway.stages.tokenize import Tokenize
 from gateway.tokenization import EngineCounter
-from tests.unit.test_admission import WEATHER, _ctx
+from tests.unit.test_admission import WEATHER, _demand
 from tests.unit.test_bench_runner import Target, bench
 from tests.unit.test_bench_workload import SHARED
 from tests.unit.test_guard_inputs import COMPLETIONS, unknown
@@ -36,19 +35,17 @@ def ids_of(engine: EngineCounter, text: str) -> list[int]:
 
 
 def test_bundled_tokenizer_counts_like_the_engine_and_the_window_is_enforced():
-    stage = TokenizeStage(
+    tokenize = Tokenize(
         [ModelConfig(name="m", tokenizer="bundled", context_window=64)], empty_policy_set, Offload(LimitsConfig())
     )
-    ok = _ctx("chat", {"model": "m", "messages": [{"role": "user", "content": "Say hello"}]})
-    asyncio.run(stage(ok))
-    assert ok.prompt_tokens == 32 == len(ok.prompt_token_ids)  # the engine reports 32 for this prompt
-    assert ok.max_tokens == 32 and ok.payload["max_tokens"] == 32  # filled: the window's remainder < 1024
-    too_long = _ctx("chat", {"model": "m", "max_tokens": 40, "messages": [{"role": "user", "content": "Say hello"}]})
+    hello = [{"role": "user", "content": "Say hello"}]
+    ok = _demand(tokenize, "chat", {"model": "m", "messages": hello})
+    assert ok.prompt_tokens == 32 == len(ok.prompt_token_ids or [])  # the engine reports 32 for this prompt
+    assert ok.max_tokens == 32 and ok.filled == 32  # filled: the window's remainder < 1024
     with pytest.raises(GatewayError) as info:
-        asyncio.run(stage(too_long))
+        _demand(tokenize, "chat", {"model": "m", "max_tokens": 40, "messages": hello})
     assert info.value.code == "context_length_exceeded" and "72 tokens (32 in the messages, 40" in info.value.message
-    ids = _ctx("completions", {"model": "m", "prompt": [1, 2, 3], "max_tokens": 5})
-    asyncio.run(stage(ids))
+    ids = _demand(tokenize, "completions", {"model": "m", "prompt": [1, 2, 3], "max_tokens": 5})
     assert ids.prompt_tokens == 3 and ids.prompt_token_ids == [1, 2, 3]
 
 
@@ -59,20 +56,15 @@ def test_engine_counter_rejects_unrenderable_prompts_as_400(engine):
 
 
 def test_the_bundled_engine_renders_no_tools_so_they_add_nothing():
-    stage = TokenizeStage([ModelConfig(name="m", tokenizer="bundled")], empty_policy_set, Offload(LimitsConfig()))
-    plain = _ctx("chat", {"model": "m", "messages": [{"role": "user", "content": "Say hello"}]})
-    tools = _ctx(
+    tokenize = Tokenize([ModelConfig(name="m", tokenizer="bundled")], empty_policy_set, Offload(LimitsConfig()))
+    hello = [{"role": "user", "content": "Say hello"}]
+    plain = _demand(tokenize, "chat", {"model": "m", "messages": hello})
+    tools = _demand(
+        tokenize,
         "chat",
-        {
-            "model": "m",
-            "messages": [{"role": "user", "content": "Say hello"}],
-            "tools": [{"type": "function", "function": WEATHER}],
-            "tool_choice": "none",
-        },
+        {"model": "m", "messages": hello, "tools": [{"type": "function", "function": WEATHER}], "tool_choice": "none"},
     )
-    asyncio.run(stage(plain))
-    asyncio.run(stage(tools))
-    assert tools.prompt_tokens == plain.prompt_tokens == len(tools.prompt_token_ids)
+    assert tools.prompt_tokens == plain.prompt_tokens == len(tools.prompt_token_ids or [])
 
 
 def test_token_id_prompts_are_decoded_where_they_are(engine) -> None:

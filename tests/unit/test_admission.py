@@ -1,5 +1,5 @@
 """Admission: the fair queue sheds with the right status and serves tenants fairly; token counting and the
-context window through the tokenize stage."""
+context window through the tokenize part of an attempt's authority."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from starlette.requests import Request
 
 from gateway.admission.fair_queue import FairQueue
 from gateway.config import LimitsConfig, ModelConfig
-from gateway.context import RequestContext
+from gateway.context import Demand, RequestContext
 from gateway.errors import GatewayError
 from gateway.offload import Offload
 from gateway.policy.loader import empty_policy_set
-from gateway.stages.tokenize import TokenizeStage
+from gateway.stages.tokenize import Tokenize
 from gateway.tokenization import EstimateCounter
 
 
@@ -114,19 +114,23 @@ def _ctx(route: str, payload: dict) -> RequestContext:
     return ctx
 
 
+def _demand(tokenize: Tokenize, route: str, payload: dict) -> Demand:
+    """What the request asks of the model it names."""
+    return asyncio.run(tokenize.demand(_ctx(route, payload), payload["model"]))
+
+
 def test_tiktoken_counts_offline_and_unknown_models_are_estimated():
-    counter_stage = TokenizeStage(
+    tokenize = Tokenize(
         [ModelConfig(name="gpt", tokenizer="tiktoken:cl100k_base")], empty_policy_set, Offload(LimitsConfig())
     )
-    ctx = _ctx("completions", {"model": "gpt", "prompt": "hello world", "max_tokens": 3})
-    asyncio.run(counter_stage(ctx))
-    assert ctx.prompt_tokens == 2 and ctx.prompt_token_ids is None
-    chat = _ctx("chat", {"model": "gpt", "max_tokens": 3, "messages": [{"role": "user", "content": "hello world"}]})
-    asyncio.run(counter_stage(chat))
+    completion = _demand(tokenize, "completions", {"model": "gpt", "prompt": "hello world", "max_tokens": 3})
+    assert completion.prompt_tokens == 2 and completion.prompt_token_ids is None
+    hello = [{"role": "user", "content": "hello world"}]
+    chat = _demand(tokenize, "chat", {"model": "gpt", "max_tokens": 3, "messages": hello})
     assert chat.prompt_tokens == 3 + 3 + 1 + 2  # priming + per-message + "user" + "hello world"
-    unknown = _ctx("chat", {"model": "other", "max_tokens": 3, "messages": [{"role": "user", "content": "x" * 40}]})
-    asyncio.run(counter_stage(unknown))
-    assert unknown.prompt_tokens == EstimateCounter().count("chat", unknown.payload["messages"]).tokens == 14
+    messages = [{"role": "user", "content": "x" * 40}]
+    unknown = _demand(tokenize, "chat", {"model": "other", "max_tokens": 3, "messages": messages})
+    assert unknown.prompt_tokens == EstimateCounter().count("chat", messages).tokens == 14
 
 
 WEATHER = {  # the function of OpenAI's cookbook "How to count tokens with tiktoken", section 7
@@ -163,34 +167,26 @@ def _weather_tool_chat(max_tokens: int) -> dict:
 def test_function_definitions_count_as_prompt_tokens_in_every_shape():
     """105: what OpenAI's API reported as prompt_tokens for this request on gpt-4 and gpt-3.5-turbo (cl100k_base),
     as the cookbook prints it; the same function in Responses' and Anthropic's shapes costs the same."""
-    stage = TokenizeStage(
+    tokenize = Tokenize(
         [ModelConfig(name="gpt", tokenizer="tiktoken:cl100k_base", context_window=120)],
         empty_policy_set,
         Offload(LimitsConfig()),
     )
-    chat = _ctx("chat", {"model": "gpt", "max_tokens": 5, "messages": WEATHER_CHAT})
-    asyncio.run(stage(chat))
-    chat_with_tools = _ctx("chat", _weather_tool_chat(max_tokens=5))
-    asyncio.run(stage(chat_with_tools))
+    chat = _demand(tokenize, "chat", {"model": "gpt", "max_tokens": 5, "messages": WEATHER_CHAT})
+    chat_with_tools = _demand(tokenize, "chat", _weather_tool_chat(max_tokens=5))
     assert chat_with_tools.prompt_tokens == 105 and chat.prompt_tokens == 34
-    legacy = _ctx("chat", {"model": "gpt", "max_tokens": 5, "messages": WEATHER_CHAT, "functions": [WEATHER]})
-    asyncio.run(stage(legacy))
-    assert legacy.prompt_tokens == 105
+    legacy_body = {"model": "gpt", "max_tokens": 5, "messages": WEATHER_CHAT, "functions": [WEATHER]}
+    assert _demand(tokenize, "chat", legacy_body).prompt_tokens == 105
     flat = {"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}
     hosted = {"type": "web_search_preview"}  # no definition to read: the provider prices its own tools
-    responses = _ctx("responses", {"model": "gpt", "input": "hi", "tools": [{"type": "function", **WEATHER}, hosted]})
-    asyncio.run(stage(responses))
-    bare = _ctx("responses", {"model": "gpt", "input": "hi"})
-    asyncio.run(stage(bare))
-    messages = _ctx("messages", {"model": "gpt", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
-    asyncio.run(stage(messages))
-    messages_tools = _ctx(
-        "messages", {"model": "gpt", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "tools": [flat]}
-    )
-    asyncio.run(stage(messages_tools))
+    tools = [{"type": "function", **WEATHER}, hosted]
+    responses = _demand(tokenize, "responses", {"model": "gpt", "input": "hi", "tools": tools})
+    bare = _demand(tokenize, "responses", {"model": "gpt", "input": "hi"})
+    hi = [{"role": "user", "content": "hi"}]
+    messages = _demand(tokenize, "messages", {"model": "gpt", "max_tokens": 5, "messages": hi})
+    messages_tools = _demand(tokenize, "messages", {"model": "gpt", "max_tokens": 5, "messages": hi, "tools": [flat]})
     assert responses.prompt_tokens - bare.prompt_tokens == messages_tools.prompt_tokens - messages.prompt_tokens == 71
     # the window holds the definitions too
-    long = _ctx("chat", _weather_tool_chat(max_tokens=20))
     with pytest.raises(GatewayError) as info:
-        asyncio.run(stage(long))
+        _demand(tokenize, "chat", _weather_tool_chat(max_tokens=20))
     assert info.value.code == "context_length_exceeded"
