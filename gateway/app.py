@@ -133,7 +133,7 @@ class Gateway:
         rate_limits = RateLimitStage(lambda: self.policies, self.rate_limiter)
         self.fallbacks = Fallbacks(config.fallbacks, self.pools, self.metrics.fallbacks)
         # every attempt, the first and each fallback, is authorised for the model and pool it calls
-        self.authority = AuthorityStage(self.tokenize, rate_limits, self.fallbacks)
+        self.authority = AuthorityStage(self.tokenize, rate_limits, self.fallbacks, self.tracer)
         self.admission = AdmissionStage(self.pools.pools, self.tracer, self.metrics)
         self.route = RouteStage()
         # what tenants make upstream (files, stored responses) is recorded where the keys are, and theirs alone

@@ -18,9 +18,14 @@ price of the model that served it.
 Which targets a request tries, and in what order, is gateway/fallbacks.py's to say: the stage starts the request at
 the first step that takes it, and `after` moves it on when its pool failed it. Retries on other replicas of one pool
 call the same model on the same pool: they run under that attempt's authorisation.
+
+Each attempt's two costly parts show in the trace as spans of their own under the stage's (`tokenize` for the
+target model, `ratelimit` for its limits and budgets), so a trace still reads stage by stage, once per attempt.
 """
 
 from __future__ import annotations
+
+from opentelemetry.trace import Tracer
 
 from gateway.context import Demand, RequestContext
 from gateway.errors import GatewayError
@@ -35,7 +40,8 @@ from gateway.upstream import PoolFailed
 class AuthorityStage:
     name = "authority"
 
-    def __init__(self, tokenize: Tokenize, limits: RateLimitStage, fallbacks: Fallbacks) -> None:
+    def __init__(self, tokenize: Tokenize, limits: RateLimitStage, fallbacks: Fallbacks, tracer: Tracer) -> None:
+        self._tracer = tracer
         self._tokenize = tokenize
         self._limits = limits
         self._fallbacks = fallbacks
@@ -61,8 +67,10 @@ class AuthorityStage:
         if key is not None and not key.allows(model):
             return model_not_allowed(model)
         try:
-            demand = await self._demand(ctx, model)
-            grant = await self._limits.grant(ctx, demand)
+            with self._tracer.start_as_current_span("tokenize", attributes={"gen_ai.request.model": model}):
+                demand = await self._demand(ctx, model)
+            with self._tracer.start_as_current_span("ratelimit", attributes={"gen_ai.request.model": model}):
+                grant = await self._limits.grant(ctx, demand)
         except GatewayError as refusal:
             return refusal
         if model != ctx.model:

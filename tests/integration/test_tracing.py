@@ -144,8 +144,11 @@ def test_one_trace_covers_stages_upstream_span_and_upstream_traceparent(http_tra
     root = next(s for s in trace if s["name"] == "POST /v1/chat/completions")
     by_name = {s["name"]: s for s in trace}
     assert {"stage.parse", "stage.auth", "stage.route", "chat test-model"} <= set(by_name)
-    for stage in ("stage.parse", "stage.auth", "stage.route", "chat test-model"):
+    for stage in ("stage.parse", "stage.auth", "stage.authority", "stage.route", "chat test-model"):
         assert by_name[stage]["parent_id"] == root["span_id"]
+    for part in ("tokenize", "ratelimit"):  # an attempt's authorisation, read part by part
+        assert by_name[part]["parent_id"] == by_name["stage.authority"]["span_id"]
+        assert by_name[part]["attributes"]["gen_ai.request.model"] == "test-model"
     assert all(s["service"] == "gw-under-test" for s in trace)
 
     client = by_name["chat test-model"]

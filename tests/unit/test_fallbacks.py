@@ -71,7 +71,7 @@ class Built:
             [FallbackConfig.model_validate(c) for c in configs], pools(*POOLS), self.metrics.fallbacks, clock or Clock()
         )
         tokenize = Tokenize(models or [], lambda: policies, Offload(LimitsConfig()))
-        self.authority = AuthorityStage(tokenize, self.limits, self.fallbacks)
+        self.authority = AuthorityStage(tokenize, self.limits, self.fallbacks, trace.NoOpTracer())
 
     def first(self, ctx: RequestContext) -> str:
         """The pool the request's first attempt is authorised for."""
