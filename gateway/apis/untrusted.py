@@ -44,6 +44,8 @@ class Identifier:
     path: str
 
 
+# how deep `Inventory.quiet` looks (a chat tool call's arguments are at the seventh level); deeper, the walk reads
+QUIET_DEPTH = 8
 _BASE64 = re.compile(r"[A-Za-z0-9+/=_\-\r\n]*")  # what an opaque field holds: base64 (standard or URL-safe, wrapped)
 
 
@@ -71,7 +73,15 @@ class Inventory:
         """(channel, holder, key) of each string of `event` that is not in `known` (the places of the texts the
         format read), in document order: an identifier's on an `Identifier` channel (unless its value was `seen`),
         any other on an `Untrusted` one, but for what the inventory says holds no text. `whole`: a whole answer,
-        not a stream event. An explicit stack: the answer is whatever the upstream sent."""
+        not a stream event."""
+        if not self.quiet(event, known, seen):
+            yield from self.walk(event, known, seen, whole=whole)
+
+    def walk(
+        self, event: dict[str, Any], known: set[Place], seen: Container[str], *, whole: bool
+    ) -> Iterator[tuple[Hashable, Any, Any]]:
+        """`untrusted` for any event, each string's channel named by its path: an explicit stack, as the answer is
+        whatever the upstream sent."""
         kind = event.get("type")
         kind = kind if not whole and isinstance(kind, str) else ""
         opaque = self.opaque_paths.get("", frozenset()) | self.opaque_paths.get(kind, frozenset())
@@ -104,6 +114,31 @@ class Inventory:
                 else:
                     found.append((child, general, where, names))
             stack.extend(reversed(found))
+
+    def quiet(
+        self,
+        value: dict[str, Any] | list[Any],
+        known: set[Place],
+        seen: Container[str],
+        naming: bool = False,
+        depth: int = 0,
+    ) -> bool:
+        """Whether `untrusted` would give nothing: every string in `value` is a known text, an identifier whose value
+        was `seen`, or under a `dropped` key. The common stream event (a delta of known text, its ids read before)
+        is decided here with no paths built; any other string, even one the walk would pass over (opaque base64, an
+        echoed setting), and anything nested deeper than a delta is, answers no, and the walk decides. It passes over
+        only what the walk passes over, by the same tests, so it cannot hide a string the walk would read."""
+        if depth > QUIET_DEPTH:
+            return False
+        for key, child in enumerate(value) if isinstance(value, list) else value.items():
+            if not child or not isinstance(child, (str, dict, list)) or (id(value), key) in known:
+                continue
+            names = naming or key in self.identifiers
+            if names and isinstance(child, str) and child in seen or key in self.dropped:
+                continue
+            if isinstance(child, str) or not self.quiet(child, known, seen, names, depth + 1):
+                return False
+        return True
 
 
 def _label(element: Any, position: int, item: bool, whole: bool) -> str:
