@@ -41,6 +41,10 @@ class DecodedJson:
         self._quotes: list[int] = []  # decoded offsets of the quotes that open and close strings
 
     def append(self, piece: str) -> None:
+        if not self._pending and self._in_string and _IN_STRING.search(piece) is None:
+            self.text.append(piece)  # the common piece, a string's plain characters: itself decoded
+            self.consumed += len(piece)
+            return
         self._decode(self._pending + piece, final=False)
 
     def finish(self) -> None:

@@ -131,10 +131,10 @@ class Inventory:
         if depth > QUIET_DEPTH:
             return False
         for key, child in enumerate(value) if isinstance(value, list) else value.items():
-            if not child or not isinstance(child, (str, dict, list)) or (id(value), key) in known:
+            if not child or not isinstance(child, (str, dict, list)):
                 continue
             names = naming or key in self.identifiers
-            if names and isinstance(child, str) and child in seen or key in self.dropped:
+            if names and isinstance(child, str) and child in seen or key in self.dropped or (id(value), key) in known:
                 continue
             if isinstance(child, str) or not self.quiet(child, known, seen, names, depth + 1):
                 return False
@@ -153,6 +153,8 @@ def _label(element: Any, position: int, item: bool, whole: bool) -> str:
 def place_of(holder: Any, key: Any) -> Place:
     """Where a known text is held, as `Inventory.untrusted` compares it (a holder standing for another value, such
     as a tool_use block's `input` read as its JSON, names the place of that value)."""
+    if type(holder) is dict or type(holder) is list:  # the common holder, without the look-up that fails for it
+        return id(holder), key
     owner = getattr(holder, "place", None)
     return owner if owner is not None else (id(holder), key)
 

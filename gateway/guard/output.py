@@ -69,7 +69,7 @@ class _Segment:
     end: int
 
 
-@dataclass
+@dataclass(slots=True)
 class _Held:
     event: bytes
     chunk: dict = field(default_factory=dict)  # the event's JSON object; {} for [DONE] and events that are not one
@@ -89,6 +89,7 @@ class _Channel:
     released: int = 0  # text[:released] has reached the client
     finished: bool = False
     redactions: list[pii.Finding] = field(default_factory=list)
+    safe_at: tuple[int, int, int] = (-1, 0, 0)  # (scanned, hold_back, safe): JSON text's, mapped once per scan
 
     def append(self, piece: str) -> None:
         self.text.append(piece)
@@ -121,7 +122,10 @@ class _Channel:
             return self.scanned
         if self.decoded is None:
             return self.scanned - hold_back
-        return self.decoded.raw_offset(max(0, self.decoded.decoded_offset(self.scanned) - hold_back))
+        if self.safe_at[:2] != (self.scanned, hold_back):
+            safe = self.decoded.raw_offset(max(0, self.decoded.decoded_offset(self.scanned) - hold_back))
+            self.safe_at = (self.scanned, hold_back, safe)
+        return self.safe_at[2]
 
 
 def _opened(channel: Hashable, text: str = "") -> _Channel:
@@ -171,7 +175,8 @@ class OutputGuard:
             elif done or state.finished or state.complete() - state.scanned >= self._policy.scan_every:
                 due.append((channel, state))
                 del self._unscanned[channel]
-        await self._scan(due)
+        if due:
+            await self._scan(due)
         return self._release(done)
 
     def _read(self, held: _Held, chunk: dict, unparsed: str) -> None:
@@ -205,9 +210,10 @@ class OutputGuard:
         self._growing = growing
 
     def _channel(self, channel: Hashable) -> _Channel:
-        if channel not in self._channels:
-            self._channels[channel] = _opened(channel)
-        return self._channels[channel]
+        state = self._channels.get(channel)
+        if state is None:
+            state = self._channels[channel] = _opened(channel)
+        return state
 
     def _append(self, held: _Held, channel: Hashable, holder: Holder, key: str | int) -> None:
         state = self._channel(channel)
@@ -430,6 +436,8 @@ def _unparsed(chunk: dict | None, fields: list[bytes]) -> str:
     """The text of an event that no format reads: its lines other than its data (a comment, an id, a name that is
     not its data's type), less the `event:` line that names its data's type. (Data that is no event of the route's
     never gets here: the relay ends the stream at it.)"""
+    if not fields:
+        return ""
     kind = chunk.get("type") if chunk is not None else None
     named = b"event: " + kind.encode() if isinstance(kind, str) else None
     lines = [line for line in fields if line != named]
