@@ -468,9 +468,12 @@ def _carries_output(choice: object) -> bool:
 
 def _answer_started(delta: Any) -> bool:
     """Whether a chat delta carries the answer (content, a refusal, a tool call) and no more reasoning."""
-    if not isinstance(delta, dict) or any(delta.get(field) for field in REASONING_FIELDS):
+    if not isinstance(delta, dict):
         return False
-    return any(delta.get(key) for key in ("content", "refusal", "tool_calls"))
+    for field in REASONING_FIELDS:  # loops, not any(): this runs for every chunk of a stream
+        if delta.get(field):
+            return False
+    return bool(delta.get("content") or delta.get("refusal") or delta.get("tool_calls"))
 
 
 def _calls(message: dict[str, Any], streamed: StreamedCalls | None) -> Iterator[tuple[int | str, dict[str, Any]]]:

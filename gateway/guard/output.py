@@ -170,9 +170,10 @@ class OutputGuard:
         due = []
         for channel in list(self._unscanned):
             state = self._channels[channel]
-            if state.complete() == state.scanned:  # nothing new it can read yet
+            new = state.complete() - state.scanned
+            if not new:  # nothing new it can read yet
                 del self._unscanned[channel]
-            elif done or state.finished or state.complete() - state.scanned >= self._policy.scan_every:
+            elif done or state.finished or new >= self._policy.scan_every:
                 due.append((channel, state))
                 del self._unscanned[channel]
         if due:
@@ -440,6 +441,8 @@ def _unparsed(chunk: dict | None, fields: list[bytes]) -> str:
         return ""
     kind = chunk.get("type") if chunk is not None else None
     named = b"event: " + kind.encode() if isinstance(kind, str) else None
+    if fields[0] == named and len(fields) == 1:  # the typed stream's event, no more than its name
+        return ""
     lines = [line for line in fields if line != named]
     return b"\n".join(lines).decode("utf-8", "replace") if lines else ""
 
