@@ -32,6 +32,9 @@ class Detector:
     validate: Callable[[str], bool] | None = None
     group: int = 0
     in_base64: bool = False  # also looked for inside base64 runs (a secret's encoding is the secret)
+    # every match holds one of these (a literal the pattern requires): a text with none is not searched, which spares
+    # most scans most patterns (tests/unit/test_guard_pii.py derives each claim from the pattern)
+    needles: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,8 +180,15 @@ DETECTORS: tuple[Detector, ...] = (
             r"(?: BLOCK)?-----|\Z)"
         ),
         in_base64=True,
+        needles=("-----BEGIN ",),
     ),
-    Detector("aws_access_key", "secret", re.compile(r"\b(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}\b"), in_base64=True),
+    Detector(
+        "aws_access_key",
+        "secret",
+        re.compile(r"\b(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}\b"),
+        in_base64=True,
+        needles=("AKIA", "ASIA", "ABIA", "ACCA"),
+    ),
     Detector(
         "aws_secret_key",
         "secret",
@@ -186,15 +196,30 @@ DETECTORS: tuple[Detector, ...] = (
         group=1,
         in_base64=True,
     ),
-    Detector("gcp_api_key", "secret", re.compile(r"\bAIza[0-9A-Za-z_\-]{35}(?![0-9A-Za-z_\-])"), in_base64=True),
-    Detector("gcp_service_account", "secret", re.compile(r"\"type\"\s*:\s*\"service_account\""), in_base64=True),
+    Detector(
+        "gcp_api_key",
+        "secret",
+        re.compile(r"\bAIza[0-9A-Za-z_\-]{35}(?![0-9A-Za-z_\-])"),
+        in_base64=True,
+        needles=("AIza",),
+    ),
+    Detector(
+        "gcp_service_account",
+        "secret",
+        re.compile(r"\"type\"\s*:\s*\"service_account\""),
+        in_base64=True,
+        needles=('"type"',),
+    ),
     Detector(
         "github_token",
         "secret",
         re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b"),
         in_base64=True,
+        needles=("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
     ),
-    Detector("anthropic_api_key", "secret", re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{20,}"), in_base64=True),
+    Detector(
+        "anthropic_api_key", "secret", re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{20,}"), in_base64=True, needles=("sk-ant-",)
+    ),
     Detector(
         "openai_api_key",
         "secret",
@@ -202,13 +227,15 @@ DETECTORS: tuple[Detector, ...] = (
             r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}(?:T3BlbkFJ[A-Za-z0-9_\-]{20,})?(?![A-Za-z0-9_\-])"
         ),
         in_base64=True,
+        needles=("sk-",),
     ),
-    Detector("slack_token", "secret", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"), in_base64=True),
+    Detector("slack_token", "secret", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"), in_base64=True, needles=("xox",)),
     Detector(
         "jwt",
         "secret",
         re.compile(r"\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{10,}"),
         in_base64=True,
+        needles=("eyJ",),
     ),
     Detector(
         "email",
@@ -216,12 +243,19 @@ DETECTORS: tuple[Detector, ...] = (
         re.compile(  # an ASCII look-behind: a letter of another script just before an address (`ébob@…`) hides nothing
             r"(?<![A-Za-z0-9_.+-])[A-Za-z0-9](?:[A-Za-z0-9._%+-]{0,63})@(?:[A-Za-z0-9-]{1,63}\.)+[A-Za-z]{2,24}\b"
         ),
+        needles=("@",),
     ),
     Detector("iban", "pii", re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b"), iban),
     Detector("credit_card", "pii", re.compile(r"(?<![\d-])(?:\d[ -]?){12,18}\d(?![\d-])"), luhn),
-    Detector("us_ssn", "pii", re.compile(r"(?<![\d-])\d{3}-\d{2}-\d{4}(?![\d-])"), ssn),
-    Detector("ip_address", "pii", re.compile(r"(?<![\d.])(?:\d{1,3}\.){3}\d{1,3}(?![\d.])"), ipv4),
-    Detector("ip_address", "pii", re.compile(r"(?<![\w:.])(?:[0-9a-fA-F]{0,4}:){2,7}[0-9a-fA-F]{0,4}(?![\w:])"), ipv6),
+    Detector("us_ssn", "pii", re.compile(r"(?<![\d-])\d{3}-\d{2}-\d{4}(?![\d-])"), ssn, needles=("-",)),
+    Detector("ip_address", "pii", re.compile(r"(?<![\d.])(?:\d{1,3}\.){3}\d{1,3}(?![\d.])"), ipv4, needles=(".",)),
+    Detector(
+        "ip_address",
+        "pii",
+        re.compile(r"(?<![\w:.])(?:[0-9a-fA-F]{0,4}:){2,7}[0-9a-fA-F]{0,4}(?![\w:])"),
+        ipv6,
+        needles=(":",),
+    ),
     Detector(
         "phone",
         "pii",
@@ -266,6 +300,8 @@ def find(text: str, types: Iterable[str] | None = None) -> list[Finding]:
 
 
 def _matches(detector: Detector, text: str) -> Iterator[tuple[int, int]]:
+    if detector.needles and not any(needle in text for needle in detector.needles):
+        return
     for match in detector.pattern.finditer(text):
         start, end = match.span(detector.group)
         if start >= 0 and not (detector.validate and not detector.validate(match.group(detector.group))):

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import base64
+import re
+import re._constants as sre  # the parsed pattern's opcodes: the needles' claims are read off them
+import re._parser as sre_parse
 
 import pytest
 
@@ -132,3 +135,64 @@ def test_base64_runs_past_the_bound_are_not_decoded() -> None:
 
 def test_an_address_right_after_another_scripts_letter_is_found() -> None:
     assert pii.redact("\u00e9bob@example.org", pii.find("\u00e9bob@example.org")) == "\u00e9[REDACTED:EMAIL]"
+
+
+def _literal_prefixes(ops) -> tuple[set[str], bool]:
+    """The literal texts one of which every match of a parsed pattern starts with (zero-width assertions skipped),
+    and whether they are the whole of every match."""
+    out = {""}
+    for op, arg in ops:
+        if op in (sre.AT, sre.ASSERT, sre.ASSERT_NOT):
+            continue
+        if op is sre.LITERAL:
+            out = {prefix + chr(arg) for prefix in out}
+            continue
+        if op is sre.SUBPATTERN and not arg[1] and not arg[2]:  # a group that sets no flags
+            alternatives = [_literal_prefixes(arg[3])]
+        elif op is sre.BRANCH:
+            alternatives = [_literal_prefixes(branch) for branch in arg[1]]
+        elif op is sre.IN and all(kind is sre.LITERAL for kind, _ in arg):  # a set of characters: `[pousr]`
+            alternatives = [({chr(code) for _, code in arg}, True)]
+        else:
+            return out, False
+        out = {prefix + more for prefix in out for texts, _ in alternatives for more in texts}
+        if not all(whole for _, whole in alternatives):
+            return out, False
+    return out, True
+
+
+def _required_characters(ops) -> set[str]:
+    """Characters that every match of a parsed pattern holds."""
+    out: set[str] = set()
+    for op, arg in ops:
+        if op is sre.LITERAL:
+            out.add(chr(arg))
+        elif op is sre.SUBPATTERN and not arg[1] and not arg[2]:
+            out |= _required_characters(arg[3])
+        elif op in (sre.MAX_REPEAT, sre.MIN_REPEAT) and arg[0] >= 1:
+            out |= _required_characters(arg[2])
+        elif op is sre.BRANCH:
+            out |= set.intersection(*(_required_characters(branch) for branch in arg[1]))
+    return out
+
+
+@pytest.mark.parametrize("detector", [d for d in pii.DETECTORS if d.needles], ids=lambda d: d.type)
+def test_a_detectors_needles_are_in_every_match_of_its_pattern(detector):
+    """A text without any of a detector's needles is not searched: each claim is read off the pattern itself (every
+    match starts with a literal holding a needle, or holds a needle character wherever it is), so a pattern edited
+    without its needles fails here rather than missing what it should find."""
+    assert not detector.pattern.flags & re.IGNORECASE
+    parsed = sre_parse.parse(detector.pattern.pattern)
+    prefixes, _ = _literal_prefixes(parsed)
+    starts_with_one = all(any(needle in prefix for needle in detector.needles) for prefix in prefixes)
+    holds_one = any(needle in _required_characters(parsed) for needle in detector.needles)
+    assert starts_with_one or holds_one
+
+
+def test_a_text_with_no_needle_is_still_read_by_the_detectors_without_any():
+    """The needles skip patterns, never texts: an IBAN, a card number and a phone number have none of them."""
+    assert types("IBAN GB82 WEST 1234 5698 7654 32 and card 4111 1111 1111 1111 or +1 415 555 2671") == [
+        "iban",
+        "credit_card",
+        "phone",
+    ]
