@@ -124,10 +124,11 @@ class Inventory:
         depth: int = 0,
     ) -> bool:
         """Whether `untrusted` would give nothing: every string in `value` is a known text, an identifier whose value
-        was `seen`, or under a `dropped` key. The common stream event (a delta of known text, its ids read before)
-        is decided here with no paths built; any other string, even one the walk would pass over (opaque base64, an
-        echoed setting), and anything nested deeper than a delta is, answers no, and the walk decides. It passes over
-        only what the walk passes over, by the same tests, so it cannot hide a string the walk would read."""
+        was `seen`, base64 under an `opaque` key (OpenAI pads every event so) or under a `dropped` key. The common
+        stream event (a delta of known text, its ids read before) is decided here with no paths built; any other
+        string, even one the walk would pass over (base64 at an opaque path, an echoed setting), and anything nested
+        deeper than a delta is, answers no, and the walk decides. It passes over only what the walk passes over, by
+        the same tests, so it cannot hide a string the walk would read."""
         if depth > QUIET_DEPTH:
             return False
         for key, child in enumerate(value) if isinstance(value, list) else value.items():
@@ -135,6 +136,8 @@ class Inventory:
                 continue
             names = naming or key in self.identifiers
             if names and isinstance(child, str) and child in seen or key in self.dropped or (id(value), key) in known:
+                continue
+            if key in self.opaque and isinstance(child, str) and _BASE64.fullmatch(child):
                 continue
             if isinstance(child, str) or not self.quiet(child, known, seen, names, depth + 1):
                 return False

@@ -182,11 +182,12 @@ def test_untrusted_reads_what_the_walk_reads(name, make, event, seen, whole):
     ("make", "event"),
     [
         (AnswerFormat, CHAT[0]),
+        (AnswerFormat, chunk({"content": "the "}, obfuscation="aZ3k9")),
         (AnswerFormat, CHAT[9]),
         (ResponsesFormat, RESPONSES[0]),
         (MessagesFormat, MESSAGES[0]),
     ],
-    ids=["chat content", "chat tool arguments", "responses text", "messages text"],
+    ids=["chat content", "chat content padded", "chat tool arguments", "responses text", "messages text"],
 )
 def test_the_common_stream_events_take_the_fast_path(make, event):
     """Once a stream's ids were read, a delta of known text holds nothing else: the walk is not needed for it."""
