@@ -267,15 +267,18 @@ class OutputGuard:
     def _release(self, done: bool) -> list[bytes]:
         out: list[bytes] = []
         hold_back = self._policy.hold_back
+        channels = self._channels
         while self._held:
             held = self._held[0]
-            if not done and not all(s.end <= self._channels[s.channel].safe(hold_back) for s in held.segments):
-                break
+            if not done:
+                for segment in held.segments:  # a loop, not all(): the head is checked after every event
+                    if segment.end > channels[segment.channel].safe(hold_back):
+                        return out
             self._held.popleft()
             for segment in held.segments:
-                state = self._channels[segment.channel]
+                state = channels[segment.channel]
                 state.released = max(state.released, segment.end)
-            if any(self._channels[channel].redactions for channel, _, _ in held.snapshots):
+            if held.snapshots and any(channels[channel].redactions for channel, _, _ in held.snapshots):
                 for channel, holder, key in held.snapshots:
                     state = self._channels[channel]
                     holder[key] = pii.redact(str(state.text), sorted(state.redactions, key=lambda f: f.start))
