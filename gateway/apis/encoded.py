@@ -12,7 +12,7 @@ import binascii
 import json
 import mimetypes
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import quote, unquote
 
@@ -148,22 +148,55 @@ class EmbeddedJson:
     key: str | int
     doc: dict[str, Any] | list[Any]
     loc: tuple[str | int, ...]  # the string's place in the payload
+    renamed: dict[tuple[int, str], str] = field(default_factory=dict)  # (id of an object, its key): the key written
 
     def write_back(self) -> None:
-        self.holder[self.key] = json.dumps(self.doc, ensure_ascii=False)
+        doc = self.doc if not self.renamed else self._renamed(self.doc)
+        self.holder[self.key] = json.dumps(doc, ensure_ascii=False)
+
+    def _renamed(self, node: Any) -> Any:
+        if type(node) is dict:
+            return {self.renamed.get((id(node), k), k): self._renamed(v) for k, v in node.items()}
+        if type(node) is list:
+            return [self._renamed(v) for v in node]
+        return node
+
+
+@dataclass(slots=True, eq=False)
+class EmbeddedKey:
+    """A key of an object inside a JSON text, as a holder its text is read from and rewritten in: a rewrite renames
+    the key where the JSON is written back, so the object's values stay where the texts that read them look."""
+
+    container: dict[str, Any]
+    json: EmbeddedJson
+
+    def __getitem__(self, key: str) -> str:
+        written = self.json.renamed.get((id(self.container), key))
+        return readable(key) if written is None else written
+
+    def __setitem__(self, key: str, text: str) -> None:
+        self.json.renamed[(id(self.container), key)] = text
 
 
 def read_json(value: str) -> dict[str, Any] | list[Any] | None:
     """The JSON object or array a string holds (bounded like a file); None when it holds none, and the string is
-    read as the text it is. Deep nesting is bounded by the string's own length limit and the parser's recursion."""
+    read as the text it is. An object with a key twice is read as text too: its reader may keep either value, so
+    both are read as sent. Deep nesting is bounded by the string's own length limit and the parser's recursion."""
     head = value[:64].lstrip()
     if not head.startswith(("{", "[")) or len(value) > MAX_DECODED_CHARS:
         return None
     try:
-        doc = json.loads(value)
+        doc = json.loads(value, object_pairs_hook=_each_key_once)
     except (ValueError, RecursionError):
         return None
     return doc if isinstance(doc, (dict, list)) else None
+
+
+def _each_key_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        raise ValueError("a key twice")
+    return doc
 
 
 def readable(text: str) -> str:

@@ -493,7 +493,8 @@ class Opaque(Spec):
 class JsonText(Spec):
     """A string that is JSON text (a tool call's arguments, model-written): when it holds an object or array, each
     string in it is a text of its own, read with its escapes decoded as the tool will read it, and rewritten there
-    (the JSON written back); otherwise the string is read as the text it is. The carrier is one unit."""
+    (the JSON written back), and so is each key (renamed where the JSON is written back); otherwise the string is
+    read as the text it is. The carrier is one unit."""
 
     __slots__ = ("provenance",)
 
@@ -511,18 +512,23 @@ class JsonText(Spec):
             return
         embedded = encoded.EmbeddedJson(holder, loc[-1], doc, loc)
         carried = walk.inventory.carried
+        keys: list[Carried] = []
         stack: list[tuple[Location, Any]] = [(loc, doc)]
         while stack:  # explicit stack, in document order
             at, container = stack.pop()
             items = list(container.items()) if type(container) is dict else list(enumerate(container))
             children = []
             for key, value in items:
+                if type(container) is dict:  # the model reads the keys it wrote too
+                    name = encoded.EmbeddedKey(container, embedded)
+                    keys.append(Carried((*at, key), name, "text", self.provenance, unit, embedded=embedded))
                 if type(value) is str:
                     container[key] = encoded.readable(value)
                     carried.append(Carried((*at, key), container, "text", self.provenance, unit, embedded=embedded))
                 elif type(value) is dict or type(value) is list:
                     children.append(((*at, key), value))
             stack.extend(reversed(children))
+        carried.extend(keys)
 
 
 class PromptInput(Spec):

@@ -8,6 +8,7 @@ while the model reads the other.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -19,7 +20,9 @@ from tests.hostile.test_content_inventory import (
     CLAUDE,
     GPT,
     KEYS,
+    send,
     stack,
+    upstream_body,
 )
 
 __all__ = ["stack"]  # the module's gateway and fake providers, shared with the inventory tests' fixture
@@ -83,3 +86,36 @@ def test_the_same_key_in_different_objects_and_colons_in_strings_pass(stack) -> 
     )
     response = raw(stack, "/v1/chat/completions", body.encode())
     assert response.status_code == 200, response.text
+
+
+def tool_call_with(arguments: str) -> dict[str, Any]:
+    call = {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": arguments}}
+    return {
+        "model": CHAT,
+        "messages": [
+            {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "done"},
+        ],
+    }
+
+
+def sent_arguments(stack, arguments: str) -> str:
+    response = send(stack, "/v1/chat/completions", tool_call_with(arguments), tenant="secrets")
+    assert response.status_code == 200, response.text
+    return upstream_body(stack, response)["messages"][1]["tool_calls"][0]["function"]["arguments"]
+
+
+def test_a_key_sent_twice_inside_tool_call_arguments_is_read_whole(stack) -> None:
+    """Arguments are JSON text the model reads as sent: both values of a key written twice are read."""
+    sent = sent_arguments(stack, '{"query": "%s", "query": "weather"}'.replace("%s", AWS_KEY))
+    assert AWS_KEY not in sent and "[REDACTED:" in sent
+
+
+def test_a_secret_in_a_key_of_tool_call_arguments_is_redacted_and_the_json_stays_valid(stack) -> None:
+    sent = sent_arguments(stack, json.dumps({"q": {f"use {AWS_KEY} here": "x", "n": [1, {"k": AWS_KEY}]}}))
+    parsed = json.loads(sent)
+    assert AWS_KEY not in sent and "[REDACTED:" in sent
+    inner = parsed["q"]
+    assert len(inner) == 2 and inner["n"][0] == 1 and "[REDACTED:" in inner["n"][1]["k"]
+    assert any("[REDACTED:" in key and value == "x" for key, value in inner.items())

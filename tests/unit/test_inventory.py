@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 
+from gateway.apis.encoded import EmbeddedKey
 from gateway.apis.routes import BY_NAME
 
 CHAT, RESPONSES, MESSAGES = BY_NAME["chat"], BY_NAME["responses"], BY_NAME["messages"]
@@ -47,8 +48,10 @@ def test_json_arguments_are_read_decoded_and_rewritten_as_json() -> None:
     arguments = '{"q": "\\u0041KIA", "opts": {"tags": ["x", "\\u200bhidden"]}, "n": 2}'
     call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
     payload = {"messages": [{"role": "assistant", "tool_calls": [call]}]}
-    texts = [c for c in CHAT.inventory(payload).texts() if c.provenance == "tool_arguments"]
+    read = [c for c in CHAT.inventory(payload).texts() if c.provenance == "tool_arguments"]
+    texts = [c for c in read if not isinstance(c.holder, EmbeddedKey)]
     assert [c.text for c in texts] == ["AKIA", "x", "\u200bhidden"]
+    assert sorted(c.text for c in read if isinstance(c.holder, EmbeddedKey)) == ["n", "opts", "q", "tags"]
     assert {c.where for c in texts} == {
         "messages[0].tool_calls[0].function.arguments.q",
         "messages[0].tool_calls[0].function.arguments.opts.tags[0]",
@@ -60,6 +63,24 @@ def test_json_arguments_are_read_decoded_and_rewritten_as_json() -> None:
         "opts": {"tags": ["x", "\u200bhidden"]},
         "n": 2,
     }
+
+
+def test_a_key_of_json_arguments_is_rewritten_where_the_json_is_written_back() -> None:
+    """A key and its value rewritten in either order: the value stays under the key, renamed."""
+    for order in (1, -1):
+        arguments = '{"a": {"AKIA k": "AKIA v", "n": 1}}'
+        call = {"type": "function", "function": {"name": "f", "arguments": arguments}}
+        texts = CHAT.inventory({"messages": [{"role": "assistant", "tool_calls": [call]}]}).texts()
+        for carried in [c for c in texts if c.text.startswith("AKIA")][::order]:
+            carried.rewrite(carried.text.replace("AKIA", "[R]"))
+        assert json.loads(call["function"]["arguments"]) == {"a": {"[R] k": "[R] v", "n": 1}}
+
+
+def test_arguments_with_a_key_twice_are_read_as_the_text_they_are() -> None:
+    arguments = '{"q": "AKIA", "q": "x"}'
+    call = {"type": "function", "function": {"name": "f", "arguments": arguments}}
+    inventory = CHAT.inventory({"messages": [{"role": "assistant", "tool_calls": [call]}]})
+    assert [c.text for c in inventory.texts() if c.provenance == "tool_arguments"] == [arguments]
 
 
 def test_arguments_that_are_no_json_object_are_read_as_they_are() -> None:

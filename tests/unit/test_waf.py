@@ -132,7 +132,8 @@ def test_tool_descriptions_and_call_arguments_are_prompt_text(tmp_path):
     secret = chat("hi", tools=tools)
     assert [v[2] for v in secret.values("prompt:system")] == [("tools", 0, "function", "description")]
     assert "llm-secret-110" in waf.evaluate(secret, all_matches=True).rule_ids
-    assert [v[1] for v in view.values("prompt:assistant")] == ["SELECT * FROM users WHERE name = '' OR '1'='1' --"]
+    sql = "SELECT * FROM users WHERE name = '' OR '1'='1' --"
+    assert [v[1] for v in view.values("prompt:assistant")] == [sql, "query"]  # the arguments' value, then its key
 
 
 def test_monitor_mode_never_blocks(tmp_path):
