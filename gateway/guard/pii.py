@@ -171,7 +171,9 @@ def phone(value: str) -> bool:
 
 
 DETECTORS: tuple[Detector, ...] = (
-    # secrets first: a key must not be half-eaten by a broader PII pattern
+    # secrets first: a key must not be half-eaten by a broader PII pattern. A key's prefix is its own boundary: one
+    # glued to a word (`f_AKIA…`, `xAKIA…EXAMPLEx`, a tool named `get_ghp_…`) is still the key to whoever reads it;
+    # only `sk-`, the end of common words (`task-`), needs no letter or digit before it.
     Detector(
         "private_key",
         "secret",
@@ -185,7 +187,7 @@ DETECTORS: tuple[Detector, ...] = (
     Detector(
         "aws_access_key",
         "secret",
-        re.compile(r"\b(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}\b"),
+        re.compile(r"(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}"),
         in_base64=True,
         needles=("AKIA", "ASIA", "ABIA", "ACCA"),
     ),
@@ -199,7 +201,7 @@ DETECTORS: tuple[Detector, ...] = (
     Detector(
         "gcp_api_key",
         "secret",
-        re.compile(r"\bAIza[0-9A-Za-z_\-]{35}(?![0-9A-Za-z_\-])"),
+        re.compile(r"AIza[0-9A-Za-z_\-]{35}(?![0-9A-Za-z_\-])"),
         in_base64=True,
         needles=("AIza",),
     ),
@@ -213,27 +215,27 @@ DETECTORS: tuple[Detector, ...] = (
     Detector(
         "github_token",
         "secret",
-        re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b"),
+        re.compile(r"(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})"),
         in_base64=True,
         needles=("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
     ),
     Detector(
-        "anthropic_api_key", "secret", re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{20,}"), in_base64=True, needles=("sk-ant-",)
+        "anthropic_api_key", "secret", re.compile(r"sk-ant-[A-Za-z0-9_\-]{20,}"), in_base64=True, needles=("sk-ant-",)
     ),
     Detector(
         "openai_api_key",
         "secret",
         re.compile(
-            r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}(?:T3BlbkFJ[A-Za-z0-9_\-]{20,})?(?![A-Za-z0-9_\-])"
+            r"(?<![A-Za-z0-9])sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}(?:T3BlbkFJ[A-Za-z0-9_\-]{20,})?(?![A-Za-z0-9_\-])"
         ),
         in_base64=True,
         needles=("sk-",),
     ),
-    Detector("slack_token", "secret", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"), in_base64=True, needles=("xox",)),
+    Detector("slack_token", "secret", re.compile(r"xox[abposr]-[A-Za-z0-9-]{10,}"), in_base64=True, needles=("xox",)),
     Detector(
         "jwt",
         "secret",
-        re.compile(r"\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{10,}"),
+        re.compile(r"eyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{10,}"),
         in_base64=True,
         needles=("eyJ",),
     ),

@@ -119,3 +119,13 @@ def test_a_secret_in_a_key_of_tool_call_arguments_is_redacted_and_the_json_stays
     inner = parsed["q"]
     assert len(inner) == 2 and inner["n"][0] == 1 and "[REDACTED:" in inner["n"][1]["k"]
     assert any("[REDACTED:" in key and value == "x" for key, value in inner.items())
+
+
+@pytest.mark.parametrize("glued", [f"deploy_{AWS_KEY}", f"x{AWS_KEY}x", f"9{AWS_KEY}"])
+def test_a_key_glued_to_a_word_is_redacted(stack, glued: str) -> None:
+    """A key's reader finds it inside `deploy_AKIA…` as surely as between spaces."""
+    body = {"model": CHAT, "messages": [{"role": "user", "content": f"Use {glued} for the bucket."}]}
+    response = send(stack, "/v1/chat/completions", body, tenant="secrets")
+    assert response.status_code == 200, response.text
+    content = upstream_body(stack, response)["messages"][0]["content"]
+    assert AWS_KEY not in content and "[REDACTED:" in content

@@ -64,6 +64,28 @@ def test_look_alikes_are_not_found(text: str) -> None:
     assert types(text) == []
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("tool get_AKIAIOSFODNN7EXAMPLE", "aws_access_key"),
+        ("xAKIAIOSFODNN7EXAMPLEx", "aws_access_key"),
+        ("gcp_AIzaSyA-1234567890abcdefghijklmnopqrstu", "gcp_api_key"),
+        ("token_ghp_" + "a" * 36 + "_x", "github_token"),
+        ("my_sk-proj-" + "Ab3" * 15, "openai_api_key"),
+        ("xsk-ant-api03-" + "x" * 40, "anthropic_api_key"),
+        ("slack_xoxb-1234567890-abcdef", "slack_token"),
+        ("auth_eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U", "jwt"),
+    ],
+)
+def test_a_key_glued_to_a_word_is_found(text: str, expected: str) -> None:
+    """A key's prefix is its boundary: letters, digits or an underscore around it hide nothing from its reader."""
+    assert expected in types(text)
+
+
+def test_sk_at_the_end_of_a_word_is_not_a_key() -> None:
+    assert types("the task-queue-processor-worker-pool and the desk-lamp-controller-firmware") == []
+
+
 def test_luhn_and_iban_validators() -> None:
     assert pii.luhn("4111111111111111") and not pii.luhn("4111111111111112")
     assert pii.iban("GB82WEST12345698765432") and not pii.iban("GB82WEST12345698765431")

@@ -1,0 +1,59 @@
+"""Answer carriers probed the way a hostile upstream would, through the gateway and hostile upstream of
+tests/hostile/test_output_inventory.py (tenant `block` blocks secrets, `redact` redacts them): fields and framings
+its cases do not name. What is checked is what the client can read, joined as its reader joins it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.conftest import Process
+from tests.hostile.test_output_inventory import (
+    KEY,
+    ask,
+    assert_blocked,
+    chat_answer,
+    frames,
+    gw,
+    messages_answer,
+)
+
+__all__ = ["gw"]  # the module's gateway, shared with the output inventory's fixture
+
+TEXT = f"The key is {KEY}, keep it safe."
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+def test_a_key_in_an_audio_transcript_or_glued_into_a_tool_name_is_read(gw: Process, stream: bool) -> None:
+    """A tool's name is an identifier: a key glued into it (`f_AKIA…`) is still the key to the client."""
+    for field in ("audio", "tool_name"):
+        if field == "audio":
+            audio = {"id": "audio_1", "data": "", "expires_at": 0, "transcript": TEXT}
+            upstream = chat_answer(stream, "Here it is.", audio=audio if not stream else {"transcript": TEXT})
+        else:
+            upstream = chat_answer(stream, None, arguments="{}")
+            if stream:
+                upstream[1]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"] = f"f_{KEY}"
+            else:
+                upstream["choices"][0]["message"]["tool_calls"][0]["function"]["name"] = f"f_{KEY}"
+        assert_blocked(ask(gw, "chat", stream, upstream), stream)
+
+
+def spec_with_between(route: str, events: list[Any], between: str) -> dict[str, Any]:
+    """A stream whose every event is followed by `between` (a comment, a ping, an event of no known type)."""
+    written = frames(events, named=route != "chat")
+    return {"behaviour": "written", "events": [f for e in written for f in (e, between)], "gap": 0}
+
+
+BETWEEN = {
+    "chat": [": ping\n\n", 'data: {"id": "c1", "object": "chat.completion.chunk", "choices": []}\n\n'],
+    "messages": ['event: ping\ndata: {"type": "ping"}\n\n', ": keep-alive\n\n"],
+}
+
+
+@pytest.mark.parametrize("route, between", [(route, between) for route, lines in BETWEEN.items() for between in lines])
+def test_a_key_split_across_deltas_with_other_events_between_is_read(gw: Process, route: str, between: str) -> None:
+    events = chat_answer(True, TEXT) if route == "chat" else messages_answer(True, TEXT)
+    assert_blocked(ask(gw, route, True, events, spec=spec_with_between(route, events, between)), stream=True)
