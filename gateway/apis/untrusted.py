@@ -4,11 +4,12 @@ A format's table (gateway/apis/answers.py) says where the generated text of each
 with their provenance: the answer, reasoning, a refusal, a tool call's arguments or input), and its `Inventory`
 which fields hold none: identifiers (ids, types, statuses, model names), opaque blobs (signatures, encrypted
 reasoning, base64 media), the request's own settings that a Response echoes. Identifiers come on `Identifier`
-channels, for the output guard to read once per distinct value. Every other string of an event, in an event type
-the table knows or not, is text the client reads that no table vouches for: a new provider feature (a new delta
-type, an audio transcript, a tool's output), a field a server added, logprobs' tokens, a tool's name, and an opaque
-field that holds something other than base64. The output guard scans it as it scans the answer, never relays it
-unread.
+channels, for the output guard to read once per distinct value, and so does the key of every object: a name the
+client reads, which no redaction could rewrite without breaking the field. Every other string of an event, in an
+event type the table knows or not, is text the client reads that no table vouches for: a new provider feature (a
+new delta type, an audio transcript, a tool's output), a field a server added, logprobs' tokens, a tool's name, and
+an opaque field that holds something other than base64. The output guard scans it as it scans the answer, never
+relays it unread.
 
 Each such string is on an `Untrusted` channel named by its event's type and its place: the path to it, with its
 event's own place (the top-level `index` and `*_index` fields: the output item, content part or block it belongs to)
@@ -46,6 +47,16 @@ class Identifier:
 
 # how deep `Inventory.quiet` looks (a chat tool call's arguments are at the seventh level); deeper, the walk reads
 QUIET_DEPTH = 8
+
+
+class _KeyNames:
+    """The holder an object's key is read from: the key itself (one instance, nothing made per key)."""
+
+    def __getitem__(self, key: str) -> str:
+        return key
+
+
+KEY_NAMES = _KeyNames()
 _BASE64 = re.compile(r"[A-Za-z0-9+/=_\-\r\n]*")  # what an opaque field holds: base64 (standard or URL-safe, wrapped)
 
 
@@ -72,8 +83,8 @@ class Inventory:
     ) -> Iterator[tuple[Hashable, Any, Any]]:
         """(channel, holder, key) of each string of `event` that is not in `known` (the places of the texts the
         format read), in document order: an identifier's on an `Identifier` channel (unless its value was `seen`),
-        any other on an `Untrusted` one, but for what the inventory says holds no text. `whole`: a whole answer,
-        not a stream event."""
+        and so is each key (a key names), any other on an `Untrusted` one, but for what the inventory says holds no
+        text. `whole`: a whole answer, not a stream event."""
         if not self.quiet(event, known, seen):
             yield from self.walk(event, known, seen, whole=whole)
 
@@ -96,6 +107,8 @@ class Inventory:
             items = array and path.rsplit(".", 1)[-1] in self.items
             found: list[tuple[Any, str, str, bool]] = []
             for key, child in enumerate(value) if array else value.items():
+                if not array and key not in seen:  # a field's name is text its client reads: named, never rewritten
+                    yield Identifier(kind, f"{place}{named or '(answer)'} key"), KEY_NAMES, key
                 if not child or not isinstance(child, (str, dict, list)) or (holder, key) in known:
                     continue  # no text in it (an empty value, a number), or a known text, read on its own channel
                 names = naming or key in self.identifiers
@@ -123,15 +136,18 @@ class Inventory:
         naming: bool = False,
         depth: int = 0,
     ) -> bool:
-        """Whether `untrusted` would give nothing: every string in `value` is a known text, an identifier whose value
-        was `seen`, base64 under an `opaque` key (OpenAI pads every event so) or under a `dropped` key. The common
-        stream event (a delta of known text, its ids read before) is decided here with no paths built; any other
-        string, even one the walk would pass over (base64 at an opaque path, an echoed setting), and anything nested
-        deeper than a delta is, answers no, and the walk decides. It passes over only what the walk passes over, by
-        the same tests, so it cannot hide a string the walk would read."""
+        """Whether `untrusted` would give nothing: every key was `seen`, and every string in `value` is a known text,
+        an identifier whose value was `seen`, base64 under an `opaque` key (OpenAI pads every event so) or under a
+        `dropped` key. The common stream event (a delta of known text, its ids and keys read before) is decided here
+        with no paths built; any other string, even one the walk would pass over (base64 at an opaque path, an echoed
+        setting), and anything nested deeper than a delta is, answers no, and the walk decides. It passes over only
+        what the walk passes over, by the same tests, so it cannot hide a string the walk would read."""
         if depth > QUIET_DEPTH:
             return False
+        array = isinstance(value, list)
         for key, child in enumerate(value) if isinstance(value, list) else value.items():
+            if not array and key not in seen:
+                return False
             if not child or not isinstance(child, (str, dict, list)):
                 continue
             names = naming or key in self.identifiers

@@ -3,8 +3,9 @@
 What it reads: every string the client gets. The answer's format (gateway/apis/answers.py) names the channels of
 the texts it knows (a choice, its reasoning, a refusal, a content part or block, a tool call's arguments or input,
 a command), and every other string of every event, of a known event type or not, comes on an untrusted channel
-(gateway/apis/untrusted.py): read the same way, never relayed unread. Identifiers (ids, types, statuses) are read
-for secrets once per distinct value, and a finding blocks: rewriting an id would break what refers to it.
+(gateway/apis/untrusted.py): read the same way, never relayed unread. Identifiers (ids, types, statuses) and the keys
+of every object are read for secrets once per distinct value, and a finding blocks: rewriting an id would break what
+refers to it.
 
 Streams: the relay hands each batch of complete SSE events to `feed()`, which returns the events that may go to the
 client now. Text is released only after a scan has seen it together with what follows it: a scan runs when

@@ -57,3 +57,21 @@ BETWEEN = {
 def test_a_key_split_across_deltas_with_other_events_between_is_read(gw: Process, route: str, between: str) -> None:
     events = chat_answer(True, TEXT) if route == "chat" else messages_answer(True, TEXT)
     assert_blocked(ask(gw, route, True, events, spec=spec_with_between(route, events, between)), stream=True)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+@pytest.mark.parametrize("route", ["chat", "messages"])
+def test_a_key_in_a_json_key_of_an_answer_is_read(gw: Process, route: str, stream: bool) -> None:
+    """A field's name is text its client reads (and logs): a server-added field named with a key, its value a
+    number, is read as an identifier is, and blocks."""
+    named = {f"note_{KEY}": 1}
+    if route == "chat":
+        upstream = chat_answer(stream, "Here it is.", **named)
+    else:
+        upstream = messages_answer(stream, "Here it is.")
+        if stream:
+            upstream[2]["delta"].update(named)
+        else:
+            upstream["content"][0].update(named)
+    for key in ("sk-block", "sk-redact"):
+        assert_blocked(ask(gw, route, stream, upstream, key=key), stream)

@@ -242,7 +242,23 @@ def untrusted_strings(answers: AnswerFormat, event: dict, whole: bool = False) -
     return {
         ("id: " if isinstance(c, Identifier) else "") + f"{c.kind} {c.path}".strip(): holder[key]
         for c, holder, key in answers.untrusted(event, known, whole=whole)
+        if not is_key(c)
     }
+
+
+def is_key(channel: object) -> bool:
+    return isinstance(channel, Identifier) and channel.path.endswith(" key")
+
+
+def test_every_key_of_an_answer_is_read_as_an_identifier_once() -> None:
+    """A field's name reaches the client as surely as its value: each distinct one is read, once."""
+    chunk = {"id": "c1", "choices": [{"index": 0, "delta": {"content": "hi", "note_AKIA": 1}, "logprobs": None}]}
+    read = [holder[key] for c, holder, key in AnswerFormat().untrusted(chunk, set()) if is_key(c)]
+    assert sorted(read) == sorted(["id", "choices", "index", "delta", "content", "note_AKIA", "logprobs"])
+    seen = {"id", "choices", "index", "delta", "content", "logprobs"}
+    assert [holder[key] for c, holder, key in AnswerFormat().untrusted(chunk, set(), seen) if is_key(c)] == [
+        "note_AKIA"
+    ]
 
 
 def test_every_string_no_reader_takes_is_read_as_untrusted_text_or_as_an_identifier() -> None:
@@ -293,5 +309,7 @@ def test_every_string_no_reader_takes_is_read_as_untrusted_text_or_as_an_identif
     seen = {"container_1"}
     known: set = set()
     assert [
-        c.path for c, _, _ in MessagesFormat().untrusted(blocks, known, seen, whole=True) if "container" in c.path
+        c.path
+        for c, _, _ in MessagesFormat().untrusted(blocks, known, seen, whole=True)
+        if "container" in c.path and not is_key(c)
     ] == ["container.expires_at"], "an identifier's value already read is not given again"
