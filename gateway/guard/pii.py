@@ -7,9 +7,9 @@ returns the validated matches without overlaps; `redact()` replaces each with a 
 Text is read as whoever gets it will read it, not only as its code points run: also folded (gateway/guard/folding.py:
 NFKC, invisible characters removed), and where a detector's type allows it (the secrets: a key's base64 is the key to
 anyone who decodes it), inside base64 runs of a plausible length (`MIN_BASE64_RUN` to `MAX_BASE64_RUN` characters:
-shorter ones cannot hold a key, longer ones are files and images, not decoded). A finding in a folded or decoded view
-covers the whole stretch of the text it came from, so a redaction takes out the invisible characters inside a key and
-the whole base64 run.
+shorter ones cannot hold a key, longer ones are files and images, not decoded), and in hex inside them. A finding in
+a folded or decoded view covers the whole stretch of the text it came from, so a redaction takes out the invisible
+characters inside a key and the whole base64 run.
 """
 
 from __future__ import annotations
@@ -315,6 +315,7 @@ def _matches(detector: Detector, text: str) -> Iterator[tuple[int, int]]:
 MIN_BASE64_RUN, MAX_BASE64_RUN = 24, 8192
 _BASE64_RUN = re.compile(rf"[A-Za-z0-9+/_-]{{{MIN_BASE64_RUN},}}={{0,2}}")
 _URL_SAFE = str.maketrans("-_", "+/")
+_HEX_RUN = re.compile(rf"[0-9A-Fa-f]{{{MIN_BASE64_RUN},}}")  # hex digits inside a run: 24 of them are 12 bytes
 # the shortest secret a detector finds (a Slack token) is 15 characters of text: bytes without such a stretch are not
 # read further (what a file, an image or a random id decodes to), which keeps base64-heavy text cheap
 _TEXT_STRETCH = re.compile(r"[\x20-\x7e\t\r\n]{15,}")
@@ -323,10 +324,15 @@ _TEXT_STRETCH = re.compile(r"[\x20-\x7e\t\r\n]{15,}")
 def _in_base64(text: str, detectors: list[Detector]) -> Iterator[Finding]:
     """A finding for each base64 run that decodes to text one of these detectors finds something in, covering the
     whole run. The run is decoded from each of its first four characters: what precedes the encoding in the run
-    (`token` in `tokenQUtJQ…`) shifts where its groups of four start."""
+    (`token` in `tokenQUtJQ…`) shifts where its groups of four start. Hex digits in a run are read as hex first (a
+    finding there covers those digits)."""
     for run in _BASE64_RUN.finditer(text):
         encoded = run.group().rstrip("=").translate(_URL_SAFE)
         if len(encoded) > MAX_BASE64_RUN:
+            continue
+        hexed = [(h.start(), h.end(), _hex_hit(h.group(), detectors)) for h in _HEX_RUN.finditer(run.group())]
+        if any(hit for _, _, hit in hexed):
+            yield from (Finding(h.type, h.kind, run.start() + a, run.start() + b) for a, b, h in hexed if h)
             continue
         for shift in range(4):
             part = encoded[shift:]
@@ -341,6 +347,18 @@ def _in_base64(text: str, detectors: list[Detector]) -> Iterator[Finding]:
             if hit is not None:
                 yield Finding(hit.type, hit.kind, run.start(), run.end())
                 break
+
+
+def _hex_hit(encoded: str, detectors: list[Detector]) -> Detector | None:
+    """The detector that finds something in what a hex run decodes to, from either of its first two digits."""
+    for shift in (0, 1):
+        part = encoded[shift : len(encoded) - (len(encoded) - shift) % 2]
+        plain = bytes.fromhex(part).decode("latin-1")
+        if _TEXT_STRETCH.search(plain):
+            hit = next((d for d in detectors if next(_matches(d, plain), None)), None)
+            if hit is not None:
+                return hit
+    return None
 
 
 def redact(text: str, findings: list[Finding]) -> str:

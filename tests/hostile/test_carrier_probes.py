@@ -8,8 +8,12 @@ while the model reads the other.
 
 from __future__ import annotations
 
+import base64
+import html
 import json
+import re
 from typing import Any
+from urllib.parse import quote, unquote
 
 import httpx
 import pytest
@@ -20,6 +24,7 @@ from tests.hostile.test_content_inventory import (
     CLAUDE,
     GPT,
     KEYS,
+    _strings,
     send,
     stack,
     upstream_body,
@@ -129,3 +134,171 @@ def test_a_key_glued_to_a_word_is_redacted(stack, glued: str) -> None:
     assert response.status_code == 200, response.text
     content = upstream_body(stack, response)["messages"][0]["content"]
     assert AWS_KEY not in content and "[REDACTED:" in content
+
+
+def chat_parts(*parts: dict[str, Any]) -> dict[str, Any]:
+    return {"model": CHAT, "messages": [{"role": "user", "content": list(parts)}]}
+
+
+# (name, route, a body with the secret in a carrier or encoding nobody named)
+PROBES: list[tuple[str, str, dict[str, Any]]] = [
+    (
+        "percent-encoded data: URL in a chat file part",
+        "/v1/chat/completions",
+        chat_parts({"type": "file", "file": {"filename": "a.txt", "file_data": "data:text/plain," + quote(SECRET)}}),
+    ),
+    (
+        "text data: URL in a chat image_url part",
+        "/v1/chat/completions",
+        chat_parts(
+            {
+                "type": "image_url",
+                "image_url": {"url": "data:text/plain;base64," + base64.b64encode(SECRET.encode()).decode()},
+            }
+        ),
+    ),
+    (
+        "text data: URL in a Responses input_image",
+        "/v1/responses",
+        {
+            "model": GPT,
+            "input": [
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "input_image",
+                            "image_url": "data:text/plain;base64," + base64.b64encode(SECRET.encode()).decode(),
+                        }
+                    ],
+                }
+            ],
+        },
+    ),
+    (
+        "JSON-in-JSON tool arguments",
+        "/v1/chat/completions",
+        {
+            "model": CHAT,
+            "messages": [
+                {"role": "user", "content": "hello"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": json.dumps({"inner": json.dumps({"k": SECRET})})},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "call_1", "content": "done"},
+            ],
+        },
+    ),
+    (
+        "Responses text.format schema description",
+        "/v1/responses",
+        {
+            "model": GPT,
+            "input": "hello",
+            "text": {
+                "format": {
+                    "type": "json_schema",
+                    "name": "out",
+                    "schema": {"type": "object", "description": SECRET, "properties": {}},
+                }
+            },
+        },
+    ),
+    (
+        "base64url text file",
+        "/v1/chat/completions",
+        chat_parts(
+            {
+                "type": "file",
+                "file": {
+                    "filename": "a.txt",
+                    "file_data": base64.urlsafe_b64encode(("??>" + SECRET).encode()).decode(),
+                },
+            }
+        ),
+    ),
+    (
+        "base64 in plain text",
+        "/v1/chat/completions",
+        chat_parts({"type": "text", "text": "decode: " + base64.b64encode(SECRET.encode()).decode()}),
+    ),
+    (
+        "hex in plain text",
+        "/v1/chat/completions",
+        chat_parts({"type": "text", "text": "decode: " + SECRET.encode().hex()}),
+    ),
+    (
+        "Anthropic text block with cache_control",
+        "/v1/messages",
+        {
+            "model": CLAUDE,
+            "max_tokens": 16,
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": SECRET, "cache_control": {"type": "ephemeral"}}]}
+            ],
+        },
+    ),
+    (
+        "Anthropic document with citations on",
+        "/v1/messages",
+        {
+            "model": CLAUDE,
+            "max_tokens": 16,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "document",
+                            "source": {"type": "text", "media_type": "text/plain", "data": SECRET},
+                            "citations": {"enabled": True},
+                        }
+                    ],
+                }
+            ],
+        },
+    ),
+]
+
+
+def model_reads(sent: dict[str, Any]) -> list[str]:
+    """What a model could read out of the body it got: its strings, text files decoded, and the text as a reader
+    undoes entities, percent-encoding, base64 (standard and URL-safe) and hex."""
+    strings = _strings(sent)
+    files = [s.split(",", 1)[1] for s in strings if s.startswith("data:") and ";base64," in s]
+    text = "\n".join([*strings, *(base64.b64decode(data).decode(errors="replace") for data in files)])
+    views = [text, html.unescape(text), unquote(text)]
+    for word in re.findall(r"[A-Za-z0-9+/=_-]{24,}", text):
+        padded = word + "=" * (-len(word) % 4)
+        for decoded in (
+            _try(base64.b64decode, padded),
+            _try(base64.urlsafe_b64decode, padded),
+            _try(bytes.fromhex, word),
+        ):
+            views.append(decoded.decode(errors="replace"))
+    return views
+
+
+def _try(decode: Any, word: str) -> bytes:
+    try:
+        return decode(word)
+    except ValueError:
+        return b""
+
+
+@pytest.mark.parametrize(("name", "path", "body"), PROBES, ids=[name for name, _, _ in PROBES])
+def test_a_secret_in_a_carrier_nobody_named_is_redacted(stack, name, path, body) -> None:
+    """Carriers and encodings no other test names: what the upstream gets holds the key in no form its model
+    reads (files decoded, entities, percent-encoding, base64 and hex undone)."""
+    response = send(stack, path, body, tenant="secrets")
+    assert response.status_code == 200, response.text
+    leaks = [view for view in model_reads(upstream_body(stack, response)) if AWS_KEY in view]
+    assert not leaks

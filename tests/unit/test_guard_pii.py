@@ -148,6 +148,18 @@ def test_a_key_in_base64_is_found_and_the_whole_run_redacted() -> None:
     assert types("mail " + base64.b64encode(b"bob@example.org and more").decode()) == [], "only secrets are decoded"
 
 
+def test_a_key_in_hex_is_found_and_its_digits_redacted() -> None:
+    encoded = KEY.encode().hex()
+    for run, expected in (
+        (encoded, "[REDACTED:AWS_ACCESS_KEY]"),
+        ("x0" + encoded.upper(), "x[REDACTED:AWS_ACCESS_KEY]"),
+    ):
+        text = f"here: {run} ok"
+        assert types(text) == ["aws_access_key"], run
+        assert pii.redact(text, pii.find(text)) == f"here: {expected} ok"
+    assert types("sha256 " + "ab12" * 16 + " and " + b"an ordinary sentence".hex()) == []
+
+
 def test_base64_runs_past_the_bound_are_not_decoded() -> None:
     """A run longer than MAX_BASE64_RUN is a file or an image: its cost is not paid, whatever it holds."""
     filler = base64.b64encode(b"\0" * (pii.MAX_BASE64_RUN)).decode()
