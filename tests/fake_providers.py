@@ -34,8 +34,9 @@ answering: chat's `refusal`, a Responses `refusal` content part (refusal deltas)
 Responses stream ends after its first n events, as a broken connection does. A Messages request translated to
 chat keeps no member it does not translate, so there the `fake` object rides as JSON in `metadata.user_id`, which
 reaches chat as `user`. Like the providers, it refuses a request without its key (`--api-key`, given once or more:
-`x-api-key` on the Anthropic routes, `Authorization: Bearer` on the OpenAI ones). It keeps OpenAI's Files and stored
-Responses (below) per key, as the provider keeps them per organization; any other `/v1/` path is OpenAI's 404.
+`x-api-key` on the Anthropic routes, `Authorization: Bearer` on the OpenAI ones). It keeps OpenAI's Files, stored
+Responses and Containers (below) per key, as the provider keeps them per organization; any other `/v1/` path is
+OpenAI's 404.
 `GET /_received` returns every request it got (path, headers, body), for assertions on the upstream side of the wire.
 """
 
@@ -571,6 +572,10 @@ def steered(body: dict[str, Any]) -> dict[str, Any]:
 # {"id", "object": "file", "deleted": true}. "Responses": a response made with `store` (true by default) is kept:
 # GET /v1/responses/{id}, DELETE /v1/responses/{id} -> {"id", "object": "response", "deleted": true}, and a later
 # request may continue it (`previous_response_id`; an unknown one is a 400 previous_response_not_found).
+# "Containers": POST /v1/containers (JSON: name) -> a container; POST /v1/containers/{id}/files, "either a
+# multipart/form-data request with the raw file content, or a JSON request with a file ID" (`file_id`: a file of the
+# organization, copied into the container; a multipart body naming one copies it too) -> a container file;
+# GET /v1/containers/{id}/files/{file_id}/content -> its bytes.
 
 
 class Objects:
@@ -579,6 +584,7 @@ class Objects:
     def __init__(self) -> None:
         self.files: dict[str, tuple[dict[str, Any], bytes]] = {}  # by id, oldest first
         self.responses: dict[str, dict[str, Any]] = {}
+        self.containers: dict[str, dict[str, bytes]] = {}  # container id -> its files' bytes by id
 
 
 def organization(request: Request) -> Objects:
@@ -667,6 +673,46 @@ async def one_response(request: Request, stored: Objects) -> Response:
     return JSONResponse(stored.responses[response_id])
 
 
+async def create_container(request: Request, stored: Objects) -> Response:
+    body = await request.json()
+    container_id = f"cntr_{uuid.uuid4().hex[:24]}"
+    stored.containers[container_id] = {}
+    return JSONResponse(
+        {"id": container_id, "object": "container", "name": body.get("name"), "created_at": int(time.time())}
+    )
+
+
+async def create_container_file(request: Request, stored: Objects) -> Response:
+    container_id = request.path_params["container_id"]
+    if container_id not in stored.containers:
+        return not_found("Container", container_id)
+    content_type = request.headers.get("content-type", "")
+    if content_type.startswith("multipart/"):
+        form = form_fields(content_type, await request.body())
+        file_id = form["file_id"][1].decode() if "file_id" in form else None
+    else:
+        form, file_id = {}, (await request.json()).get("file_id")
+    if file_id is not None:
+        if file_id not in stored.files:
+            return not_found("File", file_id)
+        content = stored.files[file_id][1]
+    elif "file" in form:
+        content = form["file"][1]
+    else:
+        return openai_error(400, "either 'file' or 'file_id' is required")
+    made = f"cfile_{uuid.uuid4().hex[:24]}"
+    stored.containers[container_id][made] = content
+    return JSONResponse({"id": made, "object": "container.file", "container_id": container_id, "bytes": len(content)})
+
+
+async def container_file_content(request: Request, stored: Objects) -> Response:
+    files = stored.containers.get(request.path_params["container_id"], {})
+    file_id = request.path_params["file_id"]
+    if file_id not in files:
+        return not_found("Container file", file_id)
+    return Response(files[file_id], media_type="application/octet-stream")
+
+
 async def unknown_route(request: Request, stored: Objects) -> Response:
     """Any other path: OpenAI's 404 for a URL it does not serve (recorded, so a test sees what reached it)."""
     return openai_error(404, f"Invalid URL ({request.method} {request.url.path})")
@@ -733,6 +779,13 @@ def build(api_keys: list[str]) -> Starlette:
             Route("/v1/files", objects(list_files), methods=["GET"]),
             Route("/v1/files/{file_id}", objects(one_file), methods=["GET", "DELETE"]),
             Route("/v1/files/{file_id}/content", objects(one_file), methods=["GET"]),
+            Route("/v1/containers", objects(create_container), methods=["POST"]),
+            Route("/v1/containers/{container_id}/files", objects(create_container_file), methods=["POST"]),
+            Route(
+                "/v1/containers/{container_id}/files/{file_id}/content",
+                objects(container_file_content),
+                methods=["GET"],
+            ),
             Route("/_received", get_received),
             Route("/v1/{path:path}", objects(unknown_route), methods=["GET", "POST", "DELETE"]),
         ]

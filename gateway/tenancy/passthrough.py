@@ -12,8 +12,9 @@ each path is):
 - any other path a pattern admits is a 404, unless the tenant has its own upstream key on the pool
   (`tenant_api_key_env`): then the provider keeps its objects apart, and the path goes upstream as it came.
 
-Every request body's references to other objects (a batch's `input_file_id`) must be the tenant's too. Anonymous
-access (one tenant) is passed through as before, within the catalog's paths.
+Every reference a request carries to other objects (a batch's `input_file_id`, an image edit's `file_id`, in its
+body or query: gateway/tenancy/carried.py) must be the tenant's too, on stateless paths as well. Anonymous access
+(one tenant) is passed through as before, within the catalog's paths.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from gateway.apis.anthropic_chat import anthropic_error
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, invalid_request
 from gateway.routing.pool import Pool
+from gateway.tenancy.carried import carried_references
 from gateway.tenancy.catalog import PAGES, Collection, Named, ObjectRoute, classify, is_object_id, named_ids
 from gateway.tenancy.ownership import TenantObjects, anonymous
-from gateway.tenancy.references import Reference, references
+from gateway.tenancy.references import Reference
 from gateway.upstream import PassedAnswer, Upstream
 
 log = logging.getLogger(__name__)
@@ -61,14 +63,17 @@ class ObjectPassthrough:
             return await self._upstream.pass_through(ctx, pool)
         if route is None:
             raise _unknown(method, path)
-        if not isinstance(route, ObjectRoute) or anonymous(ctx) or ctx.tenant is None:
-            return await self._upstream.pass_through(ctx, pool)  # stateless, or one tenant
-        tenant, collection = ctx.tenant, route.collection
-        body_references = references(ctx.payload) if ctx.payload else []
+        if anonymous(ctx) or ctx.tenant is None:
+            return await self._upstream.pass_through(ctx, pool)  # one tenant
+        tenant, change = ctx.tenant, method not in _READS
+        if isinstance(route, ObjectRoute) and route.object_id is not None:
+            one = Reference(route.collection.kind, route.object_id, "id")
+            await self._objects.require(tenant, [one], change=change)
+        await self._objects.require(tenant, carried_references(ctx))  # stateless paths too: an image edit's file_id
+        if not isinstance(route, ObjectRoute):
+            return await self._upstream.pass_through(ctx, pool)
+        collection = route.collection
         if route.object_id is not None:
-            change = method not in _READS
-            await self._objects.require(tenant, [Reference(collection.kind, route.object_id, "id")], change=change)
-            await self._objects.require(tenant, body_references)
             return await self._one(ctx, pool, route, change)
         if route.action is None and method == "GET" and collection.lists:
             return await self._list(ctx, pool, collection, tenant)
@@ -78,7 +83,6 @@ class ObjectPassthrough:
             made = (Named(("id",), collection.kind), *collection.names)
         else:
             raise _unknown(method, path)
-        await self._objects.require(tenant, body_references)
         answer = await self._upstream.pass_through_whole(ctx, pool)
         if answer.ok and (body := answer.json()) is not None:
             await self._record(ctx, pool, tenant, route, body, made)

@@ -12,7 +12,8 @@ names an item of a stored response.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 # a member's name → the kind of object its value (an id, or a list of ids) names
@@ -32,6 +33,7 @@ REFERENCES: dict[str, str] = {
 }
 ITEM_REFERENCE = "item_reference"
 _SKIPPED = frozenset({"metadata", "annotations"})
+_FIELD_MEMBERS = re.compile(r"[^\[\].]+")  # a flat field name's members: `a[b][0]`, `a.b.0`
 _TOOL_CALLS = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})  # content blocks whose `input` is left out
 # A body holds a reference only if one of these is in its bytes (or an escape, which could spell a name): most model
 # requests are not walked at all.
@@ -85,3 +87,24 @@ def _ids(kind: str, value: Any, where: str) -> Iterator[Reference]:
 
 def _join(at: str, key: str) -> str:
     return f"{at}.{key}" if at else key
+
+
+def field_references(fields: Iterable[tuple[str, str]]) -> list[Reference]:
+    """The references among a form's or a query's fields, each named as a client library names a member of a
+    nested body in a flat form (`file_id`, `file_ids[]`, `images[0][file_id]`, `conversation[id]`)."""
+    found = []
+    for name, value in fields:
+        kind = field_kind(name)
+        if kind is not None:
+            found.append(Reference(kind, value, name))
+    return found
+
+
+def field_kind(name: str) -> str | None:
+    """The kind of object a flat field names, or None: not a reference."""
+    members = [m for m in _FIELD_MEMBERS.findall(name) if not m.isdigit()]
+    if not members or _SKIPPED.intersection(members):
+        return None
+    if members[-1] == "id" and len(members) > 1:  # `conversation[id]`: an object named by its id
+        return REFERENCES.get(members[-2])
+    return REFERENCES.get(members[-1])

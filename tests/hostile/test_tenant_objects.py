@@ -24,7 +24,7 @@ from tests.hostile.raw_http import connect, read_answer
 GPT = "gpt-4.1-mini"
 UPSTREAM_KEY = "sk-upstream-tenancy-5e1d"
 KEYS = {tenant: f"sk-portcullis-{tenant}-0c4f" for tenant in ("ann", "bob", "cat", "dan", "eve", "fay", "gus", "hal")}
-PASSTHROUGH = ["/v1/files*", "/v1/responses/*", "/v1/batches*"]
+PASSTHROUGH = ["/v1/files*", "/v1/responses/*", "/v1/batches*", "/v1/containers*", "/v1/images/edits"]
 
 
 def fake_provider(launcher: Launcher, *other_keys: str) -> Process:
@@ -159,6 +159,68 @@ def test_a_batch_may_not_read_another_tenants_file(gw, fake) -> None:
         "file_not_found",
     )
     assert error.body["param"] == "input_file_id"
+
+
+def test_a_form_field_may_not_copy_another_tenants_file(gw, fake) -> None:
+    """A container file is made from raw bytes or from a file id, and the SDK sends both as one multipart form:
+    its `file_id` field is a reference like a JSON body's."""
+    secret = upload(gw, "ann", "ann's payroll\n")
+    bob = client(gw, "bob")
+    container = bob.containers.create(name="bob's sandbox").id
+    refused(
+        lambda: bob.containers.files.create(container, file=("mine.txt", b"bob's own\n"), file_id=secret),
+        fake,
+        "file_not_found",
+    )
+    own = upload(gw, "bob", "bob's rows\n")
+    copied = bob.containers.files.create(container, file=("mine.txt", b"bob's own\n"), file_id=own)
+    assert bob.containers.files.content.retrieve(copied.id, container_id=container).read() == b"bob's rows\n"
+
+
+def test_a_stateless_route_may_not_read_another_tenants_file(gw, fake) -> None:
+    """An image edit makes nothing, but reads the images it names by file id with the pool's key."""
+    secret = upload(gw, "cat", "cat's photo\n")
+    answer = httpx.post(
+        gw.url + "/v1/images/edits",
+        json={"model": "gpt-image-1", "prompt": "add a hat", "images": [{"file_id": secret}]},
+        headers={"authorization": f"Bearer {KEYS['dan']}"},
+    )
+    assert answer.status_code == 404 and answer.json()["error"]["code"] == "file_not_found", answer.text
+    assert answer.json()["error"]["param"] == "images[0].file_id"
+    assert received(fake, answer.headers["x-request-id"]) == []
+
+
+def test_a_query_parameter_may_not_name_another_tenants_object(gw, fake) -> None:
+    secret = upload(gw, "eve", "eve's notes\n")
+    answer = httpx.post(
+        gw.url + "/v1/images/edits",
+        params={"file_id": secret},
+        json={"model": "gpt-image-1", "prompt": "add a hat"},
+        headers={"authorization": f"Bearer {KEYS['fay']}"},
+    )
+    assert answer.status_code == 404 and answer.json()["error"]["param"] == "file_id", answer.text
+    assert received(fake, answer.headers["x-request-id"]) == []
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body", "status"),
+    [
+        ("application/json", b'{"endpoint": "/v1/responses", "score": NaN, "input_file_id": "%s"}', 400),
+        ("application/json", b'[{"input_file_id": "%s"}]', 400),
+        ("text/plain", b'{"input_file_id": "%s"}', 415),
+        ("", b'{"input_file_id": "%s"}', 415),
+    ],
+    ids=["json-only-some-decoders-read", "json-not-an-object", "json-as-text", "no-content-type"],
+)
+def test_a_body_the_gateway_cannot_read_for_references_is_refused(gw, fake, content_type, body, status) -> None:
+    """An upstream may read a body the gateway did not: JSON its decoder refuses and others take (Python's reads
+    NaN), JSON that is not an object, or JSON sent under another media type could name any tenant's file, so none of
+    them goes upstream."""
+    secret = upload(gw, "gus", "gus's ledger\n")
+    headers = {"authorization": f"Bearer {KEYS['hal']}", "content-type": content_type}
+    answer = httpx.post(gw.url + "/v1/batches", content=body % secret.encode(), headers=headers)
+    assert answer.status_code == status, answer.text
+    assert received(fake, answer.headers["x-request-id"]) == []
 
 
 def test_dot_segments_cannot_lead_a_passthrough_route_elsewhere(gw, fake) -> None:

@@ -1,12 +1,12 @@
-"""Which passthrough paths the gateway keeps apart by tenant, and which ids a request body refers to
-(gateway/tenancy/catalog.py, gateway/tenancy/references.py): in process, no gateway."""
+"""Which passthrough paths the gateway keeps apart by tenant, and which ids a request's JSON body or flat fields refer
+to (gateway/tenancy/catalog.py, gateway/tenancy/references.py): in process, no gateway."""
 
 from __future__ import annotations
 
 import pytest
 
 from gateway.tenancy.catalog import STATELESS, ObjectRoute, classify, uncovered
-from gateway.tenancy.references import Reference, may_refer, references
+from gateway.tenancy.references import Reference, field_references, may_refer, references
 
 
 @pytest.mark.parametrize(
@@ -82,3 +82,24 @@ def test_a_body_naming_no_reference_is_not_walked() -> None:
     assert not may_refer(b'{"model": "m", "input": "hello"}')
     assert may_refer(b'{"previous_response_id": "resp_1"}')
     assert may_refer(b'{"\\u0066ile_id": "file-1"}')  # an escape could spell a name
+
+
+def test_a_flat_fields_reference_is_found_by_the_member_it_stands_for() -> None:
+    """Client libraries flatten a nested body into form fields and queries by these conventions."""
+    fields = [
+        ("file_id", "file-a"),
+        ("file_ids[]", "file-b"),
+        ("images[0][file_id]", "file-c"),
+        ("conversation[id]", "conv-d"),
+        ("container.file_ids.0", "file-e"),
+        ("metadata[file_id]", "the client's own label"),
+        ("purpose", "batch"),
+        ("id", "file-f"),
+    ]
+    assert field_references(fields) == [
+        Reference("file", "file-a", "file_id"),
+        Reference("file", "file-b", "file_ids[]"),
+        Reference("file", "file-c", "images[0][file_id]"),
+        Reference("conversation", "conv-d", "conversation[id]"),
+        Reference("file", "file-e", "container.file_ids.0"),
+    ]
