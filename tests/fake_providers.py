@@ -35,7 +35,7 @@ Responses stream ends after its first n events, as a broken connection does. A M
 chat keeps no member it does not translate, so there the `fake` object rides as JSON in `metadata.user_id`, which
 reaches chat as `user`. Like the providers, it refuses a request without its key (`--api-key`, given once or more:
 `x-api-key` on the Anthropic routes, `Authorization: Bearer` on the OpenAI ones). It keeps OpenAI's Files, stored
-Responses and Containers (below) per key, as the provider keeps them per organization; any other `/v1/` path is
+Responses, Containers and Batches (below) per key, as the provider keeps them per organization; any other `/v1/` path is
 OpenAI's 404.
 `GET /_received` returns every request it got (path, headers, body), for assertions on the upstream side of the wire.
 """
@@ -575,7 +575,8 @@ def steered(body: dict[str, Any]) -> dict[str, Any]:
 # "Containers": POST /v1/containers (JSON: name) -> a container; POST /v1/containers/{id}/files, "either a
 # multipart/form-data request with the raw file content, or a JSON request with a file ID" (`file_id`: a file of the
 # organization, copied into the container; a multipart body naming one copies it too) -> a container file;
-# GET /v1/containers/{id}/files/{file_id}/content -> its bytes.
+# GET /v1/containers/{id}/files/{file_id}/content -> its bytes. "Batch": POST /v1/batches (JSON: input_file_id, a
+# file of the organization; endpoint; completion_window) -> a batch, `validating` (the fake runs none of its lines).
 
 
 class Objects:
@@ -713,6 +714,22 @@ async def container_file_content(request: Request, stored: Objects) -> Response:
     return Response(files[file_id], media_type="application/octet-stream")
 
 
+async def create_batch(request: Request, stored: Objects) -> Response:
+    body = await request.json()
+    if body.get("input_file_id") not in stored.files:
+        return not_found("File", str(body.get("input_file_id")))
+    batch = {
+        "id": f"batch_{uuid.uuid4().hex[:24]}",
+        "object": "batch",
+        "endpoint": body.get("endpoint"),
+        "input_file_id": body["input_file_id"],
+        "completion_window": body.get("completion_window"),
+        "status": "validating",
+        "created_at": int(time.time()),
+    }
+    return JSONResponse(batch)
+
+
 async def unknown_route(request: Request, stored: Objects) -> Response:
     """Any other path: OpenAI's 404 for a URL it does not serve (recorded, so a test sees what reached it)."""
     return openai_error(404, f"Invalid URL ({request.method} {request.url.path})")
@@ -779,6 +796,7 @@ def build(api_keys: list[str]) -> Starlette:
             Route("/v1/files", objects(list_files), methods=["GET"]),
             Route("/v1/files/{file_id}", objects(one_file), methods=["GET", "DELETE"]),
             Route("/v1/files/{file_id}/content", objects(one_file), methods=["GET"]),
+            Route("/v1/batches", objects(create_batch), methods=["POST"]),
             Route("/v1/containers", objects(create_container), methods=["POST"]),
             Route("/v1/containers/{container_id}/files", objects(create_container_file), methods=["POST"]),
             Route(

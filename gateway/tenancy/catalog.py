@@ -51,6 +51,8 @@ class Collection:
     names: tuple[Named, ...] = ()  # in its objects' and its create answers
     # POST root/<action>: a name under the root that is not an object id, and what its answer names
     actions: Mapping[str, tuple[Named, ...]] = field(default_factory=dict)
+    # members of a create's body naming a file of requests (JSONL) the upstream makes later with the pool's key
+    request_files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +86,7 @@ OPENAI_COLLECTIONS = (
         "batch",
         lists=True,
         names=(Named(("output_file_id",), "file"), Named(("error_file_id",), "file")),
+        request_files=("input_file_id",),
     ),
     Collection("/v1/vector_stores", "vector_store", lists=True),
     Collection("/v1/assistants", "assistant", lists=True),

@@ -96,7 +96,7 @@ class TenantObjects:
 def not_found(reference: Reference) -> GatewayError:
     """The same answer whether the object is another tenant's or does not exist."""
     shown = reference.object_id[:_ID_IN_MESSAGE]
-    if reference.kind == "response" and reference.param == "previous_response_id":
+    if reference.kind == "response" and reference.param.endswith("previous_response_id"):  # a batch line's too
         message = f"Previous response with id '{shown}' not found."  # OpenAI's own wording
         return GatewayError(404, message, code="previous_response_not_found", param=reference.param)
     message = f"No {reference.kind.replace('_', ' ')} found with id '{shown}'."

@@ -13,8 +13,9 @@ each path is):
   (`tenant_api_key_env`): then the provider keeps its objects apart, and the path goes upstream as it came.
 
 Every reference a request carries to other objects (a batch's `input_file_id`, an image edit's `file_id`, in its
-body or query: gateway/tenancy/carried.py) must be the tenant's too, on stateless paths as well. Anonymous access
-(one tenant) is passed through as before, within the catalog's paths.
+body or query: gateway/tenancy/carried.py) must be the tenant's too, on stateless paths as well, and so must every
+reference of the requests in a batch's input file (gateway/tenancy/request_files.py). Anonymous access (one tenant)
+is passed through as before, within the catalog's paths.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from gateway.tenancy.carried import carried_references
 from gateway.tenancy.catalog import PAGES, Collection, Named, ObjectRoute, classify, is_object_id, named_ids
 from gateway.tenancy.ownership import TenantObjects, anonymous
 from gateway.tenancy.references import Reference
+from gateway.tenancy.request_files import content_path, requests_references, unreadable
 from gateway.upstream import PassedAnswer, Upstream
 
 log = logging.getLogger(__name__)
@@ -69,7 +71,8 @@ class ObjectPassthrough:
         if isinstance(route, ObjectRoute) and route.object_id is not None:
             one = Reference(route.collection.kind, route.object_id, "id")
             await self._objects.require(tenant, [one], change=change)
-        await self._objects.require(tenant, carried_references(ctx))  # stateless paths too: an image edit's file_id
+        carried = carried_references(ctx)
+        await self._objects.require(tenant, carried)  # stateless paths too: an image edit's file_id
         if not isinstance(route, ObjectRoute):
             return await self._upstream.pass_through(ctx, pool)
         collection = route.collection
@@ -81,6 +84,9 @@ class ObjectPassthrough:
             made: tuple[Named, ...] = collection.actions[route.action]
         elif method == "POST" and collection.creates:
             made = (Named(("id",), collection.kind), *collection.names)
+            for named in carried:
+                if named.param in collection.request_files:
+                    await self._require_requests(ctx, pool, tenant, named)
         else:
             raise _unknown(method, path)
         answer = await self._upstream.pass_through_whole(ctx, pool)
@@ -100,6 +106,21 @@ class ObjectPassthrough:
             elif route.collection.names and (body := answer.json()) is not None:
                 await self._objects.record(ctx.tenant, named_ids(body, route.collection.names))
         return answer.response()
+
+    async def _require_requests(self, ctx: RequestContext, pool: Pool, tenant: str, request_file: Reference) -> None:
+        """The requests in a file the upstream will make with the pool's key (a batch's input file, the tenant's:
+        checked) may build only on the tenant's objects."""
+        member = request_file.param
+        path = content_path(request_file.object_id)
+        try:
+            answer = await self._upstream.pass_through_whole(ctx, pool, method="GET", path=path, query="", body=b"")
+        except GatewayError as error:
+            if error.code == "upstream_response_too_large":
+                raise unreadable(member, error.message) from None
+            raise
+        if not answer.ok:
+            raise unreadable(member, f"the upstream answered {answer.status}")
+        await self._objects.require(tenant, await requests_references(answer.content, member))
 
     async def _record(
         self,

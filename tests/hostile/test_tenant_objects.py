@@ -10,6 +10,7 @@ own. "Never reached the upstream" is read from the fake's record of what it rece
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 import time
 from typing import Any
@@ -159,6 +160,44 @@ def test_a_batch_may_not_read_another_tenants_file(gw, fake) -> None:
         "file_not_found",
     )
     assert error.body["param"] == "input_file_id"
+
+
+def test_a_batchs_requests_may_not_name_another_tenants_objects(gw, fake) -> None:
+    """The upstream makes each line of a batch's input file later, with the pool's key: a line continuing another
+    tenant's stored response, or showing the model another tenant's file, would read it."""
+    anns = client(gw, "ann").responses.create(model=GPT, input="ann's draft").id
+    ann_file = upload(gw, "ann", "ann's appendix\n")
+    cat = client(gw, "cat")
+    cats = cat.responses.create(model=GPT, input="cat's draft").id
+
+    def line(number: int, body: dict[str, Any]) -> str:
+        return json.dumps({"custom_id": f"r{number}", "method": "POST", "url": "/v1/responses", "body": body}) + "\n"
+
+    def batch(*bodies: dict[str, Any]) -> Any:
+        text = "".join(line(n, {"model": GPT, "input": "go on", **b}) for n, b in enumerate(bodies))
+        input_file = upload(gw, "cat", text)
+        return cat.batches.with_raw_response.create(
+            input_file_id=input_file, endpoint="/v1/responses", completion_window="24h"
+        )
+
+    def batches_sent(request_id: str) -> list[dict[str, Any]]:
+        return [r for r in received(fake, request_id) if r["path"] == "/v1/batches"]
+
+    for bodies, code, param in [
+        (({"previous_response_id": cats}, {"previous_response_id": anns}), "previous_response_not_found", "line 2"),
+        (
+            ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": ann_file}]}]},),
+            "file_not_found",
+            "line 1",
+        ),
+    ]:
+        with pytest.raises(openai.NotFoundError) as caught:
+            batch(*bodies)
+        assert caught.value.code == code and caught.value.body["param"].startswith(f"input_file_id {param}: body.")
+        assert batches_sent(caught.value.response.headers["x-request-id"]) == [], "the batch reached the upstream"
+
+    made = batch({"previous_response_id": cats})
+    assert made.parse().status == "validating" and batches_sent(made.headers["x-request-id"])
 
 
 def test_a_form_field_may_not_copy_another_tenants_file(gw, fake) -> None:
