@@ -28,6 +28,7 @@ from pydantic import (
 
 from gateway.apis.model_name import MODEL_NAME_PATTERN
 from gateway.tenancy.catalog import uncovered
+from gateway.tenant_name import TenantName
 
 CONFIG_ENV = "PORTCULLIS_CONFIG"
 # a Host header's name, with a port or without: a DNS name, an IPv4 address or a bracketed IPv6 one
@@ -504,7 +505,7 @@ class PoolConfig(_Strict):
 class ApiKeyConfig(_Strict):
     """One client key. Give its SHA-256 hex digest, or the name of an env var holding the key itself."""
 
-    tenant: str
+    tenant: TenantName
     label: str = ""
     sha256: str | None = None
     key_env: str | None = None

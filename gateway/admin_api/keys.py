@@ -18,8 +18,9 @@ from starlette.routing import Route
 
 from gateway.admin_api.bodies import read_object, validated
 from gateway.audit import AuditLog, actor_of
-from gateway.errors import GatewayError, invalid_request
+from gateway.errors import GatewayError
 from gateway.keystore.records import KeyRecord, KeySettings, digest_of, new_key_id, new_secret, now
+from gateway.tenant_name import tenant_param
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -71,9 +72,7 @@ class KeysApi:
         return self._changed(request, "create", None, record, status=201, secret=secret)
 
     async def list_keys(self, request: Request) -> Response:
-        tenant = request.query_params.get("tenant")
-        if tenant is not None and not 0 < len(tenant) <= 128:
-            raise invalid_request("'tenant' must be 1 to 128 characters", param="tenant")
+        tenant = tenant_param(request.query_params.get("tenant"))
         records = await self.store.records(tenant)
         return JSONResponse({"object": "list", "data": [record.public() for record in records]})
 

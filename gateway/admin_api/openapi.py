@@ -15,6 +15,7 @@ from gateway.admin_api.bodies import MAX_BODY_BYTES
 from gateway.admin_api.keys import RotateBody
 from gateway.admin_api.spend import GROUPS, MAX_WINDOW, SpendReport
 from gateway.keystore.records import KeyRecord, KeySettings
+from gateway.tenant_name import TENANT_NAME_PATTERN
 
 REF = "#/components/schemas/{model}"
 HIDDEN = ("digest", "previous_digest")  # stored, never shown
@@ -132,7 +133,9 @@ def _paths() -> dict[str, Any]:
             "get": _op(
                 "Every key (revoked ones included), oldest first",
                 _json(_ref("KeyList")),
-                params=[_query("tenant", "only this tenant's keys", {"type": "string", "maxLength": 128})],
+                params=[
+                    _query("tenant", "only this tenant's keys", {"type": "string", "pattern": TENANT_NAME_PATTERN})
+                ],
             ),
         },
         "/admin/keys/{key_id}": {
@@ -180,7 +183,7 @@ def _paths() -> dict[str, Any]:
                         f"{MAX_WINDOW.days} days after start",
                         {"type": "string"},
                     ),
-                    _query("tenant", "only this tenant's spend", {"type": "string", "maxLength": 128}),
+                    _query("tenant", "only this tenant's spend", {"type": "string", "pattern": TENANT_NAME_PATTERN}),
                     _query("key", "only this key's spend", {"type": "string", "pattern": "^[a-z0-9]{12}$"}),
                     _query("format", "json (default) or csv", {"enum": ["json", "csv"]}),
                 ],

@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.errors import invalid_request
 from gateway.spend.store import GroupBy, amount_text
+from gateway.tenant_name import tenant_param
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -96,9 +97,7 @@ def parse_spend_query(params: QueryParams, accept: str = "", today: date | None 
         raise invalid_request("'end' must be after 'start'", param="end")
     if end - start > MAX_WINDOW:
         raise invalid_request(f"the report covers at most {MAX_WINDOW.days} days", param="end")
-    tenant = params.get("tenant")
-    if tenant is not None and not 0 < len(tenant) <= 128:
-        raise invalid_request("'tenant' must be 1 to 128 characters", param="tenant")
+    tenant = tenant_param(params.get("tenant"))
     key_id = params.get("key")
     if key_id is not None and not (len(key_id) == 12 and _KEY_ID_CHARS.issuperset(key_id)):
         raise invalid_request("'key' must be a key id: 12 lowercase letters and digits", param="key")

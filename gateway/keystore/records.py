@@ -18,6 +18,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.policy.model import Budget, RuleId
+from gateway.tenant_name import TenantName
 
 SECRET_PREFIX = "pcl-"
 _ID_END = len(SECRET_PREFIX) + 12  # the id: 12 characters after the prefix, then '-'
@@ -33,7 +34,7 @@ class KeySettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tenant: Annotated[str, Field(min_length=1, max_length=128)]
+    tenant: TenantName
     label: Annotated[str, Field(max_length=128)] = ""
     models: Annotated[list[ModelGlob], Field(max_length=64)] = Field(
         default_factory=list, description="models this key may call, as globs ('gpt-4o*'); empty: any"
