@@ -48,7 +48,9 @@ class TenantObjects:
         raise the 404 for the first that is not."""
         found = await self._find(r.object_id for r in wanted)
         for reference in wanted:
-            if not self._reaches(tenant, reference.kind, found.get(reference.object_id), change):
+            if not is_object_id(reference.object_id) or not self._reaches(
+                tenant, reference.kind, found.get(reference.object_id), change
+            ):  # not an id the gateway records (a space, a dot): no tenant's, not even an unrecorded object's
                 raise not_found(reference)
 
     async def visible(self, tenant: str, kind: str, object_ids: Sequence[str]) -> set[str]:

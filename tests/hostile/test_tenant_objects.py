@@ -380,6 +380,22 @@ def test_records_expire_with_their_ttl(launcher) -> None:
         time.sleep(0.1)
 
 
+def test_with_unrecorded_objects_readable_only_a_plausible_id_is_passed(launcher) -> None:
+    """`unrecorded: readable` lets any tenant read an object the gateway has no record of; an id with a space or a
+    dot added has no record either, and an upstream that trims or cuts it would read another tenant's object."""
+    fake = fake_provider(launcher)
+    gw = start_gateway(launcher, fake, tenant_objects={"unrecorded": "readable"})
+    outside = upload_outside(fake)
+    assert client(gw, "bob").files.retrieve(outside).id == outside  # what the setting is for
+    anns = client(gw, "ann").responses.create(model=GPT, input="ann's, recorded").id
+    for variant in (f" {anns}", f"{anns}\n", f"{anns}.", f"{anns}/"):
+        refused(
+            lambda v=variant: client(gw, "bob").responses.create(model=GPT, input="go on", previous_response_id=v),
+            fake,
+            "previous_response_not_found",
+        )
+
+
 def test_anonymous_access_serves_every_object_as_before(launcher) -> None:
     """No key anywhere: one tenant, and what the upstream holds is all its own, made through the gateway or not."""
     fake = fake_provider(launcher)
