@@ -255,7 +255,8 @@ def messages_to_chat(payload: dict[str, Any]) -> dict[str, Any]:
 
     `system` leads as a system message; each turn keeps its role, except that a user turn's tool results become
     `tool` messages placed before the rest of that turn; `stop_sequences` -> `stop`, `metadata.user_id` -> `user`,
-    `top_k` passes as the vLLM extension, `stream` asks for the usage chunk too. `thinking` is not forwarded: how a
+    `top_k` and `cache_salt` (the pool's cache isolation sets it per tenant, gateway/stages/admission.py) pass as the
+    vLLM extensions, `stream` asks for the usage chunk too. `thinking` is not forwarded: how a
     model enables reasoning is its chat template's business, not a field of the chat API."""
     messages = _system_messages(payload.get("system"))
     for i, message in enumerate(payload["messages"]):
@@ -265,7 +266,7 @@ def messages_to_chat(payload: dict[str, Any]) -> dict[str, Any]:
         else:
             messages.extend(_user_messages(message["content"], loc))
     chat: dict[str, Any] = {"model": payload["model"], "messages": messages, "max_tokens": payload["max_tokens"]}
-    for key in ("temperature", "top_p", "top_k"):
+    for key in ("temperature", "top_p", "top_k", "cache_salt"):
         if payload.get(key) is not None:
             chat[key] = payload[key]
     if payload.get("stop_sequences"):
