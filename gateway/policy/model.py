@@ -12,7 +12,7 @@ import functools
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 from gateway.apis.routes import RouteName
 from gateway.guard.spec import GuardSpec
@@ -178,6 +178,9 @@ BudgetPeriod = Annotated[
 ]
 
 
+KEY_BUDGET_ID = "key"  # the id of a stored key's own budget (gateway/spend/budgets.py), beside the policy's ids
+
+
 class Budget(_Strict):
     """Spend allowed per period, in the price table's currency. Enforced before the request like token limits:
     the expected cost (prompt, plus the output budget at the output price) is reserved, and settled on the cost
@@ -200,6 +203,17 @@ class BudgetRule(Budget):
     key: Literal["tenant", "api_key"] = Field(
         default="tenant", description="one budget per tenant, or one per API key (each key its own limit)"
     )
+
+    @field_validator("id")
+    @classmethod
+    def _not_a_keys_own(cls, budget_id: str) -> str:
+        """A budget's counters are named by its id and payer: one with a key's own budget's id would share them."""
+        if budget_id == KEY_BUDGET_ID:
+            raise ValueError(
+                f"'{KEY_BUDGET_ID}' is the id of a stored key's own budget, whose counters a policy budget of that id "
+                "would share (one tenant's spend charged to another's key): name it otherwise"
+            )
+        return budget_id
 
 
 class PolicySpec(_Strict):

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 
 from gateway.context import Demand, RequestContext
 from gateway.errors import GatewayError
-from gateway.policy.model import Budget, PriceTable
+from gateway.policy.model import KEY_BUDGET_ID, Budget, PriceTable
 from gateway.ratelimit.checks import BudgetCheck, new_budget_check
 from gateway.ratelimit.gcra import Outcome
 from gateway.spend.store import NANOS, amount_text
@@ -37,7 +37,6 @@ from gateway.telemetry import Metrics
 log = logging.getLogger("portcullis.budget")
 
 KEY_PREFIX = "portcullis:budget:"
-KEY_BUDGET_ID = "key"  # the id of a stored key's own budget, beside the policy's budget rule ids
 HEADER = "x-portcullis-budget"  # "<id>; limit=20; remaining=19.999845; reset=2435156; currency=USD"
 _WINDOW = re.compile(r"^\s*(\d+)\s*(h|d)\s*$")
 _UNIT = {"h": 3600, "d": 86400}

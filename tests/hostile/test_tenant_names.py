@@ -1,7 +1,8 @@
 """A tenant's name against the places it is written: the spend ledger in Redis keeps each row as a key id, a tenant
 and a model joined by a control character, and access logs, audit lines and metrics labels print it. A name that
 holds a control character is refused where a key gets it (the admin API, portcullis.yaml), so one tenant's name can
-neither break the others' spend report nor pass for another row.
+neither break the others' spend report nor pass for another row. A budget's counters are named by its id and its
+payer (a tenant's name or a key's id), so no policy budget may take the id of a key's own.
 
 One gateway on a real Redis store, the official `openai` client on its public port, the admin API on its own.
 """
@@ -9,6 +10,7 @@ One gateway on a real Redis store, the official `openai` client on its public po
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 
 import openai
@@ -71,3 +73,18 @@ def test_a_tenant_name_holding_a_control_character_in_the_config_stops_the_start
 def test_a_report_or_list_asked_for_such_a_tenant_is_a_400(gw, route, tenant) -> None:
     answer = gw.admin.get(route, params={"tenant": tenant})
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "tenant", answer.text
+
+
+def test_a_policy_budget_may_not_take_the_id_of_a_keys_own_budget(launcher, tmp_path) -> None:
+    """A budget's counter is named by its id and its payer (a tenant's name, or a key's id). A stored key's own budget
+    has the id `key`: a policy budget of that id would share its counters, per key (`key: api_key`), or per tenant
+    with a tenant named like a key's id, so one tenant's spend would be charged to another's key."""
+    directory = tmp_path / "policies"
+    directory.mkdir()
+    spec = {"budgets": [{"id": "key", "key": "tenant", "limit": 10, "period": "month"}]}
+    policy = {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "test"}, "spec": spec}
+    (directory / "base.yaml").write_text(json.dumps(policy))
+    with pytest.raises(RuntimeError) as failed:
+        launcher.gateway({"pools": [pool("main", "http://127.0.0.1:9")], "policy_dir": str(directory)})
+    message = str(failed.value)
+    assert "base.yaml" in message and "budgets" in message and "'key'" in message and "Traceback" not in message
