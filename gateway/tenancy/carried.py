@@ -62,25 +62,33 @@ def _empty_object(body: bytes) -> bool:
 
 def _form_fields(body: bytes, content_type: str) -> list[tuple[str, str]]:
     """A multipart/form-data body's fields that name objects (name, value as text); every part is read for its
-    name: one that names no field, or whose bytes are transfer-encoded, is a 400."""
+    name: one without a head, that names no field, or whose bytes are transfer-encoded, is a 400. Found by searching
+    the body, not copying it: only the parts' heads and the referring fields' values are read out."""
     header = Message(policy=HTTP)
     header["content-type"] = content_type
     boundary = header.get_param("boundary")
-    if not isinstance(boundary, str) or not boundary:
-        raise invalid_request("multipart/form-data body without a boundary", code="invalid_multipart")
+    if not isinstance(boundary, str) or not boundary or not boundary.isascii():
+        raise _bad_form("its Content-Type names no plain boundary")
+    delimiter = b"--" + boundary.encode("ascii")
     fields = []
-    delimiter = b"--" + boundary.encode("latin-1")
-    for chunk in body.split(delimiter)[1:]:  # before the first delimiter: the preamble, which no parser reads
-        if chunk.startswith(b"--"):  # the close delimiter: the rest is the epilogue
-            break
-        head, _, value = chunk.removeprefix(b"\r\n").partition(b"\r\n\r\n")
-        part = BytesHeaderParser(policy=HTTP).parsebytes(head + b"\r\n\r\n")
+    at = body.find(delimiter)  # before the first delimiter: the preamble, which no parser reads
+    while at != -1 and not body.startswith(b"--", at + len(delimiter)):  # "--" after one: the close delimiter
+        start = at + len(delimiter)
+        at = body.find(delimiter, start)
+        end = len(body) if at == -1 else at
+        head_end = body.find(b"\r\n\r\n", start, end)
+        if head_end == -1:
+            raise _bad_form("a part has no blank line after its head")
+        part = BytesHeaderParser(policy=HTTP).parsebytes(body[start:head_end].removeprefix(b"\r\n") + b"\r\n\r\n")
         name = part.get_param("name", header="content-disposition")
         encoding = str(part.get("content-transfer-encoding", "")).strip().lower()
         if not isinstance(name, str) or encoding not in _PLAIN_ENCODINGS:
-            raise invalid_request(
-                "a multipart/form-data part names no field, or its bytes are transfer-encoded", code="invalid_multipart"
-            )
+            raise _bad_form("a part names no field, or its bytes are transfer-encoded")
         if field_kind(name) is not None:
-            fields.append((name, value.removesuffix(b"\r\n").decode("utf-8", errors="replace")))
+            value = body[head_end + 4 : end].removesuffix(b"\r\n")
+            fields.append((name, value.decode("utf-8", errors="replace")))
     return fields
+
+
+def _bad_form(why: str) -> GatewayError:
+    return invalid_request(f"multipart/form-data body the gateway cannot read: {why}", code="invalid_multipart")

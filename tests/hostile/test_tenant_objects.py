@@ -9,6 +9,7 @@ own. "Never reached the upstream" is read from the fake's record of what it rece
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import sys
@@ -214,6 +215,30 @@ def test_a_form_field_may_not_copy_another_tenants_file(gw, fake) -> None:
     own = upload(gw, "bob", "bob's rows\n")
     copied = bob.containers.files.create(container, file=("mine.txt", b"bob's own\n"), file_id=own)
     assert bob.containers.files.content.retrieve(copied.id, container_id=container).read() == b"bob's rows\n"
+
+
+@pytest.mark.parametrize(
+    ("content_type", "part"),
+    [
+        (
+            "multipart/form-data; boundary=XX",
+            b'Content-Disposition: form-data; name="file_id"\r\nContent-Transfer-Encoding: base64\r\n\r\n%s',
+        ),
+        ("multipart/form-data; boundary=XX", b"Content-Disposition: form-data\r\n\r\n%s"),
+        ("multipart/form-data; boundary=XX", b'Content-Disposition: form-data; name="file_id"; %s'),
+        ("multipart/form-data", b'Content-Disposition: form-data; name="file_id"\r\n\r\n%s'),
+    ],
+    ids=["transfer-encoded", "no-name", "no-blank-line", "no-boundary"],
+)
+def test_a_form_the_gateway_cannot_read_is_refused(gw, fake, content_type, part) -> None:
+    """A part another parser may read differently (decoding its bytes, naming it otherwise) could carry any id."""
+    secret = upload(gw, "ann", "ann's form\n")
+    container = client(gw, "bob").containers.create(name="bob's").id
+    body = b"--XX\r\n" + part % base64.b64encode(secret.encode()) + b"\r\n--XX--\r\n"
+    headers = {"authorization": f"Bearer {KEYS['bob']}", "content-type": content_type}
+    answer = httpx.post(gw.url + f"/v1/containers/{container}/files", content=body, headers=headers)
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_multipart", answer.text
+    assert received(fake, answer.headers["x-request-id"]) == []
 
 
 def test_a_stateless_route_may_not_read_another_tenants_file(gw, fake) -> None:
