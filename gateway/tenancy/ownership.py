@@ -42,6 +42,13 @@ class TenantObjects:
         self.store = store
         self._ttl = config.ttl
         self._unrecorded_readable = config.unrecorded == "readable"
+        if self._unrecorded_readable:
+            log.warning(
+                "tenant_objects.unrecorded: readable: every tenant may read the objects the gateway has no record of, "
+                "another tenant's too once its record expires (tenant_objects.ttl: %.0fs); keep the ttl at least as "
+                "long as the upstream keeps objects (files: until deleted)",
+                config.ttl,
+            )
 
     async def require(self, tenant: str, wanted: Sequence[Reference], *, change: bool = False) -> None:
         """Pass if every object `wanted` names is the tenant's to read (to `change`: modify, delete, add to), else

@@ -405,13 +405,17 @@ def test_records_expire_with_their_ttl(launcher) -> None:
         time.sleep(0.1)
 
 
-def test_with_unrecorded_objects_readable_only_a_plausible_id_is_passed(launcher) -> None:
-    """`unrecorded: readable` lets any tenant read an object the gateway has no record of; an id with a space or a
-    dot added has no record either, and an upstream that trims or cuts it would read another tenant's object."""
+def test_unrecorded_objects_readable_is_warned_of_and_passes_only_a_plain_id(launcher) -> None:
+    """`unrecorded: readable` lets any tenant read an object the gateway has no record of, another tenant's too once
+    its record expires, so the start warns; an id with a space or a dot added has no record either, and an upstream
+    that trims or cuts it would read another tenant's object."""
     fake = fake_provider(launcher)
     gw = start_gateway(launcher, fake, tenant_objects={"unrecorded": "readable"})
     outside = upload_outside(fake)
     assert client(gw, "bob").files.retrieve(outside).id == outside  # what the setting is for
+    # an expired record makes its object unrecorded too: the start says so
+    assert "tenant_objects.unrecorded: readable: every tenant may read" in gw.output()
+    assert "another tenant's too once its record expires (tenant_objects.ttl: 7776000s)" in gw.output()
     anns = client(gw, "ann").responses.create(model=GPT, input="ann's, recorded").id
     for variant in (f" {anns}", f"{anns}\n", f"{anns}.", f"{anns}/"):
         refused(
