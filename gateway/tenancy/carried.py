@@ -13,6 +13,7 @@ from __future__ import annotations
 from email.message import Message
 from email.parser import BytesHeaderParser
 from email.policy import HTTP
+from typing import Any
 from urllib.parse import parse_qsl
 
 import orjson
@@ -36,12 +37,7 @@ def _body_references(ctx: RequestContext) -> list[Reference]:
     content_type = ctx.request.headers.get("content-type", "")
     media = content_type.partition(";")[0].strip().lower()
     if "json" in media:
-        if not ctx.payload and not _empty_object(ctx.body):  # the parse stage decodes the objects it can
-            raise invalid_request(
-                "request body must be a JSON object the gateway can read: standard JSON, no NaN or Infinity",
-                code="invalid_json",
-            )
-        return references(ctx.payload)
+        return references(ctx.payload or _json_object(ctx.body))
     if media == "multipart/form-data":
         return field_references(_form_fields(ctx.body, content_type))
     if media == "application/x-www-form-urlencoded":
@@ -53,11 +49,19 @@ def _body_references(ctx: RequestContext) -> list[Reference]:
     )
 
 
-def _empty_object(body: bytes) -> bool:
+def _json_object(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object where the parse stage left none (`{}`, or a media type it did not take for JSON),
+    else a 400."""
     try:
-        return bool(orjson.loads(body) == {})
+        payload = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return False
+        payload = None
+    if not isinstance(payload, dict):
+        raise invalid_request(
+            "request body must be a JSON object the gateway can read: standard JSON, no NaN or Infinity",
+            code="invalid_json",
+        )
+    return payload
 
 
 def _form_fields(body: bytes, content_type: str) -> list[tuple[str, str]]:

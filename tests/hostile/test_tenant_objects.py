@@ -287,6 +287,16 @@ def test_a_body_the_gateway_cannot_read_for_references_is_refused(gw, fake, cont
     assert received(fake, answer.headers["x-request-id"]) == []
 
 
+def test_json_under_a_media_type_in_capitals_is_read_for_references(gw, fake) -> None:
+    """Media types are case-insensitive: `Application/JSON` is JSON to the upstream, so it is to the gateway."""
+    secret = upload(gw, "gus", "gus's capitals\n")
+    headers = {"authorization": f"Bearer {KEYS['hal']}", "content-type": "Application/JSON"}
+    body = json.dumps({"input_file_id": secret, "endpoint": "/v1/responses", "completion_window": "24h"})
+    answer = httpx.post(gw.url + "/v1/batches", content=body, headers=headers)
+    assert answer.status_code == 404 and answer.json()["error"]["param"] == "input_file_id", answer.text
+    assert received(fake, answer.headers["x-request-id"]) == []
+
+
 def test_dot_segments_cannot_lead_a_passthrough_route_elsewhere(gw, fake) -> None:
     """`/v1/files/x/../../vector_stores` would reach /v1/vector_stores upstream (the client library resolves dot
     segments), a route this pool does not pass through, and lists every tenant's."""
