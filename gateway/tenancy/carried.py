@@ -10,19 +10,18 @@ encoding. On a passthrough route a tenant's body is a JSON object, a form, or no
 
 from __future__ import annotations
 
-from email.message import Message
-from email.parser import BytesHeaderParser
-from email.policy import HTTP
 from typing import Any
 from urllib.parse import parse_qsl
 
 import orjson
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import MultipartParser, parse_options_header
 
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, invalid_request
 from gateway.tenancy.references import Reference, field_kind, field_references, references
 
-_PLAIN_ENCODINGS = frozenset({"", "7bit", "8bit", "binary"})  # a part whose bytes are its value
+_PLAIN_ENCODINGS = frozenset({b"", b"7bit", b"8bit", b"binary"})  # a part whose bytes are its value
 
 
 def carried_references(ctx: RequestContext) -> list[Reference]:
@@ -65,32 +64,67 @@ def _json_object(body: bytes) -> dict[str, Any]:
 
 
 def _form_fields(body: bytes, content_type: str) -> list[tuple[str, str]]:
-    """A multipart/form-data body's fields that name objects (name, value as text); every part is read for its
-    name: one without a head, that names no field, or whose bytes are transfer-encoded, is a 400. Found by searching
-    the body, not copying it: only the parts' heads and the referring fields' values are read out."""
-    header = Message(policy=HTTP)
-    header["content-type"] = content_type
-    boundary = header.get_param("boundary")
-    if not isinstance(boundary, str) or not boundary or not boundary.isascii():
+    """A multipart/form-data body's fields that name objects (name, value as text), parsed by python-multipart (the
+    parser Starlette's forms use): every part must name its field and carry its bytes as they are, else a 400 (a
+    part another parser may read differently could carry any id). Only the parts' heads and the referring fields'
+    values are kept; the rest of the body (the file) is streamed past."""
+    _, options = parse_options_header(content_type)
+    boundary = options.get(b"boundary", b"")
+    if not boundary or not boundary.isascii():
         raise _bad_form("its Content-Type names no plain boundary")
-    delimiter = b"--" + boundary.encode("ascii")
-    fields = []
-    at = body.find(delimiter)  # before the first delimiter: the preamble, which no parser reads
-    while at != -1 and not body.startswith(b"--", at + len(delimiter)):  # "--" after one: the close delimiter
-        start = at + len(delimiter)
-        at = body.find(delimiter, start)
-        end = len(body) if at == -1 else at
-        head_end = body.find(b"\r\n\r\n", start, end)
-        if head_end == -1:
-            raise _bad_form("a part has no blank line after its head")
-        part = BytesHeaderParser(policy=HTTP).parsebytes(body[start:head_end].removeprefix(b"\r\n") + b"\r\n\r\n")
-        name = part.get_param("name", header="content-disposition")
-        encoding = str(part.get("content-transfer-encoding", "")).strip().lower()
-        if not isinstance(name, str) or encoding not in _PLAIN_ENCODINGS:
+    fields: list[tuple[str, str]] = []
+    head: list[tuple[bytes, bytes]] = []
+    field, value = [b""], [b""]  # the header being read
+    kept: list[bytes] | None = None  # the value of a field that names objects, as it arrives
+
+    def header_field(data: bytes, start: int, end: int) -> None:
+        field[0] += data[start:end]
+
+    def header_value(data: bytes, start: int, end: int) -> None:
+        value[0] += data[start:end]
+
+    def header_end() -> None:
+        head.append((field[0].lower(), value[0]))
+        field[0] = value[0] = b""
+
+    def headers_finished() -> None:
+        nonlocal kept
+        headers = dict(head)
+        _, disposition = parse_options_header(headers.get(b"content-disposition", b""))
+        name = disposition.get(b"name")
+        encoding = headers.get(b"content-transfer-encoding", b"").strip().lower()
+        if name is None or encoding not in _PLAIN_ENCODINGS:
             raise _bad_form("a part names no field, or its bytes are transfer-encoded")
-        if field_kind(name) is not None:
-            value = body[head_end + 4 : end].removesuffix(b"\r\n")
-            fields.append((name, value.decode("utf-8", errors="replace")))
+        text = name.decode("utf-8", errors="replace")
+        kept = [] if field_kind(text) is not None else None
+        if kept is not None:
+            fields.append((text, ""))
+
+    def part_data(data: bytes, start: int, end: int) -> None:
+        if kept is not None:
+            kept.append(data[start:end])
+
+    def part_end() -> None:
+        nonlocal kept
+        if kept is not None:
+            fields[-1] = (fields[-1][0], b"".join(kept).decode("utf-8", errors="replace"))
+        kept = None
+        head.clear()
+
+    callbacks: Any = {
+        "on_header_field": header_field,
+        "on_header_value": header_value,
+        "on_header_end": header_end,
+        "on_headers_finished": headers_finished,
+        "on_part_data": part_data,
+        "on_part_end": part_end,
+    }
+    parser = MultipartParser(boundary, callbacks)
+    try:
+        parser.write(body)
+        parser.finalize()
+    except MultipartParseError as exc:
+        raise _bad_form(str(exc) or "it is not multipart/form-data") from None
     return fields
 
 
