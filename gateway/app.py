@@ -98,6 +98,7 @@ class Gateway:
         self.tracer = self.tracer_provider.get_tracer("portcullis.gateway")
         self.tracing = records_spans(self.tracer_provider)
         self.pools = Pools([Pool(p) for p in config.pools])
+        _warn_shared_prefix_caches(config)
         self.policies = _load_policies(config)
         self.reloader = PolicyReloader(config.policy_dir, self._install, lambda: self.policies)
         self.key_store = build_key_store(config)  # keys made through the admin API
@@ -381,6 +382,23 @@ def _budget_store(config: GatewayConfig) -> SqliteBudgets:
         return SqliteBudgets(config.store.sqlite_path)
     except sqlite3.Error as err:
         raise ConfigError(f"store.sqlite_path: cannot open {config.store.sqlite_path}: {err}") from err
+
+
+def _warn_shared_prefix_caches(config: GatewayConfig) -> None:
+    """A pool whose tenants share its engines' prefix cache lets one tenant time another's prompts (a cached prefix
+    answers its first token sooner): said at start wherever more than one tenant may use it, that is, where static
+    keys name several tenants or the admin plane can make keys."""
+    tenants = {key.tenant for key in config.auth.keys}
+    if len(tenants) < 2 and not config.admin.enabled:
+        return
+    for pool in config.pools:
+        if pool.cache_isolation == "shared":
+            log.warning(
+                "pools[%s].cache_isolation: shared: tenants share its engines' prefix cache, so one can learn from "
+                "its first token's time whether another sent a prompt; set cache_isolation: tenant where tenants "
+                "must not learn about each other",
+                pool.name,
+            )
 
 
 def _load_policies(config: GatewayConfig) -> PolicySet:

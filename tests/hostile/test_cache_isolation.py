@@ -60,3 +60,14 @@ def test_a_translated_messages_request_carries_its_tenants_salt(gw, upstream) ->
         )
         body = sent(upstream)
         assert "messages" in body and body.get("cache_salt") == salts[tenant], body
+
+
+def test_a_pool_whose_tenants_share_its_prefix_cache_is_warned_of_at_start(module_launcher, upstream, gw) -> None:
+    """Sharing is the default (shared system prompts stay cached across tenants), and an unsafe one where tenants
+    must not learn about each other: the start says so for each such pool, and not for an isolated one."""
+    auth = {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()} for t, k in KEYS.items()]}
+    pools = [pool("isolated", upstream.url, cache_isolation="tenant"), pool("open", upstream.url, models=["other"])]
+    shared = module_launcher.gateway({"pools": pools, "auth": auth})
+    assert "pools[open].cache_isolation: shared: tenants share its engines' prefix cache" in shared.output()
+    assert "pools[isolated]" not in shared.output()
+    assert "cache_isolation: shared" not in gw.output()
