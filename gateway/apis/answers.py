@@ -158,6 +158,13 @@ class AnswerFormat:
         untrusted text, less what holds no text (gateway/apis/untrusted.py)."""
         return self._inventory.untrusted(event, known, seen, whole=whole)
 
+    def logprobs(self, event: dict[str, Any]) -> Iterator[tuple[str, Any, bool]]:
+        """The logprobs an event (or a whole answer) holds: (where, the logprobs value, whether a stream's later events
+        add to it); gateway/apis/logprobs.py reads what they spell."""
+        for i, choice in enumerate(_array(event.get("choices"))):
+            if isinstance(choice, dict) and choice.get("logprobs"):
+                yield f"choices[{_index(choice.get('index'), i)}].logprobs", choice["logprobs"], True
+
     def where(self, channel: Hashable) -> str:
         """A channel, for people (verdicts say where they found what they found)."""
         if isinstance(channel, Arguments):
@@ -294,6 +301,25 @@ class ResponsesFormat(AnswerFormat):
             return None
         channel, key = found
         return channel(event), key
+
+    def logprobs(self, event: dict[str, Any]) -> Iterator[tuple[str, Any, bool]]:
+        """An output_text part's logprobs: a text event's (a `.delta`'s add to the part's; a `.done`'s are a whole
+        copy), and those of the parts an event's part, item or response holds (or a whole answer's output)."""
+        if event.get("logprobs"):
+            place = (
+                f"output_index={_index(event.get('output_index'))} content_index={_index(event.get('content_index'))}"
+            )
+            yield f"{place} logprobs", event["logprobs"], event.get("type") == "response.output_text.delta"
+        part, item, response = event.get("part"), event.get("item"), event.get("response")
+        if isinstance(part, dict) and part.get("logprobs"):
+            yield "part.logprobs", part["logprobs"], False
+        items = [item] if isinstance(item, dict) else _array(event.get("output"))
+        if isinstance(response, dict):
+            items = _array(response.get("output"))
+        for i, output in enumerate(items):
+            for j, content in enumerate(_array(output.get("content")) if isinstance(output, dict) else ()):
+                if isinstance(content, dict) and content.get("logprobs"):
+                    yield f"output[{i}].content[{j}].logprobs", content["logprobs"], False
 
     def snapshots(self, event: dict[str, Any]) -> Iterator[Text]:
         kind = event.get("type")

@@ -7,7 +7,7 @@ reasoning, base64 media), the request's own settings that a Response echoes. Ide
 channels, for the output guard to read once per distinct value, and so does the key of every object: a name the
 client reads, which no redaction could rewrite without breaking the field. Every other string of an event, in an
 event type the table knows or not, is text the client reads that no table vouches for: a new provider feature (a
-new delta type, an audio transcript, a tool's output), a field a server added, logprobs' tokens, a tool's name, and
+new delta type, an audio transcript, a tool's output), a field a server added, a tool's name, and
 an opaque field that holds something other than base64. The output guard scans it as it scans the answer, never
 relays it unread.
 

@@ -17,6 +17,10 @@ until the next), and if a later event adds to it after all, the scan reads that 
 Redaction rewrites the held events' text in place (typed placeholders); a block raises `GuardBlocked`, which the
 relay turns into an explicit error event in the client's format — never a silent cut.
 
+Logprobs (gateway/apis/logprobs.py) are read as the client rebuilds text from them: a text's tokens run together,
+and their bytes decoded, on channels of their own that a stream's deltas add to; each alternative as an identifier.
+A finding in them blocks, under `redact` too: an entry cannot be rewritten consistently with its figures.
+
 Copies: some formats repeat a channel's whole text at its end (Responses' `*.done` events, the item's and the
 response's copies). A copy that says what the pieces said is rewritten with the pieces' redactions; one that does
 not (a secret in a `.done` after clean deltas) is scanned whole as a text of its own, and redacted or blocked.
@@ -39,6 +43,7 @@ from dataclasses import dataclass, field
 
 from gateway.apis.answers import AnswerFormat, Arguments, Holder, Text
 from gateway.apis.decoded_json import DecodedJson
+from gateway.apis.logprobs import Logprobs, spelled
 from gateway.apis.untrusted import Identifier, Place, Untrusted, place_of
 from gateway.growing_text import GrowingText
 from gateway.guard import pii
@@ -131,7 +136,8 @@ class _Channel:
 
 def _opened(channel: Hashable, text: str = "") -> _Channel:
     base = channel.of if isinstance(channel, _Copy) else channel
-    state = _Channel(decoded=DecodedJson() if isinstance(base, Arguments) else None, replaceable=base != UNPARSED)
+    replaceable = base != UNPARSED and not isinstance(base, Logprobs)
+    state = _Channel(decoded=DecodedJson() if isinstance(base, Arguments) else None, replaceable=replaceable)
     state.append(text)
     return state
 
@@ -194,6 +200,7 @@ class OutputGuard:
             self._snapshot(held, channel, holder, key)
         for channel in answers.ended(chunk):
             self._finish(channel)
+        self._read_logprobs(held, chunk, known)
         growing: dict[Hashable, None] = {}
         for channel, holder, key in answers.untrusted(chunk, known, self._identified):
             if isinstance(channel, Identifier):
@@ -210,6 +217,19 @@ class OutputGuard:
         for channel in growing:
             self._channels[channel].finished = False
         self._growing = growing
+
+    def _read_logprobs(self, held: _Held, chunk: dict, known: set[Place]) -> None:
+        """What an event's logprobs spell (gateway/apis/logprobs.py): a delta's on channels that run on across
+        events, a whole copy's on channels that end with it; alternatives read as identifiers."""
+        for where, value, grows in self._answers.logprobs(chunk):
+            kind = chunk.get("type")
+            for channel, text in spelled(kind if isinstance(kind, str) else "", where, value, known):
+                if isinstance(channel, Identifier):
+                    self._identify(channel, text)
+                    continue
+                self._append(held, channel, {"text": text}, "text")
+                if not grows:
+                    self._finish(channel)
 
     def _channel(self, channel: Hashable) -> _Channel:
         state = self._channels.get(channel)
@@ -308,6 +328,8 @@ class OutputGuard:
             return content
         texts = list(self._answers.body_texts(body))
         known = {place_of(holder, key) for _, holder, key in texts}
+        for where, value, _ in self._answers.logprobs(body):
+            texts += ((channel, {"text": text}, "text") for channel, text in spelled("", where, value, known))
         texts += self._answers.untrusted(body, known, self._identified, whole=True)
         scans = []
         for channel, holder, key in texts:
