@@ -48,7 +48,10 @@ if TYPE_CHECKING:
 
 LEASE_REQUESTS = 128  # a slice holds at most this many of the request's reservations
 SHARE = 16  # and at most 1/SHARE of what the store had left: below 2 x SHARE reservations left, exactly one
-AHEAD = 4  # far from the limit, the next slice is taken once the current one has less than 1/AHEAD of its room left
+# far from the limit, the next slice is taken once the current one has less than 1/AHEAD of its room left: half, so
+# that at 32 requests in flight the spare is in hand before the current slice is full even where taking it waits
+# out the worker thread's turn at the GIL (several ms on a loaded host); a quarter left made one request in nine wait
+AHEAD = 2
 IDLE = 1.0  # seconds a slice with no request in flight is kept before it is settled
 _RETRIES = 3  # slices with room for others one request takes before it takes exact ones
 
