@@ -40,7 +40,8 @@ from gateway.json_path import dotted
 
 Location = tuple[str | int, ...]  # keys and indices from the payload's root
 Kind = Literal["text", "identifier", "field", "opaque"]
-Provenance = Literal[
+# Where a text of a conversation came from (a policy names these to choose what the guard scans, and how) ...
+MessageProvenance = Literal[
     "system",
     "developer",
     "user",
@@ -50,9 +51,9 @@ Provenance = Literal[
     "document",
     "tool_arguments",
     "tool_definitions",
-    "prompt",
-    "unknown",
 ]
+# ... and the texts that have none: role-less prompts (completions, embeddings), and content no shape classifies
+Provenance = Literal[MessageProvenance, "prompt", "unknown"]
 
 
 @dataclass(slots=True, eq=False)

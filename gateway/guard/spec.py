@@ -12,7 +12,7 @@ from typing import Annotated, Literal, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.apis.inventory import Provenance
+from gateway.apis.inventory import MessageProvenance, Provenance
 from gateway.yaml_bools import Switch
 
 Action = Literal["block", "flag", "redact", "monitor"]
@@ -21,18 +21,7 @@ PiiAction = Switch[Literal["off", "monitor", "flag", "redact", "block"]]
 # roles, earlier turns' reasoning and tool-call arguments, tool results, documents (attached files, search results,
 # fetched pages), tool and output-schema descriptions. `tool` is the older name of `tool_result`. Role-less prompts
 # (completions, embeddings) and content no shape classifies (`unknown`) are always read.
-Role = Literal[
-    "system",
-    "developer",
-    "user",
-    "assistant",
-    "reasoning",
-    "tool_result",
-    "document",
-    "tool_arguments",
-    "tool_definitions",
-    "tool",
-]
+Role = Literal[MessageProvenance, "tool"]
 ALIASES: dict[str, Provenance] = {"tool": "tool_result"}
 ALWAYS_READ: frozenset[Provenance] = frozenset(("prompt", "unknown"))
 INJECTION_ROLES: tuple[Role, ...] = tuple(r for r in get_args(Role) if r not in ALIASES)  # the default: all of it
