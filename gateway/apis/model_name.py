@@ -25,8 +25,9 @@ import re
 from gateway.errors import invalid_request
 
 MAX_MODEL_CHARS = 256
-MODEL_NAME_PATTERN = rf"^[!-~]{{1,{MAX_MODEL_CHARS}}}$"  # the operator's config names models by the same rule
-_VISIBLE_ASCII = re.compile(r"[!-~]+")
+_VISIBLE_ASCII = "[!-~]"
+MODEL_NAME_PATTERN = rf"^{_VISIBLE_ASCII}{{1,{MAX_MODEL_CHARS}}}$"  # the operator's config names models by this rule
+_VISIBLE_ASCII_RUN = re.compile(_VISIBLE_ASCII + "+")
 
 
 def check_model_name(model: str) -> None:
@@ -36,7 +37,7 @@ def check_model_name(model: str) -> None:
         raise invalid_request(
             f"'model' is longer than {MAX_MODEL_CHARS} characters", param="model", code="string_above_max_length"
         )
-    if not _VISIBLE_ASCII.fullmatch(model):
+    if not _VISIBLE_ASCII_RUN.fullmatch(model):
         raise invalid_request(
             "'model' must be visible ASCII (letters, digits and punctuation: no spaces, control characters or other "
             "scripts), as model ids are",
