@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gateway.errors import GatewayError
 from gateway.guard.batcher import MicroBatcher
+from gateway.guard.score_cache import Key, ScoreCache, digest
 from gateway.guard.spec import GuardRuntime as RuntimeSettings
 from gateway.guard.spec import InjectionPolicy
 
@@ -33,6 +34,14 @@ log = logging.getLogger(__name__)
 
 HEADER = "x-portcullis-guard"
 DEFAULT_THRESHOLD = 0.5
+
+
+class _NoReuse:
+    """A scan whose scores are neither looked up nor kept (generated text, evaluation)."""
+
+
+NO_REUSE = _NoReuse()
+Tenant = str | None | _NoReuse
 
 
 @dataclass(slots=True)
@@ -117,6 +126,7 @@ class Classifier:
     model: GuardEnsemble
     batchers: list[MicroBatcher]
     settings: RuntimeSettings
+    known: ScoreCache  # scores of texts this model has read, for texts that come back (see score_cache.py)
 
     async def retire(self) -> None:
         for batcher in self.batchers:
@@ -125,11 +135,16 @@ class Classifier:
 
 @dataclass(frozen=True)
 class Windows:
-    """A scan's windows (text index, member index, token ids) over `texts` texts, and the classifier they are for."""
+    """A scan's windows (text index, member index, token ids) over `texts` texts, and the classifier they are for.
+
+    A scan that may reuse scores carries each text's cache key and known score: its windows then cover only the
+    texts without one (`items` index those), and their scores are kept once read."""
 
     classifier: Classifier
     texts: int
     items: list[Window]
+    keys: list[Key] | None = None
+    known: list[float | None] | None = None
 
 
 class Guard:
@@ -160,6 +175,12 @@ class Guard:
             "portcullis_guard_batch_seconds",
             "Classifier call duration",
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
+            registry=registry,
+        )
+        self.reused = Counter(
+            "portcullis_guard_score_reuse",
+            "Request texts whose classifier score was known from an earlier scan of the same tenant (hit) or not",
+            ["result"],
             registry=registry,
         )
         self._classifier: Classifier | None = None
@@ -207,7 +228,7 @@ class Guard:
             ]
             if self._classifier is not None:
                 self._retired.append(self._classifier)
-            self._classifier = Classifier(model, batchers, settings)
+            self._classifier = Classifier(model, batchers, settings, ScoreCache(settings.score_cache))
             log.info("guard model ready in %.2fs on %s", time.perf_counter() - started, model.providers[0])
             return model
 
@@ -234,18 +255,29 @@ class Guard:
         model_threshold = self._classifier.model.threshold if self._classifier else None
         return float(model_threshold) if model_threshold is not None else DEFAULT_THRESHOLD
 
-    def windows(self, texts: list[str], policy: InjectionPolicy, max_windows: int | None = None) -> Windows:
+    def windows(
+        self, texts: list[str], policy: InjectionPolicy, max_windows: int | None = None, *, tenant: Tenant = NO_REUSE
+    ) -> Windows:
         """Every window of every text, in each model's tokens; blocking (tokenizing), so big inputs belong on a worker
-        thread. A model needing more than `max_windows` raises ScanTooLong: a text is scanned whole or not served."""
+        thread. A model needing more than `max_windows` raises ScanTooLong: a text is scanned whole or not served.
+        Given a tenant (None included), texts whose score that tenant's scans already read get no windows."""
         from gateway.guard.ensemble import TooManyWindows
 
         classifier = self._loaded()
+        keys = known = None
+        if not isinstance(tenant, _NoReuse) and classifier.known.entries:
+            keys = [(tenant, policy.window, policy.overlap, digest(text)) for text in texts]
+            known = classifier.known.lookup(keys)
+            hits = sum(score is not None for score in known)
+            self.reused.labels(result="hit").inc(hits)
+            self.reused.labels(result="miss").inc(len(texts) - hits)
+            texts = [text for text, score in zip(texts, known) if score is None]
         try:
             items = classifier.model.windows(texts, policy.window, policy.overlap, max_windows)
         except TooManyWindows as exc:
             window = min(policy.window, classifier.model.max_length)
             raise ScanTooLong(exc.needed, max_windows or 0, window) from None
-        return Windows(classifier, len(texts), items)
+        return Windows(classifier, len(texts), items, keys, known)
 
     async def score(self, windows: Windows, target: str = "input") -> tuple[float, int]:
         """(highest text score, index of the text that has it); (0, -1) for no windows. See `text_scores`."""
@@ -257,8 +289,22 @@ class Guard:
 
     async def text_scores(self, windows: Windows, target: str = "input") -> list[float]:
         """Each text's score (its windows' blend), each model's windows through its own micro-batcher, the models
-        at once; [] for no windows. The windows are scored by the classifier that made them, even when a reload
-        replaced it since."""
+        at once (scores known from earlier scans reused); [] for no texts. The windows are scored by the classifier
+        that made them, even when a reload replaced it since."""
+        fresh = await self._read_windows(windows)
+        if windows.known is None or windows.keys is None:
+            scores = fresh
+        else:
+            read = iter(fresh)
+            scores = [next(read) if score is None else score for score in windows.known]
+            unread = [key for key, score in zip(windows.keys, windows.known) if score is None]
+            windows.classifier.known.store(unread, fresh)
+        if scores:
+            self.scores.labels(target=target).observe(max(scores))
+        return scores
+
+    async def _read_windows(self, windows: Windows) -> list[float]:
+        """The classifier's score of each text the windows cover."""
         if not windows.items:
             return []
         items, classifier = windows.items, windows.classifier
@@ -270,9 +316,7 @@ class Guard:
         for part, result in zip(parts, results):
             for k, margin in zip(part, result):
                 margins[k] = margin
-        scores = [float(x) for x in classifier.model.blend(windows.texts, items, margins)]
-        self.scores.labels(target=target).observe(max(scores))
-        return scores
+        return [float(x) for x in classifier.model.blend(windows.texts, items, margins)]
 
     async def classify(
         self, texts: list[str], policy: InjectionPolicy, settings: RuntimeSettings, target: str = "input"

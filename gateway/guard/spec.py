@@ -168,6 +168,18 @@ class GuardRuntime(_Strict):
     max_wait_us: Annotated[
         int, Field(ge=0, le=1_000_000, description=("how long the first window waits for others to share its batch"))
     ] = 500
+    score_cache: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=10_000_000,
+            description=(
+                "request texts whose scores are kept (by tenant and a digest of the text, no text kept) so a text "
+                "that comes back, such as a system prompt or tool definitions, is not read by the model again; "
+                "0: off"
+            ),
+        ),
+    ] = 16384
 
 
 class GuardSpec(_Strict):

@@ -100,7 +100,7 @@ class GuardStage:
         if not injection or any(v.result == "block" for v in verdicts):
             return verdicts, None
         policy = spec.injection
-        return verdicts, (scanned, self.guard.windows(originals, policy, policy.max_windows))
+        return verdicts, (scanned, self.guard.windows(originals, policy, policy.max_windows, tenant=ctx.tenant))
 
     def _decoder(self, model: str, spec: GuardSpec) -> Decode:
         def decode(ids: list[int], where: str) -> str | None:

@@ -1,6 +1,7 @@
 """The process's guard with the bundled models, for real: load on first use, score through the batchers, refuse
 text too long to scan whole (counted in each model's tokens, without tokenizing megabytes), keep a scan on the
-classifier it began with across a reload, and say so when asked to scan before a model is loaded."""
+classifier it began with across a reload, reuse a tenant's scores of texts that come back, and say so when asked to
+scan before a model is loaded."""
 
 from __future__ import annotations
 
@@ -124,3 +125,33 @@ def test_a_scan_keeps_the_classifier_it_began_with_across_a_reload() -> None:
     ensemble = load_guard(device="cpu")
     assert index == 1 and score == pytest.approx(ensemble.score_texts([BENIGN, INJECTION])[1], abs=0.05)
     assert after_index == 0 and after >= guard.threshold(policy)
+
+
+def test_a_text_that_comes_back_is_not_read_again_by_the_tenant_that_sent_it(guard: Guard) -> None:
+    """A system prompt repeated on every request: the second scan of one tenant has no windows for it and gets the
+    score the model gave; another tenant, other window settings and a scan without a tenant read it afresh."""
+    policy = InjectionPolicy()
+    system = "You are the support agent of Example Corp. Answer billing questions briefly. " * 6
+
+    async def run() -> list[tuple[int, list[float]]]:
+        try:
+            out = []
+            for texts, tenant, settings in (
+                ([system, BENIGN], "team-a", policy),
+                ([system, INJECTION], "team-a", policy),
+                ([system, INJECTION], "team-b", policy),
+                ([system, INJECTION], "team-a", InjectionPolicy(window=64)),
+            ):
+                windows = guard.windows(texts, settings, tenant=tenant)
+                out.append((len({w[0] for w in windows.items}), await guard.text_scores(windows)))
+            plain = guard.windows([system, INJECTION], policy)
+            out.append((len({w[0] for w in plain.items}), await guard.text_scores(plain)))
+            return out
+        finally:
+            await guard.aclose()
+
+    first, again, other_tenant, other_windows, untenanted = asyncio.run(run())
+    assert first[0] == 2 and again[0] == 1, "the repeated system prompt had windows again"
+    assert again[1][0] == first[1][0] and again[1][1] >= guard.threshold(policy)
+    assert other_tenant[0] == 2 and other_windows[0] == 2 and untenanted[0] == 2
+    assert untenanted[1] == pytest.approx(again[1], abs=1e-6)
