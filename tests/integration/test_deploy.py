@@ -1,8 +1,9 @@
 """deploy/: the Dockerfile, docker-compose.yml and Kubernetes manifests agree with each other and with the config.
 
-No Docker engine or cluster runs here, so these tests parse every file and cross-check the values they share:
-ports, host names, env vars, mount paths, probes and image settings. Expected values always come from another file
-(the gateway config validated by the real model, the Makefile, pyproject.toml), never from constants written here.
+No Docker engine or cluster runs here, so these tests parse every file (the Kubernetes objects as each overlay renders
+them with `kubectl kustomize`) and cross-check the values they share: ports, host names, env vars, mount paths, probes
+and image settings. Expected values always come from another file (the gateway config validated by the real model, the
+Makefile, pyproject.toml), never from constants written here.
 """
 
 from __future__ import annotations
@@ -20,15 +21,15 @@ import pytest
 import yaml
 
 from gateway.config import CONFIG_ENV, GatewayConfig, load_config
+from tests.kustomize import BASE, OVERLAYS, render
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-K8S = DEPLOY / "k8s"
 COMPOSE_FILE = DEPLOY / "docker-compose.yml"
 DOCKERFILE = DEPLOY / "Dockerfile"
 GATEWAY_SERVICE = "gateway"  # the compose service and k8s workload that run `portcullis serve`
 
-# Well-known OTLP receiver ports (the OpenTelemetry spec's defaults, which Jaeger all-in-one listens on).
+# Well-known OTLP receiver ports (the OpenTelemetry spec's defaults, which Jaeger v2 listens on).
 OTLP_DEFAULT_PORT = {"http/protobuf": 4318, "grpc": 4317}
 
 
@@ -150,21 +151,19 @@ def compose_config(compose) -> GatewayConfig:
 
 @pytest.fixture(scope="module")
 def kustomization() -> dict:
-    return yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    """The base every overlay builds on."""
+    return yaml.safe_load((BASE / "kustomization.yaml").read_text())
 
 
-@pytest.fixture(scope="module")
-def k8s(kustomization) -> list[dict]:
-    """Every object the kustomization applies."""
-    objects = []
-    for resource in kustomization["resources"]:
-        objects.extend(_yaml_docs(K8S / resource))
-    return objects
+@pytest.fixture(scope="module", params=OVERLAYS)
+def k8s(request) -> list[dict]:
+    """Every object an overlay applies, as `kubectl kustomize` renders it."""
+    return render(request.param)
 
 
 @pytest.fixture(scope="module")
 def k8s_examples() -> list[dict]:
-    return [doc for path in sorted(K8S.glob("*.example.yaml")) for doc in _yaml_docs(path)]
+    return [doc for path in sorted(BASE.glob("*.example.yaml")) for doc in _yaml_docs(path)]
 
 
 def _one(objects: list[dict], kind: str, name: str) -> dict:
@@ -480,7 +479,8 @@ def test_dockerignore_keeps_everything_the_dockerfile_copies(compose):
 
 
 def test_dockerfile_copies_policies_to_the_k8s_policy_dir(k8s_config):
-    """Kubernetes mounts no policies: the image's copy must sit at the configured policy_dir."""
+    """The image's copy sits at the configured policy_dir, for a container run without a mount; compose mounts the
+    repository's policies over it, Kubernetes the ConfigMap (test_k8s_policies_are_a_configmap_mounted_whole)."""
     destinations = {
         dest.rstrip("/")
         for sources, dest, from_context in _copies(_dockerfile_stages())
@@ -558,8 +558,7 @@ def test_compose_otlp_endpoint_is_jaeger_receiving_otlp(compose, compose_config)
     host, port = _host_port(otlp.endpoint)
     service = _services(compose).get(host)
     assert service is not None, f"OTLP endpoint {otlp.endpoint}: no compose service {host!r}"
-    assert service["image"].split(":")[0] == "jaegertracing/all-in-one"
-    assert _environment(service).get("COLLECTOR_OTLP_ENABLED") == "true"
+    _assert_jaeger_v2(service["image"])
     assert port in _container_ports(service)
     assert port == OTLP_DEFAULT_PORT[otlp.protocol], f"{otlp.protocol} goes to {OTLP_DEFAULT_PORT[otlp.protocol]}"
 
@@ -582,6 +581,59 @@ def test_compose_gateway_depends_on_everything_its_config_reaches(compose, compo
     assert reached <= _depends_on(_services(compose)[GATEWAY_SERVICE])
 
 
+def test_compose_publishes_the_admin_port_on_loopback_only(compose, compose_config):
+    """The admin plane on this machine (for `portcullis keys`, curl), never on every interface."""
+    published = [str(p) for p in _services(compose)[GATEWAY_SERVICE]["ports"] if not isinstance(p, dict)]
+    admin = [p for p in published if p.split("/")[0].rsplit(":", 1)[-1] == str(compose_config.admin.port)]
+    assert admin == [f"127.0.0.1:{compose_config.admin.port}:{compose_config.admin.port}"], published
+
+
+def _mounted_file(service: dict, target: str) -> Path:
+    sources = [src for src, tgt in _mounts(service) if tgt == target]
+    assert len(sources) == 1, f"nothing (or several things) mounted at {target}"
+    return (COMPOSE_FILE.parent / sources[0]).resolve()
+
+
+def test_compose_prometheus_scrapes_the_admin_port_with_the_token_the_gateway_reads(compose, compose_config):
+    prometheus = _services(compose)["prometheus"]
+    scrape = yaml.safe_load(_mounted_file(prometheus, "/etc/prometheus/prometheus.yml").read_text())
+    admin_target = f"{GATEWAY_SERVICE}:{compose_config.admin.port}"
+    jobs = [j for j in scrape["scrape_configs"] if any(admin_target in c["targets"] for c in j["static_configs"])]
+    assert len(jobs) == 1, f"no scrape job reaches {admin_target}"
+    job = jobs[0]
+    assert job.get("metrics_path", "/metrics") == "/metrics"
+    auth = job["authorization"]
+    assert auth.get("type", "Bearer") == "Bearer"
+    secret = auth["credentials_file"].removeprefix("/run/secrets/")
+    assert secret in prometheus.get("secrets", []), f"{auth['credentials_file']}: not a secret of the service"
+    # the compose secret holds the variable the gateway's admin.token_env names, which compose also hands the gateway
+    assert compose["secrets"][secret] == {"environment": compose_config.admin.token_env}
+    assert compose_config.admin.token_env in _environment(_services(compose)[GATEWAY_SERVICE])
+    assert job["job_name"] == "portcullis-gateway-admin", "the job the ServiceMonitor's scrapes get: one dashboard"
+
+
+def test_compose_grafana_shows_the_dashboard_file_kubernetes_ships(compose, kustomization):
+    grafana = _services(compose)["grafana"]
+    provisioning = _mounted_file(grafana, "/etc/grafana/provisioning")
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "portcullis.yaml").read_text())["providers"]
+    folder = provider["options"]["path"]
+    mounted = [(src, tgt) for src, tgt in _mounts(grafana) if str(Path(tgt).parent) == folder]
+    assert len(mounted) == 1, f"one dashboard file mounted in {folder}"
+    dashboard = (COMPOSE_FILE.parent / mounted[0][0]).resolve()
+    generated = {
+        (BASE / f).resolve()
+        for generator in kustomization["configMapGenerator"]
+        if generator.get("options", {}).get("labels", {}).get("grafana_dashboard")
+        for f in generator["files"]
+    }
+    assert generated == {dashboard}, "compose and Kubernetes must read the same dashboard file, not copies"
+    (source,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yaml").read_text())["datasources"]
+    assert source["type"] == "prometheus" and source["isDefault"] is True  # what the dashboard's variable picks
+    host, port = _host_port(source["url"])
+    assert host in _services(compose) and _services(compose)[host]["image"].startswith("prom/prometheus:")
+    assert port in _container_ports(_services(compose)[host])
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Kubernetes
 # --------------------------------------------------------------------------------------------------------------
@@ -589,10 +641,12 @@ def test_compose_gateway_depends_on_everything_its_config_reaches(compose, compo
 
 def test_kustomization_lists_every_manifest_but_the_examples(kustomization):
     listed = set(kustomization["resources"])
-    on_disk = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
-    examples = {p.name for p in K8S.glob("*.example.yaml")}
+    generated = {f for generator in kustomization.get("configMapGenerator", []) for f in generator.get("files", [])}
+    on_disk = {p.name for p in BASE.glob("*.yaml")} - {"kustomization.yaml"} - generated
+    examples = {p.name for p in BASE.glob("*.example.yaml")}
     assert listed == on_disk - examples
-    assert all((K8S / r).exists() for r in listed)
+    assert all((BASE / r).exists() for r in listed)
+    assert OVERLAYS, "no overlay under deploy/k8s/overlays"
 
 
 def test_k8s_objects_share_the_namespace(k8s, k8s_examples, kustomization):
@@ -626,10 +680,18 @@ def test_k8s_gateway_service_reaches_the_listen_port(k8s, k8s_config):
     workload, _ = _gateway_workload(k8s)
     services = [s for s in k8s if s.get("kind") == "Service" and workload in _backing_workloads(k8s, s)]
     assert services, "no Service in front of the gateway"
-    for service in services:
-        for port in service["spec"]["ports"]:
-            reached = _service_target(k8s, service["metadata"]["name"], port["port"])
-            assert {p for _, _, p in reached} == {k8s_config.listen.port}
+    reached_by = {
+        service["metadata"]["name"]: {
+            p
+            for port in service["spec"]["ports"]
+            for _, _, p in _service_target(k8s, service["metadata"]["name"], port["port"])
+        }
+        for service in services
+    }
+    public = [name for name, ports in reached_by.items() if ports == {k8s_config.listen.port}]
+    admin = [name for name, ports in reached_by.items() if ports == {k8s_config.admin.port}]
+    assert public, f"no Service reaches the listen port {k8s_config.listen.port}: {reached_by}"
+    assert sorted(public + admin) == sorted(reached_by), f"a Service mixes the public and admin ports: {reached_by}"
 
 
 def test_k8s_gateway_gets_every_env_var_the_config_names_from_a_secret(k8s, k8s_examples, k8s_config):
@@ -693,8 +755,7 @@ def test_k8s_otlp_endpoint_reaches_an_otlp_receiver(k8s, k8s_config):
     host, port = _host_port(otlp.endpoint)
     assert port == OTLP_DEFAULT_PORT[otlp.protocol]
     for _, container, container_port in _service_target(k8s, host.split(".")[0], port):
-        env = {e["name"]: e.get("value") for e in container.get("env", [])}
-        assert env.get("COLLECTOR_OTLP_ENABLED") == "true"
+        _assert_jaeger_v2(container["image"])
         assert container_port == OTLP_DEFAULT_PORT[otlp.protocol]
 
 
@@ -708,13 +769,21 @@ def test_k8s_gateway_and_engine_run_the_kustomized_image(k8s, kustomization, k8s
 
 def test_every_deploy_yaml_parses():
     files = sorted(DEPLOY.rglob("*.yaml")) + sorted(DEPLOY.rglob("*.yml"))
-    assert COMPOSE_FILE in files and K8S / "kustomization.yaml" in files
+    assert COMPOSE_FILE in files and BASE / "kustomization.yaml" in files
     for path in files:
         docs = _yaml_docs(path)
         assert docs and all(isinstance(d, dict) for d in docs), path
 
 
 # --------------------------------------------------------------------------------------------------------------
+
+
+def _assert_jaeger_v2(image: str) -> None:
+    """Jaeger v2, whose default configuration receives OTLP on the standard ports (v1's all-in-one image needed
+    COLLECTOR_OTLP_ENABLED, and v1 is out of support)."""
+    name, _, tag = image.partition(":")
+    assert name == "jaegertracing/jaeger", f"{image}: not the Jaeger v2 image"
+    assert re.fullmatch(r"2\.\d+\.\d+", tag), f"{image}: pin a 2.x release"
 
 
 def _env_vars_named(config: GatewayConfig) -> set[str]:
