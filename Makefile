@@ -10,7 +10,7 @@ PYTEST := $(PY) -m pytest
 # $(call timed,NAME,COMMAND): runs COMMAND, then prints how long it took; its exit status is the command's
 timed = @start=$$(date +%s); $(2); status=$$?; echo "== $(1): $$(( $$(date +%s) - start )) s"; exit $$status
 
-.PHONY: run test unit eval lint redis-server clean
+.PHONY: run test unit eval lint redis-server kubectl clean
 
 $(VENV)/.run-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,7 @@ run: $(VENV)/.run-installed
 	$(VENV)/bin/portcullis up
 
 ## test: the whole suite: the unit tests, then everything else (models, engine, real processes, Redis, evaluations)
-test: $(VENV)/.test-installed redis-server
+test: $(VENV)/.test-installed redis-server kubectl
 	$(call timed,unit,$(PYTEST) -q tests/unit)
 	$(call timed,the rest,$(PYTEST) -q -n $(TEST_JOBS) --dist loadfile --durations=15 tests --ignore=tests/unit)
 
@@ -59,6 +59,20 @@ redis-server:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
 	else \
 		echo "redis-server is missing: install it (e.g. 'sudo apt-get install redis-server') and rerun" >&2; exit 1; \
+	fi
+
+# `kubectl kustomize` renders deploy/k8s's overlays for the deploy tests. Debian's own kubernetes-client (1.20) is too
+# old for them (kustomize v5, from kubectl 1.27): its `kubectl` package comes from the Kubernetes apt repository
+# (pkgs.k8s.io) or Google Cloud's, wherever one is configured.
+kubectl:
+	@if command -v kubectl >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -qq \
+			&& apt-cache show kubectl >/dev/null 2>&1; then \
+		echo "installing kubectl"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubectl >/dev/null; \
+	else \
+		echo "kubectl is missing: install kubectl 1.27 or later (https://kubernetes.io/docs/tasks/tools/) and rerun" >&2; \
+		exit 1; \
 	fi
 
 clean:
