@@ -77,7 +77,7 @@ class ListenConfig(_Strict):
         default=1,
         description=(
             "gateway processes sharing the public port (SO_REUSEPORT), supervised by `portcullis serve`; "
-            "'auto': one per usable core. 1: one process serves, no supervisor (docs/deployment.md)"
+            "'auto': one per usable core. 1: one process serves, no supervisor (docs/workers.md)"
         ),
     )
 
