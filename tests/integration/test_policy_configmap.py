@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from tests.conftest import Launcher, Process, chat_body, pool
+from tests.integration.test_workers import AUTH, access_lines, fresh_connection_posts, start_workers
 
 CHAT = "/v1/chat/completions"
 DATA = "..data"
@@ -99,3 +100,18 @@ def test_a_configmap_update_is_served_and_a_broken_one_refused(launcher: Launche
     volume.publish({"base.yaml": policy("fourth-word")})  # the watch survives a refused update
     wait_for(gw, lambda: ask(gw, "say fourth-word") == 403, "the policy after the broken one")
     assert gw.admin.get("/admin/policy").json()["last_error"] is None
+
+
+def test_every_worker_serves_the_update(launcher: Launcher, processes: list[Process], tmp_path):
+    """The Kubernetes config runs `workers: auto`: each worker watches the volume and reloads on its own."""
+    upstream = launcher.fake_upstream()
+    volume = ConfigMapVolume(tmp_path / "policies")
+    volume.publish({"base.yaml": policy("first-word")})
+    config = {"pools": [pool("main", upstream.url)], "auth": AUTH, "policy_dir": str(volume.directory)}
+    gw = start_workers(processes, tmp_path, config)
+    volume.publish({"base.yaml": policy("second-word")})
+    since = len(gw.output())
+    prompt = [{"role": "user", "content": "say second-word"}]
+    wait_for(gw, lambda: set(fresh_connection_posts(gw, 16, messages=prompt)) == {403}, "the update in every worker")
+    served = {line["worker"] for line in access_lines(gw, since) if line.get("status") == 403}
+    assert served == {0, 1}, f"blocked by workers {served} only: the kernel spread no connection to the other"
