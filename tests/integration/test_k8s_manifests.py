@@ -303,11 +303,24 @@ def test_metric_names_are_read_from_promql():
     expr = 'sum by (pool) (rate(a_total{status=~"5..", x="y"}[5m])) / on (pool) b_count > 0.1 and time() - c > 60'
     assert metric_names(expr) == {"a_total", "b_count", "c"}
     assert metric_names("histogram_quantile(0.99, sum by (le) (rate(h_bucket[$__rate_interval])))") == {"h_bucket"}
+    assert _balanced('sum(rate(a{b=")"}[5m]))') and not _balanced("sum(rate(a[5m])") and not _balanced("a[5m)]")
+
+
+def _balanced(expr: str) -> bool:
+    """Brackets outside strings close in order: the typo a metric-name check alone would let through."""
+    stack, pairs = [], {")": "(", "]": "[", "}": "{"}
+    for char in re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr):
+        if char in "([{":
+            stack.append(char)
+        elif char in pairs and (not stack or stack.pop() != pairs[char]):
+            return False
+    return not stack
 
 
 def _check_names(expressions: dict[str, str], exported: set[str]) -> None:
     assert expressions
     for where, expr in expressions.items():
+        assert _balanced(expr), f"{where}: unbalanced brackets: {expr}"
         names = metric_names(expr)
         assert names, f"{where}: reads no metric: {expr}"
         unknown = names - exported - EXTERNAL_METRICS.keys()
