@@ -1,7 +1,8 @@
 """Guard cost on this machine: classifier latency per request and batched throughput, and gateway RPS guard off/on.
 
     python -m tests.bench.guard_bench [--requests 200] [--json out.json]      # the classifier through its batcher
-    python -m tests.bench.guard_bench --proxy [--duration 10 --repeat 3]      # needs nginx and wrk (proxy_bench.py)
+    python -m tests.bench.guard_bench --proxy [--duration 10 --repeat 3] [--system agent] [--baseline DIR]
+                                                                              # needs nginx and wrk (proxy_bench.py)
 
 Stage figures: wall time of one `Guard.classify` call (tokenize + windows + micro-batcher + ONNX Runtime) for prompts
 of 32, 128 and 512 tokens, at concurrency 1 (sequential callers) and 32 (32 callers in one event loop, sharing
@@ -16,6 +17,7 @@ import argparse
 import asyncio
 import json
 import time
+from pathlib import Path
 
 from gateway.guard.runtime import Guard
 from gateway.guard.spec import GuardRuntime, InjectionPolicy
@@ -109,8 +111,23 @@ async def stage(args: argparse.Namespace) -> dict:
     return out
 
 
-def proxy(duration: float, repeat: int) -> int:
-    """Gateway throughput and latency with the guard off and on, same upstream, interleaved rounds."""
+# An agent's system prompt (about 230 tokens): the same on every request of a deployment
+SYSTEM_PROMPT = (
+    "You are the customer support assistant of Northwind Outfitters, an online shop for hiking and camping gear. "
+    "Answer questions about orders, shipping, returns, sizing and product care. Be friendly and brief: two or three "
+    "sentences unless the customer asks for detail. Use the order tools to look up an order before you say anything "
+    "about its status, and never guess a tracking number. Returns are accepted within 60 days for unused items with "
+    "their tags; worn footwear can be returned within 14 days if it does not fit. Refunds go back to the original "
+    "payment method within five business days of the return arriving at the warehouse. If a customer is upset, "
+    "acknowledge it once, then focus on what you can do. Do not discuss competitors, discounts that are not in the "
+    "current promotions list, or internal processes. Hand the conversation to a human agent when the customer asks "
+    "for one, when a payment dispute is mentioned, or when you cannot help after two tries."
+)
+
+
+def proxy(duration: float, repeat: int, system: str, baseline: Path | None) -> int:
+    """Gateway throughput and latency with the guard off and on, same upstream, interleaved rounds: with the bundled
+    guard, with it reading every text afresh (score reuse off), the English model alone, and an earlier commit's."""
     from gateway.guard.model import MODELS_DIR
     from tests.bench import proxy_bench as pb
 
@@ -118,23 +135,23 @@ def proxy(duration: float, repeat: int) -> int:
     request = {
         **pb.REQUEST,
         "messages": [
-            {"role": "system", "content": "You are terse."},
-            {"role": "user", "content": "What is the capital of France?"},
+            {"role": "system", "content": SYSTEM_PROMPT if system == "agent" else "You are terse."},
+            {"role": "user", "content": "What is the capital of France? (ticket @N@)"},  # a new one each request
         ],
     }
-    return pb.compare_policies(
-        "guard",
-        {
-            "guard_off": {"guard": {}},
-            "guard_on_injection_block": {"guard": {"enabled": True}},  # the bundled two-model guard
-            "guard_on_english_model_only": {
-                "guard": {"enabled": True, "runtime": {"model": str(MODELS_DIR / "minilm-pi")}}
-            },
+    on = {"guard": {"enabled": True}}  # the bundled two-model guard, blocking
+    variants = {
+        "guard_off": {"guard": {}},
+        "guard_on_injection_block": on,
+        "guard_on_no_score_reuse": {"guard": {"enabled": True, "runtime": {"score_cache": 0}}},
+        "guard_on_english_model_only": {
+            "guard": {"enabled": True, "runtime": {"model": str(MODELS_DIR / "minilm-pi")}}
         },
-        duration,
-        repeat,
-        request=request,
-    )
+    }
+    if baseline is not None:
+        variants["baseline_guard_on"] = on
+    checkouts = {"baseline_guard_on": baseline} if baseline is not None else None
+    return pb.compare_policies("guard", variants, duration, repeat, request=request, checkouts=checkouts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,9 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--proxy", action="store_true")
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--system", choices=["terse", "agent"], default="terse", help="--proxy: a 4-token or a 230-token system prompt"
+    )
+    parser.add_argument("--baseline", type=Path, help="--proxy: an earlier commit's checkout (git worktree) as a row")
     args = parser.parse_args(argv)
     if args.proxy:
-        return proxy(args.duration, args.repeat)
+        return proxy(args.duration, args.repeat, args.system, args.baseline)
     out = asyncio.run(stage(args))
     if args.json:
         with open(args.json, "w") as f:

@@ -1,13 +1,16 @@
 """Instructions per proxied request, counted by callgrind: a cost figure that a busy or throttled VM cannot move.
 
     .venv/bin/python tests/bench/instructions_bench.py --baseline /tmp/base [--seconds 30]
+    .venv/bin/python tests/bench/instructions_bench.py --keys     # a stored key + budget against the static key
 
 On a 2-core VM shared with other jobs, RPS and CPU time per request move by a third between rounds, more than the
 differences worth measuring. Valgrind's instruction count does not. Each gateway (this checkout, then the
 `--baseline` checkout) runs under `valgrind --tool=callgrind` with instrumentation off while it starts and warms up
 (its first request loads tokenizers lazily), then on for `--seconds` of `wrk -c4` load against proxy_bench.py's
 static nginx upstream, with auth, the repository's policies and the access log on. The figure is the event loop's
-and its threads' instructions over the requests completed. Needs valgrind, nginx and wrk.
+and its threads' instructions over the requests completed; under valgrind a gateway serves tens of requests a second,
+so what it does by the clock (a key store's poll, the ledger's flush) is counted apart, over as long with no load,
+and taken out in `per_request_less_idle`. Needs valgrind, nginx and wrk.
 """
 
 from __future__ import annotations
@@ -38,7 +41,13 @@ def wrk(port: int, lua: Path, connections: int, seconds: int, counted: bool = Tr
     return int(match.group(1))
 
 
-def instructions_per_request(name: str, checkout: Path | None, seconds: int, tmp: Path) -> dict:
+# --keys: the key and spend rows of proxy_bench.py's --keys, counted: (static key, no budget) against (a key from
+# the SQLite key store, a budget rule every request reserves on and settles)
+KEY_ROWS = ("static_key", "stored_key_budget")
+
+
+def instructions_per_request(name: str, checkout: Path | None, seconds: int, tmp: Path, keys: str = "") -> dict:
+    """`keys`: "" (the config's key, the repository's policies), or one of KEY_ROWS' names."""
     procs = pb.Procs()
     out_file = tmp / f"{name}.callgrind"
     start = pb.Procs.start
@@ -50,11 +59,19 @@ def instructions_per_request(name: str, checkout: Path | None, seconds: int, tmp
 
     pb.Procs.start = under_valgrind
     try:
-        lua = tmp / "chat.lua"
+        secret = pb.store_key("sqlite", tmp, name) if keys == "stored_key_budget" else pb.API_KEY  # before it starts
+        lua = tmp / f"{name}.lua"
         body = json.dumps(pb.REQUEST, separators=(",", ":"))
-        lua.write_text(pb.WRK_LUA.replace("@BODY@", body).replace("@KEY@", pb.API_KEY))
+        lua.write_text(pb.WRK_LUA.replace("@BODY@", body).replace("@KEY@", secret))
         static = pb.start_static_upstream(procs, tmp, f"static-{name}")
-        gateway = pb.start_portcullis(procs, tmp, name, static.port, True, checkout=checkout)
+        if keys:
+            budget = keys == "stored_key_budget"
+            policy = pb.BUDGETS_POLICY if budget else pb.NO_BUDGETS_POLICY
+            gateway = pb.start_portcullis(
+                procs, tmp, name, static.port, False, policy=policy, static_key=not budget, checkout=checkout
+            )
+        else:
+            gateway = pb.start_portcullis(procs, tmp, name, static.port, True, checkout=checkout)
         pb.wait_http(gateway, "/healthz", 900)
         wrk(gateway.port, lua, 1, 30, counted=False)  # the first request loads what is lazy; then the steady state
         wrk(gateway.port, lua, 4, 15, counted=False)
@@ -62,29 +79,61 @@ def instructions_per_request(name: str, checkout: Path | None, seconds: int, tmp
         subprocess.run(["callgrind_control", "--instr=on", pid], check=True, capture_output=True)
         subprocess.run(["callgrind_control", "--zero", pid], check=True, capture_output=True)
         requests = wrk(gateway.port, lua, 4, seconds)
-        subprocess.run(["callgrind_control", "--dump", pid], check=True, capture_output=True)
+        instructions = dumped(tmp, name, pid)
+        time.sleep(seconds)  # no load: what the gateway does by the clock (store polls, flushes) over as long
+        idle = dumped(tmp, name, pid)
         subprocess.run(["callgrind_control", "--instr=off", pid], check=True, capture_output=True)
-        time.sleep(1)
-        totals = [
-            int(line.split()[1])
-            for dump in tmp.glob(f"{name}.callgrind*")
-            for line in dump.read_text(errors="replace").splitlines()
-            if line.startswith(("summary:", "totals:"))
-        ]
-        instructions = max(totals)
-        return {"requests": requests, "instructions": instructions, "per_request": round(instructions / requests)}
+        return {
+            "requests": requests,
+            "instructions": instructions,
+            "per_request": round(instructions / requests),
+            "idle_instructions": idle,
+            "per_request_less_idle": round((instructions - idle) / requests),
+        }
     finally:
         pb.Procs.start = start
         procs.stop_all()
+
+
+def dumped(tmp: Path, name: str, pid: str) -> int:
+    """The instructions counted since the last dump (or zeroing): dumps them and reads the new dump's total."""
+    before = set(tmp.glob(f"{name}.callgrind*"))
+    subprocess.run(["callgrind_control", "--dump", pid], check=True, capture_output=True)
+    time.sleep(1)
+    (dump,) = set(tmp.glob(f"{name}.callgrind*")) - before
+    return max(
+        int(line.split()[1])
+        for line in dump.read_text(errors="replace").splitlines()
+        if line.startswith(("summary:", "totals:"))
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", type=Path, help="an earlier checkout (git worktree) to count side by side")
     parser.add_argument("--seconds", type=int, default=30, help="seconds of counted load per gateway (default 30)")
+    parser.add_argument("--keys", action="store_true", help="a stored key with a budget against the static key")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="portcullis-instructions-"))
     tmp.chmod(0o755)
+    if args.keys:
+        rows = {name: instructions_per_request(name, None, args.seconds, tmp, name) for name in KEY_ROWS}
+        if args.baseline:  # the same stored key and budget on the earlier commit
+            row = instructions_per_request("baseline", args.baseline, args.seconds, tmp, "stored_key_budget")
+            rows["baseline_stored_key_budget"] = row
+        for name, row in rows.items():
+            print(
+                f"{name:17} {row['per_request']:>10,} instructions per request, {row['per_request_less_idle']:>10,} "
+                f"less what it does idle ({row['requests']} requests)"
+            )
+        for field in ("per_request", "per_request_less_idle"):
+            ratio = rows["stored_key_budget"][field] / rows["static_key"][field]
+            print(f"{field}: stored key + budget / static key {ratio:.3f}")
+            if "baseline_stored_key_budget" in rows:
+                ratio = rows["stored_key_budget"][field] / rows["baseline_stored_key_budget"][field]
+                print(f"{field}: stored key + budget / the same on the baseline {ratio:.3f}")
+        print(json.dumps(rows))
+        return 0
     rows = {"current": instructions_per_request("current", None, args.seconds, tmp)}
     if args.baseline:
         rows["baseline"] = instructions_per_request("baseline", args.baseline, args.seconds, tmp)

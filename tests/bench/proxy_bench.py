@@ -104,6 +104,17 @@ end
 """
 
 
+# Appended to WRK_LUA for a body holding "@N@": each request gets a number of its own there (a user message that
+# differs on every request, as real traffic does), random per wrk thread and run so no two runs repeat a body
+VARY_LUA = r"""
+math.randomseed(os.time() + tonumber(tostring({}):match("0x(%x+)") or "0", 16))
+local head, tail = string.match(wrk.body, "^(.-)@N@(.*)$")
+request = function()
+  return wrk.format(nil, nil, nil, head .. math.random(1, 2000000000) .. tail)
+end
+"""
+
+
 def write_wrk_script(path: Path, key: str, request: dict | None = None) -> Path:
     """wrk's Lua script POSTing `request` (default REQUEST) with `key` as the bearer token."""
     body = json.dumps(request or REQUEST, separators=(",", ":"))
@@ -336,7 +347,7 @@ def start_portcullis(
     `workers`: listen.workers (--workers-compare).
 
     `checkout` runs an earlier commit's gateway (a `git worktree` of it) with this venv, for a side-by-side row; it
-    gets the same config, less the admin listener and the key store, which it predates.
+    gets the same config, less the admin listener.
     """
     port = free_port()
     policy_dir = (checkout or REPO) / "policies"
@@ -355,11 +366,11 @@ def start_portcullis(
     }
     if workers != 1:
         config["listen"]["workers"] = workers
-    admin_port = None
-    if checkout is None:
-        admin_port = free_port()
-        config["admin"] = {"port": admin_port, "token_file": str(tmp / f"{name}-admin-token")}  # not in $HOME
-        config["store"] = {"backend": store, "sqlite_path": str(sqlite_path(tmp, name))}
+    admin_port = free_port()
+    config["admin"] = {"port": admin_port, "token_file": str(tmp / f"{name}-admin-token")}  # not in $HOME
+    config["store"] = {"backend": store, "sqlite_path": str(sqlite_path(tmp, name))}
+    if checkout is not None:  # a gateway of before the admin token file, whose admin plane nothing here reads
+        config["admin"] = {"enabled": False}
     if redis_url:
         config["redis"] = {"url": redis_url, "on_failure": "fail_closed", "timeout": 2.0}
     path = tmp / f"{name}.yaml"
@@ -926,16 +937,19 @@ def compare_policies(
     repeat: int,
     request: dict | None = None,
     headers: dict[str, str] | None = None,
+    checkouts: dict[str, Path] | None = None,
 ) -> int:
     """One static upstream and one gateway per policy `spec` variant (e.g. a stage off and on), measured side by side
-    with wrk like the proxy benchmark; used by the WAF and guard benchmarks' --proxy mode."""
+    with wrk like the proxy benchmark; used by the WAF and guard benchmarks' --proxy mode. A variant named in
+    `checkouts` runs that earlier commit's gateway (a `git worktree` of it) with this venv."""
     request = request or REQUEST
     tmp = Path(tempfile.mkdtemp(prefix=f"portcullis-{name}-bench-"))
     tmp.chmod(0o755)
     procs = Procs()
     try:
         lua = tmp / "chat.lua"
-        script = WRK_LUA.replace("@BODY@", json.dumps(request, separators=(",", ":"))).replace("@KEY@", API_KEY)
+        body = json.dumps(request, separators=(",", ":"))
+        script = WRK_LUA.replace("@BODY@", body).replace("@KEY@", API_KEY) + (VARY_LUA if "@N@" in body else "")
         for header, value in (headers or {}).items():
             script = script.replace('wrk.method = "POST"', f'wrk.method = "POST"\nwrk.headers["{header}"] = "{value}"')
         lua.write_text(script)
@@ -960,10 +974,12 @@ def compare_policies(
             }
             path = tmp / f"{variant}.yaml"
             path.write_text(json.dumps(config))
-            exe = Path(sys.prefix) / "bin" / "portcullis"
-            svc = procs.start(
-                variant, [str(exe), "serve", "--config", str(path)], port, tmp / f"{variant}.log", env=dict(os.environ)
-            )
+            argv = [str(Path(sys.prefix) / "bin" / "portcullis"), "serve", "--config", str(path)]
+            env = dict(os.environ)
+            if variant in (checkouts or {}):
+                argv = [sys.executable, "-P", "-m", "gateway.cli", "serve", "--config", str(path)]  # -P: not the cwd
+                env["PYTHONPATH"] = str((checkouts or {})[variant])
+            svc = procs.start(variant, argv, port, tmp / f"{variant}.log", env=env)
             wait_http(svc, "/healthz", 60)
             check_chat(svc.port, request=request)
             targets[variant] = svc
