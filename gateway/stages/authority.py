@@ -25,6 +25,8 @@ target model, `ratelimit` for its limits and budgets), so a trace still reads st
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
+
 from opentelemetry.trace import Tracer
 
 from gateway.context import Demand, RequestContext
@@ -66,10 +68,11 @@ class AuthorityStage:
         key = ctx.key
         if key is not None and not key.allows(model):
             return model_not_allowed(model)
+        traced = ctx.span.is_recording()
         try:
-            with self._tracer.start_as_current_span("tokenize", attributes={"gen_ai.request.model": model}):
+            with self._part("tokenize", model, traced):
                 demand = await self._demand(ctx, model)
-            with self._tracer.start_as_current_span("ratelimit", attributes={"gen_ai.request.model": model}):
+            with self._part("ratelimit", model, traced):
                 grant = await self._limits.grant(ctx, demand)
         except GatewayError as refusal:
             return refusal
@@ -87,6 +90,13 @@ class AuthorityStage:
         ctx.span.set_attribute("gen_ai.usage.input_tokens", demand.prompt_tokens)
         self._limits.hold(ctx, grant)
         return None
+
+    def _part(self, name: str, model: str, traced: bool) -> AbstractContextManager[object]:
+        """An attempt's part as a span of its own, where the request is traced (an unsampled request's span would
+        record nothing and still cost the tracer's bookkeeping)."""
+        if not traced:
+            return nullcontext()
+        return self._tracer.start_as_current_span(name, attributes={"gen_ai.request.model": model})
 
     async def _demand(self, ctx: RequestContext, model: str) -> Demand:
         """What the request asks of `model`: counted already where an earlier attempt went to the same model."""
