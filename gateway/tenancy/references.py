@@ -35,9 +35,11 @@ ITEM_REFERENCE = "item_reference"
 _SKIPPED = frozenset({"metadata", "annotations"})
 _FIELD_MEMBERS = re.compile(r"[^\[\].]+")  # a flat field name's members: `a[b][0]`, `a.b.0`
 _TOOL_CALLS = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})  # content blocks whose `input` is left out
-# A body holds a reference only if one of these is in its bytes (or an escape, which could spell a name): most model
-# requests are not walked at all.
-_NEEDLES = (*(f'"{name}"'.encode() for name in REFERENCES), f'"{ITEM_REFERENCE}"'.encode(), b"\\u")
+# A body holds a reference only if one of these is in its bytes, quoted (or an escape, which could spell a name): most
+# model requests are not walked at all. One search for all of them: a search per name cost three times as long.
+_NEEDLES = re.compile(
+    b'"(?:' + b"|".join(re.escape(name.encode()) for name in (*REFERENCES, ITEM_REFERENCE)) + b')"|\\\\u'
+)
 
 
 class Reference(NamedTuple):
@@ -48,7 +50,7 @@ class Reference(NamedTuple):
 
 def may_refer(body: bytes) -> bool:
     """Whether a body could hold a reference: false for most model requests, which then need no walk."""
-    return any(needle in body for needle in _NEEDLES)
+    return _NEEDLES.search(body) is not None
 
 
 def references(payload: Any) -> list[Reference]:
