@@ -118,20 +118,23 @@ def main() -> int:
     tmp.chmod(0o755)
     if args.keys:
         rows = {name: instructions_per_request(name, None, args.seconds, tmp, name) for name in KEY_ROWS}
-        if args.baseline:  # the same stored key and budget on the earlier commit
-            row = instructions_per_request("baseline", args.baseline, args.seconds, tmp, "stored_key_budget")
-            rows["baseline_stored_key_budget"] = row
+        if args.baseline:  # the same two rows on the earlier commit
+            for name in KEY_ROWS:
+                rows[f"baseline_{name}"] = instructions_per_request(
+                    f"baseline_{name}", args.baseline, args.seconds, tmp, name
+                )
         for name, row in rows.items():
             print(
-                f"{name:17} {row['per_request']:>10,} instructions per request, {row['per_request_less_idle']:>10,} "
+                f"{name:26} {row['per_request']:>10,} instructions per request, {row['per_request_less_idle']:>10,} "
                 f"less what it does idle ({row['requests']} requests)"
             )
         for field in ("per_request", "per_request_less_idle"):
             ratio = rows["stored_key_budget"][field] / rows["static_key"][field]
             print(f"{field}: stored key + budget / static key {ratio:.3f}")
-            if "baseline_stored_key_budget" in rows:
-                ratio = rows["stored_key_budget"][field] / rows["baseline_stored_key_budget"][field]
-                print(f"{field}: stored key + budget / the same on the baseline {ratio:.3f}")
+            if args.baseline:
+                for name in KEY_ROWS:
+                    ratio = rows[name][field] / rows[f"baseline_{name}"][field]
+                    print(f"{field}: {name} / the same on the baseline {ratio:.3f}")
         print(json.dumps(rows))
         return 0
     rows = {"current": instructions_per_request("current", None, args.seconds, tmp)}
