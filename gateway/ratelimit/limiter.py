@@ -272,13 +272,22 @@ def _limit_for(rule: RateLimitRule, overrides: Mapping[str, int] | None) -> int:
     return window.limit
 
 
-_FIELDS = {"api_key": "key_id", "tenant": "tenant", "client_ip": "client_ip", "route": "route"}
+# Every key part a rule may name (policy/model.py's KeyPart) and the request attribute it reads; `model` is the
+# attempt's, not the request's (tests/unit/test_ratelimit_keys.py holds the two lists equal)
+KEY_PART_FIELDS: dict[str, str | None] = {
+    "api_key": "key_id",
+    "tenant": "tenant",
+    "client_ip": "client_ip",
+    "model": None,
+    "route": "route",
+}
 
 
 def _counter_key(rule: RateLimitRule, ctx: RequestContext, model: str) -> str:
     """The rule's counter for this caller and the model the attempt goes to."""
     identity = "\x1f".join(
-        f"{part}={(model if part == 'model' else getattr(ctx, _FIELDS[part])) or '-'}" for part in rule.key
+        f"{part}={(model if (field := KEY_PART_FIELDS[part]) is None else getattr(ctx, field)) or '-'}"
+        for part in rule.key
     )
     return _key(rule.id, identity)
 

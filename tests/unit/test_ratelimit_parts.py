@@ -1,15 +1,19 @@
-"""Small rate-limit parts: client IP behind trusted proxies and the rate-limit response headers."""
+"""Small rate-limit parts: client IP behind trusted proxies, the rate-limit response headers, the key parts' table."""
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+from typing import get_args
 
 import pytest
 
 from gateway.client_ip import client_ip
-from gateway.policy.model import RateLimitRule
+from gateway.context import RequestContext
+from gateway.policy.model import KeyPart, RateLimitRule
 from gateway.ratelimit.gcra import Outcome
 from gateway.ratelimit.headers import go_duration, rate_limit_headers
+from gateway.ratelimit.limiter import KEY_PART_FIELDS
 
 TRUSTED = [ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("::1/128")]
 
@@ -64,3 +68,11 @@ def test_headers_report_the_tightest_limit_of_each_kind():
     assert (headers["x-ratelimit-limit-tokens"], headers["x-ratelimit-remaining-tokens"]) == ("5000", "4000")
     assert headers["ratelimit-policy"] == '"rpm";q=100;w=60, "rpd";q=1000;w=86400, "tpm";q=5000;w=60, "slots";q=4'
     assert headers["ratelimit"] == '"rpm";r=50;t=30, "rpd";r=10;t=80000, "tpm";r=4000;t=12, "slots";r=3;t=0'
+
+
+def test_every_key_part_a_policy_may_name_reads_a_request_attribute() -> None:
+    """The policy's KeyPart and the limiter's table are one list: a part added to one and not the other, or one
+    reading an attribute the request context does not have, fails here rather than on the first request."""
+    assert set(get_args(KeyPart)) == set(KEY_PART_FIELDS)
+    attributes = {f.name for f in dataclasses.fields(RequestContext)}
+    assert {field for field in KEY_PART_FIELDS.values() if field is not None} <= attributes
