@@ -5,6 +5,9 @@ consecutive loopback ports; the gateway runs in this process (with `--workers`, 
 workers: gateway/workers.py) and stops them whenever it exits: SIGTERM, SIGINT, a gateway that fails to start or
 stops, an engine that never becomes healthy. An engine that dies while the
 gateway runs is logged at once (its pool goes on with the other replicas). Only SIGKILL leaves them running.
+
+`--otlp-endpoint` sends the gateway's spans and the engines' to one OTLP/HTTP collector, so that a request's trace
+runs from the gateway's stages to the engine's decode (`make demo` points it at Arize Phoenix: gateway/demo/).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -24,7 +28,16 @@ import httpx
 
 from gateway import child_processes
 from gateway.admin_token import token_file
-from gateway.config import AdminConfig, ConfigError, GatewayConfig, ListenConfig, PoolConfig, ReplicaConfig
+from gateway.config import (
+    AdminConfig,
+    ConfigError,
+    GatewayConfig,
+    ListenConfig,
+    OtlpConfig,
+    PoolConfig,
+    ReplicaConfig,
+    TelemetryConfig,
+)
 from gateway.keys_cli import DEFAULT_URL as DEFAULT_ADMIN_URL
 
 ENGINE_START_TIMEOUT = 300.0
@@ -45,6 +58,15 @@ def add_subcommand(commands: argparse._SubParsersAction) -> None:
         default=1,
         help="gateway processes on the port (listen.workers): a number or 'auto'; the engines need cores too",
     )
+    up.add_argument(
+        "--policy-dir", type=Path, default=Path("policies"), help="the policy directory (policy_dir; default: policies)"
+    )
+    up.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="export traces over OTLP/HTTP to this collector (e.g. http://127.0.0.1:4318), the gateway's and the "
+        "engines' spans alike, so one trace runs from the edge to the engine's decode; default: tracing off",
+    )
     up.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     up.set_defaults(func=run_up)
 
@@ -63,7 +85,7 @@ def run_up(args: argparse.Namespace) -> int:
         signal.signal(signum, _exit_on_signal)
     try:
         for port in ports:
-            engines.append(_start_engine(port))
+            engines.append(_start_engine(port, args.otlp_endpoint))
         for port, engine in zip(ports, engines):
             _wait_healthy(port, engine)
         for port, engine in zip(ports, engines):
@@ -71,6 +93,8 @@ def run_up(args: argparse.Namespace) -> int:
         config = GatewayConfig(
             listen=ListenConfig(port=args.port, workers=args.workers),
             admin=AdminConfig(port=args.admin_port),
+            policy_dir=args.policy_dir,
+            telemetry=_telemetry(args.otlp_endpoint),
             pools=[
                 PoolConfig(
                     name="engine",
@@ -79,7 +103,8 @@ def run_up(args: argparse.Namespace) -> int:
                 )
             ],
         )
-        print(_banner(args.port, args.admin_port, ports, token_file(config.admin)), file=sys.stderr, flush=True)
+        banner = _banner(args.port, args.admin_port, ports, token_file(config.admin), args.otlp_endpoint)
+        print(banner, file=sys.stderr, flush=True)
         if config.listen.worker_count() > 1:
             return Supervisor(config, args.log_level).run()
         serve(build_app(config), config, config.listen.host, args.port)
@@ -129,9 +154,18 @@ def _report_exit(port: int, engine: subprocess.Popen, stopping: threading.Event)
     threading.Thread(target=watch, name=f"engine-{port}", daemon=True).start()
 
 
-def _start_engine(port: int) -> subprocess.Popen:
+def _telemetry(otlp_endpoint: str | None) -> TelemetryConfig:
+    if otlp_endpoint is None:
+        return TelemetryConfig()
+    return TelemetryConfig(otlp=OtlpConfig(enabled=True, endpoint=otlp_endpoint, protocol="http/protobuf"))
+
+
+def _start_engine(port: int, otlp_endpoint: str | None) -> subprocess.Popen:
+    """An engine replica; with an OTLP endpoint it exports its spans there too (the engine reads the standard
+    OpenTelemetry variable), continuing the gateway's traceparent."""
     cmd = [sys.executable, "-m", "gateway.cli", "engine", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    return subprocess.Popen(cmd)
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_endpoint} if otlp_endpoint else None
+    return subprocess.Popen(cmd, env=env)
 
 
 def _wait_healthy(port: int, engine: subprocess.Popen) -> None:
@@ -146,8 +180,11 @@ def _wait_healthy(port: int, engine: subprocess.Popen) -> None:
     raise SystemExit(f"portcullis up: engine on port {port} not healthy after {ENGINE_START_TIMEOUT:.0f}s")
 
 
-def _banner(port: int, admin_port: int, engine_ports: list[int], admin_token_file: Path) -> str:
+def _banner(
+    port: int, admin_port: int, engine_ports: list[int], admin_token_file: Path, otlp_endpoint: str | None
+) -> str:
     base = f"http://127.0.0.1:{port}"
+    traces = f"Traces (gateway and engines): OTLP/HTTP to {otlp_endpoint}\n\n" if otlp_endpoint else ""
     admin = f"http://127.0.0.1:{admin_port}"
     keys = "portcullis keys list" + ("" if admin == DEFAULT_ADMIN_URL else f" --admin-url {admin}")
     return f"""
@@ -169,5 +206,5 @@ Admin plane (loopback only, with the admin token kept in {admin_token_file}):
   {keys}        (finds the token itself)
   curl -H "authorization: Bearer $(cat {admin_token_file})" {admin}/metrics     also /readyz, /admin/policy
 
-Stop: Ctrl-C
+{traces}Stop: Ctrl-C
 """
