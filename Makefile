@@ -10,7 +10,7 @@ PYTEST := $(PY) -m pytest
 # $(call timed,NAME,COMMAND): runs COMMAND, then prints how long it took; its exit status is the command's
 timed = @start=$$(date +%s); $(2); status=$$?; echo "== $(1): $$(( $$(date +%s) - start )) s"; exit $$status
 
-.PHONY: run test unit eval lint redis-server kubectl clean
+.PHONY: run demo test unit eval lint redis-server kubectl chromium phoenix clean
 
 $(VENV)/.run-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +32,12 @@ $(VENV)/.lint-installed: $(VENV)/.run-installed
 run: $(VENV)/.run-installed
 	$(VENV)/bin/portcullis up
 
+## demo: Arize Phoenix, then `make run`'s stack tracing into it; sends a few requests and prints each one's trace page
+demo: $(VENV)/.run-installed
+	$(PY) -m gateway.demo
+
 ## test: the whole suite: the unit tests, then everything else (models, engine, real processes, Redis, evaluations)
-test: $(VENV)/.test-installed redis-server kubectl
+test: $(VENV)/.test-installed redis-server kubectl chromium phoenix
 	$(call timed,unit,$(PYTEST) -q tests/unit)
 	$(call timed,the rest,$(PYTEST) -q -n $(TEST_JOBS) --dist loadfile --durations=15 tests --ignore=tests/unit)
 
@@ -75,5 +79,20 @@ kubectl:
 		exit 1; \
 	fi
 
+# The trace-UI test renders Phoenix's pages in headless Chromium: Debian's package.
+chromium:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing Debian's chromium"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else \
+		echo "chromium is missing: install it (e.g. 'sudo apt-get install chromium') and rerun" >&2; exit 1; \
+	fi
+
+# Arize Phoenix (the demo's and the trace-UI test's trace UI) in a virtualenv of its own under .phoenix/, made once
+# per machine for the pinned version (gateway/demo/phoenix.py): its dependencies would disturb the project's venv.
+phoenix: $(VENV)/.run-installed
+	@$(PY) -c 'from gateway.demo import phoenix; phoenix.install()'
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .phoenix .pytest_cache
