@@ -154,6 +154,11 @@ class RequestContext:
             taken = self._content = (self.payload, self.api.inventory(self.payload))
         return taken[1]
 
+    def kept_content(self) -> Inventory | None:
+        """The payload's inventory where a stage took it already (the parse stage does, on the model routes)."""
+        taken = self._content
+        return taken[1] if taken is not None and taken[0] is self.payload else None
+
     def keep_content(self, inventory: Inventory) -> None:
         """The payload's inventory as a stage took it (the WAF, on the offload executor), for the later ones."""
         self._content = (self.payload, inventory)

@@ -22,6 +22,7 @@ from gateway.apis.inventory import (
     FileData,
     Map,
     MediaUrl,
+    ModelChoice,
     Obj,
     Opaque,
     Ref,
@@ -29,6 +30,7 @@ from gateway.apis.inventory import (
     Switch,
     Tree,
     said_by,
+    text,
 )
 
 _BLOCK = Ref(lambda: BLOCK)
@@ -274,6 +276,35 @@ BLOCK: Spec = Switch(
         "tool_reference": _TOOL_REFERENCE,
         "browser_state": said_by("tool_result", _BROWSER_STATE),
         "container_upload": Obj({"type": FIELD, "file_id": IDENTIFIER, **_CACHE}),
+        # what the advisor tool's model advised: a tool's result, or the provider's encrypted form of it
+        "advisor_tool_result": _server_result(
+            Switch(
+                "type",
+                {
+                    "advisor_result": Obj({"type": FIELD, "text": TEXT, "stop_reason": FIELD}),
+                    "advisor_redacted_result": Obj({"type": FIELD, "encrypted_content": _OPAQUE, "stop_reason": FIELD}),
+                    "advisor_tool_result_error": Obj(_ERROR),
+                },
+            )
+        ),
+        # a summary of the turns it replaces, which the model reads in their place (in the message's role)
+        "compaction": Obj(
+            {
+                "type": FIELD,
+                "content": TEXT,
+                "encrypted_content": _OPAQUE,
+                "signature": _OPAQUE,
+                "tool_changes": Arr(Ref(lambda: _TOOL_CHANGE)),
+                **_CACHE,
+            }
+        ),
+        "tool_addition": Ref(lambda: _TOOL_CHANGE),
+        "tool_removal": Ref(lambda: _TOOL_CHANGE),
+        "mcp_tool_listing": Obj(
+            {"type": FIELD, "mcp_server_name": IDENTIFIER, "tools": Arr(Ref(lambda: _MCP_TOOL)), **_CACHE}
+        ),
+        # where an earlier answer moved to another model: a record the provider checks, not rendered into the prompt
+        "fallback": Obj({"type": FIELD, "from": Obj({"model": FIELD}), "to": Obj({"model": FIELD}), **_CACHE}),
     },
 )
 
@@ -288,6 +319,8 @@ MESSAGE = Switch(
 )
 
 _DOMAINS = Arr(IDENTIFIER)
+# a tool an MCP server listed, as it listed it: its description and schema are what the model is told of it
+_MCP_TOOL: Spec = Carrier(Obj({"name": IDENTIFIER, "description": DEFINITION, "input_schema": SCHEMA}))
 _URL_SOURCE = Obj({"type": FIELD, "tools": Arr(Obj({"type": FIELD, "name": IDENTIFIER}))})
 TOOL = Obj(
     {
@@ -303,8 +336,14 @@ TOOL = Obj(
         "url_sources": Map(_URL_SOURCE),
         "citations": SETTINGS,
         "configs": SETTINGS,
+        "default_config": SETTINGS,
+        "caching": SETTINGS,
+        "mcp_server_name": IDENTIFIER,
+        "tools": Arr(_MCP_TOOL),
+        "model": ModelChoice(),  # the advisor tool's: another model, which the gateway has not authorised
         **dict.fromkeys(
             (
+                "max_tokens",
                 "strict",
                 "defer_loading",
                 "eager_input_streaming",
@@ -323,6 +362,25 @@ TOOL = Obj(
         **_CACHE,
     }
 )
+
+# a tool made available or withdrawn mid-conversation: by name, or defined inline as a `tools` entry is
+_TOOL_CHANGE: Spec = Obj(
+    {
+        "type": FIELD,
+        "tool": Switch(
+            "type",
+            {
+                "tool_reference": Obj({"type": FIELD, "name": IDENTIFIER}),
+                "mcp_tool_reference": Obj({"type": FIELD, "name": IDENTIFIER, "server_name": IDENTIFIER}),
+                "mcp_toolset_reference": Obj({"type": FIELD, "server_name": IDENTIFIER}),
+                "tool_definition": Obj({"type": FIELD, "definition": Carrier(TOOL)}),
+            },
+        ),
+        **_CACHE,
+    }
+)
+_OUTPUT_CONFIG = Obj({"effort": FIELD, "task_budget": SETTINGS, "format": Obj({"type": FIELD, "schema": SCHEMA})})
+_INSTRUCTIONS = text("system")  # what the client tells the model to summarise by: its own instructions
 
 MESSAGES: Spec = Obj(
     {
@@ -348,7 +406,7 @@ MESSAGES: Spec = Obj(
         "metadata": Obj({"user_id": FIELD}),
         "thinking": SETTINGS,
         "cache_control": SETTINGS,
-        "output_config": Obj({"effort": FIELD, "format": Obj({"type": FIELD, "schema": SCHEMA})}),
+        "output_config": _OUTPUT_CONFIG,
         "container": Either(
             string=IDENTIFIER,
             obj=Obj({"id": IDENTIFIER, "skills": Arr(Obj({"type": FIELD, "skill_id": IDENTIFIER, "version": FIELD}))}),
@@ -368,5 +426,40 @@ MESSAGES: Spec = Obj(
                 }
             )
         ),
+        # server-side fallbacks: other models the provider would run, which the gateway has not authorised
+        "fallbacks": Either(
+            string=ModelChoice(),
+            array=Arr(
+                Obj(
+                    {
+                        "model": ModelChoice(),
+                        "max_tokens": FIELD,
+                        "speed": FIELD,
+                        "thinking": SETTINGS,
+                        "output_config": _OUTPUT_CONFIG,
+                    }
+                )
+            ),
+        ),
+        "fallback_credit_token": Either(string=_OPAQUE, obj=Obj({"token": _OPAQUE, "mode": FIELD})),
+        "thread": Obj({"type": FIELD, "previous_message_id": IDENTIFIER}),
+        "compaction": Obj({"type": FIELD, "instructions": _INSTRUCTIONS}),
+        "context_management": Obj(
+            {
+                "edits": Arr(
+                    Obj(
+                        {
+                            "type": FIELD,
+                            "instructions": _INSTRUCTIONS,
+                            "clear_tool_inputs": Arr(IDENTIFIER),
+                            "exclude_tools": Arr(IDENTIFIER),
+                            **dict.fromkeys(("keep", "trigger", "clear_at_least"), SETTINGS),
+                            "pause_after_compaction": FIELD,
+                        }
+                    )
+                )
+            }
+        ),
+        "betas": Arr(FIELD),  # the SDK's beta names (it sends them as the `anthropic-beta` header)
     }
 )

@@ -134,6 +134,8 @@ class Inventory:
     carried: list[Carried] = field(default_factory=list)
     token_prompts: list[TokenPrompt] = field(default_factory=list)
     keys: list[str] = field(default_factory=list)  # every object key, wherever it is
+    # models the request asks its provider to run besides its own (`ModelChoice`): the parse stage refuses them
+    other_models: list[Location] = field(default_factory=list)
     depth: int = 0  # containers nested, 0 for no JSON body
     _by_loc: dict[Location, Carried] | None = None
 
@@ -476,6 +478,22 @@ class MediaUrl(Spec):
             walk.leaf("opaque", loc, holder, None, unit)
         else:
             _classify(reading, decoded, loc, holder, unit, walk)
+
+
+class ModelChoice(Spec):
+    """A model the provider would run for this request besides the one it names at its top (a server-side fallback
+    chain, a tool that consults another model): an application field, and listed apart, because the gateway
+    authorises, limits and charges one model per attempt (gateway/stages/authority.py) and has not decided this
+    one. The parse stage refuses a request that names any."""
+
+    __slots__ = ()
+
+    def visit(self, node, loc, holder, provenance, unit, walk):  # type: ignore[no-untyped-def]
+        walk.inventory.other_models.append(loc)
+        if type(node) is str:
+            walk.leaf("field", loc, holder, None, unit)
+        else:
+            UNKNOWN.visit(node, loc, holder, provenance, unit, walk)
 
 
 class Opaque(Spec):

@@ -16,12 +16,14 @@ from typing import Any
 from starlette.requests import ClientDisconnect
 
 from gateway import json_bounds
+from gateway.apis.inventory import Inventory
 from gateway.apis.model_name import check_model_name
 from gateway.apis.routes import BY_NAME
 from gateway.apis.shape import Api
 from gateway.config import LimitsConfig
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, invalid_request
+from gateway.json_path import dotted
 from gateway.offload import Offload
 from gateway.shape_gate import ShapeGate
 
@@ -39,12 +41,13 @@ class ParseStage:
         _check_encoding(ctx)
         body = await self.read_body(ctx)
         await self._gate.check(ctx.route, body)
-        payload, values = await self._offload.run(
+        payload, values, inventory = await self._offload.run(
             self._offload.is_big(len(body)), parse_body, ctx.route, body, self.limits
         )
         ctx.body = body
         ctx.payload = payload
         ctx.json_values = values
+        ctx.keep_content(inventory)
         ctx.model = payload["model"]
         ctx.stream = bool(payload.get("stream", False))
         ctx.span.set_attribute("gen_ai.request.model", ctx.model)
@@ -103,8 +106,9 @@ class RawBodyStage:
                 ctx.payload = payload
 
 
-def parse_body(route: str, body: bytes, limits: LimitsConfig) -> tuple[dict[str, Any], int]:
-    """The payload and its count of values: limits first, so the schema checks walk a bounded payload."""
+def parse_body(route: str, body: bytes, limits: LimitsConfig) -> tuple[dict[str, Any], int, Inventory]:
+    """The payload, its count of values and its content inventory (taken once here, for every stage that reads
+    content): limits first, so the schema checks walk a bounded payload."""
     api = BY_NAME[route]
     payload = json_bounds.decode(body, limits)
     if not isinstance(payload, dict):
@@ -113,7 +117,16 @@ def parse_body(route: str, body: bytes, limits: LimitsConfig) -> tuple[dict[str,
     values = json_bounds.within_limits_unwalked(body, limits) or json_bounds.check_shape(payload, limits)
     api.check(payload)
     check_model_name(payload["model"])  # every shape's: what routes, keys limits and spend, and names the answer
-    return payload, values
+    inventory = api.inventory(payload)
+    if inventory.other_models:
+        where = dotted(inventory.other_models[0])
+        raise invalid_request(
+            f"{where} names a model for the provider to run besides {payload['model']!r}: this gateway authorises, "
+            "limits and charges the model a request names (its own fallbacks are the operator's to configure)",
+            param=where,
+            code="unsupported_parameter",
+        )
+    return payload, values, inventory
 
 
 def _check_encoding(ctx: RequestContext) -> None:

@@ -110,4 +110,5 @@ def view_of(ctx: RequestContext, tenant: str | None, label: str | None) -> Reque
         tenant=tenant,
         key_label=label,
         model=ctx.model,
+        inventory=ctx.kept_content(),
     )

@@ -302,3 +302,24 @@ def test_a_secret_in_a_carrier_nobody_named_is_redacted(stack, name, path, body)
     assert response.status_code == 200, response.text
     leaks = [view for view in model_reads(upstream_body(stack, response)) if AWS_KEY in view]
     assert not leaks
+
+
+OTHER_MODELS = {
+    "server-side fallbacks": {"fallbacks": [{"model": "claude-opus-4-1", "max_tokens": 4096}]},
+    "the provider's default fallbacks": {"fallbacks": "default"},
+    "an advisor tool": {"tools": [{"type": "advisor_20260301", "name": "advisor", "model": "claude-opus-4-1"}]},
+}
+
+
+@pytest.mark.parametrize("extra", OTHER_MODELS.values(), ids=OTHER_MODELS)
+def test_a_model_the_provider_would_run_besides_the_requests_own_is_refused(stack, extra) -> None:
+    """Beta fields name other models for the provider to run (and bill) on the request's behalf; the gateway
+    authorises, limits and charges the one model each attempt names, so such a request never reaches a provider."""
+    body = {"model": CLAUDE, "max_tokens": 16, "messages": [{"role": "user", "content": "hello"}], **extra}
+    gw, _ = stack
+    headers = {"x-api-key": KEYS["secrets"], "anthropic-beta": "server-side-fallback-2026-07-01"}
+    response = httpx.post(gw.url + "/v1/messages", json=body, headers=headers, timeout=120)
+    assert response.status_code == 400, response.text
+    assert response.json()["type"] == "error" and response.json()["error"]["type"] == "invalid_request_error"
+    assert "model" in response.json()["error"]["message"]
+    assert not received(stack, response), "nothing goes upstream"
