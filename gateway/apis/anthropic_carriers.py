@@ -26,6 +26,7 @@ from gateway.apis.inventory import (
     Obj,
     Opaque,
     Ref,
+    Run,
     Spec,
     Switch,
     Tree,
@@ -34,7 +35,7 @@ from gateway.apis.inventory import (
 )
 
 _BLOCK = Ref(lambda: BLOCK)
-_BLOCKS = Either(string=TEXT, array=Arr(_BLOCK))
+_BLOCKS = Either(string=TEXT, array=Run(_BLOCK))
 _CACHE = {"cache_control": SETTINGS}
 _CALLER = Obj({"type": FIELD, "tool_id": IDENTIFIER})
 _ARGUMENTS = Tree("text", "tool_arguments")
@@ -107,7 +108,7 @@ _SEARCH_RESULT = Carrier(
             "type": FIELD,
             "source": IDENTIFIER,
             "title": TEXT,
-            "content": Arr(_BLOCK),
+            "content": Run(_BLOCK),
             "citations": SETTINGS,
             **_CACHE,
         }

@@ -136,6 +136,7 @@ class Inventory:
     keys: list[str] = field(default_factory=list)  # every object key, wherever it is
     # models the request asks its provider to run besides its own (`ModelChoice`): the parse stage refuses them
     other_models: list[Location] = field(default_factory=list)
+    runs: list[Location] = field(default_factory=list)  # the arrays whose texts are read as one run (`Run`)
     depth: int = 0  # containers nested, 0 for no JSON body
     _by_loc: dict[Location, Carried] | None = None
 
@@ -163,6 +164,32 @@ def passages(texts: list[Carried]) -> list[Passage]:
         else:
             found.parts.append(carried)
     return list(out.values())
+
+
+def runs(texts: list[Carried], arrays: list[Location]) -> list[list[Carried]]:
+    """The texts of `Run` arrays that its reader reads as one text, two or more in a row: those of parts next to
+    each other (a key split across two content parts in a row is whole there; an image or a tool result between
+    two parts ends a run). A text belongs to the innermost run array it is in."""
+    if not arrays:
+        return []
+    depths = sorted({len(a) for a in arrays}, reverse=True)
+    known = set(arrays)
+    out: list[list[Carried]] = []
+    last: dict[Location, tuple[int, list[Carried]]] = {}  # each array's current run, and the part it reached
+    for carried in texts:
+        loc = carried.loc
+        depth = next((d for d in depths if d < len(loc) and type(loc[d]) is int and loc[:d] in known), None)
+        if depth is None:
+            continue
+        array, part = loc[:depth], int(loc[depth])
+        reached = last.get(array)
+        if reached is not None and part - reached[0] <= 1:
+            reached[1].append(carried)
+            last[array] = (part, reached[1])
+        else:
+            last[array] = (part, [carried])
+            out.append(last[array][1])
+    return [parts for parts in out if len(parts) > 1]
 
 
 def where(loc: Location) -> str:
@@ -330,6 +357,18 @@ class Arr(Spec):
             return
         item = self.item
         walk.stack.extend([(item, node[i], (*loc, i), node, provenance, unit) for i in range(len(node) - 1, -1, -1)])
+
+
+class Run(Arr):
+    """An array of parts its reader reads one after another, as one text (a message's content parts or blocks):
+    the detectors read its texts joined as well as each alone."""
+
+    __slots__ = ()
+
+    def visit(self, node, loc, holder, provenance, unit, walk):  # type: ignore[no-untyped-def]
+        if type(node) is list:
+            walk.inventory.runs.append(loc)
+        super().visit(node, loc, holder, provenance, unit, walk)
 
 
 class Map(Spec):

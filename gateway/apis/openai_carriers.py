@@ -26,6 +26,7 @@ from gateway.apis.inventory import (
     Opaque,
     PromptInput,
     Ref,
+    Run,
     Spec,
     Switch,
     Tree,
@@ -139,7 +140,7 @@ _TOOL_CALL = Switch(
 _MESSAGE = Obj(
     {
         "role": FIELD,
-        "content": Either(string=TEXT, array=Arr(CHAT_PART)),
+        "content": Either(string=TEXT, array=Run(CHAT_PART)),
         "name": IDENTIFIER,
         "tool_call_id": IDENTIFIER,
         "tool_calls": Arr(_TOOL_CALL),
@@ -223,7 +224,7 @@ CHAT: Spec = Obj(
         **_TOOLS,
         "messages": Arr(CHAT_MESSAGE),
         "audio": Obj({"format": FIELD, "voice": Either(string=FIELD, obj=Obj({"id": IDENTIFIER}))}),
-        "prediction": said_by("assistant", Obj({"type": FIELD, "content": Either(string=TEXT, array=Arr(_TEXT_PART))})),
+        "prediction": said_by("assistant", Obj({"type": FIELD, "content": Either(string=TEXT, array=Run(_TEXT_PART))})),
         "web_search_options": Obj({"search_context_size": FIELD, "user_location": SETTINGS}),
         "documents": Arr(Tree("text", "document")),  # vLLM: retrieved documents the chat template renders
     }
@@ -292,7 +293,7 @@ RESPONSES_PART = Switch(
         "input_file": _INPUT_FILE,
     },
 )
-_CONTENT = Either(string=TEXT, array=Arr(RESPONSES_PART))
+_CONTENT = Either(string=TEXT, array=Run(RESPONSES_PART))
 _MESSAGE_BODY = Obj(
     {"type": FIELD, "role": FIELD, "id": IDENTIFIER, "status": FIELD, "phase": FIELD, "content": _CONTENT}
 )

@@ -4,8 +4,9 @@ Each detector has a type (`email`, `credit_card`, `aws_access_key`, ...) and a k
 returns the validated matches without overlaps; `redact()` replaces each with a typed placeholder such as
 `[REDACTED:EMAIL]`, so the model (or the client) still sees that something was there and what it was.
 
-Text is read as whoever gets it will read it, not only as its code points run: also folded (gateway/guard/folding.py:
-NFKC, invisible characters removed), and where a detector's type allows it (the secrets: a key's base64 is the key to
+Text is read as whoever gets it will read it, not only as its code points run: also folded and unescaped
+(gateway/guard/folding.py: NFKC, invisible characters removed; character references, percent-escapes and `\\u`/`\\x`
+escapes undone), and where a detector's type allows it (the secrets: a key's base64 is the key to
 anyone who decodes it), inside base64 runs of a plausible length (`MIN_BASE64_RUN` to `MAX_BASE64_RUN` characters:
 shorter ones cannot hold a key, longer ones are files and images, not decoded), and in hex inside them. A finding in
 a folded or decoded view covers the whole stretch of the text it came from, so a redaction takes out the invisible
@@ -18,10 +19,12 @@ import base64
 import binascii
 import ipaddress
 import re
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import accumulate
 
-from gateway.guard.folding import Folded
+from gateway.guard.folding import views
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,14 +276,12 @@ TYPES = tuple(sorted({d.type for d in DETECTORS}))
 
 
 def find(text: str, types: Iterable[str] | None = None) -> list[Finding]:
-    """Validated findings in text order, without overlaps: in the text as it is, then in its folded view (the
-    earlier detector in DETECTORS wins a tie, the text as it is over its folded view), then in its base64 runs."""
+    """Validated findings in text order, without overlaps: in the text as it is, then in its folded and unescaped
+    views (gateway/guard/folding.py; the earlier detector in DETECTORS wins a tie, the text as it is over a view of
+    it), then in its base64 runs."""
     wanted = set(types) if types is not None else None
     detectors = [d for d in DETECTORS if wanted is None or d.type in wanted]
-    views = [Folded.identity(text)]
-    folded = Folded.of(text)
-    if folded is not None:
-        views.append(folded)
+    read = views(text)
     found: list[Finding] = []
     taken: list[tuple[int, int]] = []
 
@@ -290,7 +291,7 @@ def find(text: str, types: Iterable[str] | None = None) -> list[Finding]:
             found.append(finding)
 
     for detector in detectors:
-        for view in views:
+        for view in read:
             for start, end in _matches(detector, view.text):
                 take(Finding(detector.type, detector.kind, *view.source(start, end)))
     encoded = [d for d in detectors if d.in_base64]
@@ -299,6 +300,21 @@ def find(text: str, types: Iterable[str] | None = None) -> list[Finding]:
             take(finding)
     found.sort(key=lambda f: f.start)
     return found
+
+
+def find_across(texts: list[str], types: Iterable[str] | None = None) -> list[list[Finding]]:
+    """What only the texts read one after another show (a key split across two content parts in a row): each
+    finding of the joined texts that crosses from one into the next, as its piece in each text it covers."""
+    ends = list(accumulate(len(text) for text in texts))
+    pieces: list[list[Finding]] = [[] for _ in texts]
+    for found in find("".join(texts), types):
+        first, last = bisect_right(ends, found.start), bisect_right(ends, found.end - 1)
+        for i in range(first, last + 1) if first != last else ():
+            start = ends[i] - len(texts[i])
+            piece = Finding(found.type, found.kind, max(found.start, start) - start, min(found.end, ends[i]) - start)
+            if piece.end > piece.start:
+                pieces[i].append(piece)
+    return pieces
 
 
 def _matches(detector: Detector, text: str) -> Iterator[tuple[int, int]]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.apis.inventory import Carried, Passage, passages
+from gateway.apis.inventory import Carried, Passage, passages, runs
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
 from gateway.guard import pii
@@ -155,15 +155,21 @@ class GuardStage:
         ]
 
     def _pii(self, ctx: RequestContext, spec: GuardSpec, texts: list[Carried]) -> list[Verdict]:
-        """Detector verdicts (the detectors read each text folded and decoded too, gateway/guard/pii.py); `redact`
+        """Detector verdicts (the detectors read each text folded, unescaped and decoded too, gateway/guard/pii.py,
+        and the texts of a message's content parts joined as well, gateway/apis/inventory.py `runs`); `redact`
         rewrites the payload in place, through the inventory. Token-id prompts cannot be rewritten, so there
         redaction blocks."""
         policy = spec.pii
         types = policy.types or None
         verdicts: list[Verdict] = []
+        found_in = {id(item): pii.find(item.text, types) for item in texts}
+        for parts in runs(texts, ctx.content().runs):  # parts read one after another: what only their join shows
+            for item, pieces in zip(parts, pii.find_across([part.text for part in parts], types)):
+                own = found_in[id(item)]
+                own += [p for p in pieces if not any(p.start < f.end and f.start < p.end for f in own)]
         for item in texts:
             text = item.text
-            findings = pii.find(text, types)
+            findings = sorted(found_in[id(item)], key=lambda f: f.start)
             if not findings:
                 continue
             redact = []

@@ -236,6 +236,83 @@ PROBES: list[tuple[str, str, dict[str, Any]]] = [
         chat_parts({"type": "text", "text": "decode: " + SECRET.encode().hex()}),
     ),
     (
+        "decimal character references in a chat text part",
+        "/v1/chat/completions",
+        chat_parts({"type": "text", "text": SECRET.replace("AKIA", "&#65;&#75;IA")}),
+    ),
+    (
+        "hex and named character references in a Responses input_text",
+        "/v1/responses",
+        {
+            "model": GPT,
+            "input": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "Tom &amp; Jerry: " + SECRET.replace("AK", "&#x41;&#x4b;")}
+                    ],
+                }
+            ],
+        },
+    ),
+    (
+        "percent-encoding in plain text",
+        "/v1/chat/completions",
+        chat_parts(
+            {
+                "type": "text",
+                "text": "see https://x.example/?k=" + quote(AWS_KEY[:4], safe="").replace("A", "%41") + AWS_KEY[4:],
+            }
+        ),
+    ),
+    (
+        "string escapes in plain text",
+        "/v1/messages",
+        {
+            "model": CLAUDE,
+            "max_tokens": 16,
+            "messages": [{"role": "user", "content": SECRET.replace("AKIA", "\\x41\\u004bIA")}],
+        },
+    ),
+    (
+        "a \\u escape in JSON inside a JSON string of tool arguments",
+        "/v1/chat/completions",
+        tool_call_with(json.dumps({"inner": '{"k": "\\u0041' + AWS_KEY[1:] + '"}'})),
+    ),
+    (
+        "an application/json data: URL in a chat image_url part",
+        "/v1/chat/completions",
+        chat_parts(
+            {
+                "type": "image_url",
+                "image_url": {
+                    "url": "data:application/json;base64,"
+                    + base64.b64encode(json.dumps({"k": SECRET}).encode()).decode()
+                },
+            }
+        ),
+    ),
+    (
+        "a text/html data: URL in a Responses input_file",
+        "/v1/responses",
+        {
+            "model": GPT,
+            "input": [
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "input_file",
+                            "filename": "page.bin",
+                            "file_data": "data:text/html;base64,"
+                            + base64.b64encode(f"<p>{SECRET}</p>".encode()).decode(),
+                        }
+                    ],
+                }
+            ],
+        },
+    ),
+    (
         "Anthropic text block with cache_control",
         "/v1/messages",
         {
@@ -270,12 +347,13 @@ PROBES: list[tuple[str, str, dict[str, Any]]] = [
 
 
 def model_reads(sent: dict[str, Any]) -> list[str]:
-    """What a model could read out of the body it got: its strings, text files decoded, and the text as a reader
-    undoes entities, percent-encoding, base64 (standard and URL-safe) and hex."""
-    strings = _strings(sent)
+    """What a model could read out of the body it got: its strings (and those of JSON written inside them, at any
+    depth), text files decoded, and the text as a reader undoes
+    entities, percent-encoding, string escapes, base64 (standard and URL-safe) and hex."""
+    strings = _nested_strings(_strings(sent))
     files = [s.split(",", 1)[1] for s in strings if s.startswith("data:") and ";base64," in s]
     text = "\n".join([*strings, *(base64.b64decode(data).decode(errors="replace") for data in files)])
-    views = [text, html.unescape(text), unquote(text)]
+    views = [text, html.unescape(text), unquote(text), _escapes_undone(text)]
     for word in re.findall(r"[A-Za-z0-9+/=_-]{24,}", text):
         padded = word + "=" * (-len(word) % 4)
         for decoded in (
@@ -285,6 +363,24 @@ def model_reads(sent: dict[str, Any]) -> list[str]:
         ):
             views.append(decoded.decode(errors="replace"))
     return views
+
+
+def _nested_strings(strings: list[str]) -> list[str]:
+    out = []
+    for string in strings:
+        out.append(string)
+        try:
+            inner = json.loads(string)
+        except ValueError:
+            continue
+        if isinstance(inner, (dict, list)):
+            out += _nested_strings(_strings(inner))
+    return out
+
+
+def _escapes_undone(text: str) -> str:
+    """`\\u0041` and `\\x41` as Python reads them (any other backslash kept as it is)."""
+    return re.sub(r"\\(u[0-9a-fA-F]{4}|x[0-9a-fA-F]{2})", lambda m: chr(int(m.group(1)[1:], 16)), text)
 
 
 def _try(decode: Any, word: str) -> bytes:
@@ -323,3 +419,75 @@ def test_a_model_the_provider_would_run_besides_the_requests_own_is_refused(stac
     assert response.json()["type"] == "error" and response.json()["error"]["type"] == "invalid_request_error"
     assert "model" in response.json()["error"]["message"]
     assert not received(stack, response), "nothing goes upstream"
+
+
+def _texts(parts: list[dict[str, Any]]) -> str:
+    return "".join(part["text"] for part in parts)
+
+
+# (name, route, a body with the secret split across adjacent parts of one message, what the model reads of them)
+SPLIT = [
+    (
+        "two chat text parts",
+        "/v1/chat/completions",
+        chat_parts({"type": "text", "text": SECRET[:22]}, {"type": "text", "text": SECRET[22:]}),
+        lambda sent: _texts(sent["messages"][0]["content"]),
+    ),
+    (
+        "three Anthropic text blocks",
+        "/v1/messages",
+        {
+            "model": CLAUDE,
+            "max_tokens": 16,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": SECRET[:20]},
+                        {"type": "text", "text": SECRET[20:27]},
+                        {"type": "text", "text": SECRET[27:]},
+                    ],
+                }
+            ],
+        },
+        lambda sent: _texts(sent["messages"][0]["content"]),
+    ),
+    (
+        "Responses input_text parts",
+        "/v1/responses",
+        {
+            "model": GPT,
+            "input": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": SECRET[:25]},
+                        {"type": "input_text", "text": SECRET[25:]},
+                    ],
+                }
+            ],
+        },
+        lambda sent: _texts(sent["input"][0]["content"]),
+    ),
+    (
+        "Anthropic system blocks",
+        "/v1/messages",
+        {
+            "model": CLAUDE,
+            "max_tokens": 16,
+            "system": [{"type": "text", "text": SECRET[:19]}, {"type": "text", "text": SECRET[19:]}],
+            "messages": [{"role": "user", "content": "hello"}],
+        },
+        lambda sent: _texts(sent["system"]),
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "path", "body", "read"), SPLIT, ids=[name for name, _, _, _ in SPLIT])
+def test_a_key_split_across_adjacent_parts_of_one_message_is_redacted(stack, name, path, body, read) -> None:
+    """A model reads a message's content parts one after another: a key split across them is whole to it, so the
+    detectors read the parts joined too, and each part's piece of the key is redacted where it was sent."""
+    response = send(stack, path, body, tenant="secrets")
+    assert response.status_code == 200, response.text
+    joined = read(upstream_body(stack, response))
+    assert AWS_KEY not in joined and "[REDACTED:AWS_ACCESS_KEY]" in joined

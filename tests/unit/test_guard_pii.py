@@ -119,6 +119,17 @@ def test_linear_time_on_a_long_adversarial_input() -> None:
     assert time.perf_counter() - started < 5.0
 
 
+def test_linear_time_on_escapes_that_never_end() -> None:
+    """Runs of backslashes, ampersands and percent signs that almost make escapes: the unescaped view stays linear
+    (a run of 200k backslashes took minutes matched from each of its characters)."""
+    import time
+
+    for text in ("\\" * 200_000, ("\\" * 50 + "u004") * 4_000, "&#" * 100_000, "%4" * 100_000):
+        started = time.perf_counter()
+        pii.find(text)
+        assert time.perf_counter() - started < 2.0
+
+
 KEY = "AKIAIOSFODNN7EXAMPLE"
 
 
@@ -129,6 +140,11 @@ KEY = "AKIAIOSFODNN7EXAMPLE"
         "AKIA\u202eIOSF\u2066ODNN7EXAMPLE",  # bidi controls
         "ＡＫＩＡIOSFODNN7EXAMPLE",  # fullwidth letters (NFKC)
         "AKIA\u00adIOSFODNN7\ufe0fEXAMPLE",  # a soft hyphen, a variation selector
+        "&#65;&#x4B;IAIOSFODNN7EXAMPLE",  # character references, decimal and hex
+        "&#xFF21;KIAIOSFODNN7EXAMPLE",  # a reference to a fullwidth letter: unescaped, then folded
+        "%41%4BIAIOSFODNN7EXAMPLE",  # percent-escapes
+        "\\u0041\\x4BIAIOSFODNN7EXAMPLE",  # string escapes
+        "\\\\u0041KIAIOSFODNN7EXAMPLE",  # the same, in a JSON string inside a JSON string
     ],
 )
 def test_a_key_its_reader_sees_whole_is_found_and_redacted_whole(hidden: str) -> None:
@@ -229,4 +245,31 @@ def test_a_text_with_no_needle_is_still_read_by_the_detectors_without_any():
         "iban",
         "credit_card",
         "phone",
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Tom &amp; Jerry scored 50% &lt; 60%, path C:\\new\\table",
+        "100%AB &copy; &nosuchentity; \\ud800 alone",
+    ],
+)
+def test_escapes_that_hide_nothing_change_no_finding(text: str) -> None:
+    assert pii.find(text) == []
+
+
+def test_a_finding_in_the_unescaped_view_takes_out_whole_escapes_only() -> None:
+    text = "a &amp; b, mail bob&#64;example.com, &#65;KIAIOSFODNN7EXAMPLE%21 end"
+    assert pii.redact(text, pii.find(text)) == "a &amp; b, mail [REDACTED:EMAIL], [REDACTED:AWS_ACCESS_KEY]%21 end"
+
+
+def test_a_key_split_across_texts_read_in_a_row_is_found_as_its_piece_in_each() -> None:
+    parts = ["the key is AKIAIO", "SFOD", "NN7EXAMPLE.", "AKIAIOSFODNN7EXAMPLE"]
+    pieces = pii.find_across(parts)
+    assert [pii.redact(part, found) for part, found in zip(parts, pieces)] == [
+        "the key is [REDACTED:AWS_ACCESS_KEY]",
+        "[REDACTED:AWS_ACCESS_KEY]",
+        "[REDACTED:AWS_ACCESS_KEY].",
+        "AKIAIOSFODNN7EXAMPLE",  # whole in one text: that text's own finding, not one across
     ]

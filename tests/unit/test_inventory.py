@@ -7,6 +7,7 @@ import base64
 import json
 
 from gateway.apis.encoded import EmbeddedKey
+from gateway.apis.inventory import runs
 from gateway.apis.routes import BY_NAME
 
 CHAT, RESPONSES, MESSAGES = BY_NAME["chat"], BY_NAME["responses"], BY_NAME["messages"]
@@ -161,3 +162,33 @@ def test_a_waf_redaction_only_the_folded_text_shows_takes_the_whole_stretch(tmp_
     view = RequestView(route="chat", payload=payload)
     assert waf.redact(view, waf.evaluate(view), payload) == 1
     assert message["content"] == "café: [REDACTED:secret], thanks"
+
+
+def test_a_messages_parts_in_a_row_are_one_run_and_blocks_inside_one_a_run_of_their_own() -> None:
+    """The texts a reader reads one after another: a message's parts next to each other, not two messages, and a
+    tool result's blocks apart from the blocks around it, which it keeps apart."""
+    payload = {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "user", "content": "c"},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "d"},
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t",
+                        "content": [{"type": "text", "text": "e"}, {"type": "text", "text": "f"}],
+                    },
+                    {"type": "text", "text": "g"},
+                    {"type": "text", "text": "h"},
+                ],
+            },
+        ]
+    }
+    inventory = MESSAGES.inventory(payload)
+    assert [[part.text for part in run] for run in runs(inventory.texts(), inventory.runs)] == [
+        ["a", "b"],
+        ["e", "f"],
+        ["g", "h"],
+    ]
