@@ -5,7 +5,9 @@ its cases do not name. What is checked is what the client can read, joined as it
 
 from __future__ import annotations
 
+import html
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 
@@ -18,6 +20,8 @@ from tests.hostile.test_output_inventory import (
     frames,
     gw,
     messages_answer,
+    readable,
+    received,
 )
 
 __all__ = ["gw"]  # the module's gateway, shared with the output inventory's fixture
@@ -75,3 +79,24 @@ def test_a_key_in_a_json_key_of_an_answer_is_read(gw: Process, route: str, strea
             upstream["content"][0].update(named)
     for key in ("sk-block", "sk-redact"):
         assert_blocked(ask(gw, route, stream, upstream, key=key), stream)
+
+
+ENCODED = {
+    "character references": "".join(f"&#{ord(c)};" for c in KEY[:6]) + KEY[6:],
+    "percent-escapes": "".join(f"%{ord(c):02X}" for c in KEY[:8]) + KEY[8:],
+    "string escapes": "\\u0041\\x4b" + KEY[2:],
+}
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+@pytest.mark.parametrize("route", ["chat", "messages"])
+@pytest.mark.parametrize("encoding", ENCODED)
+def test_a_key_in_escapes_its_reader_undoes_is_blocked(gw: Process, route: str, stream: bool, encoding: str) -> None:
+    """An answer a browser renders or a program unescapes: `&#65;KIA…`, `%41KIA…`, `\\u0041KIA…` are the key to
+    its reader."""
+    text = f"The key is {ENCODED[encoding]}, keep it safe."
+    upstream = chat_answer(stream, text) if route == "chat" else messages_answer(stream, text)
+    response = ask(gw, route, stream, upstream)
+    seen = readable(received(response, stream))
+    assert all(KEY not in view for view in (html.unescape(seen), unquote(seen), seen.replace("\\x4b", "K")))
+    assert_blocked(response, stream)
