@@ -153,16 +153,22 @@ class Inventory:
         return by_loc.get(loc)
 
 
-def passages(texts: list[Carried]) -> list[Passage]:
-    """The texts grouped into the units the classifier reads, in the order their first text comes."""
+def passages(texts: list[Carried], arrays: list[Location]) -> list[Passage]:
+    """The texts grouped into the units the classifier reads, in the order their first text comes: a `Run` array's
+    texts (a message's content parts, `arrays`) are one unit, as its reader reads them, named by the array where
+    it has two or more."""
+    find = _runs_finder(arrays)
     out: dict[tuple[Location, str | None], Passage] = {}
     for carried in texts:
-        key = (carried.unit, carried.provenance)
-        found = out.get(key)
-        if found is None:
+        found = find(carried.loc)
+        unit = carried.unit if found is None else found[0]
+        key = (unit, carried.provenance)
+        passage = out.get(key)
+        if passage is None:  # named by its one text's unit until a second part joins it
             out[key] = Passage(carried.provenance or "unknown", carried.unit, [carried])
         else:
-            found.parts.append(carried)
+            passage.parts.append(carried)
+            passage.unit = unit
     return list(out.values())
 
 
@@ -170,18 +176,14 @@ def runs(texts: list[Carried], arrays: list[Location]) -> list[list[Carried]]:
     """The texts of `Run` arrays that its reader reads as one text, two or more in a row: those of parts next to
     each other (a key split across two content parts in a row is whole there; an image or a tool result between
     two parts ends a run). A text belongs to the innermost run array it is in."""
-    if not arrays:
-        return []
-    depths = sorted({len(a) for a in arrays}, reverse=True)
-    known = set(arrays)
+    find = _runs_finder(arrays)
     out: list[list[Carried]] = []
     last: dict[Location, tuple[int, list[Carried]]] = {}  # each array's current run, and the part it reached
     for carried in texts:
-        loc = carried.loc
-        depth = next((d for d in depths if d < len(loc) and type(loc[d]) is int and loc[:d] in known), None)
-        if depth is None:
+        found = find(carried.loc)
+        if found is None:
             continue
-        array, part = loc[:depth], int(loc[depth])
+        array, part = found
         reached = last.get(array)
         if reached is not None and part - reached[0] <= 1:
             reached[1].append(carried)
@@ -190,6 +192,20 @@ def runs(texts: list[Carried], arrays: list[Location]) -> list[list[Carried]]:
             last[array] = (part, [carried])
             out.append(last[array][1])
     return [parts for parts in out if len(parts) > 1]
+
+
+def _runs_finder(arrays: list[Location]) -> Callable[[Location], tuple[Location, int] | None]:
+    """The innermost of these arrays a location is in, and the index of its part there."""
+    depths = sorted({len(a) for a in arrays}, reverse=True)
+    known = set(arrays)
+
+    def find(loc: Location) -> tuple[Location, int] | None:
+        for depth in depths:
+            if depth < len(loc) and type(loc[depth]) is int and loc[:depth] in known:
+                return loc[:depth], int(loc[depth])
+        return None
+
+    return find
 
 
 def where(loc: Location) -> str:

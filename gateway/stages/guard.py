@@ -94,7 +94,8 @@ class GuardStage:
         scan_pii, injection = _scans_pii(spec), spec.injection.enabled
         roles = set(spec.pii.roles if scan_pii else ()) | set(spec.injection.roles if injection else ())
         texts = request_texts(ctx.content(), roles, self._decoder(ctx.model, spec))
-        scanned = passages([t for t in selected(texts, spec.injection.roles) if t.text]) if injection else []
+        read = [t for t in selected(texts, spec.injection.roles) if t.text]
+        scanned = passages(read, ctx.content().runs) if injection else []
         originals = [p.text for p in scanned]  # read before redaction rewrites them
         verdicts = self._pii(ctx, spec, selected(texts, spec.pii.roles)) if scan_pii else []
         if not injection or any(v.result == "block" for v in verdicts):
