@@ -5,9 +5,10 @@
 Each stream is `--tokens` events of one token's text (4 characters) in the upstream's own event shape, fed to
 `OutputGuard.feed` one event at a time as the relay does, with the default policy's output settings (secrets
 blocked, hold-back 64, scan every 128 characters; the classifier off, so no model is loaded): chat content, a chat
-tool call's arguments (JSON text, with an escaped character now and then), Responses text deltas, and Messages
-text deltas. The figure is the CPU time of the feeding thread per event, in microseconds, the best of `--repeat`
-runs: on a shared machine wall time measures the neighbours.
+tool call's arguments (JSON text, with an escaped character now and then), Responses text deltas, Messages text
+deltas, and chat content written as HTML (an entity or a percent-escape every few tokens, which the detectors also
+read unescaped). The figure is the CPU time of the feeding thread per event, in microseconds, the best of
+`--repeat` runs: on a shared machine wall time measures the neighbours.
 """
 
 from __future__ import annotations
@@ -35,6 +36,14 @@ def event(data: dict, name: str | None = None) -> bytes:
 
 def chat_content(i: int) -> bytes:
     delta = {"content": token(i).replace("\\", "")}
+    return event({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]})
+
+
+HTML_WORDS = ("<p>T", "om &", "amp;", " Jer", "ry: ", "50% ", "&lt;", " a%2", "0b</", "p>\n ")
+
+
+def chat_html(i: int) -> bytes:
+    delta = {"content": HTML_WORDS[i % len(HTML_WORDS)]}
     return event({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]})
 
 
@@ -69,6 +78,7 @@ def messages_text(i: int) -> bytes:
 
 STREAMS: dict[str, tuple[Callable[[], AnswerFormat], Callable[[int], bytes]]] = {
     "chat content": (AnswerFormat, chat_content),
+    "chat content as HTML": (AnswerFormat, chat_html),
     "chat tool arguments": (AnswerFormat, chat_arguments),
     "responses text": (ResponsesFormat, responses_text),
     "messages text": (MessagesFormat, messages_text),
