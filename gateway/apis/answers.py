@@ -175,6 +175,11 @@ class AnswerFormat:
             return "choices[{}].{}".format(*channel)
         return f"choices[{channel}]"
 
+    def read_after(self, before: Hashable, channel: Hashable) -> bool:
+        """Whether a whole answer's client reads this channel's text run on from the one before it in the answer
+        (a message's text blocks in a row); a chat choice is one text."""
+        return False
+
     def body_texts(self, body: dict[str, Any]) -> Iterator[Text]:
         """The generated texts of a whole answer."""
         for i, choice in enumerate(_array(body.get("choices"))):
@@ -443,6 +448,10 @@ class MessagesFormat(AnswerFormat):
         if isinstance(channel, Arguments):
             return f"content[{channel.at}].input"
         return f"content[{channel}]"
+
+    def read_after(self, before: Hashable, channel: Hashable) -> bool:
+        """A text or thinking block right after another: the client reads the two as one text."""
+        return type(before) is int and type(channel) is int and channel == before + 1
 
 
 class TokenCountFormat(AnswerFormat):

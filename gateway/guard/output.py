@@ -29,9 +29,11 @@ A tool call's arguments (an `Arguments` channel) are JSON text an agent parses: 
 will (gateway/apis/decoded_json.py: `\\u0041KIA…` is a key, `\\n` a line break), a finding maps back to whole escape
 sequences, so a redaction inside one string leaves the JSON valid, and one that does not lie inside one string (it
 crosses a quote, or is a number) blocks instead. Hold-back counts the characters the client will decode, and an
-escape sequence still arriving is never released before it is decoded and read. Every text is read folded as well
-(NFKC, invisible characters removed: gateway/guard/folding.py) and a secret also in base64 (gateway/guard/pii.py);
-the classifier reads the folded text.
+escape sequence still arriving is never released before it is decoded and read. Every text is read folded and
+unescaped as well (NFKC, invisible characters removed, character references and percent- and string escapes undone:
+gateway/guard/folding.py) and a secret also in base64 (gateway/guard/pii.py); the classifier reads the folded text.
+A whole answer's texts that its client reads one after another (a message's text blocks in a row, the format's
+`read_after`) are also read joined; a stream's are not yet (its blocks end, and are released, one at a time).
 """
 
 from __future__ import annotations
@@ -340,6 +342,7 @@ class OutputGuard:
                 state.finished = True
                 scans.append((channel, state, holder, key))
         await self._scan([(channel, state) for channel, state, _, _ in scans])
+        self._detect_across(scans)
         changed = False
         for _, state, holder, key in scans:
             if state.redactions:
@@ -353,12 +356,34 @@ class OutputGuard:
             return f"{channel.kind} {channel.path}" if channel.kind else channel.path
         return self._answers.where(channel.of if isinstance(channel, _Copy) else channel)
 
-    def _detect(self, text: str, at: int, state: _Channel, where: str) -> None:
-        """The secrets and PII detectors over a view of a channel's text that starts at `at`."""
+    def _detect_across(self, scans: list[tuple[Hashable, _Channel, Holder, str | int]]) -> None:
+        """A whole answer's texts that its client reads one after another (a message's text blocks in a row): what
+        only their join shows, as its piece in each (a key split across two blocks)."""
+        policy, answers = self._policy, self._answers
+        if policy.pii == "off" and policy.secrets == "off":
+            return
+        runs: list[list[tuple[Hashable, _Channel]]] = []
+        for channel, state, _, _ in scans:
+            if runs and answers.read_after(runs[-1][-1][0], channel):
+                runs[-1].append((channel, state))
+            else:
+                runs.append([(channel, state)])
+        for run in (run for run in runs if len(run) > 1):
+            pieces = pii.find_across([str(state.text) for _, state in run], self._spec.pii.types or None)
+            for (channel, state), found in zip(run, pieces):
+                if found:
+                    self._detect(str(state.text), 0, state, self._where(channel), found)
+
+    def _detect(
+        self, text: str, at: int, state: _Channel, where: str, findings: list[pii.Finding] | None = None
+    ) -> None:
+        """The secrets and PII detectors over a view of a channel's text that starts at `at` (or what they found
+        there already)."""
         policy = self._policy
         if policy.pii == "off" and policy.secrets == "off":
             return
-        findings = pii.find(text, self._spec.pii.types or None)
+        if findings is None:
+            findings = pii.find(text, self._spec.pii.types or None)
         known = {(f.start, f.end) for f in state.redactions}
         for kind, action in (("pii", policy.pii), ("secret", policy.secrets)):
             if action == "off":

@@ -100,3 +100,17 @@ def test_a_key_in_escapes_its_reader_undoes_is_blocked(gw: Process, route: str, 
     seen = readable(received(response, stream))
     assert all(KEY not in view for view in (html.unescape(seen), unquote(seen), seen.replace("\\x4b", "K")))
     assert_blocked(response, stream)
+
+
+@pytest.mark.parametrize("key", ["sk-block", "sk-redact"])
+def test_a_key_split_across_text_blocks_in_a_row_of_a_whole_answer_is_read(gw: Process, key: str) -> None:
+    """A client reads a message's text blocks one after another: a key split across two is whole to it."""
+    upstream = messages_answer(False, "x")
+    upstream["content"] = [{"type": "text", "text": TEXT[:18]}, {"type": "text", "text": TEXT[18:]}]
+    response = ask(gw, "messages", False, upstream, key=key)
+    if key == "sk-block":
+        assert_blocked(response, stream=False)
+        return
+    assert response.status_code == 200, response.text
+    joined = "".join(block["text"] for block in response.json()["content"])
+    assert KEY not in joined and "[REDACTED:AWS_ACCESS_KEY]" in joined, joined
