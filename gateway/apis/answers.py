@@ -345,6 +345,11 @@ class ResponsesFormat(AnswerFormat):
             if isinstance(item, dict):
                 yield from _item_texts(i, item)
 
+    def read_after(self, before: Hashable, channel: Hashable) -> bool:
+        """A content part right after another of the same item (a message's output_text parts, a reasoning item's
+        content): the client reads the two as one text."""
+        return type(before) is tuple and type(channel) is tuple and channel == (before[0], before[1] + 1)
+
     def where(self, channel: Hashable) -> str:
         if isinstance(channel, _Summary):
             return f"output[{channel.item}].summary[{channel.part}]"

@@ -32,8 +32,9 @@ crosses a quote, or is a number) blocks instead. Hold-back counts the characters
 escape sequence still arriving is never released before it is decoded and read. Every text is read folded and
 unescaped as well (NFKC, invisible characters removed, character references and percent- and string escapes undone:
 gateway/guard/folding.py) and a secret also in base64 (gateway/guard/pii.py); the classifier reads the folded text.
-A whole answer's texts that its client reads one after another (a message's text blocks in a row, the format's
-`read_after`) are also read joined; a stream's are not yet (its blocks end, and are released, one at a time).
+A whole answer's texts that its client reads one after another (a message's text blocks or a Response message's
+parts in a row, the format's `read_after`) are also read joined; a stream's are not yet (its blocks end, and are
+released, one at a time).
 """
 
 from __future__ import annotations

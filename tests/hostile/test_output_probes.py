@@ -22,6 +22,7 @@ from tests.hostile.test_output_inventory import (
     messages_answer,
     readable,
     received,
+    responses_answer,
 )
 
 __all__ = ["gw"]  # the module's gateway, shared with the output inventory's fixture
@@ -102,15 +103,34 @@ def test_a_key_in_escapes_its_reader_undoes_is_blocked(gw: Process, route: str, 
     assert_blocked(response, stream)
 
 
+def split_answer(route: str) -> tuple[Any, Any]:
+    """A whole answer with TEXT split across two parts in a row, and how to read the parts back from what the
+    client got."""
+    halves = [TEXT[:18], TEXT[18:]]
+    if route == "messages":
+        upstream = messages_answer(False, "x")
+        upstream["content"] = [{"type": "text", "text": half} for half in halves]
+        return upstream, lambda body: [block["text"] for block in body["content"]]
+    message = {
+        "type": "message",
+        "id": "msg_1",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": half, "annotations": []} for half in halves],
+    }
+    return responses_answer(False, item=message), lambda body: [p["text"] for p in body["output"][0]["content"]]
+
+
 @pytest.mark.parametrize("key", ["sk-block", "sk-redact"])
-def test_a_key_split_across_text_blocks_in_a_row_of_a_whole_answer_is_read(gw: Process, key: str) -> None:
-    """A client reads a message's text blocks one after another: a key split across two is whole to it."""
-    upstream = messages_answer(False, "x")
-    upstream["content"] = [{"type": "text", "text": TEXT[:18]}, {"type": "text", "text": TEXT[18:]}]
-    response = ask(gw, "messages", False, upstream, key=key)
+@pytest.mark.parametrize("route", ["messages", "responses"])
+def test_a_key_split_across_parts_in_a_row_of_a_whole_answer_is_read(gw: Process, route: str, key: str) -> None:
+    """A client reads a message's text blocks (a Response message's output_text parts) one after another: a key
+    split across two is whole to it."""
+    upstream, parts = split_answer(route)
+    response = ask(gw, route, False, upstream, key=key)
     if key == "sk-block":
         assert_blocked(response, stream=False)
         return
     assert response.status_code == 200, response.text
-    joined = "".join(block["text"] for block in response.json()["content"])
+    joined = "".join(parts(response.json()))
     assert KEY not in joined and "[REDACTED:AWS_ACCESS_KEY]" in joined, joined
