@@ -539,7 +539,8 @@ class ModelChoice(Spec):
     """A model the provider would run for this request besides the one it names at its top (a server-side fallback
     chain, a tool that consults another model): an application field, and listed apart, because the gateway
     authorises, limits and charges one model per attempt (gateway/stages/authority.py) and has not decided this
-    one. The parse stage refuses a request that names any."""
+    one. The parse stage refuses a request that names any; it walks only a body that holds a `model` key twice, a
+    `fallbacks` key or an escape (gateway/stages/parse.py), so this spec goes under one of those two keys."""
 
     __slots__ = ()
 

@@ -47,7 +47,8 @@ class ParseStage:
         ctx.body = body
         ctx.payload = payload
         ctx.json_values = values
-        ctx.keep_content(inventory)
+        if inventory is not None:
+            ctx.keep_content(inventory)
         ctx.model = payload["model"]
         ctx.stream = bool(payload.get("stream", False))
         ctx.span.set_attribute("gen_ai.request.model", ctx.model)
@@ -106,9 +107,10 @@ class RawBodyStage:
                 ctx.payload = payload
 
 
-def parse_body(route: str, body: bytes, limits: LimitsConfig) -> tuple[dict[str, Any], int, Inventory]:
-    """The payload, its count of values and its content inventory (taken once here, for every stage that reads
-    content): limits first, so the schema checks walk a bounded payload."""
+def parse_body(route: str, body: bytes, limits: LimitsConfig) -> tuple[dict[str, Any], int, Inventory | None]:
+    """The payload, its count of values and, where the body may name a model besides its own, its content inventory
+    (taken once here, for every stage that reads content): limits first, so the schema checks walk a bounded
+    payload."""
     api = BY_NAME[route]
     payload = json_bounds.decode(body, limits)
     if not isinstance(payload, dict):
@@ -117,6 +119,8 @@ def parse_body(route: str, body: bytes, limits: LimitsConfig) -> tuple[dict[str,
     values = json_bounds.within_limits_unwalked(body, limits) or json_bounds.check_shape(payload, limits)
     api.check(payload)
     check_model_name(payload["model"])  # every shape's: what routes, keys limits and spend, and names the answer
+    if not may_name_another_model(body):
+        return payload, values, None
     inventory = api.inventory(payload)
     if inventory.other_models:
         where = dotted(inventory.other_models[0])
@@ -127,6 +131,14 @@ def parse_body(route: str, body: bytes, limits: LimitsConfig) -> tuple[dict[str,
             code="unsupported_parameter",
         )
     return payload, values, inventory
+
+
+def may_name_another_model(body: bytes) -> bool:
+    """Whether a body could name a model for the provider to run besides its top-level one (every such field is a
+    `model` or `fallbacks` member, gateway/apis/inventory.py's ModelChoice): a key spelled so twice or once, or an
+    escape that could spell one. Most requests are then not walked here: the WAF and the guard take the inventory
+    when they are on."""
+    return body.count(b'"model"') > 1 or b'"fallbacks"' in body or b"\\u" in body
 
 
 def _check_encoding(ctx: RequestContext) -> None:
