@@ -73,6 +73,7 @@ from gateway.telemetry import (
     server_span,
     trace_ids,
 )
+from gateway.tenancy.models import TenantModels
 from gateway.tenancy.ownership import TenantObjects
 from gateway.tenancy.passthrough import ObjectPassthrough
 from gateway.tenancy.stage import ObjectsStage
@@ -133,12 +134,14 @@ class Gateway:
         )
         rate_limits = RateLimitStage(lambda: self.policies, self.rate_limiter)
         self.fallbacks = Fallbacks(config.fallbacks, self.pools, self.metrics.fallbacks)
+        # what tenants make upstream (files, stored responses, fine-tuned models) is recorded where the keys are, and
+        # theirs alone
+        self.objects = TenantObjects(build_object_store(config), config.tenant_objects)
+        self.models = TenantModels(self.objects, config.pools)
         # every attempt, the first and each fallback, is authorised for the model and pool it calls
-        self.authority = AuthorityStage(self.tokenize, rate_limits, self.fallbacks, self.tracer)
+        self.authority = AuthorityStage(self.tokenize, rate_limits, self.fallbacks, self.models, self.tracer)
         self.admission = AdmissionStage(self.pools.pools, self.tracer, self.metrics)
         self.route = RouteStage()
-        # what tenants make upstream (files, stored responses) is recorded where the keys are, and theirs alone
-        self.objects = TenantObjects(build_object_store(config), config.tenant_objects)
         self.pipeline = Pipeline(
             [
                 parse,
@@ -156,7 +159,7 @@ class Gateway:
         # a pool's passthrough routes: the same stages up to the rate limits, none that read a model request
         self.passthrough = Pipeline([RawBodyStage(parse), waf, self.auth, rate_limits], self.tracer, self.metrics)
         self.upstream = Upstream(self.tracer, self.metrics, self.offload, config.telemetry.replica_header)
-        self.object_passthrough = ObjectPassthrough(self.objects, self.upstream)
+        self.object_passthrough = ObjectPassthrough(self.objects, self.models, self.upstream)
         self.billing = Billing(self.metrics, lambda: self.policies, self.spend, config.telemetry)
 
     def _failover(self, store: Backend) -> FailoverBackend:
@@ -422,18 +425,22 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
             await gateway.auth(ctx)
         except GatewayError as err:
             return err.response()
-        seen: dict[str, dict] = {}
+        seen: dict[str, tuple[dict, Pool]] = {}  # each model with the pool offering it
         for pool, replicas in zip(
             gateway.pools.pools, await asyncio.gather(*(gateway.probe(p) for p in gateway.pools.pools))
         ):
             for model in pool.config.models:
-                seen.setdefault(model, {"id": model, "object": "model", "created": 0, "owned_by": pool.name})
+                seen.setdefault(model, ({"id": model, "object": "model", "created": 0, "owned_by": pool.name}, pool))
             for replica in replicas:
                 for model in replica["models"]:
                     if isinstance(model, dict) and isinstance(model.get("id"), str):
-                        seen.setdefault(model["id"], model)
+                        seen.setdefault(model["id"], (model, pool))
+        try:  # another tenant's fine-tunes are not listed: the upstream lists its whole organization's
+            usable = await gateway.models.visible(ctx, ((model, pool) for model, (_, pool) in seen.items()))
+        except GatewayError as err:
+            return err.response()
         key = ctx.key  # a stored key lists only the models it may call
-        listed = [entry for model, entry in seen.items() if key is None or key.allows(model)]
+        listed = [entry for model, (entry, _) in seen.items() if model in usable and (key is None or key.allows(model))]
         return JSONResponse({"object": "list", "data": listed})
 
     async def healthz(request: Request) -> Response:

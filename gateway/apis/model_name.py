@@ -30,6 +30,11 @@ MODEL_NAME_PATTERN = rf"^{_VISIBLE_ASCII}{{1,{MAX_MODEL_CHARS}}}$"  # the operat
 _VISIBLE_ASCII_RUN = re.compile(_VISIBLE_ASCII + "+")
 
 
+def is_model_name(model: str) -> bool:
+    """Whether `model` is a name a request may carry: 1 to MAX_MODEL_CHARS characters of visible ASCII."""
+    return len(model) <= MAX_MODEL_CHARS and _VISIBLE_ASCII_RUN.fullmatch(model) is not None
+
+
 def check_model_name(model: str) -> None:
     """A 400 naming `model` unless it is 1 to MAX_MODEL_CHARS characters of visible ASCII (the shape checked it is a
     non-empty string)."""
@@ -37,7 +42,7 @@ def check_model_name(model: str) -> None:
         raise invalid_request(
             f"'model' is longer than {MAX_MODEL_CHARS} characters", param="model", code="string_above_max_length"
         )
-    if not _VISIBLE_ASCII_RUN.fullmatch(model):
+    if not is_model_name(model):
         raise invalid_request(
             "'model' must be visible ASCII (letters, digits and punctuation: no spaces, control characters or other "
             "scripts), as model ids are",

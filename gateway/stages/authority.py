@@ -4,6 +4,8 @@ first and each fallback (to another model, or to the same model on another pool)
 What a request may do depends on the model it is sent to, not only on the one it named, so each attempt is
 authorised for the model and pool it actually calls:
 - the calling key's model allow-list (a stored key's `models`);
+- the model's owner: a model another tenant made (a fine-tune) is not found, nor is an unrecorded one unless the
+  operator lets it be used (gateway/tenancy/models.py), so a fallback reaches no other tenant's model either;
 - the prompt as that model's tokenizer counts it, and its output bounded by that model's context window;
 - the rate limits that match that model, their counters keyed on it and their token reservations as it counts them;
 - the budgets, reserved at that model's price.
@@ -36,14 +38,18 @@ from gateway.routing.pool import Pool
 from gateway.stages.auth import model_not_allowed
 from gateway.stages.ratelimit import RateLimitStage
 from gateway.stages.tokenize import Tokenize
+from gateway.tenancy.models import TenantModels
 from gateway.upstream import PoolFailed
 
 
 class AuthorityStage:
     name = "authority"
 
-    def __init__(self, tokenize: Tokenize, limits: RateLimitStage, fallbacks: Fallbacks, tracer: Tracer) -> None:
+    def __init__(
+        self, tokenize: Tokenize, limits: RateLimitStage, fallbacks: Fallbacks, models: TenantModels, tracer: Tracer
+    ) -> None:
         self._tracer = tracer
+        self._models = models
         self._tokenize = tokenize
         self._limits = limits
         self._fallbacks = fallbacks
@@ -68,6 +74,8 @@ class AuthorityStage:
         key = ctx.key
         if key is not None and not key.allows(model):
             return model_not_allowed(model)
+        if (refusal := await self._models.refusal(ctx, model, pool)) is not None:
+            return refusal
         traced = ctx.span.is_recording()
         try:
             with self._part("tokenize", model, traced):

@@ -1,6 +1,6 @@
 """The references a passthrough request carries, wherever an upstream reads one: its query's parameters, and its
 body as a JSON object or as form fields (a container file made from a `file_id`, which the SDK sends as a multipart
-field beside the file's bytes).
+field beside the file's bytes), the model it names at its top level among them.
 
 A body the gateway cannot read is refused before it goes anywhere, since the upstream may read what the gateway did
 not and find another tenant's id there: JSON that the gateway's decoder refuses but others take (Python's reads
@@ -19,7 +19,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, invalid_request
-from gateway.tenancy.references import Reference, field_kind, field_references, references
+from gateway.tenancy.references import Reference, field_kind, field_references, model_reference, references
 
 _PLAIN_ENCODINGS = frozenset({b"", b"7bit", b"8bit", b"binary"})  # a part whose bytes are its value
 
@@ -36,7 +36,8 @@ def _body_references(ctx: RequestContext) -> list[Reference]:
     content_type = ctx.request.headers.get("content-type", "")
     media = content_type.partition(";")[0].strip().lower()
     if "json" in media:
-        return references(ctx.payload or _json_object(ctx.body))
+        payload = ctx.payload or _json_object(ctx.body)
+        return [*model_reference(payload), *references(payload)]
     if media == "multipart/form-data":
         return field_references(_form_fields(ctx.body, content_type))
     if media == "application/x-www-form-urlencoded":

@@ -10,10 +10,16 @@ Fail closed: a path in neither list is not known to be safe. A passthrough patte
 start (`uncovered`); a request for one that a pattern's prefix admits anyway (`/v1/filesX`, or a path with dot
 segments, which the upstream URL would resolve to another route) is a 404 before anything goes upstream (`classify`).
 
+A model a tenant makes (a fine-tune, named in its job's `fine_tuned_model` and its checkpoints'
+`fine_tuned_model_checkpoint`) is an object of kind "model": recorded like the others, named by the rule every
+request's `model` is held to (gateway/apis/model_name.py: OpenAI's `ft:gpt-4o-mini:org:suffix:id` has colons, which
+no other id has), deleted at `/v1/models/{model}`, and called on the model routes (gateway/tenancy/models.py).
+
 From the public API references: platform.openai.com (Files, Uploads, Batch, Vector stores, Assistants, Threads,
-Fine-tuning, Conversations, Responses, Containers, Videos; Audio, Images, Moderations) and docs.anthropic.com
-(Files, Message Batches). Stored chat completions (`/v1/chat/completions/{id}`), evals, realtime sessions (which mint
-credentials), the organization admin API and anything else are not listed: unknown, so never passed through.
+Fine-tuning and its checkpoints, Models, Conversations, Responses, Containers, Videos; Audio, Images, Moderations) and
+docs.anthropic.com (Files, Message Batches). Stored chat completions (`/v1/chat/completions/{id}`), evals, realtime
+sessions (which mint credentials), checkpoint permissions (`/v1/fine_tuning/checkpoints/...`, which share a model with
+other organizations), the organization admin API and anything else are not listed: unknown, so never passed through.
 """
 
 from __future__ import annotations
@@ -23,9 +29,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gateway.apis.model_name import is_model_name
+
 ApiName = Literal["openai", "anthropic"]
 
 _SEGMENT = re.compile(r"[A-Za-z0-9_-]{1,256}")  # an object id or a sub-route's name: no dots, no escapes, no '/'
+# a model's name in a path (`/v1/models/ft:gpt-4o-mini:org:suffix:id`): what providers name fine-tunes and their
+# checkpoints with; no leading dot (a dot segment), nothing a URL reads as more than a path segment
+_MODEL_SEGMENT = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9_.:-]{0,255}")
+MODEL = "model"  # the kind of a model a tenant made
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +65,9 @@ class Collection:
     actions: Mapping[str, tuple[Named, ...]] = field(default_factory=dict)
     # members of a create's body naming a file of requests (JSONL) the upstream makes later with the pool's key
     request_files: tuple[str, ...] = ()
+    # GET root/{id}/<name>: a page of sub-objects, and what each of them names (a fine-tuning job's checkpoints)
+    sub_lists: Mapping[str, tuple[Named, ...]] = field(default_factory=dict)
+    ids: re.Pattern[str] = _SEGMENT  # what an object's id may be in a path
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +106,15 @@ OPENAI_COLLECTIONS = (
     Collection("/v1/vector_stores", "vector_store", lists=True),
     Collection("/v1/assistants", "assistant", lists=True),
     Collection("/v1/threads", "thread", actions={"runs": (Named(("thread_id",), "thread"),)}),  # create and run
-    Collection("/v1/fine_tuning/jobs", "fine_tuning_job", lists=True, names=(Named(("result_files",), "file"),)),
+    Collection(
+        "/v1/fine_tuning/jobs",
+        "fine_tuning_job",
+        lists=True,
+        names=(Named(("result_files",), "file"), Named(("fine_tuned_model",), MODEL)),
+        sub_lists={"checkpoints": (Named(("fine_tuned_model_checkpoint",), MODEL),)},
+    ),
+    # GET /v1/models is the gateway's own list (gateway/app.py); one model is read or deleted here
+    Collection("/v1/models", MODEL, creates=False, ids=_MODEL_SEGMENT),
     Collection("/v1/conversations", "conversation"),
     # made by POST /v1/responses (a model route, gateway/tenancy/stage.py); input_tokens counts a request's tokens
     Collection("/v1/responses", "response", creates=False, actions={"input_tokens": ()}),
@@ -132,10 +155,9 @@ def classify(api: ApiName, path: str) -> Route | None:
         if path == collection.root:
             return ObjectRoute(collection)
         if path.startswith(collection.root + "/"):
-            segments = path[len(collection.root) + 1 :].split("/")
-            if not all(_SEGMENT.fullmatch(s) for s in segments):
+            first, *rest = path[len(collection.root) + 1 :].split("/")
+            if not (collection.ids.fullmatch(first) and all(_SEGMENT.fullmatch(s) for s in rest)):
                 return None
-            first, *rest = segments
             if first in collection.actions:
                 return ObjectRoute(collection, action=first) if not rest else None
             return ObjectRoute(collection, object_id=first, rest=tuple(rest))
@@ -163,18 +185,22 @@ def known_patterns(api: ApiName) -> list[str]:
 
 
 def named_ids(answer: dict[str, Any], names: tuple[Named, ...]) -> list[tuple[str, str]]:
-    """(id, kind) of each object an answer names at `names` (ids that are not plausible ids are left out)."""
+    """(id, kind) of each object an answer names at `names` (ids that are not plausible ids of their kind are left
+    out)."""
     found: list[tuple[str, str]] = []
     for named in names:
         value: Any = answer
         for key in named.path:
             value = value.get(key) if isinstance(value, dict) else None
         for item in value if isinstance(value, list) else [value]:
-            if isinstance(item, str) and _SEGMENT.fullmatch(item):
+            if is_object_id(item, named.kind):
                 found.append((item, named.kind))
     return found
 
 
-def is_object_id(value: Any) -> bool:
-    """An id the gateway would record: what the catalog accepts as a path segment."""
-    return isinstance(value, str) and _SEGMENT.fullmatch(value) is not None
+def is_object_id(value: Any, kind: str) -> bool:
+    """An id the gateway would record for an object of `kind`: a model's name by the request model rule, any other
+    what the catalog accepts as a path segment."""
+    if not isinstance(value, str):
+        return False
+    return is_model_name(value) if kind == MODEL else _SEGMENT.fullmatch(value) is not None

@@ -41,8 +41,8 @@ class TenantObjects:
     def __init__(self, store: ObjectStore, config: TenantObjectsConfig) -> None:
         self.store = store
         self._ttl = config.ttl
-        self._unrecorded_readable = config.unrecorded == "readable"
-        if self._unrecorded_readable:
+        self.unrecorded_readable = config.unrecorded == "readable"
+        if self.unrecorded_readable:
             log.warning(
                 "tenant_objects.unrecorded: readable: every tenant may read the objects the gateway has no record of, "
                 "another tenant's too once its record expires (tenant_objects.ttl: %.0fs); keep the ttl at least as "
@@ -53,22 +53,30 @@ class TenantObjects:
     async def require(self, tenant: str, wanted: Sequence[Reference], *, change: bool = False) -> None:
         """Pass if every object `wanted` names is the tenant's to read (to `change`: modify, delete, add to), else
         raise the 404 for the first that is not."""
-        found = await self._find(r.object_id for r in wanted)
+        # an id the gateway does not record (a space, a dot) is no tenant's, not even an unrecorded object's
+        found = await self.find(r.object_id for r in wanted if is_object_id(r.object_id, r.kind))
         for reference in wanted:
-            if not is_object_id(reference.object_id) or not self._reaches(
+            if not is_object_id(reference.object_id, reference.kind) or not self._reaches(
                 tenant, reference.kind, found.get(reference.object_id), change
-            ):  # not an id the gateway records (a space, a dot): no tenant's, not even an unrecorded object's
+            ):
                 raise not_found(reference)
 
     async def visible(self, tenant: str, kind: str, object_ids: Sequence[str]) -> set[str]:
         """Those of a list page's ids the tenant may see."""
-        found = await self._find(object_ids)
-        return {i for i in object_ids if is_object_id(i) and self._reaches(tenant, kind, found.get(i), False)}
+        ids = [i for i in object_ids if is_object_id(i, kind)]
+        found = await self.find(ids)
+        return {i for i in ids if self._reaches(tenant, kind, found.get(i), False)}
+
+    async def owned(self, tenant: str, kind: str, object_ids: Sequence[str]) -> set[str]:
+        """Those of these ids recorded as the tenant's: what the objects they are name is the tenant's too (an
+        unrecorded object another tenant may read is no one's, nor is what it names)."""
+        found = await self.find(i for i in object_ids if is_object_id(i, kind))
+        return {i for i, record in found.items() if record.tenant == tenant and record.kind == kind}
 
     async def record(self, tenant: str, made: Iterable[tuple[str, str]]) -> None:
         """Record objects (id, kind) the upstream made for the tenant; an id recorded already keeps its record."""
         now = time.time()
-        rows = [Made(i, ObjectRecord(tenant, kind, now)) for i, kind in made if is_object_id(i)]
+        rows = [Made(i, ObjectRecord(tenant, kind, now)) for i, kind in made if is_object_id(i, kind)]
         if rows:
             await self._answered(self.store.add(rows, self._ttl))
 
@@ -81,11 +89,12 @@ class TenantObjects:
 
     def _reaches(self, tenant: str, kind: str, record: ObjectRecord | None, change: bool) -> bool:
         if record is None:
-            return self._unrecorded_readable and not change
+            return self.unrecorded_readable and not change
         return record.tenant == tenant and record.kind == kind
 
-    async def _find(self, object_ids: Iterable[str]) -> dict[str, ObjectRecord]:
-        asked = list(dict.fromkeys(i for i in object_ids if is_object_id(i)))  # others cannot have a record
+    async def find(self, object_ids: Iterable[str]) -> dict[str, ObjectRecord]:
+        """The records of those of these ids that have one (each an id of its kind: checked by the caller)."""
+        asked = list(dict.fromkeys(object_ids))
         return await self._answered(self.store.find(asked)) if asked else {}
 
     async def _answered(self, call: Awaitable[T]) -> T:

@@ -6,15 +6,18 @@ each path is):
   client hears it, with the objects its answer says were made for it (an upload's file);
 - one object (`/v1/files/{id}` and everything under it) is served only to the tenant that made it: anyone else gets
   a 404 and nothing goes upstream; a delete that succeeded removes the record; a read names the objects made for it
-  since (a batch's output file);
+  since (a batch's output file, a fine-tuning job's model), as does a page of its sub-objects (a job's checkpoints);
+  a model (`/v1/models/{model}`) is held to gateway/tenancy/models.py's rule;
 - a list (`GET /v1/files`) is filtered to the tenant's objects, paging on with the upstream's cursor until the
-  client's page is full or the upstream has no more (at most `LIST_PAGES` upstream pages per answer);
+  client's page is full or the upstream has no more (at most `LIST_PAGES` upstream pages per answer), and what its
+  objects name is recorded as for a read;
 - any other path a pattern admits is a 404, unless the tenant has its own upstream key on the pool
   (`tenant_api_key_env`): then the provider keeps its objects apart, and the path goes upstream as it came.
 
 Every reference a request carries to other objects (a batch's `input_file_id`, an image edit's `file_id`, in its
 body or query: gateway/tenancy/carried.py) must be the tenant's too, on stateless paths as well, and so must every
-reference of the requests in a batch's input file (gateway/tenancy/request_files.py). Anonymous access (one tenant)
+reference of the requests in a batch's input file (gateway/tenancy/request_files.py); the model a request or a batch's
+line names is held to gateway/tenancy/models.py's rule. Anonymous access (one tenant)
 is passed through as before, within the catalog's paths.
 """
 
@@ -32,7 +35,8 @@ from gateway.context import RequestContext
 from gateway.errors import GatewayError, invalid_request
 from gateway.routing.pool import Pool
 from gateway.tenancy.carried import carried_references
-from gateway.tenancy.catalog import PAGES, Collection, Named, ObjectRoute, classify, is_object_id, named_ids
+from gateway.tenancy.catalog import MODEL, PAGES, Collection, Named, ObjectRoute, classify, is_object_id, named_ids
+from gateway.tenancy.models import TenantModels
 from gateway.tenancy.ownership import TenantObjects, anonymous
 from gateway.tenancy.references import Reference
 from gateway.tenancy.request_files import content_path, requests_references, unreadable
@@ -46,8 +50,9 @@ _READS = frozenset({"GET", "HEAD"})
 
 
 class ObjectPassthrough:
-    def __init__(self, objects: TenantObjects, upstream: Upstream) -> None:
+    def __init__(self, objects: TenantObjects, models: TenantModels, upstream: Upstream) -> None:
         self._objects = objects
+        self._models = models
         self._upstream = upstream
 
     async def __call__(self, ctx: RequestContext, pool: Pool) -> Response:
@@ -69,10 +74,13 @@ class ObjectPassthrough:
             return await self._upstream.pass_through(ctx, pool)  # one tenant
         tenant, change = ctx.tenant, method not in _READS
         if isinstance(route, ObjectRoute) and route.object_id is not None:
-            one = Reference(route.collection.kind, route.object_id, "id")
-            await self._objects.require(tenant, [one], change=change)
+            if route.collection.kind == MODEL:
+                await self._models.require(ctx, route.object_id, pool, change=change, param="id")
+            else:
+                one = Reference(route.collection.kind, route.object_id, "id")
+                await self._objects.require(tenant, [one], change=change)
         carried = carried_references(ctx)
-        await self._objects.require(tenant, carried)  # stateless paths too: an image edit's file_id
+        await self._require(ctx, pool, tenant, carried)  # stateless paths too: an image edit's file_id
         if not isinstance(route, ObjectRoute):
             return await self._upstream.pass_through(ctx, pool)
         collection = route.collection
@@ -95,16 +103,25 @@ class ObjectPassthrough:
         return answer.response()
 
     async def _one(self, ctx: RequestContext, pool: Pool, route: ObjectRoute, change: bool) -> Response:
-        """One object the tenant owns (checked): its content and sub-lists stream as they come; anything else is read
-        whole, for what it deletes or names."""
-        if not change and route.rest:
+        """One object the tenant may reach (checked): its content and sub-lists stream as they come, but for a page
+        of sub-objects that name objects; anything else is read whole, for what it deletes or names."""
+        collection, object_id = route.collection, route.object_id
+        sub_list = collection.sub_lists.get(route.rest[0]) if len(route.rest) == 1 and not change else None
+        if not change and route.rest and sub_list is None:
             return await self._upstream.pass_through(ctx, pool)
         answer = await self._upstream.pass_through_whole(ctx, pool)
-        if answer.ok and ctx.tenant is not None and route.object_id is not None:
-            if ctx.request.method == "DELETE" and not route.rest:
-                await self._objects.forget(route.object_id)
-            elif route.collection.names and (body := answer.json()) is not None:
-                await self._objects.record(ctx.tenant, named_ids(body, route.collection.names))
+        if not answer.ok or ctx.tenant is None or object_id is None:
+            return answer.response()
+        if ctx.request.method == "DELETE" and not route.rest:
+            await self._objects.forget(object_id)
+        elif (sub_list or collection.names) and (body := answer.json()) is not None:
+            # what an object names is its owner's: not the reader's where it is an unrecorded object anyone may read
+            if await self._objects.owned(ctx.tenant, collection.kind, [object_id]):
+                if sub_list is None:
+                    made = named_ids(body, collection.names)
+                else:
+                    made = [named for item in _list_page(answer)[1] for named in named_ids(item, sub_list)]
+                await self._objects.record(ctx.tenant, made)
         return answer.response()
 
     async def _require_requests(self, ctx: RequestContext, pool: Pool, tenant: str, request_file: Reference) -> None:
@@ -120,7 +137,13 @@ class ObjectPassthrough:
             raise
         if not answer.ok:
             raise unreadable(member, f"the upstream answered {answer.status}")
-        await self._objects.require(tenant, await requests_references(answer.content, member))
+        await self._require(ctx, pool, tenant, await requests_references(answer.content, member))
+
+    async def _require(self, ctx: RequestContext, pool: Pool, tenant: str, wanted: list[Reference]) -> None:
+        """Every reference must be the tenant's to use: the models it names on this pool, the other objects its own."""
+        for model in (r for r in wanted if r.kind == MODEL):
+            await self._models.require(ctx, model.object_id, pool, param=model.param)
+        await self._objects.require(tenant, [r for r in wanted if r.kind != MODEL])
 
     async def _record(
         self,
@@ -137,7 +160,7 @@ class ObjectPassthrough:
             await self._objects.record(tenant, named_ids(body, made))
         except GatewayError:
             object_id, collection = body.get("id"), route.collection
-            if route.action is None and isinstance(object_id, str) and is_object_id(object_id):
+            if route.action is None and is_object_id(object_id, collection.kind):
                 log.error("%s %s made upstream but not recorded: deleting it", collection.kind, object_id)
                 try:
                     path = f"{collection.root}/{object_id}"
@@ -173,6 +196,10 @@ class ObjectPassthrough:
             page, data = _list_page(answer)
             visible = await self._objects.visible(tenant, collection.kind, [item["id"] for item in data])
             mine = [item for item in (reversed(data) if backward else data) if item["id"] in visible]
+            if collection.names and mine:  # what the tenant's own objects name is its own: a job's model
+                owned = await self._objects.owned(tenant, collection.kind, [item["id"] for item in mine])
+                made = [named for item in mine if item["id"] in owned for named in named_ids(item, collection.names)]
+                await self._objects.record(tenant, made)
             room = limit - len(kept)
             kept += mine[:room]
             if len(mine) > room:  # the page is full, and more of the tenant's follow in this very one

@@ -8,6 +8,11 @@ client's own labels), `annotations` (an answer's citations, sent back with its m
 not read as a reference) and a Messages tool call's `input` (the arguments the model gave the client's own tool,
 which may name anything: `{"file_id": "report-7"}`). An item reference (`{"type": "item_reference", "id": ...}`)
 names an item of a stored response.
+
+A body's top-level `model` (a fine-tuning job's base model, an assistant's, a batch line's) names the model the
+upstream serves it with: a reference of kind "model", held to gateway/tenancy/models.py's rule (a model no one made is
+anyone's to call), not to an object's record. Only the top level: `model` members elsewhere (a tool's) name no model
+a tenant makes.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
+
+from gateway.tenancy.catalog import MODEL
 
 # a member's name → the kind of object its value (an id, or a list of ids) names
 REFERENCES: dict[str, str] = {
@@ -56,6 +63,12 @@ def may_refer(body: bytes) -> bool:
 def references(payload: Any) -> list[Reference]:
     """Every reference in a decoded JSON body (bounded by the parse limits), in document order."""
     return list(_walk(payload, ""))
+
+
+def model_reference(payload: Any, at: str = "") -> list[Reference]:
+    """The model a decoded JSON body names at its top level, if it names one (`at`: where the body is)."""
+    model = payload.get(MODEL) if isinstance(payload, dict) else None
+    return [Reference(MODEL, model, _join(at, MODEL))] if isinstance(model, str) else []
 
 
 def _walk(node: Any, at: str) -> Iterator[Reference]:
@@ -107,6 +120,8 @@ def field_kind(name: str) -> str | None:
     members = [m for m in _FIELD_MEMBERS.findall(name) if not m.isdigit()]
     if not members or _SKIPPED.intersection(members):
         return None
+    if members == [MODEL]:  # the form's own model, at its top level
+        return MODEL
     if members[-1] == "id" and len(members) > 1:  # `conversation[id]`: an object named by its id
         return REFERENCES.get(members[-2])
     return REFERENCES.get(members[-1])

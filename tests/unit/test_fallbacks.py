@@ -5,13 +5,15 @@ clock the test moves."""
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from opentelemetry import trace
 from starlette.requests import Request
 
-from gateway.config import FallbackConfig, FallbackTrigger, LimitsConfig, ModelConfig, PoolConfig
+from gateway.config import FallbackConfig, FallbackTrigger, LimitsConfig, ModelConfig, PoolConfig, TenantObjectsConfig
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
 from gateway.fallbacks import Fallbacks
@@ -29,6 +31,9 @@ from gateway.stages.authority import AuthorityStage
 from gateway.stages.ratelimit import RateLimitStage
 from gateway.stages.tokenize import Tokenize
 from gateway.telemetry import Metrics
+from gateway.tenancy.models import TenantModels
+from gateway.tenancy.ownership import TenantObjects
+from gateway.tenancy.sqlite_store import SqliteObjectStore
 from gateway.upstream import PoolFailed
 
 POOLS = (("a", ["big"]), ("b", ["small"]), ("c", ["huge"]), ("d", []))
@@ -71,7 +76,10 @@ class Built:
             [FallbackConfig.model_validate(c) for c in configs], pools(*POOLS), self.metrics.fallbacks, clock or Clock()
         )
         tokenize = Tokenize(models or [], lambda: policies, Offload(LimitsConfig()))
-        self.authority = AuthorityStage(tokenize, self.limits, self.fallbacks, trace.NoOpTracer())
+        # the requests here carry no key: one tenant, whose models no record decides
+        store = SqliteObjectStore(Path(tempfile.mkdtemp()) / "objects.db")
+        tenant_models = TenantModels(TenantObjects(store, TenantObjectsConfig()), [])
+        self.authority = AuthorityStage(tokenize, self.limits, self.fallbacks, tenant_models, trace.NoOpTracer())
 
     def first(self, ctx: RequestContext) -> str:
         """The pool the request's first attempt is authorised for."""
