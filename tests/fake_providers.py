@@ -35,8 +35,9 @@ Responses stream ends after its first n events, as a broken connection does. A M
 chat keeps no member it does not translate, so there the `fake` object rides as JSON in `metadata.user_id`, which
 reaches chat as `user`. Like the providers, it refuses a request without its key (`--api-key`, given once or more:
 `x-api-key` on the Anthropic routes, `Authorization: Bearer` on the OpenAI ones). It keeps OpenAI's Files, stored
-Responses, Containers and Batches (below) per key, as the provider keeps them per organization; any other `/v1/` path is
-OpenAI's 404.
+Responses, Containers, Batches, fine-tuning jobs and the models they make (below) per key, as the provider keeps them
+per organization; a fine-tuned model is callable (chat, Responses, embeddings) by its organization only; any other
+`/v1/` path is OpenAI's 404.
 `GET /_received` returns every request it got (path, headers, body), for assertions on the upstream side of the wire.
 """
 
@@ -554,6 +555,16 @@ async def chat(request: Request, body: dict[str, Any]) -> Response:
     )
 
 
+async def embeddings(request: Request, body: dict[str, Any]) -> Response:
+    """platform.openai.com "Embeddings": one vector per input (a text or a list of texts), with usage."""
+    inputs = body.get("input")
+    texts = inputs if isinstance(inputs, list) else [inputs]
+    data = [{"object": "embedding", "index": i, "embedding": [0.25, -0.5, float(i)]} for i in range(len(texts))]
+    tokens = sum(len(str(text).split()) for text in texts)
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    return JSONResponse({"object": "list", "data": data, "model": body.get("model"), "usage": usage})
+
+
 def steered(body: dict[str, Any]) -> dict[str, Any]:
     """The body with its `fake` object: its own, or the one a translated Messages request carries in `user`."""
     if "fake" in body or not isinstance(body.get("user"), str):
@@ -577,6 +588,16 @@ def steered(body: dict[str, Any]) -> dict[str, Any]:
 # organization, copied into the container; a multipart body naming one copies it too) -> a container file;
 # GET /v1/containers/{id}/files/{file_id}/content -> its bytes. "Batch": POST /v1/batches (JSON: input_file_id, a
 # file of the organization; endpoint; completion_window) -> a batch, `validating` (the fake runs none of its lines).
+# "Fine-tuning": POST /v1/fine_tuning/jobs (JSON: model, training_file, suffix) -> a fine_tuning.job,
+# `validating_files`, its `fine_tuned_model` null until it succeeds (the fake runs it to success by its first read
+# after it was made); GET /v1/fine_tuning/jobs (after, limit: default 20) -> {"object": "list", "data", "has_more"};
+# GET /v1/fine_tuning/jobs/{id}; GET /v1/fine_tuning/jobs/{id}/checkpoints -> fine_tuning.job.checkpoint objects, each
+# a model too (`fine_tuned_model_checkpoint`). A succeeded job's `fine_tuned_model` is `ft:<model>:<org>:<suffix>:<id>`
+# and its `result_files` a file of the organization. "Models": GET /v1/models lists the base models and the
+# organization's fine-tunes; GET /v1/models/{model}; DELETE /v1/models/{model} (a fine-tune of the organization) ->
+# {"id", "object": "model", "deleted": true}. A model the organization may not call is a 404 model_not_found: "The model
+# `<model>` does not exist or you do not have access to it."
+BASE_MODELS = ("gpt-4.1-mini", "text-embedding-3-small")
 
 
 class Objects:
@@ -586,6 +607,8 @@ class Objects:
         self.files: dict[str, tuple[dict[str, Any], bytes]] = {}  # by id, oldest first
         self.responses: dict[str, dict[str, Any]] = {}
         self.containers: dict[str, dict[str, bytes]] = {}  # container id -> its files' bytes by id
+        self.jobs: dict[str, dict[str, Any]] = {}  # fine-tuning jobs by id, oldest first
+        self.models: dict[str, dict[str, Any]] = {}  # the fine-tuned models it made (checkpoints too), by name
 
 
 def organization(request: Request) -> Objects:
@@ -730,6 +753,120 @@ async def create_batch(request: Request, stored: Objects) -> Response:
     return JSONResponse(batch)
 
 
+def model_not_found(model: str) -> JSONResponse:
+    message = f"The model `{model}` does not exist or you do not have access to it."
+    return with_error_fields(openai_error(404, message), code="model_not_found")
+
+
+def callable_model(model: Any, stored: Objects) -> bool:
+    """A base model, or a fine-tune the organization made."""
+    return not (isinstance(model, str) and model.startswith("ft:")) or model in stored.models
+
+
+async def create_job(request: Request, stored: Objects) -> Response:
+    body = await request.json()
+    if body.get("training_file") not in stored.files:
+        return not_found("File", str(body.get("training_file")))
+    if not callable_model(body.get("model"), stored):
+        return model_not_found(str(body.get("model")))
+    job = {
+        "id": f"ftjob-{uuid.uuid4().hex[:24]}",
+        "object": "fine_tuning.job",
+        "model": body.get("model"),
+        "created_at": int(time.time()),
+        "finished_at": None,
+        "fine_tuned_model": None,
+        "organization_id": "org-fake",
+        "result_files": [],
+        "status": "validating_files",
+        "training_file": body["training_file"],
+        "validation_file": body.get("validation_file"),
+        "hyperparameters": {"n_epochs": 1},
+        "trained_tokens": None,
+        "error": None,
+        "seed": 42,
+        "suffix": body.get("suffix"),
+    }
+    stored.jobs[job["id"]] = job
+    return JSONResponse(job)
+
+
+def run_job(job: dict[str, Any], stored: Objects) -> dict[str, Any]:
+    """A job read after it was made has run to success: its model, its checkpoint's model and its result file."""
+    if job["status"] == "succeeded":
+        return job
+    base, short = str(job["model"]).removeprefix("ft:").split(":")[0], job["id"].removeprefix("ftjob-")[:8]
+    model = f"ft:{base}:org-fake:{job['suffix'] or 'custom'}:{short}"
+    checkpoint = f"{model}:ckpt-step-10"
+    for name in (model, checkpoint):
+        stored.models[name] = {"id": name, "object": "model", "created": int(time.time()), "owned_by": "org-fake"}
+    result = {"id": f"file-{uuid.uuid4().hex[:24]}", "object": "file", "purpose": "fine-tune-results"}
+    stored.files[result["id"]] = (result, b"step,train_loss\n10,0.5\n")
+    job.update(
+        status="succeeded",
+        finished_at=int(time.time()),
+        fine_tuned_model=model,
+        result_files=[result["id"]],
+        trained_tokens=100,
+        checkpoints=[
+            {
+                "id": f"ftckpt_{short}",
+                "object": "fine_tuning.job.checkpoint",
+                "created_at": int(time.time()),
+                "fine_tuned_model_checkpoint": checkpoint,
+                "fine_tuning_job_id": job["id"],
+                "metrics": {"step": 10, "train_loss": 0.5},
+                "step_number": 10,
+            }
+        ],
+    )
+    return job
+
+
+def shown_job(job: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in job.items() if k != "checkpoints"}
+
+
+async def list_jobs(request: Request, stored: Objects) -> Response:
+    limit = int(request.query_params.get("limit", 20))
+    jobs = [shown_job(run_job(job, stored)) for job in reversed(stored.jobs.values())]  # newest first
+    if (after := request.query_params.get("after")) is not None:
+        at = next((i for i, job in enumerate(jobs) if job["id"] == after), None)
+        if at is None:
+            return not_found("Fine-tuning job", after)
+        jobs = jobs[at + 1 :]
+    return JSONResponse({"object": "list", "data": jobs[:limit], "has_more": len(jobs) > limit})
+
+
+async def one_job(request: Request, stored: Objects) -> Response:
+    job = stored.jobs.get(request.path_params["job_id"])
+    if job is None:
+        return not_found("Fine-tuning job", request.path_params["job_id"])
+    run_job(job, stored)
+    if request.url.path.endswith("/checkpoints"):
+        data = job["checkpoints"]
+        first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+        return JSONResponse({"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": False})
+    return JSONResponse(shown_job(job))
+
+
+async def list_models(request: Request, stored: Objects) -> Response:
+    base = [{"id": name, "object": "model", "created": 0, "owned_by": "openai"} for name in BASE_MODELS]
+    return JSONResponse({"object": "list", "data": [*base, *stored.models.values()]})
+
+
+async def one_model(request: Request, stored: Objects) -> Response:
+    model = request.path_params["model"]
+    if request.method == "DELETE":
+        if model not in stored.models:
+            return model_not_found(model)
+        del stored.models[model]
+        return JSONResponse({"id": model, "object": "model", "deleted": True})
+    if model in BASE_MODELS:
+        return JSONResponse({"id": model, "object": "model", "created": 0, "owned_by": "openai"})
+    return JSONResponse(stored.models[model]) if model in stored.models else model_not_found(model)
+
+
 async def unknown_route(request: Request, stored: Objects) -> Response:
     """Any other path: OpenAI's 404 for a URL it does not serve (recorded, so a test sees what reached it)."""
     return openai_error(404, f"Invalid URL ({request.method} {request.url.path})")
@@ -756,6 +893,8 @@ def build(api_keys: list[str]) -> Starlette:
             status = (body.get("fake") or {}).get("status")
             if status:
                 return refuse(int(status), f"fake upstream answers {status}")
+            if not anthropic and not callable_model(body.get("model"), organization(request)):
+                return model_not_found(str(body.get("model")))
             return await handler(request, steered(body))
 
         return receive
@@ -792,6 +931,13 @@ def build(api_keys: list[str]) -> Starlette:
             Route("/v1/responses", endpoint(responses, anthropic=False), methods=["POST"]),
             Route("/v1/responses/{response_id}", objects(one_response), methods=["GET", "DELETE"]),
             Route("/v1/chat/completions", endpoint(chat, anthropic=False), methods=["POST"]),
+            Route("/v1/embeddings", endpoint(embeddings, anthropic=False), methods=["POST"]),
+            Route("/v1/fine_tuning/jobs", objects(create_job), methods=["POST"]),
+            Route("/v1/fine_tuning/jobs", objects(list_jobs), methods=["GET"]),
+            Route("/v1/fine_tuning/jobs/{job_id}", objects(one_job), methods=["GET"]),
+            Route("/v1/fine_tuning/jobs/{job_id}/checkpoints", objects(one_job), methods=["GET"]),
+            Route("/v1/models", objects(list_models), methods=["GET"]),
+            Route("/v1/models/{model}", objects(one_model), methods=["GET", "DELETE"]),
             Route("/v1/files", objects(create_file), methods=["POST"]),
             Route("/v1/files", objects(list_files), methods=["GET"]),
             Route("/v1/files/{file_id}", objects(one_file), methods=["GET", "DELETE"]),

@@ -1,0 +1,226 @@
+"""Tenants reaching each other's fine-tuned models through a pool's one key: a model one tenant makes through the
+gateway (a fine-tuning job's `fine_tuned_model`, its checkpoints' models) is callable, listable and deletable by that
+tenant alone, on every model route and every upstream attempt; a fine-tune the gateway has no record of is hidden
+unless the operator names it.
+
+Real parts: gateway processes in front of tests/fake_providers.py (OpenAI's fine-tuning jobs, which succeed and name
+a model callable by their organization, kept per key as OpenAI keeps them per organization), called with the official
+`openai` SDK; the pool routes any model (`models: []`). Every test runs once with the records in the SQLite store and
+once in a real redis-server. "Never reached the upstream" is read from the fake's record of what it received, by the
+gateway's request id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import Launcher, Process, RedisServer, pool
+from tests.hostile.test_tenant_objects import KEYS, UPSTREAM_KEY, client, fake_provider, received, upload
+
+GPT = "gpt-4.1-mini"
+EMBEDDER = "text-embedding-3-small"
+PASSTHROUGH = ["/v1/files*", "/v1/fine_tuning/jobs*", "/v1/models/*", "/v1/batches*"]
+
+
+@pytest.fixture(scope="module", params=["sqlite", "redis"])
+def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Where the records are kept: the config every gateway of the module shares."""
+    if request.param == "sqlite":
+        return {"store": {"sqlite_path": str(tmp_path_factory.mktemp("store") / "shared.db")}}
+    server: RedisServer = request.getfixturevalue("module_redis_server")
+    return {"redis": {"url": server.url}, "store": {"backend": "redis"}}
+
+
+@pytest.fixture(scope="module")
+def fake(module_launcher: Launcher, store: dict[str, Any]) -> Process:
+    return fake_provider(module_launcher)
+
+
+def start(launcher: Launcher, fake: Process, store: dict[str, Any], served: list[str] | None = None, **extra: Any):
+    """A gateway keeping its records in `store`, its one pool routing `served` (any model by default)."""
+    auth = {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()} for t, k in KEYS.items()]}
+    config = {
+        "pools": [
+            pool("openai", fake.url, models=served or [], api_key_env="TENANCY_UPSTREAM_KEY", passthrough=PASSTHROUGH)
+        ],
+        "auth": auth,
+        **store,
+        **extra,
+    }
+    return launcher.gateway(config, env={"TENANCY_UPSTREAM_KEY": UPSTREAM_KEY})
+
+
+@pytest.fixture(scope="module")
+def gw(module_launcher: Launcher, fake: Process, store: dict[str, Any]) -> Process:
+    return start(module_launcher, fake, store)
+
+
+def fine_tune(gw: Process, tenant: str, suffix: str, base: str = GPT) -> tuple[str, str]:
+    """A fine-tuning job the tenant makes through the gateway, and the model it names once it succeeded (the fake's
+    jobs succeed by their first read)."""
+    ft = client(gw, tenant).fine_tuning.jobs
+    job = ft.create(model=base, training_file=upload(gw, tenant, '{"messages": []}\n'), suffix=suffix)
+    assert job.fine_tuned_model is None and job.status == "validating_files"
+    model = ft.retrieve(job.id).fine_tuned_model
+    assert model is not None and model.startswith(f"ft:{base}:")
+    return job.id, model
+
+
+def outside_fine_tune(fake: Process, suffix: str) -> str:
+    """A fine-tune made at the upstream with the pool's key, not through the gateway: the model its job names."""
+    headers = {"authorization": f"Bearer {UPSTREAM_KEY}"}
+    files = {"file": ("train.jsonl", b'{"messages": []}\n'), "purpose": (None, "fine-tune")}
+    training = httpx.post(fake.url + "/v1/files", files=files, headers=headers).json()["id"]
+    body = {"model": GPT, "training_file": training, "suffix": suffix}
+    job = httpx.post(fake.url + "/v1/fine_tuning/jobs", json=body, headers=headers).json()
+    return httpx.get(fake.url + f"/v1/fine_tuning/jobs/{job['id']}", headers=headers).json()["fine_tuned_model"]
+
+
+def model_calls(gw: Process, tenant: str, model: str) -> dict[str, Callable[[], Any]]:
+    """Each model route called with `model`, through the official SDK (raw: the answer's request id is read)."""
+    sdk = client(gw, tenant)
+    chat = [{"role": "user", "content": "hello"}]
+
+    def streamed() -> Any:
+        with sdk.chat.completions.with_streaming_response.create(model=model, messages=chat, stream=True) as answer:
+            answer.read()
+            return answer
+
+    return {
+        "chat": lambda: sdk.chat.completions.with_raw_response.create(model=model, messages=chat),
+        "chat streamed": streamed,
+        "responses": lambda: sdk.responses.with_raw_response.create(model=model, input="hello"),
+        "embeddings": lambda: sdk.embeddings.with_raw_response.create(model=model, input="hello"),
+    }
+
+
+def hidden(call: Callable[[], Any], fake: Process, model: str) -> None:
+    """`call()` answered with the gateway's 404 for `model`, in OpenAI's words, and nothing of it went upstream."""
+    with pytest.raises(openai.NotFoundError) as caught:
+        call()
+    error = caught.value
+    assert error.code == "model_not_found", error.body
+    assert error.body["message"] == f"The model `{model}` does not exist or you do not have access to it."
+    assert received(fake, error.response.headers["x-request-id"]) == [], "a refused request reached the upstream"
+
+
+def served(call: Callable[[], Any], fake: Process, model: str) -> None:
+    """`call()` was served, by the upstream, with `model`."""
+    answer = call()
+    assert answer.status_code == 200
+    [sent] = received(fake, answer.headers["x-request-id"])
+    assert sent["body"]["model"] == model
+
+
+# ---- the model routes ----------------------------------------------------------------------------------------------
+
+
+def test_a_fine_tune_is_callable_by_its_maker_alone_on_every_model_route(gw, fake) -> None:
+    _, model = fine_tune(gw, "ann", "anns")
+    for call in model_calls(gw, "bob", model).values():
+        hidden(call, fake, model)
+    for call in model_calls(gw, "ann", model).values():
+        served(call, fake, model)
+
+
+def test_a_model_named_by_a_job_list_or_its_checkpoints_is_its_makers(gw, fake) -> None:
+    """The model is recorded from whichever answer names it first: here a page of jobs, and a page of checkpoints
+    (each checkpoint is a model of its own)."""
+    ft = client(gw, "cat").fine_tuning.jobs
+    job = ft.create(model=GPT, training_file=upload(gw, "cat", '{"messages": []}\n'), suffix="cats")
+    [listed] = [j for j in ft.list() if j.id == job.id]
+    model = listed.fine_tuned_model
+    assert model is not None
+    [checkpoint] = [c.fine_tuned_model_checkpoint for c in ft.checkpoints.list(job.id)]
+    for name in (model, checkpoint):
+        hidden(model_calls(gw, "dan", name)["chat"], fake, name)
+        served(model_calls(gw, "cat", name)["chat"], fake, name)
+
+
+def test_a_job_may_not_build_on_another_tenants_model(gw, fake) -> None:
+    _, model = fine_tune(gw, "eve", "eves")
+    fays = client(gw, "fay").fine_tuning.jobs
+    training = upload(gw, "fay", '{"messages": []}\n')
+    with pytest.raises(openai.NotFoundError) as caught:
+        fays.create(model=model, training_file=training)
+    assert caught.value.code == "model_not_found" and caught.value.body["param"] == "model"
+    assert received(fake, caught.value.response.headers["x-request-id"]) == []
+    eves = client(gw, "eve").fine_tuning.jobs
+    assert eves.create(model=model, training_file=upload(gw, "eve", '{"messages": []}\n')).model == model
+
+
+def test_a_batch_may_not_call_another_tenants_model(gw, fake) -> None:
+    """The upstream makes a batch's requests later with the pool's key: a line naming another tenant's model would
+    call it."""
+    _, model = fine_tune(gw, "gus", "guss")
+    line = {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {"model": model}}
+    hal = client(gw, "hal")
+    input_file = upload(gw, "hal", json.dumps(line) + "\n")
+    with pytest.raises(openai.NotFoundError) as caught:
+        hal.batches.create(input_file_id=input_file, endpoint="/v1/chat/completions", completion_window="24h")
+    assert caught.value.code == "model_not_found"
+    assert caught.value.body["param"] == "input_file_id line 1: body.model"
+    batches = [r for r in received(fake, caught.value.response.headers["x-request-id"]) if r["path"] == "/v1/batches"]
+    assert batches == [], "the batch reached the upstream"
+
+
+# ---- the model list and a model's own routes -------------------------------------------------------------------
+
+
+def test_the_model_list_shows_each_tenant_its_own_fine_tunes_only(gw, fake) -> None:
+    _, anns = fine_tune(gw, "ann", "listed")
+    outside = outside_fine_tune(fake, "outside")
+    listed = {tenant: {m.id for m in client(gw, tenant).models.list()} for tenant in ("ann", "bob")}
+    assert anns in listed["ann"] and GPT in listed["ann"]
+    assert anns not in listed["bob"] and GPT in listed["bob"]
+    assert outside not in listed["ann"] | listed["bob"]
+
+
+def test_only_the_maker_may_read_or_delete_its_model(gw, fake) -> None:
+    _, model = fine_tune(gw, "cat", "deleted")
+    dan = client(gw, "dan")
+    for call in (lambda: dan.models.retrieve(model), lambda: dan.models.delete(model)):
+        hidden(call, fake, model)
+    cat = client(gw, "cat")
+    assert cat.models.retrieve(model).id == model
+    assert cat.models.delete(model).deleted
+    # the record went with the model: it is the gateway's 404 now, the maker's too, and no trip upstream
+    hidden(model_calls(gw, "cat", model)["chat"], fake, model)
+
+
+# ---- what the operator allows, fallbacks ---------------------------------------------------------------------------
+
+
+def test_an_unrecorded_fine_tune_is_hidden_unless_the_pool_names_it(launcher, gw, fake, store) -> None:
+    outside = outside_fine_tune(fake, "unrecorded")
+    for tenant in ("eve", "fay"):
+        hidden(model_calls(gw, tenant, outside)["chat"], fake, outside)
+    named = start(launcher, fake, store, served=[GPT, outside])
+    served(model_calls(named, "eve", outside)["chat"], fake, outside)
+
+
+def test_a_fallback_never_reaches_another_tenants_model(launcher, gw, fake, store) -> None:
+    """A request too long for its own model falls back to a tenant's fine-tune, which has no window configured: the
+    maker's request is served there, another tenant's is passed over it and gets its own model's refusal."""
+    _, model = fine_tune(gw, "gus", "fallback")
+    fallback = [{"model": GPT, "to": [{"model": model}], "on": ["context_length_exceeded"]}]
+    falling = start(launcher, fake, store, models=[{"name": GPT, "context_window": 20}], fallbacks=fallback)
+    long = " ".join(["word"] * 200)
+
+    def asking(tenant: str) -> Any:
+        return client(falling, tenant).chat.completions.with_raw_response.create(
+            model=GPT, messages=[{"role": "user", "content": long}]
+        )
+
+    with pytest.raises(openai.BadRequestError) as caught:
+        asking("hal")
+    assert caught.value.code == "context_length_exceeded", caught.value.body
+    assert received(fake, caught.value.response.headers["x-request-id"]) == []
+    served(lambda: asking("gus"), fake, model)
