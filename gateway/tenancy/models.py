@@ -47,9 +47,10 @@ def is_fine_tune(model: str) -> bool:
 
 
 def records_models(pools: Sequence[PoolConfig]) -> bool:
-    """Whether any pool passes through a route whose answers name models made for the tenant."""
+    """Whether any pool passes through a route whose answers name models made for the tenant (a collection's root,
+    or anything under it: a job's read names its model too)."""
     return any(
-        matches(pattern, collection.root)
+        matches(pattern, collection.root) or pattern.removesuffix("*").startswith(collection.root + "/")
         for pool in pools
         for pattern in pool.passthrough
         for collection in COLLECTIONS[pool.api]

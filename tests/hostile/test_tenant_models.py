@@ -73,14 +73,20 @@ def fine_tune(gw: Process, tenant: str, suffix: str, base: str = GPT) -> tuple[s
     return job.id, model
 
 
-def outside_fine_tune(fake: Process, suffix: str) -> str:
-    """A fine-tune made at the upstream with the pool's key, not through the gateway: the model its job names."""
+def outside_job(fake: Process, suffix: str) -> str:
+    """A fine-tuning job made at the upstream with the pool's key, not through the gateway: its id."""
     headers = {"authorization": f"Bearer {UPSTREAM_KEY}"}
     files = {"file": ("train.jsonl", b'{"messages": []}\n'), "purpose": (None, "fine-tune")}
     training = httpx.post(fake.url + "/v1/files", files=files, headers=headers).json()["id"]
     body = {"model": GPT, "training_file": training, "suffix": suffix}
-    job = httpx.post(fake.url + "/v1/fine_tuning/jobs", json=body, headers=headers).json()
-    return httpx.get(fake.url + f"/v1/fine_tuning/jobs/{job['id']}", headers=headers).json()["fine_tuned_model"]
+    return httpx.post(fake.url + "/v1/fine_tuning/jobs", json=body, headers=headers).json()["id"]
+
+
+def outside_fine_tune(fake: Process, suffix: str) -> str:
+    """The model of a fine-tune made outside the gateway, read at the upstream."""
+    job = outside_job(fake, suffix)
+    answer = httpx.get(fake.url + f"/v1/fine_tuning/jobs/{job}", headers={"authorization": f"Bearer {UPSTREAM_KEY}"})
+    return answer.json()["fine_tuned_model"]
 
 
 def model_calls(gw: Process, tenant: str, model: str) -> dict[str, Callable[[], Any]]:
@@ -224,3 +230,17 @@ def test_a_fallback_never_reaches_another_tenants_model(launcher, gw, fake, stor
     assert caught.value.code == "context_length_exceeded", caught.value.body
     assert received(fake, caught.value.response.headers["x-request-id"]) == []
     served(lambda: asking("gus"), fake, model)
+
+
+def test_unrecorded_readable_lets_every_tenant_call_an_unrecorded_fine_tune_but_none_own_it(
+    launcher, fake, store
+) -> None:
+    """`tenant_objects.unrecorded: readable`: every tenant may use what the gateway has no record of, and none may
+    delete it; reading a job made outside the gateway does not make its model the reader's."""
+    readable = start(launcher, fake, store, tenant_objects={"unrecorded": "readable"})
+    job = outside_job(fake, "readable")
+    model = client(readable, "eve").fine_tuning.jobs.retrieve(job).fine_tuned_model  # an unrecorded job: readable
+    assert model is not None
+    for tenant in ("eve", "fay"):
+        served(model_calls(readable, tenant, model)["chat"], fake, model)
+    hidden(lambda: client(readable, "eve").models.delete(model), fake, model)

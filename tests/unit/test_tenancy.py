@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.tenancy.catalog import STATELESS, ObjectRoute, classify, uncovered
-from gateway.tenancy.references import Reference, field_references, may_refer, references
+from gateway.config import PoolConfig
+from gateway.tenancy.catalog import MODEL, STATELESS, ObjectRoute, classify, is_object_id, named_ids, uncovered
+from gateway.tenancy.models import records_models
+from gateway.tenancy.references import Reference, field_references, may_refer, model_reference, references
 
 
 @pytest.mark.parametrize(
@@ -17,6 +19,10 @@ from gateway.tenancy.references import Reference, field_references, may_refer, r
         "/v1/files/file-a/content/",  # an empty segment
         "/v1/filesX",  # a stray extension a '/v1/files*' prefix admits
         "/v1/chat/completions/chatcmpl-1",  # stored chat completions: not listed, so unknown
+        "/v1/models/..",  # a model's name is no dot segment
+        "/v1/models/.hidden",
+        "/v1/models/ft:a?b",  # nothing the upstream URL would read as its query
+        "/v1/fine_tuning/checkpoints/ft:a:b/permissions",  # shares a model with other organizations
     ],
 )
 def test_a_path_outside_the_catalog_is_unknown(path: str) -> None:
@@ -103,3 +109,47 @@ def test_a_flat_fields_reference_is_found_by_the_member_it_stands_for() -> None:
         Reference("conversation", "conv-d", "conversation[id]"),
         Reference("file", "file-e", "container.file_ids.0"),
     ]
+
+
+def test_a_fine_tunes_name_is_a_model_id_and_no_other_kinds() -> None:
+    """A model is named by the request model rule (colons and all), every other object by the path segment rule."""
+    name = "ft:gpt-4o-mini-2024-07-18:org:suffix:AbC123"
+    assert is_object_id(name, MODEL) and not is_object_id(name, "file")
+    assert not is_object_id("ft:a b", MODEL) and not is_object_id("x" * 257, MODEL)
+    one = classify("openai", f"/v1/models/{name}")
+    assert isinstance(one, ObjectRoute) and (one.collection.kind, one.object_id) == (MODEL, name)
+
+
+def test_a_fine_tuning_jobs_answers_name_its_models() -> None:
+    jobs = classify("openai", "/v1/fine_tuning/jobs")
+    assert isinstance(jobs, ObjectRoute)
+    job = {"id": "ftjob-1", "fine_tuned_model": "ft:gpt-4o-mini:org:s:1", "result_files": ["file-r"]}
+    assert sorted(named_ids(job, jobs.collection.names)) == [("file-r", "file"), ("ft:gpt-4o-mini:org:s:1", MODEL)]
+    checkpoint = {"id": "ftckpt_1", "fine_tuned_model_checkpoint": "ft:gpt-4o-mini:org:s:1:ckpt-step-8"}
+    assert named_ids(checkpoint, jobs.collection.sub_lists["checkpoints"]) == [
+        ("ft:gpt-4o-mini:org:s:1:ckpt-step-8", MODEL)
+    ]
+
+
+def test_the_model_a_body_or_form_names_at_its_top_level_is_a_model_reference() -> None:
+    assert model_reference({"model": "ft:m:o:s:1", "tools": [{"model": "gpt-image-1"}]}) == [
+        Reference(MODEL, "ft:m:o:s:1", "model")
+    ]
+    assert model_reference({"model": "ft:m:o:s:1"}, "body") == [Reference(MODEL, "ft:m:o:s:1", "body.model")]
+    assert model_reference(["not", "an", "object"]) == []
+    assert field_references([("model", "ft:m:o:s:1"), ("images[0][model]", "x")]) == [
+        Reference(MODEL, "ft:m:o:s:1", "model")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("passthrough", "recorded"),
+    [
+        (["/v1/fine_tuning/jobs*"], True),
+        (["/v1/fine_tuning/jobs/*"], True),  # a job's read names its model
+        (["/v1/files*", "/v1/models/*"], False),
+    ],
+)
+def test_models_are_looked_up_only_where_a_pool_can_record_them(passthrough: list[str], recorded: bool) -> None:
+    pool = PoolConfig(name="p", replicas=[{"url": "http://p:1"}], api="openai", passthrough=passthrough)
+    assert records_models([pool]) is recorded
