@@ -73,19 +73,19 @@ def fine_tune(gw: Process, tenant: str, suffix: str, base: str = GPT) -> tuple[s
     return job.id, model
 
 
-def outside_job(fake: Process, suffix: str) -> str:
-    """A fine-tuning job made at the upstream with the pool's key, not through the gateway: its id."""
-    headers = {"authorization": f"Bearer {UPSTREAM_KEY}"}
+def outside_job(fake: Process, suffix: str, key: str = UPSTREAM_KEY) -> str:
+    """A fine-tuning job made at the upstream with `key` (the pool's), not through the gateway: its id."""
+    headers = {"authorization": f"Bearer {key}"}
     files = {"file": ("train.jsonl", b'{"messages": []}\n'), "purpose": (None, "fine-tune")}
     training = httpx.post(fake.url + "/v1/files", files=files, headers=headers).json()["id"]
     body = {"model": GPT, "training_file": training, "suffix": suffix}
     return httpx.post(fake.url + "/v1/fine_tuning/jobs", json=body, headers=headers).json()["id"]
 
 
-def outside_fine_tune(fake: Process, suffix: str) -> str:
-    """The model of a fine-tune made outside the gateway, read at the upstream."""
-    job = outside_job(fake, suffix)
-    answer = httpx.get(fake.url + f"/v1/fine_tuning/jobs/{job}", headers={"authorization": f"Bearer {UPSTREAM_KEY}"})
+def outside_fine_tune(fake: Process, suffix: str, key: str = UPSTREAM_KEY) -> str:
+    """The model of a fine-tune made outside the gateway with `key`, read at the upstream."""
+    job = outside_job(fake, suffix, key)
+    answer = httpx.get(fake.url + f"/v1/fine_tuning/jobs/{job}", headers={"authorization": f"Bearer {key}"})
     return answer.json()["fine_tuned_model"]
 
 
@@ -244,3 +244,23 @@ def test_unrecorded_readable_lets_every_tenant_call_an_unrecorded_fine_tune_but_
     for tenant in ("eve", "fay"):
         served(model_calls(readable, tenant, model)["chat"], fake, model)
     hidden(lambda: client(readable, "eve").models.delete(model), fake, model)
+
+
+def test_a_tenant_with_its_own_upstream_key_calls_its_own_unrecorded_fine_tunes(launcher, store) -> None:
+    """`tenant_api_key_env`: the provider keeps that tenant's models apart, so a fine-tune it made at the provider
+    is its to call through the gateway; a tenant on the pool's key still meets the gateway's 404 for it."""
+    own_key = "sk-upstream-ann-models-3c1e"
+    fake = fake_provider(launcher, own_key)
+    config_pool = pool(
+        "openai",
+        fake.url,
+        api_key_env="TENANCY_UPSTREAM_KEY",
+        tenant_api_key_env={"ann": "TENANCY_ANN_KEY"},
+        passthrough=PASSTHROUGH,
+    )
+    auth = {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()} for t, k in KEYS.items()]}
+    env = {"TENANCY_UPSTREAM_KEY": UPSTREAM_KEY, "TENANCY_ANN_KEY": own_key}
+    gw = launcher.gateway({"pools": [config_pool], "auth": auth, **store}, env=env)
+    model = outside_fine_tune(fake, "anns-own", key=own_key)
+    served(model_calls(gw, "ann", model)["chat"], fake, model)
+    hidden(model_calls(gw, "bob", model)["chat"], fake, model)
