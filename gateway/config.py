@@ -664,7 +664,8 @@ class TenantObjectsConfig(_Strict):
         default="hidden",
         description=(
             "objects the gateway has no record of (made outside it, or before their record expired): 'hidden', 404 "
-            "to every tenant; 'readable', every tenant may read, list and refer to them, none may change or delete them"
+            "to every tenant; 'readable', every tenant may read, list and refer to them (call such a fine-tuned "
+            "model), none may change or delete them"
         ),
     )
 

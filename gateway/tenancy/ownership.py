@@ -44,9 +44,9 @@ class TenantObjects:
         self.unrecorded_readable = config.unrecorded == "readable"
         if self.unrecorded_readable:
             log.warning(
-                "tenant_objects.unrecorded: readable: every tenant may read the objects the gateway has no record of, "
-                "another tenant's too once its record expires (tenant_objects.ttl: %.0fs); keep the ttl at least as "
-                "long as the upstream keeps objects (files: until deleted)",
+                "tenant_objects.unrecorded: readable: every tenant may read the objects the gateway has no record of "
+                "and call such fine-tuned models, another tenant's too once its record expires (tenant_objects.ttl: "
+                "%.0fs); keep the ttl at least as long as the upstream keeps objects (files, models: until deleted)",
                 config.ttl,
             )
 
