@@ -8,7 +8,7 @@ first and each fallback), a passthrough request's `model` (a fine-tune built on 
 lines) and the gateway's model list:
 - a model recorded as another tenant's: a 404 in OpenAI's words, the same as for a model that does not exist, and
   nothing goes upstream;
-- a model recorded as the tenant's: served;
+- a model recorded as the tenant's: served (a recorded model is its maker's alone, even where a pool names it);
 - a fine-tune by its name (`ft:`) with no record (made outside the gateway, or its record expired): hidden the same
   way, unless the operator lets it be used: named in the pool's `models:`, `tenant_objects.unrecorded: readable`
   (every tenant may use unrecorded objects), or the tenant reaches the pool with its own upstream key

@@ -205,11 +205,16 @@ def test_only_the_maker_may_read_or_delete_its_model(gw, fake) -> None:
 
 
 def test_an_unrecorded_fine_tune_is_hidden_unless_the_pool_names_it(launcher, gw, fake, store) -> None:
+    """Naming a fine-tune in the pool's `models:` lets every tenant call it where the gateway has no record of it; a
+    recorded one stays its maker's."""
     outside = outside_fine_tune(fake, "unrecorded")
     for tenant in ("eve", "fay"):
         hidden(model_calls(gw, tenant, outside)["chat"], fake, outside)
-    named = start(launcher, fake, store, served=[GPT, outside])
+    _, fays = fine_tune(gw, "fay", "named")
+    named = start(launcher, fake, store, served=[GPT, outside, fays])
     served(model_calls(named, "eve", outside)["chat"], fake, outside)
+    hidden(model_calls(named, "eve", fays)["chat"], fake, fays)
+    served(model_calls(named, "fay", fays)["chat"], fake, fays)
 
 
 def test_a_fallback_never_reaches_another_tenants_model(launcher, gw, fake, store) -> None:
