@@ -25,8 +25,8 @@ from tests.conftest import Launcher, Process, RedisServer, pool
 from tests.hostile.test_tenant_objects import KEYS, UPSTREAM_KEY, client, fake_provider, received, upload
 
 GPT = "gpt-4.1-mini"
-EMBEDDER = "text-embedding-3-small"
 PASSTHROUGH = ["/v1/files*", "/v1/fine_tuning/jobs*", "/v1/models/*", "/v1/batches*"]
+AUTH = {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()} for t, k in KEYS.items()]}
 
 
 @pytest.fixture(scope="module", params=["sqlite", "redis"])
@@ -35,22 +35,25 @@ def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     if request.param == "sqlite":
         return {"store": {"sqlite_path": str(tmp_path_factory.mktemp("store") / "shared.db")}}
     server: RedisServer = request.getfixturevalue("module_redis_server")
-    return {"redis": {"url": server.url}, "store": {"backend": "redis"}}
+    # a command's bound well above a loaded test machine's stalls: a store that did not answer is not the point here
+    return {"redis": {"url": server.url, "timeout": 2.0}, "store": {"backend": "redis"}}
 
 
 @pytest.fixture(scope="module")
 def fake(module_launcher: Launcher, store: dict[str, Any]) -> Process:
+    """One fake provider per store: each run of the module starts from an upstream that holds nothing."""
     return fake_provider(module_launcher)
 
 
-def start(launcher: Launcher, fake: Process, store: dict[str, Any], served: list[str] | None = None, **extra: Any):
+def start(
+    launcher: Launcher, fake: Process, store: dict[str, Any], served: list[str] | None = None, **extra: Any
+) -> Process:
     """A gateway keeping its records in `store`, its one pool routing `served` (any model by default)."""
-    auth = {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()} for t, k in KEYS.items()]}
     config = {
         "pools": [
             pool("openai", fake.url, models=served or [], api_key_env="TENANCY_UPSTREAM_KEY", passthrough=PASSTHROUGH)
         ],
-        "auth": auth,
+        "auth": AUTH,
         **store,
         **extra,
     }
@@ -62,15 +65,15 @@ def gw(module_launcher: Launcher, fake: Process, store: dict[str, Any]) -> Proce
     return start(module_launcher, fake, store)
 
 
-def fine_tune(gw: Process, tenant: str, suffix: str, base: str = GPT) -> tuple[str, str]:
-    """A fine-tuning job the tenant makes through the gateway, and the model it names once it succeeded (the fake's
-    jobs succeed by their first read)."""
+def fine_tune(gw: Process, tenant: str, suffix: str) -> str:
+    """The model a fine-tuning job the tenant makes through the gateway names once it succeeded (the fake's jobs
+    succeed by their first read)."""
     ft = client(gw, tenant).fine_tuning.jobs
-    job = ft.create(model=base, training_file=upload(gw, tenant, '{"messages": []}\n'), suffix=suffix)
+    job = ft.create(model=GPT, training_file=upload(gw, tenant, '{"messages": []}\n'), suffix=suffix)
     assert job.fine_tuned_model is None and job.status == "validating_files"
     model = ft.retrieve(job.id).fine_tuned_model
-    assert model is not None and model.startswith(f"ft:{base}:")
-    return job.id, model
+    assert model is not None and model.startswith(f"ft:{GPT}:")
+    return model
 
 
 def outside_job(fake: Process, suffix: str, key: str = UPSTREAM_KEY) -> str:
@@ -129,7 +132,7 @@ def served(call: Callable[[], Any], fake: Process, model: str) -> None:
 
 
 def test_a_fine_tune_is_callable_by_its_maker_alone_on_every_model_route(gw, fake) -> None:
-    _, model = fine_tune(gw, "ann", "anns")
+    model = fine_tune(gw, "ann", "anns")
     for call in model_calls(gw, "bob", model).values():
         hidden(call, fake, model)
     for call in model_calls(gw, "ann", model).values():
@@ -151,7 +154,7 @@ def test_a_model_named_by_a_job_list_or_its_checkpoints_is_its_makers(gw, fake) 
 
 
 def test_a_job_may_not_build_on_another_tenants_model(gw, fake) -> None:
-    _, model = fine_tune(gw, "eve", "eves")
+    model = fine_tune(gw, "eve", "eves")
     fays = client(gw, "fay").fine_tuning.jobs
     training = upload(gw, "fay", '{"messages": []}\n')
     with pytest.raises(openai.NotFoundError) as caught:
@@ -165,7 +168,7 @@ def test_a_job_may_not_build_on_another_tenants_model(gw, fake) -> None:
 def test_a_batch_may_not_call_another_tenants_model(gw, fake) -> None:
     """The upstream makes a batch's requests later with the pool's key: a line naming another tenant's model would
     call it."""
-    _, model = fine_tune(gw, "gus", "guss")
+    model = fine_tune(gw, "gus", "guss")
     line = {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {"model": model}}
     hal = client(gw, "hal")
     input_file = upload(gw, "hal", json.dumps(line) + "\n")
@@ -181,7 +184,7 @@ def test_a_batch_may_not_call_another_tenants_model(gw, fake) -> None:
 
 
 def test_the_model_list_shows_each_tenant_its_own_fine_tunes_only(gw, fake) -> None:
-    _, anns = fine_tune(gw, "ann", "listed")
+    anns = fine_tune(gw, "ann", "listed")
     outside = outside_fine_tune(fake, "outside")
     listed = {tenant: {m.id for m in client(gw, tenant).models.list()} for tenant in ("ann", "bob")}
     assert anns in listed["ann"] and GPT in listed["ann"]
@@ -190,7 +193,7 @@ def test_the_model_list_shows_each_tenant_its_own_fine_tunes_only(gw, fake) -> N
 
 
 def test_only_the_maker_may_read_or_delete_its_model(gw, fake) -> None:
-    _, model = fine_tune(gw, "cat", "deleted")
+    model = fine_tune(gw, "cat", "deleted")
     dan = client(gw, "dan")
     for call in (lambda: dan.models.retrieve(model), lambda: dan.models.delete(model)):
         hidden(call, fake, model)
@@ -210,7 +213,7 @@ def test_an_unrecorded_fine_tune_is_hidden_unless_the_pool_names_it(launcher, gw
     outside = outside_fine_tune(fake, "unrecorded")
     for tenant in ("eve", "fay"):
         hidden(model_calls(gw, tenant, outside)["chat"], fake, outside)
-    _, fays = fine_tune(gw, "fay", "named")
+    fays = fine_tune(gw, "fay", "named")
     named = start(launcher, fake, store, served=[GPT, outside, fays])
     served(model_calls(named, "eve", outside)["chat"], fake, outside)
     hidden(model_calls(named, "eve", fays)["chat"], fake, fays)
@@ -220,7 +223,7 @@ def test_an_unrecorded_fine_tune_is_hidden_unless_the_pool_names_it(launcher, gw
 def test_a_fallback_never_reaches_another_tenants_model(launcher, gw, fake, store) -> None:
     """A request too long for its own model falls back to a tenant's fine-tune, which has no window configured: the
     maker's request is served there, another tenant's is passed over it and gets its own model's refusal."""
-    _, model = fine_tune(gw, "gus", "fallback")
+    model = fine_tune(gw, "gus", "fallback")
     fallback = [{"model": GPT, "to": [{"model": model}], "on": ["context_length_exceeded"]}]
     falling = start(launcher, fake, store, models=[{"name": GPT, "context_window": 20}], fallbacks=fallback)
     long = " ".join(["word"] * 200)
@@ -263,9 +266,8 @@ def test_a_tenant_with_its_own_upstream_key_calls_its_own_unrecorded_fine_tunes(
         tenant_api_key_env={"ann": "TENANCY_ANN_KEY"},
         passthrough=PASSTHROUGH,
     )
-    auth = {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()} for t, k in KEYS.items()]}
     env = {"TENANCY_UPSTREAM_KEY": UPSTREAM_KEY, "TENANCY_ANN_KEY": own_key}
-    gw = launcher.gateway({"pools": [config_pool], "auth": auth, **store}, env=env)
+    gw = launcher.gateway({"pools": [config_pool], "auth": AUTH, **store}, env=env)
     model = outside_fine_tune(fake, "anns-own", key=own_key)
     served(model_calls(gw, "ann", model)["chat"], fake, model)
     hidden(model_calls(gw, "bob", model)["chat"], fake, model)
