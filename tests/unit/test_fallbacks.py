@@ -38,6 +38,7 @@ from gateway.upstream import PoolFailed
 
 POOLS = (("a", ["big"]), ("b", ["small"]), ("c", ["huge"]), ("d", []))
 POLICY_HEAD = {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "unit"}}
+OBJECTS = tempfile.TemporaryDirectory(prefix="fallbacks-objects-")  # the tenant objects' store, gone at exit
 
 
 class Clock:
@@ -77,7 +78,7 @@ class Built:
         )
         tokenize = Tokenize(models or [], lambda: policies, Offload(LimitsConfig()))
         # the requests here carry no key: one tenant, whose models no record decides
-        store = SqliteObjectStore(Path(tempfile.mkdtemp()) / "objects.db")
+        store = SqliteObjectStore(Path(OBJECTS.name) / "objects.db")
         tenant_models = TenantModels(TenantObjects(store, TenantObjectsConfig()), [])
         self.authority = AuthorityStage(tokenize, self.limits, self.fallbacks, tenant_models, trace.NoOpTracer())
 
