@@ -37,6 +37,7 @@ from gateway.routing.pool import Pool
 from gateway.tenancy.catalog import COLLECTIONS, MODEL, is_object_id
 from gateway.tenancy.ownership import TenantObjects, anonymous
 from gateway.tenancy.records import ObjectRecord
+from gateway.tenancy.references import Reference
 
 FINE_TUNE_PREFIX = "ft:"  # OpenAI's fine-tuned models and checkpoints
 
@@ -68,11 +69,20 @@ class TenantModels:
     ) -> None:
         """Pass if the request's tenant may use `model` on `pool` (`change`: delete it), else raise the 404 naming
         `param` (where the request names the model)."""
-        if anonymous(ctx) or ctx.tenant is None or not (change or self._looked_up(model)):
+        await self.require_all(ctx, [Reference(MODEL, model, param)], pool, change=change)
+
+    async def require_all(
+        self, ctx: RequestContext, wanted: Sequence[Reference], pool: Pool, *, change: bool = False
+    ) -> None:
+        """`require` for every model `wanted` names (a batch's lines), with one store call for them all; the 404 is
+        for the first refused."""
+        if anonymous(ctx) or ctx.tenant is None:
             return
-        found = await self._objects.find([model] if is_object_id(model, MODEL) else [])
-        if not self._reaches(ctx.tenant, model, found.get(model), pool, change):
-            raise model_not_found(model, param)
+        asked = [r for r in wanted if change or self._looked_up(r.object_id)]
+        found = await self._objects.find(r.object_id for r in asked if is_object_id(r.object_id, MODEL))
+        for reference in asked:
+            if not self._reaches(ctx.tenant, reference.object_id, found.get(reference.object_id), pool, change):
+                raise model_not_found(reference.object_id, reference.param)
 
     async def refusal(self, ctx: RequestContext, model: str, pool: Pool) -> GatewayError | None:
         """`require` for one upstream attempt: None where the tenant may call `model` on `pool`, else the refusal

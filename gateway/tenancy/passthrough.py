@@ -141,8 +141,7 @@ class ObjectPassthrough:
 
     async def _require(self, ctx: RequestContext, pool: Pool, tenant: str, wanted: list[Reference]) -> None:
         """Every reference must be the tenant's to use: the models it names on this pool, the other objects its own."""
-        for model in (r for r in wanted if r.kind == MODEL):
-            await self._models.require(ctx, model.object_id, pool, param=model.param)
+        await self._models.require_all(ctx, [r for r in wanted if r.kind == MODEL], pool)
         await self._objects.require(tenant, [r for r in wanted if r.kind != MODEL])
 
     async def _record(
