@@ -17,6 +17,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -137,6 +138,24 @@ def test_a_fine_tune_is_callable_by_its_maker_alone_on_every_model_route(gw, fak
         hidden(call, fake, model)
     for call in model_calls(gw, "ann", model).values():
         served(call, fake, model)
+
+
+def test_a_messages_request_for_another_tenants_model_is_anthropics_404(gw, fake) -> None:
+    """Anthropic's Messages, translated to chat for this OpenAI pool: the refusal is in Anthropic's shape."""
+    model = fine_tune(gw, "ann", "anns-messages")
+
+    def asking(tenant: str) -> Any:
+        claude = anthropic.Anthropic(base_url=gw.url, api_key=KEYS[tenant], max_retries=0, timeout=30)
+        return claude.messages.with_raw_response.create(
+            model=model, max_tokens=16, messages=[{"role": "user", "content": "hello"}]
+        )
+
+    with pytest.raises(anthropic.NotFoundError) as caught:
+        asking("bob")
+    message = f"The model `{model}` does not exist or you do not have access to it."
+    assert caught.value.body == {"type": "error", "error": {"type": "not_found_error", "message": message}}
+    assert received(fake, caught.value.response.headers["x-request-id"]) == []
+    served(lambda: asking("ann"), fake, model)
 
 
 def test_a_model_named_by_a_job_list_or_its_checkpoints_is_its_makers(gw, fake) -> None:
