@@ -59,12 +59,12 @@ def _named_model(payload: dict[str, Any]) -> str:
     return model if isinstance(model, str) else ""
 
 
-def model_not_allowed(model: str) -> GatewayError:
-    """The 403 for a model the calling key's allow-list does not name."""
+def model_not_allowed(model: str, param: str = "model") -> GatewayError:
+    """The 403 for a model the calling key's allow-list does not name (`param`: where the request names it)."""
     return GatewayError(
         403,
         f"this API key may not use model {model[:MAX_MODEL_IN_MESSAGE]!r}",
         type="permission_error",
         code="model_not_allowed",
-        param="model",
+        param=param,
     )

@@ -34,6 +34,7 @@ from gateway.apis.anthropic_chat import anthropic_error
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, invalid_request
 from gateway.routing.pool import Pool
+from gateway.stages.auth import model_not_allowed
 from gateway.tenancy.carried import carried_references
 from gateway.tenancy.catalog import MODEL, PAGES, Collection, Named, ObjectRoute, classify, is_object_id, named_ids
 from gateway.tenancy.models import TenantModels
@@ -140,8 +141,16 @@ class ObjectPassthrough:
         await self._require(ctx, pool, tenant, await requests_references(answer.content, member))
 
     async def _require(self, ctx: RequestContext, pool: Pool, tenant: str, wanted: list[Reference]) -> None:
-        """Every reference must be the tenant's to use: the models it names on this pool, the other objects its own."""
-        await self._models.require_all(ctx, [r for r in wanted if r.kind == MODEL], pool)
+        """Every reference must be the tenant's to use: the models it names allowed to the calling key and the
+        tenant's on this pool (a batch's lines are requests the upstream makes with the pool's key: the key's
+        allow-list holds for each, as if sent one by one), the other objects its own."""
+        models = [r for r in wanted if r.kind == MODEL]
+        key = ctx.key
+        if key is not None:
+            for reference in models:
+                if not key.allows(reference.object_id):
+                    raise model_not_allowed(reference.object_id, reference.param)
+        await self._models.require_all(ctx, models, pool)
         await self._objects.require(tenant, [r for r in wanted if r.kind != MODEL])
 
     async def _record(

@@ -199,6 +199,27 @@ def test_a_batch_may_not_call_another_tenants_model(gw, fake) -> None:
     assert batches == [], "the batch reached the upstream"
 
 
+def test_a_batch_or_a_job_may_not_call_a_model_the_key_is_not_allowed(gw, fake) -> None:
+    """A key allowed one model: a batch line naming another, or a fine-tuning job on another, is refused as that
+    request would be if sent itself (403 model_not_allowed), and nothing of it reaches the upstream; the allowed model
+    still is."""
+    made = gw.admin.post("/admin/keys", json={"tenant": "ivy", "models": [GPT]})
+    assert made.status_code in (200, 201), made.text
+    ivy = openai.OpenAI(base_url=gw.url + "/v1", api_key=made.json()["secret"], max_retries=0, timeout=30)
+    line = {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "gpt-4o"}}
+    lines = ivy.files.create(file=("data.jsonl", (json.dumps(line) + "\n").encode()), purpose="batch").id
+    with pytest.raises(openai.PermissionDeniedError) as batch:
+        ivy.batches.create(input_file_id=lines, endpoint="/v1/chat/completions", completion_window="24h")
+    assert batch.value.code == "model_not_allowed"
+    assert batch.value.body["param"] == "input_file_id line 1: body.model"
+    assert not [r for r in received(fake, batch.value.response.headers["x-request-id"]) if r["path"] == "/v1/batches"]
+    with pytest.raises(openai.PermissionDeniedError) as job:
+        ivy.fine_tuning.jobs.create(model="gpt-4o", training_file=lines)
+    assert job.value.code == "model_not_allowed"
+    assert received(fake, job.value.response.headers["x-request-id"]) == []
+    assert ivy.fine_tuning.jobs.create(model=GPT, training_file=lines).model == GPT
+
+
 # ---- the model list and a model's own routes -------------------------------------------------------------------
 
 
