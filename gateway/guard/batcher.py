@@ -5,12 +5,18 @@ Requests submit their windows and await their own scores. One worker drains the 
 into buckets so a short prompt is not padded to a long one's width, and runs each bucket as one ONNX call in a
 worker thread. While a batch runs, new windows queue up and ride the next one, so batches grow with load by
 themselves. Each window carries its own future: every request gets exactly its own scores back.
+
+A long scan (a document of hundreds of windows) goes into a second lane, scored `long_batch` windows a call: when
+both lanes wait, the worker alternates between them, so a short request waits behind at most one long-scan call,
+and long scans still progress under a steady stream of short ones. A window's future holds its score and its share
+of its call's seconds, what a scan's budget is charged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -22,7 +28,7 @@ BUCKETS = (16, 32, 64, 128, 256, 512)
 @dataclass(slots=True)
 class _Item:
     ids: list[int]
-    future: asyncio.Future
+    future: asyncio.Future[tuple[float, float]]  # (score, this window's share of its call's seconds)
 
 
 @dataclass
@@ -39,32 +45,45 @@ class MicroBatcher:
         *,
         max_batch: int = 32,
         max_wait_us: int = 1000,
+        long_batch: int = 8,
         on_batch: Callable[[int, int, float], None] | None = None,
     ) -> None:
         self._score = score
         self.max_batch = max_batch
+        self.long_batch = long_batch
         self.max_wait = max_wait_us / 1e6
         self._on_batch = on_batch
-        self._queue: list[_Item] = []
+        self._queue: list[_Item] = []  # short scans' windows
+        self._long: deque[_Item] = deque()  # long scans' windows, in the order they came
+        self._long_turn = False  # the last call was a short batch: a waiting long scan goes next
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running = False  # a batch taken from the queue is being scored
         self._closed = False
+        self._alone: set[asyncio.Task[None]] = set()  # calls of a retired batcher's late scans
         self.stats = BatchStats()
 
     async def score(self, windows: Sequence[list[int]]) -> list[float]:
         """Scores of these windows, in order, batched with whatever else is waiting."""
+        results = await asyncio.gather(*self.submit(windows))
+        return [margin for margin, _ in results]
+
+    def submit(self, windows: Sequence[list[int]], long: bool = False) -> list[asyncio.Future[tuple[float, float]]]:
+        """A future per window for its (score, seconds); `long` puts them in the long-scan lane. A cancelled future's
+        window is skipped if it has not been taken into a call yet."""
         if not windows:
             return []
-        if self._closed:  # a scan that began before a reload retired this batcher: scored alone, no worker kept
-            return [float(s) for s in await asyncio.to_thread(self._score, [list(ids) for ids in windows])]
-        wakeup = self._ensure_worker()
         loop = asyncio.get_running_loop()
         items = [_Item(list(ids), loop.create_future()) for ids in windows]
-        self._queue.extend(items)
-        wakeup.set()
-        return list(await asyncio.gather(*(i.future for i in items)))
+        if self._closed:  # a scan that began before a reload retired this batcher: scored alone, no worker kept
+            alone = loop.create_task(self._calls_alone(items))
+            self._alone.add(alone)
+            alone.add_done_callback(self._alone.discard)
+        else:
+            (self._long if long else self._queue).extend(items)
+            self._ensure_worker().set()
+        return [item.future for item in items]
 
     def _ensure_worker(self) -> asyncio.Event:
         """The wakeup event of this loop's worker, started here when there is none (an event binds to one loop)."""
@@ -77,13 +96,13 @@ class MicroBatcher:
 
     async def retire(self) -> None:
         """Stop for good, once what is queued is scored: a reload replaced this batcher, and a scan that began
-        before it is still scored, alone (see `score`)."""
+        before it is still scored, alone (see `submit`)."""
         self._closed = True
         await self.aclose()
 
     async def aclose(self) -> None:
         """Stop the worker once every window queued so far has its score (a later `score` starts it again)."""
-        while self._worker and not self._worker.done() and (self._queue or self._running):
+        while self._worker and not self._worker.done() and (self._queue or self._long or self._running):
             await asyncio.sleep(0.001)
         if self._worker:
             self._worker.cancel()
@@ -93,10 +112,24 @@ class MicroBatcher:
                 pass
             self._worker = None
 
+    def _take(self) -> list[_Item]:
+        """The next call's windows: a short batch, or a long scan's next `long_batch` when it is its turn."""
+        if self._long and (self._long_turn or not self._queue):
+            self._long_turn = False
+            taken: list[_Item] = []
+            while self._long and len(taken) < self.long_batch:
+                item = self._long.popleft()
+                if not item.future.done():  # a cancelled scan's windows are dropped, not counted
+                    taken.append(item)
+            return taken
+        taken, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
+        self._long_turn = bool(self._long)
+        return [i for i in taken if not i.future.done()]  # a cancelled request's windows are skipped
+
     async def _run(self, wakeup: asyncio.Event) -> None:
         while True:
             await wakeup.wait()
-            if len(self._queue) < self.max_batch and self.max_wait > 0:
+            if self._queue and len(self._queue) < self.max_batch and self.max_wait > 0 and not self._long_turn:
                 deadline = time.perf_counter() + self.max_wait
                 while len(self._queue) < self.max_batch:
                     left = deadline - time.perf_counter()
@@ -107,31 +140,39 @@ class MicroBatcher:
                         await asyncio.wait_for(wakeup.wait(), left)
                     except TimeoutError:
                         break
-            taken, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
-            if not self._queue:
+            taken = self._take()
+            if not self._queue and not self._long:
                 wakeup.clear()
-            taken = [i for i in taken if not i.future.done()]  # a cancelled request's windows are skipped
             if not taken:
                 continue
             self._running = True
             for bucket in buckets(taken):
-                started = time.perf_counter()
-                try:
-                    scores = await asyncio.to_thread(self._score, [i.ids for i in bucket])
-                except Exception as exc:
-                    for item in bucket:
-                        if not item.future.done():
-                            item.future.set_exception(exc)
-                    continue
-                for item, s in zip(bucket, scores):
-                    if not item.future.done():
-                        item.future.set_result(float(s))
-                self.stats.batches += 1
-                self.stats.windows += len(bucket)
-                self.stats.largest = max(self.stats.largest, len(bucket))
-                if self._on_batch:
-                    self._on_batch(len(bucket), max(len(i.ids) for i in bucket), time.perf_counter() - started)
+                await self._call(bucket)
             self._running = False
+
+    async def _calls_alone(self, items: list[_Item]) -> None:
+        for start in range(0, len(items), self.long_batch):
+            await self._call(items[start : start + self.long_batch])
+
+    async def _call(self, bucket: list[_Item]) -> None:
+        """One classifier call in a worker thread; each window's future gets its score and share of the seconds."""
+        started = time.perf_counter()
+        try:
+            scores = await asyncio.to_thread(self._score, [i.ids for i in bucket])
+        except Exception as exc:
+            for item in bucket:
+                if not item.future.done():
+                    item.future.set_exception(exc)
+            return
+        seconds = time.perf_counter() - started
+        for item, s in zip(bucket, scores):
+            if not item.future.done():
+                item.future.set_result((float(s), seconds / len(bucket)))
+        self.stats.batches += 1
+        self.stats.windows += len(bucket)
+        self.stats.largest = max(self.stats.largest, len(bucket))
+        if self._on_batch:
+            self._on_batch(len(bucket), max(len(i.ids) for i in bucket), seconds)
 
 
 def buckets(items: list[_Item]) -> list[list[_Item]]:

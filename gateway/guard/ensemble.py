@@ -33,16 +33,16 @@ log = logging.getLogger(__name__)
 # (text index, member index, token ids): one window of one text, in one member's tokens
 Window = tuple[int, int, list[int]]
 
-# A text this long is first counted on its first max_windows * window * PREFIX_CHARS_PER_TOKEN characters: text at
-# least that dense (prose takes ~4 characters a token) is refused without tokenizing a body of megabytes in full.
+# A text is first counted on its first max_tokens * PREFIX_CHARS_PER_TOKEN characters: text at least that dense
+# (prose takes ~4 characters a token) is refused without tokenizing a body of megabytes in full.
 PREFIX_CHARS_PER_TOKEN = 8
 
 
-class TooManyWindows(Exception):
-    """A scan that would need more windows than allowed, in one member's tokens (`needed`: at least that many)."""
+class TooManyTokens(Exception):
+    """Texts longer than a scan may be, in one member's tokens (`needed`: at least that many)."""
 
     def __init__(self, needed: int) -> None:
-        super().__init__(f"{needed} windows")
+        super().__init__(f"{needed} tokens")
         self.needed = needed
 
 
@@ -83,24 +83,25 @@ class GuardEnsemble:
         return self.members[0].malicious
 
     def windows(
-        self, texts: list[str], window: int | None = None, stride: int = 32, max_windows: int | None = None
+        self, texts: list[str], window: int | None = None, stride: int = 32, max_tokens: int | None = None
     ) -> list[Window]:
-        """Every member's windows of every text. TooManyWindows when a member needs more than `max_windows`."""
+        """Every member's windows of every text. TooManyTokens when the texts hold more than `max_tokens` of a
+        member's tokens."""
         out: list[Window] = []
         for m, member in enumerate(self.members):
-            if max_windows is not None:
-                prefix = max_windows * (window or member.max_length) * PREFIX_CHARS_PER_TOKEN
+            if max_tokens is not None:
+                prefix = max_tokens * PREFIX_CHARS_PER_TOKEN
                 heads = [text[:prefix] for text in texts if len(text) > prefix]
-                # the last window of a cut-off head may hold one more than the whole text's: count one fewer each
-                least = sum(len(w) - 1 for w in member.encode_windows_batch(heads, window, stride))
-                if least > max_windows:
-                    raise TooManyWindows(least)
-            per_text = member.encode_windows_batch(texts, window, stride)
-            needed = sum(len(windows) for windows in per_text)
-            if max_windows is not None and needed > max_windows:
-                raise TooManyWindows(needed)
-            for t, windows in enumerate(per_text):
-                out.extend((t, m, ids) for ids in windows)
+                # a cut may split a word into more pieces than it has whole: count one fewer per head
+                least = sum(len(e.ids) - 1 for e in member.tokenizer.encode_batch(heads, add_special_tokens=False))
+                if least > max_tokens:
+                    raise TooManyTokens(least)
+            encodings = member.tokenizer.encode_batch(texts, add_special_tokens=False)
+            needed = sum(len(e.ids) for e in encodings)
+            if max_tokens is not None and needed > max_tokens:
+                raise TooManyTokens(needed)
+            for t, encoding in enumerate(encodings):
+                out.extend((t, m, ids) for ids in member.cut_windows(encoding.ids, window, stride))
         return out
 
     def blend(self, texts: int, windows: Sequence[Window], margins: Sequence[float]) -> np.ndarray:
@@ -111,6 +112,11 @@ class GuardEnsemble:
             best[t, m] = np.fmax(best[t, m], margin)
         if not np.isfinite(best).all():
             raise ValueError("a text without a window or a score from every member of the guard")
+        return self.calibrated(best)
+
+    def calibrated(self, best: np.ndarray) -> np.ndarray:
+        """The calibrated blend of each member's largest margin (the last axis); -inf for a member that has not read
+        the text yet counts as its least possible margin, so the score is a lower bound that only grows."""
         scale, bias = self.calibration
         return 1.0 / (1.0 + np.exp(-(scale * (best @ np.asarray(self.weights)) + bias)))
 

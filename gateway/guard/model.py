@@ -107,12 +107,16 @@ class GuardModel:
         stride (what the model was trained and cross-validated on), cut from one encoding of each text: a tokenizer
         copy per window setting would cost ~250 MB for a 250k-piece vocabulary.
         """
+        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        return [self.cut_windows(e.ids, window, stride) for e in encodings]
+
+    def cut_windows(self, ids: list[int], window: int | None = None, stride: int = 32) -> list[list[int]]:
+        """One text's token ids (without special tokens) in the windows `encode_windows_batch` describes."""
         window = min(window or self.max_length, self.max_length)
         before, after = self.specials
         body = window - len(before) - len(after)
         stride = max(0, min(stride, window // 2))
-        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
-        return [[before + ids + after for ids in cut(e.ids, body, stride)] for e in encodings]
+        return [before + part + after for part in cut(ids, body, stride)]
 
     def margins(self, batch: list[list[int]]) -> np.ndarray:
         """The uncalibrated logit margin of each window (what an ensemble blends before its own calibration)."""

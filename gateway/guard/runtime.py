@@ -13,6 +13,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gateway.errors import GatewayError
 from gateway.guard.batcher import MicroBatcher
+from gateway.guard.scan import scan
 from gateway.guard.score_cache import Key, ScoreCache, digest
 from gateway.guard.spec import GuardRuntime as RuntimeSettings
 from gateway.guard.spec import InjectionPolicy
@@ -34,6 +36,9 @@ log = logging.getLogger(__name__)
 
 HEADER = "x-portcullis-guard"
 DEFAULT_THRESHOLD = 0.5
+# Windows per call of a long scan on the CPU: int8 costs least per window in batches of 4-8 there, and more in
+# larger ones (docs/benchmarks.md, Guard); a short request waits behind at most one such call
+LONG_BATCH_CPU = 8
 
 
 class _NoReuse:
@@ -108,13 +113,13 @@ class ScanTooLong(GatewayError):
     """Input longer than the policy lets the classifier scan: refused whole, since scanning part of it would let an
     attack hide in the part left out."""
 
-    def __init__(self, windows: int, limit: int, window: int) -> None:
+    def __init__(self, tokens: int, limit: int) -> None:
         super().__init__(
             413,
-            f"the guard scans at most {limit} windows of {window} tokens per request, and this "
-            f"request's scanned text needs {windows}: send less text",
+            f"the guard scans at most {limit} tokens of text per request, and this request's scanned text holds "
+            f"{tokens}: send less text",
             code="prompt_too_long_to_scan",
-            param="guard.injection.max_windows",
+            param="guard.injection.max_tokens",
         )
 
 
@@ -217,11 +222,13 @@ class Guard:
             )
             for member in model.members:  # first run allocates; not a request's cost
                 member.margins([member.encode_windows("warm up")[0]])
+            long_batch = settings.long_batch or (settings.max_batch if model.device == "cuda" else LONG_BATCH_CPU)
             batchers = [
                 MicroBatcher(
                     member.margins,
                     max_batch=settings.max_batch,
                     max_wait_us=settings.max_wait_us,
+                    long_batch=long_batch,
                     on_batch=self._observe_batch,
                 )
                 for member in model.members
@@ -256,12 +263,13 @@ class Guard:
         return float(model_threshold) if model_threshold is not None else DEFAULT_THRESHOLD
 
     def windows(
-        self, texts: list[str], policy: InjectionPolicy, max_windows: int | None = None, *, tenant: Tenant = NO_REUSE
+        self, texts: list[str], policy: InjectionPolicy, max_tokens: int | None = None, *, tenant: Tenant = NO_REUSE
     ) -> Windows:
         """Every window of every text, in each model's tokens; blocking (tokenizing), so big inputs belong on a worker
-        thread. A model needing more than `max_windows` raises ScanTooLong: a text is scanned whole or not served.
-        Given a tenant (None included), texts whose score that tenant's scans already read get no windows."""
-        from gateway.guard.ensemble import TooManyWindows
+        thread. Texts holding more than `max_tokens` of a model's tokens raise ScanTooLong: a text is scanned whole
+        or not served. Given a tenant (None included), texts whose score that tenant's scans already read get no
+        windows."""
+        from gateway.guard.ensemble import TooManyTokens
 
         classifier = self._loaded()
         keys = known = None
@@ -273,10 +281,9 @@ class Guard:
             self.reused.labels(result="miss").inc(len(texts) - hits)
             texts = [text for text, score in zip(texts, known) if score is None]
         try:
-            items = classifier.model.windows(texts, policy.window, policy.overlap, max_windows)
-        except TooManyWindows as exc:
-            window = min(policy.window, classifier.model.max_length)
-            raise ScanTooLong(exc.needed, max_windows or 0, window) from None
+            items = classifier.model.windows(texts, policy.window, policy.overlap, max_tokens)
+        except TooManyTokens as exc:
+            raise ScanTooLong(exc.needed, max_tokens or 0) from None
         return Windows(classifier, len(texts), items, keys, known)
 
     async def score(self, windows: Windows, target: str = "input") -> tuple[float, int]:
@@ -287,14 +294,22 @@ class Guard:
         best = int(np.argmax(scores))
         return scores[best], best
 
-    async def text_scores(self, windows: Windows, target: str = "input") -> list[float]:
+    async def text_scores(
+        self,
+        windows: Windows,
+        target: str = "input",
+        budget: float | None = None,
+        blocks: Sequence[float | None] = (),
+    ) -> list[float]:
         """Each text's score (its windows' blend), each model's windows through its own micro-batcher, the models
         at once (scores known from earlier scans reused); [] for no texts. The windows are scored by the classifier
-        that made them, even when a reload replaced it since."""
-        fresh = await self._read_windows(windows)
+        that made them, even when a reload replaced it since. `budget` and `blocks` bound the scan
+        (gateway/guard/scan.py)."""
         if windows.known is None or windows.keys is None:
-            scores = fresh
+            scores = await self._read_windows(windows, budget, blocks)
         else:
+            unread_blocks = [b for b, score in zip(blocks, windows.known) if score is None] if blocks else ()
+            fresh = await self._read_windows(windows, budget, unread_blocks)
             read = iter(fresh)
             scores = [next(read) if score is None else score for score in windows.known]
             unread = [key for key, score in zip(windows.keys, windows.known) if score is None]
@@ -303,20 +318,14 @@ class Guard:
             self.scores.labels(target=target).observe(max(scores))
         return scores
 
-    async def _read_windows(self, windows: Windows) -> list[float]:
+    async def _read_windows(
+        self, windows: Windows, budget: float | None, blocks: Sequence[float | None]
+    ) -> list[float]:
         """The classifier's score of each text the windows cover."""
         if not windows.items:
             return []
-        items, classifier = windows.items, windows.classifier
-        parts = [[k for k, w in enumerate(items) if w[1] == m] for m in range(len(classifier.batchers))]
-        results = await asyncio.gather(
-            *(batcher.score([items[k][2] for k in part]) for batcher, part in zip(classifier.batchers, parts))
-        )
-        margins = [0.0] * len(items)
-        for part, result in zip(parts, results):
-            for k, margin in zip(part, result):
-                margins[k] = margin
-        return [float(x) for x in classifier.model.blend(windows.texts, items, margins)]
+        classifier = windows.classifier
+        return await scan(classifier.model, classifier.batchers, windows.texts, windows.items, budget, blocks)
 
     async def classify(
         self, texts: list[str], policy: InjectionPolicy, settings: RuntimeSettings, target: str = "input"

@@ -95,17 +95,27 @@ class InjectionPolicy(_Strict):
     overlap: Annotated[
         int, Field(ge=0, le=1024, description=("tokens shared by consecutive windows (at most half a window)"))
     ] = 32
-    max_windows: Annotated[
+    max_tokens: Annotated[
         int,
         Field(
             ge=1,
             description=(
-                "windows a request's scanned text may need (each costs one classifier row); a longer "
-                "input is refused with "
-                "413 prompt_too_long_to_scan, never scanned in part"
+                "tokens of scanned text a request may carry, in the tokens of the guard model that counts most (the "
+                "refusal limit); a longer input is refused with 413 prompt_too_long_to_scan, never scanned in part"
             ),
         ),
-    ] = 64
+    ] = 131072
+    cpu_budget: Annotated[
+        float,
+        Field(
+            gt=0,
+            description=(
+                "seconds of classifier time one request's scan may spend (each classifier call's time shared among "
+                "its windows); a scan that would spend more is stopped there and the request refused with 413 "
+                "prompt_too_long_to_scan, never served with part of its text unscanned"
+            ),
+        ),
+    ] = 60.0
 
 
 class PiiPolicy(_Strict):
@@ -165,6 +175,18 @@ class GuardRuntime(_Strict):
         ),
     ] = 0
     max_batch: Annotated[int, Field(ge=1, le=1024)] = 32
+    long_batch: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=1024,
+            description=(
+                "windows per classifier call of a long scan (one needing more than max_batch windows), whose calls "
+                "take turns with short scans' batches; default: 8 on the CPU (int8 is cheapest per window in small "
+                "batches), max_batch on a GPU"
+            ),
+        ),
+    ] = None
     max_wait_us: Annotated[
         int, Field(ge=0, le=1_000_000, description=("how long the first window waits for others to share its batch"))
     ] = 500

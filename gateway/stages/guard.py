@@ -11,8 +11,10 @@ not classify is refused (400 `unknown_content`) where the policy says `unknown_c
 off. Blocks are OpenAI-shaped 400s with `code: prompt_blocked`, the rule id in
 `param` and the verdict in `error.guard`; `flag` serves the request with an `x-portcullis-guard` response header;
 `monitor` only records. Input the guard cannot scan whole is refused, never served unscanned: token ids of a model
-whose tokenizer is unknown (400, unless the policy passes them) and text needing more than `max_windows` (413). When
-the policy turns the output guard on, the stage leaves an `OutputGuard` on the context for the upstream relay.
+whose tokenizer is unknown (400, unless the policy passes them), text holding more than `max_tokens` and a scan
+that would spend more than `cpu_budget` of classifier time (413). A scan stops at the first passage whose finding
+blocks (gateway/guard/scan.py). When the policy turns the output guard on, the stage leaves an `OutputGuard` on the
+context for the upstream relay.
 
 Reading, detecting and tokenizing a big body run on the offload executor; the classifier runs on the micro-batcher's
 threads: neither holds the event loop. Off (the default), the stage costs one policy lookup per request.
@@ -29,7 +31,7 @@ from gateway.guard import pii
 from gateway.guard.inputs import Decode, request_texts, selected
 from gateway.guard.output import OutputGuard
 from gateway.guard.runtime import HEADER, Guard, GuardBlocked, Verdict, Windows
-from gateway.guard.spec import GuardSpec
+from gateway.guard.spec import GuardSpec, InjectionPolicy
 from gateway.offload import Offload
 from gateway.policy.loader import PolicySet
 
@@ -101,7 +103,7 @@ class GuardStage:
         if not injection or any(v.result == "block" for v in verdicts):
             return verdicts, None
         policy = spec.injection
-        return verdicts, (scanned, self.guard.windows(originals, policy, policy.max_windows, tenant=ctx.tenant))
+        return verdicts, (scanned, self.guard.windows(originals, policy, policy.max_tokens, tenant=ctx.tenant))
 
     def _decoder(self, model: str, spec: GuardSpec) -> Decode:
         def decode(ids: list[int], where: str) -> str | None:
@@ -122,24 +124,20 @@ class GuardStage:
         """Each passage judged by its provenance's threshold and action: a verdict for the highest-scoring passage of
         each result that happened (one `pass` verdict when none did); `redact` rewrites the passages it finds."""
         scanned, windows = scan
-        scores = await self.guard.text_scores(windows)
         policy = spec.injection
+        decisions = [self._decision(policy, passage) for passage in scanned]
+        blocks = [threshold if result == "block" else None for threshold, result in decisions]
+        scores = await self.guard.text_scores(windows, budget=policy.cpu_budget, blocks=blocks)
         found: dict[str, tuple[float, float, Passage]] = {}
         best: tuple[float, float] = (0.0, self.guard.threshold(policy))
         redacted: list[Passage] = []
-        for passage, score in zip(scanned, scores):
-            decision = policy.provenances.get(passage.provenance)
-            threshold = self.guard.threshold(policy, decision.threshold if decision else None)
+        for passage, score, (threshold, result) in zip(scanned, scores, decisions):
             if score > best[0]:
                 best = (score, threshold)
             if score < threshold:
                 continue
-            result = (decision.action if decision else None) or policy.action
             if result == "redact":
-                if any(part.holder is None for part in passage.parts):
-                    result = "block"  # a token-id prompt cannot be rewritten
-                else:
-                    redacted.append(passage)
+                redacted.append(passage)
             if result not in found or score > found[result][0]:
                 found[result] = (score, threshold, passage)
         for passage in redacted if "block" not in found else ():
@@ -154,6 +152,16 @@ class GuardStage:
             if result in found
             for score, threshold, passage in (found[result],)
         ]
+
+    def _decision(self, policy: InjectionPolicy, passage: Passage) -> tuple[float, str]:
+        """(threshold, result) of a finding in this passage: its provenance's, else the policy's; redaction of a
+        token-id prompt, which cannot be rewritten, blocks."""
+        decision = policy.provenances.get(passage.provenance)
+        threshold = self.guard.threshold(policy, decision.threshold if decision else None)
+        result = (decision.action if decision else None) or policy.action
+        if result == "redact" and any(part.holder is None for part in passage.parts):
+            result = "block"
+        return threshold, result
 
     def _pii(self, ctx: RequestContext, spec: GuardSpec, texts: list[Carried]) -> list[Verdict]:
         """Detector verdicts (the detectors read each text folded, unescaped and decoded too, gateway/guard/pii.py,

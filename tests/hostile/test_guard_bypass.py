@@ -102,15 +102,15 @@ TENANT_KEYS = {
 
 @pytest.fixture(scope="module")
 def tenants(module_launcher: Launcher, upstream: Process, tmp_path_factory: pytest.TempPathFactory):
-    """A gateway whose base guard scans at most 4 windows (strict and tight have it as it is), lenient passes token
-    ids no tokenizer can read, roomy scans up to 16 windows, tools blocks on what the classifier finds in tool
+    """A gateway whose base guard scans at most 400 tokens (strict and tight have it as it is), lenient passes token
+    ids no tokenizer can read, roomy scans up to 2,000 tokens, tools blocks on what the classifier finds in tool
     results (by default only monitored)."""
     policies = guard_policy(
         tmp_path_factory.mktemp("tenants"),
-        {"enabled": True, "injection": {"max_windows": 4}},
+        {"enabled": True, "injection": {"max_tokens": 400}},
         {
             "lenient": {"unknown_tokenizer": "pass"},
-            "roomy": {"injection": {"max_windows": 16}},
+            "roomy": {"injection": {"max_tokens": 2000}},
             "tools": {"injection": {"provenances": {"tool_result": {"action": "block"}}}},
         },
     )
@@ -193,15 +193,15 @@ def test_function_messages_are_scanned_and_redacted_like_tool_messages(recommend
 
 
 def test_text_longer_than_the_scan_limit_is_refused_not_scanned_in_part(tenants) -> None:
-    """Nine windows with the injection in the fifth: a limit of four must refuse it, not scan the two first and
-    the two last windows and serve it; under a limit it fits, every window is scanned and the attack found."""
+    """Nine windows with the injection in the fifth: a limit of 400 tokens must refuse it, not scan the first
+    and the last 200 tokens and serve it; under a limit it fits, every window is scanned and the attack found."""
     gw, upstream = tenants
     before = upstream_stats(upstream)["requests"]
     hidden = [{"role": "user", "content": f"{LONG_BENIGN} {INJECTION} {LONG_BENIGN}"}]
     tight = chat(gw, hidden, key="sk-tight")
     assert tight.status_code == 413, tight.text
     error = tight.json()["error"]
-    assert error["code"] == "prompt_too_long_to_scan" and "at most 4 windows" in error["message"]
+    assert error["code"] == "prompt_too_long_to_scan" and "at most 400 tokens" in error["message"]
     roomy = chat(gw, hidden, key="sk-roomy")
     assert roomy.status_code == 400, roomy.text
     assert roomy.json()["error"]["guard"]["category"] == "prompt_injection"

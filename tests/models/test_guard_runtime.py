@@ -46,13 +46,13 @@ def test_classify_finds_the_injected_text_among_benign_ones(guard: Guard) -> Non
     assert score >= guard.threshold(policy)
 
 
-def test_text_needing_more_windows_than_allowed_is_refused_whole(guard: Guard) -> None:
-    policy = InjectionPolicy(window=16, overlap=0, max_windows=2)
+def test_text_holding_more_tokens_than_allowed_is_refused_whole(guard: Guard) -> None:
+    policy = InjectionPolicy(window=16, overlap=0, max_tokens=150)
     text = " ".join(["word"] * 200)
-    assert len(guard.windows([text], policy).items) > 2
     with pytest.raises(ScanTooLong) as refused:
-        guard.windows([text], policy, policy.max_windows)
-    assert refused.value.status == 413
+        guard.windows([text], policy, policy.max_tokens)
+    assert refused.value.status == 413 and "at most 150 tokens" in refused.value.message
+    assert guard.windows([text], policy, 200).items, "200 words of one piece each fit a limit of 200"
 
 
 def test_the_best_text_is_found_among_many_windows_of_both_models(guard: Guard) -> None:
@@ -77,17 +77,16 @@ def test_the_best_text_is_found_among_many_windows_of_both_models(guard: Guard) 
     assert results[0][1] == 0 and results[0][0] == pytest.approx(expected[0], abs=0.05)
 
 
-def test_the_window_limit_counts_each_models_own_tokens(guard: Guard) -> None:
-    """Thai takes far more of the multilingual model's windows than of the English one's (which reads each word as
-    one unknown token): the model that needs most decides, and the two models' windows are not added up."""
+def test_the_token_limit_counts_each_models_own_tokens(guard: Guard) -> None:
+    """Thai takes far more of the multilingual model's tokens than of the English one's (which reads each word as
+    one unknown token): the model that needs most decides, and the two models' tokens are not added up."""
     thai = "กรุณาสรุปรายงานการประชุมประจำสัปดาห์ให้ทีมขายอ่านง่ายขึ้น " * 6
-    policy = InjectionPolicy(window=16, overlap=0)
-    per_model = [sum(1 for w in guard.windows([thai], policy).items if w[1] == m) for m in (0, 1)]
+    assert guard.model is not None
+    per_model = [len(m.tokenizer.encode(thai, add_special_tokens=False).ids) for m in guard.model.members]
     assert min(per_model) < max(per_model)
     with pytest.raises(ScanTooLong):
-        guard.windows([thai], policy, max(per_model) - 1)
-    served = guard.windows([thai], policy, max(per_model))
-    assert len(served.items) == sum(per_model) > max(per_model)
+        guard.windows([thai], InjectionPolicy(), max(per_model) - 1)
+    assert guard.windows([thai], InjectionPolicy(), max(per_model)).items
 
 
 def test_megabytes_of_text_are_refused_without_tokenizing_them_whole(guard: Guard) -> None:
