@@ -46,6 +46,21 @@ class TooManyTokens(Exception):
         self.needed = needed
 
 
+@dataclass(frozen=True)
+class Cut:
+    """A scan's windows over `texts`. A long text is read by the first-pass member alone first (`deferred`: each
+    such text's first-pass windows, as item index and character span): the other members read only the spans of
+    the windows it scores highest (gateway/guard/scan.py), so a document costs one member's reading, not all of
+    theirs."""
+
+    texts: list[str]
+    items: list[Window]
+    deferred: dict[int, list[tuple[int, tuple[int, int]]]]
+    first_pass: int  # the member index, -1 when no text is deferred
+    window: int | None
+    stride: int
+
+
 @dataclass
 class GuardEnsemble:
     """Members, their weights, and the calibration and threshold of the blend."""
@@ -82,13 +97,25 @@ class GuardEnsemble:
     def malicious(self) -> list[int]:
         return self.members[0].malicious
 
+    @property
+    def first_pass(self) -> int:
+        """The member that reads a long text first: the one with the widest vocabulary, which reads the most
+        languages (the multilingual model of the bundled pair)."""
+        return max(range(len(self.members)), key=lambda m: self.members[m].tokenizer.get_vocab_size())
+
     def windows(
-        self, texts: list[str], window: int | None = None, stride: int = 32, max_tokens: int | None = None
-    ) -> list[Window]:
-        """Every member's windows of every text. TooManyTokens when the texts hold more than `max_tokens` of a
-        member's tokens."""
-        out: list[Window] = []
-        for m, member in enumerate(self.members):
+        self,
+        texts: list[str],
+        window: int | None = None,
+        stride: int = 32,
+        max_tokens: int | None = None,
+        first_pass_above: int | None = None,
+    ) -> Cut:
+        """Every member's windows of every text, except that a text of more than `first_pass_above` of the
+        first-pass member's tokens is read by that member alone first (see `Cut`). TooManyTokens when the texts
+        hold more than `max_tokens` of a member's tokens."""
+        encodings = []
+        for member in self.members:
             if max_tokens is not None:
                 prefix = max_tokens * PREFIX_CHARS_PER_TOKEN
                 heads = [text[:prefix] for text in texts if len(text) > prefix]
@@ -96,13 +123,39 @@ class GuardEnsemble:
                 least = sum(len(e.ids) - 1 for e in member.tokenizer.encode_batch(heads, add_special_tokens=False))
                 if least > max_tokens:
                     raise TooManyTokens(least)
-            encodings = member.tokenizer.encode_batch(texts, add_special_tokens=False)
-            needed = sum(len(e.ids) for e in encodings)
+            encoded = member.tokenizer.encode_batch(texts, add_special_tokens=False)
+            needed = sum(len(e.ids) for e in encoded)
             if max_tokens is not None and needed > max_tokens:
                 raise TooManyTokens(needed)
-            for t, encoding in enumerate(encodings):
-                out.extend((t, m, ids) for ids in member.cut_windows(encoding.ids, window, stride))
-        return out
+            encodings.append(encoded)
+        first = self.first_pass if len(self.members) > 1 and first_pass_above is not None else -1
+        deferred: dict[int, list[tuple[int, tuple[int, int]]]] = {}
+        if first >= 0:
+            member = self.members[first]
+            for t, encoding in enumerate(encodings[first]):
+                if first_pass_above is not None and len(encoding.ids) > first_pass_above:
+                    ranges = member.window_ranges(len(encoding.ids), window, stride)
+                    offsets = encoding.offsets
+                    deferred[t] = [(0, (offsets[start][0], offsets[end - 1][1])) for start, end in ranges]
+        items: list[Window] = []
+        for m, member in enumerate(self.members):
+            for t, encoding in enumerate(encodings[m]):
+                if t in deferred and m != first:
+                    continue
+                if t in deferred:
+                    deferred[t] = [(len(items) + k, span) for k, (_, span) in enumerate(deferred[t])]
+                items.extend((t, m, ids) for ids in member.cut_windows(encoding.ids, window, stride))
+        return Cut(texts, items, deferred, first, window, stride)
+
+    def second_pass(self, cut: Cut, t: int, span: tuple[int, int]) -> list[Window]:
+        """The other members' windows over one first-pass window's characters of text `t`."""
+        piece = cut.texts[t][span[0] : span[1]]
+        return [
+            (t, m, ids)
+            for m, member in enumerate(self.members)
+            if m != cut.first_pass
+            for ids in member.encode_windows(piece, cut.window, cut.stride)
+        ]
 
     def blend(self, texts: int, windows: Sequence[Window], margins: Sequence[float]) -> np.ndarray:
         """Each text's calibrated score from its windows' margins. Every member must have scanned every text: a text
@@ -124,7 +177,7 @@ class GuardEnsemble:
         self, texts: list[str], window: int | None = None, stride: int = 32, batch_size: int = 32
     ) -> list[float]:
         """Each text's score without the batcher (CLI, evaluation): the same windows and blend as the gateway."""
-        windows = self.windows(texts, window, stride)
+        windows = self.windows(texts, window, stride).items
         margins = [0.0] * len(windows)
         order = sorted(range(len(windows)), key=lambda k: (windows[k][1], len(windows[k][2])))
         for start in range(0, len(order), batch_size):

@@ -112,11 +112,15 @@ class GuardModel:
 
     def cut_windows(self, ids: list[int], window: int | None = None, stride: int = 32) -> list[list[int]]:
         """One text's token ids (without special tokens) in the windows `encode_windows_batch` describes."""
+        before, after = self.specials
+        return [before + ids[start:end] + after for start, end in self.window_ranges(len(ids), window, stride)]
+
+    def window_ranges(self, tokens: int, window: int | None = None, stride: int = 32) -> list[tuple[int, int]]:
+        """The [start, end) token ranges of a text of `tokens` tokens' windows (special tokens not counted)."""
         window = min(window or self.max_length, self.max_length)
         before, after = self.specials
-        body = window - len(before) - len(after)
         stride = max(0, min(stride, window // 2))
-        return [before + part + after for part in cut(ids, body, stride)]
+        return cut(tokens, window - len(before) - len(after), stride)
 
     def margins(self, batch: list[list[int]]) -> np.ndarray:
         """The uncalibrated logit margin of each window (what an ensemble blends before its own calibration)."""
@@ -136,15 +140,15 @@ class GuardModel:
         return malicious_margin(logits, self.malicious)
 
 
-def cut(ids: list[int], body: int, stride: int) -> list[list[int]]:
-    """`ids` in slices of at most `body` tokens, each sharing `stride` with the one before, the last ending at the
-    end: how the tokenizer's truncation with a stride cuts its overflow."""
+def cut(tokens: int, body: int, stride: int) -> list[tuple[int, int]]:
+    """[start, end) ranges over `tokens` tokens of at most `body` each, each sharing `stride` with the one before,
+    the last ending at the end: how the tokenizer's truncation with a stride cuts its overflow."""
     step = max(1, body - stride)
-    slices, start = [], 0
+    ranges, start = [], 0
     while True:
-        slices.append(ids[start : start + body])
-        if start + body >= len(ids):
-            return slices
+        ranges.append((start, min(start + body, tokens)))
+        if start + body >= tokens:
+            return ranges
         start += step
 
 

@@ -30,7 +30,7 @@ from gateway.guard.spec import GuardRuntime as RuntimeSettings
 from gateway.guard.spec import InjectionPolicy
 
 if TYPE_CHECKING:  # the model module loads with the first policy that enables the guard
-    from gateway.guard.ensemble import GuardEnsemble, Window
+    from gateway.guard.ensemble import Cut, GuardEnsemble, Window
 
 log = logging.getLogger(__name__)
 
@@ -140,16 +140,19 @@ class Classifier:
 
 @dataclass(frozen=True)
 class Windows:
-    """A scan's windows (text index, member index, token ids) over `texts` texts, and the classifier they are for.
+    """A scan's windows (gateway/guard/ensemble.py, `Cut`) and the classifier they are for.
 
     A scan that may reuse scores carries each text's cache key and known score: its windows then cover only the
     texts without one (`items` index those), and their scores are kept once read."""
 
     classifier: Classifier
-    texts: int
-    items: list[Window]
+    cut: Cut
     keys: list[Key] | None = None
     known: list[float | None] | None = None
+
+    @property
+    def items(self) -> list[Window]:
+        return self.cut.items
 
 
 class Guard:
@@ -281,10 +284,10 @@ class Guard:
             self.reused.labels(result="miss").inc(len(texts) - hits)
             texts = [text for text, score in zip(texts, known) if score is None]
         try:
-            items = classifier.model.windows(texts, policy.window, policy.overlap, max_tokens)
+            cut = classifier.model.windows(texts, policy.window, policy.overlap, max_tokens, policy.first_pass_above)
         except TooManyTokens as exc:
             raise ScanTooLong(exc.needed, max_tokens or 0) from None
-        return Windows(classifier, len(texts), items, keys, known)
+        return Windows(classifier, cut, keys, known)
 
     async def score(self, windows: Windows, target: str = "input") -> tuple[float, int]:
         """(highest text score, index of the text that has it); (0, -1) for no windows. See `text_scores`."""
@@ -325,7 +328,7 @@ class Guard:
         if not windows.items:
             return []
         classifier = windows.classifier
-        return await scan(classifier.model, classifier.batchers, windows.texts, windows.items, budget, blocks)
+        return await scan(classifier.model, classifier.batchers, windows.cut, budget, blocks)
 
     async def classify(
         self, texts: list[str], policy: InjectionPolicy, settings: RuntimeSettings, target: str = "input"

@@ -5,6 +5,9 @@ that another request needs:
 - a window a member reads twice (a repeated passage, a quoted boilerplate) is scored once;
 - a member's windows beyond one batch go to its batcher's long-scan lane, which takes turns with short requests'
   batches instead of queueing them behind the whole document (gateway/guard/batcher.py);
+- a long text is read by one member of an ensemble first, and the others read only the spans of the windows it
+  scores highest (gateway/guard/ensemble.py, `Cut`): the blend still takes each member's largest margin, and a
+  document costs about one member's reading instead of all of theirs;
 - each window's share of its classifier call's seconds is charged to the scan, and a scan past its budget is
   stopped and refused: the budget bounds what one request can take of the classifier;
 - where the caller says at which score a text's finding refuses the request, the scan stops at the first text that
@@ -26,70 +29,116 @@ from gateway.errors import GatewayError
 
 if TYPE_CHECKING:  # the model modules load with the first policy that enables the guard
     from gateway.guard.batcher import MicroBatcher
-    from gateway.guard.ensemble import GuardEnsemble, Window
+    from gateway.guard.ensemble import Cut, GuardEnsemble, Window
+
+# The first-pass windows of a long text whose spans the other members read: its highest-scoring few, and every one
+# the first-pass member leans malicious on (a margin above 0)
+SECOND_PASS_TOP = 4
+SECOND_PASS_MARGIN = 0.0
+
+_Key = tuple[int, tuple[int, ...]]  # (member, token ids): one window as a member reads it
 
 
 class ScanOverBudget(GatewayError):
     """A scan stopped at its budget of classifier time: refused, since serving it would leave part of it unread."""
 
-    def __init__(self, budget: float, scored: int, windows: int) -> None:
+    def __init__(self, budget: float, scored: int) -> None:
         super().__init__(
             413,
             f"the guard may spend {budget:g} s of classifier time on a request, and this request's scanned text "
-            f"used it up after {scored} of its {windows} windows: send less text",
+            f"used it up after {scored} windows: send less text",
             code="prompt_too_long_to_scan",
             param="guard.injection.cpu_budget",
         )
 
 
 class _Progress:
-    """Each text's largest margin per member so far, the seconds spent, and when the scan is over."""
+    """Each text's largest margin per member so far, each window's margin, the seconds spent, and why it stopped."""
 
-    def __init__(
-        self, model: GuardEnsemble, texts: int, windows: int, budget: float | None, blocks: Sequence[float | None]
-    ) -> None:
+    def __init__(self, model: GuardEnsemble, texts: int, budget: float | None, blocks: Sequence[float | None]) -> None:
         self.model = model
         self.best = np.full((texts, len(model.members)), -np.inf)
-        self.windows = windows
-        self.left = windows
+        self.margins: dict[_Key, float] = {}
         self.spent = 0.0
         self.budget = budget
         self.blocks = blocks
+        self.left = 0  # windows of the current round not scored yet
         self.blocked = False
+        self.over_budget = False
         self.error: BaseException | None = None
-        self.over = asyncio.Event()
+        self.round_over = asyncio.Event()
 
     @property
-    def over_budget(self) -> bool:
-        return self.budget is not None and self.spent > self.budget and self.left > 0
+    def stopped(self) -> bool:
+        return self.blocked or self.over_budget or self.error is not None
 
-    def scored(self, readers: list[int], member: int, future: asyncio.Future[tuple[float, float]]) -> None:
-        """One window's score, for the texts that hold it."""
-        if future.cancelled() or self.over.is_set():
+    async def read(self, batchers: list[MicroBatcher], items: Sequence[Window]) -> None:
+        """Score these windows (those not scored before), until they all are or the scan stops."""
+        readers: dict[_Key, list[int]] = {}
+        for t, m, ids in items:
+            key = (m, tuple(ids))
+            if key in self.margins:
+                self._take(self.margins[key], m, [t])
+            else:
+                readers.setdefault(key, []).append(t)
+        if not readers or self.stopped:
+            return
+        self.left = len(readers)
+        self.round_over.clear()
+        futures: list[asyncio.Future[tuple[float, float]]] = []
+        for m, batcher in enumerate(batchers):
+            keys = [key for key in readers if key[0] == m]
+            submitted = batcher.submit([list(ids) for _, ids in keys], long=len(keys) > batcher.max_batch)
+            for key, future in zip(keys, submitted):
+                future.add_done_callback(partial(self._scored, key, readers[key]))
+            futures += submitted
+        try:
+            await self.round_over.wait()
+        finally:  # stopped early, or the request went away: windows not yet taken into a call are dropped
+            for future in futures:
+                future.cancel()
+
+    def _scored(self, key: _Key, readers: list[int], future: asyncio.Future[tuple[float, float]]) -> None:
+        if future.cancelled() or self.round_over.is_set():
             return
         if future.exception() is not None:
             self.error = future.exception()
-            self.over.set()
+            self.round_over.set()
             return
         margin, seconds = future.result()
+        self.margins[key] = margin
         self.spent += seconds
         self.left -= 1
-        for t in readers:
+        self._take(margin, key[0], readers)
+        if self.budget is not None and self.spent > self.budget and self.left > 0:
+            self.over_budget = True
+        if self.left == 0 or self.stopped:
+            self.round_over.set()
+
+    def _take(self, margin: float, member: int, texts: list[int]) -> None:
+        for t in texts:
             if margin <= self.best[t, member]:
                 continue
             self.best[t, member] = margin
             block_at = self.blocks[t] if self.blocks else None
             if block_at is not None and float(self.model.calibrated(self.best[t])) >= block_at:
                 self.blocked = True
-        if self.left == 0 or self.blocked or self.over_budget:
-            self.over.set()
+
+    def suspects(self, cut: Cut, t: int) -> list[tuple[int, int]]:
+        """The character spans of text `t`'s first-pass windows that the other members read too."""
+        first = cut.deferred[t]
+        scored = sorted(first, key=lambda w: -self.margins[(cut.first_pass, tuple(cut.items[w[0]][2]))])
+        return [
+            span
+            for rank, (k, span) in enumerate(scored)
+            if rank < SECOND_PASS_TOP or self.margins[(cut.first_pass, tuple(cut.items[k][2]))] > SECOND_PASS_MARGIN
+        ]
 
 
 async def scan(
     model: GuardEnsemble,
     batchers: list[MicroBatcher],
-    texts: int,
-    items: list[Window],
+    cut: Cut,
     budget: float | None = None,
     blocks: Sequence[float | None] = (),
 ) -> list[float]:
@@ -97,26 +146,17 @@ async def scan(
     it). `blocks`: for each text, the score at which its finding refuses the request (None where it does not); at
     the first text to reach it the scan stops, and the scores are lower bounds (0 for a text some member has not
     read yet)."""
-    readers: dict[tuple[int, tuple[int, ...]], list[int]] = {}
-    for t, m, ids in items:
-        readers.setdefault((m, tuple(ids)), []).append(t)
-    progress = _Progress(model, texts, len(readers), budget, blocks)
-    futures: list[asyncio.Future[tuple[float, float]]] = []
-    for m, batcher in enumerate(batchers):
-        keys = [key for key in readers if key[0] == m]
-        submitted = batcher.submit([list(ids) for _, ids in keys], long=len(keys) > batcher.max_batch)
-        for key, future in zip(keys, submitted):
-            future.add_done_callback(partial(progress.scored, readers[key], m))
-        futures += submitted
-    try:
-        await progress.over.wait()
-    finally:  # stopped early, or the request went away: windows not yet taken into a call are dropped
-        for future in futures:
-            future.cancel()
+    progress = _Progress(model, len(cut.texts), budget, blocks)
+    await progress.read(batchers, cut.items)
+    if cut.deferred and not progress.stopped:
+        second = [
+            w for t in cut.deferred for span in progress.suspects(cut, t) for w in model.second_pass(cut, t, span)
+        ]
+        await progress.read(batchers, second)
     if progress.error is not None:
         raise progress.error
     if progress.over_budget:
-        raise ScanOverBudget(budget or 0.0, progress.windows - progress.left, progress.windows)
+        raise ScanOverBudget(budget or 0.0, len(progress.margins))
     if not progress.blocked and not np.isfinite(progress.best).all():
         raise ValueError("a text without a window or a score from every member of the guard")
     return [float(s) for s in model.calibrated(progress.best)]

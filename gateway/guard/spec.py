@@ -105,6 +105,18 @@ class InjectionPolicy(_Strict):
             ),
         ),
     ] = 131072
+    first_pass_above: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description=(
+                "tokens above which a text is read first by one model of an ensemble alone (the one with the widest "
+                "vocabulary), the others reading only the spans of its highest-scoring windows: about half the cost "
+                "of a long document, at the recall measured in guard_models/README.md; null: every model reads "
+                "every window"
+            ),
+        ),
+    ] = 4096
     cpu_budget: Annotated[
         float,
         Field(

@@ -120,3 +120,67 @@ def test_one_batcher_serves_one_event_loop_after_another() -> None:
 
     assert run(scores(100)) == pytest.approx([0.1, 0.101])
     assert run(scores(200)) == pytest.approx([0.2, 0.201])
+
+
+class PerWindow(Recorder):
+    """A scorer that takes `delay` seconds per window of a call, as a CPU does."""
+
+    def __call__(self, batch: list[list[int]]) -> np.ndarray:
+        self.batches.append(batch)
+        time.sleep(self.delay * len(batch))
+        return np.array([ids[0] / 1000 for ids in batch])
+
+
+def test_a_short_request_waits_behind_one_long_scan_call_not_the_whole_scan() -> None:
+    """400 windows of a long scan (0.8 s of scoring) queued first: a short request sent after them is scored after at
+    most one of the long scan's calls of 8 windows, while the long scan is still going."""
+    scorer = PerWindow(delay=0.002)
+    batcher = MicroBatcher(scorer, max_batch=32, max_wait_us=0, long_batch=8)
+
+    async def main() -> tuple[float, bool]:
+        long = asyncio.gather(*batcher.submit([[500 + k % 400, k] for k in range(400)], long=True))
+        await asyncio.sleep(0.05)
+        started = time.perf_counter()
+        assert await batcher.score([[7]]) == [0.007]
+        waited = time.perf_counter() - started
+        still_going = not long.done()
+        results = await long
+        assert [margin for margin, _ in results] == pytest.approx([(500 + k % 400) / 1000 for k in range(400)])
+        await batcher.aclose()
+        return waited, still_going
+
+    waited, still_going = run(main())
+    assert still_going and waited < 0.25, waited
+    assert max(len(b) for b in scorer.batches) <= 8
+
+
+def test_a_long_scan_progresses_under_a_steady_stream_of_short_requests() -> None:
+    """Short requests always waiting must not starve a long scan: the lanes take turns."""
+    batcher = MicroBatcher(PerWindow(delay=0.001), max_batch=4, max_wait_us=0, long_batch=4)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+
+        async def short_traffic() -> None:
+            while not stop.is_set():
+                await asyncio.gather(*(batcher.score([[k]]) for k in range(8)))
+
+        traffic = [asyncio.create_task(short_traffic()) for _ in range(4)]
+        await asyncio.sleep(0.05)
+        results = await asyncio.wait_for(asyncio.gather(*batcher.submit([[k] for k in range(40)], long=True)), 5)
+        assert len(results) == 40 and all(seconds > 0 for _, seconds in results)
+        stop.set()
+        await asyncio.gather(*traffic)
+        await batcher.aclose()
+
+    run(main())
+
+
+def test_each_window_is_charged_its_share_of_its_call() -> None:
+    batcher = MicroBatcher(PerWindow(delay=0.01), max_batch=4, max_wait_us=0)
+
+    async def main() -> list[tuple[float, float]]:
+        return list(await asyncio.gather(*batcher.submit([[1], [2], [3], [4]])))
+
+    shares = [seconds for _, seconds in run(main())]
+    assert len(set(shares)) == 1 and 0.01 <= shares[0] < 0.03, shares

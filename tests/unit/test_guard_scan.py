@@ -1,0 +1,103 @@
+"""A scan's bounds, with stand-in classifiers: a repeated window scored once, the budget stopping a scan, a blocking
+finding ending it early, findings that serve the request scanned whole, and a long text read first by one member."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, cast
+
+import numpy as np
+import pytest
+
+from gateway.guard.batcher import MicroBatcher
+from gateway.guard.ensemble import Cut, GuardEnsemble, Window
+from gateway.guard.scan import SECOND_PASS_TOP, ScanOverBudget, scan
+
+
+class Member:
+    """A classifier whose margin for a window is its first id / 100 - 5 (id 900: a clear attack), timed per window."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.read: list[list[int]] = []
+
+    def __call__(self, batch: list[list[int]]) -> np.ndarray:
+        self.read += batch
+        time.sleep(self.delay * len(batch))
+        return np.array([ids[0] / 100 - 5 for ids in batch])
+
+
+class Blend:
+    """What a scan needs of an ensemble: the equal-weight blend, and the second pass (the second member reads a
+    first-pass window's span as the same window)."""
+
+    members = [object(), object()]
+
+    def calibrated(self, best: np.ndarray) -> np.ndarray:
+        return 1.0 / (1.0 + np.exp(-(best @ np.array([0.5, 0.5]))))
+
+    def second_pass(self, cut: Cut, t: int, span: tuple[int, int]) -> list[Window]:
+        return [(t, 1, cut.items[k][2]) for k, first in cut.deferred[t] if first == span]
+
+
+def scanned(members: list[Member], cut: Cut, **bounds: Any) -> tuple[list[float], list[MicroBatcher]]:
+    batchers = [MicroBatcher(member, max_batch=4, max_wait_us=0, long_batch=2) for member in members]
+
+    async def main() -> list[float]:
+        try:
+            return await scan(cast(GuardEnsemble, Blend()), batchers, cut, **bounds)
+        finally:
+            for batcher in batchers:
+                await batcher.aclose()
+
+    return asyncio.run(main()), batchers
+
+
+def cut_of(items: list[Window], texts: int = 1, deferred: dict | None = None) -> Cut:
+    return Cut(["x"] * texts, items, deferred or {}, 0 if deferred else -1, None, 32)
+
+
+def test_a_repeated_window_is_scored_once() -> None:
+    members = [Member(), Member()]
+    items: list[Window] = [(t, m, [100, 7]) for t in range(3) for m in range(2)] + [(1, 0, [200])]
+    scores, _ = scanned(members, cut_of(items, texts=3))
+    assert [len(member.read) for member in members] == [2, 1]
+    assert scores[0] == scores[2] < scores[1]
+
+
+def test_a_scan_past_its_budget_is_refused_and_stopped() -> None:
+    """40 windows of 10 ms each per member (0.4 s a member) under a budget of 0.1 s: refused with a 413, and the
+    windows not yet taken into a call are not scored."""
+    members = [Member(delay=0.01), Member(delay=0.01)]
+    items: list[Window] = [(0, m, [100, k]) for m in range(2) for k in range(40)]
+    with pytest.raises(ScanOverBudget) as refused:
+        scanned(members, cut_of(items), budget=0.1)
+    assert refused.value.status == 413 and refused.value.param == "guard.injection.cpu_budget"
+    assert sum(len(member.read) for member in members) < 40
+    scores, _ = scanned([Member(), Member()], cut_of(items), budget=10.0)
+    assert len(scores) == 1
+
+
+def test_a_blocking_finding_ends_the_scan_and_one_that_serves_reads_everything() -> None:
+    """The attack in the third of 60 windows: a text whose finding blocks stops soon after it; without `blocks`
+    (flag, redact, monitor) every window is read and the score is the same or higher."""
+    items: list[Window] = [(0, m, [900 if k == 2 else 100, k]) for m in range(2) for k in range(60)]
+    members = [Member(delay=0.001), Member(delay=0.001)]
+    blocked, _ = scanned(members, cut_of(items), blocks=[0.9])
+    assert blocked[0] >= 0.9
+    assert sum(len(member.read) for member in members) < 60
+    everything = [Member(), Member()]
+    whole, _ = scanned(everything, cut_of(items), blocks=[None])
+    assert [len(member.read) for member in everything] == [60, 60] and whole[0] >= blocked[0]
+
+
+def test_a_long_text_is_read_by_the_first_pass_member_and_the_others_read_its_suspects() -> None:
+    """Member 0 reads 20 windows, the 13th an attack; member 1 reads only the spans of the highest-scoring few."""
+    first: list[Window] = [(0, 0, [900 if k == 12 else 100 + k, k]) for k in range(20)]
+    deferred = {0: [(k, (10 * k, 10 * k + 12)) for k in range(20)]}
+    members = [Member(), Member()]
+    scores, _ = scanned(members, cut_of(first, deferred=deferred))
+    assert len(members[0].read) == 20 and len(members[1].read) == SECOND_PASS_TOP
+    assert [900, 12] in members[1].read, "the attack's span is read by the second member"
+    assert scores[0] > 0.9
