@@ -128,7 +128,9 @@ class MicroBatcher:
 
     async def _run(self, wakeup: asyncio.Event) -> None:
         while True:
-            await wakeup.wait()
+            while not self._queue and not self._long:
+                wakeup.clear()
+                await wakeup.wait()
             if self._queue and len(self._queue) < self.max_batch and self.max_wait > 0 and not self._long_turn:
                 deadline = time.perf_counter() + self.max_wait
                 while len(self._queue) < self.max_batch:
@@ -141,8 +143,6 @@ class MicroBatcher:
                     except TimeoutError:
                         break
             taken = self._take()
-            if not self._queue and not self._long:
-                wakeup.clear()
             if not taken:
                 continue
             self._running = True

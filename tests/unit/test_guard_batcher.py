@@ -131,11 +131,13 @@ class PerWindow(Recorder):
         return np.array([ids[0] / 1000 for ids in batch])
 
 
-def test_a_short_request_waits_behind_one_long_scan_call_not_the_whole_scan() -> None:
+@pytest.mark.parametrize("max_wait_us", [0, 2000])
+def test_a_short_request_waits_behind_one_long_scan_call_not_the_whole_scan(max_wait_us: int) -> None:
     """400 windows of a long scan (0.8 s of scoring) queued first: a short request sent after them is scored after at
-    most one of the long scan's calls of 8 windows, while the long scan is still going."""
+    most one of the long scan's calls of 8 windows, while the long scan is still going, and the long scan goes on
+    to the end once the short request has waited for company (or not)."""
     scorer = PerWindow(delay=0.002)
-    batcher = MicroBatcher(scorer, max_batch=32, max_wait_us=0, long_batch=8)
+    batcher = MicroBatcher(scorer, max_batch=32, max_wait_us=max_wait_us, long_batch=8)
 
     async def main() -> tuple[float, bool]:
         long = asyncio.gather(*batcher.submit([[500 + k % 400, k] for k in range(400)], long=True))
@@ -144,7 +146,7 @@ def test_a_short_request_waits_behind_one_long_scan_call_not_the_whole_scan() ->
         assert await batcher.score([[7]]) == [0.007]
         waited = time.perf_counter() - started
         still_going = not long.done()
-        results = await long
+        results = await asyncio.wait_for(long, 10)
         assert [margin for margin, _ in results] == pytest.approx([(500 + k % 400) / 1000 for k in range(400)])
         await batcher.aclose()
         return waited, still_going
