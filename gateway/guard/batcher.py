@@ -9,7 +9,7 @@ themselves. Each window carries its own future: every request gets exactly its o
 A long scan (a document of hundreds of windows) goes into a second lane, scored `long_batch` windows a call: when
 both lanes wait, the worker alternates between them, so a short request waits behind at most one long-scan call,
 and long scans still progress under a steady stream of short ones. A window's future holds its score and its share
-of its call's seconds, what a scan's budget is charged.
+of its call's CPU seconds, what a scan's budget is charged.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ BUCKETS = (16, 32, 64, 128, 256, 512)
 @dataclass(slots=True)
 class _Item:
     ids: list[int]
-    future: asyncio.Future[tuple[float, float]]  # (score, this window's share of its call's seconds)
+    future: asyncio.Future[tuple[float, float]]  # (score, this window's share of its call's CPU seconds)
 
 
 @dataclass
@@ -46,11 +46,13 @@ class MicroBatcher:
         max_batch: int = 32,
         max_wait_us: int = 1000,
         long_batch: int = 8,
+        threads: int = 1,
         on_batch: Callable[[int, int, float], None] | None = None,
     ) -> None:
         self._score = score
         self.max_batch = max_batch
         self.long_batch = long_batch
+        self.threads = threads  # the scorer's threads: a call's CPU time is its calling thread's times this
         self.max_wait = max_wait_us / 1e6
         self._on_batch = on_batch
         self._queue: list[_Item] = []  # short scans' windows
@@ -150,24 +152,32 @@ class MicroBatcher:
                 await self._call(bucket)
             self._running = False
 
+    def _cpu_timed(self, batch: list[list[int]]) -> tuple[np.ndarray, float]:
+        """Scores, and the CPU seconds of this thread they took: on a busy machine a call's wall time is mostly
+        other processes' turns, which no request should be charged for."""
+        started = time.thread_time()
+        scores = self._score(batch)
+        return scores, time.thread_time() - started
+
     async def _calls_alone(self, items: list[_Item]) -> None:
         for start in range(0, len(items), self.long_batch):
             await self._call(items[start : start + self.long_batch])
 
     async def _call(self, bucket: list[_Item]) -> None:
-        """One classifier call in a worker thread; each window's future gets its score and share of the seconds."""
+        """One classifier call in a worker thread; each window's future gets its score and share of the CPU seconds."""
         started = time.perf_counter()
         try:
-            scores = await asyncio.to_thread(self._score, [i.ids for i in bucket])
+            scores, cpu = await asyncio.to_thread(self._cpu_timed, [i.ids for i in bucket])
         except Exception as exc:
             for item in bucket:
                 if not item.future.done():
                     item.future.set_exception(exc)
             return
         seconds = time.perf_counter() - started
+        share = cpu * self.threads / len(bucket)
         for item, s in zip(bucket, scores):
             if not item.future.done():
-                item.future.set_result((float(s), seconds / len(bucket)))
+                item.future.set_result((float(s), share))
         self.stats.batches += 1
         self.stats.windows += len(bucket)
         self.stats.largest = max(self.stats.largest, len(bucket))

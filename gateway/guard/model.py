@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from gateway.config import usable_cores
+
 if TYPE_CHECKING:  # both load with the model, not with the gateway
     import onnxruntime as ort
     from tokenizers import Tokenizer
@@ -89,6 +91,11 @@ class GuardModel:
     threshold: float | None = None  # the model card's threshold, if the folder has one
     calibration: tuple[float, float] = (1.0, 0.0)  # Platt scale and bias on the logit margin; (1, 0): softmax as is
     name: str = ""
+
+    @property
+    def threads(self) -> int:
+        """The session's intra-op threads (ONNX's default, 0, is one per core)."""
+        return self.session.get_session_options().intra_op_num_threads or usable_cores()
 
     @property
     def device(self) -> str:

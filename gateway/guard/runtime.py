@@ -232,6 +232,7 @@ class Guard:
                     max_batch=settings.max_batch,
                     max_wait_us=settings.max_wait_us,
                     long_batch=long_batch,
+                    threads=member.threads,
                     on_batch=self._observe_batch,
                 )
                 for member in model.members

@@ -8,7 +8,7 @@ that another request needs:
 - a long text is read by one member of an ensemble first, and the others read only the spans of the windows it
   scores highest (gateway/guard/ensemble.py, `Cut`): the blend still takes each member's largest margin, and a
   document costs about one member's reading instead of all of theirs;
-- each window's share of its classifier call's seconds is charged to the scan, and a scan past its budget is
+- each window's share of its classifier call's CPU seconds is charged to the scan, and a scan past its budget is
   stopped and refused: the budget bounds what one request can take of the classifier;
 - where the caller says at which score a text's finding refuses the request, the scan stops at the first text that
   reaches it: the blend of each member's largest margin so far only grows as more windows are read, so that text is
@@ -40,12 +40,12 @@ _Key = tuple[int, tuple[int, ...]]  # (member, token ids): one window as a membe
 
 
 class ScanOverBudget(GatewayError):
-    """A scan stopped at its budget of classifier time: refused, since serving it would leave part of it unread."""
+    """A scan stopped at its budget of classifier CPU time: refused, since serving it would leave part of it unread."""
 
     def __init__(self, budget: float, scored: int) -> None:
         super().__init__(
             413,
-            f"the guard may spend {budget:g} s of classifier time on a request, and this request's scanned text "
+            f"the guard may spend {budget:g} s of classifier CPU time on a request, and this request's scanned text "
             f"used it up after {scored} windows: send less text",
             code="prompt_too_long_to_scan",
             param="guard.injection.cpu_budget",
@@ -142,7 +142,7 @@ async def scan(
     budget: float | None = None,
     blocks: Sequence[float | None] = (),
 ) -> list[float]:
-    """Each text's score from these windows. `budget`: classifier seconds the scan may spend (ScanOverBudget past
+    """Each text's score from these windows. `budget`: classifier CPU seconds the scan may spend (ScanOverBudget past
     it). `blocks`: for each text, the score at which its finding refuses the request (None where it does not); at
     the first text to reach it the scan stops, and the scores are lower bounds (0 for a text some member has not
     read yet)."""

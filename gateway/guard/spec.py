@@ -122,8 +122,8 @@ class InjectionPolicy(_Strict):
         Field(
             gt=0,
             description=(
-                "seconds of classifier time one request's scan may spend (each classifier call's time shared among "
-                "its windows); a scan that would spend more is stopped there and the request refused with 413 "
+                "seconds of classifier CPU time one request's scan may spend (each classifier call's CPU time shared "
+                "among its windows); a scan that would spend more is stopped there and the request refused with 413 "
                 "prompt_too_long_to_scan, never served with part of its text unscanned"
             ),
         ),

@@ -178,11 +178,25 @@ def test_a_long_scan_progresses_under_a_steady_stream_of_short_requests() -> Non
     run(main())
 
 
-def test_each_window_is_charged_its_share_of_its_call() -> None:
-    batcher = MicroBatcher(PerWindow(delay=0.01), max_batch=4, max_wait_us=0)
+def busy(seconds: float) -> None:
+    until = time.thread_time() + seconds
+    while time.thread_time() < until:
+        pass
 
-    async def main() -> list[tuple[float, float]]:
-        return list(await asyncio.gather(*batcher.submit([[1], [2], [3], [4]])))
 
-    shares = [seconds for _, seconds in run(main())]
-    assert len(set(shares)) == 1 and 0.01 <= shares[0] < 0.03, shares
+def test_each_window_is_charged_its_share_of_its_calls_cpu_time() -> None:
+    """A call that computes 40 ms and then waits 200 ms (another process's turn on a busy machine) charges its four
+    windows 10 ms of CPU each, times the scorer's threads."""
+
+    def scorer(batch: list[list[int]]) -> np.ndarray:
+        busy(0.04)
+        time.sleep(0.2)
+        return np.zeros(len(batch))
+
+    async def shares(threads: int) -> list[float]:
+        batcher = MicroBatcher(scorer, max_batch=4, max_wait_us=0, threads=threads)
+        return [seconds for _, seconds in await asyncio.gather(*batcher.submit([[1], [2], [3], [4]]))]
+
+    one, two = run(shares(1)), run(shares(2))
+    assert len(set(one)) == 1 and 0.01 <= one[0] < 0.02, one
+    assert two[0] == pytest.approx(2 * one[0], rel=0.3)
