@@ -6,8 +6,10 @@ into buckets so a short prompt is not padded to a long one's width, and runs eac
 worker thread. While a batch runs, new windows queue up and ride the next one, so batches grow with load by
 themselves. Each window carries its own future: every request gets exactly its own scores back.
 
-A long scan (a document of hundreds of windows) goes into a second lane, scored `long_batch` windows a call: when
-both lanes wait, the worker alternates between them, so a short request waits behind at most one long-scan call,
+A long scan (a document of hundreds of windows) goes into a second lane, scored `long_batch` windows a call, up to
+`long_calls` calls at once (on a CPU, the cores one call's threads leave idle, so a document read by one model
+alone still uses every core): when both lanes wait, the worker alternates between them, so a short request waits
+behind at most one round of long-scan calls,
 and long scans still progress under a steady stream of short ones. A window's future holds its score and its share
 of its call's CPU seconds, what a scan's budget is charged.
 """
@@ -47,12 +49,14 @@ class MicroBatcher:
         max_wait_us: int = 1000,
         long_batch: int = 8,
         threads: int = 1,
+        long_calls: int = 1,
         on_batch: Callable[[int, int, float], None] | None = None,
     ) -> None:
         self._score = score
         self.max_batch = max_batch
         self.long_batch = long_batch
         self.threads = threads  # the scorer's threads: a call's CPU time is its calling thread's times this
+        self.long_calls = long_calls  # long-scan calls at once: cores that one call's threads leave idle
         self.max_wait = max_wait_us / 1e6
         self._on_batch = on_batch
         self._queue: list[_Item] = []  # short scans' windows
@@ -114,19 +118,24 @@ class MicroBatcher:
                 pass
             self._worker = None
 
-    def _take(self) -> list[_Item]:
-        """The next call's windows: a short batch, or a long scan's next `long_batch` when it is its turn."""
+    def _take(self) -> tuple[list[list[_Item]], bool]:
+        """The next calls and whether they run at once: a short batch's length buckets one after another, or, when it
+        is the long lane's turn, up to `long_calls` calls of `long_batch` windows of long scans at once."""
         if self._long and (self._long_turn or not self._queue):
             self._long_turn = False
-            taken: list[_Item] = []
-            while self._long and len(taken) < self.long_batch:
-                item = self._long.popleft()
-                if not item.future.done():  # a cancelled scan's windows are dropped, not counted
-                    taken.append(item)
-            return taken
+            calls = [self._take_long() for _ in range(self.long_calls)]
+            return [call for call in calls if call], True
         taken, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
         self._long_turn = bool(self._long)
-        return [i for i in taken if not i.future.done()]  # a cancelled request's windows are skipped
+        return buckets([i for i in taken if not i.future.done()]), False  # a cancelled request's windows are skipped
+
+    def _take_long(self) -> list[_Item]:
+        taken: list[_Item] = []
+        while self._long and len(taken) < self.long_batch:
+            item = self._long.popleft()
+            if not item.future.done():  # a cancelled scan's windows are dropped, not counted
+                taken.append(item)
+        return taken
 
     async def _run(self, wakeup: asyncio.Event) -> None:
         while True:
@@ -144,12 +153,13 @@ class MicroBatcher:
                         await asyncio.wait_for(wakeup.wait(), left)
                     except TimeoutError:
                         break
-            taken = self._take()
-            if not taken:
-                continue
+            calls, at_once = self._take()
             self._running = True
-            for bucket in buckets(taken):
-                await self._call(bucket)
+            if at_once:
+                await asyncio.gather(*(self._call(call) for call in calls))
+            else:
+                for call in calls:
+                    await self._call(call)
             self._running = False
 
     def _cpu_timed(self, batch: list[list[int]]) -> tuple[np.ndarray, float]:

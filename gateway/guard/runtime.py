@@ -22,6 +22,7 @@ from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from gateway.config import usable_cores
 from gateway.errors import GatewayError
 from gateway.guard.batcher import MicroBatcher
 from gateway.guard.scan import scan
@@ -233,6 +234,7 @@ class Guard:
                     max_wait_us=settings.max_wait_us,
                     long_batch=long_batch,
                     threads=member.threads,
+                    long_calls=1 if model.device == "cuda" else max(1, usable_cores() // member.threads),
                     on_batch=self._observe_batch,
                 )
                 for member in model.members

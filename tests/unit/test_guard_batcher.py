@@ -200,3 +200,27 @@ def test_each_window_is_charged_its_share_of_its_calls_cpu_time() -> None:
     one, two = run(shares(1)), run(shares(2))
     assert len(set(one)) == 1 and 0.01 <= one[0] < 0.02, one
     assert two[0] == pytest.approx(2 * one[0], rel=0.3)
+
+
+def test_long_scan_calls_run_side_by_side_on_the_cores_a_call_leaves_idle() -> None:
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def scorer(batch: list[list[int]]) -> np.ndarray:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+        return np.zeros(len(batch))
+
+    async def main(long_calls: int) -> None:
+        batcher = MicroBatcher(scorer, max_batch=4, max_wait_us=0, long_batch=4, long_calls=long_calls)
+        await asyncio.gather(*batcher.submit([[k] for k in range(32)], long=True))
+        await batcher.aclose()
+
+    run(main(1))
+    assert most[0] == 1
+    run(main(2))
+    assert most[0] == 2
