@@ -7,8 +7,8 @@
 --device says otherwise), then one document of --tokens tokens (tests/long_documents.py) through the gateway's
 Guard: tokenizing and cutting windows, the scan with every member reading every window, the scan with the first
 pass (injection.first_pass_above), and the same with an injection sentence in the middle under a blocking policy
-(the scan stops there). Wall seconds and this process's CPU seconds for each, and the classifier seconds the batchers
-charged.
+(the scan stops there). Wall seconds and this process's CPU seconds for each, and CPU milliseconds per 1,000 tokens
+of the English model's.
 
 `recall`: attacks of the validation splits (S-Labs, neuralchemy) and of guard_models/data's test part, each put at a
 random place in a benign document of --words words, and benign validation rows and hard negatives put the same way
@@ -67,24 +67,23 @@ def per_window(guard: Guard, text: str) -> dict:
     return out
 
 
-async def timed_scan(guard: Guard, text: str, policy: InjectionPolicy, block: bool) -> dict:
+async def timed_scan(guard: Guard, text: str, tokens: int, policy: InjectionPolicy, block: bool) -> dict:
+    """One scan of `text` (`tokens` of the first member's tokens) as the guard stage runs it."""
     wall, cpu = time.perf_counter(), time.process_time()
     windows = await asyncio.to_thread(guard.windows, [text], policy, policy.max_tokens)
     cut_s = time.perf_counter() - wall
     threshold = guard.threshold(policy)
     before = sum(b.stats.windows for b in windows.classifier.batchers)
-    charged: list[float] = []
-    for batcher in windows.classifier.batchers:
-        batcher._on_batch = lambda size, width, seconds: charged.append(seconds)
     scores = await guard.text_scores(windows, blocks=[threshold] if block else ())
+    cpu_s = time.process_time() - cpu
     return {
         "windows_cut": len(windows.items),
         "windows_scored": sum(b.stats.windows for b in windows.classifier.batchers) - before,
         "score": round(scores[0], 4),
         "cut_s": round(cut_s, 3),
         "wall_s": round(time.perf_counter() - wall, 2),
-        "cpu_s": round(time.process_time() - cpu, 2),
-        "classifier_s": round(sum(charged), 2),
+        "cpu_s": round(cpu_s, 2),
+        "cpu_ms_per_1k_tokens": round(cpu_s / tokens * 1e6, 1),
     }
 
 
@@ -94,7 +93,7 @@ async def cost(args: argparse.Namespace) -> dict:
     text = document(words_for(guard, args.tokens), seed=1)
     assert guard.model is not None
     tokens = [len(m.tokenizer.encode(text, add_special_tokens=False).ids) for m in guard.model.members]
-    out: dict = {"tokens": tokens, "per_window": per_window(guard, text), "scans": {}}
+    out: dict = {"tokens": tokens, "per_window": {} if args.no_per_window else per_window(guard, text), "scans": {}}
     half = len(text) // 2
     attack = text[:half] + INJECTION + " " + text[half:]
     for name, policy, body, block in (
@@ -103,7 +102,7 @@ async def cost(args: argparse.Namespace) -> dict:
         ("every_member_attack_block", InjectionPolicy(first_pass_above=None), attack, True),
         ("first_pass_attack_block", InjectionPolicy(), attack, True),
     ):
-        out["scans"][name] = await timed_scan(guard, body, policy, block)
+        out["scans"][name] = await timed_scan(guard, body, tokens[0], policy, block)
         print(name, out["scans"][name], flush=True)
     await guard.aclose()
     return out
@@ -196,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("what", choices=["cost", "recall"])
     parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--tokens", type=int, default=32000)
+    parser.add_argument("--no-per-window", action="store_true", help="cost: skip the batch-size sweep")
     parser.add_argument("--attacks", type=int, default=300)
     parser.add_argument("--benign", type=int, default=100)
     parser.add_argument("--words", type=int, default=3600)
