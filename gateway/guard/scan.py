@@ -6,8 +6,9 @@ that another request needs:
 - a member's windows beyond one batch go to its batcher's long-scan lane, which takes turns with short requests'
   batches instead of queueing them behind the whole document (gateway/guard/batcher.py);
 - a long text is read by one member of an ensemble first, and the others read only the spans of the windows it
-  scores highest (gateway/guard/ensemble.py, `Cut`): the blend still takes each member's largest margin, and a
-  document costs about one member's reading instead of all of theirs;
+  leans malicious on (as soon as it has scored each) and of its few highest-scoring ones (gateway/guard/ensemble.py,
+  `Cut`): the blend still takes each member's largest margin, and a document costs about one member's reading
+  instead of all of theirs;
 - each window's share of its classifier call's CPU seconds is charged to the scan, and a scan past its budget is
   stopped and refused: the budget bounds what one request can take of the classifier;
 - where the caller says at which score a text's finding refuses the request, the scan stops at the first text that
@@ -55,65 +56,90 @@ class ScanOverBudget(GatewayError):
 class _Progress:
     """Each text's largest margin per member so far, each window's margin, the seconds spent, and why it stopped."""
 
-    def __init__(self, model: GuardEnsemble, texts: int, budget: float | None, blocks: Sequence[float | None]) -> None:
+    def __init__(
+        self,
+        model: GuardEnsemble,
+        batchers: list[MicroBatcher],
+        cut: Cut,
+        budget: float | None,
+        blocks: Sequence[float | None],
+    ) -> None:
         self.model = model
-        self.best = np.full((texts, len(model.members)), -np.inf)
+        self.batchers = batchers
+        self.cut = cut
+        self.best = np.full((len(cut.texts), len(model.members)), -np.inf)
         self.margins: dict[_Key, float] = {}
+        self.pending: dict[_Key, list[int]] = {}  # submitted, not scored yet: the texts that hold each
+        self.futures: list[asyncio.Future[tuple[float, float]]] = []
+        self.left = 0  # windows submitted and not scored yet
+        # a deferred text's first-pass windows, by key: the (text, span) each stands for; and the spans read again
+        self.first_spans: dict[_Key, list[tuple[int, tuple[int, int]]]] = {}
+        for t, windows in cut.deferred.items():
+            for k, span in windows:
+                self.first_spans.setdefault((cut.first_pass, tuple(cut.items[k][2])), []).append((t, span))
+        self.second_read: set[tuple[int, tuple[int, int]]] = set()
         self.spent = 0.0
         self.budget = budget
         self.blocks = blocks
-        self.left = 0  # windows of the current round not scored yet
         self.blocked = False
         self.over_budget = False
         self.error: BaseException | None = None
-        self.round_over = asyncio.Event()
+        self.idle = asyncio.Event()  # nothing left to score, or stopped
 
     @property
     def stopped(self) -> bool:
         return self.blocked or self.over_budget or self.error is not None
 
-    async def read(self, batchers: list[MicroBatcher], items: Sequence[Window]) -> None:
-        """Score these windows (those not scored before), until they all are or the scan stops."""
-        readers: dict[_Key, list[int]] = {}
+    async def read(self, items: Sequence[Window]) -> None:
+        """Score these windows (those not scored or pending already), and what they lead to, until none is left or
+        the scan stops."""
+        self.idle.clear()
+        self.submit(items)
+        if self.left > 0 and not self.stopped:
+            await self.idle.wait()
+
+    def submit(self, items: Sequence[Window]) -> None:
+        new: dict[_Key, list[int]] = {}
         for t, m, ids in items:
             key = (m, tuple(ids))
             if key in self.margins:
                 self._take(self.margins[key], m, [t])
             else:
-                readers.setdefault(key, []).append(t)
-        if not readers or self.stopped:
-            return
-        self.left = len(readers)
-        self.round_over.clear()
-        futures: list[asyncio.Future[tuple[float, float]]] = []
-        for m, batcher in enumerate(batchers):
-            keys = [key for key in readers if key[0] == m]
+                (self.pending.get(key) or new.setdefault(key, [])).append(t)
+        self.pending.update(new)
+        self.left += len(new)
+        for m, batcher in enumerate(self.batchers):
+            keys = [key for key in new if key[0] == m]
             submitted = batcher.submit([list(ids) for _, ids in keys], long=len(keys) > batcher.max_batch)
             for key, future in zip(keys, submitted):
-                future.add_done_callback(partial(self._scored, key, readers[key]))
-            futures += submitted
-        try:
-            await self.round_over.wait()
-        finally:  # stopped early, or the request went away: windows not yet taken into a call are dropped
-            for future in futures:
-                future.cancel()
+                future.add_done_callback(partial(self._scored, key))
+            self.futures += submitted
 
-    def _scored(self, key: _Key, readers: list[int], future: asyncio.Future[tuple[float, float]]) -> None:
-        if future.cancelled() or self.round_over.is_set():
+    def read_again(self, t: int, span: tuple[int, int]) -> None:
+        """The other members' windows over one first-pass window's span of text `t`, once."""
+        if (t, span) not in self.second_read:
+            self.second_read.add((t, span))
+            self.submit(self.model.second_pass(self.cut, t, span))
+
+    def _scored(self, key: _Key, future: asyncio.Future[tuple[float, float]]) -> None:
+        if future.cancelled() or self.stopped:
             return
         if future.exception() is not None:
             self.error = future.exception()
-            self.round_over.set()
+            self.idle.set()
             return
         margin, seconds = future.result()
         self.margins[key] = margin
         self.spent += seconds
         self.left -= 1
-        self._take(margin, key[0], readers)
+        self._take(margin, key[0], self.pending.pop(key))
+        if margin > SECOND_PASS_MARGIN:  # a first-pass member leaning malicious: the others read its span now
+            for t, span in self.first_spans.get(key, ()):
+                self.read_again(t, span)
         if self.budget is not None and self.spent > self.budget and self.left > 0:
             self.over_budget = True
         if self.left == 0 or self.stopped:
-            self.round_over.set()
+            self.idle.set()
 
     def _take(self, margin: float, member: int, texts: list[int]) -> None:
         for t in texts:
@@ -124,15 +150,14 @@ class _Progress:
             if block_at is not None and float(self.model.calibrated(self.best[t])) >= block_at:
                 self.blocked = True
 
-    def suspects(self, cut: Cut, t: int) -> list[tuple[int, int]]:
-        """The character spans of text `t`'s first-pass windows that the other members read too."""
-        first = cut.deferred[t]
-        scored = sorted(first, key=lambda w: -self.margins[(cut.first_pass, tuple(cut.items[w[0]][2]))])
-        return [
-            span
-            for rank, (k, span) in enumerate(scored)
-            if rank < SECOND_PASS_TOP or self.margins[(cut.first_pass, tuple(cut.items[k][2]))] > SECOND_PASS_MARGIN
-        ]
+    def top_spans(self, t: int) -> list[tuple[int, int]]:
+        """The character spans of text `t`'s highest-scoring first-pass windows."""
+        key = self.cut.first_pass
+
+        def margin(window: tuple[int, tuple[int, int]]) -> float:
+            return self.margins[(key, tuple(self.cut.items[window[0]][2]))]
+
+        return [span for _, span in sorted(self.cut.deferred[t], key=margin, reverse=True)[:SECOND_PASS_TOP]]
 
 
 async def scan(
@@ -146,13 +171,19 @@ async def scan(
     it). `blocks`: for each text, the score at which its finding refuses the request (None where it does not); at
     the first text to reach it the scan stops, and the scores are lower bounds (0 for a text some member has not
     read yet)."""
-    progress = _Progress(model, len(cut.texts), budget, blocks)
-    await progress.read(batchers, cut.items)
-    if cut.deferred and not progress.stopped:
-        second = [
-            w for t in cut.deferred for span in progress.suspects(cut, t) for w in model.second_pass(cut, t, span)
-        ]
-        await progress.read(batchers, second)
+    progress = _Progress(model, batchers, cut, budget, blocks)
+    try:
+        await progress.read(cut.items)
+        if cut.deferred and not progress.stopped:  # the first pass is read: its top windows, by every member
+            progress.idle.clear()
+            for t in cut.deferred:
+                for span in progress.top_spans(t):
+                    progress.read_again(t, span)
+            if progress.left > 0 and not progress.stopped:
+                await progress.idle.wait()
+    finally:  # stopped early, or the request went away: windows not yet taken into a call are dropped
+        for future in progress.futures:
+            future.cancel()
     if progress.error is not None:
         raise progress.error
     if progress.over_budget:

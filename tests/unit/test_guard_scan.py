@@ -104,3 +104,14 @@ def test_a_long_text_is_read_by_the_first_pass_member_and_the_others_read_its_su
     assert len(members[0].read) == 20 and len(members[1].read) == SECOND_PASS_TOP
     assert [900, 12] in members[1].read, "the attack's span is read by the second member"
     assert scores[0] > 0.9
+
+
+def test_a_blocking_finding_in_a_long_text_ends_the_first_pass_early() -> None:
+    """The second member reads a first-pass window's span as soon as the first member leans malicious on it, so an
+    attack in the third of 60 windows of a long text stops the scan long before the first pass is over."""
+    first: list[Window] = [(0, 0, [900 if k == 2 else 100 + k, k]) for k in range(60)]
+    deferred = {0: [(k, (10 * k, 10 * k + 12)) for k in range(60)]}
+    members = [Member(delay=0.002), Member(delay=0.002)]
+    scores, _ = scanned(members, cut_of(first, deferred=deferred), blocks=[0.9])
+    assert scores[0] >= 0.9
+    assert len(members[0].read) < 30 and members[1].read == [[900, 2]]
