@@ -8,10 +8,9 @@ themselves. Each window carries its own future: every request gets exactly its o
 
 A long scan (a document of hundreds of windows) goes into a second lane, scored `long_batch` windows a call, up to
 `long_calls` calls at once (on a CPU, the cores one call's threads leave idle, so a document read by one model
-alone still uses every core): when both lanes wait, the worker alternates between them, so a short request waits
-behind at most one round of long-scan calls,
-and long scans still progress under a steady stream of short ones. A window's future holds its score and its share
-of its call's CPU seconds, what a scan's budget is charged.
+alone still uses every core). When both lanes wait, the worker alternates between them: a short request waits
+behind at most one round of long-scan calls, and long scans still progress under a steady stream of short ones. A
+window's future holds its score and its share of its call's CPU seconds, what a scan's budget is charged.
 """
 
 from __future__ import annotations

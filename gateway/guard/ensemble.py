@@ -50,8 +50,8 @@ class TooManyTokens(Exception):
 class Cut:
     """A scan's windows over `texts`. A long text is read by the first-pass member alone first (`deferred`: each
     such text's first-pass windows, as item index and character span): the other members read only the spans of
-    the windows it scores highest (gateway/guard/scan.py), so a document costs one member's reading, not all of
-    theirs."""
+    the windows it leans malicious on or scores highest (gateway/guard/scan.py), so a document costs about one
+    member's reading, not all of theirs."""
 
     texts: list[str]
     items: list[Window]
@@ -129,21 +129,20 @@ class GuardEnsemble:
                 raise TooManyTokens(needed)
             encodings.append(encoded)
         first = self.first_pass if len(self.members) > 1 and first_pass_above is not None else -1
-        deferred: dict[int, list[tuple[int, tuple[int, int]]]] = {}
+        spans: dict[int, list[tuple[int, int]]] = {}  # a long text's first-pass windows, as character spans
         if first >= 0:
-            member = self.members[first]
             for t, encoding in enumerate(encodings[first]):
                 if first_pass_above is not None and len(encoding.ids) > first_pass_above:
-                    ranges = member.window_ranges(len(encoding.ids), window, stride)
-                    offsets = encoding.offsets
-                    deferred[t] = [(0, (offsets[start][0], offsets[end - 1][1])) for start, end in ranges]
+                    ranges = self.members[first].window_ranges(len(encoding.ids), window, stride)
+                    spans[t] = [(encoding.offsets[start][0], encoding.offsets[end - 1][1]) for start, end in ranges]
         items: list[Window] = []
+        deferred: dict[int, list[tuple[int, tuple[int, int]]]] = {}
         for m, member in enumerate(self.members):
             for t, encoding in enumerate(encodings[m]):
-                if t in deferred and m != first:
-                    continue
-                if t in deferred:
-                    deferred[t] = [(len(items) + k, span) for k, (_, span) in enumerate(deferred[t])]
+                if t in spans:
+                    if m != first:
+                        continue
+                    deferred[t] = [(len(items) + k, span) for k, span in enumerate(spans[t])]
                 items.extend((t, m, ids) for ids in member.cut_windows(encoding.ids, window, stride))
         return Cut(texts, items, deferred, first, window, stride)
 

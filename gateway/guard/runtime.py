@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 HEADER = "x-portcullis-guard"
 DEFAULT_THRESHOLD = 0.5
 # Windows per call of a long scan on the CPU: int8 costs least per window in batches of 4-8 there, and more in
-# larger ones (docs/benchmarks.md, Guard); a short request waits behind at most one such call
+# larger ones (guard_models/README.md, "Long inputs"); a short request waits behind at most one round of such calls
 LONG_BATCH_CPU = 8
 
 

@@ -154,3 +154,37 @@ def test_a_text_that_comes_back_is_not_read_again_by_the_tenant_that_sent_it(gua
     assert again[1][0] == first[1][0] and again[1][1] >= guard.threshold(policy)
     assert other_tenant[0] == 2 and other_windows[0] == 2 and untenanted[0] == 2
     assert untenanted[1] == pytest.approx(again[1], abs=1e-6)
+
+
+def test_a_long_text_is_read_first_by_the_multilingual_model(guard: Guard) -> None:
+    """Above first_pass_above tokens, only e5-pi's windows are cut up front, each with the characters it covers (in
+    order, from the text's start to its end); the English model reads the spans the multilingual one suspects, and
+    the injection in the middle of the document is found either way."""
+    from tests.long_documents import document
+
+    assert guard.model is not None
+    text = document(1200, seed=5)
+    attack = text[: len(text) // 2] + INJECTION + " " + text[len(text) // 2 :]
+    policy = InjectionPolicy(first_pass_above=500)
+    windows = guard.windows([BENIGN, attack], policy)
+    first = guard.model.first_pass
+    assert guard.model.members[first].name.endswith("e5-pi")
+    assert list(windows.cut.deferred) == [1]
+    assert {m for t, m, _ in windows.items if t == 1} == {first}
+    spans = [span for _, span in windows.cut.deferred[1]]
+    assert spans[0][0] == 0 and spans[-1][1] >= len(attack.rstrip())
+    assert all(a[0] < b[0] < a[1] for a, b in zip(spans, spans[1:])), "overlapping spans, in order"
+    assert any(INJECTION[:20] in attack[a:b] for a, b in spans)
+
+    async def scores() -> tuple[list[float], list[float]]:
+        try:
+            first_pass = await guard.text_scores(windows)
+            every = await guard.text_scores(guard.windows([BENIGN, attack], InjectionPolicy(first_pass_above=None)))
+            return first_pass, every
+        finally:
+            await guard.aclose()
+
+    first_pass, every = asyncio.run(scores())
+    threshold = guard.threshold(policy)
+    assert first_pass[1] >= threshold and every[1] >= threshold
+    assert first_pass[0] == pytest.approx(every[0], abs=1e-4), "a short text is scored as before"
