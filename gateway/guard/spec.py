@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Annotated, Literal, cast, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gateway.apis.inventory import MessageProvenance, Provenance
 from gateway.yaml_bools import Switch
@@ -128,6 +128,17 @@ class InjectionPolicy(_Strict):
             ),
         ),
     ] = 60.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_window_limit(cls, given: object) -> object:
+        """A policy written for the window limit is told what replaced it, not only that the key is unknown."""
+        if isinstance(given, dict) and "max_windows" in given:
+            raise ValueError(
+                "max_windows is no longer read: the guard scans up to max_tokens tokens of text (default 131072) "
+                "within cpu_budget seconds of classifier CPU time (default 60); set those instead"
+            )
+        return given
 
 
 class PiiPolicy(_Strict):

@@ -86,6 +86,8 @@ def test_overlay_replaces_only_the_fields_it_gives(tmp_path: Path) -> None:
         ({"output": {"hold_back": -1}}, "spec.guard.output.hold_back"),
         ({"injection": {"roles": ["robot"]}}, "spec.guard.injection.roles"),
         ({"thresholds": {}}, "spec.guard.thresholds"),
+        ({"injection": {"cpu_budget": 0}}, "spec.guard.injection.cpu_budget"),
+        ({"injection": {"max_windows": 64}}, "max_windows is no longer read: the guard scans up to max_tokens"),
     ],
 )
 def test_invalid_guard_sections_name_file_line_and_key(tmp_path: Path, guard: dict, needle: str) -> None:
