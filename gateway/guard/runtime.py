@@ -310,26 +310,30 @@ class Guard:
         """Each text's score (its windows' blend), each model's windows through its own micro-batcher, the models
         at once (scores known from earlier scans reused); [] for no texts. The windows are scored by the classifier
         that made them, even when a reload replaced it since. `budget` and `blocks` bound the scan
-        (gateway/guard/scan.py)."""
+        (gateway/guard/scan.py): a text known to block ends it before it begins, and the scores of a scan stopped at
+        a block are lower bounds, not kept."""
         if windows.known is None or windows.keys is None:
-            scores = await self._read_windows(windows, budget, blocks)
+            scores, _ = await self._read_windows(windows, budget, blocks)
+        elif any(at is not None and known is not None and known >= at for at, known in zip(blocks, windows.known)):
+            scores = [0.0 if known is None else known for known in windows.known]  # refused already: nothing to read
         else:
-            unread_blocks = [b for b, score in zip(blocks, windows.known) if score is None] if blocks else ()
-            fresh = await self._read_windows(windows, budget, unread_blocks)
+            unread_blocks = [at for at, known in zip(blocks, windows.known) if known is None] if blocks else ()
+            fresh, whole = await self._read_windows(windows, budget, unread_blocks)
             read = iter(fresh)
-            scores = [next(read) if score is None else score for score in windows.known]
-            unread = [key for key, score in zip(windows.keys, windows.known) if score is None]
-            windows.classifier.known.store(unread, fresh)
+            scores = [next(read) if known is None else known for known in windows.known]
+            if whole:  # a scan stopped at a block has lower bounds, not the scores to keep
+                unread = [key for key, known in zip(windows.keys, windows.known) if known is None]
+                windows.classifier.known.store(unread, fresh)
         if scores:
             self.scores.labels(target=target).observe(max(scores))
         return scores
 
     async def _read_windows(
         self, windows: Windows, budget: float | None, blocks: Sequence[float | None]
-    ) -> list[float]:
-        """The classifier's score of each text the windows cover."""
+    ) -> tuple[list[float], bool]:
+        """The classifier's score of each text the windows cover, and whether it read them all (see `scan`)."""
         if not windows.items:
-            return []
+            return [], True
         classifier = windows.classifier
         return await scan(classifier.model, classifier.batchers, windows.cut, budget, blocks)
 

@@ -166,11 +166,11 @@ async def scan(
     cut: Cut,
     budget: float | None = None,
     blocks: Sequence[float | None] = (),
-) -> list[float]:
-    """Each text's score from these windows. `budget`: classifier CPU seconds the scan may spend (ScanOverBudget past
-    it). `blocks`: for each text, the score at which its finding refuses the request (None where it does not); at
-    the first text to reach it the scan stops, and the scores are lower bounds (0 for a text some member has not
-    read yet)."""
+) -> tuple[list[float], bool]:
+    """Each text's score from these windows, and whether every window was read. `budget`: classifier CPU seconds
+    the scan may spend (ScanOverBudget past it). `blocks`: for each text, the score at which its finding refuses the
+    request (None where it does not); at the first text to reach it the scan stops, and the scores are lower bounds
+    (0 for a text some member has not read yet)."""
     progress = _Progress(model, batchers, cut, budget, blocks)
     try:
         await progress.read(cut.items)
@@ -190,4 +190,4 @@ async def scan(
         raise ScanOverBudget(budget or 0.0, len(progress.margins))
     if not progress.blocked and not np.isfinite(progress.best).all():
         raise ValueError("a text without a window or a score from every member of the guard")
-    return [float(s) for s in model.calibrated(progress.best)]
+    return [float(s) for s in model.calibrated(progress.best)], not progress.blocked

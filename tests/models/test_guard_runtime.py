@@ -188,3 +188,34 @@ def test_a_long_text_is_read_first_by_the_multilingual_model(guard: Guard) -> No
     threshold = guard.threshold(policy)
     assert first_pass[1] >= threshold and every[1] >= threshold
     assert first_pass[0] == pytest.approx(every[0], abs=1e-4), "a short text is scored as before"
+
+
+def test_a_scan_stopped_at_a_block_keeps_no_scores_and_a_known_block_reads_nothing(guard: Guard) -> None:
+    """A scan that stops at a blocking window has a lower bound, not the text's score: the tenant's next scan reads
+    the text again, whole, and keeps that. A request holding a text already known to block is refused without the
+    classifier reading its other texts."""
+    from tests.long_documents import document
+
+    text = document(1200, seed=6)
+    attack = text[: len(text) // 2] + INJECTION + " " + text[len(text) // 2 :]
+    policy = InjectionPolicy(first_pass_above=None)
+    threshold = guard.threshold(policy)
+
+    async def run() -> tuple[list[float], int, list[float], int, list[float], int]:
+        try:
+            stopped = await guard.text_scores(guard.windows([attack], policy, tenant="t-stop"), blocks=[threshold])
+            again = guard.windows([attack], policy, tenant="t-stop")
+            whole = await guard.text_scores(again)
+            read_before = sum(b.stats.windows for b in guard._loaded().batchers)
+            known = guard.windows([attack, BENIGN * 40], policy, tenant="t-stop")
+            refused = await guard.text_scores(known, blocks=[threshold, threshold])
+            read = sum(b.stats.windows for b in guard._loaded().batchers) - read_before
+            return stopped, len(again.items), whole, len(known.items), refused, read
+        finally:
+            await guard.aclose()
+
+    stopped, again_windows, whole, known_windows, refused, read = asyncio.run(run())
+    assert stopped[0] >= threshold
+    assert again_windows > 0, "the stopped scan's lower bound was kept as the text's score"
+    assert whole[0] >= stopped[0]
+    assert known_windows > 0 and refused[0] == whole[0] and read == 0

@@ -49,7 +49,8 @@ def scanned(members: list[Member], cut: Cut, **bounds: Any) -> tuple[list[float]
 
     async def main() -> list[float]:
         try:
-            return await scan(cast(GuardEnsemble, Blend()), batchers, cut, **bounds)
+            scores, _ = await scan(cast(GuardEnsemble, Blend()), batchers, cut, **bounds)
+            return scores
         finally:
             for batcher in batchers:
                 await batcher.aclose()
