@@ -310,8 +310,8 @@ class Guard:
         """Each text's score (its windows' blend), each model's windows through its own micro-batcher, the models
         at once (scores known from earlier scans reused); [] for no texts. The windows are scored by the classifier
         that made them, even when a reload replaced it since. `budget` and `blocks` bound the scan
-        (gateway/guard/scan.py): a text known to block ends it before it begins, and the scores of a scan stopped at
-        a block are lower bounds, not kept."""
+        (gateway/guard/scan.py): a text known to block ends it before it begins, and the texts a scan stopped at a
+        block did not read whole keep no score (theirs are lower bounds)."""
         if windows.known is None or windows.keys is None:
             scores, _ = await self._read_windows(windows, budget, blocks)
         elif any(at is not None and known is not None and known >= at for at, known in zip(blocks, windows.known)):
@@ -321,19 +321,20 @@ class Guard:
             fresh, whole = await self._read_windows(windows, budget, unread_blocks)
             read = iter(fresh)
             scores = [next(read) if known is None else known for known in windows.known]
-            if whole:  # a scan stopped at a block has lower bounds, not the scores to keep
-                unread = [key for key, known in zip(windows.keys, windows.known) if known is None]
-                windows.classifier.known.store(unread, fresh)
+            unread = [key for key, known in zip(windows.keys, windows.known) if known is None]
+            # a text a scan stopped before reading whole has a lower bound, not its score to keep
+            kept = [(key, score) for key, score, read_whole in zip(unread, fresh, whole) if read_whole]
+            windows.classifier.known.store([key for key, _ in kept], [score for _, score in kept])
         if scores:
             self.scores.labels(target=target).observe(max(scores))
         return scores
 
     async def _read_windows(
         self, windows: Windows, budget: float | None, blocks: Sequence[float | None]
-    ) -> tuple[list[float], bool]:
-        """The classifier's score of each text the windows cover, and whether it read them all (see `scan`)."""
+    ) -> tuple[list[float], list[bool]]:
+        """The classifier's score of each text the windows cover, and whether it read each whole (see `scan`)."""
         if not windows.items:
-            return [], True
+            return [], []
         classifier = windows.classifier
         return await scan(classifier.model, classifier.batchers, windows.cut, budget, blocks)
 

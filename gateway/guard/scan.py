@@ -166,12 +166,13 @@ async def scan(
     cut: Cut,
     budget: float | None = None,
     blocks: Sequence[float | None] = (),
-) -> tuple[list[float], bool]:
-    """Each text's score from these windows, and whether every window was read. `budget`: classifier CPU seconds
-    the scan may spend (ScanOverBudget past it). `blocks`: for each text, the score at which its finding refuses the
-    request (None where it does not); at the first text to reach it the scan stops, and the scores are lower bounds
-    (0 for a text some member has not read yet)."""
+) -> tuple[list[float], list[bool]]:
+    """Each text's score from these windows, and whether it is the text's whole score (every window it needs read).
+    `budget`: classifier CPU seconds the scan may spend (ScanOverBudget past it). `blocks`: for each text, the score
+    at which its finding refuses the request (None where it does not); at the first text to reach it the scan stops,
+    and the scores of the texts not read whole are lower bounds (0 for a text some member has not read yet)."""
     progress = _Progress(model, batchers, cut, budget, blocks)
+    second_pass_done = False
     try:
         await progress.read(cut.items)
         if cut.deferred and not progress.stopped:  # the first pass is read: its top windows, by every member
@@ -181,6 +182,7 @@ async def scan(
                     progress.read_again(t, span)
             if progress.left > 0 and not progress.stopped:
                 await progress.idle.wait()
+            second_pass_done = not progress.stopped
     finally:  # stopped early, or the request went away: windows not yet taken into a call are dropped
         for future in progress.futures:
             future.cancel()
@@ -190,4 +192,7 @@ async def scan(
         raise ScanOverBudget(budget or 0.0, len(progress.margins))
     if not progress.blocked and not np.isfinite(progress.best).all():
         raise ValueError("a text without a window or a score from every member of the guard")
-    return [float(s) for s in model.calibrated(progress.best)], not progress.blocked
+    unread = {t for texts in progress.pending.values() for t in texts}
+    unread |= set() if second_pass_done else set(cut.deferred)
+    scores = [float(s) for s in model.calibrated(progress.best)]
+    return scores, [t not in unread for t in range(len(cut.texts))]
