@@ -82,7 +82,8 @@ def test_text_above_the_refusal_limit_is_refused_in_the_routes_own_shape(gateway
 
 def test_a_short_request_is_not_held_behind_a_long_scan(gateway) -> None:
     """A short prompt sent while a ~30,000-token document is being scanned is answered while that scan still runs,
-    within a bound far below the document's own scan (several seconds on 2 cores)."""
+    within a bound far below the document's own scan (several seconds of CPU): 2 s, or a fifth of the document's
+    time where a busy machine slows everything down alike."""
     gw, _ = gateway
     long_done: list[float] = []
 
@@ -91,6 +92,7 @@ def test_a_short_request_is_not_held_behind_a_long_scan(gateway) -> None:
         long_done.append(time.perf_counter())
 
     thread = threading.Thread(target=long_request)
+    long_started = time.perf_counter()
     thread.start()
     time.sleep(1.0)  # the document is sent, tokenized and its windows queued
     started = time.perf_counter()
@@ -99,7 +101,8 @@ def test_a_short_request_is_not_held_behind_a_long_scan(gateway) -> None:
     thread.join()
     assert short.status_code == 200, short.text
     assert long_done and answered < long_done[0], "the long scan was over before the short request was answered"
-    assert answered - started < 2.0, f"a short request waited {answered - started:.2f} s behind a long scan"
+    waited, bound = answered - started, max(2.0, (long_done[0] - long_started) / 5)
+    assert waited < bound, f"a short request waited {waited:.2f} s behind a long scan (bound {bound:.2f} s)"
 
 
 def test_a_scan_past_the_policys_budget_is_refused(gateway) -> None:
