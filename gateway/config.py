@@ -550,8 +550,20 @@ class OtlpConfig(_Strict):
 
 
 class TelemetryConfig(_Strict):
+    """Traces, metrics and logs. A key the file leaves out takes the standard OpenTelemetry variable's value where one
+    is set (OTEL_SERVICE_NAME, OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_SAMPLER[_ARG]...: gateway/otel_env.py)."""
+
     service_name: str = "portcullis-gateway"
     otlp: OtlpConfig = OtlpConfig()
+    sampling_ratio: Annotated[
+        float,
+        Field(
+            ge=0,
+            le=1,
+            description="share of traces exported (by trace id; a trusted parent's choice is followed); a request "
+            "that ends in an error or is refused is exported whatever the ratio",
+        ),
+    ] = 1.0
     access_log: bool = True
     replica_header: bool = Field(
         default=False,

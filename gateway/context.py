@@ -57,8 +57,11 @@ class Usage:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    reasoning_tokens: int | None = None  # of the completion tokens, those spent reasoning (where reported)
     finish_reasons: list[str] = field(default_factory=list)
     generated: bool = False  # output (text, content, a tool call) came back: completion tokens were spent
+    response_id: str | None = None  # the answer's own id and the model that wrote it, as the upstream named them
+    response_model: str | None = None
 
 
 class Demand(NamedTuple):

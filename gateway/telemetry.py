@@ -5,6 +5,8 @@ PROMETHEUS_MULTIPROC_DIR (prometheus_client's multiprocess mode), and the one wo
 
 With OTLP export off, spans are created by an always-off sampler: trace ids still exist (for the access log and the
 `traceparent` sent upstream) but nothing is recorded, so tracing costs next to nothing until an operator enables it.
+With it on, every span is recorded and `telemetry.sampling_ratio` chooses the traces exported, a failed or refused
+request's always (gateway/trace_sampling.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import Link, Span, SpanKind, Tracer, format_span_id, format_trace_id
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -32,6 +34,9 @@ from prometheus_client.registry import Collector
 
 from gateway.config import GatewayConfig, OtlpConfig, TelemetryConfig
 from gateway.metric_tallies import Tallies
+from gateway.otel_env import with_environment
+from gateway.trace_sampling import ExportSampledOrFailed, RatioOrParent
+from gateway.version import VERSION
 
 if TYPE_CHECKING:
     from gateway.ratelimit.outbox import SettlementOutbox
@@ -242,15 +247,20 @@ def configured_models(config: GatewayConfig) -> frozenset[str]:
     return frozenset(m.name for m in config.models) | frozenset(n for p in config.pools for n in p.models)
 
 
-def build_tracer_provider(config: TelemetryConfig, exporter: SpanExporter | None = None) -> TracerProvider:
-    """A provider that exports over OTLP when enabled (or to `exporter`), else samples nothing."""
-    resource = Resource.create({"service.name": config.service_name})
+def build_tracer_provider(
+    config: TelemetryConfig, exporter: SpanExporter | None = None, environ: Mapping[str, str] = os.environ
+) -> TracerProvider:
+    """A provider that exports over OTLP when enabled (or to `exporter`), else samples nothing. The config's keys
+    override the standard OTEL_* variables (gateway/otel_env.py); which traces are exported: gateway/trace_sampling.py.
+    """
+    config = with_environment(config, environ)
+    resource = Resource.create({"service.name": config.service_name, "service.version": VERSION})
     if exporter is None and config.otlp.enabled:
         exporter = _otlp_exporter(config.otlp)
     if exporter is None:
         return TracerProvider(resource=resource, sampler=ALWAYS_OFF)
-    provider = TracerProvider(resource=resource, sampler=ParentBased(ALWAYS_ON))
-    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
+    provider = TracerProvider(resource=resource, sampler=RatioOrParent(config.sampling_ratio))
+    provider.add_span_processor(ExportSampledOrFailed(BatchSpanProcessor(exporter, schedule_delay_millis=500)))
     return provider
 
 

@@ -56,6 +56,7 @@ from gateway.apis.exchange import Exchange
 from gateway.config import FallbackTrigger
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, internal_error, invalid_request
+from gateway.genai_spans import TIME_TO_FIRST_CHUNK, response_attributes
 from gateway.header_values import rendered
 from gateway.offload import Offload
 from gateway.routing.pool import Pool
@@ -254,7 +255,7 @@ class Upstream:
         if not (ctx.stream and status == 200):
             attempt.content = await _read_body(response, pool)
             response.release()
-            self._first_chunk_arrived(attempt)
+            self._first_chunk_arrived(ctx, attempt)
             if status == 200:
                 attempt.answer = _json_or_none(attempt.content)
                 if attempt.answer is None:
@@ -418,7 +419,9 @@ class Upstream:
         host, port = replica.address
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": ctx.operation,
+            "gen_ai.provider.name": pool.config.api,  # the API the gateway speaks to it (see gateway/telemetry.py)
             "gen_ai.request.model": ctx.model,
+            "gen_ai.request.stream": ctx.stream,
             "server.address": host,
             "server.port": port,
             "portcullis.pool": pool.name,
@@ -435,9 +438,10 @@ class Upstream:
                 attributes[attr] = ctx.payload[key]
         return self._tracer.start_span(f"{ctx.operation} {ctx.model}", kind=SpanKind.CLIENT, attributes=attributes)
 
-    def _first_chunk_arrived(self, attempt: _Attempt) -> None:
+    def _first_chunk_arrived(self, ctx: RequestContext, attempt: _Attempt) -> None:
         ttft = time.perf_counter() - attempt.sent_at
-        attempt.span.set_attribute("portcullis.upstream.time_to_first_chunk", ttft)
+        if ctx.stream:  # the spec's attribute is a streaming answer's
+            attempt.span.set_attribute(TIME_TO_FIRST_CHUNK, ttft)
         self._ttft(attempt.pool.name).observe(ttft)
 
     async def _relay(
@@ -474,7 +478,7 @@ class Upstream:
             yield b""  # the step `_started` takes
             while chunk := await _next_bytes(response.content, idle, deadline):
                 if idle is None:
-                    self._first_chunk_arrived(attempt)
+                    self._first_chunk_arrived(ctx, attempt)
                     idle = config.timeouts.stream_idle
                 out = []
                 events, malformed = _read_events(exchange.answers, framer.feed(chunk))
@@ -545,13 +549,11 @@ class Upstream:
         if ctx.replica is attempt.replica:
             # counted as the upstream reported them, if they are counts (a counter cannot go back)
             if (prompt := token_count(usage.prompt_tokens)) is not None:
-                span.set_attribute("gen_ai.usage.input_tokens", prompt)
                 self._tokens(pool_name, self._metrics.model_label(ctx.model), "prompt").inc(prompt)
             if (completion := token_count(usage.completion_tokens)) is not None:
-                span.set_attribute("gen_ai.usage.output_tokens", completion)
                 self._tokens(pool_name, self._metrics.model_label(ctx.model), "completion").inc(completion)
-            if usage.finish_reasons:
-                span.set_attribute("gen_ai.response.finish_reasons", usage.finish_reasons)
+            if span.is_recording():
+                span.set_attributes(response_attributes(usage))
         span.end()
 
 

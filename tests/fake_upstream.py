@@ -2,7 +2,8 @@
 
 It stands in for an LLM server where the test needs control the engine cannot give: exact chunk timing, abrupt
 connection drops, slow headers, forced error statuses. A request steers it with a `fake` object in the JSON body
-(the gateway forwards bodies unchanged): `{"chunks": 5, "delay": 0.1, "abort_after": 2, "header_delay": 1.0}`. Its
+(the gateway forwards bodies unchanged): `{"chunks": 5, "delay": 0.1, "abort_after": 2, "header_delay": 1.0}`; usage
+details and the model its answer names too (`cached`, `reasoning`, `answer_model`). Its
 command line sets what holds for every request, so one upstream of several can be the broken one: `--fail-status`
 (with `--fail-code`, the OpenAI-style error code its error body carries, e.g. context_length_exceeded) and `--slow`
 (seconds before any answer's headers).
@@ -55,10 +56,12 @@ def build(name: str, fail_status: int | None, fail_code: str | None = None, slow
         usage = {"prompt_tokens": 7, "completion_tokens": len(words), "total_tokens": 7 + len(words)}
         if fake.get("cached"):
             usage["prompt_tokens_details"] = {"cached_tokens": fake["cached"]}
+        if fake.get("reasoning"):
+            usage["completion_tokens_details"] = {"reasoning_tokens": fake["reasoning"]}
         base = {
             "id": f"cmpl-{name}",
             "created": int(time.time()),
-            "model": body.get("model"),
+            "model": fake.get("answer_model", body.get("model")),  # a provider may answer with a dated model name
             "system_fingerprint": name,
         }
         if not body.get("stream"):

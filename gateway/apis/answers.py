@@ -105,13 +105,15 @@ class AnswerFormat:
         return reader
 
     def record(self, usage: Usage, body: dict[str, Any]) -> None:
-        """Usage and finish reasons from a whole answer or from one stream event."""
+        """Usage, finish reasons and the answer's id and model from a whole answer or from one stream event."""
+        _take_identity(usage, body)
         for choice in _array(body.get("choices")):
             reason = choice.get("finish_reason") if isinstance(choice, dict) else None
             if reason:
                 usage.finish_reasons.append(reason)
             usage.generated = usage.generated or _carries_output(choice)
         _take_usage(usage, body.get("usage"), "prompt_tokens", "completion_tokens", "prompt_tokens_details")
+        _take_reasoning(usage, body.get("usage"), "completion_tokens_details")
 
     def ends(self, data: bytes, event: dict[str, Any] | None) -> bool:
         """Whether this event completes the stream (nothing may follow it)."""
@@ -250,6 +252,7 @@ class ResponsesFormat(AnswerFormat):
             body = body["response"]
         if body.get("object") != "response":
             return
+        _take_identity(usage, body)
         if body.get("output"):
             usage.generated = True
         details = body.get("incomplete_details")
@@ -257,6 +260,7 @@ class ResponsesFormat(AnswerFormat):
         if reason or body.get("status"):
             usage.finish_reasons.append(reason or body["status"])
         _take_usage(usage, body.get("usage"), "input_tokens", "output_tokens", "input_tokens_details")
+        _take_reasoning(usage, body.get("usage"), "output_tokens_details")
 
     def ends(self, data: bytes, event: dict[str, Any] | None) -> bool:
         return event is not None and (event.get("type") in self._FINAL or event.get("type") == "error")
@@ -389,6 +393,8 @@ class MessagesFormat(AnswerFormat):
         if kind == "message_start" and isinstance(body.get("message"), dict):
             body = body["message"]
             kind = "message"
+        if kind == "message":
+            _take_identity(usage, body)
         if kind == "content_block_delta" or (kind == "message" and body.get("content")):
             usage.generated = True
         delta = body.get("delta") if kind == "message_delta" else body
@@ -475,6 +481,26 @@ def _take_usage(usage: Usage, reported: Any, prompt: str, completion: str, detai
     cached = reported.get(details)
     if isinstance(cached, dict):
         usage.cached_tokens = cached.get("cached_tokens")
+
+
+def _take_reasoning(usage: Usage, reported: Any, details: str) -> None:
+    """The reasoning tokens an OpenAI usage object reports among its completion tokens."""
+    inner = reported.get(details) if isinstance(reported, dict) else None
+    count = inner.get("reasoning_tokens") if isinstance(inner, dict) else None
+    if isinstance(count, int) and not isinstance(count, bool):
+        usage.reasoning_tokens = count
+
+
+_MAX_IDENTITY = 256
+
+
+def _take_identity(usage: Usage, body: dict[str, Any]) -> None:
+    """The answer's id and the model that wrote it, where the upstream names them (for traces), cut to
+    `_MAX_IDENTITY` characters: the upstream's strings, kept for as long as the request runs."""
+    for key, attr in (("id", "response_id"), ("model", "response_model")):
+        value = body.get(key)
+        if isinstance(value, str) and value and getattr(usage, attr) is None:
+            setattr(usage, attr, value[:_MAX_IDENTITY])
 
 
 def _is_typed(name: bytes | None, event: dict[str, Any]) -> bool:

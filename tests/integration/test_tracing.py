@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import grpc
 import httpx
 import pytest
+import yaml
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from tests.conftest import chat_body, free_port, pool
@@ -26,12 +27,13 @@ class Received:
     def add(self, request: trace_service_pb2.ExportTraceServiceRequest) -> None:
         with self.lock:
             for resource_spans in request.resource_spans:
-                service = {a.key: a.value.string_value for a in resource_spans.resource.attributes}["service.name"]
+                resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
                 for scope_spans in resource_spans.scope_spans:
                     for span in scope_spans.spans:
                         self.spans.append(
                             {
-                                "service": service,
+                                "service": resource["service.name"],
+                                "resource": resource,
                                 "name": span.name,
                                 "kind": span.kind,
                                 "trace_id": span.trace_id.hex(),
@@ -136,7 +138,8 @@ def traced_gateway(gateway, upstream, endpoint: str, protocol: str, **telemetry)
 
 def test_one_trace_covers_stages_upstream_span_and_upstream_traceparent(http_traced, upstream):
     gw, received = http_traced
-    response = http.post(gw.url + "/v1/chat/completions", json=chat_body(stream=True, max_tokens=5))
+    answer = {"cached": 4, "reasoning": 2, "answer_model": "test-model-2026-01-01"}
+    response = http.post(gw.url + "/v1/chat/completions", json=chat_body(stream=True, max_tokens=5, fake=answer))
     assert response.status_code == 200
 
     trace_id = gw.access_log(response.headers["x-request-id"])["trace_id"]
@@ -155,16 +158,47 @@ def test_one_trace_covers_stages_upstream_span_and_upstream_traceparent(http_tra
     assert client["kind"] == 3  # SPAN_KIND_CLIENT
     attrs = client["attributes"]
     assert attrs["gen_ai.operation.name"] == "chat"
+    assert attrs["gen_ai.provider.name"] == "openai"
     assert attrs["gen_ai.request.model"] == "test-model"
+    assert attrs["gen_ai.request.stream"] is True
     assert attrs["gen_ai.request.max_tokens"] == 5
+    assert attrs["gen_ai.response.model"] == "test-model-2026-01-01"  # the answer's, not the request's
+    assert attrs["gen_ai.response.id"] == "cmpl-fake"
     assert attrs["gen_ai.usage.input_tokens"] == 7 and attrs["gen_ai.usage.output_tokens"] == 3
+    assert attrs["gen_ai.usage.cache_read.input_tokens"] == 4
+    assert attrs["gen_ai.usage.reasoning.output_tokens"] == 2
     assert attrs["gen_ai.response.finish_reasons"] == ["length"]
-    assert 0 < attrs["portcullis.upstream.time_to_first_chunk"] < 5
+    assert 0 < attrs["gen_ai.response.time_to_first_chunk"] < 5
+    assert (attrs["server.address"], attrs["server.port"]) == ("127.0.0.1", int(upstream.url.rsplit(":", 1)[1]))
+    assert "error.type" not in attrs
     assert root["attributes"]["http.response.status_code"] == 200
 
     sent = http.get(upstream.url + "/_stats").json()["last_headers"]["traceparent"]
     _, trace_id, parent_id, _ = sent.split("-")
     assert trace_id == root["trace_id"] and parent_id == client["span_id"]
+
+
+def test_a_whole_answer_has_no_time_to_first_chunk_and_says_it_was_not_streamed(http_traced):
+    gw, received = http_traced
+    response = http.post(gw.url + "/v1/chat/completions", json=chat_body())
+    assert response.status_code == 200
+    trace_id = gw.access_log(response.headers["x-request-id"])["trace_id"]
+    client = next(s for s in received.wait_for("chat test-model", trace_id=trace_id) if s["name"] == "chat test-model")
+    assert client["attributes"]["gen_ai.request.stream"] is False
+    assert client["attributes"]["gen_ai.response.id"] == "cmpl-fake"
+    assert "gen_ai.response.time_to_first_chunk" not in client["attributes"]  # the spec's is a stream's
+
+
+def test_a_failed_attempt_names_its_error_type(module_launcher, http_receiver):
+    endpoint, received = http_receiver
+    broken = module_launcher.fake_upstream("broken", fail_status=503)
+    gw = traced_gateway(module_launcher.gateway, broken, endpoint, "http/protobuf")
+    response = http.post(gw.url + "/v1/chat/completions", json=chat_body())
+    assert response.status_code == 503
+    trace_id = gw.access_log(response.headers["x-request-id"])["trace_id"]
+    client = next(s for s in received.wait_for("chat test-model", trace_id=trace_id) if s["name"] == "chat test-model")
+    assert client["attributes"]["http.response.status_code"] == 503
+    assert client["attributes"]["gen_ai.provider.name"] == "openai"
 
 
 def test_a_trusted_incoming_traceparent_is_continued_over_grpc_export(upstream, gateway, grpc_receiver):
@@ -212,3 +246,108 @@ def test_with_export_off_the_upstream_and_the_access_log_name_the_same_trace(ups
             assert continued == trusted
             assert (upstream_saw.get("tracestate") == "vendor=abc") == trusted
     assert sent_ids[0] != sent_ids[1]
+
+
+def _trace_of(gw, response) -> str:
+    return gw.access_log(response.headers["x-request-id"])["trace_id"]
+
+
+def _exported(received: Received, trace_id: str) -> list[dict]:
+    with received.lock:
+        return [s for s in received.spans if s["trace_id"] == trace_id]
+
+
+def test_otel_variables_set_the_endpoint_service_resource_and_sampler(upstream, gateway, http_receiver):
+    """With no `telemetry` keys in the file, the standard variables configure export: the endpoint (which turns it
+    on), the service name, resource attributes and a sampler at ratio 0, which still exports a refused request."""
+    endpoint, received = http_receiver
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_SERVICE_NAME": "svc-from-env",
+        "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=staging",
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0",
+    }
+    gw = gateway({"pools": [pool("main", upstream.url)]}, env=env)
+    served = http.post(gw.url + "/v1/chat/completions", json=chat_body())
+    assert served.status_code == 200
+    sent = http.get(upstream.url + "/_stats").json()["last_headers"]["traceparent"]
+    assert not int(sent.rsplit("-", 1)[1], 16) & 1, "outside the ratio: the upstream is told it is not sampled"
+    refused = http.post(gw.url + "/v1/chat/completions", content=b"{bad")
+    assert refused.status_code == 400
+    spans = received.wait_for("POST /v1/chat/completions", trace_id=_trace_of(gw, refused))
+    root = next(s for s in spans if s["name"] == "POST /v1/chat/completions")
+    assert root["service"] == "svc-from-env"
+    assert root["resource"]["deployment.environment"] == "staging"
+    assert root["attributes"]["error.type"] == "invalid_json"
+    # spans are exported in the order they end: the served request's would have come first
+    assert _exported(received, _trace_of(gw, served)) == []
+
+
+def test_the_config_file_overrides_the_otel_variables(upstream, gateway, http_receiver):
+    endpoint, received = http_receiver
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}",  # nothing listens there
+        "OTEL_SERVICE_NAME": "svc-from-env",
+        "OTEL_TRACES_SAMPLER": "always_off",
+    }
+    gw = gateway(
+        {
+            "pools": [pool("main", upstream.url)],
+            "telemetry": {
+                "service_name": "svc-from-file",
+                "sampling_ratio": 1.0,
+                "otlp": {"enabled": True, "endpoint": endpoint},
+            },
+        },
+        env=env,
+    )
+    served = http.post(gw.url + "/v1/chat/completions", json=chat_body())
+    assert served.status_code == 200
+    spans = received.wait_for("POST /v1/chat/completions", trace_id=_trace_of(gw, served))
+    assert {s["service"] for s in spans} == {"svc-from-file"}
+
+
+def test_a_bad_otel_variable_stops_the_gateway_naming_it(upstream, launcher):
+    with pytest.raises(RuntimeError, match="OTEL_TRACES_SAMPLER_ARG: 'half'"):
+        launcher.gateway(
+            {"pools": [pool("main", upstream.url)]},
+            env={"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "half"},
+        )
+
+
+def test_at_ratio_zero_a_blocked_request_and_a_failed_one_are_exported_whole(
+    module_launcher, upstream, gateway, http_receiver, tmp_path
+):
+    endpoint, received = http_receiver
+    policy = tmp_path / "policies"
+    policy.mkdir()
+    rule = {"id": "no-banned-model", "action": "block", "when": {"target": "model", "equals": "banned-model"}}
+    doc = {
+        "apiVersion": "portcullis.dev/v1",
+        "kind": "Policy",
+        "metadata": {"name": "t"},
+        "spec": {"waf": {"rules": [rule]}},
+    }
+    (policy / "base.yaml").write_text(yaml.safe_dump(doc))
+    broken = module_launcher.fake_upstream("broken-too", fail_status=500)
+    gw = gateway(
+        {
+            "pools": [pool("broken", broken.url, models=["broken-model"]), pool("main", upstream.url)],
+            "policy_dir": str(policy),
+            "telemetry": {"sampling_ratio": 0, "otlp": {"enabled": True, "endpoint": endpoint}},
+        }
+    )
+    served = http.post(gw.url + "/v1/chat/completions", json=chat_body())
+    blocked = http.post(gw.url + "/v1/chat/completions", json=chat_body(model="banned-model"))
+    failed = http.post(gw.url + "/v1/chat/completions", json=chat_body(model="broken-model"))
+    assert (served.status_code, blocked.status_code, failed.status_code) == (200, 403, 502)
+
+    spans = received.wait_for("POST /v1/chat/completions", trace_id=_trace_of(gw, blocked))
+    root = next(s for s in spans if s["name"] == "POST /v1/chat/completions")
+    assert root["attributes"]["portcullis.waf.action"] == "block"
+    assert root["attributes"]["portcullis.waf.rules"] == ["no-banned-model"]
+    assert "stage.waf" in {s["name"] for s in spans}
+    spans = received.wait_for("POST /v1/chat/completions", trace_id=_trace_of(gw, failed))
+    assert {"stage.parse", "stage.route", "chat broken-model"} <= {s["name"] for s in spans}, "the whole trace"
+    assert _exported(received, _trace_of(gw, served)) == []
