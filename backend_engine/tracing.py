@@ -78,7 +78,9 @@ def record_request(seq: Any, model_name: str) -> None:
 
 
 def configure_from_env(service_name: str = "portcullis-engine") -> bool:
-    """Install an SDK tracer provider with an OTLP/HTTP exporter when OTEL_EXPORTER_OTLP_ENDPOINT is set."""
+    """Install an SDK tracer provider with an OTLP/HTTP exporter when OTEL_EXPORTER_OTLP_ENDPOINT is set. The SDK reads
+    the other standard variables: its sampler follows the parent's sampled flag (OTEL_TRACES_SAMPLER's default), and
+    the service is named `service_name` unless OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES name it."""
     if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") and not os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         return False
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -86,7 +88,9 @@ def configure_from_env(service_name: str = "portcullis-engine") -> bool:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    named = os.environ.get("OTEL_SERVICE_NAME") or "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    # the SDK reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; an attribute given here would override them
+    provider = TracerProvider(resource=Resource.create({} if named else {"service.name": service_name}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
     return True

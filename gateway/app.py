@@ -101,6 +101,7 @@ class Gateway:
         self.pools = Pools([Pool(p) for p in config.pools])
         _warn_shared_prefix_caches(config)
         self.policies = _load_policies(config)
+        self.metrics.watch_policy(lambda: self.policies.version)
         self.reloader = PolicyReloader(config.policy_dir, self._install, lambda: self.policies)
         self.key_store = build_key_store(config)  # keys made through the admin API
         # shared: the WAF looks callers up, auth refuses them
@@ -126,7 +127,7 @@ class Gateway:
             self.metrics.watch_settlements(self.budget_store.settlements)
         self.guard = GuardStage(lambda: self.policies, Guard(self.metrics.registry), self.offload, self.tokenize.decode)
         parse = ParseStage(config.limits, self.offload, self.shape_gate)
-        waf = WafStage(lambda: self.policies, self.keys, self.offload)
+        waf = WafStage(lambda: self.policies, self.keys, self.offload, self.metrics)
         self.rate_limiter = (
             RateLimiter(limits, self.metrics)
             if self.budget_store is None

@@ -16,6 +16,7 @@ import functools
 import json
 import logging
 import os
+import platform
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
@@ -184,6 +185,21 @@ class Metrics:
             ["limit"],
             registry=r,
         )
+        self.waf_requests = Counter(
+            "portcullis_waf_requests",
+            "Requests the WAF judged, by verdict: allow, log (only monitor rules matched), monitor (would have been "
+            "refused, in monitor mode), block",
+            ["action"],
+            registry=r,
+        )
+        self.waf_rule_matches = Counter(
+            "portcullis_waf_rule_matches",
+            "WAF rule matches by pack ('policy' for the policy's own rules), rule id and what the match did (block, "
+            "monitor, score, redact, tag)",
+            ["pack", "rule", "action"],
+            registry=r,
+        )
+        self._register_read_at_scrape(_BuildInfo())
 
     def count_per_key(self) -> None:
         """Billing counters per API key id as well (`telemetry.per_key_metrics`)."""
@@ -200,6 +216,11 @@ class Metrics:
         self.key_spend = Counter(
             "portcullis_key_spend", "Spend per API key id and model", ["key_id", "model", "currency"], registry=r
         )
+
+    def watch_policy(self, version: Callable[[], str]) -> None:
+        """Report, at each scrape, the version of the policy set this process enforces (with workers: the worker
+        serving /metrics; each reloads on its own)."""
+        self._register_read_at_scrape(_PolicyInfo(version))
 
     def watch_settlements(self, outbox: SettlementOutbox) -> None:
         """Report, at each scrape, the settlements kept for the rate-limit store and those it never got (with
@@ -220,6 +241,29 @@ class Metrics:
         """The model as a label value: a configured model's name, else `other`. A label per name a client sends
         would let any client grow /metrics (and Prometheus) without bound: 3,000 made-up names made it 3.5 MB."""
         return model if model in self.known_models else OTHER_MODEL
+
+
+class _BuildInfo:
+    def collect(self):
+        info = GaugeMetricFamily(
+            "portcullis_build_info", "The running release, always 1", labels=["version", "python_version"]
+        )
+        info.add_metric([VERSION, platform.python_version()], 1)
+        yield info
+
+
+class _PolicyInfo:
+    def __init__(self, version: Callable[[], str]) -> None:
+        self._version = version
+
+    def collect(self):
+        info = GaugeMetricFamily(
+            "portcullis_policy_info",
+            "The policy set enforced (its version: a hash of the policy files), always 1",
+            labels=["version"],
+        )
+        info.add_metric([self._version()], 1)
+        yield info
 
 
 class _SettlementsCollector:

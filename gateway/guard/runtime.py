@@ -2,9 +2,9 @@
 telemetry.
 
 Loaded once (at startup when the base policy enables the guard, else on first use) and reloaded only when the
-policy's `runtime` section changes. Verdicts are recorded on the current span as the GenAI guardrail convention
-has them (a `gen_ai.guardrail` event with gen_ai.guardrail.* attributes: policy id, rule, result, score, category)
-and as Prometheus metrics.
+policy's `runtime` section changes. Verdicts are recorded on the current span (a `portcullis.guard` event with
+`portcullis.guard.*` attributes: policy version, rule, result, score, category, provenance; under the project's
+namespace, as the GenAI conventions have no guardrail attributes yet) and as Prometheus metrics.
 """
 
 from __future__ import annotations
@@ -62,6 +62,13 @@ class Verdict:
     threshold: float | None = None
     types: list[str] = field(default_factory=list)
     where: str | None = None  # e.g. "messages[2]"
+    provenance: str | None = None  # the input text's (gateway/apis/inventory.py); None: an answer's, or all scanned
+
+    @property
+    def source(self) -> str:
+        """Where the judged text came from: an input provenance, `output` for the answer, `any` for a verdict on
+        everything scanned (the classifier's `pass`)."""
+        return self.provenance or ("output" if self.target == "output" else "any")
 
     def as_dict(self) -> dict:
         out: dict[str, object] = {
@@ -163,8 +170,8 @@ class Guard:
         registry = registry or CollectorRegistry()
         self.verdicts = Counter(
             "portcullis_guard_verdicts",
-            "Guard decisions by target, category and result",
-            ["target", "category", "result"],
+            "Guard decisions by target, category, result and the provenance of the text judged",
+            ["target", "category", "result", "provenance"],
             registry=registry,
         )
         self.scores = Histogram(
@@ -348,23 +355,26 @@ class Guard:
         return await self.score(await asyncio.to_thread(self.windows, texts, policy), target)
 
     def record(self, verdict: Verdict, policy_version: str) -> None:
-        """The GenAI guardrail event on the current span, and the verdict counter."""
-        self.verdicts.labels(target=verdict.target, category=verdict.category, result=verdict.result).inc()
+        """The guard event on the current span, and the verdict counter."""
+        self.verdicts.labels(
+            target=verdict.target, category=verdict.category, result=verdict.result, provenance=verdict.source
+        ).inc()
         span = trace.get_current_span()
         if not span.is_recording():
             return
         attributes: dict[str, AttributeValue] = {
-            "gen_ai.guardrail.policy.id": policy_version,
-            "gen_ai.guardrail.rule.id": verdict.rule,
-            "gen_ai.guardrail.result": verdict.result,
-            "gen_ai.guardrail.category": verdict.category,
-            "gen_ai.guardrail.target": verdict.target,
+            "portcullis.guard.policy_version": policy_version,
+            "portcullis.guard.rule": verdict.rule,
+            "portcullis.guard.result": verdict.result,
+            "portcullis.guard.category": verdict.category,
+            "portcullis.guard.target": verdict.target,
+            "portcullis.guard.provenance": verdict.source,
         }
         if verdict.score is not None:
-            attributes["gen_ai.guardrail.score"] = verdict.score
+            attributes["portcullis.guard.score"] = verdict.score
         if verdict.types:
-            attributes["gen_ai.guardrail.types"] = verdict.types
-        span.add_event("gen_ai.guardrail", attributes)
+            attributes["portcullis.guard.types"] = verdict.types
+        span.add_event("portcullis.guard", attributes)
         for key, value in attributes.items():
             span.set_attribute(key, value)
 

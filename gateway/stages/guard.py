@@ -147,7 +147,16 @@ class GuardStage:
         if not found:
             return [Verdict("input", "prompt_injection", "guard.injection", "pass", best[0], best[1])]
         return [
-            Verdict("input", "prompt_injection", "guard.injection", result, score, threshold, where=passage.where)
+            Verdict(
+                "input",
+                "prompt_injection",
+                "guard.injection",
+                result,
+                score,
+                threshold,
+                where=passage.where,
+                provenance=passage.provenance,
+            )
             for result in _SEVERITY
             if result in found
             for score, threshold, passage in (found[result],)
@@ -191,7 +200,13 @@ class GuardStage:
                 found_types = sorted({f.type for f in found})
                 verdicts.append(
                     Verdict(
-                        "input", kind, f"guard.{kind}.{found_types[0]}", action, types=found_types, where=item.where
+                        "input",
+                        kind,
+                        f"guard.{kind}.{found_types[0]}",
+                        action,
+                        types=found_types,
+                        where=item.where,
+                        provenance=item.provenance or "unknown",
                     )
                 )
                 if action == "redact":

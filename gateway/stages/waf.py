@@ -16,7 +16,7 @@ from gateway.errors import GatewayError
 from gateway.keystore.keyring import KeyRing
 from gateway.offload import Offload
 from gateway.policy.loader import PolicySet
-from gateway.telemetry import trace_ids
+from gateway.telemetry import Metrics, trace_ids
 from gateway.waf import audit
 from gateway.waf.parts import RequestView, header_text
 
@@ -24,10 +24,12 @@ from gateway.waf.parts import RequestView, header_text
 class WafStage:
     name = "waf"
 
-    def __init__(self, policies: Callable[[], PolicySet], keys: KeyRing, offload: Offload) -> None:
+    def __init__(self, policies: Callable[[], PolicySet], keys: KeyRing, offload: Offload, metrics: Metrics) -> None:
         self._policies = policies
         self._keys = keys
         self._offload = offload
+        self._requests = metrics.tallies.counter(metrics.waf_requests)  # by action
+        self._matches = metrics.tallies.counter(metrics.waf_rule_matches)  # by pack, rule and what it did
 
     async def __call__(self, ctx: RequestContext) -> None:
         policies = self._policies()
@@ -52,8 +54,11 @@ class WafStage:
             ctx.keep_content(view.inventory)
         span.set_attribute("portcullis.waf.action", verdict.action)
         span.set_attribute("portcullis.waf.score", verdict.score)
+        self._requests(verdict.action).inc()
         if not verdict.matches:
             return
+        for match in verdict.matches:  # label values are the policy's own: its packs' names and rule ids
+            self._matches(waf.pack_of[match.rule.id], match.rule.id, verdict.outcome(match)).inc()
         span.set_attribute("portcullis.waf.rules", verdict.rule_ids)
         if verdict.tags:
             span.set_attribute("portcullis.waf.tags", verdict.tags)

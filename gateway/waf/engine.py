@@ -22,6 +22,8 @@ from gateway.waf.redact import redact_payload
 from gateway.waf.request_state import TransformCache
 from gateway.waf.verdict import Verdict
 
+POLICY_RULES = "policy"  # the pack name metrics give the policy's own rules
+
 
 class CompiledWaf:
     """One tenant's effective WAF: rules active at its paranoia levels, in evaluation order."""
@@ -32,6 +34,7 @@ class CompiledWaf:
         self.mode = spec.mode
         self.threshold = spec.anomaly.inbound_threshold
         self.rules, self.scans = compile_rules(spec, rules)
+        self.pack_of = {r.rule.id: r.pack or POLICY_RULES for r in self.rules}  # a rule id's pack, for metrics
         self.transformed = TransformCache()
         # Which rules a request must evaluate: those that need no regex candidate, plus those a candidate wakes.
         self.always = tuple(i for i, r in enumerate(self.rules) if r.needs is None)

@@ -52,3 +52,12 @@ class Verdict:
     @property
     def blocked(self) -> bool:
         return self.action == "block"
+
+    def outcome(self, match: RuleMatch) -> str:
+        """What one match did: `block` (it refused the request, alone or by its points), `monitor` (it would have, in
+        monitor mode; or it is a monitor rule), or its rule's action where that is all it did (score, redact, tag)."""
+        if match.rule.action == "monitor":
+            return "monitor"
+        if self.action in ("block", "monitor") and (match.points or match.rule is self.blocking_rule):
+            return self.action
+        return match.rule.action

@@ -66,7 +66,13 @@ BODY_IDLE_TIMEOUT = 2.0
 def server(otlp, tmp_path_factory):
     port = _free_port()
     log = tmp_path_factory.mktemp("engine") / "server.log"
-    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp, "OTEL_BSP_SCHEDULE_DELAY": "100", "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp,
+        "OTEL_SERVICE_NAME": "engine-under-test",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "PYTHONPATH": str(ROOT),
+    }
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [
@@ -728,27 +734,42 @@ def test_metrics_have_vllm_names_and_memory_budget(server):
     assert _metric(server, "portcullis_engine_kv_cache_tokens") > 1000
 
 
-def test_traceparent_is_continued(server):
+def _exported_spans(trace_id: str, wanted: int, wait: float = 20) -> tuple[dict, set[str]]:
+    """The spans of one trace the engine exported, by name (waiting up to `wait` seconds for `wanted` of them), and
+    the service names every export named."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-    httpx.post(
-        server + "/v1/completions",
-        headers={"traceparent": f"00-{trace_id}-{parent}-01"},
-        json={"prompt": "Hello", "max_tokens": 3, "temperature": 0},
-        timeout=60,
-    )
-    spans = {}
-    deadline = time.time() + 20
-    while time.time() < deadline and len(spans) < 4:
+    spans: dict = {}
+    services: set[str] = set()
+    deadline = time.time() + wait
+    while True:
         for body in list(_OTLPSink.bodies):
             req = ExportTraceServiceRequest.FromString(body)
             for rs in req.resource_spans:
+                services |= {a.value.string_value for a in rs.resource.attributes if a.key == "service.name"}
                 for ss in rs.scope_spans:
                     for sp in ss.spans:
                         if sp.trace_id.hex() == trace_id:
                             spans[sp.name] = sp
+        if len(spans) >= wanted or time.time() > deadline:
+            return spans, services
         time.sleep(0.2)
+
+
+def test_traceparent_is_continued(server):
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    unsampled = "5cf92f3577b34da6a3ce929d0e0e4737"
+    for trace, flags in ((unsampled, "00"), (trace_id, "01")):  # the gateway's choice travels in the flags
+        httpx.post(
+            server + "/v1/completions",
+            headers={"traceparent": f"00-{trace}-{parent}-{flags}"},
+            json={"prompt": "Hello", "max_tokens": 3, "temperature": 0},
+            timeout=60,
+        )
+    spans, services = _exported_spans(trace_id, 4)
+    assert services == {"engine-under-test"}, "OTEL_SERVICE_NAME names the service"
+    # exported in the order they end: the unsampled request's would have come before
+    assert _exported_spans(unsampled, 1, wait=0)[0] == {}, "an unsampled parent's request is not exported"
     assert set(spans) == {"engine.request", "engine.queue", "engine.prefill", "engine.decode"}
     assert spans["engine.request"].parent_span_id.hex() == parent
     root = spans["engine.request"].span_id

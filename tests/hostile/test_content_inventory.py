@@ -309,7 +309,10 @@ def _strings(node: Any) -> list[str]:
 def test_documents_and_tool_results_are_monitored_by_default(stack) -> None:
     """The shipped default: the classifier records what it finds in documents and tool outputs, and serves them."""
     gw, _ = stack
-    monitored = 'portcullis_guard_verdicts_total{category="prompt_injection",result="monitor",target="input"}'
+    monitored = (
+        'portcullis_guard_verdicts_total{category="prompt_injection",provenance="document",result="monitor",'
+        'target="input"}'
+    )
     before = series(gw, monitored)
     _, path, body, _ = CARRIERS[0]
     assert send(stack, path, body(INJECTION), tenant="shipped").status_code == 200

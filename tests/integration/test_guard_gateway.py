@@ -167,7 +167,10 @@ def test_injection_at_the_end_of_a_long_prompt_is_caught(guarded) -> None:
 
 def test_system_messages_block_only_when_policy_says(guarded) -> None:
     gw, _ = guarded  # lax: user and tool messages; base: system monitored; strict-system: system blocked
-    monitored = 'portcullis_guard_verdicts_total{category="prompt_injection",result="monitor",target="input"} '
+    monitored = (
+        'portcullis_guard_verdicts_total{category="prompt_injection",provenance="system",result="monitor",'
+        'target="input"} '
+    )
     body = {
         "model": "test-model",
         "messages": [{"role": "system", "content": INJECTION}, {"role": "user", "content": BENIGN}],
@@ -301,7 +304,10 @@ def test_concurrent_requests_each_get_their_own_score(guarded) -> None:
 
 def test_flag_and_monitor_actions(guarded) -> None:
     gw, _ = guarded
-    monitored = 'portcullis_guard_verdicts_total{category="prompt_injection",result="monitor",target="input"} '
+    monitored = (
+        'portcullis_guard_verdicts_total{category="prompt_injection",provenance="user",result="monitor",'
+        'target="input"} '
+    )
     before = series(gw, monitored)
     body = chat_body()
     body["messages"][0]["content"] = INJECTION

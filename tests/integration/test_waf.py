@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import chat_body, pool
 
@@ -119,6 +120,39 @@ def test_tenant_overlays_apply_before_auth(upstream, gateway, tmp_path):
     assert post(gw, "sk-b").json()["error"]["param"] == "ops-only-model"  # label from the key store
     assert post(gw, "sk-unknown").status_code == 403  # unknown key: base policy, no label
     assert post(gw, "sk-unknown", model="other").status_code == 401  # the WAF passed it; auth refused
+
+
+def metric(gw, name: str, **labels: str) -> float:
+    """One series' value on the admin plane's /metrics; 0 before it is written."""
+    for family in text_string_to_metric_families(gw.admin.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return 0.0
+
+
+def test_a_rule_in_monitor_mode_is_counted_with_what_it_would_have_done(upstream, gateway, tmp_path):
+    """A security team trying a rule out sees, per pack and rule, what it would have blocked, while the requests
+    are served; the enforced policy's blocks are counted the same way."""
+    watch = {"id": "watch-test-model", "action": "monitor", "when": {"target": "model", "equals": "test-model"}}
+    write(tmp_path / "p", {"packs": ["sqli"], "rules": [watch]}, {"team-a": {"waf": {"mode": "monitor"}}})
+    gw = start(gateway, upstream, tmp_path / "p")
+    attack = "?id=1%27%20or%20%271%27=%271"
+    assert post(gw, "sk-a", attack).status_code == 200  # team-a: the policy in monitor mode, served
+    assert post(gw, "sk-b", attack).status_code == 403  # team-b: enforced
+
+    matches = "portcullis_waf_rule_matches_total"
+    assert metric(gw, matches, pack="sqli", rule="sqli-100", action="monitor") == 1
+    assert metric(gw, matches, pack="sqli", rule="sqli-100", action="block") == 1
+    assert metric(gw, matches, pack="policy", rule="watch-test-model", action="monitor") == 2, "a monitor rule"
+    assert metric(gw, "portcullis_waf_requests_total", action="monitor") == 1
+    assert metric(gw, "portcullis_waf_requests_total", action="block") == 1
+
+    assert post(gw, "sk-b").status_code == 200  # only the monitor rule matches: served, and counted
+    assert metric(gw, matches, pack="policy", rule="watch-test-model", action="monitor") == 3
+    assert metric(gw, "portcullis_waf_requests_total", action="log") == 1
+    version = gw.admin.get("/admin/policy").json()["version"]
+    assert metric(gw, "portcullis_policy_info", version=version) == 1
 
 
 def test_hot_reload_keeps_serving_through_a_broken_edit_and_applies_a_good_one(upstream, gateway, tmp_path):

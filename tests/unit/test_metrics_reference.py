@@ -1,0 +1,41 @@
+"""docs/metrics.md lists every metric the gateway and the engine register, and nothing else: dashboards and alert
+rules are written from it, so a metric added, renamed or dropped without it fails here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from backend_engine.metrics import EngineMetrics
+from gateway.guard.runtime import Guard
+from gateway.ratelimit.outbox import SettlementOutbox
+from gateway.telemetry import Metrics
+
+REFERENCE = Path(__file__).parents[2] / "docs" / "metrics.md"
+
+
+def _exposed(registry: CollectorRegistry) -> set[str]:
+    """Each family's name as /metrics shows it (a counter's with `_total`; a histogram's series add suffixes)."""
+    return {family.name + ("_total" if family.type == "counter" else "") for family in registry.collect()}
+
+
+def _everything_the_gateway_registers() -> set[str]:
+    metrics = Metrics()
+    metrics.count_per_key()  # telemetry.per_key_metrics
+    metrics.watch_policy(lambda: "sha256:0")
+    metrics.watch_settlements(SettlementOutbox(lambda settlement: None, 1))  # with a rate-limit store
+    Guard(metrics.registry)
+    return _exposed(metrics.registry)
+
+
+def _documented() -> set[str]:
+    return set(re.findall(r"^\| `([a-z0-9_:]+)` \|", REFERENCE.read_text(), flags=re.MULTILINE))
+
+
+def test_every_registered_metric_is_documented_and_every_documented_one_registered() -> None:
+    registered = _everything_the_gateway_registers() | _exposed(EngineMetrics("model").registry)
+    documented = _documented()
+    assert registered - documented == set(), "registered but not in docs/metrics.md"
+    assert documented - registered == set(), "in docs/metrics.md but registered nowhere"
