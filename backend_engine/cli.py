@@ -11,6 +11,7 @@ import logging
 import sys
 
 from backend_engine.config import DEFAULT_SERVED_MODEL_NAME
+from gateway import log_format
 
 
 def _size(text: str) -> int:
@@ -91,11 +92,14 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
         help="seconds a whole request body may take to arrive, however it trickles (then 408)",
     )
     s.add_argument("--log-level", default="info")
+    log_format.add_argument(s)
     s.set_defaults(func=serve)
 
 
 def serve(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    lines = logging.StreamHandler()
+    lines.setFormatter(log_format.line_formatter(log_format.chosen(args.log_format)))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[lines])
     from backend_engine import tracing
     from backend_engine.config import EngineConfig
     from backend_engine.engine import LLMEngine

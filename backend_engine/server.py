@@ -258,6 +258,12 @@ def http_server(app: Starlette, host: str = "127.0.0.1", port: int = 8000, log_l
     protocol whose close lingers while the client may still be sending (gateway/lingering_close.py), so a 408 or 413
     answered before the body's end reaches the client instead of a reset."""
     config = uvicorn.Config(
-        app, host=host, port=port, http=LingeringCloseProtocol, log_level=log_level, timeout_graceful_shutdown=5
+        app,
+        host=host,
+        port=port,
+        http=LingeringCloseProtocol,
+        log_level=log_level,
+        log_config=None,  # uvicorn's lines go through the root logger, in the format the CLI chose
+        timeout_graceful_shutdown=5,
     )
     return uvicorn.Server(config)

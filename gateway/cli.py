@@ -1,4 +1,5 @@
-"""`portcullis` command line: `serve` runs the gateway; `engine`, `bench` and more register their own subcommands."""
+"""`portcullis` command line: `serve` runs the gateway, `config check` validates its portcullis.yaml; `engine`, `bench`
+and more register their own subcommands."""
 
 from __future__ import annotations
 
@@ -7,18 +8,21 @@ import atexit
 import sys
 
 from backend_engine import cli as engine_cli
-from gateway import keys_cli, log_writer, up, workers
+from gateway import config_cli, keys_cli, log_format, log_writer, up, workers
 from gateway.bench import cli as bench_cli
 from gateway.config import CONFIG_ENV, ConfigError, load_config
 from gateway.guard import cli as guard_cli
 from gateway.policy import cli as policy_cli
+from gateway.version import VERSION
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="portcullis", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"portcullis {VERSION}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(commands)
     up.add_subcommand(commands)
+    config_cli.add_subcommands(commands)
     policy_cli.add_subcommands(commands)
     engine_cli.add_subcommands(commands)
     bench_cli.add_subcommands(commands)
@@ -34,6 +38,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--host", help="override listen.host")
     serve.add_argument("--port", type=int, help="override listen.port")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    log_format.add_argument(serve)
     # set by the supervisor when it starts a worker (gateway/workers.py), never by hand
     serve.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
@@ -49,7 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.policy.loader import PolicyError
 
     worker = args.worker_index
-    configure_logging(args.log_level, {} if worker is None else {"worker": worker})
+    configure_logging(args.log_level, args.log_format, {} if worker is None else {"worker": worker})
     if worker is not None:
         workers.follow_supervisor(args.supervisor_pid)
     try:
@@ -83,14 +88,15 @@ def _cannot_start(exc: Exception) -> int:
     return workers.START_FAILED
 
 
-def configure_logging(level: str, process_fields: dict[str, object] | None = None) -> None:
-    """Everything to stderr as JSON lines, the access log included, so one collector parses all of it.
+def configure_logging(level: str, kind: str | None, process_fields: dict[str, object] | None = None) -> None:
+    """Everything to stderr as JSON lines (or text: `kind`, else $PORTCULLIS_LOG_FORMAT; gateway/log_format.py), the
+    access log included, so one collector parses all of it.
 
     Lines are formatted and written by a thread of their own (gateway/log_writer.py): the event loop only enqueues
     them (formatting and a write per access-log line on the loop cost ~150 µs a request in the proxy benchmark).
     `process_fields` go on every line (a worker's index).
     """
-    atexit.register(log_writer.install(level, process_fields).stop)  # drains what is queued
+    atexit.register(log_writer.install(level, log_format.chosen(kind), process_fields).stop)  # drains what is queued
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ The event loop only enqueues: a log record (through the root logger's QueueHandl
 dict of its fields (`log_access`), which skips building a LogRecord altogether: a record, its copy for the queue
 and the stdlib's JSON encoder cost several times what the line itself does, and the access log writes one line per
 request. Access-log lines are handed over together, `ACCESS_FLUSH_DELAY` after the first of them: waking the writer
-thread once per line costs a thread switch per request. Lines go to stderr as JSON, so one collector parses all of
-them; a burst of requests costs one write.
+thread once per line costs a thread switch per request. Lines go to stderr as JSON (so one collector parses all of
+them) or text (gateway/log_format.py); a burst of requests costs one write.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ import sys
 import threading
 from typing import Any, TextIO
 
-import orjson
-
-from gateway.telemetry import ACCESS_LOGGER, JsonLineFormatter
+from gateway.log_format import LineFormatter, line_formatter
+from gateway.telemetry import ACCESS_LOGGER
 
 _BATCH = 1024  # queued items per write at most
 ACCESS_FLUSH_DELAY = 0.01  # seconds an access-log line may wait for others to go with it
@@ -28,11 +27,10 @@ _STOP = object()
 
 
 class LogWriter:
-    def __init__(self, stream: TextIO, formatter: JsonLineFormatter) -> None:
+    def __init__(self, stream: TextIO, formatter: LineFormatter) -> None:
         self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._stream = stream
         self._formatter = formatter
-        self._extra = formatter.process_fields
         self._thread = threading.Thread(target=self._run, name="log-writer", daemon=True)
         self._access: list[dict[str, Any]] = []  # access-log lines not handed over yet
         self._access_flush: asyncio.TimerHandle | None = None
@@ -79,20 +77,18 @@ class LogWriter:
 
     def _line(self, item: logging.LogRecord | list[dict[str, Any]]) -> str:
         if isinstance(item, list):  # access-log lines
-            extra = self._extra
-            return "".join(
-                orjson.dumps({**fields, **extra} if extra else fields, default=str).decode() + "\n" for fields in item
-            )
+            return "".join(self._formatter.fields_line(fields) + "\n" for fields in item)
         return self._formatter.format(item) + "\n"
 
 
 _writer: LogWriter | None = None
 
 
-def install(level: str, process_fields: dict[str, object] | None = None) -> LogWriter:
-    """Route every log record, and the access log, through one writer thread to stderr."""
+def install(level: str, kind: str, process_fields: dict[str, object] | None = None) -> LogWriter:
+    """Route every log record, and the access log, through one writer thread to stderr, as `kind` lines
+    (gateway/log_format.py)."""
     global _writer
-    writer = LogWriter(sys.stderr, JsonLineFormatter(process_fields))
+    writer = LogWriter(sys.stderr, line_formatter(kind, process_fields))
     writer.start()
     root = logging.getLogger()
     root.handlers[:] = [logging.handlers.QueueHandler(writer.queue)]

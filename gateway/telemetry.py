@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
-import logging
 import os
 import platform
 from collections.abc import Callable, Mapping
@@ -367,24 +365,3 @@ def server_span(
 def trace_ids(span: Span) -> tuple[str, str]:
     ctx = span.get_span_context()
     return format_trace_id(ctx.trace_id), format_span_id(ctx.span_id)
-
-
-class JsonLineFormatter(logging.Formatter):
-    """Access-log records are dicts passed as `extra={"access": {...}}`; emit them as one JSON object a line. Other
-    records may carry an event's fields as `extra={"fields": {...}}`, written beside their message. `process_fields`
-    go on every line: a worker's index, so the lines of several workers sharing one stderr can be told apart."""
-
-    def __init__(self, process_fields: Mapping[str, object] | None = None) -> None:
-        super().__init__()
-        self.process_fields = dict(process_fields or {})
-
-    def format(self, record: logging.LogRecord) -> str:
-        payload = getattr(record, "access", None)
-        if payload is None:
-            payload = {"level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
-            payload.update(getattr(record, "fields", None) or {})
-            if record.exc_info:
-                payload["exception"] = self.formatException(record.exc_info)
-        if self.process_fields:
-            payload = {**payload, **self.process_fields}
-        return json.dumps(payload, separators=(",", ":"), default=str)

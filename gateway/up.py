@@ -26,7 +26,7 @@ from typing import Literal
 
 import httpx
 
-from gateway import child_processes
+from gateway import child_processes, log_format
 from gateway.admin_token import token_file
 from gateway.config import (
     AdminConfig,
@@ -68,6 +68,7 @@ def add_subcommand(commands: argparse._SubParsersAction) -> None:
         "engines' spans alike, so one trace runs from the edge to the engine's decode; default: tracing off",
     )
     up.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    log_format.add_argument(up)  # the engines' lines too
     up.set_defaults(func=run_up)
 
 
@@ -77,7 +78,7 @@ def run_up(args: argparse.Namespace) -> int:
     from gateway.http_server import serve
     from gateway.workers import START_FAILED, Supervisor
 
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
     ports = [args.engine_port + i for i in range(args.replicas)]
     engines: list[subprocess.Popen] = []
     stopping = threading.Event()

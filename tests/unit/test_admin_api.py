@@ -24,7 +24,7 @@ from gateway.audit import AUDIT_LOGGER, Actor, AuditLog
 from gateway.config import ConfigError, load_config
 from gateway.errors import GatewayError
 from gateway.keystore.records import KeySettings
-from gateway.telemetry import JsonLineFormatter
+from gateway.log_format import JsonLineFormatter
 
 
 def seconds(text: str) -> int:

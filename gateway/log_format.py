@@ -1,0 +1,97 @@
+"""How log lines are written, by the gateway and by the bundled engine alike: one JSON object a line (the default,
+for a collector) or `text` (for a person at a terminal).
+
+One option for both: `--log-format` on `portcullis serve`, `portcullis up` and `portcullis engine serve`, else
+$PORTCULLIS_LOG_FORMAT. The choice is put back in the environment, so the processes a command starts (a
+supervisor's workers, `up`'s engines) write the same. Records may carry an event's fields as
+`extra={"fields": {...}}` and access-log records theirs as `extra={"access": {...}}`; `process_fields` (a worker's
+index) go on every line, so the lines of several processes sharing one stderr can be told apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+LOG_FORMAT_ENV = "PORTCULLIS_LOG_FORMAT"
+LOG_FORMATS = ("json", "text")
+
+
+def add_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        help=f"json (default) or text; else ${LOG_FORMAT_ENV}. Processes this one starts write the same",
+    )
+
+
+def chosen(given: str | None) -> str:
+    """The format `--log-format` gave, else $PORTCULLIS_LOG_FORMAT's, else json; set in the environment for the
+    processes this one starts."""
+    kind = given or os.environ.get(LOG_FORMAT_ENV) or "json"
+    if kind not in LOG_FORMATS:
+        raise SystemExit(f"portcullis: {LOG_FORMAT_ENV}={kind!r} is none of {', '.join(LOG_FORMATS)}")
+    os.environ[LOG_FORMAT_ENV] = kind
+    return kind
+
+
+class LineFormatter(logging.Formatter):
+    """A record as one line; `fields_line` writes an access-log line given as its fields alone (no record)."""
+
+    def __init__(self, process_fields: Mapping[str, object] | None = None) -> None:
+        super().__init__()
+        self.process_fields = dict(process_fields or {})
+
+    def fields_line(self, fields: Mapping[str, Any]) -> str:
+        raise NotImplementedError
+
+
+class JsonLineFormatter(LineFormatter):
+    def format(self, record: logging.LogRecord) -> str:
+        payload = getattr(record, "access", None)
+        if payload is None:
+            payload = {"level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
+            payload.update(getattr(record, "fields", None) or {})
+            if record.exc_info:
+                payload["exception"] = self.formatException(record.exc_info)
+        if self.process_fields:
+            payload = {**payload, **self.process_fields}
+        return json.dumps(payload, separators=(",", ":"), default=str)
+
+    def fields_line(self, fields: Mapping[str, Any]) -> str:
+        extra = self.process_fields
+        return orjson.dumps({**fields, **extra} if extra else fields, default=str).decode()
+
+
+class TextLineFormatter(LineFormatter):
+    """`time level logger: message key=value ...`; an access-log line as `access key=value ...`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        access = getattr(record, "access", None)
+        if access is not None:
+            return self.fields_line(access)
+        fields = {**(getattr(record, "fields", None) or {}), **self.process_fields}
+        line = f"{self.formatTime(record)} {record.levelname} {record.name}: {record.getMessage()}{_pairs(fields)}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+    def fields_line(self, fields: Mapping[str, Any]) -> str:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(fields.get("ts") or time.time()))
+        rest = {k: v for k, v in fields.items() if k != "ts" and v is not None}
+        return f"{stamp} access{_pairs({**rest, **self.process_fields})}"
+
+
+def _pairs(fields: Mapping[str, Any]) -> str:
+    return "".join(f" {key}={value}" for key, value in fields.items())
+
+
+def line_formatter(kind: str, process_fields: Mapping[str, object] | None = None) -> LineFormatter:
+    return TextLineFormatter(process_fields) if kind == "text" else JsonLineFormatter(process_fields)
