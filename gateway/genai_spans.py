@@ -29,7 +29,7 @@ TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
 
 def response_attributes(usage: Usage) -> dict[str, AttributeValue]:
     """The answer's attributes: its id and model, finish reasons, and the token counts the upstream reported (only
-    those that are counts; cache reads and reasoning where the answer reports them)."""
+    those that are counts; cache reads and reasoning where the answer reports some)."""
     attributes: dict[str, AttributeValue] = {}
     if usage.response_id is not None:
         attributes["gen_ai.response.id"] = usage.response_id
@@ -40,9 +40,13 @@ def response_attributes(usage: Usage) -> dict[str, AttributeValue]:
     for attribute, reported in (
         ("gen_ai.usage.input_tokens", usage.prompt_tokens),
         ("gen_ai.usage.output_tokens", usage.completion_tokens),
+    ):
+        if (count := token_count(reported)) is not None:
+            attributes[attribute] = count
+    for attribute, reported in (  # the conventions want these where they are non-zero
         ("gen_ai.usage.cache_read.input_tokens", usage.cached_tokens),
         ("gen_ai.usage.reasoning.output_tokens", usage.reasoning_tokens),
     ):
-        if (count := token_count(reported)) is not None:
+        if count := token_count(reported):
             attributes[attribute] = count
     return attributes

@@ -250,6 +250,8 @@ class Upstream:
         response = attempt.response = await self._send(pool, ctx, exchange, attempt, body)
         status = response.status
         attempt.span.set_attribute("http.response.status_code", status)
+        if status >= 400:  # the HTTP conventions' error.type for a refused call; a retry's failure names its code
+            attempt.span.set_attribute("error.type", str(status))
         if retry and status in pool.config.retry_on_status:
             raise GatewayError(502, f"upstream answered {status}", type="upstream_error", code="upstream_status")
         if not (ctx.stream and status == 200):

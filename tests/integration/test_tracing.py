@@ -198,6 +198,7 @@ def test_a_failed_attempt_names_its_error_type(module_launcher, http_receiver):
     trace_id = gw.access_log(response.headers["x-request-id"])["trace_id"]
     client = next(s for s in received.wait_for("chat test-model", trace_id=trace_id) if s["name"] == "chat test-model")
     assert client["attributes"]["http.response.status_code"] == 503
+    assert client["attributes"]["error.type"] == "503"
     assert client["attributes"]["gen_ai.provider.name"] == "openai"
 
 
