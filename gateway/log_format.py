@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -71,16 +72,21 @@ class JsonLineFormatter(LineFormatter):
 
 
 class TextLineFormatter(LineFormatter):
-    """`time level logger: message key=value ...`; an access-log line as `access key=value ...`."""
+    """`time level logger: message key=value ...`; an access-log line as `access key=value ...`.
+
+    What a client sent (a path, a model name) reaches these lines, so a line cannot be forged: control characters
+    are escaped, a value with a space, quote or `=` is quoted as JSON, and an exception's traceback lines start
+    with `  | `, never with a time."""
 
     def format(self, record: logging.LogRecord) -> str:
         access = getattr(record, "access", None)
         if access is not None:
             return self.fields_line(access)
         fields = {**(getattr(record, "fields", None) or {}), **self.process_fields}
-        line = f"{self.formatTime(record)} {record.levelname} {record.name}: {record.getMessage()}{_pairs(fields)}"
+        message = _escaped(record.getMessage())
+        line = f"{self.formatTime(record)} {record.levelname} {record.name}: {message}{_pairs(fields)}"
         if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+            line += "".join(f"\n  | {_escaped(part)}" for part in self.formatException(record.exc_info).splitlines())
         return line
 
     def fields_line(self, fields: Mapping[str, Any]) -> str:
@@ -89,8 +95,24 @@ class TextLineFormatter(LineFormatter):
         return f"{stamp} access{_pairs({**rest, **self.process_fields})}"
 
 
+# C0 and C1 controls, DEL, and the Unicode line and paragraph separators: what would end or rewrite a line
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {0x2028: "\\u2028", 0x2029: "\\u2029"}
+_PLAIN = re.compile(r"[^\s\"=\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+
+
+def _escaped(text: str) -> str:
+    return text.translate(_CONTROLS)
+
+
 def _pairs(fields: Mapping[str, Any]) -> str:
-    return "".join(f" {key}={value}" for key, value in fields.items())
+    return "".join(f" {key}={_value(value)}" for key, value in fields.items())
+
+
+def _value(value: Any) -> str:
+    """A string as it is where that is unambiguous, else quoted; anything else as its JSON."""
+    if isinstance(value, str):
+        return value if _PLAIN.fullmatch(value) else json.dumps(value)
+    return _escaped(orjson.dumps(value, default=str).decode())  # JSON leaves U+2028 and U+2029 raw
 
 
 def line_formatter(kind: str, process_fields: Mapping[str, object] | None = None) -> LineFormatter:
