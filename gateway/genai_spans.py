@@ -9,7 +9,8 @@ now kept in the open-telemetry/semantic-conventions-genai repository, `docs/gen-
 - set as the answer arrives: `gen_ai.response.time_to_first_chunk` (seconds from the request sent to the first chunk
   of a streaming answer: the conventions' attribute, registered as `gen_ai.response.time_to_first_chunk`), and at its
   end those below (`response_attributes`);
-- `error.type` (the gateway's error code) on an attempt that failed.
+- `error.type` on an attempt that failed: the upstream's status where it answered 400 or more, else the gateway's
+  error code.
 
 `gen_ai.provider.name` is the API the gateway speaks to the pool (`openai` or `anthropic`): the conventions name the
 provider "as identified by the client", so an OpenAI-compatible server (vLLM, the bundled engine) is `openai`.
