@@ -11,10 +11,11 @@ import json
 import time
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from gateway.apis.answers import AnswerFormat
 from gateway.guard.output import OutputGuard
-from gateway.guard.runtime import GuardBlocked, Verdict
+from gateway.guard.runtime import Guard, GuardBlocked, Verdict
 from gateway.guard.spec import GuardSpec
 
 CHAT_ANSWERS = AnswerFormat()  # chat and completions answers
@@ -510,3 +511,18 @@ def test_untrusted_fields_cost_the_classifier_one_text_not_one_each() -> None:
                 json.dumps(body).encode()
             )
         )
+
+
+def test_verdicts_are_counted_by_the_provenance_of_what_they_judged() -> None:
+    registry = CollectorRegistry()
+    guard = Guard(registry)
+    guard.record(Verdict("output", "secret", "guard.output.secret.aws_access_key", "block"), "v1")
+    guard.record(Verdict("input", "pii", "guard.pii.email", "redact", provenance="tool_result"), "v1")
+    guard.record(Verdict("input", "prompt_injection", "guard.injection", "pass", 0.1, 0.5), "v1")
+    for target, category, result, provenance in (
+        ("output", "secret", "block", "output"),
+        ("input", "pii", "redact", "tool_result"),
+        ("input", "prompt_injection", "pass", "any"),
+    ):
+        labels = {"target": target, "category": category, "result": result, "provenance": provenance}
+        assert registry.get_sample_value("portcullis_guard_verdicts_total", labels) == 1
