@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from gateway.log_format import JsonLineFormatter, TextLineFormatter
+from gateway.log_format import TextLineFormatter
 
 
 def test_an_access_line_with_a_newline_in_its_path_stays_one_line() -> None:
@@ -27,8 +27,3 @@ def test_a_message_and_its_traceback_cannot_start_a_line_of_their_own() -> None:
     lines = TextLineFormatter().format(record).split("\n")
     assert "saw x\\x0d\\x0ay" in lines[0]
     assert all(line.startswith("  | ") for line in lines[1:])
-
-
-def test_json_lines_are_one_object_each() -> None:
-    record = logging.LogRecord("gw", logging.INFO, "f", 1, "a\nb", (), None)
-    assert "\n" not in JsonLineFormatter({"worker": 0}).format(record)
