@@ -16,12 +16,13 @@ from gateway.telemetry import Metrics
 REFERENCE = Path(__file__).parents[2] / "docs" / "metrics.md"
 
 
-def _exposed(registry: CollectorRegistry) -> set[str]:
-    """Each family's name as /metrics shows it (a counter's with `_total`; a histogram's series add suffixes)."""
-    return {family.name + ("_total" if family.type == "counter" else "") for family in registry.collect()}
+def _exposed(registry: CollectorRegistry) -> dict[str, str]:
+    """Each family's name as /metrics shows it (a counter's with `_total`; a histogram's series add suffixes), and
+    its type."""
+    return {family.name + ("_total" if family.type == "counter" else ""): family.type for family in registry.collect()}
 
 
-def _everything_the_gateway_registers() -> set[str]:
+def _everything_the_gateway_registers() -> dict[str, str]:
     metrics = Metrics()
     metrics.count_per_key()  # telemetry.per_key_metrics
     metrics.watch_policy(lambda: "sha256:0")
@@ -30,12 +31,15 @@ def _everything_the_gateway_registers() -> set[str]:
     return _exposed(metrics.registry)
 
 
-def _documented() -> set[str]:
-    return set(re.findall(r"^\| `([a-z0-9_:]+)` \|", REFERENCE.read_text(), flags=re.MULTILINE))
+def _documented() -> dict[str, str]:
+    """The reference's table rows: `| `name` | type | labels | what |`."""
+    rows = re.findall(r"^\| `([a-z0-9_:]+)` \| ([a-z]+) \|", REFERENCE.read_text(), flags=re.MULTILINE)
+    return dict(rows)
 
 
 def test_every_registered_metric_is_documented_and_every_documented_one_registered() -> None:
     registered = _everything_the_gateway_registers() | _exposed(EngineMetrics("model").registry)
     documented = _documented()
-    assert registered - documented == set(), "registered but not in docs/metrics.md"
-    assert documented - registered == set(), "in docs/metrics.md but registered nowhere"
+    assert registered.keys() - documented.keys() == set(), "registered but not in docs/metrics.md"
+    assert documented.keys() - registered.keys() == set(), "in docs/metrics.md but registered nowhere"
+    assert documented == registered, "a metric's type in docs/metrics.md is not the one registered"
