@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import re
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -37,8 +38,9 @@ def chosen(given: str | None) -> str:
     """The format `--log-format` gave, else $PORTCULLIS_LOG_FORMAT's, else json; set in the environment for the
     processes this one starts."""
     kind = given or os.environ.get(LOG_FORMAT_ENV) or "json"
-    if kind not in LOG_FORMATS:
-        raise SystemExit(f"portcullis: {LOG_FORMAT_ENV}={kind!r} is none of {', '.join(LOG_FORMATS)}")
+    if kind not in LOG_FORMATS:  # as a process that cannot start ends: one line, status 2
+        print(f"portcullis: {LOG_FORMAT_ENV}={kind!r} is none of {', '.join(LOG_FORMATS)}", file=sys.stderr)
+        raise SystemExit(2)
     os.environ[LOG_FORMAT_ENV] = kind
     return kind
 

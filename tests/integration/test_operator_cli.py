@@ -84,3 +84,13 @@ def test_the_engine_logs_json_lines_as_the_gateway_does(launcher):
     records = [json.loads(line) for line in lines]  # every line, uvicorn's too
     assert {"level", "logger", "message"} <= set(records[0])
     assert any(r["logger"].startswith("uvicorn") for r in records)
+
+
+def test_a_log_format_that_does_not_exist_stops_the_start_naming_the_variable(tmp_path: Path):
+    config = tmp_path / "portcullis.yaml"
+    config.write_text(yaml.safe_dump({"pools": [pool("main", "http://127.0.0.1:8001")]}))
+    started = portcullis(
+        "serve", "--config", str(config), env={"PATH": "/usr/bin:/bin", "PORTCULLIS_LOG_FORMAT": "xml"}
+    )
+    assert started.returncode == 2
+    assert "PORTCULLIS_LOG_FORMAT='xml' is none of json, text" in started.stderr
