@@ -13,7 +13,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from backend_engine.config import DEFAULT_SERVED_MODEL_NAME
-from tests.conftest import ROOT, chat_body, pool
+from tests.conftest import ROOT, chat_body, free_port, pool
 
 
 def portcullis(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -88,9 +88,12 @@ def test_the_engine_logs_json_lines_as_the_gateway_does(launcher):
 
 def test_a_log_format_that_does_not_exist_stops_the_start_naming_the_variable(tmp_path: Path):
     config = tmp_path / "portcullis.yaml"
-    config.write_text(yaml.safe_dump({"pools": [pool("main", "http://127.0.0.1:8001")]}))
-    started = portcullis(
-        "serve", "--config", str(config), env={"PATH": "/usr/bin:/bin", "PORTCULLIS_LOG_FORMAT": "xml"}
+    listen = {"host": "127.0.0.1", "port": free_port()}  # were it to start, on no port of anyone's
+    admin = {"port": free_port(), "token_file": str(tmp_path / "token")}
+    config.write_text(
+        yaml.safe_dump({"pools": [pool("main", "http://127.0.0.1:8001")], "listen": listen, "admin": admin})
     )
+    env = {"PATH": "/usr/bin:/bin", "PORTCULLIS_LOG_FORMAT": "xml"}
+    started = portcullis("serve", "--config", str(config), env=env)
     assert started.returncode == 2
     assert "PORTCULLIS_LOG_FORMAT='xml' is none of json, text" in started.stderr
