@@ -31,6 +31,7 @@ class Stats:
         self.requests = 0
         self.completed_streams = 0
         self.cancelled_streams = 0
+        self.passed_through = 0  # requests to the routes a pool passes through unread (echo)
         self.last_headers: dict[str, str] = {}
         self.last_body: dict = {}
 
@@ -107,7 +108,8 @@ def build(name: str, fail_status: int | None, fail_code: str | None = None, slow
         return JSONResponse(vars(stats))
 
     async def echo(request: Request) -> Response:
-        """A route the gateway passes through unread (files, audio): says what arrived."""
+        """A route the gateway passes through unread (files, message batches): says what arrived."""
+        stats.passed_through += 1
         body = await request.body()
         return JSONResponse(
             {
@@ -128,6 +130,7 @@ def build(name: str, fail_status: int | None, fail_code: str | None = None, slow
             Route("/v1/models", models),
             Route("/_stats", get_stats),
             Route("/v1/files{rest:path}", echo, methods=["GET", "POST", "DELETE"]),
+            Route("/v1/messages/batches{rest:path}", echo, methods=["GET", "POST", "DELETE"]),
         ]
     )
 

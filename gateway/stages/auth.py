@@ -63,7 +63,8 @@ def model_not_allowed(model: str, param: str = "model") -> GatewayError:
     """The 403 for a model the calling key's allow-list does not name (`param`: where the request names it)."""
     return GatewayError(
         403,
-        f"this API key may not use model {model[:MAX_MODEL_IN_MESSAGE]!r}",
+        f"this API key may not use model {model[:MAX_MODEL_IN_MESSAGE]!r}"
+        + ("" if param == "model" else f" ({param})"),
         type="permission_error",
         code="model_not_allowed",
         param=param,

@@ -24,20 +24,34 @@ from gateway.tenancy.references import Reference, field_kind, field_references, 
 _PLAIN_ENCODINGS = frozenset({b"", b"7bit", b"8bit", b"binary"})  # a part whose bytes are its value
 
 
-def carried_references(ctx: RequestContext) -> list[Reference]:
-    """Every reference in the request's query and body; a 400 or 415 for a body the gateway cannot read."""
+def carried_references(ctx: RequestContext, inline: tuple[str, str] | None = None) -> list[Reference]:
+    """Every reference in the request's query and body (`inline`: where a create's JSON body holds requests the
+    upstream runs later, whose models are references too); a 400 or 415 for a body the gateway cannot read."""
     query = (ctx.request.scope.get("query_string") or b"").decode("latin-1")
-    return [*field_references(parse_qsl(query, keep_blank_values=True)), *_body_references(ctx)]
+    return [*field_references(parse_qsl(query, keep_blank_values=True)), *_body_references(ctx, inline)]
 
 
-def _body_references(ctx: RequestContext) -> list[Reference]:
+def inline_request_models(payload: Any, inline: tuple[str, str]) -> list[Reference]:
+    """The model each request a create's body holds inline names (Anthropic's Message Batches: `requests[i].params`),
+    which the upstream runs later with the pool's key."""
+    listed, member = inline
+    requests = payload.get(listed) if isinstance(payload, dict) else None
+    found: list[Reference] = []
+    for i, request in enumerate(requests if isinstance(requests, list) else ()):
+        if isinstance(request, dict):
+            found += model_reference(request.get(member), f"{listed}[{i}].{member}")
+    return found
+
+
+def _body_references(ctx: RequestContext, inline: tuple[str, str] | None) -> list[Reference]:
     if not ctx.body:
         return []
     content_type = ctx.request.headers.get("content-type", "")
     media = content_type.partition(";")[0].strip().lower()
     if "json" in media:
         payload = ctx.payload or _json_object(ctx.body)
-        return [*model_reference(payload), *references(payload)]
+        models = inline_request_models(payload, inline) if inline else []
+        return [*model_reference(payload), *models, *references(payload)]
     if media == "multipart/form-data":
         return field_references(_form_fields(ctx.body, content_type))
     if media == "application/x-www-form-urlencoded":

@@ -65,6 +65,8 @@ class Collection:
     actions: Mapping[str, tuple[Named, ...]] = field(default_factory=dict)
     # members of a create's body naming a file of requests (JSONL) the upstream makes later with the pool's key
     request_files: tuple[str, ...] = ()
+    # where a create's body holds those requests inline: (the list's member, each item's request member)
+    inline_requests: tuple[str, str] | None = None
     # GET root/{id}/<name>: a page of sub-objects, and what each of them names (a fine-tuning job's checkpoints)
     sub_lists: Mapping[str, tuple[Named, ...]] = field(default_factory=dict)
     ids: re.Pattern[str] = _SEGMENT  # what an object's id may be in a path
@@ -123,7 +125,9 @@ OPENAI_COLLECTIONS = (
 )
 ANTHROPIC_COLLECTIONS = (
     Collection("/v1/files", "file", lists=True, max_limit=1000),
-    Collection("/v1/messages/batches", "message_batch", lists=True, max_limit=1000),
+    Collection(
+        "/v1/messages/batches", "message_batch", lists=True, max_limit=1000, inline_requests=("requests", "params")
+    ),
 )
 COLLECTIONS: dict[ApiName, tuple[Collection, ...]] = {"openai": OPENAI_COLLECTIONS, "anthropic": ANTHROPIC_COLLECTIONS}
 PAGES: dict[ApiName, Pages] = {"openai": Pages("after", "before"), "anthropic": Pages("after_id", "before_id")}

@@ -80,7 +80,10 @@ class ObjectPassthrough:
             else:
                 one = Reference(route.collection.kind, route.object_id, "id")
                 await self._objects.require(tenant, [one], change=change)
-        carried = carried_references(ctx)
+        inline = None  # a create holding the requests the upstream runs later (a message batch's)
+        if isinstance(route, ObjectRoute) and route.object_id is None and route.action is None and method == "POST":
+            inline = route.collection.inline_requests
+        carried = carried_references(ctx, inline)
         await self._require(ctx, pool, tenant, carried)  # stateless paths too: an image edit's file_id
         if not isinstance(route, ObjectRoute):
             return await self._upstream.pass_through(ctx, pool)

@@ -311,3 +311,38 @@ def test_a_tenant_with_its_own_upstream_key_calls_its_own_unrecorded_fine_tunes(
     model = outside_fine_tune(fake, "anns-own", key=own_key)
     served(model_calls(gw, "ann", model)["chat"], fake, model)
     hidden(model_calls(gw, "bob", model)["chat"], fake, model)
+
+
+def test_a_message_batch_may_not_run_a_model_the_key_is_not_allowed(launcher: Launcher) -> None:
+    """Anthropic's Message Batches hold their requests inline (`requests[].params`), which the upstream runs later
+    with the pool's key: each one's model is held to the calling key's allow-list before anything goes upstream."""
+    upstream = launcher.fake_upstream()
+    gw = launcher.gateway(
+        {"pools": [pool("claude", upstream.url, api="anthropic", passthrough=["/v1/messages/batches*"])]}
+    )
+    made = gw.admin.post("/admin/keys", json={"tenant": "kim", "models": ["claude-cheap"]})
+    assert made.status_code in (200, 201), made.text
+    headers = {"x-api-key": made.json()["secret"], "anthropic-version": "2023-06-01"}
+
+    def batch(model: str) -> httpx.Response:
+        params = {"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+        body = {
+            "requests": [
+                {"custom_id": "a", "params": {**params, "model": "claude-cheap"}},
+                {"custom_id": "b", "params": params},
+            ]
+        }
+        return httpx.post(gw.url + "/v1/messages/batches", json=body, headers=headers, timeout=30)
+
+    def seen() -> int:
+        return httpx.get(upstream.url + "/_stats").json()["passed_through"]
+
+    before = seen()
+    refused = batch("claude-premium")
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["error"]["type"] == "permission_error"
+    assert "requests[1].params.model" in refused.text
+    assert seen() == before, "the batch reached the upstream"
+    allowed = batch("claude-cheap")  # it goes on to the upstream, whatever that answers
+    assert allowed.status_code == 201, allowed.text
+    assert seen() == before + 1
