@@ -125,7 +125,7 @@ SYSTEM_PROMPT = (
 )
 
 
-def proxy(duration: float, repeat: int, system: str, baseline: Path | None) -> int:
+def proxy(duration: float, repeat: int, system: str, baseline: Path | None, only: list[str] | None = None) -> int:
     """Gateway throughput and latency with the guard off and on, same upstream, interleaved rounds: with the bundled
     guard, with it reading every text afresh (score reuse off), the English model alone, and an earlier commit's."""
     from gateway.guard.model import MODELS_DIR
@@ -150,6 +150,8 @@ def proxy(duration: float, repeat: int, system: str, baseline: Path | None) -> i
     }
     if baseline is not None:
         variants["baseline_guard_on"] = on
+    if only:
+        variants = {name: spec for name, spec in variants.items() if name in only}
     checkouts = {"baseline_guard_on": baseline} if baseline is not None else None
     return pb.compare_policies("guard", variants, duration, repeat, request=request, checkouts=checkouts)
 
@@ -170,9 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         "--system", choices=["terse", "agent"], default="terse", help="--proxy: a 4-token or a 230-token system prompt"
     )
     parser.add_argument("--baseline", type=Path, help="--proxy: an earlier commit's checkout (git worktree) as a row")
+    parser.add_argument("--only", nargs="+", help="--proxy: these rows alone (more rounds in the same time)")
     args = parser.parse_args(argv)
     if args.proxy:
-        return proxy(args.duration, args.repeat, args.system, args.baseline)
+        return proxy(args.duration, args.repeat, args.system, args.baseline, args.only)
     out = asyncio.run(stage(args))
     if args.json:
         with open(args.json, "w") as f:
