@@ -771,6 +771,22 @@ class StoreConfig(_Strict):
     ] = 1.0
 
 
+class ResponseCacheConfig(_Strict):
+    """Where the response cache keeps answers (which requests it serves is policy: `spec.cache`). 'memory': this
+    process's own, least recently used first out past `max_bytes`; 'redis': `redis.url`, shared by every instance."""
+
+    store: Literal["memory", "redis"] = "memory"
+    max_bytes: Annotated[
+        int, Field(gt=0, description="memory store: the answers it keeps, in bytes, before the oldest used go")
+    ] = 64 * 1024 * 1024
+    max_entry_bytes: Annotated[
+        int, Field(gt=0, description="an answer bigger than this is never stored (either store)")
+    ] = 1024 * 1024
+    key_prefix: Annotated[str, Field(min_length=1, max_length=64)] = Field(
+        default="portcullis:cache:", description="redis store: the prefix of its keys"
+    )
+
+
 FallbackTrigger = Literal["429", "5xx", "timeout", "connection_error", "context_length_exceeded"]
 _ALL_TRIGGERS: list[FallbackTrigger] = ["429", "5xx", "timeout", "connection_error", "context_length_exceeded"]
 
@@ -819,6 +835,7 @@ class GatewayConfig(_Strict):
     store: StoreConfig = StoreConfig()
     fallbacks: list[FallbackConfig] = Field(default_factory=list)
     tenant_objects: TenantObjectsConfig = TenantObjectsConfig()
+    response_cache: ResponseCacheConfig = ResponseCacheConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
 
     @model_validator(mode="after")
@@ -831,6 +848,12 @@ class GatewayConfig(_Strict):
     def _store_has_redis(self) -> GatewayConfig:
         if self.store.backend == "redis" and not self.redis.url:
             raise ValueError("store.backend 'redis' needs redis.url")
+        return self
+
+    @model_validator(mode="after")
+    def _cache_has_redis(self) -> GatewayConfig:
+        if self.response_cache.store == "redis" and not self.redis.url:
+            raise ValueError("response_cache.store 'redis' needs redis.url")
         return self
 
     @model_validator(mode="after")

@@ -20,6 +20,7 @@ from gateway.guard.spec import overlay as guard_overlay
 from gateway.policy.model import (
     AdmissionPolicy,
     BudgetRule,
+    CacheSpec,
     Document,
     Metadata,
     Policy,
@@ -37,6 +38,7 @@ R = TypeVar("R", RateLimitRule, BudgetRule)
 
 
 _DEFAULT_ADMISSION = AdmissionPolicy()  # built once: every request asks for it
+_NO_CACHE = CacheSpec()
 
 
 class PolicyError(Exception):
@@ -65,6 +67,10 @@ class PolicySet:
     def admission_for(self, tenant: str | None) -> AdmissionPolicy:
         overlay = self.overlays.get(tenant) if tenant else None
         return (overlay and overlay.spec.admission) or self.base.spec.admission or _DEFAULT_ADMISSION
+
+    def cache_for(self, tenant: str | None) -> CacheSpec:
+        overlay = self.overlays.get(tenant) if tenant else None
+        return (overlay and overlay.spec.cache) or self.base.spec.cache or _NO_CACHE
 
     def guard_for(self, tenant: str | None) -> GuardSpec:
         """The tenant's guard spec: the base's, with the fields its overlay gives (computed once per tenant)."""

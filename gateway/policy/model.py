@@ -127,6 +127,41 @@ class AdmissionPolicy(_Strict):
     ] = 8
 
 
+CacheableRoute = Literal["chat", "completions", "responses", "embeddings", "messages"]
+
+
+class CacheScope(_Strict):
+    """Which requests the response cache serves; an empty list means all."""
+
+    routes: list[CacheableRoute] = Field(default_factory=list)
+    models: list[str] = Field(default_factory=list)
+    pools: list[str] = Field(default_factory=list)
+
+
+class CacheSpec(_Strict):
+    """The exact-match response cache (docs/policies.md#cache): an answer is served again, to the same tenant only,
+    for a request whose canonical body, route, model and pool are the same. Off by default."""
+
+    enabled: bool = False
+    ttl: Duration = Field(default=300.0, description="how long an answer is served again after it was stored")
+    deterministic_only: bool = Field(
+        default=True,
+        description=(
+            "only requests whose answer is reproducible are cached: temperature 0 or a seed (embeddings always); "
+            "false caches sampled answers too, so a repeated request gets the same sample"
+        ),
+    )
+    match: CacheScope = CacheScope()
+
+    def applies(self, route: str, model: str, pool: str) -> bool:
+        scope = self.match
+        return (
+            (not scope.routes or route in scope.routes)
+            and (not scope.models or model in scope.models)
+            and (not scope.pools or pool in scope.pools)
+        )
+
+
 class Price(_Strict):
     """What a model's tokens cost, per million tokens, in the table's currency."""
 
@@ -135,6 +170,16 @@ class Price(_Strict):
         float | None, Field(ge=0, description="prompt tokens served from a prefix cache; default: the input price")
     ] = None
     output: Annotated[float, Field(ge=0)] = 0.0
+    cached: Annotated[
+        float,
+        Field(
+            ge=0,
+            description=(
+                "tokens (prompt and completion alike) of an answer the gateway's response cache served, which no "
+                "upstream was asked for"
+            ),
+        ),
+    ] = 0.0
 
     @property
     def rates(self) -> tuple[float, float, float]:
@@ -156,6 +201,10 @@ class PriceTable(_Strict):
         rates = self._rates.get(model)
         input_price, cached_price, output_price = self._rates[None] if rates is None else rates
         return round(((prompt - cached) * input_price + cached * cached_price + completion * output_price) * 1000)
+
+    def cache_hit_nanos(self, model: str, tokens: int) -> int:
+        """What an answer served from the response cache costs: its tokens at the model's `cached` price."""
+        return round(tokens * self.models.get(model, self.default).cached * 1000)
 
     @functools.cached_property
     def _rates(self) -> dict[str | None, tuple[float, float, float]]:
@@ -222,6 +271,9 @@ class PolicySpec(_Strict):
         default_factory=list, description="spend per tenant or key and period; in an overlay, merged by id"
     )
     admission: AdmissionPolicy | None = Field(default=None, description="in an overlay, replaces the base's whole")
+    cache: CacheSpec | None = Field(
+        default=None, description="the response cache; in an overlay, replaces the base's whole"
+    )
     waf: WafSpec = Field(
         default_factory=WafSpec,
         description=("web application firewall; in an overlay, the fields given replace the base's, rules merge by id"),
