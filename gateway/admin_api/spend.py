@@ -54,6 +54,10 @@ class SpendRow(BaseModel):
     cost: float = Field(description="in the price table's currency")
     cost_nanos: int = Field(description="the cost exactly, in 1e-9 of the currency: the sum of each request's cost")
     currency: str
+    cache_hits: int = Field(description="requests the response cache answered: no upstream asked, not in `requests`")
+    cache_hit_tokens: int = Field(
+        description="their prompt and completion tokens, not in the token counts above; priced at the `cached` price"
+    )
 
 
 TOTALS = [name for name in SpendRow.model_fields if name not in ("key_id", "tenant", "model", "period")]

@@ -54,14 +54,20 @@ class SpendLedger:
         completion: int,
         cost_nanos: int,
         served: bool = True,
+        cache_hit: bool = False,
     ) -> None:
         """Count one finished request (`cached` of its `prompt` tokens came from a prefix cache), as served or, where
-        no upstream answered it, as refused."""
+        no upstream answered it, as refused; one the response cache answered as a cache hit, its tokens apart."""
         now = int(self._clock())
         key = SpendKey(now - now % HOUR, key_id, tenant, model)
         totals = self._pending.get(key)
         if totals is None:
             totals = self._pending[key] = SpendTotals()
+        totals.cost_nanos += cost_nanos
+        if cache_hit:
+            totals.cache_hits += 1
+            totals.cache_hit_tokens += prompt + completion
+            return
         if served:
             totals.requests += 1
         else:
@@ -69,7 +75,6 @@ class SpendLedger:
         totals.prompt_tokens += prompt - cached
         totals.cached_tokens += cached
         totals.completion_tokens += completion
-        totals.cost_nanos += cost_nanos
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._flush_forever())
@@ -140,6 +145,8 @@ class SpendLedger:
                 "cost": totals.cost_nanos / NANOS,
                 "cost_nanos": totals.cost_nanos,
                 "currency": currency,
+                "cache_hits": totals.cache_hits,
+                "cache_hit_tokens": totals.cache_hit_tokens,
             }
             for group, totals in groups.items()
         ]

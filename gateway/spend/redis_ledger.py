@@ -18,7 +18,16 @@ from gateway.spend.store import HOUR, SpendKey, SpendTotals
 KEY_PREFIX = "portcullis:spend:"
 RETENTION = 400 * 86400  # seconds an hour's row is kept: a year of monthly reports, and some
 _SEP = "\x1f"
-_MEASURES = ("requests", "refused_requests", "prompt_tokens", "cached_tokens", "completion_tokens", "cost_nanos")
+_MEASURES = (
+    "requests",
+    "refused_requests",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "cost_nanos",
+    "cache_hits",
+    "cache_hit_tokens",
+)
 WRITER_PREFIX = "portcullis:spend-writer:"  # apart from the hours, which share KEY_PREFIX alone
 WRITER_TTL = 7 * 86400  # seconds a writer's last batch is remembered after its last flush
 

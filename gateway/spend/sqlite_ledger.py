@@ -17,11 +17,12 @@ CREATE TABLE IF NOT EXISTS spend (
     hour INTEGER NOT NULL, key_id TEXT NOT NULL, tenant TEXT NOT NULL, model TEXT NOT NULL,
     requests INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL,
     completion_tokens INTEGER NOT NULL, cost_nanos INTEGER NOT NULL, refused_requests INTEGER NOT NULL DEFAULT 0,
+    cache_hits INTEGER NOT NULL DEFAULT 0, cache_hit_tokens INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (hour, key_id, tenant, model)
 ) WITHOUT ROWID
 """
-# a file made before refused requests were counted apart: the column is added, its past rows at 0
-_ADD_REFUSED = "ALTER TABLE spend ADD COLUMN refused_requests INTEGER NOT NULL DEFAULT 0"
+# a file made before a measure was counted: its column is added, its past rows at 0
+_LATER_COLUMNS = ("refused_requests", "cache_hits", "cache_hit_tokens")
 _COLUMNS = ", ".join((*SpendKey._fields, *(measure.name for measure in fields(SpendTotals))))  # as the row reads
 _ADD = f"""
 INSERT INTO spend ({_COLUMNS}) VALUES ({", ".join("?" * (len(SpendKey._fields) + len(fields(SpendTotals))))})
@@ -29,7 +30,8 @@ ON CONFLICT (hour, key_id, tenant, model) DO UPDATE SET
     requests = requests + excluded.requests, prompt_tokens = prompt_tokens + excluded.prompt_tokens,
     cached_tokens = cached_tokens + excluded.cached_tokens,
     completion_tokens = completion_tokens + excluded.completion_tokens, cost_nanos = cost_nanos + excluded.cost_nanos,
-    refused_requests = refused_requests + excluded.refused_requests
+    refused_requests = refused_requests + excluded.refused_requests,
+    cache_hits = cache_hits + excluded.cache_hits, cache_hit_tokens = cache_hit_tokens + excluded.cache_hit_tokens
 """
 
 
@@ -39,8 +41,10 @@ def prepare(db: sqlite3.Connection) -> None:
     with db:
         db.execute("BEGIN IMMEDIATE")
         db.execute(_SCHEMA)
-        if "refused_requests" not in {row[1] for row in db.execute("PRAGMA table_info(spend)")}:
-            db.execute(_ADD_REFUSED)
+        present = {row[1] for row in db.execute("PRAGMA table_info(spend)")}
+        for column in _LATER_COLUMNS:
+            if column not in present:
+                db.execute(f"ALTER TABLE spend ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
 
 
 class SqliteSpendStore:
@@ -57,7 +61,7 @@ class SqliteSpendStore:
         """`batch` is not needed here: a transaction that raised was not committed."""
         values = [
             (k.hour, k.key_id, k.tenant, k.model, t.requests, t.prompt_tokens, t.cached_tokens,
-             t.completion_tokens, t.cost_nanos, t.refused_requests)
+             t.completion_tokens, t.cost_nanos, t.refused_requests, t.cache_hits, t.cache_hit_tokens)
             for k, t in rows
         ]  # fmt: skip
         async with self._lock:

@@ -35,6 +35,8 @@ class SpendTotals:
     completion_tokens: int = 0
     cost_nanos: int = 0
     refused_requests: int = 0  # not served: refused by the gateway, or failed upstream (charged nothing, mostly)
+    cache_hits: int = 0  # answered from the response cache: no upstream asked, not among `requests`
+    cache_hit_tokens: int = 0  # their prompt and completion tokens, not among the token counts above
 
     def add(self, other: SpendTotals) -> None:
         self.requests += other.requests
@@ -43,6 +45,8 @@ class SpendTotals:
         self.cached_tokens += other.cached_tokens
         self.completion_tokens += other.completion_tokens
         self.cost_nanos += other.cost_nanos
+        self.cache_hits += other.cache_hits
+        self.cache_hit_tokens += other.cache_hit_tokens
 
 
 def amount_text(nanos: int) -> str:

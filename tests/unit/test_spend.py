@@ -57,6 +57,7 @@ def test_the_ledger_adds_up_across_instances_and_reports_by_group(tmp_path):
         one.record("k1", "acme", "m", 10, 4, 5, 1_000)
         two.record("k1", "acme", "m", 10, 0, 5, 2_000)
         two.record("k2", "beta", "m", 3, 0, 1, 7)
+        one.record("k1", "acme", "m", 10, 0, 5, 0, served=False, cache_hit=True)  # the response cache answered it
         clock[0] += 86400  # the next day
         one.record("k1", "acme", "m", 1, 0, 1, 5)
         await one.flush()
@@ -79,6 +80,8 @@ def test_the_ledger_adds_up_across_instances_and_reports_by_group(tmp_path):
                 "cost": 3_005 / 1e9,
                 "cost_nanos": 3_005,
                 "currency": "USD",
+                "cache_hits": 1,  # apart from the requests served and their tokens
+                "cache_hit_tokens": 15,
             }
         ]
         await one.aclose()
@@ -106,8 +109,9 @@ def test_what_a_flush_could_not_write_is_kept_for_the_next(tmp_path):
 
 
 def test_a_ledger_file_without_refused_requests_gains_them_and_keeps_its_rows(tmp_path):
-    """A file whose spend table has no column for refused requests (made before they were counted apart): opened,
-    it gets the column, its rows are read as they were (nothing refused), and new rows count the two apart."""
+    """A file whose spend table has no column for refused requests or cache hits (made before they were counted
+    apart): opened, it gets the columns, its rows are read as they were (nothing refused), and new rows count them
+    apart."""
     path = tmp_path / "l.db"
     with contextlib.closing(sqlite3.connect(path)) as db, db:
         db.execute(
@@ -123,8 +127,10 @@ def test_a_ledger_file_without_refused_requests_gains_them_and_keeps_its_rows(tm
         ledger = SpendLedger(SqliteSpendStore(path), 60, clock=lambda: DEC_3)
         ledger.record("k", "acme", "m", 2, 0, 1, 100)
         ledger.record("k", "acme", "m", 0, 0, 0, 0, served=False)
+        ledger.record("k", "acme", "m", 3, 0, 2, 0, served=False, cache_hit=True)
         [row] = await ledger.report(0, int(DEC_3) + 3600, ["tenant"])
         assert (row["requests"], row["refused_requests"], row["cost_nanos"]) == (5, 1, 1_000)
+        assert (row["cache_hits"], row["cache_hit_tokens"]) == (1, 5)
         await ledger.aclose()
 
     asyncio.run(run())
