@@ -29,6 +29,7 @@ from gateway.admin import ByListener, build_admin_app
 from gateway.admin_token import admin_token as resolve_admin_token
 from gateway.apis.routes import APIS, BY_PATH, PASSTHROUGH, route_error
 from gateway.billing import Billing
+from gateway.cache.stores import build_answer_store
 from gateway.client_exit import ClientWatch
 from gateway.client_ip import client_ip
 from gateway.config import ConfigError, GatewayConfig
@@ -58,6 +59,7 @@ from gateway.spend.store import NANOS, SpendStore
 from gateway.stages.admission import AdmissionStage
 from gateway.stages.auth import AuthStage
 from gateway.stages.authority import AuthorityStage
+from gateway.stages.cache import CacheStage
 from gateway.stages.guard import GuardStage
 from gateway.stages.parse import ParseStage, RawBodyStage
 from gateway.stages.ratelimit import RateLimitStage
@@ -143,6 +145,9 @@ class Gateway:
         self.authority = AuthorityStage(self.tokenize, rate_limits, self.fallbacks, self.models, self.tracer)
         self.admission = AdmissionStage(self.pools.pools, self.tracer, self.metrics)
         self.route = RouteStage()
+        self.cache = CacheStage(
+            lambda: self.policies, build_answer_store(config), self.metrics, config.response_cache.max_entry_bytes
+        )
         self.pipeline = Pipeline(
             [
                 parse,
@@ -152,6 +157,7 @@ class Gateway:
                 self.authority,
                 self.admission,
                 self.guard,
+                self.cache,  # after every input stage: a hit is judged, limited and billed as any request
                 self.route,
             ],
             self.tracer,
@@ -186,6 +192,7 @@ class Gateway:
         await self.rate_limiter.aclose()  # before Redis goes: its budget slices go back there
         await self.spend.aclose()  # before Redis goes: it may hold the ledger
         await self.objects.aclose()
+        await self.cache.aclose()
         if self.budget_store:
             await self.budget_store.aclose()
         if self.redis:
@@ -300,6 +307,8 @@ class ProxyEndpoint:
         admission and routing place any; where none is, the client gets that failure."""
         gw = self.gateway
         await gw.pipeline.run(ctx)
+        if ctx.answered is not None:  # the response cache's hit
+            return ctx.answered
         while True:
             try:
                 return await gw.upstream.forward(ctx)
@@ -341,6 +350,7 @@ class ProxyEndpoint:
                 "predicted_cached_tokens": ctx.predicted_cached_tokens,
                 "finish_reasons": ctx.usage.finish_reasons or None,
                 "stream_error": ctx.stream_error,
+                "cache": ctx.cache_result,
                 "client": ctx.request.client.host if ctx.request.client else None,
             }
         )

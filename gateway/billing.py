@@ -25,10 +25,11 @@ from gateway.spend.ledger import SpendLedger
 from gateway.spend.store import NANOS
 from gateway.telemetry import Metrics, cached_labels
 
-_KINDS = ("prompt", "cached_prompt", "completion")
+_KINDS = ("prompt", "cached_prompt", "completion", "cache_hit")  # cache_hit: answered from the response cache
 OTHER_KEYS = "other"  # the key label of keys beyond `telemetry.max_metric_keys`
 
-# (per key?, tenant or key label, model label, currency) → [requests, prompt, cached prompt, completion tokens, nanos]
+# (per key?, tenant or key label, model label, currency) → [requests, prompt, cached prompt, completion, cache hit
+# tokens, nanos]
 Totals = dict[tuple[bool, str, str, str], list[int]]
 
 
@@ -68,6 +69,7 @@ class Billing:
             charged.completion,
             charged.cost_nanos,
             served=ctx.replica is not None and ctx.status == 200,  # else refused, by the gateway or upstream
+            cache_hit=charged.cache_hit,
         )
         model = self._metrics.model_label(ctx.model)
         if charged.over_reservation:  # rare: a counter of its own, incremented at once
@@ -80,12 +82,15 @@ class Billing:
     def _add(self, series: tuple[bool, str, str, str], charged: Charge) -> None:
         totals = self._pending.get(series)
         if totals is None:
-            totals = self._pending[series] = [0, 0, 0, 0, 0]
+            totals = self._pending[series] = [0, 0, 0, 0, 0, 0]
         totals[0] += 1
-        totals[1] += charged.prompt - charged.cached
-        totals[2] += charged.cached
-        totals[3] += charged.completion
-        totals[4] += charged.cost_nanos
+        if charged.cache_hit:
+            totals[4] += charged.prompt + charged.completion
+        else:
+            totals[1] += charged.prompt - charged.cached
+            totals[2] += charged.cached
+            totals[3] += charged.completion
+        totals[5] += charged.cost_nanos
 
     def publish(self) -> None:
         """Add what was counted since the last publish to the Prometheus counters."""

@@ -25,7 +25,10 @@ from gateway.apis.routes import BY_NAME
 from gateway.apis.shape import Api
 
 if TYPE_CHECKING:
+    from starlette.responses import Response
+
     from gateway.admission.fair_queue import FairQueue
+    from gateway.cache.fill import CacheFill
     from gateway.guard.output import OutputGuard
     from gateway.keystore.records import KeyRecord
     from gateway.policy.model import PriceTable
@@ -126,6 +129,11 @@ class RequestContext:
     predicted_cached_tokens: int | None = None  # what routing expected the replica to have cached
     # guard: set when the policy turns the output guard on; the upstream relay runs the answer through it
     output_guard: OutputGuard | None = None
+    # cache (gateway/stages/cache.py): "hit", "miss" or "bypass" where the policy's response cache covers the request;
+    # on a miss, what takes the answer to store; on a hit, the answer, and the stages after it do not run
+    cache_result: str | None = None
+    cache_fill: CacheFill | None = None
+    answered: Response | None = None
     # fallbacks (gateway/fallbacks.py): the model the client asked for, once a fallback step serves it instead
     fallback_from: str | None = None
     fallback_step: int = 0  # 0: the requested model on its own pool; n: the model's n-th fallback target

@@ -3,7 +3,8 @@
 A request passes through two phases of the pipeline, the way Envoy's external processors see a request's headers and
 body on the way in and its end on the way out:
 - the request phase: each stage in order passes by returning, rejects by raising `GatewayError`, and leaves what
-  later stages need on the context (gateway/context.py says what each one sets);
+  later stages need on the context (gateway/context.py says what each one sets); a stage that answers the request
+  itself (the response cache's hit) leaves the answer in `ctx.answered`, and the stages after it do not run;
 - the settle phase: once the response has ended, however it ended (answered, refused by a stage, failed upstream,
   abandoned by its client), every stage that holds something for a request until then (`Settles`: rate-limit slots
   and token reservations, KV blocks) settles it, in stage order.
@@ -67,6 +68,8 @@ class Pipeline:
                     await stage(ctx)
             finally:
                 self._histograms[stage.name].observe(time.perf_counter() - started)
+            if ctx.answered is not None:
+                return
 
     def settle(self, ctx: RequestContext) -> None:
         """The settle phase, once the response has ended; one stage failing to settle spares the others."""

@@ -126,7 +126,7 @@ class Metrics:
         )
         self.billed_tokens = Counter(
             "portcullis_billed_tokens",
-            "Tokens charged per tenant and model after reconciliation (prompt, cached_prompt, completion)",
+            "Tokens charged per tenant and model after reconciliation (prompt, cached_prompt, completion, cache_hit)",
             ["tenant", "model", "kind"],
             registry=r,
         )
@@ -159,6 +159,12 @@ class Metrics:
             "portcullis_fallbacks",
             "Requests moved to a fallback target, by requested model, target (model or pool) and trigger",
             ["model", "to", "trigger"],
+            registry=r,
+        )
+        self.cache_requests = Counter(
+            "portcullis_cache_requests",
+            "Requests the response cache policy covers, by route and result (hit, miss, bypass: not cacheable)",
+            ["route", "result"],
             registry=r,
         )
         self.admission_queue_wait = Histogram(
@@ -207,7 +213,7 @@ class Metrics:
         )
         self.key_billed_tokens = Counter(
             "portcullis_key_billed_tokens",
-            "Tokens charged per API key id and model (prompt, cached_prompt, completion)",
+            "Tokens charged per API key id and model (prompt, cached_prompt, completion, cache_hit)",
             ["key_id", "model", "kind"],
             registry=r,
         )

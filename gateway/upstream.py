@@ -67,7 +67,7 @@ from gateway.telemetry import Metrics
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 # A passthrough request's headers the upstream gets (never the client's credentials), and an answer's the client gets.
 _PASSED_HEADERS = frozenset({"content-type", "accept", "openai-beta", "anthropic-beta"})
 _RETURNED_HEADERS = frozenset({"content-type", "content-disposition", "cache-control"})
@@ -177,14 +177,11 @@ class Upstream:
         response = attempt.answered
         ctx.replica = attempt.replica
         ctx.status = response.status
-        headers = {"x-request-id": ctx.request_id, "x-portcullis-model": ctx.model, **ctx.response_headers}
-        if self._replica_header:
-            headers["x-portcullis-replica"] = attempt.replica.url
-        headers = rendered(headers)
+        headers = answer_headers(ctx, attempt.replica.url if self._replica_header else None)
         if ctx.stream and ctx.status == 200:
             return StreamingResponse(
                 await _started(self._relay(ctx, attempt, exchange, strip_usage, deadline)),
-                headers={**_SSE_HEADERS, **headers},
+                headers={**SSE_HEADERS, **headers},
                 media_type="text/event-stream",
             )
         try:
@@ -192,24 +189,19 @@ class Upstream:
                 error = _upstream_error(ctx.status, attempt.content, response.headers.get("retry-after"))
                 error.headers["x-portcullis-model"] = ctx.model
                 raise _with_trigger(error, _status_trigger(ctx.status, error))
+            as_answered = attempt.content
             if attempt.answer is not None:
                 exchange.answers.record(ctx.usage, attempt.answer)
                 if ctx.made_objects is not None:  # a stored response: the tenant's, before its id is told
                     await ctx.made_objects.answer(attempt.answer)
             if ctx.output_guard is not None:  # raises GuardBlocked (a GatewayError) on a block
                 attempt.content = await ctx.output_guard.check_body(attempt.content)
+            if ctx.cache_fill is not None and attempt.answer is not None:  # as the upstream said it, guard passed
+                ctx.cache_fill.whole(ctx, as_answered, attempt.answer)
         finally:
             self._finish(ctx, attempt)
-        if exchange.translated:  # an OpenAI chat completion, for a client of Anthropic's Messages API
-            stops, thinking = ctx.payload.get("stop_sequences") or (), asks_thinking(ctx.payload)
-            message = _translate_answer(
-                lambda: chat_to_message(
-                    orjson.loads(attempt.content), ctx.model, stop_sequences=stops, thinking=thinking
-                )
-            )
-            return Response(orjson.dumps(message), headers=headers)
         media_type = response.headers.get("content-type", "application/json")
-        return Response(attempt.content, status_code=200, headers=headers, media_type=media_type)
+        return whole_answer(ctx, exchange, attempt.content, headers, media_type)
 
     def _count_locally(self, ctx: RequestContext, exchange: Exchange) -> Response:
         """Anthropic's count_tokens for a model an OpenAI-compatible pool serves: the tokenize stage's exact count."""
@@ -451,15 +443,8 @@ class Upstream:
     ) -> AsyncGenerator[bytes, None]:
         config, response = attempt.pool.config, attempt.answered
         framer = EventFramer(config.max_event_bytes)
-        translator = (
-            ChatStreamToMessages(
-                ctx.model,
-                stop_sequences=ctx.payload.get("stop_sequences") or (),
-                thinking=asks_thinking(ctx.payload),
-            )
-            if exchange.translated
-            else None
-        )
+        translator = messages_translator(ctx, exchange)
+        fill = ctx.cache_fill
         saw_done = False
         idle: float | None = None  # the wait for the first chunk is `timeouts.read`'s (a long prefill)
         settled = False
@@ -489,6 +474,8 @@ class Upstream:
                         out.append(event)
                         continue
                     saw_done = saw_done or exchange.answers.ends(data, parsed)
+                    if parsed is not None and fill is not None:
+                        fill.event(parsed, len(data))
                     if parsed is not None and ctx.made_objects is not None:
                         await ctx.made_objects.event(parsed)  # before the event that tells the id goes out
                     if parsed is None or self._inspect_event(ctx, exchange, parsed, strip_usage):
@@ -498,7 +485,7 @@ class Upstream:
                 if ctx.output_guard is not None:  # holds events back until scanned; raises GuardBlocked
                     out = await ctx.output_guard.feed(out)
                 if translator is not None:
-                    out = _translated(translator, out)
+                    out = translated(translator, out)
                 if out:
                     yield b"".join(out)
                 if malformed is not None:
@@ -510,6 +497,8 @@ class Upstream:
                     type="upstream_error",
                     code="upstream_stream_truncated",
                 )
+            if fill is not None and ctx.stream_error is None:  # whole, unblocked, no error event
+                fill.stream_ended(ctx)
         except (aiohttp.ClientError, TimeoutError, GatewayError, EventTooLarge, MalformedEvent) as exc:
             error = _as_gateway_error(exc)
             ctx.stream_error = error.code
@@ -566,6 +555,38 @@ async def _started(relay: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, 
     up for good."""
     await anext(relay)
     return relay
+
+
+def answer_headers(ctx: RequestContext, replica: str | None = None) -> dict[str, str]:
+    """The headers of a model route's answer: the request id, the model that served it, what the stages added
+    (`replica`: the replica's URL, where `telemetry.replica_header` asks for it), each rendered safe."""
+    headers = {"x-request-id": ctx.request_id, "x-portcullis-model": ctx.model, **ctx.response_headers}
+    if replica is not None:
+        headers["x-portcullis-replica"] = replica
+    return rendered(headers)
+
+
+def whole_answer(
+    ctx: RequestContext, exchange: Exchange, content: bytes, headers: dict[str, str], media_type: str
+) -> Response:
+    """A non-streamed 200 as the client gets it: the upstream's answer, or for a Messages client of a chat pool, the
+    Message it translates to."""
+    if exchange.translated:  # an OpenAI chat completion, for a client of Anthropic's Messages API
+        stops, thinking = ctx.payload.get("stop_sequences") or (), asks_thinking(ctx.payload)
+        message = _translate_answer(
+            lambda: chat_to_message(orjson.loads(content), ctx.model, stop_sequences=stops, thinking=thinking)
+        )
+        return Response(orjson.dumps(message), headers=headers)
+    return Response(content, status_code=200, headers=headers, media_type=media_type)
+
+
+def messages_translator(ctx: RequestContext, exchange: Exchange) -> ChatStreamToMessages | None:
+    """The translation of a chat stream into Anthropic's events, where the client speaks Messages to a chat pool."""
+    if not exchange.translated:
+        return None
+    return ChatStreamToMessages(
+        ctx.model, stop_sequences=ctx.payload.get("stop_sequences") or (), thinking=asks_thinking(ctx.payload)
+    )
 
 
 def _passed_headers(ctx: RequestContext, response: aiohttp.ClientResponse) -> dict[str, str]:
@@ -634,7 +655,7 @@ def _read_events(
     return read, None
 
 
-def _translated(translator: ChatStreamToMessages, events: list[bytes]) -> list[bytes]:
+def translated(translator: ChatStreamToMessages, events: list[bytes]) -> list[bytes]:
     """Chat-completion events as the Anthropic events they make; [DONE] closes the message."""
     out: list[bytes] = []
     for event in events:

@@ -7,6 +7,7 @@ details and the model its answer names too (`cached`, `reasoning`, `answer_model
 command line sets what holds for every request, so one upstream of several can be the broken one: `--fail-status`
 (with `--fail-code`, the OpenAI-style error code its error body carries, e.g. context_length_exceeded) and `--slow`
 (seconds before any answer's headers).
+It also answers embeddings (`/v1/embeddings`), a vector per input derived from its text.
 `GET /_stats` reports what it saw (requests, cancelled streams, last headers and body) so tests can assert on the
 upstream side of the wire.
 """
@@ -99,6 +100,22 @@ def build(name: str, fail_status: int | None, fail_code: str | None = None, slow
             stats.cancelled_streams += 1
             raise
 
+    async def embeddings(request: Request) -> Response:
+        """OpenAI's embeddings: a vector per input, its numbers derived from the input's text."""
+        stats.requests += 1
+        body = stats.last_body = await request.json()
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        data = [
+            {
+                "object": "embedding",
+                "index": i,
+                "embedding": [b / 255 for b in hashlib.sha256(str(text).encode()).digest()[:8]],
+            }
+            for i, text in enumerate(inputs)
+        ]
+        usage = {"prompt_tokens": 3 * len(inputs), "total_tokens": 3 * len(inputs)}
+        return JSONResponse({"object": "list", "data": data, "model": body.get("model"), "usage": usage})
+
     async def models(request: Request) -> Response:
         return JSONResponse(
             {"object": "list", "data": [{"id": f"{name}-model", "object": "model", "created": 0, "owned_by": name}]}
@@ -127,6 +144,7 @@ def build(name: str, fail_status: int | None, fail_code: str | None = None, slow
         routes=[
             Route("/v1/chat/completions", completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route("/v1/models", models),
             Route("/_stats", get_stats),
             Route("/v1/files{rest:path}", echo, methods=["GET", "POST", "DELETE"]),

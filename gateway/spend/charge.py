@@ -18,6 +18,7 @@ class Charge(NamedTuple):
     # completion tokens the upstream reported beyond the request's output budget (max_tokens x n), which its
     # reservation did not hold: charged all the same, and flagged
     over_reservation: int
+    cache_hit: bool = False  # answered from the response cache: its tokens priced at the `cached` price
 
 
 def charge(ctx: RequestContext, prices: PriceTable) -> Charge:
@@ -29,7 +30,10 @@ def charge(ctx: RequestContext, prices: PriceTable) -> Charge:
     reported = ctx.usage.cached_tokens
     cached = min(reported, prompt) if isinstance(reported, int) and reported > 0 else 0
     over = completion - ctx.max_tokens if ctx.max_tokens is not None and completion > ctx.max_tokens else 0
-    charged = Charge(prompt, cached, completion, prices.cost_nanos(ctx.model, prompt, cached, completion), over)
+    if ctx.cache_result == "hit":
+        charged = Charge(prompt, 0, completion, prices.cache_hit_nanos(ctx.model, prompt + completion), 0, True)
+    else:
+        charged = Charge(prompt, cached, completion, prices.cost_nanos(ctx.model, prompt, cached, completion), over)
     ctx.charged = prices, charged
     return charged
 
@@ -42,13 +46,14 @@ def charged_tokens(ctx: RequestContext) -> tuple[int, int]:
       reached, timed out before answering, or a later stage refused the request): nothing. An upstream that failed
       a request has not served its prompt (OpenAI and vLLM bill nothing for an error), and a client must not pay
       for the upstream's failure; the slot and the request rate still bound how often it can try;
-    - the upstream accepted it (200) and so read the prompt: the prompt as counted by the tokenize stage. The
+    - the upstream accepted it (200) and so read the prompt, or the response cache answered it: the prompt as
+      counted by the tokenize stage. The
       completion costs nothing when no output reached the gateway (the stream ended or broke, or the client left,
       before any token); once output was seen, an unreported completion keeps its whole reservation, since how
       much more the upstream generated is unknown and a client must not skip the bill by hanging up.
     """
     usage = ctx.usage
-    accepted = ctx.replica is not None and ctx.status == 200
+    accepted = (ctx.replica is not None or ctx.cache_result == "hit") and ctx.status == 200
     prompt, completion = token_count(usage.prompt_tokens), token_count(usage.completion_tokens)
     if prompt is None:
         prompt = (ctx.prompt_tokens or 0) if accepted else 0

@@ -1,0 +1,6 @@
+"""The exact-match response cache: an answer served again to the same tenant for the same canonical request.
+
+`key.py` says which requests it serves and what identifies one; `stores.py` keeps answers (this process's memory, or
+Redis for a fleet); `answers.py` turns a stored answer into the stream a streaming client asks for, and a stream that
+passed into the answer to store; gateway/stages/cache.py is the stage that serves hits and fills the cache on misses.
+"""

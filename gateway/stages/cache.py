@@ -1,0 +1,113 @@
+"""Cache stage: answer a request from the response cache (gateway/cache/), after every input stage has judged it.
+
+It runs last before routing: the WAF, auth, the request's authority (its key's models, rate limits, budgets) and the
+input guard hold for a hit as for any request (a hit is counted by its limits and settled at the price table's
+`cached` price), and the pool the key names is the one the request was placed on. A hit answers from the stored
+answer: as stored, or replayed as the stream the client asked for, in the route's own event shapes
+(gateway/cache/replay.py), through the output guard under the current policy and the Messages translation as an
+upstream's answer goes; the stages after this one and the upstream do not run. A miss leaves a `CacheFill` for the
+upstream relay to store the answer with. Either is told to the client (`x-portcullis-cache: hit|miss`), counted
+(`portcullis_cache_requests_total{route,result}`, with `bypass` for a request the policy covers but that is not
+cacheable) and set on the request's span (`portcullis.cache.result`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from gateway.cache.fill import CacheFill
+from gateway.cache.key import bypass_reason, cache_key
+from gateway.cache.replay import replayed
+from gateway.cache.stores import AnswerStore
+from gateway.context import RequestContext
+from gateway.policy.loader import PolicySet
+from gateway.telemetry import Metrics
+from gateway.upstream import SSE_HEADERS, answer_headers, messages_translator, translated, whole_answer
+
+HEADER = "x-portcullis-cache"
+
+
+class CacheStage:
+    name = "cache"
+
+    def __init__(
+        self, policies: Callable[[], PolicySet], store: AnswerStore, metrics: Metrics, max_entry_bytes: int
+    ) -> None:
+        self._policies = policies
+        self.store = store
+        self._max_entry_bytes = max_entry_bytes
+        self._requests = metrics.tallies.counter(metrics.cache_requests)  # by route and result
+        self._writes: set[asyncio.Task[None]] = set()
+
+    async def __call__(self, ctx: RequestContext) -> None:
+        spec = self._policies().cache_for(ctx.tenant)
+        if not spec.enabled:
+            return
+        pool = ctx.placed.pool
+        if not spec.applies(ctx.route, ctx.model, pool.name):
+            return
+        headers = ctx.request.headers
+        key = None
+        if ctx.tenant is not None and not bypass_reason(
+            spec, ctx.route, ctx.tenant, ctx.payload, headers.get("cache-control")
+        ):
+            beta = headers.get("anthropic-beta") if pool.config.api == "anthropic" else None
+            key = cache_key(ctx.tenant, ctx.route, pool.name, ctx.payload, beta)
+        if key is None:
+            self._result(ctx, "bypass")
+            return
+        found = await self.store.get(key)
+        answer = _json_object(found) if found is not None else None
+        if found is not None and answer is not None:
+            self._result(ctx, "hit")
+            ctx.answered = await self._replay(ctx, found, answer)
+            return
+        self._result(ctx, "miss")
+        path = ctx.exchange.path
+        target = (ctx.model, pool.name)
+        ctx.cache_fill = CacheFill(self.store, self._writes, key, spec.ttl, path, target, self._max_entry_bytes)
+
+    async def aclose(self) -> None:
+        """Let the writes in flight finish, then close the store."""
+        if self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
+        await self.store.aclose()
+
+    def _result(self, ctx: RequestContext, result: str) -> None:
+        ctx.cache_result = result
+        self._requests(ctx.route, result).inc()
+        ctx.span.set_attribute("portcullis.cache.result", result)
+        if result != "bypass":
+            ctx.response_headers[HEADER] = result
+
+    async def _replay(self, ctx: RequestContext, stored: bytes, answer: dict[str, Any]) -> Response:
+        """The stored answer as the client asked for it; usage recorded from it, for limits and billing."""
+        exchange = ctx.exchange
+        ctx.status = 200
+        exchange.answers.record(ctx.usage, answer)
+        headers = answer_headers(ctx)
+        if not ctx.stream:
+            content = stored if ctx.output_guard is None else await ctx.output_guard.check_body(stored)
+            return whole_answer(ctx, exchange, content, headers, "application/json")
+        options = ctx.payload.get("stream_options")
+        asked = isinstance(options, dict) and bool(options.get("include_usage"))
+        events = replayed(exchange.path, answer, include_usage=asked or exchange.translated)
+        if ctx.output_guard is not None:  # raises GuardBlocked before the answer starts
+            events = await ctx.output_guard.feed(events)
+        translator = messages_translator(ctx, exchange)
+        if translator is not None:
+            events = translated(translator, events)
+        return Response(b"".join(events), headers={**SSE_HEADERS, **headers}, media_type="text/event-stream")
+
+
+def _json_object(stored: bytes) -> dict[str, Any] | None:
+    try:
+        value = orjson.loads(stored)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None

@@ -1,0 +1,249 @@
+"""The response cache's parts in process: what identifies an answer, which requests it serves, the memory store's
+bounds, and the way between a stored answer and its stream (replayed, then assembled again, an answer comes back
+as it was)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from gateway.apis.answers import AnswerFormat, MessagesFormat, ResponsesFormat
+from gateway.cache.assemble import Assembly, complete
+from gateway.cache.key import bypass_reason, cache_key, deterministic, refused_by_client
+from gateway.cache.replay import CHAT, COMPLETIONS, MESSAGES, RESPONSES, replayed
+from gateway.cache.stores import MemoryStore
+from gateway.context import Usage
+from gateway.policy.model import CacheSpec
+from gateway.sse import read_event
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0, "user": "u1"}
+
+
+def key(payload: dict[str, Any], tenant: str = "acme", route: str = "chat", pool: str = "p", beta: str | None = None):
+    return cache_key(tenant, route, pool, payload, beta)
+
+
+def test_the_key_ignores_transport_fields_and_key_order_only():
+    base = key(BODY)
+    assert key({**BODY, "stream": True, "stream_options": {"include_usage": True}}) == base
+    assert key(dict(reversed(list(BODY.items())))) == base
+    assert key({**BODY, "messages": [{"content": "hi", "role": "user"}]}) == base
+    for changed in ({"user": "u2"}, {"cache_salt": "x"}, {"temperature": 0.0}, {"max_tokens": 5}, {"model": "n"}):
+        assert key({**BODY, **changed}) != base, changed
+    assert {
+        key(BODY, tenant="other"),
+        key(BODY, route="responses"),
+        key(BODY, pool="q"),
+        key(BODY, beta="b"),
+    }.isdisjoint({base})
+    # the parts are length-prefixed: moving characters from one part to the next makes another key
+    assert key(BODY, tenant="ab", pool="c") != key(BODY, tenant="a", pool="bc")
+
+
+def test_a_body_with_no_canonical_form_has_no_key():
+    assert key({**BODY, "seed": 2**70}) is None
+
+
+@pytest.mark.parametrize(
+    ("route", "payload", "expected"),
+    [
+        ("chat", {"temperature": 0}, True),
+        ("chat", {"temperature": 0.0}, True),
+        ("chat", {"seed": 7}, True),
+        ("chat", {}, False),  # the API's default temperature is 1
+        ("chat", {"temperature": 0.2}, False),
+        ("chat", {"temperature": False}, False),
+        ("chat", {"seed": True}, False),
+        ("messages", {"seed": 7}, False),  # Anthropic has no seed
+        ("messages", {"temperature": 0}, True),
+        ("embeddings", {}, True),
+    ],
+)
+def test_what_counts_as_deterministic(route, payload, expected):
+    assert deterministic(route, payload) is expected
+
+
+def test_which_requests_are_looked_up():
+    spec = CacheSpec(enabled=True)
+    assert bypass_reason(spec, "chat", "acme", BODY, None) is None
+    assert bypass_reason(spec, "chat", None, BODY, None) == "anonymous"
+    assert bypass_reason(spec, "count_tokens", "acme", BODY, None) == "route"
+    assert bypass_reason(spec, "chat", "acme", {**BODY, "temperature": 1}, None) == "sampled"
+    assert bypass_reason(CacheSpec(enabled=True, deterministic_only=False), "chat", "a", {}, None) is None
+    assert bypass_reason(spec, "responses", "acme", {**BODY, "background": True}, None) == "stateful"
+    assert bypass_reason(spec, "responses", "acme", {**BODY, "conversation": "c1"}, None) == "stateful"
+    assert bypass_reason(spec, "chat", "acme", BODY, "max-age=0, No-Store") == "cache_control"
+
+
+def test_cache_control_directives():
+    assert refused_by_client("no-cache") and refused_by_client("max-age=5, no-store")
+    assert not refused_by_client("max-age=5") and not refused_by_client(None) and not refused_by_client("no-transform")
+
+
+def test_the_policy_scope():
+    spec = CacheSpec(enabled=True, match={"routes": ["chat"], "models": ["m"], "pools": ["p"]})
+    assert spec.applies("chat", "m", "p")
+    assert not spec.applies("responses", "m", "p") and not spec.applies("chat", "n", "p")
+    assert not spec.applies("chat", "m", "q")
+
+
+def test_the_memory_store_bounds_bytes_least_recently_used_first_and_expires():
+    now = [0.0]
+    store = MemoryStore(max_bytes=30, max_entry_bytes=12, clock=lambda: now[0])
+
+    async def run() -> None:
+        await store.put("a", b"a" * 10, ttl=5)
+        await store.put("b", b"b" * 10, ttl=5)
+        assert await store.get("a") == b"a" * 10  # a is now the most recently used
+        await store.put("c", b"c" * 10, ttl=5)
+        await store.put("d", b"d" * 10, ttl=5)  # over 30 bytes: b, the least recently used, goes
+        assert await store.get("b") is None and await store.get("a") is not None and store.size == 30
+        await store.put("big", b"x" * 13, ttl=5)  # over the entry bound: never stored
+        assert await store.get("big") is None and len(store) == 3
+        await store.put("a", b"A" * 4, ttl=5)  # replaced: its bytes counted once
+        assert store.size == 24
+        now[0] = 5.0
+        assert await store.get("c") is None and store.size == 14  # expired: gone when asked for
+
+    asyncio.run(run())
+
+
+CHAT_ANSWER = {
+    "id": "chatcmpl-1",
+    "object": "chat.completion",
+    "created": 1,
+    "model": "m",
+    "choices": [
+        {
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": "Calling.",
+                "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}},
+                    {"id": "call_2", "type": "function", "function": {"name": "g", "arguments": "{}"}},
+                ],
+            },
+            "finish_reason": "tool_calls",
+        },
+        {"index": 1, "message": {"role": "assistant", "content": "Other."}, "finish_reason": "stop"},
+    ],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9},
+}
+COMPLETION_ANSWER = {
+    "id": "cmpl-1",
+    "object": "text_completion",
+    "created": 1,
+    "model": "m",
+    "choices": [{"index": 0, "text": "once upon", "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4},
+}
+RESPONSE_ANSWER = {
+    "id": "resp_1",
+    "object": "response",
+    "status": "completed",
+    "model": "m",
+    "output": [
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "thought"}]},
+        {
+            "type": "message",
+            "id": "msg_1",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "Hello there.", "annotations": []}],
+        },
+        {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "f", "arguments": "{}", "status": "completed"},
+    ],
+    "usage": {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5},
+}
+MESSAGE_ANSWER = {
+    "id": "msg_1",
+    "type": "message",
+    "role": "assistant",
+    "model": "claude",
+    "content": [
+        {"type": "thinking", "thinking": "Let me see.", "signature": "sig"},
+        {"type": "text", "text": "Here it is."},
+        {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": [1, 2]}},
+    ],
+    "stop_reason": "tool_use",
+    "stop_sequence": None,
+    "usage": {"input_tokens": 9, "output_tokens": 7},
+}
+
+
+def _events(stream: list[bytes]) -> list[dict[str, Any]]:
+    """The parsed data of a stream's events, as a client reads them (their SSE type matching their data's)."""
+    parsed = []
+    for event in stream:
+        name, data = read_event(event)
+        assert data is not None
+        if data != b"[DONE]":
+            value = json.loads(data)
+            assert name is None or name.decode() == value["type"]
+            parsed.append(value)
+    return parsed
+
+
+@pytest.mark.parametrize(
+    ("path", "answer", "format_"),
+    [
+        (CHAT, CHAT_ANSWER, AnswerFormat()),
+        (COMPLETIONS, COMPLETION_ANSWER, AnswerFormat()),
+        (RESPONSES, RESPONSE_ANSWER, ResponsesFormat()),
+        (MESSAGES, MESSAGE_ANSWER, MessagesFormat()),
+    ],
+)
+def test_a_replayed_answer_assembles_back_to_itself_and_reads_as_the_stream_format(path, answer, format_):
+    stream = replayed(path, answer, include_usage=True)
+    assembly = Assembly(path, max_bytes=1 << 20)
+    usage, ended = Usage(), False
+    for event in stream:
+        _, data = read_event(event)
+        assert data is not None
+        parsed = None if data == b"[DONE]" else json.loads(data)
+        assert format_.is_event(None, data, parsed)
+        ended = ended or format_.ends(data, parsed)
+        if parsed is not None:
+            format_.record(usage, parsed)
+            assembly.feed(parsed, len(data))
+    assert ended, "the stream is complete as its format reads it"
+    assert assembly.answer() == answer
+    assert usage.completion_tokens is not None and usage.completion_tokens > 0
+    assert complete(path, answer)
+
+
+def test_usage_goes_out_only_where_the_client_asked_for_it():
+    assert not any("usage" in chunk for chunk in _events(replayed(CHAT, CHAT_ANSWER, include_usage=False)))
+    assert _events(replayed(CHAT, CHAT_ANSWER, include_usage=True))[-1]["usage"] == CHAT_ANSWER["usage"]
+
+
+def test_what_cannot_be_rebuilt_exactly_is_not_assembled():
+    chunk = {"id": "c", "choices": [{"index": 0, "delta": {"content": "a"}, "logprobs": {"content": []}}]}
+    assembly = Assembly(CHAT, max_bytes=1 << 20)
+    assembly.feed(chunk, 10)
+    assert assembly.answer() is None
+    message = Assembly(MESSAGES, max_bytes=1 << 20)
+    for event in _events(replayed(MESSAGES, MESSAGE_ANSWER, include_usage=False)):
+        if event["type"] == "content_block_delta" and event["delta"]["type"] == "input_json_delta":
+            event = {**event, "delta": {**event["delta"], "partial_json": '{"a": ['}}  # never whole JSON
+        message.feed(event, 10)
+    assert message.answer() is None
+
+
+def test_assembly_stops_past_its_byte_bound():
+    assembly = Assembly(CHAT, max_bytes=15)
+    for word in ("0123456789", "0123456789"):
+        assembly.feed({"choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]}, len(word))
+    assert assembly.answer() is None
+
+
+def test_only_answers_that_ended_normally_are_complete():
+    cut = {**CHAT_ANSWER, "choices": [{**CHAT_ANSWER["choices"][1], "finish_reason": "length"}]}
+    assert not complete(CHAT, cut) and not complete(CHAT, {**CHAT_ANSWER, "choices": []})
+    assert not complete(RESPONSES, {**RESPONSE_ANSWER, "status": "incomplete"})
+    assert not complete(MESSAGES, {**MESSAGE_ANSWER, "stop_reason": "max_tokens"})
+    assert complete("/v1/embeddings", {"data": []}) and not complete("/v1/embeddings", {"error": {}})
