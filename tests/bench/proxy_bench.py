@@ -22,6 +22,11 @@ request priced past the limit must be refused for the budget, saying what is lef
 c32 runs of each key-store row and the static-key row (A B B A ...) and reports the median RPS and CPU-per-request
 ratios with their quartiles.
 
+With --cache, two more rows, access log off: the repo's base policy with the response cache on (`spec.cache`: wrk's
+request is a deterministic one, temperature 0), its answers in memory, then in Redis (a local redis-server): every
+request but the first is a hit, answered without the upstream. Read against "Portcullis (access log off)", the same
+policy without the cache, where every request is proxied: what a hit costs beside the gateway's own overhead.
+
 With --profile-dir, py-spy (from .bench/tools-venv, or $PY_SPY) records the access-log-on gateway during an extra
 32-connection run and the script prints a self-time summary grouped by package.
 
@@ -236,6 +241,7 @@ def check_chat(port: int, key: str | None = API_KEY, request: dict | None = None
         "status": response.status_code,
         "wrong_key_status": refused.status_code,
         "content": body["choices"][0]["message"]["content"],
+        "cache": response.headers.get("x-portcullis-cache"),
     }
 
 
@@ -315,7 +321,21 @@ BUDGETS_POLICY = {
 # refused for its budget, and the refusal says what is left
 PROBE_MAX_TOKENS = 5 * 10**12
 
+
 # --keys' baseline: the same policy less the prices and budgets (not the repo's, which may gain stages meanwhile).
+# --cache's rows: the repo's base policy, the response cache on (a TTL no run outlasts)
+def cache_policy() -> dict:
+    import yaml
+
+    base = yaml.safe_load((REPO / "policies" / "base.yaml").read_text())
+    return {**base, "spec": {**base["spec"], "cache": {"enabled": True, "ttl": "1h"}}}
+
+
+CACHE_ROWS = (  # target, label, response_cache.store
+    ("portcullis_cache_memory", "Portcullis, response cache hit (memory)", "memory"),
+    ("portcullis_cache_redis", "Portcullis, response cache hit (Redis)", "redis"),
+)
+
 NO_BUDGETS_POLICY = {**BUDGETS_POLICY, "metadata": {"name": "bench-no-budgets"}, "spec": {}}
 STATIC_KEY_ROW = "portcullis_static_key"  # --keys' baseline: the config's key
 # a second static-key gateway, paired with the first like the key-store rows: how far two identical gateways' ratio
@@ -339,12 +359,13 @@ def start_portcullis(
     static_key: bool = True,
     checkout: Path | None = None,
     workers: int = 1,
+    response_cache: dict | None = None,
 ) -> Service:
     """One gateway worker with the repo's policies, or `policy` alone; with `redis_url`, limits (and a `store` of
     'redis': keys and spend) in Redis. Its SQLite key store is a file of its own in `tmp` (see `sqlite_path`);
     `static_key`: the config's key (API_KEY) works, besides any stored one.
 
-    `workers`: listen.workers (--workers-compare).
+    `workers`: listen.workers (--workers-compare). `response_cache`: its config section (--cache).
 
     `checkout` runs an earlier commit's gateway (a `git worktree` of it) with this venv, for a side-by-side row; it
     gets the same config, less the admin listener.
@@ -373,6 +394,8 @@ def start_portcullis(
         config["admin"] = {"enabled": False}
     if redis_url:
         config["redis"] = {"url": redis_url, "on_failure": "fail_closed", "timeout": 2.0}
+    if response_cache is not None:
+        config["response_cache"] = response_cache
     path = tmp / f"{name}.yaml"
     path.write_text(json.dumps(config, indent=2))  # JSON is YAML
     exe = Path(sys.prefix) / "bin" / "portcullis"
@@ -1252,6 +1275,11 @@ def main(argv: list[str] | None = None) -> int:
         help="add rows with rate limits on (memory and a local redis-server), access log off",
     )
     parser.add_argument(
+        "--cache",
+        action="store_true",
+        help="add rows, access log off: every request a response cache hit (memory, a local redis-server)",
+    )
+    parser.add_argument(
         "--keys",
         action="store_true",
         help="add rows, access log off: the static key, and a stored key (SQLite, Redis) with a budget rule on",
@@ -1326,7 +1354,7 @@ def main(argv: list[str] | None = None) -> int:
         stores: dict[str, Service] = {}  # target -> the store whose CPU its requests cost too
         bearer: dict[str, str] = {}  # target -> the key it takes, where not API_KEY
         scripts: dict[str, Path] = {}  # target -> its wrk script, where not `lua`
-        redis = start_redis(procs, tmp) if args.limits or args.keys else None
+        redis = start_redis(procs, tmp) if args.limits or args.keys or args.cache else None
         if args.limits:
             assert redis is not None
             stores["portcullis_limits_redis"] = redis
@@ -1357,6 +1385,17 @@ def main(argv: list[str] | None = None) -> int:
                 targets.append((key, label, svc, True))
                 if url:
                     stores[key] = redis
+        if args.cache:
+            assert redis is not None
+            for key, label, store in CACHE_ROWS:
+                url = f"redis://127.0.0.1:{redis.port}/2" if store == "redis" else None  # apart from the others' dbs
+                svc = start_portcullis(
+                    procs, tmp, key, static.port, False, url, policy=cache_policy(), response_cache={"store": store}
+                )
+                wait_http(svc, "/healthz", 60)
+                targets.append((key, label, svc, True))
+                if url:
+                    stores[key] = redis
         if not args.skip_litellm:
             litellm = start_litellm(procs, tmp, static.port)
             if litellm is not None:
@@ -1372,6 +1411,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError(f"{label}: a wrong key got {check['wrong_key_status']}; auth is not on")
             check["auth_on"] = auth
             checks[key] = check
+            if key in {row for row, _, _ in CACHE_ROWS} and check_chat(svc.port)["cache"] != "hit":
+                raise RuntimeError(f"{label}: a repeated request was not a cache hit")
         budgeted = {key: svc for key, _, svc, _ in targets if key in {row for row, _, _ in KEY_STORE_ROWS}}
         budget_before = {key: budget_left(svc, bearer[key]) for key, svc in budgeted.items()}
         # Rounds interleave the targets, so a burst of outside load lands on all of them rather than on one.
