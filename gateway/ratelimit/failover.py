@@ -17,10 +17,18 @@ log = logging.getLogger(__name__)
 
 
 class CircuitBreaker:
-    """Open after `failures` errors in a row; while open, callers skip the store until `cooldown` has passed."""
+    """Open after `failures` errors in a row; while open, callers skip the store until `cooldown` has passed.
+    `store`: what it guards, for the log."""
 
-    def __init__(self, failures: int, cooldown: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        failures: int,
+        cooldown: float,
+        clock: Callable[[], float] = time.monotonic,
+        store: str = "rate limit store",
+    ) -> None:
         self.failures = failures
+        self.store = store
         self.cooldown = cooldown
         self._clock = clock
         self._errors = 0
@@ -37,7 +45,7 @@ class CircuitBreaker:
         self._errors += 1
         if self._errors >= self.failures:
             if self._opened_at is None:
-                log.error("rate limit store failing: circuit open for %.1fs", self.cooldown)
+                log.error("%s failing: circuit open for %.1fs", self.store, self.cooldown)
             self._opened_at = self._clock()
 
 

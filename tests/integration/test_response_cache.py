@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import sys
 import time
 import uuid
@@ -376,3 +377,32 @@ def test_the_redis_store_serves_an_answer_one_gateway_stored_to_another(launcher
     assert asked(upstream) == 2
     [key] = [k for k in redis_server.client().keys("test-cache:*") if redis_server.client().pttl(k) > 0][:1]
     assert 0 < redis_server.client().pttl(key) <= 60_000
+
+
+def test_a_stalled_redis_store_is_a_miss_and_soon_left_alone(launcher, tmp_path, redis_server) -> None:
+    """Redis stops answering (SIGSTOP): a request waits out `redis.timeout` for the lookup and is served as a miss;
+    after `redis.breaker_failures` such waits the store is skipped, and requests no longer wait at all."""
+    upstream = launcher.fake_upstream()
+    timeout = 1.0
+    config = {
+        "policy_dir": policy(tmp_path / "policies", BASE),
+        "auth": auth(),
+        "pools": [pool("main", upstream.url, models=[MODEL])],
+        "redis": {"url": redis_server.url, "timeout": timeout, "breaker_failures": 2, "breaker_cooldown": 60},
+        "response_cache": {"store": "redis"},
+    }
+    gw = launcher.gateway(config)
+    assert chat(gw, messages=[{"role": "user", "content": unique()}]).headers["x-portcullis-cache"] == "miss"
+    assert redis_server.proc is not None
+    redis_server.proc.send_signal(signal.SIGSTOP)
+    try:
+        took = []
+        for _ in range(5):
+            started = time.monotonic()
+            response = chat(gw, messages=[{"role": "user", "content": unique()}])
+            took.append(time.monotonic() - started)
+            assert response.status_code == 200 and response.headers["x-portcullis-cache"] == "miss"
+    finally:
+        redis_server.proc.send_signal(signal.SIGCONT)
+    assert took[0] >= timeout, "the first lookup waited for the stalled Redis"
+    assert max(took[3:]) < timeout, f"once the breaker opened, no request waits for Redis: {took}"
