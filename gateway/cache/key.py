@@ -1,10 +1,11 @@
 """What the response cache serves and what identifies an answer in it.
 
 A request is looked up only when its tenant's policy turns the cache on for its route, model and pool, when it
-names no `Cache-Control: no-store` or `no-cache`, when an authenticated tenant sent it (anonymous callers share no
-cache), and, under `deterministic_only`, when its answer is reproducible: temperature 0 or a seed (embeddings
-always). Some requests are never served from it whatever the policy: a Responses request that runs in the
-background or adds to a conversation (its answer changes state upstream a cached answer would skip).
+names no `Cache-Control: no-store` or `no-cache`, when a key identified its tenant (a gateway with no keys serves
+every caller as one anonymous tenant: they share no cache), and, under `deterministic_only`, when its answer is
+reproducible: temperature 0 or a seed (embeddings always). Some requests are never served from it whatever the
+policy: a Responses request that runs in the background or adds to a conversation (its answer changes state upstream
+a cached answer would skip).
 
 The key is a SHA-256 over the tenant, the route, the pool the request is routed to (the model is in the body) and the
 request body as it would go upstream (after the input guard's redactions and the model a fallback chose), with its

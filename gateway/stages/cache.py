@@ -52,12 +52,11 @@ class CacheStage:
         if not spec.applies(ctx.route, ctx.model, pool.name):
             return
         headers = ctx.request.headers
+        tenant = ctx.tenant if ctx.key_id is not None else None  # no key: the gateway runs anonymous, one "tenant"
         key = None
-        if ctx.tenant is not None and not bypass_reason(
-            spec, ctx.route, ctx.tenant, ctx.payload, headers.get("cache-control")
-        ):
+        if tenant is not None and not bypass_reason(spec, ctx.route, tenant, ctx.payload, headers.get("cache-control")):
             beta = headers.get("anthropic-beta") if pool.config.api == "anthropic" else None
-            key = cache_key(ctx.tenant, ctx.route, pool.name, ctx.payload, beta)
+            key = cache_key(tenant, ctx.route, pool.name, ctx.payload, beta)
         if key is None:
             self._result(ctx, "bypass")
             return

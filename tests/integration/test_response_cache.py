@@ -406,3 +406,14 @@ def test_a_stalled_redis_store_is_a_miss_and_soon_left_alone(launcher, tmp_path,
         redis_server.proc.send_signal(signal.SIGCONT)
     assert took[0] >= timeout, "the first lookup waited for the stalled Redis"
     assert max(took[3:]) < timeout, f"once the breaker opened, no request waits for Redis: {took}"
+
+
+def test_anonymous_callers_share_no_cache(launcher, tmp_path) -> None:
+    """A gateway with no keys serves every caller as the one tenant 'anonymous': nothing is cached for them."""
+    upstream = launcher.fake_upstream()
+    gw = launcher.gateway({"policy_dir": policy(tmp_path / "policies", BASE), "pools": [pool("main", upstream.url)]})
+    body = {"model": MODEL, "messages": [{"role": "user", "content": unique()}], "temperature": 0}
+    answers = [http.post(gw.url + "/v1/chat/completions", json=body) for _ in range(2)]
+    assert [a.status_code for a in answers] == [200, 200]
+    assert all("x-portcullis-cache" not in a.headers for a in answers)
+    assert asked(upstream) == 2
