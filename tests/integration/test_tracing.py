@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -352,3 +354,32 @@ def test_at_ratio_zero_a_blocked_request_and_a_failed_one_are_exported_whole(
     spans = received.wait_for("POST /v1/chat/completions", trace_id=_trace_of(gw, failed))
     assert {"stage.parse", "stage.route", "chat broken-model"} <= {s["name"] for s in spans}, "the whole trace"
     assert _exported(received, _trace_of(gw, served)) == []
+
+
+def test_a_cache_hit_says_so_on_its_span_and_asks_no_upstream(upstream, gateway, http_receiver, tmp_path):
+    endpoint, received = http_receiver
+    directory = tmp_path / "policies"
+    directory.mkdir()
+    policy = {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "t"}}
+    (directory / "base.yaml").write_text(json.dumps({**policy, "spec": {"cache": {"enabled": True}}}))
+    key = "sk-traced-cache"
+    gw = gateway(
+        {
+            "pools": [pool("main", upstream.url)],
+            "policy_dir": str(directory),
+            "auth": {"keys": [{"tenant": "t", "sha256": hashlib.sha256(key.encode()).hexdigest()}]},
+            "telemetry": {"otlp": {"enabled": True, "endpoint": endpoint, "protocol": "http/protobuf"}},
+        }
+    )
+    body = chat_body(temperature=0, messages=[{"role": "user", "content": "traced cache"}])
+    results = []
+    for _ in range(2):
+        response = http.post(gw.url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"})
+        trace_id = gw.access_log(response.headers["x-request-id"])["trace_id"]
+        trace = received.wait_for("POST /v1/chat/completions", trace_id=trace_id)
+        root = next(s for s in trace if s["name"] == "POST /v1/chat/completions")
+        results.append((root["attributes"]["portcullis.cache.result"], {s["name"] for s in trace}))
+    (miss, missed), (hit, hit_spans) = results
+    assert (miss, hit) == ("miss", "hit")
+    assert "chat test-model" in missed and "chat test-model" not in hit_spans, "a hit asks no upstream"
+    assert {"stage.guard", "stage.cache"} <= hit_spans and "stage.route" not in hit_spans
