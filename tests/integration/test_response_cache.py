@@ -323,32 +323,43 @@ def test_a_cached_message_streams_as_messages_events(gw, providers, model) -> No
 # ---- the input stages hold for a hit -----------------------------------------------------------------------------
 
 
-def test_the_waf_and_the_guard_still_judge_a_request_the_cache_holds(launcher, tmp_path) -> None:
-    """Answers cached under a policy without rules; the policy then gains a WAF rule and a guard that blocks secrets:
-    the same requests are refused, though the cache holds their answers."""
-    upstream = launcher.fake_upstream()
+def test_the_waf_and_the_guards_still_judge_a_request_the_cache_holds(launcher, tmp_path) -> None:
+    """Answers cached under a policy without rules; the policy then gains a WAF rule, an input guard that blocks
+    secrets and an output guard that redacts PII: the same requests are refused though the cache holds their
+    answers, and a cached answer reaches the client redacted, as the guard of the moment has it."""
+    providers = fake_providers(launcher)
     directory = tmp_path / "policies"
-    gw = launcher.gateway(
-        {"policy_dir": policy(directory, BASE), "auth": auth(), "pools": [pool("main", upstream.url, models=[MODEL])]}
-    )
-    secret = [{"role": "user", "content": "the key is AKIAIOSFODNN7EXAMPLE, keep it"}]
-    banned = [{"role": "user", "content": "tell me about forbidden-topic"}]
-    for messages in (secret, banned):
-        assert [chat(gw, messages=messages).headers["x-portcullis-cache"] for _ in range(2)] == ["miss", "hit"]
+    config = {"policy_dir": policy(directory, BASE), "auth": auth(), "pools": pools(providers, providers)}
+    gw = launcher.gateway(config, env={"FAKE_PROVIDER_KEY": UPSTREAM_KEY})
+    secret = [{"role": "user", "content": f"the key is AKIAIOSFODNN7EXAMPLE, keep it {unique()}"}]
+    banned = [{"role": "user", "content": f"tell me about forbidden-topic {unique()}"}]
+    email = [{"role": "user", "content": f"write to jane.doe@example.com {unique()}"}]  # the fake says it back
+    for messages in (secret, banned, email):
+        answers = [chat(gw, messages=messages, model=CHAT) for _ in range(2)]
+        assert [a.headers["x-portcullis-cache"] for a in answers] == ["miss", "hit"]
+    assert "jane.doe@example.com" in answers[1].json()["choices"][0]["message"]["content"]
     version = gw.admin.get("/admin/policy").json()["version"]
     rule = {"id": "no-topic", "when": {"target": "prompt", "regex": "forbidden-topic"}}
-    guard = {"enabled": True, "injection": {"enabled": False}, "pii": {"secrets": "block"}}
+    guard = {
+        "enabled": True,
+        "injection": {"enabled": False},
+        "pii": {"secrets": "block"},
+        "output": {"enabled": True, "injection": "off", "pii": "redact", "secrets": "block"},
+    }
     policy(directory, {**BASE, "waf": {"rules": [rule]}, "guard": guard})
     deadline = time.monotonic() + 15
     while gw.admin.get("/admin/policy").json()["version"] == version:
         assert time.monotonic() < deadline, "the policy was not reloaded"
         time.sleep(0.1)
-    before = asked(upstream)
-    blocked = chat(gw, messages=banned)
+    blocked = chat(gw, messages=banned, model=CHAT)
     assert blocked.status_code == 403 and blocked.json()["error"]["code"] == "waf_blocked"
-    guarded = chat(gw, messages=secret)
+    guarded = chat(gw, messages=secret, model=CHAT)
     assert guarded.status_code == 400 and guarded.json()["error"]["code"] == "prompt_blocked"
-    assert asked(upstream) == before
+    redacted = chat(gw, messages=email, model=CHAT)
+    assert redacted.headers["x-portcullis-cache"] == "hit"
+    assert "[REDACTED:EMAIL]" in redacted.json()["choices"][0]["message"]["content"]
+    for messages in (secret, banned, email):
+        assert asked_about(providers, messages[0]["content"]) == 1, "each asked upstream once, before the policy"
 
 
 # ---- a fleet: Redis ----------------------------------------------------------------------------------------------
