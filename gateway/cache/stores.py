@@ -53,12 +53,6 @@ class MemoryStore:
         return len(self._entries)
 
     async def get(self, key: str) -> bytes | None:
-        return self.get_now(key)
-
-    async def put(self, key: str, answer: bytes, ttl: float) -> None:
-        self.put_now(key, answer, ttl)
-
-    def get_now(self, key: str) -> bytes | None:
         found = self._entries.get(key)
         if found is None:
             return None
@@ -69,7 +63,7 @@ class MemoryStore:
         self._entries.move_to_end(key)
         return answer
 
-    def put_now(self, key: str, answer: bytes, ttl: float) -> None:
+    async def put(self, key: str, answer: bytes, ttl: float) -> None:
         if len(answer) > self.max_entry_bytes or len(answer) > self.max_bytes:
             return
         if key in self._entries:
