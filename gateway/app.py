@@ -29,6 +29,7 @@ from gateway.admin import ByListener, build_admin_app
 from gateway.admin_token import admin_token as resolve_admin_token
 from gateway.apis.routes import APIS, BY_PATH, PASSTHROUGH, route_error
 from gateway.billing import Billing
+from gateway.cache.semantic import Embedder
 from gateway.cache.stores import build_answer_store
 from gateway.client_exit import ClientWatch
 from gateway.client_ip import client_ip
@@ -146,7 +147,12 @@ class Gateway:
         self.admission = AdmissionStage(self.pools.pools, self.tracer, self.metrics)
         self.route = RouteStage()
         self.cache = CacheStage(
-            lambda: self.policies, build_answer_store(config), self.metrics, config.response_cache.max_entry_bytes
+            lambda: self.policies,
+            build_answer_store(config),
+            self.metrics,
+            config.response_cache.max_entry_bytes,
+            Embedder(self.pools),
+            config.response_cache.max_embeddings,
         )
         self.pipeline = Pipeline(
             [

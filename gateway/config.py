@@ -785,6 +785,16 @@ class ResponseCacheConfig(_Strict):
     key_prefix: Annotated[str, Field(min_length=1, max_length=64)] = Field(
         default="portcullis:cache:", description="redis store: the prefix of its keys"
     )
+    max_embeddings: Annotated[
+        int,
+        Field(
+            gt=0,
+            description=(
+                "the semantic match (policy spec.cache.semantic): embeddings this process keeps, every tenant's "
+                "together, the least recently used out first"
+            ),
+        ),
+    ] = 10_000
 
 
 FallbackTrigger = Literal["429", "5xx", "timeout", "connection_error", "context_length_exceeded"]

@@ -129,8 +129,9 @@ class RequestContext:
     predicted_cached_tokens: int | None = None  # what routing expected the replica to have cached
     # guard: set when the policy turns the output guard on; the upstream relay runs the answer through it
     output_guard: OutputGuard | None = None
-    # cache (gateway/stages/cache.py): "hit", "miss" or "bypass" where the policy's response cache covers the request;
-    # on a miss, what takes the answer to store; on a hit, the answer, and the stages after it do not run
+    # cache (gateway/stages/cache.py): "hit", "semantic_hit", "miss" or "bypass" where the policy's response cache
+    # covers the request; on a miss, what takes the answer to store; on a hit, the answer, and the stages after it
+    # do not run
     cache_result: str | None = None
     cache_fill: CacheFill | None = None
     answered: Response | None = None
@@ -173,6 +174,11 @@ class RequestContext:
     def keep_content(self, inventory: Inventory) -> None:
         """The payload's inventory as a stage took it (the WAF, on the offload executor), for the later ones."""
         self._content = (self.payload, inventory)
+
+    @property
+    def served_from_cache(self) -> bool:
+        """Whether the response cache answered the request (no upstream was asked)."""
+        return self.cache_result in ("hit", "semantic_hit")
 
     @property
     def exchange(self) -> Exchange:

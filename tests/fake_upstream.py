@@ -7,7 +7,7 @@ details and the model its answer names too (`cached`, `reasoning`, `answer_model
 command line sets what holds for every request, so one upstream of several can be the broken one: `--fail-status`
 (with `--fail-code`, the OpenAI-style error code its error body carries, e.g. context_length_exceeded) and `--slow`
 (seconds before any answer's headers).
-It also answers embeddings (`/v1/embeddings`), a vector per input derived from its text.
+It also answers embeddings (`/v1/embeddings`): a bag of each input's words, so inputs with the same words embed alike.
 `GET /_stats` reports what it saw (requests, cancelled streams, last headers and body) so tests can assert on the
 upstream side of the wire.
 """
@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import re
 import time
 
 import uvicorn
@@ -30,11 +31,19 @@ from starlette.routing import Route
 class Stats:
     def __init__(self) -> None:
         self.requests = 0
+        self.embeddings = 0  # of the requests, those for embeddings
         self.completed_streams = 0
         self.cancelled_streams = 0
         self.passed_through = 0  # requests to the routes a pool passes through unread (echo)
         self.last_headers: dict[str, str] = {}
         self.last_body: dict = {}
+
+
+def bag_of_words(text: str, dimensions: int = 64) -> list[float]:
+    vector = [0.0] * dimensions
+    for word in re.findall(r"[a-z0-9]+", text.lower()):
+        vector[hashlib.sha256(word.encode()).digest()[0] % dimensions] += 1.0
+    return vector
 
 
 def build(name: str, fail_status: int | None, fail_code: str | None = None, slow: float = 0.0) -> Starlette:
@@ -101,17 +110,15 @@ def build(name: str, fail_status: int | None, fail_code: str | None = None, slow
             raise
 
     async def embeddings(request: Request) -> Response:
-        """OpenAI's embeddings: a vector per input, its numbers derived from the input's text."""
+        """OpenAI's embeddings: a vector per input, the bag of its words (lower case, punctuation dropped) hashed
+        into 64 numbers, so texts with the same words embed alike and others less alike the fewer words they
+        share."""
         stats.requests += 1
+        stats.embeddings += 1
         body = stats.last_body = await request.json()
         inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
         data = [
-            {
-                "object": "embedding",
-                "index": i,
-                "embedding": [b / 255 for b in hashlib.sha256(str(text).encode()).digest()[:8]],
-            }
-            for i, text in enumerate(inputs)
+            {"object": "embedding", "index": i, "embedding": bag_of_words(str(text))} for i, text in enumerate(inputs)
         ]
         usage = {"prompt_tokens": 3 * len(inputs), "total_tokens": 3 * len(inputs)}
         return JSONResponse({"object": "list", "data": data, "model": body.get("model"), "usage": usage})

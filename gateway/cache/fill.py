@@ -13,6 +13,7 @@ Storing does not hold the answer up: the store's write (Redis's round trip) runs
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -34,6 +35,7 @@ class CacheFill:
         path: str,
         target: tuple[str, str],
         max_bytes: int,
+        stored: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
         self._writes = writes  # the store's writes in flight, held so none is collected before it ran
@@ -42,6 +44,7 @@ class CacheFill:
         self._path = path  # the upstream route: the answer's format
         self._target = target  # (model, pool) the key was made for
         self._max_bytes = max_bytes
+        self._stored = stored  # told once the answer is stored (the semantic match remembers its embedding then)
         self._assembly: Assembly | None = None
 
     def whole(self, ctx: RequestContext, content: bytes, answer: dict[str, Any]) -> None:
@@ -70,3 +73,5 @@ class CacheFill:
         task = asyncio.create_task(self._store.put(self._key, content, self._ttl))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
+        if self._stored is not None:
+            self._stored()

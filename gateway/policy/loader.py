@@ -177,7 +177,21 @@ def load_policy_dir(directory: Path) -> PolicySet:
         overlays={t: o for t, (_, o) in overlays.items()},
         version=version,
         waf=waf,
-        warnings=findings.warnings,
+        warnings=findings.warnings + _semantic_warnings(base, [o for _, o in overlays.values()]),
+    )
+
+
+def _semantic_warnings(base: Policy, overlays: list[TenantPolicy]) -> tuple[str, ...]:
+    """The semantic cache answers a question with the answer to another one its embeddings call alike: said at every
+    load where a policy turns it on, since a wrong threshold (or a model that is no embedding model) serves wrong
+    answers without any error."""
+    specs = [("base policy", base.spec.cache)] + [(f"tenant {o.tenant!r}", o.spec.cache) for o in overlays]
+    return tuple(
+        f"{where}: spec.cache.semantic answers a request with the answer of another whose last user text "
+        f"{spec.semantic.model!r} embeds at least {spec.semantic.threshold:g} alike; a false hit is another question's "
+        "answer: measure the model and threshold on your own traffic (docs/policies.md#the-semantic-match)"
+        for where, spec in specs
+        if spec is not None and spec.enabled and spec.semantic is not None
     )
 
 

@@ -138,6 +138,18 @@ class CacheScope(_Strict):
     pools: list[str] = Field(default_factory=list)
 
 
+class SemanticCache(_Strict):
+    """Opt-in, beside the exact match: a chat or Messages request equal to one the tenant sent before in everything
+    but its last user message, whose text is close enough to that one's (the cosine similarity of their embeddings),
+    is answered with that request's answer. A paraphrase answered as its original is the point; a question that
+    differs in one word it matters (a name, a number, a negation) answered as the other is the cost: measure it on
+    your own traffic before choosing the threshold (docs/policies.md#response-cache-speccache)."""
+
+    model: Annotated[str, Field(min_length=1, description="the embeddings model: a pool that serves it embeds")]
+    threshold: Annotated[float, Field(gt=0, le=1, description="the least cosine similarity served as a hit")] = 0.95
+    tools: bool = Field(default=False, description="requests with tools too (their calls depend on exact wording)")
+
+
 class CacheSpec(_Strict):
     """The exact-match response cache (docs/policies.md#cache): an answer is served again, to the same tenant only,
     for a request whose canonical body, route, model and pool are the same. Off by default."""
@@ -152,6 +164,7 @@ class CacheSpec(_Strict):
         ),
     )
     match: CacheScope = CacheScope()
+    semantic: SemanticCache | None = Field(default=None, description="off unless given")
 
     def applies(self, route: str, model: str, pool: str) -> bool:
         scope = self.match

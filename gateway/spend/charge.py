@@ -30,7 +30,7 @@ def charge(ctx: RequestContext, prices: PriceTable) -> Charge:
     reported = ctx.usage.cached_tokens
     cached = min(reported, prompt) if isinstance(reported, int) and reported > 0 else 0
     over = completion - ctx.max_tokens if ctx.max_tokens is not None and completion > ctx.max_tokens else 0
-    if ctx.cache_result == "hit":
+    if ctx.served_from_cache:
         charged = Charge(prompt, 0, completion, prices.cache_hit_nanos(ctx.model, prompt + completion), 0, True)
     else:
         charged = Charge(prompt, cached, completion, prices.cost_nanos(ctx.model, prompt, cached, completion), over)
@@ -53,7 +53,7 @@ def charged_tokens(ctx: RequestContext) -> tuple[int, int]:
       much more the upstream generated is unknown and a client must not skip the bill by hanging up.
     """
     usage = ctx.usage
-    accepted = (ctx.replica is not None or ctx.cache_result == "hit") and ctx.status == 200
+    accepted = (ctx.replica is not None or ctx.served_from_cache) and ctx.status == 200
     prompt, completion = token_count(usage.prompt_tokens), token_count(usage.completion_tokens)
     if prompt is None:
         prompt = (ctx.prompt_tokens or 0) if accepted else 0

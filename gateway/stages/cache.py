@@ -14,6 +14,7 @@ cacheable) and set on the request's span (`portcullis.cache.result`).
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -23,9 +24,11 @@ from starlette.responses import Response
 from gateway.cache.fill import CacheFill
 from gateway.cache.key import bypass_reason, cache_key
 from gateway.cache.replay import replayed
+from gateway.cache.semantic import SEMANTIC_ROUTES, Embedder, SemanticIndex, bucket_key, last_user_text
 from gateway.cache.stores import AnswerStore
 from gateway.context import RequestContext
 from gateway.policy.loader import PolicySet
+from gateway.policy.model import SemanticCache
 from gateway.telemetry import Metrics
 from gateway.upstream import SSE_HEADERS, answer_headers, messages_translator, translated, whole_answer
 
@@ -36,13 +39,21 @@ class CacheStage:
     name = "cache"
 
     def __init__(
-        self, policies: Callable[[], PolicySet], store: AnswerStore, metrics: Metrics, max_entry_bytes: int
+        self,
+        policies: Callable[[], PolicySet],
+        store: AnswerStore,
+        metrics: Metrics,
+        max_entry_bytes: int,
+        embedder: Embedder,
+        max_embeddings: int,
     ) -> None:
         self._policies = policies
         self.store = store
         self._max_entry_bytes = max_entry_bytes
         self._requests = metrics.tallies.counter(metrics.cache_requests)  # by route and result
         self._writes: set[asyncio.Task[None]] = set()
+        self._embedder = embedder
+        self._index = SemanticIndex(max_embeddings)
 
     async def __call__(self, ctx: RequestContext) -> None:
         spec = self._policies().cache_for(ctx.tenant)
@@ -53,23 +64,33 @@ class CacheStage:
             return
         headers = ctx.request.headers
         tenant = ctx.tenant if ctx.key_id is not None else None  # no key: the gateway runs anonymous, one "tenant"
+        beta = headers.get("anthropic-beta") if pool.config.api == "anthropic" else None
         key = None
         if tenant is not None and not bypass_reason(spec, ctx.route, tenant, ctx.payload, headers.get("cache-control")):
-            beta = headers.get("anthropic-beta") if pool.config.api == "anthropic" else None
             key = cache_key(tenant, ctx.route, pool.name, ctx.payload, beta)
-        if key is None:
+        if tenant is None or key is None:
             self._result(ctx, "bypass")
             return
-        found = await self.store.get(key)
-        answer = _json_object(found) if found is not None else None
-        if found is not None and answer is not None:
-            self._result(ctx, "hit")
-            ctx.answered = await self._replay(ctx, found, answer)
+        if await self._answer_from(ctx, key, "hit"):
             return
+        remember: Callable[[], None] | None = None
+        semantic = spec.semantic
+        bucket = self._bucket(ctx, semantic, tenant, pool.name, beta)
+        if semantic is not None and bucket is not None:
+            text = last_user_text(ctx.payload)
+            vector = await self._embedder.embed(semantic.model, text) if text is not None else None
+            if vector is not None:
+                near = self._index.nearest(bucket, vector, semantic.threshold)
+                if near is not None and await self._answer_from(ctx, near[0], "semantic_hit"):
+                    ctx.span.set_attribute("portcullis.cache.similarity", near[1])
+                    return
+                remember = functools.partial(self._index.add, bucket, vector, key)
         self._result(ctx, "miss")
         path = ctx.exchange.path
         target = (ctx.model, pool.name)
-        ctx.cache_fill = CacheFill(self.store, self._writes, key, spec.ttl, path, target, self._max_entry_bytes)
+        ctx.cache_fill = CacheFill(
+            self.store, self._writes, key, spec.ttl, path, target, self._max_entry_bytes, remember
+        )
 
     async def aclose(self) -> None:
         """Let the writes in flight finish, then close the store."""
@@ -77,12 +98,32 @@ class CacheStage:
             await asyncio.gather(*self._writes, return_exceptions=True)
         await self.store.aclose()
 
+    async def _answer_from(self, ctx: RequestContext, key: str, result: str) -> bool:
+        """Answer the request with the answer stored under `key`, where there is one."""
+        found = await self.store.get(key)
+        answer = _json_object(found) if found is not None else None
+        if found is None or answer is None:
+            return False
+        self._result(ctx, result)
+        ctx.answered = await self._replay(ctx, found, answer)
+        return True
+
+    def _bucket(
+        self, ctx: RequestContext, semantic: SemanticCache | None, tenant: str, pool: str, beta: str | None
+    ) -> str | None:
+        """The semantic bucket of a request the semantic match may serve (gateway/cache/semantic.py), else None."""
+        if semantic is None or ctx.route not in SEMANTIC_ROUTES or last_user_text(ctx.payload) is None:
+            return None
+        if not semantic.tools and (ctx.payload.get("tools") or ctx.payload.get("functions")):
+            return None
+        return bucket_key(tenant, ctx.route, pool, ctx.payload, beta, semantic.model)
+
     def _result(self, ctx: RequestContext, result: str) -> None:
         ctx.cache_result = result
         self._requests(ctx.route, result).inc()
         ctx.span.set_attribute("portcullis.cache.result", result)
         if result != "bypass":
-            ctx.response_headers[HEADER] = result
+            ctx.response_headers[HEADER] = result.replace("_", "-")
 
     async def _replay(self, ctx: RequestContext, stored: bytes, answer: dict[str, Any]) -> Response:
         """The stored answer as the client asked for it; usage recorded from it, for limits and billing."""

@@ -26,11 +26,13 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, Process, pool
+from tests.fake_upstream import bag_of_words
 
 MODEL, CLAUDE, GPT, CHAT = "test-model", "claude-sonnet-4-5", "gpt-4.1-mini", "chat-model"
 UPSTREAM_KEY = "sk-upstream-5d1e"
 KEYS = {
-    t: f"sk-{t}-{hashlib.sha256(t.encode()).hexdigest()[:8]}" for t in ("alpha", "beta", "limited", "short", "payer")
+    t: f"sk-{t}-{hashlib.sha256(t.encode()).hexdigest()[:8]}"
+    for t in ("alpha", "beta", "limited", "short", "payer", "near", "near2")
 }
 MAX_ENTRY_BYTES = 4096
 CACHED_PRICE = 0.5  # per million tokens: a hit's token costs 500 nanos
@@ -55,6 +57,7 @@ BASE = {
 OVERLAYS = {
     "limited": {"rate_limits": [{"id": "two", "requests": {"limit": 2, "per": "1m"}}]},
     "short": {"cache": {"enabled": True, "ttl": 0.4}},
+    **{tenant: {"cache": {"enabled": True, "semantic": {"model": "embed-model"}}} for tenant in ("near", "near2")},
 }
 
 
@@ -428,3 +431,51 @@ def test_anonymous_callers_share_no_cache(launcher, tmp_path) -> None:
     assert [a.status_code for a in answers] == [200, 200]
     assert all("x-portcullis-cache" not in a.headers for a in answers)
     assert asked(upstream) == 2
+
+
+# ---- the semantic match (opt-in): the fake upstream's embeddings are bags of words ----------------------------------
+
+
+def ask_near(gw: Process, text: str, tenant: str = "near", **body: Any) -> httpx.Response:
+    """A chat request to the fake providers' chat pool, which says the last user text back."""
+    return chat(gw, tenant, model=CHAT, messages=[{"role": "user", "content": text}], **body)
+
+
+def fresh_topic(*words: str) -> str:
+    """A word of its own, hashed by the fake's bag of words into a number none of `words` shares (a shared one would
+    make two texts more alike than their words are)."""
+    taken = {bag_of_words(word).index(1.0) for word in words}
+    while True:
+        topic = uuid.uuid4().hex[:8]
+        if bag_of_words(topic).index(1.0) not in taken:
+            return topic
+
+
+def test_a_paraphrase_is_answered_with_the_answer_to_its_original(gw, upstream, providers) -> None:
+    topic = fresh_topic("what", "is", "the", "capital", "of", "today")
+    original = f"What is the capital of {topic}?"
+    first = ask_near(gw, original)
+    assert first.headers["x-portcullis-cache"] == "miss"
+    embeddings = http.get(upstream.url + "/_stats").json()["embeddings"]
+    paraphrase = ask_near(gw, f"what IS the capital of {topic}")  # the same words: the same embedding
+    assert paraphrase.headers["x-portcullis-cache"] == "semantic-hit"
+    assert paraphrase.json()["choices"][0]["message"]["content"] == original, "the original's answer"
+    assert http.get(upstream.url + "/_stats").json()["embeddings"] == embeddings + 1
+    assert gw.access_log(paraphrase.headers["x-request-id"])["cache"] == "semantic_hit"
+    # a question that shares most words but not all is below the threshold: its own answer
+    other = ask_near(gw, f"What is the capital of {topic} today?")
+    assert other.headers["x-portcullis-cache"] == "miss"
+    assert other.json()["choices"][0]["message"]["content"].endswith("today?")
+    assert asked_about(providers, topic) == 2
+
+
+def test_the_semantic_match_is_per_tenant_and_leaves_out_tools_and_other_settings(gw, providers) -> None:
+    topic = uuid.uuid4().hex[:8]
+    assert ask_near(gw, f"Tell me about {topic}.").headers["x-portcullis-cache"] == "miss"
+    assert ask_near(gw, f"tell me about {topic}", "near2").headers["x-portcullis-cache"] == "miss"
+    assert ask_near(gw, f"tell me about {topic}", max_tokens=7).headers["x-portcullis-cache"] == "miss"
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    assert ask_near(gw, f"Tell me about {topic}!", tools=[tool]).headers["x-portcullis-cache"] == "miss"
+    assert ask_near(gw, f"Tell me about {topic}!", tools=[tool]).headers["x-portcullis-cache"] == "hit", "exact"
+    assert ask_near(gw, f"tell me about {topic}?", tools=[tool]).headers["x-portcullis-cache"] == "miss"
+    assert asked_about(providers, topic) == 5

@@ -1,6 +1,6 @@
 """The response cache's parts in process: what identifies an answer, which requests it serves, the memory store's
-bounds, and the way between a stored answer and its stream (replayed, then assembled again, an answer comes back
-as it was)."""
+bounds, the way between a stored answer and its stream (replayed, then assembled again, an answer comes back as it
+was), and the semantic match's buckets and index."""
 
 from __future__ import annotations
 
@@ -8,14 +8,17 @@ import asyncio
 import json
 from typing import Any
 
+import numpy as np
 import pytest
 
 from gateway.apis.answers import AnswerFormat, MessagesFormat, ResponsesFormat
 from gateway.cache.assemble import Assembly, complete
 from gateway.cache.key import bypass_reason, cache_key, deterministic, refused_by_client
 from gateway.cache.replay import CHAT, COMPLETIONS, MESSAGES, RESPONSES, replayed
+from gateway.cache.semantic import SemanticIndex, bucket_key, embedding_of, last_user_text
 from gateway.cache.stores import MemoryStore
 from gateway.context import Usage
+from gateway.policy.loader import load_policy_dir
 from gateway.policy.model import CacheSpec
 from gateway.sse import read_event
 
@@ -247,3 +250,75 @@ def test_only_answers_that_ended_normally_are_complete():
     assert not complete(RESPONSES, {**RESPONSE_ANSWER, "status": "incomplete"})
     assert not complete(MESSAGES, {**MESSAGE_ANSWER, "stop_reason": "max_tokens"})
     assert complete("/v1/embeddings", {"data": []}) and not complete("/v1/embeddings", {"error": {}})
+
+
+# ---- the semantic match's parts ------------------------------------------------------------------------------------
+
+
+def test_the_last_user_text_is_read_only_where_it_is_text_alone():
+    def last(content: Any, role: str = "user") -> str | None:
+        return last_user_text(
+            {"messages": [{"role": "system", "content": "be brief"}, {"role": role, "content": content}]}
+        )
+
+    assert last("hi there") == "hi there"
+    assert last([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]) == "a\nb"
+    assert last([{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}]) is None
+    assert last("hi", role="assistant") is None and last([]) is None and last(None) is None
+    assert last_user_text({"messages": []}) is None and last_user_text({"prompt": "x"}) is None
+
+
+def test_a_bucket_holds_the_requests_equal_but_for_their_last_user_text():
+    def bucket(text: str, tenant: str = "acme", embedder: str = "e", **extra: Any) -> str | None:
+        messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": text}]
+        return bucket_key(tenant, "chat", "p", {**BODY, "messages": messages, **extra}, None, embedder)
+
+    assert bucket("what is x?") == bucket("tell me x")
+    assert bucket("x", tenant="other") != bucket("x")
+    assert bucket("x", embedder="f") != bucket("x")
+    assert bucket("x", max_tokens=3) != bucket("x")
+    assert bucket("x") != key({**BODY, "messages": [{"role": "user", "content": None}]}), "not an exact key"
+
+
+def unit(*numbers: float) -> Any:
+    vector = np.asarray(numbers, dtype=np.float32)
+    return vector / np.linalg.norm(vector)
+
+
+def test_the_index_serves_the_nearest_text_at_the_threshold_and_keeps_its_bound():
+    index = SemanticIndex(max_entries=3)
+    index.add("b1", unit(1, 0), "k-east")
+    index.add("b1", unit(0, 1), "k-north")
+    found = index.nearest("b1", unit(1, 0.1), threshold=0.99)
+    assert found is not None and found[0] == "k-east" and found[1] == pytest.approx(0.995, abs=1e-3)
+    assert index.nearest("b1", unit(1, 1), threshold=0.99) is None, "halfway: near neither"
+    assert index.nearest("b2", unit(1, 0), threshold=0.5) is None, "another bucket's texts are not compared"
+    index.add("b2", unit(1, 0), "k-other")
+    index.nearest("b1", unit(1, 0), threshold=0.5)  # b1 is now the most recently used
+    index.add("b3", unit(1, 0), "k-new")  # past 3: b2, the least recently used, loses its oldest
+    assert len(index) == 3 and index.nearest("b2", unit(1, 0), threshold=0.5) is None
+    assert index.nearest("b1", unit(0, 1), threshold=0.99) is not None
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"not json", b'{"data": []}', b'{"data": [{"embedding": "x"}]}', b'{"data": [{"embedding": [0, 0]}]}'],
+)
+def test_an_answer_that_is_no_embedding_gives_none(content):
+    assert embedding_of(content) is None
+
+
+def test_an_embedding_is_scaled_to_unit_length():
+    vector = embedding_of(b'{"data": [{"embedding": [3, 4]}]}')
+    assert vector is not None and vector.tolist() == pytest.approx([0.6, 0.8])
+
+
+def test_a_policy_that_turns_the_semantic_match_on_is_warned_about(tmp_path):
+    (tmp_path / "tenants").mkdir()
+    doc = {"apiVersion": "portcullis.dev/v1", "metadata": {"name": "p"}}
+    semantic = {"cache": {"enabled": True, "semantic": {"model": "embedder", "threshold": 0.97}}}
+    (tmp_path / "base.yaml").write_text(json.dumps({**doc, "kind": "Policy", "spec": {"cache": {"enabled": True}}}))
+    overlay = {**doc, "kind": "TenantPolicy", "tenant": "acme", "spec": semantic}
+    (tmp_path / "tenants" / "acme.yaml").write_text(json.dumps(overlay))
+    [warning] = load_policy_dir(tmp_path).warnings
+    assert "tenant 'acme'" in warning and "'embedder'" in warning and "0.97" in warning
