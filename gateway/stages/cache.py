@@ -6,9 +6,10 @@ input guard hold for a hit as for any request (a hit is counted by its limits an
 answer: as stored, or replayed as the stream the client asked for, in the route's own event shapes
 (gateway/cache/replay.py), through the output guard under the current policy and the Messages translation as an
 upstream's answer goes; the stages after this one and the upstream do not run. A miss leaves a `CacheFill` for the
-upstream relay to store the answer with. Either is told to the client (`x-portcullis-cache: hit|miss`), counted
-(`portcullis_cache_requests_total{route,result}`, with `bypass` for a request the policy covers but that is not
-cacheable) and set on the request's span (`portcullis.cache.result`).
+upstream relay to store the answer with. Where the policy turns the semantic match on, an exact miss may still be
+answered with a paraphrase's answer (gateway/cache/semantic.py). Each is told to the client
+(`x-portcullis-cache: hit|semantic-hit|miss`), counted (`portcullis_cache_requests_total{route,result}`, with `bypass`
+for a request the policy covers but that is not cacheable) and set on the request's span (`portcullis.cache.result`).
 """
 
 from __future__ import annotations
@@ -74,17 +75,10 @@ class CacheStage:
         if await self._answer_from(ctx, key, "hit"):
             return
         remember: Callable[[], None] | None = None
-        semantic = spec.semantic
-        bucket = self._bucket(ctx, semantic, tenant, pool.name, beta)
-        if semantic is not None and bucket is not None:
-            text = last_user_text(ctx.payload)
-            vector = await self._embedder.embed(semantic.model, text) if text is not None else None
-            if vector is not None:
-                near = self._index.nearest(bucket, vector, semantic.threshold)
-                if near is not None and await self._answer_from(ctx, near[0], "semantic_hit"):
-                    ctx.span.set_attribute("portcullis.cache.similarity", near[1])
-                    return
-                remember = functools.partial(self._index.add, bucket, vector, key)
+        if spec.semantic is not None:
+            answered, remember = await self._semantic(ctx, spec.semantic, tenant, pool.name, beta, key)
+            if answered:
+                return
         self._result(ctx, "miss")
         path = ctx.exchange.path
         target = (ctx.model, pool.name)
@@ -108,15 +102,25 @@ class CacheStage:
         ctx.answered = await self._replay(ctx, found, answer)
         return True
 
-    def _bucket(
-        self, ctx: RequestContext, semantic: SemanticCache | None, tenant: str, pool: str, beta: str | None
-    ) -> str | None:
-        """The semantic bucket of a request the semantic match may serve (gateway/cache/semantic.py), else None."""
-        if semantic is None or ctx.route not in SEMANTIC_ROUTES or last_user_text(ctx.payload) is None:
-            return None
+    async def _semantic(
+        self, ctx: RequestContext, semantic: SemanticCache, tenant: str, pool: str, beta: str | None, key: str
+    ) -> tuple[bool, Callable[[], None] | None]:
+        """The semantic match (gateway/cache/semantic.py): whether it answered the request; if not, what remembers
+        the request's embedding once its answer is stored (None where it has none)."""
+        text = last_user_text(ctx.payload)
+        if ctx.route not in SEMANTIC_ROUTES or text is None:
+            return False, None
         if not semantic.tools and (ctx.payload.get("tools") or ctx.payload.get("functions")):
-            return None
-        return bucket_key(tenant, ctx.route, pool, ctx.payload, beta, semantic.model)
+            return False, None
+        bucket = bucket_key(tenant, ctx.route, pool, ctx.payload, beta, semantic.model)
+        vector = await self._embedder.embed(semantic.model, text) if bucket is not None else None
+        if bucket is None or vector is None:
+            return False, None
+        near = self._index.nearest(bucket, vector, semantic.threshold)
+        if near is not None and await self._answer_from(ctx, near[0], "semantic_hit"):
+            ctx.span.set_attribute("portcullis.cache.similarity", near[1])
+            return True, None
+        return False, functools.partial(self._index.add, bucket, vector, key)
 
     def _result(self, ctx: RequestContext, result: str) -> None:
         ctx.cache_result = result
