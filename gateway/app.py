@@ -41,6 +41,7 @@ from gateway.guard.runtime import Guard
 from gateway.keystore.keyring import KeyRing
 from gateway.keystore.store import build_key_store
 from gateway.log_writer import log_access
+from gateway.mcp.service import McpService
 from gateway.offload import Offload
 from gateway.pipeline import Pipeline
 from gateway.policy.loader import PolicySet, empty_policy_set, load_policy_dir
@@ -174,6 +175,10 @@ class Gateway:
         self.upstream = Upstream(self.tracer, self.metrics, self.offload, config.telemetry.replica_header)
         self.object_passthrough = ObjectPassthrough(self.objects, self.models, self.upstream)
         self.billing = Billing(self.metrics, lambda: self.policies, self.spend, config.telemetry)
+        # /mcp/{server}: MCP servers' JSON-RPC, through the same WAF, auth, limits and guard (gateway/mcp/)
+        self.mcp = McpService(
+            config, lambda: self.policies, parse, waf, self.auth, rate_limits, self.guard, self.tracer, self.metrics
+        )
 
     def _failover(self, store: Backend) -> FailoverBackend:
         """`store` with this process's memory to fall back on while it fails (`redis.on_failure` says whether)."""
@@ -193,6 +198,7 @@ class Gateway:
         await self.keys.aclose()
         await self.key_store.aclose()
         await self.pools.aclose()
+        await self.mcp.aclose()
         await self.guard.guard.aclose()
         await self.metrics.tallies.aclose()  # what was counted since the last publish, billing too
         await self.rate_limiter.aclose()  # before Redis goes: its budget slices go back there
@@ -433,6 +439,8 @@ def _load_policies(config: GatewayConfig) -> PolicySet:
 
 def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = None) -> ASGIApp:
     """The public app and, on its own listener, the admin plane (gateway/admin.py)."""
+    from gateway.mcp.endpoint import McpEndpoint  # (a ProxyEndpoint: imported once this module has defined it)
+
     admin_token = resolve_admin_token(config.admin) if config.admin.enabled else ""  # before anything else can fail
     gateway = Gateway(config, span_exporter)
 
@@ -492,6 +500,7 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/v1/{rest:path}", PassthroughEndpoint(gateway)),  # last: only what no route above serves
+        Route("/mcp/{server}", McpEndpoint(gateway, gateway.mcp), methods=None),
     ]
     handlers: dict[type[Exception], Callable[..., Awaitable[Response]]] = {
         **EXCEPTION_HANDLERS,

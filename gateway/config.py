@@ -502,6 +502,44 @@ class PoolConfig(_Strict):
         return seed
 
 
+class McpServerConfig(_Strict):
+    """An upstream MCP server (streamable HTTP), served to the gateway's callers at `/mcp/{name}` (docs/mcp.md)."""
+
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")]
+    url: str = Field(description="the server's MCP endpoint, e.g. https://mcp.example.com/mcp")
+    api_key_env: str | None = Field(
+        default=None, description="env var holding the server's credential, sent as 'Authorization: Bearer'"
+    )
+    connect_timeout: Annotated[float, Field(gt=0)] = 3.0
+    idle_timeout: Annotated[
+        float, Field(gt=0, description="seconds an answer (or a stream, between events) may go without a byte")
+    ] = 60.0
+    total_timeout: Annotated[
+        float, Field(gt=0, description="seconds one POST's answer may take in all; a GET stream is not bounded")
+    ] = 300.0
+    max_message_bytes: Annotated[
+        int, Field(gt=0, description="bytes of one JSON-RPC message the server sends (an answer or an SSE event)")
+    ] = 4 * 1024 * 1024
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value  # as given: an MCP endpoint's path is the server's, trailing slash included
+
+    def credential(self) -> str | None:
+        """The server's credential from the environment; a named variable that is unset stops the start."""
+        if self.api_key_env is None:
+            return None
+        value = os.environ.get(self.api_key_env)
+        if not value:
+            raise ConfigError(
+                f"mcp_servers[{self.name}].api_key_env: environment variable {self.api_key_env} is not set"
+            )
+        return value
+
+
 class ApiKeyConfig(_Strict):
     """One client key. Give its SHA-256 hex digest, or the name of an env var holding the key itself."""
 
@@ -844,6 +882,7 @@ class GatewayConfig(_Strict):
     redis: RedisConfig = RedisConfig()
     store: StoreConfig = StoreConfig()
     fallbacks: list[FallbackConfig] = Field(default_factory=list)
+    mcp_servers: list[McpServerConfig] = Field(default_factory=list, description="served at /mcp/{name}")
     tenant_objects: TenantObjectsConfig = TenantObjectsConfig()
     response_cache: ResponseCacheConfig = ResponseCacheConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
@@ -883,6 +922,15 @@ class GatewayConfig(_Strict):
                 if target.model is not None and not catch_all and target.model not in served:
                     raise ValueError(f"fallbacks[{i}].to[{j}].model: no pool serves {target.model!r}")
         return self
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _unique_mcp_names(cls, servers: list[McpServerConfig]) -> list[McpServerConfig]:
+        names = [server.name for server in servers]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"MCP server names must be unique, repeated: {', '.join(duplicates)}")
+        return servers
 
     @field_validator("pools")
     @classmethod

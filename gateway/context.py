@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from gateway.cache.fill import CacheFill
     from gateway.guard.output import OutputGuard
     from gateway.keystore.records import KeyRecord
+    from gateway.mcp.call import McpCall
     from gateway.policy.model import PriceTable
     from gateway.ratelimit.limiter import Grant
     from gateway.routing.policies import RouteRequest
@@ -108,6 +109,9 @@ class RequestContext:
     json_values: int = 0  # how many values the body holds: with its size, whether its work leaves the event loop
     model: str = ""
     stream: bool = False
+    # the MCP route (gateway/mcp/): the exchange with the client, and a tools/call's "server/tool" per-tool limits count
+    mcp: McpCall | None = None
+    tool: str = ""
     # auth
     tenant: str | None = None
     key_id: str | None = None  # short digest prefix: identifies a key in limits and logs, reveals nothing

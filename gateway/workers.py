@@ -6,6 +6,8 @@ binds the admin listener; every worker writes its metrics into a directory the s
 (PROMETHEUS_MULTIPROC_DIR, see gateway/telemetry.py), so worker 0's /metrics counts all of them.
 
 The supervisor:
+- makes the secret MCP session ids are bound with (gateway/mcp/sessions.py) before any worker starts, so each
+  worker, restarted ones too, accepts the sessions any other opened;
 - makes (or reads) the admin token before any worker starts, so a generated one is printed once, by the supervisor,
   and worker 0, restarted ones too, reads the same file (gateway/admin_token.py);
 - reserves the public port before any worker starts (bound, never listening, so it is given no connections): a
@@ -49,6 +51,7 @@ from prometheus_client import multiprocess
 from gateway import child_processes
 from gateway.admin_token import admin_token
 from gateway.config import ConfigError, GatewayConfig
+from gateway.mcp.sessions import process_secret
 from gateway.telemetry import MULTIPROCESS_DIR_ENV
 
 log = logging.getLogger(__name__)
@@ -93,6 +96,7 @@ class Supervisor:
 
     def run(self) -> int:
         host = self.config.listen.host
+        process_secret()  # before any worker starts: every worker binds MCP sessions with the same secret
         if self.config.admin.enabled:
             try:
                 admin_token(self.config.admin)

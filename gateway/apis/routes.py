@@ -16,13 +16,15 @@ from gateway.apis.passthrough import Passthrough
 from gateway.apis.responses import Responses
 from gateway.apis.shape import Api
 from gateway.errors import GatewayError, http_error
+from gateway.mcp.shape import Mcp
 
 APIS: tuple[Api, ...] = (Chat(), Completions(), Responses(), Embeddings(), Messages(), CountTokens())
 PASSTHROUGH = Passthrough()  # any other /v1/ route a pool opts in to
-BY_NAME: dict[str, Api] = {api.name: api for api in (*APIS, PASSTHROUGH)}
+MCP = Mcp()  # /mcp/{server}: MCP servers' JSON-RPC messages (gateway/mcp/)
+BY_NAME: dict[str, Api] = {api.name: api for api in (*APIS, PASSTHROUGH, MCP)}
 BY_PATH: dict[str, Api] = {api.path: api for api in APIS}
 # What policies may scope rules to (rate limits, WAF exclusions); a test keeps it equal to the shapes above.
-RouteName = Literal["chat", "completions", "responses", "embeddings", "messages", "count_tokens", "passthrough"]
+RouteName = Literal["chat", "completions", "responses", "embeddings", "messages", "count_tokens", "passthrough", "mcp"]
 ROUTE_NAMES: tuple[str, ...] = get_args(RouteName)
 
 

@@ -17,6 +17,8 @@ from pydantic import TypeAdapter, ValidationError
 from gateway.config import format_key_path
 from gateway.guard.spec import GuardSpec
 from gateway.guard.spec import overlay as guard_overlay
+from gateway.mcp.spec import McpSpec
+from gateway.mcp.spec import overlay as mcp_overlay
 from gateway.policy.model import (
     AdmissionPolicy,
     BudgetRule,
@@ -86,6 +88,11 @@ class PolicySet:
             guard = overlay.spec.guard if overlay is not None else None
             spec = cache[tenant] = guard_overlay(self.base.spec.guard, guard, given)
         return spec
+
+    def mcp_for(self, tenant: str | None) -> McpSpec:
+        """The tenant's MCP spec: the base's, with the tool lists its overlay gives."""
+        overlay = self.overlays.get(tenant) if tenant else None
+        return mcp_overlay(self.base.spec.mcp, overlay.spec.mcp if overlay is not None else None)
 
     def waf_for(self, tenant: str | None) -> CompiledWaf:
         return self.waf.for_tenant(tenant)

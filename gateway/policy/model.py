@@ -16,6 +16,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter,
 
 from gateway.apis.routes import RouteName
 from gateway.guard.spec import GuardSpec
+from gateway.mcp.spec import McpSpec
 from gateway.waf.model import RulePack, WafSpec
 
 API_VERSION = "portcullis.dev/v1"
@@ -49,7 +50,7 @@ Duration = Annotated[
 ]
 
 RuleId = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")]
-KeyPart = Literal["api_key", "tenant", "client_ip", "model", "route"]
+KeyPart = Literal["api_key", "tenant", "client_ip", "model", "route", "tool"]
 _PER_TENANT: tuple[KeyPart, ...] = ("tenant",)  # a rule's default key: one counter per tenant
 
 
@@ -85,6 +86,10 @@ class Scope(_Strict):
 
     routes: list[RouteName] = Field(default_factory=list)
     models: list[str] = Field(default_factory=list)
+    tools: list[str] = Field(
+        default_factory=list,
+        description="MCP tools as 'server/tool': the rule applies only to calls of these (route mcp, tools/call)",
+    )
 
 
 class RateLimitRule(_Strict):
@@ -301,6 +306,13 @@ class PolicySpec(_Strict):
     prices: PriceTable = Field(
         default_factory=PriceTable, description="per model, per million tokens; the base policy's only"
     )
+    mcp: McpSpec = Field(
+        default_factory=McpSpec,
+        description=(
+            "MCP servers' tool allow-lists and pinned definitions (docs/mcp.md); in an overlay, a server's tools "
+            "replace the base's, pins and the rest are the base's only"
+        ),
+    )
 
     @model_validator(mode="after")
     def _unique_ids(self) -> PolicySpec:
@@ -332,6 +344,12 @@ class TenantSpec(PolicySpec):
     def _no_prices(self) -> TenantSpec:
         if "prices" in self.model_fields_set:
             raise ValueError("'prices' belong to the base policy: a model's tokens cost the same whoever sends them")
+        mcp = self.mcp
+        if mcp.model_fields_set - {"servers"} or any(server.pinned for server in mcp.servers.values()):
+            raise ValueError(
+                "an overlay's 'mcp' gives servers' tools only: pins, the pin mode and relayed methods belong to the "
+                "base policy (a tool's definition reads the same whoever lists it)"
+            )
         return self
 
 

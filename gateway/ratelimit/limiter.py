@@ -280,6 +280,7 @@ KEY_PART_FIELDS: dict[str, str | None] = {
     "client_ip": "client_ip",
     "model": None,
     "route": "route",
+    "tool": "tool",  # an MCP tools/call's "server/tool" (gateway/mcp/)
 }
 
 

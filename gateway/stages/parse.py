@@ -38,7 +38,7 @@ class ParseStage:
         self._gate = gate
 
     async def __call__(self, ctx: RequestContext) -> None:
-        _check_encoding(ctx)
+        check_encoding(ctx)
         body = await self.read_body(ctx)
         await self._gate.check(ctx.route, body)
         payload, values, inventory = await self._offload.run(
@@ -141,7 +141,7 @@ def may_name_another_model(body: bytes) -> bool:
     return body.count(b'"model"') > 1 or b'"fallbacks"' in body or b"\\u" in body
 
 
-def _check_encoding(ctx: RequestContext) -> None:
+def check_encoding(ctx: RequestContext) -> None:
     """A compressed body is refused before it is read (415), not decoded as JSON into a puzzling invalid_json: the
     gateway judges the JSON it reads, and decompressing on its behalf would let a small body grow past every bound."""
     encoding = ctx.request.headers.get("content-encoding", "").strip().lower()

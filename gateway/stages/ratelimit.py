@@ -35,7 +35,7 @@ class RateLimitStage:
         policies = self._policies()
         rules: Sequence[RateLimitRule] = policies.rate_limits_for(ctx.tenant)
         if rules:
-            rules = [r for r in rules if _applies(r, ctx.route, demand.model)]
+            rules = [r for r in rules if _applies(r, ctx.route, demand.model, ctx.tool)]
         applied = budgets.applicable(ctx, policies.budgets_for(ctx.tenant))
         if not rules and not applied:
             return None
@@ -75,6 +75,10 @@ class RateLimitStage:
             self._limiter.settle(ctx.rate_limits, ctx)
 
 
-def _applies(rule: RateLimitRule, route: str, model: str) -> bool:
+def _applies(rule: RateLimitRule, route: str, model: str, tool: str) -> bool:
     scope = rule.match
-    return (not scope.routes or route in scope.routes) and (not scope.models or model in scope.models)
+    return (
+        (not scope.routes or route in scope.routes)
+        and (not scope.models or model in scope.models)
+        and (not scope.tools or tool in scope.tools)
+    )

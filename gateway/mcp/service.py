@@ -1,0 +1,85 @@
+"""The MCP gateway's parts, built once per process, and the order an exchange goes through them.
+
+A POST (one JSON-RPC message) runs parse, then the stages every route shares, with the MCP route's access checks
+between auth and the guard (gateway/mcp/stages.py): the WAF over the whole request (a tools/call's arguments are
+`tool_arguments` text, gateway/mcp/carriers.py), auth, access, and the guard's PII/secret detectors and classifier
+over the message, which may redact the arguments; then the relay (gateway/mcp/relay.py). A GET (the server's own
+stream) and a DELETE (a session's end) run auth and the session check. A tools/call runs inside its `execute_tool`
+span, its stages' spans in it, until its answer has been relayed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Tracer
+from starlette.responses import Response
+
+from gateway.config import GatewayConfig
+from gateway.context import RequestContext
+from gateway.mcp.pins import Catalog
+from gateway.mcp.relay import Relay
+from gateway.mcp.scan import Scanner
+from gateway.mcp.sessions import SessionBinder, process_secret
+from gateway.mcp.stages import McpAccess, McpParse, call_of
+from gateway.mcp.upstream import McpServer
+from gateway.pipeline import Pipeline, Stage
+from gateway.policy.loader import PolicySet
+from gateway.stages.guard import GuardStage
+from gateway.stages.parse import ParseStage
+from gateway.stages.ratelimit import RateLimitStage
+from gateway.telemetry import Metrics
+
+
+class McpService:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        policies: Callable[[], PolicySet],
+        parse: ParseStage,
+        waf: Stage,
+        auth: Stage,
+        limits: RateLimitStage,
+        guard: GuardStage,
+        tracer: Tracer,
+        metrics: Metrics,
+    ) -> None:
+        self.servers = {server.name: McpServer(server) for server in config.mcp_servers}
+        self._tracer = tracer
+        binder = SessionBinder(process_secret())
+        catalog = Catalog()
+        self.relay = Relay(self.servers, policies, binder, catalog, Scanner(guard), config.limits)
+        access = McpAccess(policies, binder, catalog, limits, self.relay.look_up)
+        self._parse = Pipeline([McpParse(parse)], tracer, metrics)
+        self.checks = Pipeline([waf, auth, access, guard], tracer, metrics)  # settles the rate limits it grants
+        self._stream_checks = Pipeline([auth, access], tracer, metrics)
+
+    async def answer(self, ctx: RequestContext) -> Response:
+        call = call_of(ctx)
+        if ctx.request.method != "POST":
+            await self._stream_checks.run(ctx)
+            return await self.relay.forward(ctx)
+        await self._parse.run(ctx)
+        if call.method != "tools/call":
+            await self.checks.run(ctx)
+            return await self.relay.forward(ctx)
+        call.span = self._tracer.start_span(
+            f"execute_tool {call.tool}",
+            kind=SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": call.tool,
+                "gen_ai.tool.call.id": str(call.request_id),
+                "gen_ai.tool.type": "extension",
+                "mcp.method.name": call.method,
+                "portcullis.mcp.server": call.server.name,
+            },
+        )
+        with trace.use_span(call.span, end_on_exit=False):
+            await self.checks.run(ctx)
+            return await self.relay.forward(ctx)
+
+    async def aclose(self) -> None:
+        for server in self.servers.values():
+            await server.aclose()
