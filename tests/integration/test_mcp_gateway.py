@@ -90,7 +90,7 @@ def write_policy(directory: Path, pinned: dict[str, str]) -> None:
         "tenant": "team-b",
         "spec": {"mcp": {"servers": {"test": {"tools": ["add"]}}}},
     }
-    team_c = {  # two calls of `add` a minute for each of its keys; its other tools are not counted
+    team_c = {  # `add` twice a minute per key; every tool three times a minute per key, each counted apart
         **team_b,
         "metadata": {"name": "team-c"},
         "tenant": "team-c",
@@ -98,10 +98,16 @@ def write_policy(directory: Path, pinned: dict[str, str]) -> None:
             "rate_limits": [
                 {
                     "id": "add-per-key",
-                    "key": ["api_key", "tool"],
-                    "match": {"routes": ["mcp"], "tools": ["test/add"]},
+                    "key": ["api_key"],
+                    "match": {"tools": ["test/add"]},
                     "requests": {"limit": 2, "per": "1m"},
-                }
+                },
+                {
+                    "id": "each-tool-per-key",
+                    "key": ["api_key", "tool"],
+                    "match": {"routes": ["mcp"]},
+                    "requests": {"limit": 3, "per": "1m"},
+                },
             ]
         },
     }
@@ -277,7 +283,12 @@ def test_rate_limits_count_each_tool_apart(setup):
     with pytest.raises(MCPError) as refused:
         call(setup.url, KEYS["team-c"], "add", {"a": 1, "b": 2})
     assert refused.value.error.data["code"] == "rate_limit_exceeded"
-    assert call(setup.url, KEYS["team-c"], "save", {"text": "another tool"}).content[0].text == "saved"
+    assert refused.value.error.data["param"] == "add-per-key"
+    for _ in range(3):  # `add`'s limit is not another tool's; and the per-tool counter has not counted `add`
+        assert call(setup.url, KEYS["team-c"], "save", {"text": "another tool"}).content[0].text == "saved"
+    with pytest.raises(MCPError) as refused:
+        call(setup.url, KEYS["team-c"], "save", {"text": "another tool"})
+    assert refused.value.error.data["param"] == "each-tool-per-key"
 
 
 def test_each_call_is_an_execute_tool_span_in_its_requests_trace_and_a_line_of_the_audit_log(setup):
