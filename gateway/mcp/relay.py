@@ -266,7 +266,7 @@ class Relay:
         except GuardBlocked as blocked:
             standing = "poisoned"
             log.warning("MCP server %r: tool %r refused by the guard: %s", server, name, blocked.message)
-        self._catalog.record(server, name, standing)
+        self._catalog.record(ctx.tenant, server, name, standing)
         if standing != "approved":
             log.warning(
                 "MCP server %r: tool %r left out of tools/list (%s); its definition hash is %s",
@@ -290,7 +290,7 @@ class Relay:
                 params["_meta"] = meta  # the 2026 revision's per-request envelope, as the client sent it
             asked = {"jsonrpc": "2.0", "id": f"portcullis-{ctx.request_id}-{page}", "method": "tools/list"}
             listing = McpCall(call.server, {**asked, "params": params}, "request", call.upstream_session)
-            headers = {k: v for k, v in self._headers(ctx, call).items() if k != "mcp-name"}
+            headers = {k: v for k, v in self._headers(ctx, call).items() if k not in ("mcp-name", "last-event-id")}
             if "mcp-method" in headers:
                 headers["mcp-method"] = "tools/list"
             upstream = await self._send(ctx, listing, "POST", messages.encode(listing.message), headers)

@@ -128,9 +128,9 @@ class McpAccess:
                 code="tool_not_allowed",
                 param="params.name",
             )
-        if self._catalog.of(server, tool) is None:
+        if self._catalog.of(ctx.tenant, server, tool) is None:
             await self._lookup(ctx)
-        standing = self._catalog.of(server, tool)
+        standing = self._catalog.of(ctx.tenant, server, tool)
         if standing != "approved":
             why = {
                 None: "no tools/list of the server shows it",

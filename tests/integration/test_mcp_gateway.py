@@ -213,6 +213,20 @@ def test_an_injected_tool_result_is_blocked(setup, mode):
     assert "IGNORE ALL PREVIOUS" not in str(refused.value.error)
 
 
+def test_an_injected_resource_is_withheld(setup):
+    async def read() -> MCPError | None:
+        async with connected(setup.url, KEYS["team-a"]) as client:
+            try:
+                await client.read_resource("page://garden")
+            except MCPError as error:
+                return error
+            return None
+
+    refused = anyio.run(read)
+    assert refused is not None and refused.error.data["code"] == "result_blocked"
+    assert "IGNORE ALL PREVIOUS" not in str(refused.error)
+
+
 def test_a_changed_description_is_detected_and_refused_until_pinned(setup):
     assert "weather" in listed(setup.url, KEYS["team-a"])
     assert call(setup.url, KEYS["team-a"], "weather", {"city": "Lisbon"}).content[0].text.startswith("Sunny")
