@@ -10,13 +10,16 @@ span, its stages' spans in it, until its answer has been relayed.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Tracer
 from starlette.responses import Response
 
-from gateway.config import GatewayConfig
+from gateway.apis.inventory import Provenance
+from gateway.config import GatewayConfig, is_loopback
 from gateway.context import RequestContext
 from gateway.mcp.pins import Catalog
 from gateway.mcp.relay import Relay
@@ -30,6 +33,10 @@ from gateway.stages.guard import GuardStage
 from gateway.stages.parse import ParseStage
 from gateway.stages.ratelimit import RateLimitStage
 from gateway.telemetry import Metrics
+
+log = logging.getLogger(__name__)
+# What MCP servers send that enters a model, by the provenance the guard reads it as (gateway/mcp/carriers.py).
+READ_AS: tuple[Provenance, ...] = ("tool_definitions", "tool_result", "document")
 
 
 class McpService:
@@ -46,6 +53,8 @@ class McpService:
         metrics: Metrics,
     ) -> None:
         self.servers = {server.name: McpServer(server) for server in config.mcp_servers}
+        if self.servers:
+            warn_unsafe(config, policies())
         self._tracer = tracer
         binder = SessionBinder(process_secret())
         catalog = Catalog()
@@ -83,3 +92,42 @@ class McpService:
     async def aclose(self) -> None:
         for server in self.servers.values():
             await server.aclose()
+
+
+def warn_unsafe(config: GatewayConfig, policies: PolicySet) -> None:
+    """Said at start: the settings under which what MCP servers send reaches models less guarded than it could."""
+    spec = policies.mcp_for(None)
+    if spec.pin == "learn":
+        log.warning(
+            "policy mcp.pin: learn: each process pins the first definition it sees of each tool, whatever it says; "
+            "pin approved hashes and set pin: required for production"
+        )
+    guard = policies.guard_for(None)
+    if not (guard.enabled and guard.injection.enabled):
+        log.warning(
+            "mcp_servers: the guard's classifier is off (policy guard.enabled, guard.injection.enabled): tool "
+            "descriptions, tool results, resources and prompts from MCP servers reach models unread; pins alone hold "
+            "the definitions"
+        )
+    else:
+        injection = guard.injection
+        decisions = {p: injection.provenances.get(p) for p in READ_AS}
+        actions = {p: (decision.action if decision else None) or injection.action for p, decision in decisions.items()}
+        monitored = [provenance for provenance, action in actions.items() if action not in ("block", "redact")]
+        if monitored:
+            log.warning(
+                "mcp_servers: the guard only records what it finds in %s (policy guard.injection.provenances): an "
+                "injected tool result or a poisoned description reaches the model; docs/mcp.md has a policy that "
+                "blocks them",
+                ", ".join(monitored),
+            )
+    for server in config.mcp_servers:
+        if server.name not in spec.servers:
+            log.info("mcp_servers[%s]: the policy names no tools for it (mcp.servers): it serves none", server.name)
+        address = urlsplit(server.url)
+        if server.api_key_env and address.scheme == "http" and not is_loopback(address.hostname or ""):
+            log.warning(
+                "mcp_servers[%s].url: plain http to another host: its credential (%s) crosses the network unencrypted",
+                server.name,
+                server.api_key_env,
+            )

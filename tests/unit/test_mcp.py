@@ -3,6 +3,7 @@ the operator's mcp_servers, and JSON-RPC messages read within bounds."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from gateway.config import ConfigError, GatewayConfig, LimitsConfig, McpServerCo
 from gateway.errors import GatewayError
 from gateway.mcp import messages
 from gateway.mcp.pins import Catalog, tool_hash
+from gateway.mcp.service import warn_unsafe
 from gateway.mcp.sessions import SessionBinder, caller_of
 from gateway.mcp.spec import McpSpec
 from gateway.policy.loader import PolicyError, load_policy_dir
@@ -134,3 +136,28 @@ def test_a_message_past_the_json_limits_is_refused():
             b'{"jsonrpc": "2.0", "method": "x", "params": ' + b'{"a": ' * 10 + b"1" + b"}" * 11,
             LimitsConfig(max_json_depth=5),
         )
+
+
+def test_the_start_says_where_mcp_content_reaches_models_unguarded(tmp_path, caplog):
+    config = GatewayConfig.model_validate(
+        {"mcp_servers": [{"name": "s", "url": "http://mcp.example.com/mcp", "api_key_env": "S_KEY"}]}
+    )
+    learn = load_policy_dir(_policies(tmp_path, {"pin": "learn"}, None))
+    with caplog.at_level(logging.INFO, logger="gateway.mcp.service"):
+        warn_unsafe(config, learn)
+    said = caplog.text
+    assert "mcp.pin: learn" in said
+    assert "classifier is off" in said  # the guard is off by default
+    assert "names no tools for it" in said
+    assert "crosses the network unencrypted" in said
+    caplog.clear()
+    provenances = {"tool_result": {"action": "block"}, "tool_definitions": {"action": "monitor"}, "document": {}}
+    guarded = {"enabled": True, "injection": {"action": "flag", "provenances": provenances}}
+    (tmp_path / "base.yaml").write_text(
+        yaml.safe_dump(
+            {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "b"}, "spec": {"guard": guarded}}
+        )
+    )
+    with caplog.at_level(logging.INFO, logger="gateway.mcp.service"):
+        warn_unsafe(config, load_policy_dir(tmp_path))
+    assert "only records what it finds in tool_definitions, document" in caplog.text
