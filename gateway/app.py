@@ -177,7 +177,16 @@ class Gateway:
         self.billing = Billing(self.metrics, lambda: self.policies, self.spend, config.telemetry)
         # /mcp/{server}: MCP servers' JSON-RPC, through the same WAF, auth, limits and guard (gateway/mcp/)
         self.mcp = McpService(
-            config, lambda: self.policies, parse, waf, self.auth, rate_limits, self.guard, self.tracer, self.metrics
+            config,
+            lambda: self.policies,
+            parse,
+            self.offload,
+            waf,
+            self.auth,
+            rate_limits,
+            self.guard,
+            self.tracer,
+            self.metrics,
         )
 
     def _failover(self, store: Backend) -> FailoverBackend:

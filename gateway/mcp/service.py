@@ -27,6 +27,7 @@ from gateway.mcp.scan import Scanner
 from gateway.mcp.sessions import SessionBinder, process_secret
 from gateway.mcp.stages import McpAccess, McpParse, call_of
 from gateway.mcp.upstream import McpServer
+from gateway.offload import Offload
 from gateway.pipeline import Pipeline, Stage
 from gateway.policy.loader import PolicySet
 from gateway.stages.guard import GuardStage
@@ -45,6 +46,7 @@ class McpService:
         config: GatewayConfig,
         policies: Callable[[], PolicySet],
         parse: ParseStage,
+        offload: Offload,
         waf: Stage,
         auth: Stage,
         limits: RateLimitStage,
@@ -60,7 +62,7 @@ class McpService:
         catalog = Catalog()
         self.relay = Relay(self.servers, policies, binder, catalog, Scanner(guard), config.limits)
         access = McpAccess(policies, binder, catalog, limits, self.relay.look_up)
-        self._parse = Pipeline([McpParse(parse)], tracer, metrics)
+        self._parse = Pipeline([McpParse(parse, offload)], tracer, metrics)
         self.checks = Pipeline([waf, auth, access, guard], tracer, metrics)  # settles the rate limits it grants
         self._stream_checks = Pipeline([auth, access], tracer, metrics)
 

@@ -18,6 +18,7 @@ from gateway.mcp import messages
 from gateway.mcp.call import McpCall
 from gateway.mcp.pins import Catalog
 from gateway.mcp.sessions import SessionBinder, caller_of
+from gateway.offload import Offload
 from gateway.policy.loader import PolicySet
 from gateway.stages.parse import ParseStage, check_encoding
 from gateway.stages.ratelimit import RateLimitStage
@@ -61,8 +62,9 @@ def call_of(ctx: RequestContext) -> McpCall:
 class McpParse:
     name = "parse"
 
-    def __init__(self, parse: ParseStage) -> None:
+    def __init__(self, parse: ParseStage, offload: Offload) -> None:
         self._parse = parse
+        self._offload = offload  # a big message is decoded and walked off the event loop
 
     async def __call__(self, ctx: RequestContext) -> None:
         check_encoding(ctx)
@@ -72,12 +74,14 @@ class McpParse:
                 415, "an MCP message is sent as Content-Type: application/json", code="unsupported_media_type"
             )
         body = await self._parse.read_body(ctx)
-        message = messages.read(body, self._parse.limits)
+        message = await self._offload.run(self._offload.is_big(len(body)), messages.read, body, self._parse.limits)
         call = call_of(ctx)
         call.message, call.kind = message, messages.kind_of(message)
         ctx.body, ctx.payload = body, message
         if call.method == "tools/call":
             name = call.params.get("name")
+            if call.kind != "request":
+                raise invalid_request("tools/call is a request: it has an id", param="id", code="invalid_jsonrpc")
             if not isinstance(name, str) or not name:
                 raise invalid_request("tools/call names its tool in params.name", param="params.name")
 

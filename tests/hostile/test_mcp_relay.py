@@ -1,6 +1,9 @@
-"""An MCP server that breaks the protocol, through the real gateway: every message it sends is bounded, read as
-JSON-RPC and judged before the client gets it; what it should not send is dropped, and what cannot be read ends the
-exchange with a JSON-RPC error the client's request can be paired with."""
+"""The MCP relay between a hostile client and a hostile server, through the real gateway.
+
+A client's message that is not one JSON-RPC object, or whose headers say another call than its body, is refused with
+its 4xx and a JSON-RPC error before any server sees it. A server that breaks the protocol: every message it sends is
+bounded, read as JSON-RPC and judged before the client gets it; what it should not send is dropped, and what cannot
+be read ends the exchange with a JSON-RPC error the client's request can be paired with."""
 
 from __future__ import annotations
 
@@ -91,3 +94,41 @@ def test_a_silent_server_ends_the_stream_after_its_idle_timeout(gateway):
     (message,) = events(answer)
     assert message["id"] == 5 and message["error"]["data"]["code"] == "upstream_error"
     assert answer.elapsed.total_seconds() < 5
+
+
+def post(gateway: Process, body: bytes, path: str = "/mcp/bad", **headers: str) -> httpx.Response:
+    sent = {"authorization": f"Bearer {KEY}", "content-type": "application/json", **headers}
+    return httpx.post(f"{gateway.url}{path}", content=body, headers=sent, timeout=30)
+
+
+TOOLS_CALL = json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "chatty"}}).encode()
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "code"),
+    [
+        (b"{not json", {}, 400, "invalid_json"),
+        (b'[{"jsonrpc": "2.0", "id": 1, "method": "ping"}]', {}, 400, "invalid_json"),  # a batch
+        (b'{"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "chatty"}}', {}, 400, "invalid_jsonrpc"),
+        (TOOLS_CALL, {"content-type": "text/plain"}, 415, "unsupported_media_type"),
+        (TOOLS_CALL, {"mcp-name": "huge"}, 400, "header_mismatch"),  # the server would route on the header
+        (TOOLS_CALL, {"mcp-method": "tools/list"}, 400, "header_mismatch"),
+        (b'{"jsonrpc": "2.0", "id": 4, "method": "sampling/createMessage"}', {}, 403, "method_not_relayed"),
+        (TOOLS_CALL, {"mcp-session-id": "forged.session"}, 404, "session_not_found"),
+        (TOOLS_CALL, {"authorization": "Bearer sk-not-a-key"}, 401, "invalid_api_key"),
+    ],
+)
+def test_a_message_the_gateway_will_not_relay_gets_its_status_and_a_json_rpc_error(
+    gateway, body, headers, status, code
+):
+    answer = post(gateway, body, **headers)
+    assert answer.status_code == status, answer.text
+    error = answer.json()
+    assert error["jsonrpc"] == "2.0" and error["error"]["data"]["code"] == code
+    assert isinstance(error["error"]["code"], int) and error["error"]["message"]
+
+
+def test_a_server_the_gateway_does_not_serve_and_a_method_mcp_does_not_use_are_refused(gateway):
+    assert post(gateway, TOOLS_CALL, path="/mcp/nobody").status_code == 404
+    answer = httpx.put(f"{gateway.url}/mcp/bad", content=TOOLS_CALL, headers={"authorization": f"Bearer {KEY}"})
+    assert answer.status_code == 405 and "POST" in answer.headers["allow"]
