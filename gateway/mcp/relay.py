@@ -107,7 +107,9 @@ class Relay:
             if not raw and call.kind != "request":
                 return Response(status_code=status, headers=headers)  # a notification taken, a session ended
             out = await self._from_server(ctx, call, raw)
-            return Response(out or b"", status_code=status, headers=headers, media_type="application/json")
+            if out is None:
+                raise _broken(call, "answered with a message that is no answer to the request")
+            return Response(out, status_code=status, headers=headers, media_type="application/json")
         return StreamingResponse(self._events(ctx, call, upstream), status_code=status, headers=headers)
 
     async def _refused(

@@ -4,6 +4,7 @@ a tools/list with its tools, and a tools/call as the tool's name says:
   huge          an SSE answer whose one event, the call's answer, is `--event-bytes` of text long
   garbage       200 application/json that is no JSON
   wrong_type    200 text/html
+  stray         200 application/json: an answer to another request
   chatty        an SSE answer that first sends a sampling request, a progress notification and an answer to another
                 request, then the call's own answer
   silent        SSE headers, then nothing for ten seconds
@@ -23,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-TOOLS = ("huge", "garbage", "wrong_type", "chatty", "silent")
+TOOLS = ("huge", "garbage", "wrong_type", "stray", "chatty", "silent")
 
 
 def event(message: dict) -> bytes:
@@ -41,6 +42,8 @@ def build(event_bytes: int) -> Starlette:
         answer = {"jsonrpc": "2.0", "id": ident, "result": {"content": [{"type": "text", "text": "done"}]}}
         if name == "garbage":
             return Response(b"<html>oops</html>", media_type="application/json")
+        if name == "stray":
+            return JSONResponse({**answer, "id": 999})
         if name == "wrong_type":
             return Response(b"<html>oops</html>", media_type="text/html")
 

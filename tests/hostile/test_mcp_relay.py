@@ -74,7 +74,7 @@ def test_an_event_past_the_servers_message_bound_ends_the_stream_with_an_error_f
     assert "xxxx" not in answer.text
 
 
-@pytest.mark.parametrize("tool", ["garbage", "wrong_type"])
+@pytest.mark.parametrize("tool", ["garbage", "wrong_type", "stray"])
 def test_an_answer_that_is_no_json_rpc_is_a_502_in_json_rpc(gateway, tool):
     answer = call(gateway, tool)
     assert answer.status_code == 502
