@@ -254,7 +254,7 @@ class Relay:
         result["tools"] = [
             tool
             for tool, standing in zip(tools, standings)
-            if standing == "approved" and spec.allowed(server, tool["name"])
+            if standing == "approved" and spec.allowed(server, tool["name"], ctx.key_id)
         ]
 
     async def _judge(self, ctx: RequestContext, spec: McpSpec, server: str, tool: object) -> Standing | None:

@@ -1,9 +1,10 @@
-"""The `mcp` section of the policy model (spec.mcp): which tools each tenant may call on each MCP server, which tool
-definitions the security team approved (pinned by hash), and which methods beyond the ones the gateway reads are
-relayed.
+"""The `mcp` section of the policy model (spec.mcp): which tools each tenant (and, narrower, each key) may call on
+each MCP server, which tool definitions the security team approved (pinned by hash), and which methods beyond the
+ones the gateway reads are relayed.
 
-In a TenantPolicy overlay a server's entry replaces the base's `tools` for that tenant; `pin`, `pinned` and `relay`
-are the base policy's only: a tool's definition is the same text whoever lists it, so it is approved once.
+In a TenantPolicy overlay a server's entry replaces the base's `tools` for that tenant and adds to its `keys` (by
+key id); `pin`, `pinned` and `relay` are the base policy's only: a tool's definition is the same text whoever lists
+it, so it is approved once.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ TOOL_HASH = r"^sha256:[0-9a-f]{64}$"
 ANY_TOOL = "*"
 
 ToolName = Annotated[str, Field(pattern=TOOL_NAME)]
+ToolEntry = Annotated[str, Field(pattern=rf"{TOOL_NAME[:-1]}|^\*$")]  # a tool's name, or '*' for every tool
 
 
 class _Strict(BaseModel):
@@ -29,11 +31,18 @@ class _Strict(BaseModel):
 class McpServerPolicy(_Strict):
     """One upstream MCP server: the tools callers may use and the definitions approved."""
 
-    tools: list[Annotated[str, Field(pattern=rf"{TOOL_NAME[:-1]}|^\*$")]] = Field(
+    tools: list[ToolEntry] = Field(
         default_factory=list,
         description=(
             "tools a caller may list and call ('*': every tool); default none. A tenant's overlay replaces the list "
             "for that tenant"
+        ),
+    )
+    keys: dict[Annotated[str, Field(pattern=r"^[0-9a-f]{12}$")], list[ToolEntry]] = Field(
+        default_factory=dict,
+        description=(
+            "per API key (its id, as `portcullis keys` and the audit log show it): a narrower allow-list, what both "
+            "it and `tools` name; a key not here has `tools`"
         ),
     )
     pinned: dict[ToolName, Annotated[str, Field(pattern=TOOL_HASH)]] = Field(
@@ -67,17 +76,27 @@ class McpSpec(_Strict):
         description="per server named in portcullis.yaml's mcp_servers; a server not here: no tools",
     )
 
-    def allowed(self, server: str, tool: str) -> bool:
+    def allowed(self, server: str, tool: str, key_id: str | None) -> bool:
+        """Whether the server's allow-list names the tool, and the calling key's own list too where it has one."""
         policy = self.servers.get(server)
-        return policy is not None and (ANY_TOOL in policy.tools or tool in policy.tools)
+        if policy is None or not _names(policy.tools, tool):
+            return False
+        own = policy.keys.get(key_id) if key_id else None
+        return own is None or _names(own, tool)
+
+
+def _names(allowed: list[str], tool: str) -> bool:
+    return ANY_TOOL in allowed or tool in allowed
 
 
 def overlay(base: McpSpec, tenant: McpSpec | None) -> McpSpec:
-    """The tenant's effective spec: the base's, each server the overlay names with the overlay's tool list."""
+    """The tenant's effective spec: the base's, each server the overlay names with the overlay's tool list and its
+    keys' lists added to the base's."""
     if tenant is None or not tenant.servers:
         return base
     servers = dict(base.servers)
     for name, given in tenant.servers.items():
-        pinned = base.servers[name].pinned if name in base.servers else {}
-        servers[name] = McpServerPolicy(tools=given.tools, pinned=pinned)
+        kept = base.servers.get(name) or McpServerPolicy()
+        keys = {**kept.keys, **given.keys}  # a key's narrower list stays narrow under its tenant's overlay
+        servers[name] = McpServerPolicy(tools=given.tools, keys=keys, pinned=kept.pinned)
     return base.model_copy(update={"servers": servers})

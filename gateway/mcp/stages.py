@@ -124,7 +124,7 @@ class McpAccess:
             return
         server = call.server.name
         ctx.span.set_attribute("gen_ai.tool.name", tool)
-        if not spec.allowed(server, tool):
+        if not spec.allowed(server, tool, ctx.key_id):
             raise GatewayError(
                 403,
                 f"tool {tool[:128]!r} of MCP server {server!r} is not on this caller's allow-list (mcp.servers)",

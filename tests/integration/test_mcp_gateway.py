@@ -62,6 +62,11 @@ def served_tools(server_url: str) -> list[dict]:
     return answer.json()["result"]["tools"]
 
 
+def key_id(key: str) -> str:
+    """A key of portcullis.yaml as the policy and the audit log name it."""
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
 def write_policy(directory: Path, pinned: dict[str, str]) -> None:
     (directory / "tenants").mkdir(parents=True)
     base = {
@@ -80,7 +85,11 @@ def write_policy(directory: Path, pinned: dict[str, str]) -> None:
                 },
                 "pii": {"secrets": "redact"},
             },
-            "mcp": {"servers": {"test": {"tools": ["*"], "pinned": pinned}}},
+            "mcp": {
+                "servers": {
+                    "test": {"tools": ["*"], "keys": {key_id(KEYS["team-c"]): ["add", "save"]}, "pinned": pinned}
+                }
+            },
         },
     }
     team_b = {
@@ -246,6 +255,9 @@ def test_a_tool_outside_the_allow_list_is_refused(setup):
         call(setup.url, KEYS["team-b"], "save", {"text": "hello"})
     assert refused.value.error.data["code"] == "tool_not_allowed"
     assert call(setup.url, KEYS["team-b"], "add", {"a": 1, "b": 1}).content[0].text == "2"
+    assert set(listed(setup.url, KEYS["team-c"])) == {"add", "save"}  # the key's own list, within its tenant's
+    with pytest.raises(MCPError, match="not on this caller's allow-list"):
+        call(setup.url, KEYS["team-c"], "fetch_page", {"url": "https://example.com"})
 
 
 def test_a_session_is_not_usable_with_another_key(setup):

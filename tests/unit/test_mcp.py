@@ -70,11 +70,23 @@ def test_an_overlay_gives_its_tenant_its_own_allow_list_and_keeps_the_base_pins(
     pinned = {"add": tool_hash(TOOL)}
     base = {"servers": {"s": {"tools": ["*"], "pinned": pinned}}}
     policies = load_policy_dir(_policies(tmp_path, base, {"servers": {"s": {"tools": ["add"]}}}))
-    assert policies.mcp_for(None).allowed("s", "delete_repo")
+    assert policies.mcp_for(None).allowed("s", "delete_repo", None)
     tenant = policies.mcp_for("team-b")
-    assert tenant.allowed("s", "add") and not tenant.allowed("s", "delete_repo")
+    assert tenant.allowed("s", "add", None) and not tenant.allowed("s", "delete_repo", None)
     assert tenant.servers["s"].pinned == pinned
-    assert not policies.mcp_for(None).allowed("unknown-server", "add")  # a server the policy names not: no tools
+    assert not policies.mcp_for(None).allowed("unknown-server", "add", None)  # a server the policy names not: none
+
+
+def test_a_keys_own_list_narrows_its_tenants_and_stays_narrow_under_an_overlay(tmp_path):
+    base = {"servers": {"s": {"tools": ["*"], "keys": {"0123456789ab": ["add", "delete_repo"]}}}}
+    policies = load_policy_dir(_policies(tmp_path, base, {"servers": {"s": {"tools": ["add", "search"]}}}))
+    anyone = policies.mcp_for(None)
+    assert anyone.allowed("s", "delete_repo", "0123456789ab") and not anyone.allowed("s", "search", "0123456789ab")
+    assert anyone.allowed("s", "search", "ba9876543210")  # another key: the tenant's list
+    tenant = policies.mcp_for("team-b")
+    assert tenant.allowed("s", "add", "0123456789ab")
+    assert not tenant.allowed("s", "delete_repo", "0123456789ab")  # its own list names it, its tenant's not
+    assert not tenant.allowed("s", "search", "0123456789ab")  # its tenant's names it, its own not
 
 
 @pytest.mark.parametrize(
