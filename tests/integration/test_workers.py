@@ -291,3 +291,53 @@ def run_serve(config: dict, tmp_path: Path) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)]
     env = {**os.environ, STATE_ENV: str(tmp_path / "state")}
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_an_mcp_session_opened_on_one_worker_is_the_callers_on_every_worker(processes, tmp_path):
+    """docs/mcp.md, sessions: the supervisor makes the secret session ids are bound with before any worker starts, so
+    a session a client opened through one worker is accepted, for its key, by the others."""
+    description = tmp_path / "description.txt"
+    description.write_text("Current weather conditions for a city.")
+    server_port = free_port()
+    server_cmd = [sys.executable, str(ROOT / "tests" / "mcp_server.py"), "--port", str(server_port)]
+    server = spawn([*server_cmd, "--description-file", str(description)], server_port, tmp_path / "mcp.log", "/healthz")
+    processes.append(server)
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    base = {"pin": "learn", "servers": {"test": {"tools": ["*"]}}}
+    (policies / "base.yaml").write_text(
+        yaml.safe_dump(
+            {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "m"}, "spec": {"mcp": base}}
+        )
+    )
+    gateway = start_workers(
+        processes,
+        tmp_path,
+        {
+            "pools": [pool("main", "http://127.0.0.1:9")],
+            "auth": AUTH,
+            "policy_dir": str(policies),
+            "mcp_servers": [{"name": "test", "url": f"{server.url}/mcp"}],
+        },
+    )
+    headers = {"authorization": f"Bearer {KEY}", "accept": "application/json, text/event-stream"}
+    hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "tests", "version": "0"}}
+    opened = fresh_connections.post(
+        gateway.url + "/mcp/test",
+        json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello},
+        headers=headers,
+    )
+    assert opened.status_code == 200, opened.text
+    session = {**headers, "mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+    initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    assert fresh_connections.post(gateway.url + "/mcp/test", json=initialized, headers=session).status_code == 202
+    since = len(gateway.output())
+
+    def listed(i: int) -> int:
+        body = {"jsonrpc": "2.0", "id": 10 + i, "method": "tools/list"}
+        return fresh_connections.post(gateway.url + "/mcp/test", json=body, headers=session).status_code
+
+    with ThreadPoolExecutor(4) as threads:
+        assert list(threads.map(listed, range(24))) == [200] * 24
+    served = {line["worker"] for line in access_lines(gateway, since) if line["path"] == "/mcp/test"}
+    assert served == {0, 1}, "both workers took the session's requests"
