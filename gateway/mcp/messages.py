@@ -73,11 +73,6 @@ def _is_id(value: object) -> bool:
     return type(value) is str or type(value) is int
 
 
-def params(message: dict[str, Any]) -> dict[str, Any]:
-    found = message.get("params")
-    return found if isinstance(found, dict) else {}
-
-
 def encode(message: dict[str, Any]) -> bytes:
     return orjson.dumps(message)
 

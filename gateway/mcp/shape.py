@@ -10,7 +10,7 @@ from starlette.responses import Response
 from gateway.apis.shape import Api, CountForm
 from gateway.errors import GatewayError
 from gateway.mcp.carriers import CLIENT_MESSAGE
-from gateway.mcp.messages import error_message, error_response
+from gateway.mcp.messages import error_response
 
 
 class Mcp(Api):
@@ -28,7 +28,5 @@ class Mcp(Api):
         return "prompt", ""
 
     def error_response(self, error: GatewayError) -> Response:
+        """A failure the MCP endpoint did not answer itself (a defect: 500), as a JSON-RPC error."""
         return error_response(error, None)
-
-    def stream_error(self, error: GatewayError) -> bytes:
-        return b"event: message\ndata: " + error_message(error, None) + b"\n\n"
