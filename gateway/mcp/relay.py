@@ -29,7 +29,6 @@ from starlette.responses import Response, StreamingResponse
 from gateway.config import LimitsConfig
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
-from gateway.guard.runtime import GuardBlocked
 from gateway.mcp import messages
 from gateway.mcp.call import McpCall
 from gateway.mcp.carriers import ANSWERS, TOOL
@@ -231,7 +230,7 @@ class Relay:
             return raw
         try:
             rewritten = await self._scanner.scan(ctx, answer, message, raw)
-        except GuardBlocked as blocked:
+        except GatewayError as blocked:  # the guard's block, or text too long for it to scan whole
             call.decision, call.reason = "blocked", "result_blocked"
             refusal = GatewayError(
                 502,
@@ -265,7 +264,7 @@ class Relay:
         standing = self._catalog.judge(spec, server, name, digest)
         try:
             await self._scanner.scan(ctx, TOOL, tool, messages.encode(tool))
-        except GuardBlocked as blocked:
+        except GatewayError as blocked:  # the guard's block, or a description too long for it to scan whole
             standing = "poisoned"
             log.warning("MCP server %r: tool %r refused by the guard: %s", server, name, blocked.message)
         self._catalog.record(ctx.tenant, server, name, standing)

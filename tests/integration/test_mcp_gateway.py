@@ -222,6 +222,12 @@ def test_an_injected_tool_result_is_blocked(setup, mode):
     assert "IGNORE ALL PREVIOUS" not in str(refused.value.error)
 
 
+def test_a_result_too_long_to_scan_whole_is_withheld_not_relayed_unread(setup):
+    with pytest.raises(MCPError, match="answer was withheld") as refused:
+        call(setup.url, KEYS["team-a"], "long_page", {"url": "https://example.com/long"})
+    assert refused.value.error.data["code"] == "result_blocked"
+
+
 def test_an_injected_resource_is_withheld(setup):
     async def read() -> MCPError | None:
         async with connected(setup.url, KEYS["team-a"]) as client:
