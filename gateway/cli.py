@@ -12,6 +12,7 @@ from gateway import config_cli, keys_cli, log_format, log_writer, up, workers
 from gateway.bench import cli as bench_cli
 from gateway.config import CONFIG_ENV, ConfigError, load_config
 from gateway.guard import cli as guard_cli
+from gateway.mcp import cli as mcp_cli
 from gateway.policy import cli as policy_cli
 from gateway.version import VERSION
 
@@ -28,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_cli.add_subcommands(commands)
     guard_cli.add_subcommands(commands)
     keys_cli.add_subcommands(commands)
+    mcp_cli.add_subcommands(commands)
     args = parser.parse_args(argv)
     return args.func(args)
 

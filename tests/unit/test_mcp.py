@@ -3,12 +3,14 @@ the operator's mcp_servers, and JSON-RPC messages read within bounds."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
 import pytest
 import yaml
 
+from gateway import cli
 from gateway.config import ConfigError, GatewayConfig, LimitsConfig, McpServerConfig
 from gateway.errors import GatewayError
 from gateway.mcp import messages
@@ -173,3 +175,25 @@ def test_the_start_says_where_mcp_content_reaches_models_unguarded(tmp_path, cap
     with caplog.at_level(logging.INFO, logger="gateway.mcp.service"):
         warn_unsafe(config, load_policy_dir(tmp_path))
     assert "only records what it finds in tool_definitions, document" in caplog.text
+
+
+@pytest.mark.parametrize("form", ["message", "result", "sse"])
+def test_pins_are_printed_for_each_listed_tool_ready_for_the_policy(tmp_path, capsys, form):
+    tools = [TOOL, {**TOOL, "name": "bad: name"}]
+    message = {"jsonrpc": "2.0", "id": 1, "result": {"tools": tools}}
+    text = {
+        "message": json.dumps(message),
+        "result": json.dumps(message["result"]),
+        "sse": ": comment\r\n\r\nevent: message\r\ndata: " + json.dumps(message) + "\r\n\r\n",
+    }[form]
+    (tmp_path / "answer").write_text(text)
+    assert cli.main(["mcp", "pins", str(tmp_path / "answer")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"add: {tool_hash(TOOL)}"
+    assert yaml.safe_load("\n".join(lines)) == {"add": tool_hash(TOOL)}  # the refused name is a comment
+
+
+def test_pins_of_what_is_no_tools_list_is_an_error(tmp_path, capsys):
+    (tmp_path / "answer").write_text('{"jsonrpc": "2.0", "id": 1, "result": {}}')
+    assert cli.main(["mcp", "pins", str(tmp_path / "answer")]) == 1
+    assert "no list of named tools" in capsys.readouterr().err
