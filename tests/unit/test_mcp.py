@@ -47,6 +47,8 @@ def test_required_pins_approve_only_the_pinned_hash_and_learn_only_the_first_see
     assert catalog.judge(required, "s", "add", tool_hash(TOOL)) == "approved"
     assert catalog.judge(required, "s", "add", tool_hash({**TOOL, "title": "x"})) == "changed"
     assert catalog.judge(required, "s", "other", tool_hash(TOOL)) == "unpinned"
+    catalog.record("team-a", "s", "add", "approved")  # as listed to one tenant, under its guard policy
+    assert catalog.of("team-a", "s", "add") == "approved" and catalog.of("team-b", "s", "add") is None
     learn = McpSpec(pin="learn")
     assert catalog.judge(learn, "s", "add", "sha256:" + "1" * 64) == "approved"
     assert catalog.judge(learn, "s", "add", "sha256:" + "2" * 64) == "changed"
