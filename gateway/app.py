@@ -181,6 +181,7 @@ class Gateway:
             lambda: self.policies,
             parse,
             self.offload,
+            self.shape_gate,
             waf,
             self.auth,
             rate_limits,

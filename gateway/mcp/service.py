@@ -30,6 +30,7 @@ from gateway.mcp.upstream import McpServer
 from gateway.offload import Offload
 from gateway.pipeline import Pipeline, Stage
 from gateway.policy.loader import PolicySet
+from gateway.shape_gate import ShapeGate
 from gateway.stages.guard import GuardStage
 from gateway.stages.parse import ParseStage
 from gateway.stages.ratelimit import RateLimitStage
@@ -47,6 +48,7 @@ class McpService:
         policies: Callable[[], PolicySet],
         parse: ParseStage,
         offload: Offload,
+        gate: ShapeGate,
         waf: Stage,
         auth: Stage,
         limits: RateLimitStage,
@@ -62,7 +64,7 @@ class McpService:
         catalog = Catalog()
         self.relay = Relay(self.servers, policies, binder, catalog, Scanner(guard), config.limits)
         access = McpAccess(policies, binder, catalog, limits, self.relay.look_up)
-        self._parse = Pipeline([McpParse(parse, offload)], tracer, metrics)
+        self._parse = Pipeline([McpParse(parse, offload, gate)], tracer, metrics)
         self.checks = Pipeline([waf, auth, access, guard], tracer, metrics)  # settles the rate limits it grants
         self._stream_checks = Pipeline([auth, access], tracer, metrics)
 

@@ -20,6 +20,7 @@ class Mcp(Api):
     output_fields = ()
     fill_field = None
     carriers = CLIENT_MESSAGE
+    names_model = False
 
     def check(self, payload: dict[str, Any]) -> None:
         return None  # a JSON-RPC message's checks are the MCP parse stage's (gateway/mcp/stages.py)

@@ -20,6 +20,7 @@ from gateway.mcp.pins import Catalog
 from gateway.mcp.sessions import SessionBinder, caller_of
 from gateway.offload import Offload
 from gateway.policy.loader import PolicySet
+from gateway.shape_gate import ShapeGate
 from gateway.stages.parse import ParseStage, check_encoding
 from gateway.stages.ratelimit import RateLimitStage
 
@@ -62,9 +63,10 @@ def call_of(ctx: RequestContext) -> McpCall:
 class McpParse:
     name = "parse"
 
-    def __init__(self, parse: ParseStage, offload: Offload) -> None:
+    def __init__(self, parse: ParseStage, offload: Offload, gate: ShapeGate) -> None:
         self._parse = parse
         self._offload = offload  # a big message is decoded and walked off the event loop
+        self._gate = gate  # one with very many values is judged out of process first, as on every route
 
     async def __call__(self, ctx: RequestContext) -> None:
         check_encoding(ctx)
@@ -74,6 +76,7 @@ class McpParse:
                 415, "an MCP message is sent as Content-Type: application/json", code="unsupported_media_type"
             )
         body = await self._parse.read_body(ctx)
+        await self._gate.check(ctx.route, body)
         message = await self._offload.run(self._offload.is_big(len(body)), messages.read, body, self._parse.limits)
         call = call_of(ctx)
         call.message, call.kind = message, messages.kind_of(message)

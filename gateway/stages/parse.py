@@ -118,7 +118,9 @@ def parse_body(route: str, body: bytes, limits: LimitsConfig) -> tuple[dict[str,
     _check_array_lengths(api, payload, limits)
     values = json_bounds.within_limits_unwalked(body, limits) or json_bounds.check_shape(payload, limits)
     api.check(payload)
-    check_model_name(payload["model"])  # every shape's: what routes, keys limits and spend, and names the answer
+    if not api.names_model:  # an MCP message: no model to route, limit, charge or name the answer by
+        return payload, values, None
+    check_model_name(payload["model"])  # every model route's: what routes, keys limits and spend, and names the answer
     if not may_name_another_model(body):
         return payload, values, None
     inventory = api.inventory(payload)

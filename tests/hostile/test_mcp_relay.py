@@ -132,3 +132,15 @@ def test_a_server_the_gateway_does_not_serve_and_a_method_mcp_does_not_use_are_r
     assert post(gateway, TOOLS_CALL, path="/mcp/nobody").status_code == 404
     answer = httpx.put(f"{gateway.url}/mcp/bad", content=TOOLS_CALL, headers={"authorization": f"Bearer {KEY}"})
     assert answer.status_code == 405 and "POST" in answer.headers["allow"]
+
+
+def test_a_message_with_very_many_values_is_judged_out_of_process_and_refused_in_json_rpc(gateway):
+    numbers = ",".join("1" for _ in range(200_000))  # past limits.max_json_values, and past the gate's commas
+    body = (
+        '{"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "chatty", "arguments": {"n": ['
+        + numbers
+        + "]}}}"
+    ).encode()
+    answer = post(gateway, body)
+    assert answer.status_code == 413, answer.text
+    assert answer.json()["error"]["data"]["code"] == "too_many_json_values"
