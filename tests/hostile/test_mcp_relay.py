@@ -144,3 +144,15 @@ def test_a_message_with_very_many_values_is_judged_out_of_process_and_refused_in
     answer = post(gateway, body)
     assert answer.status_code == 413, answer.text
     assert answer.json()["error"]["data"]["code"] == "too_many_json_values"
+
+
+def test_a_message_with_many_values_within_the_limits_is_relayed_after_the_out_of_process_check(gateway):
+    numbers = ",".join("1" for _ in range(6_000))  # past the gate's commas, within the JSON limits
+    body = (
+        '{"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "chatty", "arguments": {"n": ['
+        + numbers
+        + "]}}}"
+    ).encode()
+    answer = post(gateway, body, accept="application/json, text/event-stream")
+    assert answer.status_code == 200, answer.text
+    assert events(answer)[-1]["result"]["content"][0]["text"] == "done"
