@@ -7,7 +7,7 @@ Its tools are what a gateway must tell apart:
   lists (a "rug pull": a tool approved, then changed);
 - `notes`: a poisoned description, instructions to the model hidden in it;
 - `fetch_page`: an ordinary description and a result that carries an indirect prompt injection;
-- `long_page`: an ordinary result too long for the guard to scan whole (past its `max_windows`);
+- `long_page`: an ordinary result too long for the guard to scan whole (past the test policy's `max_tokens`);
 - the resource `page://garden`: a page that carries the same injection, read with resources/read;
 - `save`: keeps the text it is given, so a test sees what of a call's arguments reached the server.
 `GET /_seen` reports the Authorization header the server last got and the text `save` last kept; `GET /healthz`

@@ -77,6 +77,7 @@ def write_policy(directory: Path, pinned: dict[str, str]) -> None:
             "guard": {
                 "enabled": True,
                 "injection": {
+                    "max_tokens": 8192,  # a result longer than this is not scanned, so not relayed
                     "provenances": {
                         "tool_definitions": {"action": "block"},
                         "tool_result": {"action": "block"},
