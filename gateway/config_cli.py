@@ -28,6 +28,8 @@ def _check(args: argparse.Namespace) -> int:
     try:
         config = load_config(path)
         with_environment(config.telemetry, os.environ)
+        for server in config.mcp_servers:
+            server.credential()  # a variable it names and the environment lacks stops the start
     except ConfigError as exc:
         print(f"portcullis: {exc}", file=sys.stderr)
         return 1

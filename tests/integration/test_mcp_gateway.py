@@ -82,7 +82,7 @@ def write_policy(directory: Path, pinned: dict[str, str]) -> None:
                         "tool_definitions": {"action": "block"},
                         "tool_result": {"action": "block"},
                         "tool_arguments": {"action": "monitor"},
-                    }
+                    },
                 },
                 "pii": {"secrets": "redact"},
             },

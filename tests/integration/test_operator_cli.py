@@ -97,3 +97,16 @@ def test_a_log_format_that_does_not_exist_stops_the_start_naming_the_variable(tm
     started = portcullis("serve", "--config", str(config), env=env)
     assert started.returncode == 2
     assert "PORTCULLIS_LOG_FORMAT='xml' is none of json, text" in started.stderr
+
+
+def test_config_check_refuses_an_mcp_servers_credential_the_environment_lacks(tmp_path: Path):
+    config = tmp_path / "portcullis.yaml"
+    server = {"name": "github", "url": "https://mcp.example.com/mcp", "api_key_env": "PORTCULLIS_TEST_MCP_TOKEN"}
+    config.write_text(yaml.safe_dump({"pools": [pool("main", "http://127.0.0.1:8001")], "mcp_servers": [server]}))
+    env = {"PATH": "/usr/bin:/bin"}
+    checked = portcullis("config", "check", str(config), env=env)
+    assert checked.returncode == 1
+    assert (
+        "mcp_servers[github].api_key_env: environment variable PORTCULLIS_TEST_MCP_TOKEN is not set" in checked.stderr
+    )
+    assert portcullis("config", "check", str(config), env={**env, "PORTCULLIS_TEST_MCP_TOKEN": "t"}).returncode == 0
