@@ -75,6 +75,7 @@ class KeyRing:
         self.epoch: str | None = None  # the store lifetime the ring's copy is of (None: nothing loaded yet)
         self.version = 0  # the store version the ring holds, within that epoch
         self._poller: asyncio.Task[None] | None = None
+        self._closing = False
         self._refreshing = asyncio.Lock()  # one refresh at a time: an older answer must not undo a newer one
         self._failing = False
         self._was_anonymous: bool | None = None
@@ -143,13 +144,14 @@ class KeyRing:
 
     async def aclose(self) -> None:
         if self._poller is not None:
+            self._closing = True  # the poller stops even where a client turned its cancellation into an error
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
             self._poller = None
 
     async def _poll(self) -> None:
-        while True:
+        while not self._closing:
             await asyncio.sleep(self._poll_interval)
             try:
                 await self.refresh()
