@@ -1,14 +1,36 @@
-"""Stopping child processes the way an operator expects: a signal to each, one shared deadline, then SIGKILL."""
+"""Child processes the way an operator expects them: waited for until their HTTP endpoint answers (or they exit),
+and stopped with a signal to each, one shared deadline, then SIGKILL."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import subprocess
 import time
 from collections.abc import Sequence
 
+import httpx
+
 log = logging.getLogger(__name__)
+
+
+class NotReady(RuntimeError):
+    """A child process exited, or its endpoint did not answer in time; the message says which, naming the child."""
+
+
+def wait_ready(url: str, process: subprocess.Popen, what: str, timeout: float, interval: float = 0.25) -> None:
+    """Return once `url` answers 200; NotReady as soon as `process` exits, or once `timeout` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise NotReady(f"{what} exited with status {process.returncode}")
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get(url).status_code == 200:
+                    return
+            time.sleep(interval)
+    raise NotReady(f"{what} not ready on {url} after {timeout:.0f}s")
 
 
 def stop(processes: Sequence[subprocess.Popen], what: str, timeout: float, signum: int = signal.SIGTERM) -> None:

@@ -926,20 +926,20 @@ class GatewayConfig(_Strict):
     @field_validator("mcp_servers")
     @classmethod
     def _unique_mcp_names(cls, servers: list[McpServerConfig]) -> list[McpServerConfig]:
-        names = [server.name for server in servers]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"MCP server names must be unique, repeated: {', '.join(duplicates)}")
+        _refuse_repeated([server.name for server in servers], "MCP server names")
         return servers
 
     @field_validator("pools")
     @classmethod
     def _unique_pool_names(cls, pools: list[PoolConfig]) -> list[PoolConfig]:
-        names = [pool.name for pool in pools]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"pool names must be unique, repeated: {', '.join(duplicates)}")
+        _refuse_repeated([pool.name for pool in pools], "pool names")
         return pools
+
+
+def _refuse_repeated(names: list[str], what: str) -> None:
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"{what} must be unique, repeated: {', '.join(duplicates)}")
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> GatewayConfig:

@@ -13,18 +13,14 @@ runs from the gateway's stages to the engine's decode (`make demo` points it at 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Literal
-
-import httpx
 
 from gateway import child_processes, log_format
 from gateway.admin_token import token_file
@@ -170,15 +166,12 @@ def _start_engine(port: int, otlp_endpoint: str | None) -> subprocess.Popen:
 
 
 def _wait_healthy(port: int, engine: subprocess.Popen) -> None:
-    deadline = time.monotonic() + ENGINE_START_TIMEOUT
-    while time.monotonic() < deadline:
-        if engine.poll() is not None:
-            raise SystemExit(f"portcullis up: engine on port {port} exited with status {engine.returncode}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0).status_code == 200:
-                return
-        time.sleep(0.25)
-    raise SystemExit(f"portcullis up: engine on port {port} not healthy after {ENGINE_START_TIMEOUT:.0f}s")
+    try:
+        child_processes.wait_ready(
+            f"http://127.0.0.1:{port}/health", engine, f"engine on port {port}", ENGINE_START_TIMEOUT
+        )
+    except child_processes.NotReady as exc:
+        raise SystemExit(f"portcullis up: {exc}") from None
 
 
 def _banner(

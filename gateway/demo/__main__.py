@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         executable = phoenix.install(args.phoenix_home)
         with _workdir(args.workdir) as workdir:
             return _run(args, executable, workdir)
-    except (DemoError, phoenix.PhoenixError, browser.BrowserError) as exc:
+    except (DemoError, child_processes.NotReady, phoenix.PhoenixError, browser.BrowserError) as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 1
 
@@ -119,8 +119,13 @@ def _run(args: argparse.Namespace, executable: Path, workdir: Path) -> int:
         up = Child.start("portcullis up", up_command, up_log, {"OTEL_BSP_SCHEDULE_DELAY": EXPORT_DELAY_MS})
         children.append(up)
         print(f"starting Phoenix and `portcullis up` (logs: {phoenix_log}, {up_log})", file=sys.stderr, flush=True)
-        phoenix.wait_ready(phoenix_url, children[0].process, phoenix_log)
-        _wait_gateway(gateway_url, up)
+        phoenix_process = children[0].process
+        child_processes.wait_ready(
+            phoenix_url + "/healthz", phoenix_process, f"phoenix (its log: {phoenix_log})", phoenix.START_TIMEOUT
+        )
+        child_processes.wait_ready(
+            gateway_url + "/readyz", up.process, f"portcullis up (its log: {up.log})", UP_TIMEOUT, 0.5
+        )
         traces = [(request, *_send(gateway_url, request, up_log)) for request in REQUESTS]
         for request, _, trace_id in traces:
             phoenix.wait_for_spans(phoenix_url, trace_id, set(request.spans))
@@ -185,19 +190,6 @@ def _demo_policy(directory: Path) -> Path:
     policy = {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "demo"}, "spec": spec}
     (directory / "base.yaml").write_text(yaml.safe_dump(policy, sort_keys=False))
     return directory
-
-
-def _wait_gateway(url: str, up: Child) -> None:
-    deadline = time.monotonic() + UP_TIMEOUT
-    with httpx.Client(timeout=2.0) as client:
-        while time.monotonic() < deadline:
-            if up.process.poll() is not None:
-                raise DemoError(f"portcullis up exited with status {up.process.returncode}; its log: {up.log}")
-            with contextlib.suppress(httpx.HTTPError):
-                if client.get(url + "/readyz").status_code == 200:
-                    return
-            time.sleep(0.5)
-    raise DemoError(f"portcullis up not ready on {url} after {UP_TIMEOUT:.0f}s; its log: {up.log}")
 
 
 def _send(url: str, request: Request, log: Path) -> tuple[int, str]:

@@ -7,7 +7,6 @@ loopback with nothing leaving the machine and its agent assistant, and that assi
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import subprocess
 import sys
@@ -70,19 +69,6 @@ def environment(port: int, grpc_port: int, working_dir: Path) -> dict[str, str]:
         "PHOENIX_AGENTS_DISABLE_BASH": "true",
         "PHOENIX_AGENTS_DISABLE_WEB_ACCESS": "true",
     }
-
-
-def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = START_TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    with httpx.Client(timeout=2.0) as client:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise PhoenixError(f"phoenix exited with status {process.returncode}; its log: {log}")
-            with contextlib.suppress(httpx.HTTPError):
-                if client.get(url + "/healthz").status_code == 200:
-                    return
-            time.sleep(0.25)
-    raise PhoenixError(f"phoenix not ready on {url} after {timeout:.0f}s; its log: {log}")
 
 
 def trace_url(url: str, trace_id: str) -> str:
