@@ -287,7 +287,8 @@ class Guard:
         classifier = self._loaded()
         keys = known = None
         if not isinstance(tenant, _NoReuse) and classifier.known.entries:
-            keys = [(tenant, policy.window, policy.overlap, digest(text)) for text in texts]
+            reading = (policy.window, policy.overlap, policy.first_pass_above)
+            keys = [(tenant, *reading, digest(text)) for text in texts]
             known = classifier.known.lookup(keys)
             hits = sum(score is not None for score in known)
             self.reused.labels(result="hit").inc(hits)

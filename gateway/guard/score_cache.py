@@ -3,9 +3,10 @@
 Why: a deployment's system prompt and tool definitions ride on every request of its agents, and the guard reads
 every provenance, so without this each request would pay the classifier again for the same few kilobytes.
 
-Keyed by tenant, window settings and a BLAKE2b-128 digest of the text: no text is kept, one tenant's texts never
-answer another's lookup (so a hit's speed tells nothing across tenants), and other windows never read old scores. One
-cache belongs to one loaded classifier and goes with it on reload. Bounded by entries, least recently used out first.
+Keyed by tenant, reading settings (window, overlap, first pass) and a BLAKE2b-128 digest of the text: no text is
+kept, one tenant's texts never answer another's lookup (so a hit's speed tells nothing across tenants), and other
+reading settings never read old scores. One cache belongs to one loaded classifier and goes with it on reload.
+Bounded by entries, least recently used out first.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import hashlib
 import threading
 from collections import OrderedDict
 
-# (tenant, window, overlap, digest of the text)
-Key = tuple[str | None, int, int, bytes]
+# (tenant, window, overlap, first pass above, digest of the text): every setting that changes how a text is read
+Key = tuple[str | None, int, int, int | None, bytes]
 
 
 def digest(text: str) -> bytes:
