@@ -10,7 +10,7 @@
     + the prefill this gateway already sent there that has not produced a first token yet
     + other senders' waiting requests (scraped; priced at this prompt's length, the scrape has no token counts)
     + `decode_weight` x sequences decoding there (each rides along in every step of the prefill; calibrated with
-      tests/bench/decode_weight_bench.py, docs/benchmarks.md)
+      bench/decode_weight_bench.py, docs/benchmarks.md)
     + the cached tokens its new blocks would evict from a full replica (under cache pressure a miss is paid twice:
       now, and when the evicted prefix's owner comes back; the index's per-replica count against the scraped size)
   Replicas where the request's KV blocks do not fit go last; ties keep the rotation. One unit for every term, so

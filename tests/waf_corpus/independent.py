@@ -47,11 +47,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import quote
 
+from bench.waf_bench import HEADERS  # an OpenAI SDK client's headers
 from gateway.waf.engine import CompiledWaf
 from gateway.waf.model import WafSpec
 from gateway.waf.packs import builtin_packs, compile_waf, pack_rules
 from gateway.waf.parts import RequestView
-from tests.bench.waf_bench import HEADERS  # an OpenAI SDK client's headers
 
 ROOT = Path(__file__).resolve().parents[2]
 BENIGN = ROOT.parent / "shared" / "datasets" / "prompt_injection"

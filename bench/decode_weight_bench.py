@@ -1,6 +1,6 @@
 """Calibrate the routing cost's decode weight: how many prefill tokens one running stream is worth.
 
-    .venv/bin/python tests/bench/decode_weight_bench.py --compute int8 --streams 8 --prompt-words 700
+    .venv/bin/python -m bench.decode_weight_bench --compute int8 --streams 8 --prompt-words 700
 
 Starts one bundled engine (`--threads 1`), then measures the time to first token of a cold prompt (a fresh one
 each trial, so nothing is cached) twice over: on an idle engine, and while `--streams` other requests are decoding
@@ -22,9 +22,7 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from tests.bench.routing_bench import MODEL, free_port, spawn, uptime  # noqa: E402
+from bench.routing_bench import MODEL, free_port, spawn, uptime
 
 
 def prefill_seconds(url: str, trial: int, words: int) -> tuple[float, int]:

@@ -1,9 +1,9 @@
 """KV-cache-aware routing benchmark: routing policies in front of the same engine replicas, over seeds, KV sizes
 and compute modes, reported as the median and spread (min-max) over seeds.
 
-    .venv/bin/python tests/bench/routing_bench.py --compute int8 --kv-mib 128 --seeds 0 1 2   # cache pressure
-    .venv/bin/python tests/bench/routing_bench.py --compute int8 float32 --kv-mib 128 1024   # every cell
-    .venv/bin/python tests/bench/routing_bench.py --quick                                    # smoke test
+    .venv/bin/python -m bench.routing_bench --compute int8 --kv-mib 128 --seeds 0 1 2   # cache pressure
+    .venv/bin/python -m bench.routing_bench --compute int8 float32 --kv-mib 128 1024   # every cell
+    .venv/bin/python -m bench.routing_bench --quick                                    # smoke test
 
 For each cell (compute mode x KV MiB per replica x scenario) it starts N engine replicas (`portcullis engine serve
 --threads 1 --compute C --kv-cache-bytes K`) on free loopback ports and reads their KV capacity from /metrics; the
@@ -39,10 +39,9 @@ import httpx
 import numpy as np
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from gateway.bench import BenchConfig, plot_ttft, run_benchmark
 
-from gateway.bench import BenchConfig, plot_ttft, run_benchmark  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 MODEL = "SmolLM2-135M-Instruct"
 POLICIES = ("round_robin", "least_outstanding", "least_load", "prefix_affinity", "kv_events")

@@ -1,7 +1,7 @@
 """Guard cost on this machine: classifier latency per request and batched throughput, and gateway RPS guard off/on.
 
-    python -m tests.bench.guard_bench [--requests 200] [--json out.json]      # the classifier through its batcher
-    python -m tests.bench.guard_bench --proxy [--duration 10 --repeat 3] [--system agent] [--baseline DIR]
+    python -m bench.guard_bench [--requests 200] [--json out.json]      # the classifier through its batcher
+    python -m bench.guard_bench --proxy [--duration 10 --repeat 3] [--system agent] [--baseline DIR]
                                                                               # needs nginx and wrk (proxy_bench.py)
 
 Stage figures: wall time of one `Guard.classify` call (tokenize + windows + micro-batcher + ONNX Runtime) for prompts
@@ -128,8 +128,8 @@ SYSTEM_PROMPT = (
 def proxy(duration: float, repeat: int, system: str, baseline: Path | None, only: list[str] | None = None) -> int:
     """Gateway throughput and latency with the guard off and on, same upstream, interleaved rounds: with the bundled
     guard, with it reading every text afresh (score reuse off), the English model alone, and an earlier commit's."""
+    from bench import proxy_bench as pb
     from gateway.guard.model import MODELS_DIR
-    from tests.bench import proxy_bench as pb
 
     # "Say hello." (the proxy benchmark's prompt) is a false positive of the bundled model: ask something else
     request = {

@@ -1,6 +1,6 @@
 """Instructions per request of the gateway app driven in-process over ASGI, counted by callgrind.
 
-    .venv/bin/python tests/bench/asgi_instructions_bench.py [--checkout DIR] [--requests 800] [--warm 150]
+    .venv/bin/python -m bench.asgi_instructions_bench [--checkout DIR] [--requests 800] [--warm 150]
 
 Prints the instructions per proxied chat request of two apps, one after the other, each under its own callgrind:
 `static key` (the config's key, no policy) and `static key + budget` (the same, with prices and one budget rule per
@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
+REPO = HERE.parent
 APPS = ("static key", "static key + budget")
 BATCH = 8  # requests in flight at once
 
@@ -64,9 +64,8 @@ def _count(app: str, args: argparse.Namespace) -> int:
 
 
 async def _drive(app: str, checkout: Path, requests: int, warm: float) -> int:
-    sys.path[:0] = [str(checkout), str(HERE)]
-    import proxy_bench as pb
-
+    sys.path[:0] = [str(checkout), str(REPO)]
+    from bench import proxy_bench as pb
     from gateway.app import build_app
     from gateway.config import GatewayConfig
 

@@ -1,6 +1,6 @@
 """How long a long prompt arriving holds back the streams already decoding, for each `--max-decode-stall`.
 
-    .venv/bin/python tests/bench/decode_stall_bench.py --stalls 0 0.2 --rounds 2
+    .venv/bin/python -m bench.decode_stall_bench --stalls 0 0.2 --rounds 2
 
 For each round and each stall bound in turn (interleaved, so a machine that slows down mid-run hits both), starts one
 bundled engine (`--threads 2 --compute int8 --max-decode-stall S`), lets `--streams` requests decode (`ignore_eos`,
@@ -22,10 +22,8 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from gateway.bench.workload import WORDS  # noqa: E402
-from tests.bench.routing_bench import MODEL, free_port, spawn, uptime  # noqa: E402
+from bench.routing_bench import MODEL, free_port, spawn, uptime
+from gateway.bench.workload import WORDS
 
 
 def text(seed: str, words: int) -> str:

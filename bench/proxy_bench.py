@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Gateway proxy overhead benchmark: Portcullis vs nginx vs LiteLLM in front of the same static upstream.
 
-    python tests/bench/proxy_bench.py [--duration 10] [--out results.json] [--profile-dir DIR] [--keys [--keys-pairs N]]
+    python -m bench.proxy_bench [--duration 10] [--out results.json] [--profile-dir DIR] [--keys [--keys-pairs N]]
 
 One run, all on 127.0.0.1 free ports:
 
@@ -57,7 +57,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 NGINX_TEMPLATES = Path(__file__).resolve().parent / "nginx"
 LITELLM_VENV = REPO / ".bench" / "litellm-venv"
 TOOLS_VENV = REPO / ".bench" / "tools-venv"

@@ -1,9 +1,9 @@
 """WAF stage cost: one evaluation of a typical 2 KB chat request with every built-in pack at paranoia level 2, and
 of bodies of 16, 64 and 256 KB (prompt text), on this machine; plus the cost of a request with nothing to match.
 
-    python -m tests.bench.waf_bench [--iterations 2000]
-    python -m tests.bench.waf_bench --proxy [--duration 10 --repeat 3]   # needs nginx and wrk, like proxy_bench.py
-    python -m tests.bench.waf_bench --instructions [--checkout DIR]      # needs valgrind
+    python -m bench.waf_bench [--iterations 2000]
+    python -m bench.waf_bench --proxy [--duration 10 --repeat 3]   # needs nginx and wrk, like proxy_bench.py
+    python -m bench.waf_bench --instructions [--checkout DIR]      # needs valgrind
 
 Each figure is the median (and p99) of single `CompiledWaf.evaluate` + `RequestView` construction calls, the work
 the stage does per request (span attributes and the audit line aside), in thread CPU time (steadier than wall time on
@@ -139,7 +139,7 @@ def measure(waf, body_bytes: int, iterations: int) -> dict:
 
 def proxy(duration: float, repeat: int) -> int:
     """Gateway throughput and latency with the WAF off and on (all packs, PL2), same upstream, interleaved rounds."""
-    from tests.bench import proxy_bench as pb
+    from bench import proxy_bench as pb
 
     all_packs = {"paranoia_level": 2, "packs": sorted(builtin_packs()[0])}
     return pb.compare_policies(

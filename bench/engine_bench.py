@@ -1,12 +1,12 @@
 """Engine benchmark: this engine vs llama.cpp on the same machine and the same GGUF.
 
     # both, side by side (llama.cpp from its own venv, see docs/benchmarks.md):
-    .venv/bin/python tests/bench/engine_bench.py --compare --llamacpp-python .bench/llamacpp-venv/bin/python
+    .venv/bin/python -m bench.engine_bench --compare --llamacpp-python .bench/llamacpp-venv/bin/python
     # one side only, JSON to stdout (--compute int8: quantized weights x int8 activations):
-    .venv/bin/python tests/bench/engine_bench.py --backend portcullis --threads 2 --compute int8
+    .venv/bin/python -m bench.engine_bench --backend portcullis --threads 2 --compute int8
 
     # a short run for before/after pairs on a shared machine: single stream and 32 streams only
-    .venv/bin/python tests/bench/engine_bench.py --backend portcullis --threads 2 --compute int8 --quick
+    .venv/bin/python -m bench.engine_bench --backend portcullis --threads 2 --compute int8 --quick
 
 Measures, with greedy decoding and ignore-EOS so every run produces the same token counts:
   * single-stream decode tok/s (128 tokens after a short prompt; TTFT excluded), and the process's CPU time
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 DECODE_TOKENS = 128
 STREAM_TOKENS = 64
 CONCURRENCY = (1, 8, 32, 64)

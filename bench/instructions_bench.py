@@ -1,7 +1,7 @@
 """Instructions per proxied request, counted by callgrind: a cost figure that a busy or throttled VM cannot move.
 
-    .venv/bin/python tests/bench/instructions_bench.py --baseline /tmp/base [--seconds 30]
-    .venv/bin/python tests/bench/instructions_bench.py --keys     # a stored key + budget against the static key
+    .venv/bin/python -m bench.instructions_bench --baseline /tmp/base [--seconds 30]
+    .venv/bin/python -m bench.instructions_bench --keys     # a stored key + budget against the static key
 
 On a 2-core VM shared with other jobs, RPS and CPU time per request move by a third between rounds, more than the
 differences worth measuring. Valgrind's instruction count does not. Each gateway (this checkout, then the
@@ -24,8 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import proxy_bench as pb  # noqa: E402  (a sibling script, not a package)
+from bench import proxy_bench as pb
 
 
 def wrk(port: int, lua: Path, connections: int, seconds: int, counted: bool = True) -> int:

@@ -1,6 +1,6 @@
 """Engine serving-path benchmark: the same greedy workloads in-process and through the engine's OpenAI API.
 
-    .venv/bin/python tests/bench/engine_serving_bench.py --compute int8 float32 --threads 2 --pairs 2
+    .venv/bin/python -m bench.engine_serving_bench --compute int8 float32 --threads 2 --pairs 2
 
 For each compute mode and pair, back to back: `engine_bench.py`'s engine in a child process (single-stream decode of
 128 tokens after "Once upon a time", TTFT excluded; 32 distinct 32-token prompts x 64 new tokens, wall time including
@@ -25,8 +25,7 @@ import time
 from pathlib import Path
 from statistics import median
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_bench import DECODE_TOKENS, ROOT, SHORT, STREAM_TOKENS, model_path, stream_prompts  # noqa: E402
+from bench.engine_bench import DECODE_TOKENS, ROOT, SHORT, STREAM_TOKENS, model_path, stream_prompts
 
 STREAMS = 32
 SETTINGS = {"kv_cache_bytes": 1 << 30, "max_num_seqs": 64, "max_num_batched_tokens": 512}
@@ -194,7 +193,8 @@ def main() -> int:
         for _ in range(args.pairs):
             pair = {}
             for side in ("in-process", "api"):
-                cmd = [sys.executable, __file__, "--side", side, "--compute", compute, "--threads", str(args.threads)]
+                cmd = [sys.executable, "-m", "bench.engine_serving_bench", "--side", side, "--compute", compute]
+                cmd += ["--threads", str(args.threads)]
                 p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
                 if p.returncode != 0:
                     raise SystemExit(f"{side} {compute} failed:\n{p.stderr[-3000:]}")

@@ -2,7 +2,7 @@
 continuous batching) on the same GGUF, measured the way users meet them — streamed through their OpenAI APIs with
 `portcullis bench serve`, the same request sequence against both, one cell after the other in one run.
 
-    .venv/bin/python tests/bench/engine_api_compare.py --llama-server .bench/llama-build/bin/llama-server \\
+    .venv/bin/python -m bench.engine_api_compare --llama-server .bench/llama-build/bin/llama-server \\
         --compute int8 --threads 2 [--engine portcullis= --engine stall-off="--max-decode-stall 0"] [--json out.json]
 
 llama-server is built from the llama.cpp sources the llama-cpp-python sdist vendors (docs/benchmarks.md, "Engine
@@ -28,7 +28,7 @@ import httpx
 
 from backend_engine.config import default_model_path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 # (cell name, bench serve arguments)
 CELLS = [

@@ -1,6 +1,6 @@
 """Rate-limit decision cost: latency of one decision (admit + settle) and decisions/s, memory vs Redis backends.
 
-    .venv/bin/python tests/bench/ratelimit_bench.py [--iterations 20000] [--concurrency 64]
+    .venv/bin/python -m bench.ratelimit_bench [--iterations 20000] [--concurrency 64]
 
 Each decision checks three limits at once, as a typical policy would (requests per minute per key, tokens per
 minute per tenant, concurrency per tenant), then settles them as the end of a response does. The Redis backend

@@ -1,6 +1,6 @@
 """Output guard cost per streamed token on this machine: the detectors and the bookkeeping, no classifier.
 
-    python -m tests.bench.output_guard_bench [--tokens 4000] [--repeat 5] [--json out.json]
+    python -m bench.output_guard_bench [--tokens 4000] [--repeat 5] [--json out.json]
 
 Each stream is `--tokens` events of one token's text (4 characters) in the upstream's own event shape, fed to
 `OutputGuard.feed` one event at a time as the relay does, with the default policy's output settings (secrets
