@@ -5,7 +5,7 @@
 Prints the instructions per proxied chat request of two apps, one after the other, each under its own callgrind:
 `static key` (the config's key, no policy) and `static key + budget` (the same, with prices and one budget rule per
 tenant that no run spends). No HTTP server is involved: requests are ASGI calls, eight at a time, against
-proxy_bench.py's static nginx upstream, so the figure is the app's own work (pipeline, upstream client, metrics,
+the harness's static nginx upstream, so the figure is the app's own work (pipeline, upstream client, metrics,
 billing), steady to about 0.5 % between runs of one build, which a VM shared with other jobs cannot move.
 Instrumentation is switched on (`callgrind_control -i on`) only once the start-up work running in the background
 (tokenizers) has had `--warm` seconds under valgrind to finish. `--checkout` measures another tree (a `git
@@ -65,22 +65,24 @@ def _count(app: str, args: argparse.Namespace) -> int:
 
 async def _drive(app: str, checkout: Path, requests: int, warm: float) -> int:
     sys.path[:0] = [str(checkout), str(REPO)]
-    from bench import proxy_bench as pb
+    from bench.harness.processes import Procs
+    from bench.harness.upstream import API_KEY, start_static_upstream
+    from bench.proxy.keys import BUDGETS_POLICY, NO_BUDGETS_POLICY
     from gateway.app import build_app
     from gateway.config import GatewayConfig
 
     tmp = Path(tempfile.mkdtemp(prefix="portcullis-asgi-bench-"))
-    procs = pb.Procs()
+    procs = Procs()
     try:
-        upstream = pb.start_static_upstream(procs, tmp)
-        policy = pb.BUDGETS_POLICY if app.endswith("budget") else pb.NO_BUDGETS_POLICY
+        upstream = start_static_upstream(procs, tmp)
+        policy = BUDGETS_POLICY if app.endswith("budget") else NO_BUDGETS_POLICY
         (tmp / "policies").mkdir()
         (tmp / "policies" / "base.yaml").write_text(json.dumps(policy))
         config = GatewayConfig.model_validate(
             {
                 "listen": {"host": "127.0.0.1", "port": 18080},
                 "pools": [{"name": "static", "replicas": [{"url": f"http://127.0.0.1:{upstream.port}"}]}],
-                "auth": {"keys": [{"tenant": "bench", "sha256": hashlib.sha256(pb.API_KEY.encode()).hexdigest()}]},
+                "auth": {"keys": [{"tenant": "bench", "sha256": hashlib.sha256(API_KEY.encode()).hexdigest()}]},
                 "policy_dir": str(tmp / "policies"),
                 "telemetry": {"access_log": False},
                 "store": {"backend": "sqlite", "sqlite_path": str(tmp / "store.db")},
@@ -117,9 +119,9 @@ async def _requests(app, count: int) -> None:
 
 
 async def _request(app) -> None:
-    import proxy_bench as pb
+    from bench.harness.upstream import API_KEY, REQUEST
 
-    body = json.dumps(pb.REQUEST, separators=(",", ":")).encode()
+    body = json.dumps(REQUEST, separators=(",", ":")).encode()
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -132,7 +134,7 @@ async def _request(app) -> None:
         "root_path": "",
         "headers": [
             (b"host", b"127.0.0.1:18080"),
-            (b"authorization", b"Bearer " + pb.API_KEY.encode()),
+            (b"authorization", b"Bearer " + API_KEY.encode()),
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
         ],

@@ -7,7 +7,7 @@
 Stage figures: wall time of one `Guard.classify` call (tokenize + windows + micro-batcher + ONNX Runtime) for prompts
 of 32, 128 and 512 tokens, at concurrency 1 (sequential callers) and 32 (32 callers in one event loop, sharing
 batches), p50/p99 per request; throughput is prompts/s at concurrency 32 and 64. Model: the bundled int8 model on
-the CPU (or what `--device`/`--model` pick). --proxy runs two gateways in front of proxy_bench.py's static nginx
+the CPU (or what `--device`/`--model` pick). --proxy runs two gateways in front of the harness's static nginx
 upstream, guard off and guard on (injection classifier, block), loaded with wrk -c32 and -c1 like waf_bench.py.
 """
 
@@ -128,12 +128,13 @@ SYSTEM_PROMPT = (
 def proxy(duration: float, repeat: int, system: str, baseline: Path | None, only: list[str] | None = None) -> int:
     """Gateway throughput and latency with the guard off and on, same upstream, interleaved rounds: with the bundled
     guard, with it reading every text afresh (score reuse off), the English model alone, and an earlier commit's."""
-    from bench import proxy_bench as pb
+    from bench.harness.compare import compare_policies
+    from bench.harness.upstream import REQUEST
     from gateway.guard.model import MODELS_DIR
 
     # "Say hello." (the proxy benchmark's prompt) is a false positive of the bundled model: ask something else
     request = {
-        **pb.REQUEST,
+        **REQUEST,
         "messages": [
             {"role": "system", "content": SYSTEM_PROMPT if system == "agent" else "You are terse."},
             {"role": "user", "content": "What is the capital of France? (ticket @N@)"},  # a new one each request
@@ -153,7 +154,7 @@ def proxy(duration: float, repeat: int, system: str, baseline: Path | None, only
     if only:
         variants = {name: spec for name, spec in variants.items() if name in only}
     checkouts = {"baseline_guard_on": baseline} if baseline is not None else None
-    return pb.compare_policies("guard", variants, duration, repeat, request=request, checkouts=checkouts)
+    return compare_policies("guard", variants, duration, repeat, request=request, checkouts=checkouts)
 
 
 def main(argv: list[str] | None = None) -> int:

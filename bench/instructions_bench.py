@@ -24,7 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import proxy_bench as pb
+from bench.harness.gateways import start_portcullis
+from bench.harness.processes import Procs, Service, wait_http
+from bench.harness.upstream import API_KEY, REQUEST, start_static_upstream
+from bench.harness.wrk import WRK_LUA
+from bench.proxy.keys import BUDGETS_POLICY, NO_BUDGETS_POLICY, store_key
 
 
 def wrk(port: int, lua: Path, connections: int, seconds: int, counted: bool = True) -> int:
@@ -47,31 +51,31 @@ KEY_ROWS = ("static_key", "stored_key_budget")
 
 def instructions_per_request(name: str, checkout: Path | None, seconds: int, tmp: Path, keys: str = "") -> dict:
     """`keys`: "" (the config's key, the repository's policies), or one of KEY_ROWS' names."""
-    procs = pb.Procs()
+    procs = Procs()
     out_file = tmp / f"{name}.callgrind"
-    start = pb.Procs.start
+    start = Procs.start
 
-    def under_valgrind(self: pb.Procs, label: str, argv: list[str], *args: object, **kwargs: object) -> pb.Service:
+    def under_valgrind(self: Procs, label: str, argv: list[str], *args: object, **kwargs: object) -> Service:
         if label == name:
             argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out_file}", *argv]
         return start(self, label, argv, *args, **kwargs)
 
-    pb.Procs.start = under_valgrind
+    Procs.start = under_valgrind
     try:
-        secret = pb.store_key("sqlite", tmp, name) if keys == "stored_key_budget" else pb.API_KEY  # before it starts
+        secret = store_key("sqlite", tmp, name) if keys == "stored_key_budget" else API_KEY  # before it starts
         lua = tmp / f"{name}.lua"
-        body = json.dumps(pb.REQUEST, separators=(",", ":"))
-        lua.write_text(pb.WRK_LUA.replace("@BODY@", body).replace("@KEY@", secret))
-        static = pb.start_static_upstream(procs, tmp, f"static-{name}")
+        body = json.dumps(REQUEST, separators=(",", ":"))
+        lua.write_text(WRK_LUA.replace("@BODY@", body).replace("@KEY@", secret))
+        static = start_static_upstream(procs, tmp, f"static-{name}")
         if keys:
             budget = keys == "stored_key_budget"
-            policy = pb.BUDGETS_POLICY if budget else pb.NO_BUDGETS_POLICY
-            gateway = pb.start_portcullis(
+            policy = BUDGETS_POLICY if budget else NO_BUDGETS_POLICY
+            gateway = start_portcullis(
                 procs, tmp, name, static.port, False, policy=policy, static_key=not budget, checkout=checkout
             )
         else:
-            gateway = pb.start_portcullis(procs, tmp, name, static.port, True, checkout=checkout)
-        pb.wait_http(gateway, "/healthz", 900)
+            gateway = start_portcullis(procs, tmp, name, static.port, True, checkout=checkout)
+        wait_http(gateway, "/healthz", 900)
         wrk(gateway.port, lua, 1, 30, counted=False)  # the first request loads what is lazy; then the steady state
         wrk(gateway.port, lua, 4, 15, counted=False)
         pid = str(gateway.proc.pid)
@@ -90,7 +94,7 @@ def instructions_per_request(name: str, checkout: Path | None, seconds: int, tmp
             "per_request_less_idle": round((instructions - idle) / requests),
         }
     finally:
-        pb.Procs.start = start
+        Procs.start = start
         procs.stop_all()
 
 

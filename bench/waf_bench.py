@@ -14,7 +14,7 @@ evaluations run under callgrind with instrumentation switched on only around the
 once 200 and once 1000 times, and the difference is divided by 800, so start-up, warm-up and the switching cancel
 out. --checkout measures another tree (a `git worktree` of an earlier commit) with these same requests.
 
---proxy runs two gateways (access log off) in front of proxy_bench.py's static nginx upstream, one with no WAF and one
+--proxy runs two gateways (access log off) in front of the harness's static nginx upstream, one with no WAF and one
 with every built-in pack at PL2, and loads each with wrk -c32 (throughput, gateway CPU per request) and -c1 (p50/p99),
 interleaved over --repeat rounds; the median round is reported.
 """
@@ -139,10 +139,10 @@ def measure(waf, body_bytes: int, iterations: int) -> dict:
 
 def proxy(duration: float, repeat: int) -> int:
     """Gateway throughput and latency with the WAF off and on (all packs, PL2), same upstream, interleaved rounds."""
-    from bench import proxy_bench as pb
+    from bench.harness.compare import compare_policies
 
     all_packs = {"paranoia_level": 2, "packs": sorted(builtin_packs()[0])}
-    return pb.compare_policies(
+    return compare_policies(
         "waf",
         {"waf_off": {"waf": {}}, "waf_on_all_packs_pl2": {"waf": all_packs}},
         duration,
