@@ -10,15 +10,14 @@ from dataclasses import dataclass
 
 import re2
 
-from gateway.waf import matchers, tautology
-from gateway.waf.model import Condition, Exclusion, SqliOptions, WafRule, WafSpec
+from gateway.waf import matchers, operators
+from gateway.waf.model import Condition, Exclusion, WafRule, WafSpec
+from gateway.waf.operators import Find, Span
 from gateway.waf.parts import COUNTS
 from gateway.waf.request_state import PartScan, Reading, RequestState, remember
 from gateway.waf.verdict import NOT_HIT, Hit
 
 Node = Callable[[RequestState], Hit | None]
-Span = tuple[int, int]
-Find = Callable[[str], Span | None]  # an operator on one transformed value: the matching span, or None
 
 # Parts that hold a number: no RE2 set reads them, their few regexes are searched directly.
 _NUMERIC_TARGETS = frozenset(COUNTS)
@@ -130,21 +129,17 @@ class _Compiler:
             return self._regex(cond.regex, reading)
         if cond.number is not None and not reading.chain and len(reading.targets) == 1 and reading.targets[0] in COUNTS:
             return _count_leaf(reading.targets[0], matchers.numeric_test(cond.number)), None
-        operator, find = _finder(cond)
-        leaf = _leaf(reading, operator, find)
+        given = cond.given_operator()
+        assert given is not None  # the model allows a match with exactly one operator
+        name, operator, value = given
+        leaf = _leaf(reading, name, operator.build(value))
         length = cond.length
         if length is not None and not reading.chain and length.lt is None and length.le is None and length.eq is None:
             return _longest_first(reading.targets, matchers.numeric_test(length), leaf), None
         return leaf, None
 
     def _regex(self, pattern: str, reading: Reading) -> tuple[Node, frozenset[int] | None]:
-        regex = matchers.compile_regex(pattern)
-
-        def search(text: str) -> Span | None:
-            match = regex.search(text)
-            return match.span() if match else None
-
-        scan = _leaf(reading, "regex", search)
+        scan = _leaf(reading, "regex", operators.REGEX.build(pattern))
         if matchers.needs_own_scan(pattern) or any(t in _NUMERIC_TARGETS for t in reading.targets):
             return scan, None
         # One RE2 set per (part, transforms): every regex reading that part through those transforms is decided
@@ -169,46 +164,6 @@ class _Compiler:
             for group in chains.values():
                 group.compile()
         return [PartScan(target, list(chains.items())) for target, chains in self.groups.items()]
-
-
-def _finder(cond: Condition) -> tuple[str, Find]:
-    """The operator of a non-regex match (the model allows exactly one) and its test on one transformed value."""
-    if cond.phrases is not None:
-        return "phrases", matchers.phrase_matcher(cond.phrases)
-    if cond.sqli:
-        least = cond.sqli.min_tokens if isinstance(cond.sqli, SqliOptions) else 1
-        return "sqli", lambda text: (0, len(text)) if matchers.sqli_tokens(text) >= least else None
-    if cond.xss:
-        return "xss", lambda text: (0, len(text)) if matchers.is_xss(text) else None
-    if cond.tautology:
-        return "tautology", tautology.find
-    if cond.equals is not None:
-        wanted = _text(cond.equals)
-        return "equals", lambda text: (0, len(text)) if text == wanted else None
-    if cond.in_ is not None:
-        allowed = frozenset(_text(v) for v in cond.in_)
-        return "in", lambda text: (0, len(text)) if text in allowed else None
-    if cond.number is not None:
-        holds = matchers.numeric_test(cond.number)
-
-        def number(text: str) -> Span | None:
-            value = matchers.as_number(text)
-            return (0, len(text)) if value is not None and holds(value) else None
-
-        return "number", number
-    if cond.length is not None:
-        fits = matchers.numeric_test(cond.length)
-        return "length", lambda text: (0, min(len(text), 64)) if fits(len(text)) else None
-    if cond.cidr is not None:
-        inside = matchers.cidr_test(cond.cidr)
-        return "cidr", lambda text: (0, len(text)) if inside(text) else None
-    raise AssertionError(cond.operator)
-
-
-def _text(value: object) -> str:
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
 
 
 def _leaf(reading: Reading, operator: str, find: Find) -> Node:

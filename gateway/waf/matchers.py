@@ -7,12 +7,14 @@ import functools
 import ipaddress
 import operator
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import ahocorasick
 import libinjection
 import re2
 
-from gateway.waf.model import Numeric
+if TYPE_CHECKING:
+    from gateway.waf.model import Numeric
 
 # One RE2 DFA budget per compiled regex/set; RE2 never backtracks, so time stays linear in the input whatever the
 # pattern.

@@ -7,44 +7,25 @@ loads can fail or run slowly at request time.
 
 from __future__ import annotations
 
-import ipaddress
 import re
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import re2
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from gateway.apis.routes import RouteName
+from gateway.waf import operators
+from gateway.waf.operators import Operator
+from gateway.waf.transforms import TRANSFORMS
 from gateway.yaml_bools import Switch
-
-_QUIET = re2.Options()
-_QUIET.log_errors = False
 
 WafRuleId = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")]
 Severity = Literal["critical", "error", "warning", "notice"]
 Level = Annotated[int, Field(ge=1, le=4)]
-Transform = Literal[
-    "lowercase",
-    "url_decode",
-    "html_entity_decode",
-    "nfkc",
-    "remove_nulls",
-    "compress_whitespace",
-    "remove_whitespace",
-    "base64_decode",
-    "js_decode",
-    "remove_comments",
-    "cmd_line",
-    "quote_split_words",
-    "normalize_path",
-    "remove_processing_instructions",
-    "remove_inert_markup",
-    "remove_xml_data_markup",
-    "remove_string_lists",
-    "remove_data_uri_payloads",
-    "remove_markdown_code_marks",
-    "trim",
-]
+# A transform's name: one of gateway/waf/transforms.py's TRANSFORMS, which is where a transform is added.
+if TYPE_CHECKING:
+    Transform = str
+else:
+    Transform = Literal[tuple(TRANSFORMS)]
 
 # Request parts a condition can read. Plain names, or `name:PARAM` for the parameterised ones.
 PLAIN_TARGETS = (
@@ -115,9 +96,6 @@ class SqliOptions(_Strict):
     min_tokens: Annotated[int, Field(ge=1, le=5)] = 1
 
 
-_OPERATORS = ("regex", "phrases", "equals", "in_", "number", "length", "sqli", "xss", "tautology", "cidr")
-
-
 class Condition(_Strict):
     """Either a combination (`all`, `any`, `not`) or a match: a `target` (one part or a list), optional
     `transforms` applied in order before matching, and exactly one operator."""
@@ -127,27 +105,38 @@ class Condition(_Strict):
     not_: Condition | None = Field(default=None, alias="not", description="the condition does not hold")
     target: list[str] | None = Field(default=None, description=TARGET_HELP)
     transforms: list[Transform] = Field(default_factory=list, description="applied in order before matching")
-    regex: str | None = Field(default=None, description="RE2 syntax (linear time, no backreferences/lookaround)")
-    phrases: list[str] | None = Field(default=None, description="any of these substrings (Aho-Corasick)")
-    equals: str | float | None = None
-    in_: list[str | float] | None = Field(default=None, alias="in", description="equal to one of these")
-    number: Numeric | None = Field(default=None, description="the part read as a number")
-    length: Numeric | None = Field(default=None, description="the part's length in characters")
-    sqli: bool | SqliOptions | None = Field(
+    # The operators: each field carrying an `Operator` is one (gateway/waf/operators.py says how one is added).
+    regex: Annotated[str | None, operators.REGEX] = Field(
+        default=None, description="RE2 syntax (linear time, no backreferences/lookaround)"
+    )
+    phrases: Annotated[list[str] | None, operators.PHRASES] = Field(
+        default=None, description="any of these substrings (Aho-Corasick)"
+    )
+    equals: Annotated[str | float | None, operators.EQUALS] = None
+    in_: Annotated[list[str | float] | None, operators.IN] = Field(
+        default=None, alias="in", description="equal to one of these"
+    )
+    number: Annotated[Numeric | None, operators.NUMBER] = Field(default=None, description="the part read as a number")
+    length: Annotated[Numeric | None, operators.LENGTH] = Field(
+        default=None, description="the part's length in characters"
+    )
+    sqli: Annotated[bool | SqliOptions | None, operators.SQLI] = Field(
         default=None,
         description=(
             "libinjection SQL-injection detection; {min_tokens: N} keeps only fingerprints of N tokens or more"
         ),
     )
-    xss: bool | None = Field(default=None, description="libinjection XSS detection")
-    tautology: bool | None = Field(
+    xss: Annotated[bool | None, operators.XSS] = Field(default=None, description="libinjection XSS detection")
+    tautology: Annotated[bool | None, operators.TAUTOLOGY] = Field(
         default=None,
         description=(
             "a comparison between two SQL literals that holds (1=1, 'a'='a', 42 LIKE 42, 2>1), evaluated as a database "
             "would; a false one (11!=11) does not match"
         ),
     )
-    cidr: list[str] | None = Field(default=None, description="client IP in one of these networks")
+    cidr: Annotated[list[str] | None, operators.CIDR] = Field(
+        default=None, description="client IP in one of these networks"
+    )
 
     @field_validator("target", mode="before")
     @classmethod
@@ -162,48 +151,24 @@ class Condition(_Strict):
                 raise ValueError(f"unknown target {target!r}: {TARGET_HELP}")
         return value
 
-    @field_validator("regex")
+    @field_validator("*")
     @classmethod
-    def _re2(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                re2.compile(value, options=_QUIET)
-            except re2.error as exc:
-                reason = (
-                    exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
-                )
-                raise ValueError(f"regex does not compile under RE2: {reason}") from None
-        return value
-
-    @field_validator("phrases")
-    @classmethod
-    def _non_empty(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None and (not value or any(not p for p in value)):
-            raise ValueError("phrases must be a non-empty list of non-empty strings")
-        return value
-
-    @field_validator("cidr")
-    @classmethod
-    def _networks(cls, value: list[str] | None) -> list[str] | None:
-        for net in value or ():
-            try:
-                ipaddress.ip_network(net, strict=False)
-            except ValueError:
-                raise ValueError(f"invalid network {net!r}") from None
+    def _operator_value_runs(cls, value: Any, info: ValidationInfo) -> Any:
+        operator = OPERATORS.get(info.field_name or "")
+        if operator is not None and value is not None:
+            operator.check(value)
         return value
 
     @model_validator(mode="after")
     def _one_kind(self) -> Condition:
         combos = [k for k in ("all", "any", "not_") if getattr(self, k) is not None]
-        ops = [k for k in _OPERATORS if getattr(self, k) not in (None, False)]
+        ops = [name for name in OPERATORS if getattr(self, name) not in (None, False)]
         if len(combos) + len(ops) != 1:
-            given = ", ".join(k.rstrip("_") for k in combos + ops) or "none"
-            raise ValueError(
-                "give exactly one of all, any, not, or one operator (regex, phrases, equals, in, "
-                f"number, length, sqli, xss, tautology, cidr); given: {given}"
-            )
+            given = ", ".join(_policy_name(k) for k in combos + ops) or "none"
+            names = ", ".join(_policy_name(k) for k in OPERATORS)
+            raise ValueError(f"give exactly one of all, any, not, or one operator ({names}); given: {given}")
         if ops and not self.target:
-            raise ValueError(f"'{ops[0].rstrip('_')}' needs a 'target'")
+            raise ValueError(f"'{_policy_name(ops[0])}' needs a 'target'")
         if combos and (self.target or self.transforms):
             raise ValueError("'target' and 'transforms' belong on a match, not on all/any/not")
         if combos in (["all"], ["any"]) and not getattr(self, combos[0]):
@@ -212,7 +177,30 @@ class Condition(_Strict):
 
     @property
     def operator(self) -> str | None:
-        return next((k.rstrip("_") for k in _OPERATORS if getattr(self, k) not in (None, False)), None)
+        """The name of the match's operator, as the policy writes it (None for a combination)."""
+        given = self.given_operator()
+        return given[0] if given else None
+
+    def given_operator(self) -> tuple[str, Operator, Any] | None:
+        """The match's operator: its name as the policy writes it, the `Operator`, and the value given to it."""
+        for field, operator in OPERATORS.items():
+            value = getattr(self, field)
+            if value not in (None, False):
+                return _policy_name(field), operator, value
+        return None
+
+
+def _policy_name(field: str) -> str:
+    return field.rstrip("_")  # in_ is `in`, not_ is `not`
+
+
+# Condition's field name -> the Operator it carries: every operator, in the order the schema lists them.
+OPERATORS: dict[str, Operator] = {
+    name: marker
+    for name, info in Condition.model_fields.items()
+    for marker in info.metadata
+    if isinstance(marker, Operator)
+}
 
 
 Action = Literal["score", "block", "monitor", "redact", "tag"]
