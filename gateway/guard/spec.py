@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Annotated, Literal, cast, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gateway.apis.inventory import MessageProvenance, Provenance
+from gateway.guard import pii
 from gateway.yaml_bools import Switch
 
 Action = Literal["block", "flag", "redact", "monitor"]
@@ -151,6 +152,15 @@ class PiiPolicy(_Strict):
         default_factory=lambda: list(PII_ROLES),
         description="provenances scanned (default: all; as the injection policy's roles)",
     )
+
+    @field_validator("types")
+    @classmethod
+    def _known_types(cls, types: list[str]) -> list[str]:
+        """A type no detector has would run nothing in its place: a misspelt type is refused, not a silent gap."""
+        unknown = [t for t in types if t not in pii.TYPES]
+        if unknown:
+            raise ValueError(f"unknown detector types {unknown}: each is one of {', '.join(pii.TYPES)}")
+        return types
 
 
 class OutputPolicy(_Strict):

@@ -85,6 +85,7 @@ def test_overlay_replaces_only_the_fields_it_gives(tmp_path: Path) -> None:
         ({"pii": {"secrets": "shred"}}, "spec.guard.pii.secrets"),
         ({"output": {"hold_back": -1}}, "spec.guard.output.hold_back"),
         ({"injection": {"roles": ["robot"]}}, "spec.guard.injection.roles"),
+        ({"pii": {"types": ["email", "emial"]}}, "spec.guard.pii.types: Value error, unknown detector types ['emial']"),
         ({"thresholds": {}}, "spec.guard.thresholds"),
         ({"injection": {"cpu_budget": 0}}, "spec.guard.injection.cpu_budget: Input should be greater than 0"),
         ({"injection": {"max_windows": 64}}, "max_windows is no longer read: the guard scans up to max_tokens"),
