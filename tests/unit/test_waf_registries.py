@@ -11,6 +11,7 @@ import pytest
 from gateway.waf import operators
 from gateway.waf.model import OPERATORS, Condition, Numeric, SqliOptions
 from gateway.waf.operators import Operator
+from gateway.waf.packs import builtin_packs
 from gateway.waf.transforms import TRANSFORMS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "policies.md"
@@ -91,3 +92,11 @@ def test_the_policy_docs_list_every_operator():
 def test_the_policy_docs_list_every_transform():
     missing = set(TRANSFORMS) - _backticked("Transforms")
     assert not missing, f"docs/policies.md's Transforms list lacks {sorted(missing)}"
+
+
+def test_the_policy_docs_describe_every_builtin_pack():
+    text = DOCS.read_text()
+    section = text[text.index("### Rule packs") :]
+    described = set(re.findall(r"^\| `([a-z0-9-]+)` \|", section, re.MULTILINE))
+    missing = set(builtin_packs()[0]) - described
+    assert not missing, f"docs/policies.md's Rule packs table lacks {sorted(missing)}"
