@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from gateway.apis.routes import RouteName
 from gateway.waf import operators
 from gateway.waf.operators import Operator
+from gateway.waf.parts import PARAM_PARTS, PARTS
 from gateway.waf.transforms import TRANSFORMS
 from gateway.yaml_bools import Switch
 
@@ -27,44 +28,9 @@ if TYPE_CHECKING:
 else:
     Transform = Literal[tuple(TRANSFORMS)]
 
-# Request parts a condition can read. Plain names, or `name:PARAM` for the parameterised ones.
-PLAIN_TARGETS = (
-    "method",
-    "path",
-    "uri",
-    "query",
-    "args",
-    "args_names",
-    "headers",
-    "header_values",
-    "header_names",
-    "cookies",
-    "cookie_names",
-    "body",
-    "prompt",
-    "model",
-    "tenant",
-    "key_label",
-    "route",
-    "client_ip",
-    "content_type",
-    "json_strings",
-    "base64",
-    "foreign_urls",
-    "lookalike_urls",
-    "param_names",
-    "multipart_names",
-    "referer_site",
-    # numbers
-    "body_size",
-    "header_count",
-    "arg_count",
-    "json_depth",
-    "json_keys",
-    "invalid_utf8",
-    "prompt_size",
-)
-PARAM_TARGETS = ("header", "cookie", "arg", "json", "prompt")
+# Request parts a condition can read (gateway/waf/parts.py's readers): plain names, or `name:PARAM`.
+PLAIN_TARGETS = tuple(PARTS)
+PARAM_TARGETS = tuple(PARAM_PARTS)
 _TARGET = re.compile(rf"^(?:{'|'.join(PLAIN_TARGETS)})$|^(?:{'|'.join(PARAM_TARGETS)}):.+$")
 TARGET_HELP = (
     f"a request part: one of {', '.join(PLAIN_TARGETS)}; or header:NAME, cookie:NAME, arg:NAME, "

@@ -198,61 +198,8 @@ class RequestView:
     def _extract(self, target: str) -> list[Value]:
         kind, _, param = target.partition(":")
         if param:
-            return self._param(kind, param, target)
-        simple = _SIMPLE.get(target)
-        if simple is not None:
-            value = simple(self)
-            return [] if value is None else [(target, str(value), None)]
-        if target == "args":
-            out: list[Value] = [(f"arg:{k}", v, None) for k, v in self._query_args() + self._form_args()]
-            return out + [(_json_part(c.loc), c.text, c.loc) for c in self.carried().carried if _is_argument(c)]
-        if target == "args_names":
-            out = [("args_names", k, None) for k, _ in self._query_args() + self._form_args()]
-            return out + [("args_names", k, None) for k in self.carried().keys]
-        if target == "json_strings":
-            return _json_strings(self.carried())
-        if target == "headers":
-            return [(f"header:{k}", v, None) for k, v in self.headers]
-        if target == "header_names":
-            return [("header_names", k, None) for k, _ in self.headers]
-        if target == "cookies":
-            return [(f"cookie:{k}", v, None) for k, v in self._cookies()]
-        if target == "header_values":
-            return [
-                (f"header:{k}", v, None)
-                for k, value in self.headers
-                if k not in _OPAQUE_HEADERS
-                for v in _header_items(k, value)
-            ]
-        if target == "foreign_urls":
-            return [(f"arg:{k}", v, None) for k, v in self._query_args() + self._form_args() if self._foreign(v)]
-        if target == "param_names":
-            return [("param_names", k, None) for k, _ in self._query_args() + self._form_args()]
-        if target == "multipart_names":
-            return [("multipart_names", name, None) for name in self._multipart_names()]
-        if target == "lookalike_urls":
-            return [(f"arg:{k}", v, None) for k, v in self._query_args() + self._form_args() if self._lookalike(v)]
-        if target == "base64":
-            sources = [v for t in ("args", "cookies", "header_values") for v in self.values(t)]
-            return [(f"{part} (base64)", text, None) for part, raw, _ in sources for text in base64_layers(raw)]
-        if target == "cookie_names":
-            return [("cookie_names", k, None) for k, _ in self._cookies() if k]
-        if target == "prompt":
-            return self._prompt(None)
-        raise KeyError(target)
-
-    def _param(self, kind: str, param: str, target: str) -> list[Value]:
-        if kind == "header":
-            return [(target, v, None) for v in self.header(param.lower())]
-        if kind == "cookie":
-            return [(target, v, None) for k, v in self._cookies() if k == param]
-        if kind == "arg":
-            return [(target, v, None) for k, v in self._query_args() + self._form_args() if k == param]
-        if kind == "json":
-            return [(target, text, loc) for loc, text in _json_path(self.payload, param.split("."))]
-        if kind == "prompt":
-            return self._prompt(param)
-        raise KeyError(target)
+            return PARAM_PARTS[kind](self, param, target)
+        return PARTS[target](self)
 
     def carried(self) -> Inventory:
         """The payload's content inventory: what the request's shape says each string is (off the model routes,
@@ -427,20 +374,88 @@ COUNTS: dict[str, Callable[[RequestView], int]] = {
     "prompt_size": _prompt_size,
 }
 
-_SIMPLE: dict[str, Callable[[RequestView], object]] = {
-    **COUNTS,
-    "method": lambda v: v.method,
-    "path": lambda v: v.path,
-    "uri": lambda v: v.path + ("?" + v.query if v.query else ""),
-    "query": lambda v: v.query or None,
-    "body": lambda v: v.body.decode("utf-8", errors="replace") if v.body else None,
-    "model": lambda v: v.model or None,
-    "tenant": lambda v: v.tenant,
-    "key_label": lambda v: v.key_label or None,
-    "route": lambda v: v.route or None,
-    "client_ip": lambda v: v.client_ip or None,
-    "content_type": lambda v: v.content_type() or None,
-    "referer_site": RequestView._referer_site,
+PartReader = Callable[[RequestView], list[Value]]
+
+
+def _one(target: str, read: Callable[[RequestView], object]) -> PartReader:
+    """A part with one value (or none, where `read` gives None)."""
+
+    def part(view: RequestView) -> list[Value]:
+        value = read(view)
+        return [] if value is None else [(target, str(value), None)]
+
+    return part
+
+
+def _args(v: RequestView) -> list[Value]:
+    out: list[Value] = [(f"arg:{k}", text, None) for k, text in v._query_args() + v._form_args()]
+    return out + [(_json_part(c.loc), c.text, c.loc) for c in v.carried().carried if _is_argument(c)]
+
+
+def _args_names(v: RequestView) -> list[Value]:
+    out: list[Value] = [("args_names", k, None) for k, _ in v._query_args() + v._form_args()]
+    return out + [("args_names", k, None) for k in v.carried().keys]
+
+
+def _header_values(v: RequestView) -> list[Value]:
+    return [
+        (f"header:{k}", item, None)
+        for k, value in v.headers
+        if k not in _OPAQUE_HEADERS
+        for item in _header_items(k, value)
+    ]
+
+
+def _base64(v: RequestView) -> list[Value]:
+    sources = [value for t in ("args", "cookies", "header_values") for value in v.values(t)]
+    return [(f"{part} (base64)", text, None) for part, raw, _ in sources for text in base64_layers(raw)]
+
+
+# Every request part a condition can name (gateway/waf/model.py's targets come from here), in the order the policy
+# schema lists them: a new part is its reader here, and its line in docs/policies.md's Targets.
+PARTS: dict[str, PartReader] = {
+    "method": _one("method", lambda v: v.method),
+    "path": _one("path", lambda v: v.path),
+    "uri": _one("uri", lambda v: v.path + ("?" + v.query if v.query else "")),
+    "query": _one("query", lambda v: v.query or None),
+    "args": _args,
+    "args_names": _args_names,
+    "headers": lambda v: [(f"header:{k}", value, None) for k, value in v.headers],
+    "header_values": _header_values,
+    "header_names": lambda v: [("header_names", k, None) for k, _ in v.headers],
+    "cookies": lambda v: [(f"cookie:{k}", value, None) for k, value in v._cookies()],
+    "cookie_names": lambda v: [("cookie_names", k, None) for k, _ in v._cookies() if k],
+    "body": _one("body", lambda v: v.body.decode("utf-8", errors="replace") if v.body else None),
+    "prompt": lambda v: v._prompt(None),
+    "model": _one("model", lambda v: v.model or None),
+    "tenant": _one("tenant", lambda v: v.tenant),
+    "key_label": _one("key_label", lambda v: v.key_label or None),
+    "route": _one("route", lambda v: v.route or None),
+    "client_ip": _one("client_ip", lambda v: v.client_ip or None),
+    "content_type": _one("content_type", lambda v: v.content_type() or None),
+    "json_strings": lambda v: _json_strings(v.carried()),
+    "base64": _base64,
+    "foreign_urls": lambda v: [
+        (f"arg:{k}", value, None) for k, value in v._query_args() + v._form_args() if v._foreign(value)
+    ],
+    "lookalike_urls": lambda v: [
+        (f"arg:{k}", value, None) for k, value in v._query_args() + v._form_args() if v._lookalike(value)
+    ],
+    "param_names": lambda v: [("param_names", k, None) for k, _ in v._query_args() + v._form_args()],
+    "multipart_names": lambda v: [("multipart_names", name, None) for name in v._multipart_names()],
+    "referer_site": _one("referer_site", RequestView._referer_site),
+    **{name: _one(name, count) for name, count in COUNTS.items()},
+}
+
+# Parts named with a parameter (`header:NAME`): (view, the parameter, the whole target) -> its values.
+PARAM_PARTS: dict[str, Callable[[RequestView, str, str], list[Value]]] = {
+    "header": lambda v, name, target: [(target, value, None) for value in v.header(name.lower())],
+    "cookie": lambda v, name, target: [(target, value, None) for k, value in v._cookies() if k == name],
+    "arg": lambda v, name, target: [
+        (target, value, None) for k, value in v._query_args() + v._form_args() if k == name
+    ],
+    "json": lambda v, path, target: [(target, text, loc) for loc, text in _json_path(v.payload, path.split("."))],
+    "prompt": lambda v, role, target: v._prompt(role),
 }
 
 

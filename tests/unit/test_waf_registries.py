@@ -1,17 +1,20 @@
-"""The WAF's registries are whole: every operator and transform is defined once and reaches the policy model, the
-compiler, the policy docs and a test of its own. Each test here fails when an entry is only half added."""
+"""The WAF's registries are whole: every operator, transform, request part and built-in pack is defined once and
+reaches the policy model, the compiler, the policy docs and a test of its own. Each test here fails when an entry is
+only half added."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
 from gateway.waf import operators
-from gateway.waf.model import OPERATORS, Condition, Numeric, SqliOptions
+from gateway.waf.model import OPERATORS, PARAM_TARGETS, PLAIN_TARGETS, Condition, Numeric, SqliOptions
 from gateway.waf.operators import Operator
 from gateway.waf.packs import builtin_packs
+from gateway.waf.parts import PARAM_PARTS, PARTS, RequestView
 from gateway.waf.transforms import TRANSFORMS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "policies.md"
@@ -100,3 +103,21 @@ def test_the_policy_docs_describe_every_builtin_pack():
     described = set(re.findall(r"^\| `([a-z0-9-]+)` \|", section, re.MULTILINE))
     missing = set(builtin_packs()[0]) - described
     assert not missing, f"docs/policies.md's Rule packs table lacks {sorted(missing)}"
+
+
+def test_the_policy_docs_list_every_request_part():
+    listed = _backticked("Targets")
+    missing = {name for name in PARTS if name not in listed}
+    missing |= {f"{kind}:" for kind in PARAM_PARTS if not any(name.startswith(f"{kind}:") for name in listed)}
+    assert not missing, f"docs/policies.md's Targets list lacks {sorted(missing)}"
+
+
+def test_every_request_part_a_policy_may_name_is_read():
+    view = RequestView(method="POST", path="/v1/chat/completions", headers=[("user-agent", "sdk")], route="chat")
+    view.payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    view.body = json.dumps(view.payload).encode()
+    for name in PLAIN_TARGETS:
+        assert Condition.model_validate({"target": name, "regex": "x"}).target == [name]
+        assert isinstance(view.values(name), list)
+    for kind in PARAM_TARGETS:
+        assert isinstance(view.values(f"{kind}:user"), list)
