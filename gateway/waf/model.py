@@ -128,7 +128,7 @@ class Condition(_Strict):
     @model_validator(mode="after")
     def _one_kind(self) -> Condition:
         combos = [k for k in ("all", "any", "not_") if getattr(self, k) is not None]
-        ops = [name for name in OPERATORS if getattr(self, name) not in (None, False)]
+        ops = [name for name in OPERATORS if _given(getattr(self, name))]
         if len(combos) + len(ops) != 1:
             given = ", ".join(_policy_name(k) for k in combos + ops) or "none"
             names = ", ".join(_policy_name(k) for k in OPERATORS)
@@ -151,9 +151,14 @@ class Condition(_Strict):
         """The match's operator: its name as the policy writes it, the `Operator`, and the value given to it."""
         for field, operator in OPERATORS.items():
             value = getattr(self, field)
-            if value not in (None, False):
+            if _given(value):
                 return _policy_name(field), operator, value
         return None
+
+
+def _given(value: Any) -> bool:
+    """An operator's value is given unless absent or `false` (`xss: false`); `equals: 0` is a value, not `false`."""
+    return value is not None and value is not False
 
 
 def _policy_name(field: str) -> str:

@@ -65,6 +65,11 @@ def test_an_operator_given_in_a_policy_matches_through_its_registered_test(name)
     assert find(other) is None
 
 
+def test_a_zero_is_a_value_an_operator_is_given_and_false_is_none():
+    assert Condition.model_validate({"target": "arg_count", "equals": 0}).operator == "equals"
+    assert Condition.model_validate({"target": "args", "in": [0], "xss": False}).operator == "in"
+
+
 @pytest.mark.parametrize(
     ("name", "value", "reason"),
     [
