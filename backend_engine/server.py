@@ -1,7 +1,8 @@
 """OpenAI-compatible HTTP server for the engine (Starlette): the routes.
 
 Routes: /v1/chat/completions, /v1/completions and /v1/responses (SSE streaming or not),
-/v1/embeddings, /v1/models, /tokenize, /detokenize, /health, /metrics (vLLM metric names),
+/v1/embeddings (the sentence-embedding model where there is one, or the chat model by its name),
+/v1/models, /tokenize, /detokenize, /health, /metrics (vLLM metric names),
 /v1/kv_events (NDJSON stream of prefix-cache block events), /reset_prefix_cache. Bodies are parsed
 and shaped by `openai_protocol`; errors use OpenAI's JSON shape.
 """
@@ -26,6 +27,8 @@ from starlette.routing import Route
 
 from backend_engine import tracing
 from backend_engine.async_engine import AsyncEngine, ChoiceOutputs
+from backend_engine.embedding.encoder import SentenceEncoder
+from backend_engine.embedding.worker import EncoderWorker
 from backend_engine.engine import LLMEngine, RequestOutput
 from backend_engine.kv_events import KVEventBus
 from backend_engine.openai_protocol.embeddings import embedding_response, parse_embedding_request
@@ -54,9 +57,10 @@ MAX_HEARTBEAT = 3600.0
 class EngineServer:
     """Holds the engine and builds the Starlette app around it."""
 
-    def __init__(self, engine: LLMEngine, served_model_name: str | None = None):
+    def __init__(self, engine: LLMEngine, served_model_name: str | None = None, encoder: SentenceEncoder | None = None):
         self.engine = engine
         self.async_engine = AsyncEngine(engine)
+        self.encoder = EncoderWorker(encoder) if encoder is not None else None
         self.model_name = served_model_name or engine.config.served_model_name
         self.parser = RequestParser(engine, self.model_name)
         self.shaper = ResponseShaper(self.model_name, engine.tokenizer)
@@ -73,6 +77,8 @@ class EngineServer:
             yield
         finally:
             self.async_engine.stop()
+            if self.encoder is not None:
+                self.encoder.close()
 
     def app(self) -> Starlette:
         routes = [
@@ -110,18 +116,23 @@ class EngineServer:
         return JSONResponse({"status": "ok", "model": self.model_name})
 
     async def models(self, request: Request) -> Response:
+        served = [(self.model_name, self.engine.loaded.source, self.engine.max_model_len)]
+        if self.encoder is not None:
+            encoder = self.encoder.encoder
+            served.append((encoder.name, encoder.source, encoder.max_tokens))
         return JSONResponse(
             {
                 "object": "list",
                 "data": [
                     {
-                        "id": self.model_name,
+                        "id": name,
                         "object": "model",
                         "created": self.created,
                         "owned_by": "portcullis",
-                        "root": self.engine.loaded.source,
-                        "max_model_len": self.engine.max_model_len,
+                        "root": source,
+                        "max_model_len": max_len,
                     }
+                    for name, source, max_len in served
                 ],
             }
         )
@@ -240,17 +251,24 @@ class EngineServer:
     async def embeddings(self, request: Request) -> Response:
         try:
             # tokenizing up to 2048 inputs: off the event loop
-            req = await run_in_threadpool(parse_embedding_request, await self.parser.body(request), self.parser)
-            pooled = await until_disconnect(request, self.async_engine.embed(req.inputs))
+            encoder = self.encoder.encoder if self.encoder is not None else None
+            req = await run_in_threadpool(
+                parse_embedding_request, await self.parser.body(request), self.parser, encoder
+            )
+            embedder = self.encoder if req.encoder is not None else None
+            work = embedder.embed(req.inputs) if embedder is not None else self.async_engine.embed(req.inputs)
+            pooled = await until_disconnect(request, work)
         except Exception as e:  # noqa: BLE001 - every failure gets OpenAI's error shape
             return generation_error(e).response()
         if pooled is None:  # client went away: the groups not yet run were dropped
             return Response(status_code=499)
-        return JSONResponse(embedding_response(req, pooled, self.model_name))
+        return JSONResponse(embedding_response(req, pooled))
 
 
-def build_app(engine: LLMEngine, served_model_name: str | None = None) -> Starlette:
-    return EngineServer(engine, served_model_name).app()
+def build_app(
+    engine: LLMEngine, served_model_name: str | None = None, encoder: SentenceEncoder | None = None
+) -> Starlette:
+    return EngineServer(engine, served_model_name, encoder).app()
 
 
 def http_server(app: Starlette, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> uvicorn.Server:

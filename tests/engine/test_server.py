@@ -155,7 +155,7 @@ def test_openai_client_streams_chat(server):
 
 def test_models_and_health(server):
     data = httpx.get(server + "/v1/models").json()["data"]
-    assert [m["id"] for m in data] == [MODEL]
+    assert [m["id"] for m in data] == [MODEL, "all-MiniLM-L6-v2"]  # the chat model, then the bundled embedding model
     assert httpx.get(server + "/health").json()["status"] == "ok"
 
 

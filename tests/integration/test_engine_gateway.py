@@ -133,7 +133,7 @@ def test_openai_client_streams_through_the_gateway_from_both_replicas(stack):
         json={"model": MODEL, "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0},
     )
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 4
-    assert [m["id"] for m in httpx.get(gateway.url + "/v1/models").json()["data"]] == [MODEL]
+    assert [m["id"] for m in httpx.get(gateway.url + "/v1/models").json()["data"]] == [MODEL, "all-MiniLM-L6-v2"]
     bad = httpx.post(
         gateway.url + "/v1/chat/completions",
         timeout=30,
