@@ -7,7 +7,9 @@ own rules (deterministic only, no-store, a key's tenant) hold first. Two request
 equal in everything but that text: the bucket is keyed as the exact cache keys a request (gateway/cache/key.py), on
 the request with that text taken out, so the tenant, route, pool, model, the rest of the conversation and every
 setting must match exactly. Within a bucket, the texts are compared by the cosine similarity of their embeddings,
-asked of the pool that serves `semantic.model` (its /v1/embeddings); the nearest at `threshold` or above is a hit.
+asked of the pool that serves `semantic.model` (its /v1/embeddings): the nearest at `threshold` or above is a hit,
+unless the words of the two texts say they ask different questions (a number, a negation, the order, one short
+edit: gateway/cache/wording.py), when the next nearest is tried.
 
 The embeddings are this process's (`response_cache.max_embeddings` in all, the least recently used bucket out
 first), kept for answers it stored; the answers
@@ -27,6 +29,7 @@ import numpy as np
 import orjson
 
 from gateway.cache.key import cache_key
+from gateway.cache.wording import Wording
 from gateway.routing.pool import Pools
 
 log = logging.getLogger(__name__)
@@ -68,41 +71,47 @@ def bucket_key(
 
 
 class SemanticIndex:
-    """Embeddings of answered texts, per bucket, with the exact key of each one's answer; `max_entries` in all,
-    the oldest of the least recently used bucket out first."""
+    """Embeddings of answered texts, per bucket, with each text's words and the exact key of its answer;
+    `max_entries` in all, the oldest of the least recently used bucket out first."""
 
     def __init__(self, max_entries: int) -> None:
         self.max_entries = max_entries
-        self._buckets: OrderedDict[str, tuple[list[Vector], list[str]]] = OrderedDict()
+        self._buckets: OrderedDict[str, tuple[list[Vector], list[Wording], list[str]]] = OrderedDict()
         self._size = 0
 
     def __len__(self) -> int:
         return self._size
 
-    def nearest(self, bucket: str, vector: Vector, threshold: float) -> tuple[str, float] | None:
-        """The exact key of the bucket's text nearest `vector`, with its similarity, where that is `threshold` or
-        more."""
+    def nearest(self, bucket: str, vector: Vector, wording: Wording, threshold: float) -> tuple[str, float] | None:
+        """The exact key of the bucket's text nearest `vector` at `threshold` or more whose words do not conflict
+        with `wording`, with its similarity."""
         found = self._buckets.get(bucket)
         if found is None:
             return None
         self._buckets.move_to_end(bucket)
-        vectors, keys = found
+        vectors, wordings, keys = found
         similarities = np.stack(vectors) @ vector
-        best = int(np.argmax(similarities))
-        similarity = float(similarities[best])
-        return (keys[best], similarity) if similarity >= threshold else None
+        for best in np.argsort(-similarities):
+            similarity = float(similarities[best])
+            if similarity < threshold:
+                return None
+            if wordings[best].conflict(wording) is None:
+                return keys[best], similarity
+        return None
 
-    def add(self, bucket: str, vector: Vector, key: str) -> None:
-        vectors, keys = self._buckets.setdefault(bucket, ([], []))
+    def add(self, bucket: str, vector: Vector, wording: Wording, key: str) -> None:
+        vectors, wordings, keys = self._buckets.setdefault(bucket, ([], [], []))
         self._buckets.move_to_end(bucket)
         if key in keys:
             return
         vectors.append(vector)
+        wordings.append(wording)
         keys.append(key)
         self._size += 1
         while self._size > self.max_entries:
-            oldest, (old_vectors, old_keys) = next(iter(self._buckets.items()))
+            oldest, (old_vectors, old_wordings, old_keys) = next(iter(self._buckets.items()))
             old_vectors.pop(0)
+            old_wordings.pop(0)
             old_keys.pop(0)
             self._size -= 1
             if not old_keys:

@@ -27,6 +27,7 @@ from gateway.cache.key import bypass_reason, cache_key
 from gateway.cache.replay import replayed
 from gateway.cache.semantic import SEMANTIC_ROUTES, Embedder, SemanticIndex, bucket_key, last_user_text
 from gateway.cache.stores import AnswerStore
+from gateway.cache.wording import Wording
 from gateway.context import RequestContext
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import SemanticCache
@@ -116,11 +117,12 @@ class CacheStage:
         vector = await self._embedder.embed(semantic.model, text) if bucket is not None else None
         if bucket is None or vector is None:
             return False, None
-        near = self._index.nearest(bucket, vector, semantic.threshold)
+        wording = Wording.of(text)
+        near = self._index.nearest(bucket, vector, wording, semantic.threshold)
         if near is not None and await self._answer_from(ctx, near[0], "semantic_hit"):
             ctx.span.set_attribute("portcullis.cache.similarity", near[1])
             return True, None
-        return False, functools.partial(self._index.add, bucket, vector, key)
+        return False, functools.partial(self._index.add, bucket, vector, wording, key)
 
     def _result(self, ctx: RequestContext, result: str) -> None:
         ctx.cache_result = result

@@ -469,6 +469,19 @@ def test_a_paraphrase_is_answered_with_the_answer_to_its_original(gw, upstream, 
     assert asked_about(providers, topic) == 2
 
 
+def test_texts_whose_words_ask_another_question_are_no_semantic_hit(gw, providers) -> None:
+    """The fake's embeddings of the same words in another order are equal (a similarity of 1): the words tell the
+    two questions apart (gateway/cache/wording.py), so each gets its own answer."""
+    here, there = fresh_topic("how", "long", "is", "the", "flight", "from", "to"), uuid.uuid4().hex[:8]
+    assert ask_near(gw, f"How long is the flight from {here} to {there}?").headers["x-portcullis-cache"] == "miss"
+    back = ask_near(gw, f"How long is the flight from {there} to {here}?")
+    assert back.headers["x-portcullis-cache"] == "miss"
+    assert back.json()["choices"][0]["message"]["content"].endswith(f"from {there} to {here}?"), "its own answer"
+    assert (
+        ask_near(gw, f"how long is the flight from {here} to {there}").headers["x-portcullis-cache"] == "semantic-hit"
+    )
+
+
 def test_the_semantic_match_is_per_tenant_and_leaves_out_tools_and_other_settings(gw, providers) -> None:
     topic = uuid.uuid4().hex[:8]
     assert ask_near(gw, f"Tell me about {topic}.").headers["x-portcullis-cache"] == "miss"

@@ -17,6 +17,7 @@ from gateway.cache.key import bypass_reason, cache_key, deterministic, refused_b
 from gateway.cache.replay import CHAT, COMPLETIONS, MESSAGES, RESPONSES, replayed
 from gateway.cache.semantic import SemanticIndex, bucket_key, embedding_of, last_user_text
 from gateway.cache.stores import MemoryStore
+from gateway.cache.wording import MAX_WORD_CHARS, MAX_WORDS, Wording
 from gateway.context import Usage
 from gateway.policy.loader import load_policy_dir
 from gateway.policy.model import CacheSpec
@@ -287,17 +288,54 @@ def unit(*numbers: float) -> Any:
 
 def test_the_index_serves_the_nearest_text_at_the_threshold_and_keeps_its_bound():
     index = SemanticIndex(max_entries=3)
-    index.add("b1", unit(1, 0), "k-east")
-    index.add("b1", unit(0, 1), "k-north")
-    found = index.nearest("b1", unit(1, 0.1), threshold=0.99)
+    words = Wording.of("a question")
+    index.add("b1", unit(1, 0), words, "k-east")
+    index.add("b1", unit(0, 1), words, "k-north")
+    found = index.nearest("b1", unit(1, 0.1), words, threshold=0.99)
     assert found is not None and found[0] == "k-east" and found[1] == pytest.approx(0.995, abs=1e-3)
-    assert index.nearest("b1", unit(1, 1), threshold=0.99) is None, "halfway: near neither"
-    assert index.nearest("b2", unit(1, 0), threshold=0.5) is None, "another bucket's texts are not compared"
-    index.add("b2", unit(1, 0), "k-other")
-    index.nearest("b1", unit(1, 0), threshold=0.5)  # b1 is now the most recently used
-    index.add("b3", unit(1, 0), "k-new")  # past 3: b2, the least recently used, loses its oldest
-    assert len(index) == 3 and index.nearest("b2", unit(1, 0), threshold=0.5) is None
-    assert index.nearest("b1", unit(0, 1), threshold=0.99) is not None
+    assert index.nearest("b1", unit(1, 1), words, threshold=0.99) is None, "halfway: near neither"
+    assert index.nearest("b2", unit(1, 0), words, threshold=0.5) is None, "another bucket's texts are not compared"
+    index.add("b2", unit(1, 0), words, "k-other")
+    index.nearest("b1", unit(1, 0), words, threshold=0.5)  # b1 is now the most recently used
+    index.add("b3", unit(1, 0), words, "k-new")  # past 3: b2, the least recently used, loses its oldest
+    assert len(index) == 3 and index.nearest("b2", unit(1, 0), words, threshold=0.5) is None
+    assert index.nearest("b1", unit(0, 1), words, threshold=0.99) is not None
+
+
+def test_the_index_passes_over_a_nearer_text_whose_words_ask_another_question():
+    index = SemanticIndex(max_entries=3)
+    index.add("b", unit(1, 0), Wording.of("What time does the store close on Saturday?"), "k-close")
+    index.add("b", unit(1, 0.3), Wording.of("When does the shop open on Saturdays?"), "k-open")
+    asked = Wording.of("What time does the store open on Saturday?")
+    found = index.nearest("b", unit(1, 0.01), asked, threshold=0.9)
+    assert found is not None and found[0] == "k-open", "the nearest differs in one word: the next one answers"
+    assert index.nearest("b", unit(1, 0.01), asked, threshold=0.99) is None
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "conflict"),
+    [
+        ("What is 15% of 200?", "What is 25% of 200?", "number"),
+        ("Summarise it in three sentences.", "Summarise it in 3 sentences.", None),
+        ("Summarise it in three sentences.", "Summarise it in ten sentences, please.", "number"),
+        ("Does the hotel allow pets?", "Does the hotel not allow pets at all?", "negation"),
+        ("Why isn't my Wi-Fi working?", "Why is my Wi-Fi not working?", "order"),
+        ("How long is the flight from London to Paris?", "How long is the flight from Paris to London?", "order"),
+        ("What time does the store open on Saturday?", "What time does the store close on Saturday?", "edit"),
+        ("When is the next train to Leeds?", "When is the very last train to Leeds?", "edit"),
+        ("What's the capital of France?", "what is the capital of france", None),
+        ("How do I reset my password?", "I forgot my password: how can I set a new one?", None),
+        ("Who wrote Pride and Prejudice?", "Who is the author of Pride and Prejudice?", None),
+    ],
+)
+def test_words_tell_which_near_texts_ask_another_question(first, second, conflict):
+    assert Wording.of(first).conflict(Wording.of(second)) == conflict
+    assert Wording.of(second).conflict(Wording.of(first)) == conflict
+
+
+def test_only_a_texts_first_words_are_kept_and_each_is_bounded():
+    words = Wording.of("x" * 10_000 + " word" * 10_000)
+    assert len(words.words) == MAX_WORDS and len(words.words[0]) == MAX_WORD_CHARS
 
 
 @pytest.mark.parametrize(
