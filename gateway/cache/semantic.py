@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 SEMANTIC_ROUTES = frozenset({"chat", "messages"})
 EMBED_TIMEOUT = 2.0  # seconds an embedding may take before the request goes on without it
 MAX_EMBEDDING_BYTES = 1 << 20  # an embeddings answer for one text: a vector of a few thousand numbers
+# texts at the threshold or above whose words are compared, nearest first: a bucket of thousands of texts alike
+# in meaning but not in words would otherwise have each request compare them all on the event loop
+MAX_CANDIDATES = 8
 Vector = np.ndarray[Any, np.dtype[np.float32]]
 
 
@@ -84,19 +87,17 @@ class SemanticIndex:
 
     def nearest(self, bucket: str, vector: Vector, wording: Wording, threshold: float) -> tuple[str, float] | None:
         """The exact key of the bucket's text nearest `vector` at `threshold` or more whose words do not conflict
-        with `wording`, with its similarity."""
+        with `wording` (of the MAX_CANDIDATES nearest), with its similarity."""
         found = self._buckets.get(bucket)
         if found is None:
             return None
         self._buckets.move_to_end(bucket)
         vectors, wordings, keys = found
         similarities = np.stack(vectors) @ vector
-        for best in np.argsort(-similarities):
-            similarity = float(similarities[best])
-            if similarity < threshold:
-                return None
+        near = np.flatnonzero(similarities >= threshold)
+        for best in near[np.argsort(-similarities[near])][:MAX_CANDIDATES]:
             if wordings[best].conflict(wording) is None:
-                return keys[best], similarity
+                return keys[best], float(similarities[best])
         return None
 
     def add(self, bucket: str, vector: Vector, wording: Wording, key: str) -> None:

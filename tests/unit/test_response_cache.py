@@ -15,7 +15,7 @@ from gateway.apis.answers import AnswerFormat, MessagesFormat, ResponsesFormat
 from gateway.cache.assemble import Assembly, complete
 from gateway.cache.key import bypass_reason, cache_key, deterministic, refused_by_client
 from gateway.cache.replay import CHAT, COMPLETIONS, MESSAGES, RESPONSES, replayed
-from gateway.cache.semantic import SemanticIndex, bucket_key, embedding_of, last_user_text
+from gateway.cache.semantic import MAX_CANDIDATES, SemanticIndex, bucket_key, embedding_of, last_user_text
 from gateway.cache.stores import MemoryStore
 from gateway.cache.wording import MAX_WORD_CHARS, MAX_WORDS, Wording
 from gateway.context import Usage
@@ -310,6 +310,16 @@ def test_the_index_passes_over_a_nearer_text_whose_words_ask_another_question():
     found = index.nearest("b", unit(1, 0.01), asked, threshold=0.9)
     assert found is not None and found[0] == "k-open", "the nearest differs in one word: the next one answers"
     assert index.nearest("b", unit(1, 0.01), asked, threshold=0.99) is None
+
+
+def test_only_the_nearest_few_texts_words_are_compared():
+    index = SemanticIndex(max_entries=MAX_CANDIDATES + 1)
+    for number in range(MAX_CANDIDATES):
+        index.add("b", unit(1, 0.001 * number), Wording.of(f"Is flight {number} late?"), f"k-{number}")
+    index.add("b", unit(1, 0.1), Wording.of("Is the flight late?"), "k-words-agree")
+    asked = Wording.of("Is the flight late?")
+    assert index.nearest("b", unit(1, 0), asked, threshold=0.99) is None, "past the nearest few: a miss"
+    assert index.nearest("b", unit(1, 0.1), asked, threshold=0.99) is not None
 
 
 @pytest.mark.parametrize(
