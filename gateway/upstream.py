@@ -45,13 +45,9 @@ from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, Status
 from starlette.responses import Response, StreamingResponse
 
 from gateway.apis.answers import AnswerFormat, token_count
-from gateway.apis.anthropic_chat import (
-    ChatStreamToMessages,
-    MessagesRequestError,
-    asks_thinking,
-    chat_to_message,
-    messages_to_chat,
-)
+from gateway.apis.anthropic.checks import MessagesRequestError
+from gateway.apis.anthropic.from_chat import ChatStreamToMessages, chat_to_message
+from gateway.apis.anthropic.to_chat import asks_thinking, messages_to_chat
 from gateway.apis.exchange import Exchange
 from gateway.config import FallbackTrigger
 from gateway.context import RequestContext

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.apis.answers import AnswerFormat, MessagesFormat, ResponsesFormat, TokenCountFormat
-from gateway.apis.anthropic_chat import asks_thinking
+from gateway.apis.anthropic.to_chat import asks_thinking
 from gateway.apis.shape import Api
 from gateway.errors import invalid_request
 

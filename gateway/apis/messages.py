@@ -2,7 +2,7 @@
 blocks (text, images, tool_use, tool_result), tools with input schemas. Errors answer in Anthropic's shape.
 
 An `anthropic` pool receives the request as sent; an `openai` pool receives it translated to chat completions
-(gateway/apis/anthropic_chat.py), which is also how it is counted, so the count is the one the engine computes.
+(gateway/apis/anthropic/), which is also how it is counted, so the count is the one the engine computes.
 """
 
 from __future__ import annotations
@@ -11,13 +11,10 @@ from typing import Any
 
 from starlette.responses import Response
 
-from gateway.apis.anthropic_carriers import MESSAGES
-from gateway.apis.anthropic_chat import (
-    MessagesRequestError,
-    anthropic_error,
-    check_messages_request,
-    messages_to_chat,
-)
+from gateway.apis.anthropic.carriers import MESSAGES
+from gateway.apis.anthropic.checks import MessagesRequestError, check_messages_request
+from gateway.apis.anthropic.errors import anthropic_error
+from gateway.apis.anthropic.to_chat import messages_to_chat
 from gateway.apis.shape import Api, CountForm
 from gateway.errors import GatewayError, invalid_request
 from gateway.sse import typed_event

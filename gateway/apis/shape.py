@@ -32,7 +32,7 @@ class Api(ABC):
     output_fields: tuple[str, ...] = ("max_tokens",)
     fill_field: str | None = "max_tokens"
     choice_fields: tuple[str, ...] = ()  # fields that multiply the choices generated (n, best_of)
-    carriers: Spec  # what the shape's payload carries (gateway/apis/openai_carriers.py, anthropic_carriers.py)
+    carriers: Spec  # what the shape's payload carries (gateway/apis/openai_carriers.py, anthropic/carriers.py)
     array_fields: tuple[str, ...] = ()  # top-level arrays bounded by `limits.max_messages`
     names_model: bool = True  # its body names the model it is for (every model route's; not MCP's messages)
 

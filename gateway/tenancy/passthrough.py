@@ -30,7 +30,7 @@ from urllib.parse import parse_qsl, urlencode
 import orjson
 from starlette.responses import Response
 
-from gateway.apis.anthropic_chat import anthropic_error
+from gateway.apis.anthropic.errors import anthropic_error
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, invalid_request
 from gateway.routing.pool import Pool

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from backend_engine.openai_protocol.responses_input import responses_messages
-from gateway.apis.anthropic_chat import messages_to_chat
+from gateway.apis.anthropic.to_chat import messages_to_chat
 from gateway.tokenization import EngineCounter
 from tests.conftest import Process, pool
 

@@ -22,16 +22,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
-from gateway.apis.anthropic_chat import (
-    MAX_HELD_CHARS,
-    ChatStreamToMessages,
-    MessagesRequestError,
-    anthropic_error,
-    anthropic_error_type,
-    chat_to_message,
-    check_messages_request,
-    messages_to_chat,
-)
+from gateway.apis.anthropic.checks import MessagesRequestError, check_messages_request
+from gateway.apis.anthropic.errors import anthropic_error, anthropic_error_type
+from gateway.apis.anthropic.from_chat import MAX_HELD_CHARS, ChatStreamToMessages, chat_to_message
+from gateway.apis.anthropic.to_chat import messages_to_chat
 
 REFERENCE = Path(__file__).resolve().parent.parent / "api_reference"
 STREAM_EVENT = TypeAdapter(RawMessageStreamEvent)
