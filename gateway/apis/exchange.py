@@ -1,14 +1,12 @@
-"""How a request of one shape travels to a pool of one API, and its answer back: the upstream path, whether the
-body is translated (Anthropic Messages to an OpenAI-compatible pool), and the format the answer comes in.
+"""How a request of one shape travels to a pool of one API, and its answer back: the upstream path, the translation
+between the two APIs (gateway/apis/translation.py), and the format the pool answers in. `_EXCHANGES` is the registry,
+one line a pair of request shape and pool API; `POOL_APIS` says how each pool API is addressed.
 
 | request shape | `openai` pool | `anthropic` pool |
 |---|---|---|
 | chat, completions, responses, embeddings | as sent | refused (400): the pool speaks Messages only |
 | messages | translated to chat completions, answer translated back | as sent |
 | count_tokens | answered by the gateway from its own count | as sent |
-
-The output guard reads the answer as the client gets it (`client_answers`): a translated answer's reasoning only
-where the Messages request asked for thinking, the one case the translation keeps it (as thinking blocks).
 """
 
 from __future__ import annotations
@@ -17,8 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.apis.answers import AnswerFormat, MessagesFormat, ResponsesFormat, TokenCountFormat
-from gateway.apis.anthropic.to_chat import asks_thinking
+from gateway.apis.anthropic.chat_pool import MessagesToChat
+from gateway.apis.anthropic.pool_api import AnthropicPoolApi
+from gateway.apis.pool_api import PoolApi
 from gateway.apis.shape import Api
+from gateway.apis.translation import AS_SENT, Translation
 from gateway.errors import invalid_request
 
 
@@ -26,30 +27,31 @@ from gateway.errors import invalid_request
 class Exchange:
     path: str  # on the upstream
     answers: AnswerFormat  # what the upstream answers in
-    translated: bool = False  # Anthropic Messages in, OpenAI chat to the pool, and back
+    translation: Translation = AS_SENT  # between the client's API and the pool's
     local: bool = False  # the gateway answers itself (nothing to ask the pool)
     asks_usage: bool = False  # OpenAI chat and completions streams report usage only when asked (stream_options)
 
+    @property
+    def translated(self) -> bool:
+        return self.translation is not AS_SENT
+
     def client_answers(self, payload: dict[str, Any]) -> AnswerFormat:
-        """Where the generated text the client gets is, for the output guard: a translated answer's reasoning is
-        dropped unless the request asked for thinking, and scanning it then could only block what nobody sees."""
-        if self.translated and not asks_thinking(payload):
-            return _CHAT_WITHOUT_REASONING
-        return self.answers
+        """Where the generated text the client gets is, for the output guard (the translation's say)."""
+        return self.translation.client_answers(payload, self.answers)
 
 
 _CHAT = AnswerFormat()
-_CHAT_WITHOUT_REASONING = AnswerFormat(reasoning=False)
 _EXCHANGES: dict[tuple[str, str], Exchange] = {
     ("chat", "openai"): Exchange("/v1/chat/completions", _CHAT, asks_usage=True),
     ("completions", "openai"): Exchange("/v1/completions", _CHAT, asks_usage=True),
     ("embeddings", "openai"): Exchange("/v1/embeddings", _CHAT),
     ("responses", "openai"): Exchange("/v1/responses", ResponsesFormat()),
-    ("messages", "openai"): Exchange("/v1/chat/completions", _CHAT, translated=True),
+    ("messages", "openai"): Exchange("/v1/chat/completions", _CHAT, MessagesToChat()),
     ("messages", "anthropic"): Exchange("/v1/messages", MessagesFormat()),
     ("count_tokens", "openai"): Exchange("", TokenCountFormat(), local=True),
     ("count_tokens", "anthropic"): Exchange("/v1/messages/count_tokens", TokenCountFormat()),
 }
+POOL_APIS: dict[str, PoolApi] = {"openai": PoolApi(), "anthropic": AnthropicPoolApi()}
 
 
 def exchange_for(api: Api, pool_api: str, pool: str) -> Exchange:
