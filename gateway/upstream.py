@@ -19,6 +19,9 @@ wait for the first is `timeouts.read`'s).
 Upstream errors reach the client OpenAI-shaped: the upstream's own message (and its status, if a 4xx or 502-504)
 where it sent an OpenAI-style error, 502 for anything else (an HTML error page, a non-JSON or non-UTF-8 body).
 
+What differs between the client's API and the pool's (the body sent, the answer, the stream, the pool's headers) is
+the exchange's translation and its pool API's (gateway/apis/translation.py, pool_api.py): no API is named here.
+
 A pool that fails a request before the client heard anything (every attempt failed, or the last one answered an
 error) raises `PoolFailed`, which names the failure in fallback terms (gateway/fallbacks.py) where it is one of them:
 the caller may place the request on another pool and forward it again. Every answer names the model that served it
@@ -34,9 +37,9 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import orjson
@@ -45,23 +48,19 @@ from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, Status
 from starlette.responses import Response, StreamingResponse
 
 from gateway.apis.answers import AnswerFormat, token_count
-from gateway.apis.anthropic.checks import MessagesRequestError
-from gateway.apis.anthropic.from_chat import ChatStreamToMessages, chat_to_message
-from gateway.apis.anthropic.to_chat import asks_thinking, messages_to_chat
-from gateway.apis.exchange import Exchange
+from gateway.apis.exchange import POOL_APIS, Exchange
 from gateway.config import FallbackTrigger
 from gateway.context import RequestContext
-from gateway.errors import GatewayError, internal_error, invalid_request
+from gateway.errors import GatewayError, internal_error
 from gateway.genai_spans import TIME_TO_FIRST_CHUNK, response_attributes
 from gateway.header_values import rendered
 from gateway.offload import Offload
 from gateway.routing.pool import Pool
 from gateway.routing.replica import Replica
-from gateway.sse import EventFramer, EventTooLarge, MalformedEvent, event_data, read_event
+from gateway.sse import EventFramer, EventTooLarge, MalformedEvent, read_event
 from gateway.telemetry import Metrics
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 # A passthrough request's headers the upstream gets (never the client's credentials), and an answer's the client gets.
@@ -155,11 +154,14 @@ class Upstream:
 
     async def forward(self, ctx: RequestContext) -> Response:
         pool, exchange = ctx.placed.pool, ctx.exchange
-        if exchange.local:
-            return self._count_locally(ctx, exchange)
+        local = exchange.translation.local_answer(ctx.prompt_tokens or 0)
+        if local is not None:
+            return self._answer_locally(ctx, exchange, local)
         strip_usage = exchange.asks_usage and _ask_for_usage(ctx, pool)
-        encode = functools.partial(_outgoing_body, ctx, exchange)
-        big = (ctx.payload_rewritten or exchange.translated) and self._offload.is_big(len(ctx.body), ctx.json_values)
+        # the request in the pool's API: the exchange's translation (a 400 where the request has none)
+        encode = functools.partial(exchange.translation.request, ctx.payload, ctx.outgoing_body)
+        encodes = ctx.payload_rewritten or exchange.translation.encodes_request
+        big = encodes and self._offload.is_big(len(ctx.body), ctx.json_values)
         body = await self._offload.run(True, encode) if big else encode()
         deadline = _Deadline(pool, ctx.started)
         scope = asyncio.timeout_at(deadline.at)
@@ -199,11 +201,10 @@ class Upstream:
         media_type = response.headers.get("content-type", "application/json")
         return whole_answer(ctx, exchange, attempt.content, headers, media_type)
 
-    def _count_locally(self, ctx: RequestContext, exchange: Exchange) -> Response:
-        """Anthropic's count_tokens for a model an OpenAI-compatible pool serves: the tokenize stage's exact count."""
+    def _answer_locally(self, ctx: RequestContext, exchange: Exchange, body: bytes) -> Response:
+        """The answer of an exchange the gateway answers itself, from what the request's stages know (a count)."""
         ctx.status = 200
         exchange.answers.record(ctx.usage, {})
-        body = orjson.dumps({"input_tokens": ctx.prompt_tokens or 0})
         headers = rendered({"x-request-id": ctx.request_id, "x-portcullis-model": ctx.model})
         return Response(body, headers=headers, media_type="application/json")
 
@@ -439,7 +440,7 @@ class Upstream:
     ) -> AsyncGenerator[bytes, None]:
         config, response = attempt.pool.config, attempt.answered
         framer = EventFramer(config.max_event_bytes)
-        translator = messages_translator(ctx, exchange)
+        translation = exchange.translation.stream(ctx.payload, ctx.model)
         fill = ctx.cache_fill
         saw_done = False
         idle: float | None = None  # the wait for the first chunk is `timeouts.read`'s (a long prefill)
@@ -480,8 +481,8 @@ class Upstream:
                     ctx.placed.kv_hold.prefill_done()
                 if ctx.output_guard is not None:  # holds events back until scanned; raises GuardBlocked
                     out = await ctx.output_guard.feed(out)
-                if translator is not None:
-                    out = translated(translator, out)
+                if translation is not None:
+                    out = translation.feed(out)
                 if out:
                     yield b"".join(out)
                 if malformed is not None:
@@ -565,24 +566,11 @@ def answer_headers(ctx: RequestContext, replica: str | None = None) -> dict[str,
 def whole_answer(
     ctx: RequestContext, exchange: Exchange, content: bytes, headers: dict[str, str], media_type: str
 ) -> Response:
-    """A non-streamed 200 as the client gets it: the upstream's answer, or for a Messages client of a chat pool, the
-    Message it translates to."""
-    if exchange.translated:  # an OpenAI chat completion, for a client of Anthropic's Messages API
-        stops, thinking = ctx.payload.get("stop_sequences") or (), asks_thinking(ctx.payload)
-        message = _translate_answer(
-            lambda: chat_to_message(orjson.loads(content), ctx.model, stop_sequences=stops, thinking=thinking)
-        )
-        return Response(orjson.dumps(message), headers=headers)
-    return Response(content, status_code=200, headers=headers, media_type=media_type)
-
-
-def messages_translator(ctx: RequestContext, exchange: Exchange) -> ChatStreamToMessages | None:
-    """The translation of a chat stream into Anthropic's events, where the client speaks Messages to a chat pool."""
-    if not exchange.translated:
-        return None
-    return ChatStreamToMessages(
-        ctx.model, stop_sequences=ctx.payload.get("stop_sequences") or (), thinking=asks_thinking(ctx.payload)
-    )
+    """A non-streamed 200 as the client gets it: the upstream's answer in the client's API (the exchange's
+    translation)."""
+    translation = exchange.translation
+    content = translation.answer(content, ctx.payload, ctx.model)
+    return Response(content, status_code=200, headers=headers, media_type=translation.media_type(media_type))
 
 
 def _passed_headers(ctx: RequestContext, response: aiohttp.ClientResponse) -> dict[str, str]:
@@ -607,29 +595,14 @@ def _ask_for_usage(ctx: RequestContext, pool: Pool) -> bool:
 def _pool_headers(pool: Pool, ctx: RequestContext, span: Span) -> dict[str, str]:
     """What every request to a pool carries: the pool's credentials for the tenant (its own key, else the pool's) in
     its API's way, the request id, the trace."""
-    headers = {"accept-encoding": "identity", "x-request-id": ctx.request_id}
     api_key = pool.api_key_for(ctx.tenant)
-    if pool.config.api == "anthropic":
-        headers["anthropic-version"] = pool.config.anthropic_version
-        if beta := ctx.request.headers.get("anthropic-beta"):
-            headers["anthropic-beta"] = beta  # features a client opts in to are its request's, as sent
-        if api_key:
-            headers["x-api-key"] = api_key
-    elif api_key:
-        headers["authorization"] = f"Bearer {api_key}"
+    headers = {
+        "accept-encoding": "identity",
+        "x-request-id": ctx.request_id,
+        **POOL_APIS[pool.config.api].headers(pool.config, api_key, ctx.request.headers),
+    }
     propagate.inject(headers, context=set_span_in_context(span))
     return headers
-
-
-def _outgoing_body(ctx: RequestContext, exchange: Exchange) -> bytes:
-    """What the pool is sent: the request's own body, or its chat-completions translation (a 400 naming the field
-    that has none: a server tool, a file source)."""
-    if not exchange.translated:
-        return ctx.outgoing_body()
-    try:
-        return orjson.dumps(messages_to_chat(ctx.payload))
-    except MessagesRequestError as exc:
-        raise invalid_request(str(exc), param=exc.param) from None
 
 
 def _read_events(
@@ -649,31 +622,6 @@ def _read_events(
             return read, MalformedEvent("an upstream event's data is none of the events of the route's stream format")
         read.append((event, data, parsed))
     return read, None
-
-
-def translated(translator: ChatStreamToMessages, events: list[bytes]) -> list[bytes]:
-    """Chat-completion events as the Anthropic events they make; [DONE] closes the message."""
-    out: list[bytes] = []
-    for event in events:
-        data = event_data(event)
-        if data == b"[DONE]":
-            out += _translate_answer(translator.finish)  # the usage is translated here
-        elif data is not None and (chunk := _json_or_none(data)) is not None:
-            out += _translate_answer(functools.partial(translator.feed, chunk))
-    return out
-
-
-def _translate_answer(translate: Callable[[], T]) -> T:
-    """A translation of an upstream's answer; a 502 where the answer is not the chat completion it claims to be."""
-    try:
-        return translate()
-    except (AttributeError, TypeError, ValueError, KeyError) as exc:
-        raise GatewayError(
-            502,
-            f"the upstream's answer is not a chat completion the gateway can translate ({type(exc).__name__})",
-            type="upstream_error",
-            code="upstream_bad_response",
-        ) from None
 
 
 async def _read_body(response: aiohttp.ClientResponse, pool: Pool) -> bytes:

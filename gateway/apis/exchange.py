@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.apis.answers import AnswerFormat, MessagesFormat, ResponsesFormat, TokenCountFormat
-from gateway.apis.anthropic.chat_pool import MessagesToChat
+from gateway.apis.anthropic.chat_pool import CountedHere, MessagesToChat
 from gateway.apis.anthropic.pool_api import AnthropicPoolApi
 from gateway.apis.pool_api import PoolApi
 from gateway.apis.shape import Api
@@ -28,12 +28,7 @@ class Exchange:
     path: str  # on the upstream
     answers: AnswerFormat  # what the upstream answers in
     translation: Translation = AS_SENT  # between the client's API and the pool's
-    local: bool = False  # the gateway answers itself (nothing to ask the pool)
     asks_usage: bool = False  # OpenAI chat and completions streams report usage only when asked (stream_options)
-
-    @property
-    def translated(self) -> bool:
-        return self.translation is not AS_SENT
 
     def client_answers(self, payload: dict[str, Any]) -> AnswerFormat:
         """Where the generated text the client gets is, for the output guard (the translation's say)."""
@@ -48,7 +43,7 @@ _EXCHANGES: dict[tuple[str, str], Exchange] = {
     ("responses", "openai"): Exchange("/v1/responses", ResponsesFormat()),
     ("messages", "openai"): Exchange("/v1/chat/completions", _CHAT, MessagesToChat()),
     ("messages", "anthropic"): Exchange("/v1/messages", MessagesFormat()),
-    ("count_tokens", "openai"): Exchange("", TokenCountFormat(), local=True),
+    ("count_tokens", "openai"): Exchange("", TokenCountFormat(), CountedHere()),
     ("count_tokens", "anthropic"): Exchange("/v1/messages/count_tokens", TokenCountFormat()),
 }
 POOL_APIS: dict[str, PoolApi] = {"openai": PoolApi(), "anthropic": AnthropicPoolApi()}

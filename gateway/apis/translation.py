@@ -1,8 +1,9 @@
 """The seam between the API a client speaks and the API its pool speaks: one `Translation` per pair.
 
 A translation owns everything that differs between the two sides of one pair: the body the pool is sent, the
-non-streamed answer and its media type, the stream event by event, and which part of the answer the client reads (so
-the output guard reads what the client gets). The upstream call (gateway/upstream.py) knows only this interface;
+non-streamed answer and its media type, the stream event by event, which part of the answer the client reads (so the
+output guard reads what the client gets), and the answer the gateway gives itself where the pool's API has no
+counterpart. The upstream call (gateway/upstream.py) knows only this interface;
 gateway/apis/exchange.py lists which translation each pair of client API and pool API takes.
 
 The base class is the identity, for a client and a pool of the same API: the body as the request's stages left it,
@@ -35,6 +36,11 @@ class Translation:
     encodes_request = False
     # the body request() makes asks the pool's stream for its usage (so a stream replayed from the cache has it too)
     asks_stream_usage = False
+
+    def local_answer(self, prompt_tokens: int) -> bytes | None:
+        """The answer's body where the gateway answers the request itself from what its stages know (`prompt_tokens`:
+        the tokenize stage's exact count); None asks the pool."""
+        return None
 
     def request(self, payload: dict[str, Any], as_sent: Callable[[], bytes]) -> bytes:
         """The body the pool is sent, from the request's payload; `as_sent` is the client's own body as the stages

@@ -32,7 +32,7 @@ from gateway.context import RequestContext
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import SemanticCache
 from gateway.telemetry import Metrics
-from gateway.upstream import SSE_HEADERS, answer_headers, messages_translator, translated, whole_answer
+from gateway.upstream import SSE_HEADERS, answer_headers, whole_answer
 
 HEADER = "x-portcullis-cache"
 
@@ -142,12 +142,12 @@ class CacheStage:
             return whole_answer(ctx, exchange, content, headers, "application/json")
         options = ctx.payload.get("stream_options")
         asked = isinstance(options, dict) and bool(options.get("include_usage"))
-        events = replayed(exchange.path, answer, include_usage=asked or exchange.translated)
+        events = replayed(exchange.path, answer, include_usage=asked or exchange.translation.asks_stream_usage)
         if ctx.output_guard is not None:  # raises GuardBlocked before the answer starts
             events = await ctx.output_guard.feed(events)
-        translator = messages_translator(ctx, exchange)
-        if translator is not None:
-            events = translated(translator, events)
+        translation = exchange.translation.stream(ctx.payload, ctx.model)
+        if translation is not None:
+            events = translation.feed(events)
         return Response(b"".join(events), headers={**SSE_HEADERS, **headers}, media_type="text/event-stream")
 
 

@@ -1,6 +1,6 @@
-"""The translation for a Messages client of a pool that speaks OpenAI chat completions (gateway/apis/translation.py):
+"""The translations for a Messages client of a pool that speaks OpenAI chat completions (gateway/apis/translation.py):
 the request through `to_chat`, the answer and the stream back through `from_chat`, so that an `anthropic` SDK client
-cannot tell."""
+cannot tell; and its count_tokens, answered by the gateway."""
 
 from __future__ import annotations
 
@@ -53,6 +53,14 @@ class MessagesToChat(Translation):
         """The chat answer less its reasoning, unless the request asked for thinking: only then does the client get
         it (as thinking blocks)."""
         return answers if asks_thinking(payload) else _WITHOUT_REASONING
+
+
+class CountedHere(Translation):
+    """count_tokens, which a chat pool does not serve: the gateway answers it from the tokenize stage's count, exact
+    for the pool's tokenizer (the count is of the chat the request translates to, gateway/apis/messages.py)."""
+
+    def local_answer(self, prompt_tokens: int) -> bytes:
+        return orjson.dumps({"input_tokens": prompt_tokens})
 
 
 class ChatEventsToMessages:
