@@ -51,6 +51,7 @@ from gateway.ratelimit.failover import CircuitBreaker, FailoverBackend
 from gateway.ratelimit.limiter import RateLimiter
 from gateway.ratelimit.memory import MemoryBackend
 from gateway.ratelimit.redis_backend import RedisBackend
+from gateway.reload import reload_on_hangup, stop_reloading_on_hangup
 from gateway.routing.pool import Pool, Pools
 from gateway.shape_gate import ShapeGate
 from gateway.spend.ledger import SpendLedger
@@ -492,6 +493,7 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
         gateway.pools.start()
         gateway.shape_gate.warm()
         gateway.reloader.start()
+        reload_on_hangup([gateway.reloader])
         gateway.spend.start()
         gateway.metrics.tallies.start()
         gateway.rate_limiter.start()
@@ -501,6 +503,7 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
         gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
         yield
         await warming
+        stop_reloading_on_hangup()
         await gateway.reloader.stop()
         await gateway.aclose()
 
