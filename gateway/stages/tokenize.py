@@ -21,14 +21,51 @@ from gateway.policy.loader import PolicySet
 from gateway.tokenization import EstimateCounter, PromptCount, PromptCounter, build_counter, tool_shapes
 
 
-class Tokenize:
-    def __init__(self, models: list[ModelConfig], policies: Callable[[], PolicySet], offload: Offload) -> None:
-        self._models = {m.name: m for m in models}
-        self._counters: dict[str, PromptCounter] = {}  # loaded on first use or by warm(): loading takes seconds
+class Tokenizers:
+    """The tokenizers loaded, by their setting (`models[].tokenizer`): loading one takes seconds, so it is loaded once
+    per process, on first use or by warm(), and a config reload loads only a setting that is new."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[str | None, PromptCounter] = {}
         self._loading = threading.Lock()
+
+    def get(self, setting: str | None) -> PromptCounter:
+        counter = self._loaded.get(setting)
+        if counter is None:
+            with self._loading:
+                counter = self._loaded.get(setting) or build_counter(setting)
+                self._loaded[setting] = counter
+        return counter
+
+    def loaded(self, setting: str | None) -> bool:
+        return setting in self._loaded
+
+    def keep(self, settings: set[str | None]) -> None:
+        """Forget the tokenizers no model is configured with now (after a reload). Called on the event loop, so it
+        never waits for the lock a load holds for seconds; a load finishing meanwhile is forgotten and done again."""
+        self._loaded = {setting: c for setting, c in dict(self._loaded).items() if setting in settings}
+
+
+class Tokenize:
+    def __init__(
+        self,
+        models: list[ModelConfig],
+        policies: Callable[[], PolicySet],
+        offload: Offload,
+        tokenizers: Tokenizers | None = None,
+    ) -> None:
+        self._models = {m.name: m for m in models}
+        self.tokenizers = tokenizers or Tokenizers()
         self._estimate = EstimateCounter()
         self._policies = policies
         self._offload = offload
+
+    def for_models(self, models: list[ModelConfig]) -> Tokenize:
+        """The same counting for a reloaded config's `models`, with the tokenizers loaded already."""
+        return Tokenize(models, self._policies, self._offload, self.tokenizers)
+
+    def settings(self) -> set[str | None]:
+        return {model.tokenizer for model in self._models.values()}
 
     def warm(self) -> None:
         """Load every configured tokenizer (run in a thread at start, so the first requests need not wait)."""
@@ -38,12 +75,7 @@ class Tokenize:
     def _counter(self, model: str) -> PromptCounter:
         if model not in self._models:
             return self._estimate
-        counter = self._counters.get(model)
-        if counter is None:
-            with self._loading:
-                counter = self._counters.get(model) or build_counter(self._models[model].tokenizer)
-                self._counters[model] = counter
-        return counter
+        return self.tokenizers.get(self._models[model].tokenizer)
 
     def decode(self, model: str, ids: list[int]) -> str | None:
         """Token ids as the model's tokenizer reads them, for the guard; None when no tokenizer is known for it.
@@ -63,7 +95,7 @@ class Tokenize:
         the request names none (written into its payload only once the attempt is authorised)."""
         admission = self._policies().admission_for(ctx.tenant)
         choices = _choices(ctx.payload, ctx.api.choice_fields, admission.max_n)  # before counting: refusing is free
-        loaded = model not in self._models or model in self._counters
+        loaded = model not in self._models or self.tokenizers.loaded(self._models[model].tokenizer)
         big = self._offload.is_big(len(ctx.body), ctx.json_values)
         count = await self._offload.run(big or not loaded, self._count, ctx, model)
         window = self._models[model].context_window if model in self._models else None
