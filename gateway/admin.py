@@ -28,6 +28,7 @@ from gateway.admin_api.openapi import openapi_document
 from gateway.admin_api.spend import spend_route
 from gateway.admin_guard import AdminGuard
 from gateway.audit import AuditLog
+from gateway.config_reload import config_version
 from gateway.errors import EXCEPTION_HANDLERS, GatewayError
 
 if TYPE_CHECKING:
@@ -85,12 +86,18 @@ def build_admin_app(gateway: Gateway, token: str) -> Starlette:
 
     async def metrics(request: Request) -> Response:
         gateway.metrics.tallies.publish()  # what this process counted (and billed) since its last publish
-        for pool in gateway.pools.pools:
+        for pool in gateway.fleets.current.pools.pools:
             for replica in pool.replicas:
                 gateway.metrics.upstream_outstanding.labels(pool=pool.name, replica=replica.url).set(
                     replica.outstanding
                 )
         return Response(gateway.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    async def admin_config(request: Request) -> Response:
+        """The config served, and whether the last reload of its file was refused (and why)."""
+        reloader = gateway.config_reloader
+        status = reloader.status() if reloader else {"version": config_version(gateway.config), "file": None}
+        return JSONResponse(status)
 
     async def admin_policy(request: Request) -> Response:
         policies = gateway.policies
@@ -127,6 +134,7 @@ def build_admin_app(gateway: Gateway, token: str) -> Starlette:
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/admin/policy", admin_policy, methods=["GET"]),
+            Route("/admin/config", admin_config, methods=["GET"]),
             Route("/admin/openapi.json", openapi, methods=["GET"]),
             *keys.routes(),
             Route("/admin/spend", spend_route(gateway), methods=["GET"]),

@@ -34,11 +34,12 @@ from gateway.cache.stores import build_answer_store
 from gateway.client_exit import ClientWatch
 from gateway.client_ip import client_ip
 from gateway.config import ConfigError, GatewayConfig
+from gateway.config_reload import ConfigReloader, ConfigSource, config_version
 from gateway.context import RequestContext
 from gateway.errors import EXCEPTION_HANDLERS, GatewayError, internal_error
-from gateway.fallbacks import Fallbacks
+from gateway.fleet import FleetBuilder, Fleets, OnFleet
 from gateway.guard.runtime import Guard
-from gateway.keystore.keyring import KeyRing
+from gateway.keystore.keyring import KeyRing, static_keys
 from gateway.keystore.store import build_key_store
 from gateway.log_writer import log_access
 from gateway.mcp.service import McpService
@@ -52,22 +53,19 @@ from gateway.ratelimit.limiter import RateLimiter
 from gateway.ratelimit.memory import MemoryBackend
 from gateway.ratelimit.redis_backend import RedisBackend
 from gateway.reload import reload_on_hangup, stop_reloading_on_hangup
-from gateway.routing.pool import Pool, Pools
+from gateway.routing.pool import Pool
 from gateway.shape_gate import ShapeGate
 from gateway.spend.ledger import SpendLedger
 from gateway.spend.redis_ledger import RedisSpendStore
 from gateway.spend.sqlite_budgets import SqliteBudgets
 from gateway.spend.sqlite_ledger import SqliteSpendStore
 from gateway.spend.store import NANOS, SpendStore
-from gateway.stages.admission import AdmissionStage
 from gateway.stages.auth import AuthStage
-from gateway.stages.authority import AuthorityStage
 from gateway.stages.cache import CacheStage
 from gateway.stages.guard import GuardStage
 from gateway.stages.parse import ParseStage, RawBodyStage
 from gateway.stages.ratelimit import RateLimitStage
 from gateway.stages.route import RouteStage
-from gateway.stages.tokenize import Tokenize
 from gateway.stages.waf import WafStage
 from gateway.telemetry import (
     Metrics,
@@ -78,9 +76,7 @@ from gateway.telemetry import (
     server_span,
     trace_ids,
 )
-from gateway.tenancy.models import TenantModels
 from gateway.tenancy.ownership import TenantObjects
-from gateway.tenancy.passthrough import ObjectPassthrough
 from gateway.tenancy.stage import ObjectsStage
 from gateway.tenancy.store import build_object_store
 from gateway.upstream import PoolFailed, Upstream
@@ -97,13 +93,14 @@ YOUNG_GC_THRESHOLD = 10_000
 class Gateway:
     """Everything one gateway process shares across requests."""
 
-    def __init__(self, config: GatewayConfig, span_exporter: SpanExporter | None = None) -> None:
+    def __init__(
+        self, config: GatewayConfig, span_exporter: SpanExporter | None = None, reload: ConfigSource | None = None
+    ) -> None:
         self.config = config
         self.metrics = Metrics(configured_models(config))
         self.tracer_provider = build_tracer_provider(config.telemetry, span_exporter)
         self.tracer = self.tracer_provider.get_tracer("portcullis.gateway")
         self.tracing = records_spans(self.tracer_provider)
-        self.pools = Pools([Pool(p) for p in config.pools])
         _warn_shared_prefix_caches(config)
         self.policies = _load_policies(config)
         self.metrics.watch_policy(lambda: self.policies.version)
@@ -114,7 +111,6 @@ class Gateway:
         self.auth = AuthStage(self.keys)
         self.offload = Offload(config.limits)  # big bodies' parse, WAF and tokenize run on its threads
         self.shape_gate = ShapeGate(config.limits)  # bodies with very many values are judged out of process
-        self.tokenize = Tokenize(config.models, lambda: self.policies, self.offload)
         self.redis = (
             RedisBackend(config.redis.url, config.redis.timeout, config.redis.max_pending_settlements)
             if config.redis.url
@@ -130,7 +126,12 @@ class Gateway:
         self.budget_store = None if self.redis else _budget_store(config)
         if self.budget_store:
             self.metrics.watch_settlements(self.budget_store.settlements)
-        self.guard = GuardStage(lambda: self.policies, Guard(self.metrics.registry), self.offload, self.tokenize.decode)
+        self.guard = GuardStage(
+            lambda: self.policies,
+            Guard(self.metrics.registry),
+            self.offload,
+            lambda model, ids: self.fleets.current.tokenize.decode(model, ids),
+        )
         parse = ParseStage(config.limits, self.offload, self.shape_gate)
         waf = WafStage(lambda: self.policies, self.keys, self.offload, self.metrics)
         self.rate_limiter = (
@@ -139,21 +140,30 @@ class Gateway:
             else RateLimiter(limits, self.metrics, self._failover(self.budget_store), self.budget_store.expect)
         )
         rate_limits = RateLimitStage(lambda: self.policies, self.rate_limiter)
-        self.fallbacks = Fallbacks(config.fallbacks, self.pools, self.metrics.fallbacks)
         # what tenants make upstream (files, stored responses, fine-tuned models) is recorded where the keys are, and
         # theirs alone
         self.objects = TenantObjects(build_object_store(config), config.tenant_objects)
-        self.models = TenantModels(self.objects, config.pools)
-        # every attempt, the first and each fallback, is authorised for the model and pool it calls
-        self.authority = AuthorityStage(self.tokenize, rate_limits, self.fallbacks, self.models, self.tracer)
-        self.admission = AdmissionStage(self.pools.pools, self.tracer, self.metrics)
+        self.upstream = Upstream(self.tracer, self.metrics, self.offload, config.telemetry.replica_header)
+        # pools, models and fallbacks, with the stages that decide on them: replaced whole by a config reload
+        self.fleet_builder = FleetBuilder(
+            lambda: self.policies, self.offload, rate_limits, self.objects, self.upstream, self.tracer, self.metrics
+        )
+        self.fleets = Fleets(self.fleet_builder.build(config))
+        self.metrics.watch_config(lambda: config_version(self.config))
+        self.config_reloader = (
+            ConfigReloader(
+                reload.path, reload.prepare, lambda: self.config, self.reconfigure, self.metrics.config_reloads
+            )
+            if reload is not None
+            else None
+        )
         self.route = RouteStage()
         self.cache = CacheStage(
             lambda: self.policies,
             build_answer_store(config),
             self.metrics,
             config.response_cache.max_entry_bytes,
-            Embedder(self.pools),
+            Embedder(lambda: self.fleets.current.pools),
             config.response_cache.max_embeddings,
         )
         self.pipeline = Pipeline(
@@ -162,8 +172,9 @@ class Gateway:
                 waf,
                 self.auth,
                 ObjectsStage(self.objects),
-                self.authority,
-                self.admission,
+                # every attempt, the first and each fallback, is authorised for the model and pool it calls
+                OnFleet("authority", lambda fleet: fleet.authority),
+                OnFleet("admission", lambda fleet: fleet.admission),
                 self.guard,
                 self.cache,  # after every input stage: a hit is judged, limited and billed as any request
                 self.route,
@@ -173,8 +184,6 @@ class Gateway:
         )
         # a pool's passthrough routes: the same stages up to the rate limits, none that read a model request
         self.passthrough = Pipeline([RawBodyStage(parse), waf, self.auth, rate_limits], self.tracer, self.metrics)
-        self.upstream = Upstream(self.tracer, self.metrics, self.offload, config.telemetry.replica_header)
-        self.object_passthrough = ObjectPassthrough(self.objects, self.models, self.upstream)
         self.billing = Billing(self.metrics, lambda: self.policies, self.spend, config.telemetry)
         # /mcp/{server}: MCP servers' JSON-RPC, through the same WAF, auth, limits and guard (gateway/mcp/)
         self.mcp = McpService(
@@ -205,10 +214,24 @@ class Gateway:
     def _install(self, policies: PolicySet) -> None:
         self.policies = policies  # one assignment: each request reads one whole policy set
 
+    async def reconfigure(self, config: GatewayConfig) -> None:
+        """Put a reloaded config's pools, models, fallbacks and static keys in place (gateway/config_reload.py has
+        checked that nothing else changed). Built and warmed first, then swapped in one step: a request arriving
+        meanwhile starts on the old set, one after on the new."""
+        fleet = self.fleet_builder.build(config, self.fleets.current)
+        static = static_keys(config.auth)
+        await asyncio.to_thread(fleet.tokenize.warm)
+        self.fleets.swap(fleet)
+        self.keys.use_static(static)
+        fleet.tokenize.tokenizers.keep(fleet.tokenize.settings())
+        self.metrics.known_models = configured_models(config)
+        self.config = config
+        _warn_shared_prefix_caches(config)
+
     async def aclose(self) -> None:
         await self.keys.aclose()
         await self.key_store.aclose()
-        await self.pools.aclose()
+        await self.fleets.aclose()
         await self.mcp.aclose()
         await self.guard.guard.aclose()
         await self.metrics.tallies.aclose()  # what was counted since the last publish, billing too
@@ -242,8 +265,9 @@ class Gateway:
 
     async def readiness(self) -> tuple[bool, dict[str, list[dict]]]:
         """Ready when every pool has at least one replica answering; with each replica's state."""
-        results = await asyncio.gather(*(self.probe(p) for p in self.pools.pools))
-        pools = {p.name: [{"url": r["url"], "up": r["up"]} for r in res] for p, res in zip(self.pools.pools, results)}
+        with self.fleets.holding() as fleet:
+            results = await asyncio.gather(*(self.probe(p) for p in fleet.pools.pools))
+        pools = {p.name: [{"url": r["url"], "up": r["up"]} for r in res] for p, res in zip(fleet.pools.pools, results)}
         return all(any(r["up"] for r in replicas) for replicas in pools.values()), pools
 
 
@@ -281,6 +305,7 @@ class ProxyEndpoint:
                 route=self.route,
                 span=span,
                 client_ip=client_ip(peer, request.headers.getlist("x-forwarded-for"), gw.config.trusted_proxies),
+                fleet=gw.fleets.current.enter(),
             )
             try:
                 await self._respond(ctx, watch, scope, receive, send)
@@ -289,6 +314,7 @@ class ProxyEndpoint:
                 # its grace period, mid-stream): settled, then billed and logged, or the spend a restart reads budgets
                 # back from would miss it; none of it waits, so nothing can cut it short
                 gw.pipeline.settle(ctx)
+                ctx.on_fleet.leave()  # settled: the pools a config reload dropped may close once none holds them
                 span.set_attribute("http.response.status_code", ctx.status)
                 if ctx.status >= 500 or ctx.stream_error not in (None, "client_disconnected"):
                     span.set_status(Status(StatusCode.ERROR, ctx.stream_error or str(ctx.status)))
@@ -336,8 +362,8 @@ class ProxyEndpoint:
             try:
                 return await gw.upstream.forward(ctx)
             except PoolFailed as failure:
-                await gw.authority.after(ctx, failure)
-                await gw.admission.move(ctx)
+                await ctx.on_fleet.authority.after(ctx, failure)
+                await ctx.on_fleet.admission.move(ctx)
                 await gw.route(ctx)
 
     def _account(self, ctx: RequestContext) -> None:
@@ -390,15 +416,16 @@ class PassthroughEndpoint(ProxyEndpoint):
         path = scope["path"]
         if path in BY_PATH:
             raise HTTPException(405)  # a model route, asked with another method than POST
-        if self.gateway.pools.for_passthrough(path) is None:
+        if self.gateway.fleets.current.pools.for_passthrough(path) is None:
             raise HTTPException(404)
         await super().__call__(scope, receive, send)
 
     async def _answer(self, ctx: RequestContext) -> Response:
-        pool = self.gateway.pools.for_passthrough(ctx.request.scope["path"])
-        assert pool is not None  # checked on arrival; pools do not change while the process runs
+        fleet = ctx.on_fleet
+        pool = fleet.pools.for_passthrough(ctx.request.scope["path"])
+        assert pool is not None  # checked on arrival, on the fleet the request then took
         await self.gateway.passthrough.run(ctx)
-        return await self.gateway.object_passthrough(ctx, pool)
+        return await fleet.object_passthrough(ctx, pool)
 
 
 def _spend_store(config: GatewayConfig) -> SpendStore:
@@ -448,12 +475,15 @@ def _load_policies(config: GatewayConfig) -> PolicySet:
     return policies
 
 
-def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = None) -> ASGIApp:
-    """The public app and, on its own listener, the admin plane (gateway/admin.py)."""
+def build_app(
+    config: GatewayConfig, *, span_exporter: SpanExporter | None = None, reload: ConfigSource | None = None
+) -> ASGIApp:
+    """The public app and, on its own listener, the admin plane (gateway/admin.py). With `reload`, the file the
+    config came from is reloaded on changes and SIGHUP (gateway/config_reload.py)."""
     from gateway.mcp.endpoint import McpEndpoint  # (a ProxyEndpoint: imported once this module has defined it)
 
     admin_token = resolve_admin_token(config.admin) if config.admin.enabled else ""  # before anything else can fail
-    gateway = Gateway(config, span_exporter)
+    gateway = Gateway(config, span_exporter, reload)
 
     async def list_models(request: Request) -> Response:
         ctx = RequestContext(request=request, route="models", span=trace.INVALID_SPAN)
@@ -462,19 +492,20 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
         except GatewayError as err:
             return err.response()
         seen: dict[str, tuple[dict, Pool]] = {}  # each model with the pool offering it
-        for pool, replicas in zip(
-            gateway.pools.pools, await asyncio.gather(*(gateway.probe(p) for p in gateway.pools.pools))
-        ):
-            for model in pool.config.models:
-                seen.setdefault(model, ({"id": model, "object": "model", "created": 0, "owned_by": pool.name}, pool))
-            for replica in replicas:
-                for model in replica["models"]:
-                    if isinstance(model, dict) and isinstance(model.get("id"), str):
-                        seen.setdefault(model["id"], (model, pool))
-        try:  # another tenant's fine-tunes are not listed: the upstream lists its whole organization's
-            usable = await gateway.models.visible(ctx, ((model, pool) for model, (_, pool) in seen.items()))
-        except GatewayError as err:
-            return err.response()
+        with gateway.fleets.holding() as fleet:
+            pools = fleet.pools.pools
+            for pool, replicas in zip(pools, await asyncio.gather(*(gateway.probe(p) for p in pools))):
+                for model in pool.config.models:
+                    entry = {"id": model, "object": "model", "created": 0, "owned_by": pool.name}
+                    seen.setdefault(model, (entry, pool))
+                for replica in replicas:
+                    for model in replica["models"]:
+                        if isinstance(model, dict) and isinstance(model.get("id"), str):
+                            seen.setdefault(model["id"], (model, pool))
+            try:  # another tenant's fine-tunes are not listed: the upstream lists its whole organization's
+                usable = await fleet.models.visible(ctx, ((model, pool) for model, (_, pool) in seen.items()))
+            except GatewayError as err:
+                return err.response()
         key = ctx.key  # a stored key lists only the models it may call
         listed = [entry for model, (entry, _) in seen.items() if model in usable and (key is None or key.allows(model))]
         return JSONResponse({"object": "list", "data": listed})
@@ -490,21 +521,24 @@ def build_app(config: GatewayConfig, *, span_exporter: SpanExporter | None = Non
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await gateway.keys.start()  # before serving: a stored key must work on the first request
-        gateway.pools.start()
+        gateway.fleets.start()
         gateway.shape_gate.warm()
-        gateway.reloader.start()
-        reload_on_hangup([gateway.reloader])
+        reloaders = [gateway.reloader, *([gateway.config_reloader] if gateway.config_reloader else [])]
+        for reloader in reloaders:
+            reloader.start()
+        reload_on_hangup(reloaders)
         gateway.spend.start()
         gateway.metrics.tallies.start()
         gateway.rate_limiter.start()
-        warming = asyncio.create_task(asyncio.to_thread(gateway.tokenize.warm))
+        warming = asyncio.create_task(asyncio.to_thread(gateway.fleets.current.tokenize.warm))
         await asyncio.to_thread(gateway.guard.warm)  # before serving: the first guarded request must not wait
         gc.freeze()  # what start-up built lives as long as the process: the collector need not rescan it per request
         gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
         yield
         await warming
         stop_reloading_on_hangup()
-        await gateway.reloader.stop()
+        for reloader in reloaders:
+            await reloader.stop()
         await gateway.aclose()
 
     routes = [

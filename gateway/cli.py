@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import os
 import sys
+from pathlib import Path
 
 from backend_engine import cli as engine_cli
 from gateway import config_cli, keys_cli, log_format, log_writer, up, workers
 from gateway.bench import cli as bench_cli
-from gateway.config import CONFIG_ENV, ConfigError, load_config
+from gateway.config import CONFIG_ENV, ConfigError, GatewayConfig, load_config
 from gateway.guard import cli as guard_cli
 from gateway.mcp import cli as mcp_cli
 from gateway.policy import cli as policy_cli
@@ -52,6 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
     """One process serving, as a gateway of its own or as one of a supervisor's workers; or, with `listen.workers`
     above 1, the supervisor of that many workers."""
     from gateway.app import build_app
+    from gateway.config_reload import ConfigSource
     from gateway.http_server import serve
     from gateway.policy.loader import PolicyError
 
@@ -59,21 +62,27 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format, {} if worker is None else {"worker": worker})
     if worker is not None:
         workers.follow_supervisor(args.supervisor_pid)
+
+    def prepared(config: GatewayConfig) -> GatewayConfig:
+        """What this process makes of the file, at start and at each reload: the command line's listener, and a
+        worker's share."""
+        listen = {
+            "host": args.host or config.listen.host,
+            "port": args.port if args.port is not None else config.listen.port,
+        }
+        config = config.model_copy(update={"listen": config.listen.model_copy(update=listen)})
+        return workers.without_admin(config) if worker else config
+
+    path = args.config or os.environ.get(CONFIG_ENV)
+    source = ConfigSource(Path(path), prepared) if path else None
     try:
-        config = load_config(args.config)
+        config = prepared(load_config(path))
     except ConfigError as exc:
         return _cannot_start(exc)
-    listen = {
-        "host": args.host or config.listen.host,
-        "port": args.port if args.port is not None else config.listen.port,
-    }
-    config = config.model_copy(update={"listen": config.listen.model_copy(update=listen)})
     if worker is None and config.listen.worker_count() > 1:
         return workers.Supervisor(config, args.log_level).run()
-    if worker:
-        config = workers.without_admin(config)
     try:
-        app = build_app(config)
+        app = build_app(config, reload=source)
     except (ConfigError, PolicyError) as exc:
         return _cannot_start(exc)
     on_started = None if worker is None else workers.report_serving(args.ready_fd)

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from gateway.admission.fair_queue import FairQueue
     from gateway.cache.fill import CacheFill
+    from gateway.fleet import Fleet
     from gateway.guard.output import OutputGuard
     from gateway.keystore.records import KeyRecord
     from gateway.mcp.call import McpCall
@@ -102,6 +103,8 @@ class RequestContext:
     client_ip: str = ""
     request_id: str = field(default_factory=new_request_id)
     started: float = field(default_factory=time.perf_counter)
+    # the pools, models and fallbacks the request arrived on (gateway/fleet.py), held until it has settled
+    fleet: Fleet | None = None
     # parse
     body: bytes = b""  # as received: what the WAF reads, and what sizes a body for the offload executor
     payload: dict[str, Any] = field(default_factory=dict)
@@ -194,6 +197,12 @@ class RequestContext:
     def operation(self) -> str:
         """GenAI semantic-convention operation name."""
         return self.api.operation
+
+    @property
+    def on_fleet(self) -> Fleet:
+        if self.fleet is None:
+            raise StageOrderError("the request holds no fleet: its endpoint must give it the current one")
+        return self.fleet
 
     @property
     def placed(self) -> Placement:

@@ -155,6 +155,13 @@ class Metrics:
             ["budget", "threshold"],
             registry=r,
         )
+        self.config_reloads = Counter(
+            "portcullis_config_reload",
+            "Reloads of portcullis.yaml, by result: applied, unchanged, refused (invalid, or a change that needs a "
+            "restart; the running config serves on)",
+            ["result"],
+            registry=r,
+        )
         self.fallbacks = Counter(
             "portcullis_fallbacks",
             "Requests moved to a fallback target, by requested model, target (model or pool) and trigger",
@@ -226,6 +233,10 @@ class Metrics:
         serving /metrics; each reloads on its own)."""
         self._register_read_at_scrape(_PolicyInfo(version))
 
+    def watch_config(self, version: Callable[[], str]) -> None:
+        """Report, at each scrape, the version of portcullis.yaml this process serves (a hash of it as validated)."""
+        self._register_read_at_scrape(_ConfigInfo(version))
+
     def watch_settlements(self, outbox: SettlementOutbox) -> None:
         """Report, at each scrape, the settlements kept for the rate-limit store and those it never got (with
         workers: those of the worker serving /metrics)."""
@@ -264,6 +275,20 @@ class _PolicyInfo:
         info = GaugeMetricFamily(
             "portcullis_policy_info",
             "The policy set enforced (its version: a hash of the policy files), always 1",
+            labels=["version"],
+        )
+        info.add_metric([self._version()], 1)
+        yield info
+
+
+class _ConfigInfo:
+    def __init__(self, version: Callable[[], str]) -> None:
+        self._version = version
+
+    def collect(self):
+        info = GaugeMetricFamily(
+            "portcullis_config_info",
+            "The portcullis.yaml served (its version: a hash of the config as validated), always 1",
             labels=["version"],
         )
         info.add_metric([self._version()], 1)

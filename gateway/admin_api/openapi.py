@@ -122,6 +122,12 @@ def _paths() -> dict[str, Any]:
                 "The policy set in force: version, reload status, tenants, WAF summary", _json({"type": "object"})
             )
         },
+        "/admin/config": {
+            "get": _op(
+                "The portcullis.yaml served: its version and file, and the reload status (the last refusal's error)",
+                _json({"type": "object"}),
+            )
+        },
         "/admin/openapi.json": {"get": _op("This document", _json({"type": "object"}))},
         "/admin/keys": {
             "post": _op(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -122,12 +123,12 @@ class SemanticIndex:
 class Embedder:
     """Embeddings from the pool that serves a model, through its own connections and key."""
 
-    def __init__(self, pools: Pools) -> None:
-        self._pools = pools
+    def __init__(self, pools: Callable[[], Pools]) -> None:
+        self._pools = pools  # the pools now: a config reload replaces them
 
     async def embed(self, model: str, text: str) -> Vector | None:
         """`text`'s embedding, unit length; None where the pool gives none."""
-        pool = self._pools.for_model(model)
+        pool = self._pools().for_model(model)
         if pool is None or pool.config.api != "openai":
             log.warning("response cache: no OpenAI-compatible pool serves the embeddings model %r", model)
             return None

@@ -56,14 +56,13 @@ class Identity:
 
 _ANONYMOUS = Identity(ANONYMOUS, "", "")
 
+StaticKeys = dict[bytes, tuple[bytes, Identity]]  # digest prefix → (digest, identity)
+
 
 class KeyRing:
     def __init__(self, auth: AuthConfig, backend: KeyStoreBackend, store: StoreConfig, synced: Gauge) -> None:
         """`synced` is set to the Unix time of each successful read of the store."""
-        self._static: dict[bytes, tuple[bytes, Identity]] = {}  # digest prefix → (digest, identity)
-        for key in auth.keys:
-            digest = key.digest()
-            self._static[digest[:8]] = (digest, Identity(key.tenant, key.label, digest[:6].hex()))
+        self._static = static_keys(auth)
         self._stored: dict[str, tuple[KeyRecord, Identity]] = {}  # id → record, for stored keys not revoked
         self._closed = bool(self._static) or not auth.anonymous  # a key exists (or anonymous is off): never opens
         self._backend = backend
@@ -79,6 +78,13 @@ class KeyRing:
         self._refreshing = asyncio.Lock()  # one refresh at a time: an older answer must not undo a newer one
         self._failing = False
         self._was_anonymous: bool | None = None
+
+    def use_static(self, keys: StaticKeys) -> None:
+        """The static keys of a reloaded config, in one assignment: a key it dropped opens nothing from now on.
+        Dropping them all does not open the gateway: a key existed."""
+        self._static = keys
+        self._closed = self._closed or bool(keys)
+        self._log_anonymous()
 
     @property
     def anonymous(self) -> bool:
@@ -200,6 +206,15 @@ class KeyRing:
             elif self._was_anonymous:
                 log.warning("auth: an API key exists; from now on requests without a valid key are refused")
             self._was_anonymous = anonymous
+
+
+def static_keys(auth: AuthConfig) -> StaticKeys:
+    """`auth.keys` as looked up; a key's variable that is not set is a ConfigError."""
+    keys: StaticKeys = {}
+    for key in auth.keys:
+        digest = key.digest()
+        keys[digest[:8]] = (digest, Identity(key.tenant, key.label, digest[:6].hex()))
+    return keys
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:

@@ -11,7 +11,7 @@ attempt is authorised for, by `move`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from opentelemetry.trace import Tracer
 
@@ -27,12 +27,17 @@ from gateway.telemetry import Metrics
 class AdmissionStage:
     name = "admission"
 
-    def __init__(self, pools: Sequence[Pool], tracer: Tracer, metrics: Metrics) -> None:
+    def __init__(
+        self, pools: Sequence[Pool], tracer: Tracer, metrics: Metrics, carried: Mapping[str, FairQueue] | None = None
+    ) -> None:
+        """`carried`: the queues of pools a config reload kept as they were, which keep their waiting requests."""
         self._tracer = tracer
         self._metrics = metrics
         self.queues: dict[str, FairQueue] = {}
         for pool in pools:
-            if pool.config.admission.enabled:
+            if (queue := (carried or {}).get(pool.name)) is not None:
+                self.queues[pool.name] = queue
+            elif pool.config.admission.enabled:
                 queue = self.queues[pool.name] = FairQueue(pool.config.admission.max_queue)
                 pool.on_change.append(queue.dispatch)
 

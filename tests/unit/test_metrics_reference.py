@@ -26,6 +26,7 @@ def _everything_the_gateway_registers() -> dict[str, str]:
     metrics = Metrics()
     metrics.count_per_key()  # telemetry.per_key_metrics
     metrics.watch_policy(lambda: "sha256:0")
+    metrics.watch_config(lambda: "0")
     metrics.watch_settlements(SettlementOutbox(lambda settlement: None, 1))  # with a rate-limit store
     Guard(metrics.registry)
     return _exposed(metrics.registry)
