@@ -80,7 +80,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _cannot_start(exc)
     if worker is None and config.listen.worker_count() > 1:
-        return workers.Supervisor(config, args.log_level).run()
+        return workers.Supervisor(config, args.log_level, source).run()
     try:
         app = build_app(config, reload=source)
     except (ConfigError, PolicyError) as exc:

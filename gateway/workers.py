@@ -13,7 +13,9 @@ The supervisor:
 - reserves the public port before any worker starts (bound, never listening, so it is given no connections): a
   port in use fails at once, and port 0 becomes one port that every worker shares;
 - hands the workers the config it validated, written to a file of its own, so every worker (restarted ones too)
-  runs the same config;
+  runs the same config; on SIGHUP, or when the operator's file changes (looked at each pass), it validates the file
+  again as a reload does (gateway/config_reload.py), rewrites the workers' file in one rename, and passes SIGHUP on,
+  so every worker reloads the same config; a file it refuses leaves them all on the last good one;
 - ends with status 2, stopping the others, when a worker exits before it ever served during start-up (a policy that
   does not load, the admin port in use): restarting cannot fix that;
 - restarts a worker that dies later, waiting longer after each death soon after a start, so a crash loop does not
@@ -50,7 +52,8 @@ from prometheus_client import multiprocess
 
 from gateway import child_processes
 from gateway.admin_token import admin_token
-from gateway.config import ConfigError, GatewayConfig
+from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.config_reload import ConfigSource, needing_restart
 from gateway.mcp.sessions import process_secret
 from gateway.telemetry import MULTIPROCESS_DIR_ENV
 
@@ -86,8 +89,12 @@ class Worker:
 class Supervisor:
     """Runs `config.listen.worker_count()` workers on `config.listen`'s port until SIGTERM/SIGINT."""
 
-    def __init__(self, config: GatewayConfig, log_level: str) -> None:
+    def __init__(self, config: GatewayConfig, log_level: str, source: ConfigSource | None = None) -> None:
         self.config = config
+        self.source = source  # the operator's file, reloaded on SIGHUP and when it changes
+        self._source_seen = _signature(source.path) if source else None
+        self._hung_up = False
+        self.port = 0
         self.count = config.listen.worker_count()
         self.log_level = log_level
         self.workers = [Worker(i) for i in range(self.count)]
@@ -111,9 +118,11 @@ class Supervisor:
         port = reservation.getsockname()[1]
         self.directory = Path(tempfile.mkdtemp(prefix="portcullis-workers-"))
         previous = {s: signal.signal(s, self._on_stop_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._on_hangup)
         try:
             (self.directory / "metrics").mkdir()
-            self._write_config(port)
+            self.port = port
+            self._write_config()
             log.info("starting %d workers on %s:%d", self.count, host, port)
             return self._supervise()
         finally:
@@ -126,12 +135,41 @@ class Supervisor:
     def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stop_signal = signum
 
-    def _write_config(self, port: int) -> None:
+    def _on_hangup(self, signum: int, frame: FrameType | None) -> None:
+        self._hung_up = True
+
+    def _write_config(self) -> None:
         """The config as validated, with the port resolved: a worker re-reading the operator's file could find it
-        edited since, and port 0 would give each worker a port of its own."""
+        edited since, and port 0 would give each worker a port of its own. Renamed into place: a worker reloading
+        reads the old file or the new one, whole."""
         data = self.config.model_dump(mode="json", exclude_unset=True)
-        data["listen"] = {**data.get("listen", {}), "host": self.config.listen.host, "port": port}
-        (self.directory / "portcullis.json").write_text(json.dumps(data))  # JSON is YAML
+        data["listen"] = {**data.get("listen", {}), "host": self.config.listen.host, "port": self.port}
+        written = self.directory / "portcullis.json.new"
+        written.write_text(json.dumps(data))  # JSON is YAML
+        os.replace(written, self.directory / "portcullis.json")
+
+    def _reload_if_asked(self) -> None:
+        """On SIGHUP or a change to the operator's file: validate it, then hand it to every worker."""
+        if self.source is None:
+            return
+        seen = _signature(self.source.path)
+        if not self._hung_up and seen == self._source_seen:
+            return
+        self._hung_up, self._source_seen = False, seen
+        try:
+            loaded = self.source.prepare(load_config(self.source.path))
+            if restart := needing_restart(self.config, loaded):
+                raise ConfigError(f"{self.source.path}: {', '.join(restart)}: changed, restart the gateway to apply")
+        except ConfigError as exc:
+            log.error("config reload refused, the workers serve on the last good config: %s", exc)
+            return
+        if loaded != self.config:
+            self.config = loaded
+            self._write_config()
+        for worker in self.workers:
+            if worker.proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    worker.proc.send_signal(signal.SIGHUP)
 
     def _supervise(self) -> int:
         """Start every worker, then keep them running; returns when stopped, or when start-up failed."""
@@ -140,6 +178,7 @@ class Supervisor:
             self._launch(worker)
         while self.stop_signal is None:
             self._read_ready_pipes()
+            self._reload_if_asked()
             now = time.monotonic()
             for worker in self.workers:
                 if worker.proc is None:
@@ -216,6 +255,15 @@ class Supervisor:
         for worker in self.workers:
             if worker.proc is not None:
                 self._reap(worker)
+
+
+def _signature(path: Path) -> tuple[object, ...] | None:
+    """What tells an edit of the file apart (a ConfigMap's swap makes it another file)."""
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino, found.st_mtime_ns, found.st_size
 
 
 def _reserve(host: str, port: int) -> socket.socket:

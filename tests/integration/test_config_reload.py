@@ -5,6 +5,7 @@ changes a setting only a restart applies, is refused with its file and key path,
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import sys
@@ -20,6 +21,7 @@ import yaml
 
 from tests.conftest import Launcher, Process, free_port, pool
 from tests.integration.test_policy_configmap import ConfigMapVolume
+from tests.integration.test_workers import AUTH, fresh_connection_posts, start_workers
 
 OLD_KEY, NEW_KEY = "sk-old-static-key", "sk-new-static-key"
 RELOAD_DEADLINE = 10.0  # seconds a reload may take to be served, under a loaded test machine
@@ -193,3 +195,34 @@ def test_a_configmap_swap_and_sighup_reload(launcher: Launcher, tmp_path: Path):
     gw.proc.send_signal(signal.SIGHUP)
     wait_for(lambda: chat(gw, OLD_KEY, "gamma").status_code == 200, "the file SIGHUP reloads", gw)
     assert chat(gw, OLD_KEY, "gamma").json()["system_fingerprint"] == "first"
+
+
+def test_every_worker_reloads_the_file_and_a_refused_one_changes_none(
+    launcher: Launcher, processes: list[Process], tmp_path: Path
+):
+    """With `listen.workers`, the supervisor validates the edit and hands it to every worker; SIGHUP does the same."""
+    first, second = launcher.fake_upstream("first"), launcher.fake_upstream("second")
+    gw = start_workers(processes, tmp_path, {"pools": [pool("main", first.url, models=["alpha"])], "auth": AUTH})
+    path = tmp_path / "portcullis.yaml"
+
+    def to_second(config: dict) -> None:
+        config["pools"] = [pool("main", second.url, models=["beta"])]
+
+    rewrite(path, to_second)
+    good = path.read_text()
+    wait_for(lambda: set(fresh_connection_posts(gw, 16, model="beta")) == {200}, "the new pool in every worker", gw)
+    wait_for(lambda: _reloaded_workers(gw) == {0, 1}, "every worker's reload, in its log", gw)
+
+    rewrite(path, lambda config: config["listen"].update(port=free_port()))
+    wait_for(lambda: "config reload refused" in gw.output(), "the supervisor's refusal", gw)
+    assert "listen.port: changed, restart the gateway to apply" in gw.output()
+    to_first = _on(good, lambda config: config.update(pools=[pool("main", first.url, models=["gamma"])]))
+    path.write_text(to_first)  # in place, and at once told by SIGHUP: the supervisor is not stopped by it
+    gw.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: set(fresh_connection_posts(gw, 16, model="gamma")) == {200}, "the SIGHUP'd file", gw)
+    assert gw.proc.poll() is None
+
+
+def _reloaded_workers(gw: Process) -> set[int]:
+    lines = [json.loads(line) for line in gw.output().splitlines() if line.startswith("{")]
+    return {line["worker"] for line in lines if line.get("message", "").startswith("config reloaded")}
