@@ -14,7 +14,7 @@ import re
 import shlex
 import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
 
 import pytest
@@ -226,22 +226,20 @@ def _gateway_workload(objects: list[dict]) -> tuple[dict, dict]:
 
 
 def _k8s_config_source(objects: list[dict]) -> tuple[str, str]:
-    """(mountPath, YAML text) of the config file the gateway container gets at $PORTCULLIS_CONFIG."""
+    """(path, YAML text) of the config file the gateway container gets at $PORTCULLIS_CONFIG: a key of the ConfigMap
+    mounted whole at its directory (a subPath mount would never see the ConfigMap's updates)."""
     workload, container = _gateway_workload(objects)
     env = {e["name"]: e.get("value") for e in container.get("env", [])}
-    config_path = env[CONFIG_ENV]
-    mounts = [m for m in container.get("volumeMounts", []) if m["mountPath"] == config_path]
-    assert len(mounts) == 1, f"exactly one volumeMount must land on {CONFIG_ENV}={config_path}"
+    config_path = PurePosixPath(env[CONFIG_ENV])
+    mounts = [m for m in container.get("volumeMounts", []) if PurePosixPath(m["mountPath"]) == config_path.parent]
+    assert len(mounts) == 1, f"exactly one volumeMount must land on {CONFIG_ENV}={config_path}'s directory"
     mount = mounts[0]
+    assert "subPath" not in mount, "kubelet never updates a subPath mount: the config would never reload"
     volume = next(v for v in workload["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
     configmap = _one(objects, "ConfigMap", volume["configMap"]["name"])
-    assert "subPath" in mount, "a file-sized mount at the config path needs subPath (a key of the ConfigMap)"
-    key = mount["subPath"]
-    items = volume["configMap"].get("items")
-    if items:  # subPath then names an item's path, not a key
-        key = next(i["key"] for i in items if i["path"] == mount["subPath"])
+    key = config_path.name
     assert key in configmap["data"], f"ConfigMap {configmap['metadata']['name']} has no key {key!r}"
-    return config_path, configmap["data"][key]
+    return str(config_path), configmap["data"][key]
 
 
 @pytest.fixture(scope="module")

@@ -82,9 +82,9 @@ def gateway_config_text(objects: list[dict]) -> str:
     """The config file the gateway container reads (the ConfigMap key mounted at $PORTCULLIS_CONFIG)."""
     workload, container = _gateway(objects)
     path = next(e["value"] for e in container["env"] if e["name"] == "PORTCULLIS_CONFIG")
-    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == path)
+    mount = next(m for m in container["volumeMounts"] if Path(path).parent == Path(m["mountPath"]))
     volume = next(v for v in _pod_spec(workload)["volumes"] if v["name"] == mount["name"])
-    return _named(objects, "ConfigMap", volume["configMap"]["name"])["data"][mount["subPath"]]
+    return _named(objects, "ConfigMap", volume["configMap"]["name"])["data"][Path(path).name]
 
 
 @pytest.fixture(scope="module")
@@ -234,16 +234,30 @@ def test_network_policies_admit_only_what_each_pod_serves(objects, config):
 # ---- policies from a ConfigMap, hot-reloaded --------------------------------------------------------------------
 
 
-def test_policies_are_a_configmap_mounted_whole_and_match_the_repository(objects, config, tmp_path):
+def reloadable_configmap(objects: list[dict], directory: str) -> str:
+    """The name of the ConfigMap mounted at `directory` so that kubelet's updates reach the gateway's reload: whole
+    (kubelet never updates a subPath mount) and under a fixed name (a hash suffix would roll pods instead)."""
     workload, container = _gateway(objects)
-    mounts = [m for m in container["volumeMounts"] if m["mountPath"] == str(config.policy_dir)]
-    assert len(mounts) == 1, f"nothing mounted at policy_dir {config.policy_dir}"
+    mounts = [m for m in container["volumeMounts"] if m["mountPath"] == directory]
+    assert len(mounts) == 1, f"nothing mounted at {directory}"
     assert "subPath" not in mounts[0], "kubelet never updates a subPath mount: hot reload would see no change"
     volume = next(v for v in _pod_spec(workload)["volumes"] if v["name"] == mounts[0]["name"])
     name = volume["configMap"]["name"]
     generators = yaml.safe_load((BASE / "kustomization.yaml").read_text())["configMapGenerator"]
-    assert name in {g["name"] for g in generators}, f"{name}: a hash suffix would roll pods instead of reloading"
-    data = _named(objects, "ConfigMap", name)["data"]
+    fixed = {g["name"] for g in generators if g.get("options", {}).get("disableNameSuffixHash")}
+    assert name in fixed, f"{name}: a hash suffix would roll pods instead of reloading"
+    return name
+
+
+def test_the_config_is_a_configmap_mounted_whole_under_a_fixed_name(objects):
+    _, container = _gateway(objects)
+    path = Path(next(e["value"] for e in container["env"] if e["name"] == "PORTCULLIS_CONFIG"))
+    assert container["command"][-1] == str(path), "the gateway reads another file than PORTCULLIS_CONFIG names"
+    assert path.name in _named(objects, "ConfigMap", reloadable_configmap(objects, str(path.parent)))["data"]
+
+
+def test_policies_are_a_configmap_mounted_whole_and_match_the_repository(objects, config, tmp_path):
+    data = _named(objects, "ConfigMap", reloadable_configmap(objects, str(config.policy_dir)))["data"]
     repository = {p.name: p.read_text() for p in (ROOT / "policies").glob("*.yaml")}
     assert data == repository, "deploy/k8s/base/policies/ differs from policies/: copy the security team's files over"
     for key, text in data.items():
