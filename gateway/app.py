@@ -104,7 +104,9 @@ class Gateway:
         _warn_shared_prefix_caches(config)
         self.policies = _load_policies(config)
         self.metrics.watch_policy(lambda: self.policies.version)
-        self.reloader = PolicyReloader(config.policy_dir, self._install, lambda: self.policies)
+        self.reloader = PolicyReloader(
+            config.policy_dir, self._install, lambda: self.policies, self.metrics.policy_reloads
+        )
         self.key_store = build_key_store(config)  # keys made through the admin API
         # shared: the WAF looks callers up, auth refuses them
         self.keys = KeyRing(config.auth, self.key_store, config.store, self.metrics.key_store_synced)

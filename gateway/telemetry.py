@@ -155,6 +155,13 @@ class Metrics:
             ["budget", "threshold"],
             registry=r,
         )
+        self.policy_reloads = Counter(
+            "portcullis_policy_reload",
+            "Reloads of the policy directory, by result: applied, unchanged, refused (invalid: the running policy set "
+            "serves on)",
+            ["result"],
+            registry=r,
+        )
         self.config_reloads = Counter(
             "portcullis_config_reload",
             "Reloads of portcullis.yaml, by result: applied, unchanged, refused (invalid, or a change that needs a "

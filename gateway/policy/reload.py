@@ -10,6 +10,8 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from prometheus_client import Counter
+
 from gateway.policy.loader import PolicyError, PolicySet, load_policy_dir
 from gateway.reload import Reloader
 
@@ -25,9 +27,10 @@ class PolicyReloader(Reloader):
         directory: Path,
         install: Callable[[PolicySet], None],
         current: Callable[[], PolicySet],
+        results: Counter | None = None,
         debounce_ms: int = 200,
     ) -> None:
-        super().__init__(directory, debounce_ms=debounce_ms)
+        super().__init__(directory, results=results, debounce_ms=debounce_ms)
         self._install = install
         self._current = current
 

@@ -96,6 +96,7 @@ def test_a_configmap_update_is_served_and_a_broken_one_refused(launcher: Launche
     assert "base.yaml" in status["last_error"] and status["version"] == good["version"]
     assert ask(gw, "say second-word") == 403, "the last good policy stopped serving"
     assert ask(gw, "say third-word") == 200
+    assert 'portcullis_policy_reload_total{result="refused"} 1.0' in gw.admin.get("/metrics").text
 
     volume.publish({"base.yaml": policy("fourth-word")})  # the watch survives a refused update
     wait_for(gw, lambda: ask(gw, "say fourth-word") == 403, "the policy after the broken one")
