@@ -66,7 +66,15 @@ SHORT = [6403, 1980, 253, 655]  # "Once upon a time"
 # --- this engine ------------------------------------------------------------------------------------
 
 
-def bench_portcullis(threads: int, compute: str, quick: bool) -> dict:
+def bench_portcullis(
+    threads: int,
+    compute: str,
+    quick: bool,
+    device: str = "cpu",
+    streams: tuple[int, ...] | None = None,
+    stream_tokens: int = STREAM_TOKENS,
+    decode_tokens: int = DECODE_TOKENS,
+) -> dict:
     sys.path.insert(0, str(ROOT))
     from backend_engine.config import EngineConfig
     from backend_engine.engine import LLMEngine
@@ -74,7 +82,7 @@ def bench_portcullis(threads: int, compute: str, quick: bool) -> dict:
 
     eng = LLMEngine(
         EngineConfig(
-            device="cpu",
+            device=device,
             compute=compute,
             threads=threads,
             kv_cache_bytes=1 << 30,
@@ -86,11 +94,11 @@ def bench_portcullis(threads: int, compute: str, quick: bool) -> dict:
     greedy = lambda n: SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)  # noqa: E731
     eng.generate([SHORT], greedy(4))  # warm-up
 
-    res: dict = {"backend": f"portcullis engine ({compute})", "threads": threads}
+    res: dict = {"backend": f"portcullis engine ({compute})", "threads": threads, "device": eng.backend.device}
     cpu0 = time.process_time()
-    seq = eng.generate([SHORT], greedy(DECODE_TOKENS))[0]
-    res["single_stream_decode_tok_s"] = (DECODE_TOKENS - 1) / (seq.last_token_time - seq.first_token_time)
-    res["single_stream_cpu_ms_per_token"] = 1000 * (time.process_time() - cpu0) / DECODE_TOKENS
+    seq = eng.generate([SHORT], greedy(decode_tokens))[0]
+    res["single_stream_decode_tok_s"] = (decode_tokens - 1) / (seq.last_token_time - seq.first_token_time)
+    res["single_stream_cpu_ms_per_token"] = 1000 * (time.process_time() - cpu0) / decode_tokens
 
     if not quick:
         lp = long_prompt()
@@ -101,14 +109,16 @@ def bench_portcullis(threads: int, compute: str, quick: bool) -> dict:
         res["ttft_cached_tokens"] = warm.num_cached_tokens
 
     res["aggregate_tok_s"] = {}
-    for n in QUICK_CONCURRENCY if quick else CONCURRENCY:
+    streams = streams or (QUICK_CONCURRENCY if quick else CONCURRENCY)
+    for n in streams:
         prompts = stream_prompts(n)
         t0 = time.perf_counter()
-        seqs = eng.generate(prompts, greedy(STREAM_TOKENS))
+        seqs = eng.generate(prompts, greedy(stream_tokens))
         dt = time.perf_counter() - t0
         res["aggregate_tok_s"][str(n)] = sum(s.num_output_tokens for s in seqs) / dt
         eng.reset_prefix_cache()
-    res["breakdown_32"] = breakdown(eng, 32)
+    if eng.backend.device == "cpu":  # a GPU's kernels run asynchronously: wall time around a call is not theirs
+        res["breakdown_32"] = breakdown(eng, 32 if 32 in streams else max(streams))
     return res
 
 
@@ -291,6 +301,10 @@ def main() -> int:
         help="this engine's matmul modes to run (--backend takes the first)",
     )
     ap.add_argument("--quick", action="store_true", help="single-stream decode and 32 streams only")
+    ap.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu", help="this engine's (cuda: CuPy)")
+    ap.add_argument("--streams", type=int, nargs="+", help="the aggregate cells (default 1 8 32 64; --quick: 32)")
+    ap.add_argument("--stream-tokens", type=int, default=STREAM_TOKENS, help="output tokens per stream")
+    ap.add_argument("--decode-tokens", type=int, default=DECODE_TOKENS, help="the single stream's tokens")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
     if args.compare:
@@ -301,7 +315,15 @@ def main() -> int:
     if args.backend is None:
         ap.error("--backend or --compare")
     res = (
-        bench_portcullis(args.threads, args.compute[0], args.quick)
+        bench_portcullis(
+            args.threads,
+            args.compute[0],
+            args.quick,
+            args.device,
+            tuple(args.streams or ()),
+            args.stream_tokens,
+            args.decode_tokens,
+        )
         if args.backend == "portcullis"
         else bench_llamacpp(args.threads, args.quick)
     )

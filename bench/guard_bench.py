@@ -1,6 +1,7 @@
 """Guard cost on this machine: classifier latency per request and batched throughput, and gateway RPS guard off/on.
 
     python -m bench.guard_bench [--requests 200] [--json out.json]      # the classifier through its batcher
+    python -m bench.guard_bench --device cuda [--quick]                  # on ONNX Runtime's CUDA provider
     python -m bench.guard_bench --proxy [--duration 10 --repeat 3] [--system agent] [--baseline DIR]
                                                                               # needs nginx and wrk (proxy_bench.py)
 
@@ -85,9 +86,9 @@ async def stage(args: argparse.Namespace) -> dict:
         "latency": {},
         "throughput": {},
     }
-    for tokens in (32, 128, 512):
+    for tokens in (128,) if args.quick else (32, 128, 512):
         text = prompt_of(guard, tokens)
-        for concurrency in (1, 32):
+        for concurrency in (1,) if args.quick else (1, 32):
             n = args.requests if concurrency == 1 else max(args.requests, 8 * concurrency)
             if tokens == 512:
                 n = max(concurrency, n // 4)
@@ -98,9 +99,9 @@ async def stage(args: argparse.Namespace) -> dict:
                 f"{r['prompts_per_s']:7.1f} prompts/s",
                 flush=True,
             )
-    for tokens in (32, 128):
+    for tokens in (128,) if args.quick else (32, 128):
         text = prompt_of(guard, tokens)
-        r = await latency(guard, text, policy, settings, 64, 64 * 8)
+        r = await latency(guard, text, policy, settings, 64, 64 if args.quick else 64 * 8)
         out["throughput"][f"{tokens}tok_c64"] = r["prompts_per_s"]
         print(
             f"throughput {tokens} tokens c64: {r['prompts_per_s']:.1f} prompts/s "
@@ -166,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--max-wait-us", type=int, default=500)
     parser.add_argument("--json", help="write the stage results here")
+    parser.add_argument("--quick", action="store_true", help="128 tokens alone: c1 latency, c64 throughput (a smoke)")
     parser.add_argument("--proxy", action="store_true")
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--repeat", type=int, default=3)
