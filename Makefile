@@ -13,7 +13,7 @@ PYTEST := $(PY) -m pytest
 # $(call timed,NAME,COMMAND): runs COMMAND, then prints how long it took; its exit status is the command's
 timed = @start=$$(date +%s); $(2); status=$$?; echo "== $(1): $$(( $$(date +%s) - start )) s"; exit $$status
 
-.PHONY: run demo test unit eval lint redis-server kubectl chromium phoenix clean
+.PHONY: run demo test unit eval lint gpu-check redis-server kubectl chromium phoenix clean
 
 $(VENV)/.run-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,14 @@ lint: $(VENV)/.lint-installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+
+## gpu-check: on a GPU machine, the GPU path's first run (bench/gpu_first_run.py; CONTRIBUTING.md, "A GPU machine"):
+## the tests marked gpu, the engine on CUDA, the guard on ONNX Runtime's CUDA provider; figures into $OUT or GPU_ARGS' --out
+# A GPU machine has no .venv: its own python3 then, with what bench/gpu_cargo.py carried.
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+GPU_ARGS ?=
+gpu-check:
+	$(GPU_PY) -m bench.gpu_first_run $(GPU_ARGS)
 
 redis-server:
 	@if command -v redis-server >/dev/null 2>&1; then :; \
