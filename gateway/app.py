@@ -76,6 +76,7 @@ from gateway.telemetry import (
     server_span,
     trace_ids,
 )
+from gateway.tenancy.batch_requests import BatchRequestChecks
 from gateway.tenancy.ownership import TenantObjects
 from gateway.tenancy.stage import ObjectsStage
 from gateway.tenancy.store import build_object_store
@@ -148,7 +149,15 @@ class Gateway:
         self.upstream = Upstream(self.tracer, self.metrics, self.offload, config.telemetry.replica_header)
         # pools, models and fallbacks, with the stages that decide on them: replaced whole by a config reload
         self.fleet_builder = FleetBuilder(
-            lambda: self.policies, self.offload, rate_limits, self.objects, self.upstream, self.tracer, self.metrics
+            lambda: self.policies,
+            self.offload,
+            rate_limits,
+            self.objects,
+            self.upstream,
+            # a batch's requests meet the WAF and the input guard, one by one, when the batch is made
+            BatchRequestChecks(lambda: self.policies, waf, self.guard, self.offload, config.limits),
+            self.tracer,
+            self.metrics,
         )
         self.fleets = Fleets(self.fleet_builder.build(config))
         self.metrics.watch_config(lambda: config_version(self.config))

@@ -29,6 +29,7 @@ from gateway.stages.authority import AuthorityStage
 from gateway.stages.ratelimit import RateLimitStage
 from gateway.stages.tokenize import Tokenize
 from gateway.telemetry import Metrics
+from gateway.tenancy.batch_requests import BatchRequestChecks
 from gateway.tenancy.models import TenantModels
 from gateway.tenancy.ownership import TenantObjects
 from gateway.tenancy.passthrough import ObjectPassthrough
@@ -84,10 +85,12 @@ class FleetBuilder:
         limits: RateLimitStage,
         objects: TenantObjects,
         upstream: Upstream,
+        batch_requests: BatchRequestChecks,
         tracer: Tracer,
         metrics: Metrics,
     ) -> None:
         self._policies = policies
+        self._batch_requests = batch_requests
         self._offload = offload
         self._limits = limits
         self._objects = objects
@@ -116,7 +119,7 @@ class FleetBuilder:
             models,
             AuthorityStage(tokenize, self._limits, fallbacks, models, self._tracer),
             AdmissionStage(pools.pools, self._tracer, self._metrics, queues),
-            ObjectPassthrough(self._objects, models, self._upstream),
+            ObjectPassthrough(self._objects, models, self._upstream, self._batch_requests),
         )
 
 

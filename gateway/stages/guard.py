@@ -66,10 +66,19 @@ class GuardStage:
     async def __call__(self, ctx: RequestContext) -> None:
         policies = self._policies()
         spec = policies.guard_for(ctx.tenant)
+        if await self.check_input(ctx, policies) and spec.output.enabled and ctx.api.generates:
+            answers = ctx.exchange.client_answers(ctx.payload)
+            ctx.output_guard = OutputGuard(self.guard, spec, policies.version, ctx.request_id, answers)
+
+    async def check_input(self, ctx: RequestContext, policies: PolicySet) -> bool:
+        """The input side, as the tenant's policy says: raises its refusal, records its verdicts, flags and redacts
+        (`payload_rewritten`); whether the guard reads this request at all. A batch's requests are read by it one by
+        one too (gateway/tenancy/batch_requests.py)."""
+        spec = policies.guard_for(ctx.tenant)
         if spec.unknown_content == "refuse":
             await self._offload.run(self._offload.is_big(len(ctx.body), ctx.json_values), refuse_unknown, ctx)
         if not spec.enabled or not ctx.api.guarded(spec.embeddings):
-            return
+            return False
         verdicts: list[Verdict] = []
         if _scans_pii(spec) or spec.injection.enabled:
             if spec.injection.enabled:
@@ -86,9 +95,7 @@ class GuardStage:
         flagged = [v.header() for v in verdicts if v.result == "flag"]
         if flagged:
             ctx.response_headers[HEADER] = ", ".join(flagged)
-        if spec.output.enabled and ctx.api.generates:
-            answers = ctx.exchange.client_answers(ctx.payload)
-            ctx.output_guard = OutputGuard(self.guard, spec, policies.version, ctx.request_id, answers)
+        return True
 
     def _read(self, ctx: RequestContext, spec: GuardSpec) -> tuple[list[Verdict], Scan | None]:
         """Blocking: the request's texts, PII verdicts (redacting the payload), and the classifier's windows over

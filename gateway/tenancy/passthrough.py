@@ -17,8 +17,9 @@ each path is):
 Every reference a request carries to other objects (a batch's `input_file_id`, an image edit's `file_id`, in its
 body or query: gateway/tenancy/carried.py) must be the tenant's too, on stateless paths as well, and so must every
 reference of the requests in a batch's input file (gateway/tenancy/request_files.py); the model a request or a batch's
-line names is held to gateway/tenancy/models.py's rule. Anonymous access (one tenant)
-is passed through as before, within the catalog's paths.
+line names is held to gateway/tenancy/models.py's rule. A batch's requests, in its input file or inline, meet the WAF
+and the input guard as if sent alone (gateway/tenancy/batch_requests.py), anonymous ones too. Anonymous access (one
+tenant) is otherwise passed through as before, within the catalog's paths.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from gateway.context import RequestContext
 from gateway.errors import GatewayError, invalid_request
 from gateway.routing.pool import Pool
 from gateway.stages.auth import model_not_allowed
+from gateway.tenancy.batch_requests import BatchRequestChecks, file_requests, inline_requests
 from gateway.tenancy.carried import carried_references
 from gateway.tenancy.catalog import MODEL, PAGES, Collection, Named, ObjectRoute, classify, is_object_id, named_ids
 from gateway.tenancy.models import TenantModels
@@ -51,10 +53,13 @@ _READS = frozenset({"GET", "HEAD"})
 
 
 class ObjectPassthrough:
-    def __init__(self, objects: TenantObjects, models: TenantModels, upstream: Upstream) -> None:
+    def __init__(
+        self, objects: TenantObjects, models: TenantModels, upstream: Upstream, batch_requests: BatchRequestChecks
+    ) -> None:
         self._objects = objects
         self._models = models
         self._upstream = upstream
+        self._batch_requests = batch_requests
 
     async def __call__(self, ctx: RequestContext, pool: Pool) -> Response:
         try:
@@ -71,7 +76,12 @@ class ObjectPassthrough:
             return await self._upstream.pass_through(ctx, pool)
         if route is None:
             raise _unknown(method, path)
+        creates = isinstance(route, ObjectRoute) and route.object_id is None and route.action is None
+        creates = creates and method == "POST"
         if anonymous(ctx) or ctx.tenant is None:
+            if creates and isinstance(route, ObjectRoute) and _holds_requests(route.collection):
+                inline = route.collection.inline_requests
+                await self._check_requests(ctx, pool, route.collection, carried_references(ctx, inline), None)
             return await self._upstream.pass_through(ctx, pool)  # one tenant
         tenant, change = ctx.tenant, method not in _READS
         if isinstance(route, ObjectRoute) and route.object_id is not None:
@@ -81,7 +91,7 @@ class ObjectPassthrough:
                 one = Reference(route.collection.kind, route.object_id, "id")
                 await self._objects.require(tenant, [one], change=change)
         inline = None  # a create holding the requests the upstream runs later (a message batch's)
-        if isinstance(route, ObjectRoute) and route.object_id is None and route.action is None and method == "POST":
+        if creates and isinstance(route, ObjectRoute):
             inline = route.collection.inline_requests
         carried = carried_references(ctx, inline)
         await self._require(ctx, pool, tenant, carried)  # stateless paths too: an image edit's file_id
@@ -96,9 +106,8 @@ class ObjectPassthrough:
             made: tuple[Named, ...] = collection.actions[route.action]
         elif method == "POST" and collection.creates:
             made = (Named(("id",), collection.kind), *collection.names)
-            for named in carried:
-                if named.param in collection.request_files:
-                    await self._require_requests(ctx, pool, tenant, named)
+            if _holds_requests(collection):
+                await self._check_requests(ctx, pool, collection, carried, tenant)
         else:
             raise _unknown(method, path)
         answer = await self._upstream.pass_through_whole(ctx, pool)
@@ -128,9 +137,31 @@ class ObjectPassthrough:
                 await self._objects.record(ctx.tenant, made)
         return answer.response()
 
-    async def _require_requests(self, ctx: RequestContext, pool: Pool, tenant: str, request_file: Reference) -> None:
-        """The requests in a file the upstream will make with the pool's key (a batch's input file, the tenant's:
-        checked) may build only on the tenant's objects."""
+    async def _check_requests(
+        self, ctx: RequestContext, pool: Pool, collection: Collection, carried: list[Reference], tenant: str | None
+    ) -> None:
+        """The requests a create holds, inline or in a file (a batch's input file, the tenant's: checked), that the
+        upstream will make with the pool's key: each meets the WAF and the guard as if sent alone
+        (gateway/tenancy/batch_requests.py), and a tenant's may build only on its own objects."""
+        checks = self._batch_requests
+        if collection.inline_requests is not None:
+            if ctx.body and not ctx.payload:  # JSON past the parse limits: its requests cannot be read
+                raise invalid_request(
+                    "the body is not JSON within the gateway's limits: the requests in it cannot be checked",
+                    param=collection.inline_requests[0],
+                    code="invalid_json",
+                )
+            requests = await checks.read(inline_requests, ctx.payload, collection.inline_requests)
+            await checks.check(ctx, requests)
+        for named in carried:
+            if named.param in collection.request_files:
+                content = await self._request_file(ctx, pool, named)
+                if tenant is not None:
+                    await self._require(ctx, pool, tenant, await requests_references(content, named.param))
+                await checks.check(ctx, await checks.read(file_requests, pool.config.api, content, named.param))
+
+    async def _request_file(self, ctx: RequestContext, pool: Pool, request_file: Reference) -> bytes:
+        """A file of requests read back from the upstream whole, within the pool's `max_response_bytes`."""
         member = request_file.param
         path = content_path(request_file.object_id)
         try:
@@ -141,7 +172,7 @@ class ObjectPassthrough:
             raise
         if not answer.ok:
             raise unreadable(member, f"the upstream answered {answer.status}")
-        await self._require(ctx, pool, tenant, await requests_references(answer.content, member))
+        return answer.content
 
     async def _require(self, ctx: RequestContext, pool: Pool, tenant: str, wanted: list[Reference]) -> None:
         """Every reference must be the tenant's to use: the models it names allowed to the calling key and the
@@ -229,6 +260,11 @@ class ObjectPassthrough:
             "has_more": more,
         }
         return Response(orjson.dumps(filtered), media_type="application/json", headers=answer.headers)
+
+
+def _holds_requests(collection: Collection) -> bool:
+    """Whether creating one hands the upstream requests to make later (a batch)."""
+    return bool(collection.request_files) or collection.inline_requests is not None
 
 
 def _limit(value: str | None, collection: Collection) -> int:

@@ -9,17 +9,23 @@ from pathlib import Path
 
 from opentelemetry import trace
 
-from gateway.config import GatewayConfig, LimitsConfig, TenantObjectsConfig
+from gateway.config import AuthConfig, GatewayConfig, LimitsConfig, StoreConfig, TenantObjectsConfig
 from gateway.config_reload import needing_restart
 from gateway.fleet import FleetBuilder, Fleets
+from gateway.guard.runtime import Guard
+from gateway.keystore.keyring import KeyRing
+from gateway.keystore.sqlite_store import SqliteKeyStore
 from gateway.offload import Offload
 from gateway.policy.loader import empty_policy_set
 from gateway.ratelimit.failover import CircuitBreaker, FailoverBackend
 from gateway.ratelimit.limiter import RateLimiter
 from gateway.ratelimit.memory import MemoryBackend
 from gateway.routing.pool import Pool
+from gateway.stages.guard import GuardStage
 from gateway.stages.ratelimit import RateLimitStage
+from gateway.stages.waf import WafStage
 from gateway.telemetry import Metrics
+from gateway.tenancy.batch_requests import BatchRequestChecks
 from gateway.tenancy.ownership import TenantObjects
 from gateway.tenancy.sqlite_store import SqliteObjectStore
 from gateway.upstream import Upstream
@@ -38,12 +44,16 @@ def builder(directory: Path) -> FleetBuilder:
     backend = FailoverBackend(MemoryBackend(), MemoryBackend(), False, CircuitBreaker(3, 1.0), metrics)
     offload = Offload(LimitsConfig())
     tracer = trace.NoOpTracer()
+    keys = KeyRing(AuthConfig(), SqliteKeyStore(str(directory / "keys.db")), StoreConfig(), metrics.key_store_synced)
+    waf = WafStage(empty_policy_set, keys, offload, metrics)
+    guard = GuardStage(empty_policy_set, Guard(metrics.registry), offload, lambda model, ids: None)
     return FleetBuilder(
         empty_policy_set,
         offload,
         RateLimitStage(empty_policy_set, RateLimiter(backend, metrics)),
         TenantObjects(SqliteObjectStore(directory / "objects.db"), TenantObjectsConfig()),
         Upstream(tracer, metrics, offload, False),
+        BatchRequestChecks(empty_policy_set, waf, guard, offload, LimitsConfig()),
         tracer,
         metrics,
     )
