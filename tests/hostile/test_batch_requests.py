@@ -22,6 +22,7 @@ import openai
 import pytest
 import yaml
 
+from gateway.tenancy.batch_requests import MAX_SCANNED_REQUESTS
 from tests.conftest import Launcher, Process, pool
 from tests.hostile.test_tenant_objects import GPT, UPSTREAM_KEY, fake_provider, received
 from tests.integration.test_guard_gateway import BENIGN, INJECTION, guard_policy, series
@@ -184,3 +185,28 @@ def test_an_injection_in_a_message_batchs_inline_request_is_refused(gw, claude_u
     made = claude.messages.batches.with_raw_response.create(requests=[request(0, BENIGN)])  # type: ignore[list-item]
     assert made.status_code == 201
     assert httpx.get(claude_upstream.url + "/_stats").json()["passed_through"] == passed + 1
+
+
+def test_a_batch_past_the_guards_bound_is_refused_before_it_is_scanned(gw, fake) -> None:
+    lines = [chat_line(n, BENIGN) for n in range(1, MAX_SCANNED_REQUESTS + 2)]
+    with pytest.raises(openai.APIStatusError) as caught:
+        batch(gw, "ann", "/v1/chat/completions", lines)
+    where = f"input_file_id line {MAX_SCANNED_REQUESTS + 1}"
+    refused(fake, caught.value, 413, "batch_too_large_to_scan", where)
+
+
+def test_an_anonymous_callers_batch_meets_the_waf_too(module_launcher: Launcher, fake: Process, tmp_path) -> None:
+    """Without keys the gateway keeps no objects apart, and still reads a batch's requests."""
+    policies = guard_policy(tmp_path, {"enabled": False})
+    with_waf(f"{policies}/base.yaml", waf_policy("block"))
+    passthrough = ["/v1/files*", "/v1/batches*"]
+    openai_pool = pool("openai", fake.url, models=[GPT], api_key_env="BATCH_UPSTREAM_KEY", passthrough=passthrough)
+    anonymous = module_launcher.gateway(
+        {"pools": [openai_pool], "policy_dir": policies}, env={"BATCH_UPSTREAM_KEY": UPSTREAM_KEY}
+    )
+    client = openai.OpenAI(base_url=anonymous.url + "/v1", api_key="no-key-needed", max_retries=0, timeout=30)
+    text = json.dumps(chat_line(1, f"what is {CODE_NAME}?")) + "\n"
+    input_file = client.files.create(file=("batch.jsonl", text.encode()), purpose="batch").id
+    with pytest.raises(openai.PermissionDeniedError) as caught:
+        client.batches.create(input_file_id=input_file, endpoint="/v1/chat/completions", completion_window="24h")
+    refused(fake, caught.value, 403, "waf_blocked", "input_file_id line 1: no-code-name")
