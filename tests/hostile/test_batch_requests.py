@@ -5,7 +5,8 @@ of tests/fake_providers.py (OpenAI's Files and Batches) and tests/fake_upstream.
 echoed), called with the official SDKs.
 
 One gateway serves the module (it loads the classifier): tenant `ann` has the base policy (WAF rule on a code name,
-injection and secrets blocked, PII redacted), tenant `mo` only monitors. "Nothing went upstream" is read from the
+injection and secrets blocked, PII redacted), tenant `mo` only monitors, tenant `tight` has half a second of
+classifier time a request. "Nothing went upstream" is read from the
 fake's record of what it received, by the gateway's request id.
 """
 
@@ -27,7 +28,7 @@ from tests.conftest import Launcher, Process, pool
 from tests.hostile.test_tenant_objects import GPT, UPSTREAM_KEY, fake_provider, received
 from tests.integration.test_guard_gateway import BENIGN, INJECTION, guard_policy, series
 
-KEYS = {"ann": "sk-portcullis-ann-b47c", "mo": "sk-portcullis-mo-b47c"}
+KEYS = {"ann": "sk-portcullis-ann-b47c", "mo": "sk-portcullis-mo-b47c", "tight": "sk-portcullis-tight-b47c"}
 CLAUDE = "claude-sonnet-4-5"
 AWS_KEY = "AKIAIOSFODNN7EXAMPLE"
 CODE_NAME = "Project Nightjar"  # what the policy's own WAF rule refuses in a prompt
@@ -59,7 +60,8 @@ def claude_upstream(module_launcher: Launcher) -> Process:
 def gw(module_launcher: Launcher, fake: Process, claude_upstream: Process, tmp_path_factory) -> Process:
     guard = {"enabled": True, "injection": {"action": "block"}, "pii": {"pii": "redact", "secrets": "block"}}
     watch = {"injection": {"action": "monitor"}, "pii": {"pii": "monitor", "secrets": "monitor"}}
-    policies = guard_policy(tmp_path_factory.mktemp("batch"), guard, {"mo": watch})
+    tight = {"injection": {"cpu_budget": 0.5}}
+    policies = guard_policy(tmp_path_factory.mktemp("batch"), guard, {"mo": watch, "tight": tight})
     with_waf(f"{policies}/base.yaml", waf_policy("block"))
     with_waf(f"{policies}/tenants/mo.yaml", {"mode": "monitor"})
     auth = {"keys": [{"tenant": t, "sha256": hashlib.sha256(k.encode()).hexdigest()} for t, k in KEYS.items()]}
@@ -193,6 +195,14 @@ def test_a_batch_past_the_guards_bound_is_refused_before_it_is_scanned(gw, fake)
         batch(gw, "ann", "/v1/chat/completions", lines)
     where = f"input_file_id line {MAX_SCANNED_REQUESTS + 1}"
     refused(fake, caught.value, 413, "batch_too_large_to_scan", where)
+
+
+def test_a_batchs_scans_share_one_requests_cpu_budget(gw, fake) -> None:
+    """Each request alone scans well within the budget; all of them together do not."""
+    lines = [chat_line(n, f"What is {n} plus {n * 7}, and why?") for n in range(1, 401)]
+    with pytest.raises(openai.APIStatusError) as caught:
+        batch(gw, "tight", "/v1/chat/completions", lines)
+    refused(fake, caught.value, 413, "batch_too_large_to_scan", "guard.injection.cpu_budget")
 
 
 def test_an_anonymous_callers_batch_meets_the_waf_too(module_launcher: Launcher, fake: Process, tmp_path) -> None:
