@@ -38,7 +38,17 @@ from gateway.routing.pool import Pool
 from gateway.stages.auth import model_not_allowed
 from gateway.tenancy.batch_requests import BatchRequestChecks, file_requests, inline_requests
 from gateway.tenancy.carried import carried_references
-from gateway.tenancy.catalog import MODEL, PAGES, Collection, Named, ObjectRoute, classify, is_object_id, named_ids
+from gateway.tenancy.catalog import (
+    MODEL,
+    PAGES,
+    Collection,
+    Named,
+    ObjectRoute,
+    Route,
+    classify,
+    is_object_id,
+    named_ids,
+)
 from gateway.tenancy.models import TenantModels
 from gateway.tenancy.ownership import TenantObjects, anonymous
 from gateway.tenancy.references import Reference
@@ -76,12 +86,11 @@ class ObjectPassthrough:
             return await self._upstream.pass_through(ctx, pool)
         if route is None:
             raise _unknown(method, path)
-        creates = isinstance(route, ObjectRoute) and route.object_id is None and route.action is None
-        creates = creates and method == "POST"
+        batch = _batch(route, method)
         if anonymous(ctx) or ctx.tenant is None:
-            if creates and isinstance(route, ObjectRoute) and _holds_requests(route.collection):
-                inline = route.collection.inline_requests
-                await self._check_requests(ctx, pool, route.collection, carried_references(ctx, inline), None)
+            if batch is not None:  # one tenant, whose batch's requests are still checked
+                carried = carried_references(ctx, batch.inline_requests)
+                await self._check_requests(ctx, pool, batch, carried, None)
             return await self._upstream.pass_through(ctx, pool)  # one tenant
         tenant, change = ctx.tenant, method not in _READS
         if isinstance(route, ObjectRoute) and route.object_id is not None:
@@ -90,10 +99,7 @@ class ObjectPassthrough:
             else:
                 one = Reference(route.collection.kind, route.object_id, "id")
                 await self._objects.require(tenant, [one], change=change)
-        inline = None  # a create holding the requests the upstream runs later (a message batch's)
-        if creates and isinstance(route, ObjectRoute):
-            inline = route.collection.inline_requests
-        carried = carried_references(ctx, inline)
+        carried = carried_references(ctx, batch.inline_requests if batch is not None else None)
         await self._require(ctx, pool, tenant, carried)  # stateless paths too: an image edit's file_id
         if not isinstance(route, ObjectRoute):
             return await self._upstream.pass_through(ctx, pool)
@@ -106,8 +112,8 @@ class ObjectPassthrough:
             made: tuple[Named, ...] = collection.actions[route.action]
         elif method == "POST" and collection.creates:
             made = (Named(("id",), collection.kind), *collection.names)
-            if _holds_requests(collection):
-                await self._check_requests(ctx, pool, collection, carried, tenant)
+            if batch is not None:
+                await self._check_requests(ctx, pool, batch, carried, tenant)
         else:
             raise _unknown(method, path)
         answer = await self._upstream.pass_through_whole(ctx, pool)
@@ -262,9 +268,14 @@ class ObjectPassthrough:
         return Response(orjson.dumps(filtered), media_type="application/json", headers=answer.headers)
 
 
-def _holds_requests(collection: Collection) -> bool:
-    """Whether creating one hands the upstream requests to make later (a batch)."""
-    return bool(collection.request_files) or collection.inline_requests is not None
+def _batch(route: Route, method: str) -> Collection | None:
+    """The collection, where the request creates an object that hands the upstream requests to make later with the
+    pool's key (a batch: in an input file, or inline in the create's body)."""
+    if not isinstance(route, ObjectRoute) or route.object_id is not None or route.action is not None:
+        return None
+    collection = route.collection
+    holds = bool(collection.request_files) or collection.inline_requests is not None
+    return collection if method == "POST" and holds else None
 
 
 def _limit(value: str | None, collection: Collection) -> int:
