@@ -12,14 +12,15 @@ policy blocks refuses it with the refusal the request alone would get, its `para
 uploaded, which the gateway cannot rewrite. `monitor` and `flag` findings are recorded as for a request, and the
 batch is made.
 
-The guard's cost is bounded per batch as it is per request: where the tenant's guard is on, a batch holds at most
-`MAX_SCANNED_REQUESTS` requests, and its requests' scans share one request's `guard.injection.cpu_budget` (in
-seconds of scanning); past either the batch is refused (413 `batch_too_large_to_scan`), never made with requests
-unscanned.
+The cost is bounded per batch as it is per request: where the tenant's WAF or guard is on, a batch holds at most
+`MAX_SCANNED_REQUESTS` requests, and where its classifier is on, the requests' scans share one request's
+`guard.injection.cpu_budget` (in seconds of scanning); past either the batch is refused (413
+`batch_too_large_to_scan`), never made with requests unscanned.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -40,7 +41,7 @@ from gateway.stages.parse import parse_body
 from gateway.stages.waf import WafStage
 from gateway.tenancy.catalog import ApiName
 
-MAX_SCANNED_REQUESTS = 1000  # a batch's requests the guard reads, at most (OpenAI's files hold up to 50,000)
+MAX_SCANNED_REQUESTS = 1000  # a batch's requests the WAF and the guard read, at most (OpenAI's files hold up to 50,000)
 # the routes a batch's requests may be for, by the API its pool speaks (OpenAI's Batch `endpoint`s the gateway serves)
 BATCH_ROUTES: dict[ApiName, tuple[str, ...]] = {
     "openai": ("chat", "responses", "embeddings", "completions"),
@@ -125,15 +126,16 @@ class BatchRequestChecks:
         policies = self._policies()
         spec = policies.guard_for(ctx.tenant)
         scanned = spec.enabled and spec.injection.enabled
-        if spec.enabled and len(requests) > MAX_SCANNED_REQUESTS:
+        if (spec.enabled or policies.waf_for(ctx.tenant).enabled) and len(requests) > MAX_SCANNED_REQUESTS:
             raise _too_large(
-                f"the batch holds {len(requests)} requests, and the guard reads at most {MAX_SCANNED_REQUESTS} of a "
-                "batch's: split it into smaller batches",
+                f"the batch holds {len(requests)} requests, and the WAF and the guard read at most "
+                f"{MAX_SCANNED_REQUESTS} of a batch's: split it into smaller batches",
                 requests[MAX_SCANNED_REQUESTS].where,
             )
         budget = spec.injection.cpu_budget
         started = time.monotonic()
         for request in requests:
+            await asyncio.sleep(0)  # a small request's checks run on the event loop: other requests' turn between
             line = _request_context(ctx, request)
             try:
                 await self._waf(line)

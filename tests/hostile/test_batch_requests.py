@@ -206,7 +206,8 @@ def test_a_batchs_scans_share_one_requests_cpu_budget(gw, fake) -> None:
 
 
 def test_an_anonymous_callers_batch_meets_the_waf_too(module_launcher: Launcher, fake: Process, tmp_path) -> None:
-    """Without keys the gateway keeps no objects apart, and still reads a batch's requests."""
+    """Without keys the gateway keeps no objects apart, and still reads a batch's requests (here with the WAF
+    alone)."""
     policies = guard_policy(tmp_path, {"enabled": False})
     with_waf(f"{policies}/base.yaml", waf_policy("block"))
     passthrough = ["/v1/files*", "/v1/batches*"]
@@ -220,3 +221,9 @@ def test_an_anonymous_callers_batch_meets_the_waf_too(module_launcher: Launcher,
     with pytest.raises(openai.PermissionDeniedError) as caught:
         client.batches.create(input_file_id=input_file, endpoint="/v1/chat/completions", completion_window="24h")
     refused(fake, caught.value, 403, "waf_blocked", "input_file_id line 1: no-code-name")
+
+    text = "".join(json.dumps(chat_line(n, BENIGN)) + "\n" for n in range(1, MAX_SCANNED_REQUESTS + 2))
+    input_file = client.files.create(file=("batch.jsonl", text.encode()), purpose="batch").id
+    with pytest.raises(openai.APIStatusError) as caught:  # the WAF's reading is bounded too
+        client.batches.create(input_file_id=input_file, endpoint="/v1/chat/completions", completion_window="24h")
+    refused(fake, caught.value, 413, "batch_too_large_to_scan", f"input_file_id line {MAX_SCANNED_REQUESTS + 1}")
