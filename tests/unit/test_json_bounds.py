@@ -21,6 +21,8 @@ LIMITS = LimitsConfig()
         b'{"a": "\\u003a", "a": 2}',  # a colon written as an escape
         b'{"a" : 1 , "b": {"c": {"d": 1, "d": 1}}}',
         b'[{"a": 1, "a": 1}]',
+        b'{"a": "\\u003a", "k": 1, "k": 2}',  # as many colons decoded as sent: the escape's makes up the key's
+        b"[" * 300 + b'{"a": 1, "a": 2}' + b"]" * 300,  # deeper than orjson encodes
     ],
 )
 def test_a_key_named_twice_in_one_object_is_refused(body: bytes) -> None:
@@ -39,6 +41,7 @@ def test_a_key_named_twice_in_one_object_is_refused(body: bytes) -> None:
         b'{"a": {}, "b": [], "c": [[{"d": "e"}]]}',
         b'"a:b"',
         b"[1, 2]",
+        b"[" * 300 + b'{"a": 1}' + b"]" * 300,  # deeper than orjson encodes
     ],
 )
 def test_keys_repeated_across_objects_and_colons_in_strings_pass(body: bytes) -> None:
