@@ -29,13 +29,15 @@ _EDGE_SPACES = re.compile(r"^ +| +$")
 
 def header_value(text: str) -> str:
     """`text` as an HTTP field value: itself where it is one, else percent-encoded where it is not printable ASCII."""
-    if _VALID.fullmatch(text):
-        return text
-    # surrogatepass: a lone surrogate (an upstream's undecodable byte, as aiohttp decodes headers) is encoded too
-    quoted = quote_from_bytes(text.encode("utf-8", "surrogatepass"), safe=_KEPT)
-    return _EDGE_SPACES.sub(lambda spaces: "%20" * len(spaces.group()), quoted)
+    return text if _VALID.fullmatch(text) else _encoded(text)
 
 
 def rendered(headers: Mapping[str, str]) -> dict[str, str]:
-    """Headers to answer with, each value rendered by `header_value`."""
-    return {name: header_value(value) for name, value in headers.items()}
+    """Headers to answer with, each value rendered by `header_value` (the valid ones, nearly all, without a call)."""
+    return {name: value if _VALID.fullmatch(value) else _encoded(value) for name, value in headers.items()}
+
+
+def _encoded(text: str) -> str:
+    # surrogatepass: a lone surrogate (an upstream's undecodable byte, as aiohttp decodes headers) is encoded too
+    quoted = quote_from_bytes(text.encode("utf-8", "surrogatepass"), safe=_KEPT)
+    return _EDGE_SPACES.sub(lambda spaces: "%20" * len(spaces.group()), quoted)
