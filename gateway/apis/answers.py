@@ -497,10 +497,10 @@ _MAX_IDENTITY = 256
 def _take_identity(usage: Usage, body: dict[str, Any]) -> None:
     """The answer's id and the model that wrote it, where the upstream names them (for traces), cut to
     `_MAX_IDENTITY` characters: the upstream's strings, kept for as long as the request runs."""
-    for key, attr in (("id", "response_id"), ("model", "response_model")):
-        value = body.get(key)
-        if isinstance(value, str) and value and getattr(usage, attr) is None:
-            setattr(usage, attr, value[:_MAX_IDENTITY])
+    if usage.response_id is None and isinstance(answer_id := body.get("id"), str) and answer_id:
+        usage.response_id = answer_id[:_MAX_IDENTITY]
+    if usage.response_model is None and isinstance(model := body.get("model"), str) and model:
+        usage.response_model = model[:_MAX_IDENTITY]
 
 
 def _is_typed(name: bytes | None, event: dict[str, Any]) -> bool:
