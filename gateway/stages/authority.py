@@ -27,7 +27,7 @@ target model, `ratelimit` for its limits and budgets), so a trace still reads st
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 
 from opentelemetry.trace import Tracer
 
@@ -74,13 +74,17 @@ class AuthorityStage:
         key = ctx.key
         if key is not None and not key.allows(model):
             return model_not_allowed(model)
-        if (refusal := await self._models.refusal(ctx, model, pool)) is not None:
+        models = self._models
+        if models.looked_up(model) and (refusal := await models.refusal(ctx, model, pool)) is not None:
             return refusal
-        traced = ctx.span.is_recording()
         try:
-            with self._part("tokenize", model, traced):
-                demand = await self._demand(ctx, model)
-            with self._part("ratelimit", model, traced):
+            if ctx.span.is_recording():
+                with self._part("tokenize", model):
+                    demand = self._counted(ctx, model) or await self._tokenize.demand(ctx, model)
+                with self._part("ratelimit", model):
+                    grant = await self._limits.grant(ctx, demand)
+            else:  # an unsampled request's spans would record nothing and still cost the tracer's bookkeeping
+                demand = self._counted(ctx, model) or await self._tokenize.demand(ctx, model)
                 grant = await self._limits.grant(ctx, demand)
         except GatewayError as refusal:
             return refusal
@@ -99,15 +103,13 @@ class AuthorityStage:
         self._limits.hold(ctx, grant)
         return None
 
-    def _part(self, name: str, model: str, traced: bool) -> AbstractContextManager[object]:
-        """An attempt's part as a span of its own, where the request is traced (an unsampled request's span would
-        record nothing and still cost the tracer's bookkeeping)."""
-        if not traced:
-            return nullcontext()
+    def _part(self, name: str, model: str) -> AbstractContextManager[object]:
+        """An attempt's part as a span of its own, where the request is traced."""
         return self._tracer.start_as_current_span(name, attributes={"gen_ai.request.model": model})
 
-    async def _demand(self, ctx: RequestContext, model: str) -> Demand:
-        """What the request asks of `model`: counted already where an earlier attempt went to the same model."""
+    @staticmethod
+    def _counted(ctx: RequestContext, model: str) -> Demand | None:
+        """What the request asks of `model` where an earlier attempt to the same model counted it already."""
         if model == ctx.model and ctx.prompt_tokens is not None:
             return Demand(model, ctx.prompt_tokens, ctx.prompt_token_ids, ctx.max_tokens or 0)
-        return await self._tokenize.demand(ctx, model)
+        return None

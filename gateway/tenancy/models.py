@@ -78,7 +78,7 @@ class TenantModels:
         for the first refused."""
         if anonymous(ctx) or ctx.tenant is None:
             return
-        asked = [r for r in wanted if change or self._looked_up(r.object_id)]
+        asked = [r for r in wanted if change or self.looked_up(r.object_id)]
         found = await self._objects.find(r.object_id for r in asked if is_object_id(r.object_id, MODEL))
         for reference in asked:
             if not self._reaches(ctx.tenant, reference.object_id, found.get(reference.object_id), pool, change):
@@ -99,10 +99,11 @@ class TenantModels:
         if anonymous(ctx) or ctx.tenant is None:
             return {model for model, _ in offered}
         tenant = ctx.tenant
-        found = await self._objects.find(m for m, _ in offered if self._looked_up(m) and is_object_id(m, MODEL))
+        found = await self._objects.find(m for m, _ in offered if self.looked_up(m) and is_object_id(m, MODEL))
         return {m for m, pool in offered if self._reaches(tenant, m, found.get(m), pool, False)}
 
-    def _looked_up(self, model: str) -> bool:
+    def looked_up(self, model: str) -> bool:
+        """Whether a record could decide who may use `model`; where none could, it is the pool's to serve."""
         return self._recorded or is_fine_tune(model)
 
     def _reaches(self, tenant: str, model: str, record: ObjectRecord | None, pool: Pool, change: bool) -> bool:
