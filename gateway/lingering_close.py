@@ -88,15 +88,22 @@ class LingeringCloseProtocol(HttpToolsProtocol):
 
 
 class _LingeringTransport(asyncio.Transport):
-    """The protocol's view of its socket: everything passes through, except a close that lingers."""
+    """The protocol's view of its socket: everything passes through, except a close that lingers.
 
-    __slots__ = ("_transport", "_protocol", "_linger")
+    `write`, `writelines` and `is_closing`, which every answer calls, are the socket's own methods, set on the
+    instance (no Python call between uvicorn and the socket), until the close lingers and `_lingering` replaces them.
+    """
+
+    __slots__ = ("_transport", "_protocol", "_linger", "write", "writelines", "is_closing")
 
     def __init__(self, transport: asyncio.Transport, protocol: LingeringCloseProtocol) -> None:
         super().__init__()
         self._transport = transport
         self._protocol = protocol
         self._linger: _Linger | None = None
+        self.write = transport.write  # type: ignore[method-assign]
+        self.writelines = transport.writelines  # type: ignore[method-assign]
+        self.is_closing = transport.is_closing  # type: ignore[method-assign]
 
     def close(self) -> None:
         if self._linger is not None:
@@ -109,23 +116,19 @@ class _LingeringTransport(asyncio.Transport):
             and self._protocol.lingers_on_close()
         ):
             self._linger = _Linger(transport, self._protocol)
+            self._lingering()
             self._protocol.lingering()
         else:
             transport.close()
 
-    def is_closing(self) -> bool:
-        return self._linger is not None or self._transport.is_closing()
+    def _lingering(self) -> None:
+        """From the answer's FIN on, nothing may be written, and the connection is closing to the protocol."""
+        self.write = _written_nowhere  # type: ignore[method-assign]
+        self.writelines = _written_nowhere  # type: ignore[method-assign,assignment]
+        self.is_closing = _closing  # type: ignore[method-assign]
 
     def abort(self) -> None:
         self._transport.abort()
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self._linger is None:  # the FIN is sent: nothing may follow it
-            self._transport.write(data)
-
-    def writelines(self, list_of_data: Any) -> None:
-        if self._linger is None:
-            self._transport.writelines(list_of_data)
 
     def write_eof(self) -> None:
         if self._linger is None:
@@ -162,6 +165,14 @@ class _LingeringTransport(asyncio.Transport):
 
     def get_protocol(self) -> asyncio.BaseProtocol:
         return self._transport.get_protocol()
+
+
+def _written_nowhere(data: object) -> None:
+    """A write after the answer's FIN: dropped."""
+
+
+def _closing() -> bool:
+    return True
 
 
 class _Linger(asyncio.Protocol):
