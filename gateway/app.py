@@ -192,6 +192,7 @@ class Gateway:
             ],
             self.tracer,
             self.metrics,
+            lambda: self.policies,
         )
         # a pool's passthrough routes: the same stages up to the rate limits, none that read a model request
         self.passthrough = Pipeline([RawBodyStage(parse), waf, self.auth, rate_limits], self.tracer, self.metrics)

@@ -10,21 +10,27 @@ body on the way in and its end on the way out:
   and token reservations, KV blocks) settles it, in stage order.
 Between the two, the upstream relay runs the answer through the output guard the guard stage may leave.
 
-A stage joins the request by being added to the list gateway/app.py builds; no stage knows another.
+A stage joins the request by being added to the list gateway/app.py builds; no stage knows another. A stage that a
+policy set can leave with nothing to do for any request (`Conditional`: the response cache where no policy turns it
+on) is left out of the pipeline while that set is in force, decided once per set, not per request.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from opentelemetry.trace import Status, StatusCode, Tracer
 
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
+from gateway.metric_tallies import HistogramTally
 from gateway.telemetry import Metrics
+
+if TYPE_CHECKING:
+    from gateway.policy.loader import PolicySet
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +54,42 @@ class Settles(Protocol):
     def settle(self, ctx: RequestContext) -> None: ...
 
 
+@runtime_checkable
+class Conditional(Protocol):
+    """A stage that some policy sets leave with nothing to do for any request."""
+
+    name: str
+
+    def applies(self, policies: PolicySet) -> bool:
+        """Whether any request may be this stage's under `policies` (asked once per policy set)."""
+        ...
+
+
 class Pipeline:
-    def __init__(self, stages: Sequence[Stage], tracer: Tracer, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        stages: Sequence[Stage],
+        tracer: Tracer,
+        metrics: Metrics,
+        policies: Callable[[], PolicySet] | None = None,
+    ) -> None:
+        """`policies`: the policy set in force, for the `Conditional` stages (without it, every stage runs)."""
         self.stages = tuple(stages)
         self.settling: tuple[Settles, ...] = tuple(s for s in self.stages if isinstance(s, Settles))
         self._tracer = tracer
         stage_duration = metrics.tallies.histogram(metrics.stage_duration)
-        self._histograms = {s.name: stage_duration(s.name) for s in self.stages}
+        self._timed = tuple((s, stage_duration(s.name)) for s in self.stages)
+        self._policies = policies
+        self._running: tuple[tuple[Stage, HistogramTally], ...] = self._timed  # under `_running_under`
+        self._running_under: PolicySet | None = None
 
     async def run(self, ctx: RequestContext) -> None:
         """The request phase."""
         traced = ctx.span.is_recording()  # an unsampled request records nothing: skip the span bookkeeping
-        for stage in self.stages:
+        if self._policies is not None and (policies := self._policies()) is not self._running_under:
+            self._running = tuple(t for t in self._timed if not isinstance(t[0], Conditional) or t[0].applies(policies))
+            self._running_under = policies
+        for stage, duration in self._running:
             started = time.perf_counter()
             try:
                 if traced:
@@ -67,7 +97,7 @@ class Pipeline:
                 else:
                     await stage(ctx)
             finally:
-                self._histograms[stage.name].observe(time.perf_counter() - started)
+                duration.observe(time.perf_counter() - started)
             if ctx.answered is not None:
                 return
 

@@ -57,6 +57,12 @@ class CacheStage:
         self._embedder = embedder
         self._index = SemanticIndex(max_embeddings)
 
+    def applies(self, policies: PolicySet) -> bool:
+        """Whether the policy set turns the cache on for anyone: where it does not, the pipeline leaves this stage
+        out (gateway/pipeline.py's `Conditional`)."""
+        specs = [policies.base.spec.cache, *(overlay.spec.cache for overlay in policies.overlays.values())]
+        return any(spec is not None and spec.enabled for spec in specs)
+
     async def __call__(self, ctx: RequestContext) -> None:
         spec = self._policies().cache_for(ctx.tenant)
         if not spec.enabled:
