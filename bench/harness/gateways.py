@@ -75,11 +75,11 @@ def start_portcullis(
     exe = Path(sys.prefix) / "bin" / "portcullis"
     if not exe.exists():
         exe = REPO / ".venv" / "bin" / "portcullis"
-    env = {**os.environ, "PYTHONUNBUFFERED": "0"}
+    # this checkout's code (or `checkout`'s) before the venv's editable install, which may be another checkout's
+    env = {**os.environ, "PYTHONUNBUFFERED": "0", "PYTHONPATH": str(checkout or REPO)}
     argv = [str(exe), "serve", "--config", str(path)]
     if checkout is not None:
         argv = [sys.executable, "-P", "-m", "gateway.cli", "serve", "--config", str(path)]  # -P: not the cwd
-        env["PYTHONPATH"] = str(checkout)  # before the venv's editable install of this checkout
     # stdout/stderr to a file, as a collector would take them: the access log is JSON lines on stderr.
     service = procs.start(name, argv, port, tmp / f"{name}.log", env=env)
     service.admin_port = admin_port
