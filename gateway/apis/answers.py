@@ -112,8 +112,7 @@ class AnswerFormat:
             if reason:
                 usage.finish_reasons.append(reason)
             usage.generated = usage.generated or _carries_output(choice)
-        _take_usage(usage, body.get("usage"), "prompt_tokens", "completion_tokens", "prompt_tokens_details")
-        _take_reasoning(usage, body.get("usage"), "completion_tokens_details")
+        _take_usage(usage, body.get("usage"), ("prompt_tokens", "completion_tokens"), _CHAT_DETAILS)
 
     def ends(self, data: bytes, event: dict[str, Any] | None) -> bool:
         """Whether this event completes the stream (nothing may follow it)."""
@@ -259,8 +258,7 @@ class ResponsesFormat(AnswerFormat):
         reason = details.get("reason") if isinstance(details, dict) else None
         if reason or body.get("status"):
             usage.finish_reasons.append(reason or body["status"])
-        _take_usage(usage, body.get("usage"), "input_tokens", "output_tokens", "input_tokens_details")
-        _take_reasoning(usage, body.get("usage"), "output_tokens_details")
+        _take_usage(usage, body.get("usage"), ("input_tokens", "output_tokens"), _RESPONSES_DETAILS)
 
     def ends(self, data: bytes, event: dict[str, Any] | None) -> bool:
         return event is not None and (event.get("type") in self._FINAL or event.get("type") == "error")
@@ -472,20 +470,22 @@ class TokenCountFormat(AnswerFormat):
         usage.prompt_tokens = usage.completion_tokens = 0
 
 
-def _take_usage(usage: Usage, reported: Any, prompt: str, completion: str, details: str) -> None:
-    """An OpenAI usage object's counts; chat and Responses name the same three fields differently."""
+# where an OpenAI usage object details its prompt's cached tokens and its completion's reasoning tokens
+_CHAT_DETAILS = ("prompt_tokens_details", "completion_tokens_details")
+_RESPONSES_DETAILS = ("input_tokens_details", "output_tokens_details")
+
+
+def _take_usage(usage: Usage, reported: Any, counts: tuple[str, str], details: tuple[str, str]) -> None:
+    """An OpenAI usage object's counts (prompt, completion), the prompt's cached tokens and the reasoning tokens among
+    the completion's; chat and Responses name the same fields differently."""
     if not isinstance(reported, dict):
         return
-    usage.prompt_tokens = reported.get(prompt)
-    usage.completion_tokens = reported.get(completion)
-    cached = reported.get(details)
+    usage.prompt_tokens = reported.get(counts[0])
+    usage.completion_tokens = reported.get(counts[1])
+    cached = reported.get(details[0])
     if isinstance(cached, dict):
         usage.cached_tokens = cached.get("cached_tokens")
-
-
-def _take_reasoning(usage: Usage, reported: Any, details: str) -> None:
-    """The reasoning tokens an OpenAI usage object reports among its completion tokens."""
-    inner = reported.get(details) if isinstance(reported, dict) else None
+    inner = reported.get(details[1])
     count = inner.get("reasoning_tokens") if isinstance(inner, dict) else None
     if isinstance(count, int) and not isinstance(count, bool):
         usage.reasoning_tokens = count
