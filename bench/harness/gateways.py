@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.harness.processes import Procs, Service, free_port, tail
@@ -34,6 +35,7 @@ def start_portcullis(
     checkout: Path | None = None,
     workers: int = 1,
     response_cache: dict | None = None,
+    served_by: Callable[[int], list[str]] | None = None,
 ) -> Service:
     """One gateway worker with the repo's policies, or `policy` alone; with `redis_url`, limits (and a `store` of
     'redis': keys and spend) in Redis. Its SQLite key store is a file of its own in `tmp` (see `sqlite_path`);
@@ -43,6 +45,9 @@ def start_portcullis(
 
     `checkout` runs an earlier commit's gateway (a `git worktree` of it) with this venv, for a side-by-side row; it
     gets the same config, less the admin listener.
+
+    `served_by`: the command (given the port) of another ASGI server running the same app from $PORTCULLIS_CONFIG
+    (bench/http_server_bench.py), in place of `portcullis serve`.
     """
     port = free_port()
     policy_dir = (checkout or REPO) / "policies"
@@ -80,6 +85,9 @@ def start_portcullis(
     argv = [str(exe), "serve", "--config", str(path)]
     if checkout is not None:
         argv = [sys.executable, "-P", "-m", "gateway.cli", "serve", "--config", str(path)]  # -P: not the cwd
+    if served_by is not None:
+        argv = served_by(port)
+        env["PORTCULLIS_CONFIG"] = str(path)
     # stdout/stderr to a file, as a collector would take them: the access log is JSON lines on stderr.
     service = procs.start(name, argv, port, tmp / f"{name}.log", env=env)
     service.admin_port = admin_port
