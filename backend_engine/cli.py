@@ -11,7 +11,7 @@ import logging
 import sys
 
 from backend_engine.config import DEFAULT_EMBEDDING_MODEL_NAME, DEFAULT_SERVED_MODEL_NAME, NO_EMBEDDING_MODEL
-from gateway import log_format
+from gateway.observability import log_format
 
 
 def _size(text: str) -> int:
@@ -111,7 +111,7 @@ def serve(args: argparse.Namespace) -> int:
     from backend_engine.config import EngineConfig
     from backend_engine.embedding.encoder import SentenceEncoder
     from backend_engine.engine import LLMEngine
-    from backend_engine.server import build_app, http_server
+    from backend_engine.http.server import build_app, http_server
 
     cfg = EngineConfig(
         model=args.model,

@@ -5,7 +5,7 @@
 
 Every server runs the same config and app (auth on, the repository's policies, access log off) before
 proxy_bench.py's static nginx upstream, one worker process: `portcullis` is `portcullis serve` (uvicorn's httptools
-protocol behind gateway/http_server.py's bounds); the others run bench/proxy/asgi_app.py's factory with no bound of
+protocol behind gateway/edge/http_server.py's bounds); the others run bench/proxy/asgi_app.py's factory with no bound of
 their own set (`uvicorn-httptools`, `uvicorn-h11`, `granian`, `hypercorn`). nginx as a reverse proxy before the
 same upstream is the floor.
 

@@ -23,12 +23,12 @@ from opentelemetry import trace
 from starlette.requests import Request
 
 from gateway.context import Demand, RequestContext, Usage
+from gateway.observability.telemetry import Metrics
 from gateway.policy.model import RateLimitRule
 from gateway.ratelimit.failover import CircuitBreaker, FailoverBackend
 from gateway.ratelimit.limiter import RateLimiter
 from gateway.ratelimit.memory import MemoryBackend
 from gateway.ratelimit.redis_backend import RedisBackend
-from gateway.telemetry import Metrics
 
 RULES = [
     RateLimitRule(id="key-rpm", key=["api_key"], requests={"limit": 10**9, "per": 60}),

@@ -25,25 +25,33 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.admin import ByListener, build_admin_app
-from gateway.admin_token import admin_token as resolve_admin_token
+from gateway.admin.app import ByListener, build_admin_app
+from gateway.admin.token import admin_token as resolve_admin_token
 from gateway.apis.routes import APIS, BY_PATH, PASSTHROUGH, route_error
-from gateway.billing import Billing
 from gateway.cache.semantic import Embedder
 from gateway.cache.stores import build_answer_store
-from gateway.client_exit import ClientWatch
-from gateway.client_ip import client_ip
 from gateway.config import ConfigError, GatewayConfig
-from gateway.config_reload import ConfigReloader, ConfigSource, config_version
 from gateway.context import RequestContext
+from gateway.edge.client_exit import ClientWatch
+from gateway.edge.client_ip import client_ip
+from gateway.edge.offload import Offload
+from gateway.edge.shape_gate import ShapeGate
 from gateway.errors import EXCEPTION_HANDLERS, GatewayError, internal_error
 from gateway.fleet import FleetBuilder, Fleets, OnFleet
 from gateway.guard.runtime import Guard
 from gateway.keystore.keyring import KeyRing, static_keys
 from gateway.keystore.store import build_key_store
-from gateway.log_writer import log_access
 from gateway.mcp.service import McpService
-from gateway.offload import Offload
+from gateway.observability.log_writer import log_access
+from gateway.observability.telemetry import (
+    Metrics,
+    build_tracer_provider,
+    configured_models,
+    incoming_trace,
+    records_spans,
+    server_span,
+    trace_ids,
+)
 from gateway.pipeline import Pipeline
 from gateway.policy.loader import PolicySet, empty_policy_set, load_policy_dir
 from gateway.policy.reload import PolicyReloader, log_policy_warnings
@@ -52,9 +60,11 @@ from gateway.ratelimit.failover import CircuitBreaker, FailoverBackend
 from gateway.ratelimit.limiter import RateLimiter
 from gateway.ratelimit.memory import MemoryBackend
 from gateway.ratelimit.redis_backend import RedisBackend
-from gateway.reload import reload_on_hangup, stop_reloading_on_hangup
+from gateway.relay.upstream import PoolFailed, Upstream
+from gateway.reload.config import ConfigReloader, ConfigSource, config_version
+from gateway.reload.watcher import reload_on_hangup, stop_reloading_on_hangup
 from gateway.routing.pool import Pool
-from gateway.shape_gate import ShapeGate
+from gateway.spend.billing import Billing
 from gateway.spend.ledger import SpendLedger
 from gateway.spend.redis_ledger import RedisSpendStore
 from gateway.spend.sqlite_budgets import SqliteBudgets
@@ -67,20 +77,10 @@ from gateway.stages.parse import ParseStage, RawBodyStage
 from gateway.stages.ratelimit import RateLimitStage
 from gateway.stages.route import RouteStage
 from gateway.stages.waf import WafStage
-from gateway.telemetry import (
-    Metrics,
-    build_tracer_provider,
-    configured_models,
-    incoming_trace,
-    records_spans,
-    server_span,
-    trace_ids,
-)
 from gateway.tenancy.batch_requests import BatchRequestChecks
 from gateway.tenancy.ownership import TenantObjects
 from gateway.tenancy.stage import ObjectsStage
 from gateway.tenancy.store import build_object_store
-from gateway.upstream import PoolFailed, Upstream
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ class Gateway:
         self.policies = policies  # one assignment: each request reads one whole policy set
 
     async def reconfigure(self, config: GatewayConfig) -> None:
-        """Put a reloaded config's pools, models, fallbacks and static keys in place (gateway/config_reload.py has
+        """Put a reloaded config's pools, models, fallbacks and static keys in place (gateway/reload/config.py has
         checked that nothing else changed). Built and warmed first, then swapped in one step: a request arriving
         meanwhile starts on the old set, one after on the new."""
         fleet = self.fleet_builder.build(config, self.fleets.current)
@@ -352,7 +352,8 @@ class ProxyEndpoint:
             response = ctx.api.error_response(internal_error())
         try:
             await response(scope, receive, watch.sending(send))
-        except ClientDisconnect:  # gone while its answer was going out: the stream records it (gateway/upstream.py)
+        except ClientDisconnect:  # gone while its answer was going out: the stream records it
+            # (gateway/relay/upstream.py)
             log.info("client gone while its answer was sent (request id %s)", ctx.request_id)
         except Exception:  # a defect after the answer started: the request is still settled, billed and logged
             log.exception("unhandled error answering %s", ctx.request.scope["path"])
@@ -364,7 +365,7 @@ class ProxyEndpoint:
 
     async def _answer(self, ctx: RequestContext) -> Response:
         """The pipeline, then the upstream; a pool that fails the request before the client heard a byte hands it
-        to the model's next fallback its attempt is authorised for (gateway/fallbacks.py), placed there as
+        to the model's next fallback its attempt is authorised for (gateway/relay/fallbacks.py), placed there as
         admission and routing place any; where none is, the client gets that failure."""
         gw = self.gateway
         await gw.pipeline.run(ctx)
@@ -490,8 +491,8 @@ def _load_policies(config: GatewayConfig) -> PolicySet:
 def build_app(
     config: GatewayConfig, *, span_exporter: SpanExporter | None = None, reload: ConfigSource | None = None
 ) -> ASGIApp:
-    """The public app and, on its own listener, the admin plane (gateway/admin.py). With `reload`, the file the
-    config came from is reloaded on changes and SIGHUP (gateway/config_reload.py)."""
+    """The public app and, on its own listener, the admin plane (gateway/admin/app.py). With `reload`, the file the
+    config came from is reloaded on changes and SIGHUP (gateway/reload/config.py)."""
     from gateway.mcp.endpoint import McpEndpoint  # (a ProxyEndpoint: imported once this module has defined it)
 
     admin_token = resolve_admin_token(config.admin) if config.admin.enabled else ""  # before anything else can fail

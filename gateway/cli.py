@@ -10,13 +10,15 @@ import sys
 from pathlib import Path
 
 from backend_engine import cli as engine_cli
-from gateway import config_cli, keys_cli, log_format, log_writer, up, workers
+from gateway.admin import cli as keys_cli
 from gateway.bench import cli as bench_cli
 from gateway.config import CONFIG_ENV, ConfigError, GatewayConfig, load_config
 from gateway.guard import cli as guard_cli
 from gateway.mcp import cli as mcp_cli
+from gateway.observability import log_format, log_writer
+from gateway.observability.version import VERSION
+from gateway.ops import config_cli, up, workers
 from gateway.policy import cli as policy_cli
-from gateway.version import VERSION
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +45,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, help="override listen.port")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     log_format.add_argument(serve)
-    # set by the supervisor when it starts a worker (gateway/workers.py), never by hand
+    # set by the supervisor when it starts a worker (gateway/ops/workers.py), never by hand
     serve.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--supervisor-pid", type=int, help=argparse.SUPPRESS)
@@ -54,9 +56,9 @@ def _serve(args: argparse.Namespace) -> int:
     """One process serving, as a gateway of its own or as one of a supervisor's workers; or, with `listen.workers`
     above 1, the supervisor of that many workers."""
     from gateway.app import build_app
-    from gateway.config_reload import ConfigSource
-    from gateway.http_server import serve
+    from gateway.edge.http_server import serve
     from gateway.policy.loader import PolicyError
+    from gateway.reload.config import ConfigSource
 
     worker = args.worker_index
     configure_logging(args.log_level, args.log_format, {} if worker is None else {"worker": worker})
@@ -100,12 +102,12 @@ def _cannot_start(exc: Exception) -> int:
 
 
 def configure_logging(level: str, kind: str | None, process_fields: dict[str, object] | None = None) -> None:
-    """Everything to stderr as JSON lines (or text: `kind`, else $PORTCULLIS_LOG_FORMAT; gateway/log_format.py), the
-    access log included, so one collector parses all of it.
+    """Everything to stderr as JSON lines (or text: `kind`, else $PORTCULLIS_LOG_FORMAT;
+    gateway/observability/log_format.py), the access log included, so one collector parses all of it.
 
-    Lines are formatted and written by a thread of their own (gateway/log_writer.py): the event loop only enqueues
-    them (formatting and a write per access-log line on the loop cost ~150 µs a request in the proxy benchmark).
-    `process_fields` go on every line (a worker's index).
+    Lines are formatted and written by a thread of their own (gateway/observability/log_writer.py): the event loop only
+    enqueues them (formatting and a write per access-log line on the loop cost ~150 µs a request in the proxy
+    benchmark). `process_fields` go on every line (a worker's index).
     """
     atexit.register(log_writer.install(level, log_format.chosen(kind), process_fields).stop)  # drains what is queued
 

@@ -28,7 +28,7 @@ from pydantic import (
 
 from gateway.apis.model_name import MODEL_NAME_PATTERN
 from gateway.tenancy.catalog import uncovered
-from gateway.tenant_name import TenantName
+from gateway.tenancy.tenant_name import TenantName
 
 CONFIG_ENV = "PORTCULLIS_CONFIG"
 # a Host header's name, with a port or without: a DNS name, an IPv4 address or a bracketed IPv6 one
@@ -95,7 +95,7 @@ class ListenConfig(_Strict):
 
 
 class LimitsConfig(_Strict):
-    """What one client may send: enforced while the bytes arrive (gateway/http_server.py) and before anything else
+    """What one client may send: enforced while the bytes arrive (gateway/edge/http_server.py) and before anything else
     reads the body (the parse stage). Every limit answers with its own OpenAI-shaped 4xx and names itself."""
 
     max_body_bytes: Annotated[int, Field(gt=0)] = 4 * 1024 * 1024
@@ -589,7 +589,8 @@ class OtlpConfig(_Strict):
 
 class TelemetryConfig(_Strict):
     """Traces, metrics and logs. A key the file leaves out takes the standard OpenTelemetry variable's value where one
-    is set (OTEL_SERVICE_NAME, OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_SAMPLER[_ARG]...: gateway/otel_env.py)."""
+    is set (OTEL_SERVICE_NAME, OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_SAMPLER[_ARG]...:
+    gateway/observability/otel_env.py)."""
 
     service_name: str = "portcullis-gateway"
     otlp: OtlpConfig = OtlpConfig()
@@ -724,7 +725,7 @@ class AdminConfig(_Strict):
     """The admin plane: /metrics, detailed /readyz and /admin/* answer only on this listener, never on the public one.
 
     Every request needs `Authorization: Bearer <token>`: the token in `token_env`'s variable, else one the gateway
-    generates on its first start and keeps in `token_file` (gateway/admin_token.py). A generated token serves one
+    generates on its first start and keeps in `token_file` (gateway/admin/token.py). A generated token serves one
     machine's operator, so the listener may bind beyond loopback (e.g. for a Prometheus scrape in Kubernetes) only
     with `token_env` set, and only on a network the public cannot reach.
     """

@@ -142,7 +142,7 @@ class RequestContext:
     cache_result: str | None = None
     cache_fill: CacheFill | None = None
     answered: Response | None = None
-    # fallbacks (gateway/fallbacks.py): the model the client asked for, once a fallback step serves it instead
+    # fallbacks (gateway/relay/fallbacks.py): the model the client asked for, once a fallback step serves it instead
     fallback_from: str | None = None
     fallback_step: int = 0  # 0: the requested model on its own pool; n: the model's n-th fallback target
     # upstream / response

@@ -20,20 +20,20 @@ from opentelemetry.trace import Tracer
 
 from gateway.config import GatewayConfig, PoolConfig
 from gateway.context import RequestContext
-from gateway.fallbacks import Fallbacks
-from gateway.offload import Offload
+from gateway.edge.offload import Offload
+from gateway.observability.telemetry import Metrics
 from gateway.policy.loader import PolicySet
+from gateway.relay.fallbacks import Fallbacks
+from gateway.relay.upstream import Upstream
 from gateway.routing.pool import Pool, Pools
 from gateway.stages.admission import AdmissionStage
 from gateway.stages.authority import AuthorityStage
 from gateway.stages.ratelimit import RateLimitStage
 from gateway.stages.tokenize import Tokenize
-from gateway.telemetry import Metrics
 from gateway.tenancy.batch_requests import BatchRequestChecks
 from gateway.tenancy.models import TenantModels
 from gateway.tenancy.ownership import TenantObjects
 from gateway.tenancy.passthrough import ObjectPassthrough
-from gateway.upstream import Upstream
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from opentelemetry.trace import Status, StatusCode, Tracer
 
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
-from gateway.metric_tallies import HistogramTally
-from gateway.telemetry import Metrics
+from gateway.observability.metric_tallies import HistogramTally
+from gateway.observability.telemetry import Metrics
 
 if TYPE_CHECKING:
     from gateway.policy.loader import PolicySet

@@ -1,5 +1,5 @@
 """The gateway's app for an ASGI server other than its own (bench/http_server_bench.py): the config and app that
-`portcullis serve` runs, without gateway/http_server.py's protocol and the bounds it enforces.
+`portcullis serve` runs, without gateway/edge/http_server.py's protocol and the bounds it enforces.
 
     PORTCULLIS_CONFIG=portcullis.yaml granian --interface asgi --factory bench.proxy.asgi_app:app
 """

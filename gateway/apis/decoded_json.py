@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_left, bisect_right
 
-from gateway.growing_text import GrowingText
+from gateway.streaming.growing_text import GrowingText
 
 _IN_STRING = re.compile(r'["\\]')  # what ends a stretch of a string's plain characters
 _SIMPLE = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}

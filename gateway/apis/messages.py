@@ -17,7 +17,7 @@ from gateway.apis.anthropic.errors import anthropic_error
 from gateway.apis.anthropic.to_chat import messages_to_chat
 from gateway.apis.shape import Api, CountForm
 from gateway.errors import GatewayError, invalid_request
-from gateway.sse import typed_event
+from gateway.streaming.sse import typed_event
 
 
 class Messages(Api):

@@ -2,7 +2,7 @@
 earlier function calls and their outputs); hosted tools and `previous_response_id` pass through to the upstream.
 
 Its text is read in place (redaction rewrites the items themselves); it is counted as the chat the items stand for
-(`backend_engine.openai_protocol.responses_input`, the same conversion the bundled engine renders).
+(`backend_engine.http.openai_protocol.responses_input`, the same conversion the bundled engine renders).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from gateway.apis.openai_fields import (
 )
 from gateway.apis.shape import Api, CountForm
 from gateway.errors import GatewayError, invalid_request
-from gateway.sse import typed_event
+from gateway.streaming.sse import typed_event
 
 _MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal"})
@@ -82,8 +82,8 @@ class Responses(Api):
         hosted pool reads (image and file parts, item references, item types the engine does not know) has no chat
         form there, but it passed `check` and is the pool's to judge, not a 400 here: its texts, counted as one
         turn, as Messages counts what has no translation."""
+        from backend_engine.http.openai_protocol.responses_input import responses_messages
         from backend_engine.model.prompt import PromptError
-        from backend_engine.openai_protocol.responses_input import responses_messages
 
         try:
             return "chat", responses_messages(payload)

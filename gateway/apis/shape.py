@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from gateway.apis.inventory import Inventory, Spec, take
 from gateway.errors import GatewayError
-from gateway.sse import DONE
+from gateway.streaming.sse import DONE
 
 CountForm = Literal["chat", "prompt"]  # chat messages through a chat template, or a completions-style prompt
 

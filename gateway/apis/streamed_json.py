@@ -12,7 +12,7 @@ import re
 
 import orjson
 
-from gateway.growing_text import GrowingText
+from gateway.streaming.growing_text import GrowingText
 
 _STRUCTURE = re.compile(r'["\\{}\[\]]')  # the characters that open or close a string, an object or an array
 

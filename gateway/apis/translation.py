@@ -3,7 +3,7 @@
 A translation owns everything that differs between the two sides of one pair: the body the pool is sent, the
 non-streamed answer and its media type, the stream event by event, which part of the answer the client reads (so the
 output guard reads what the client gets), and the answer the gateway gives itself where the pool's API has no
-counterpart. The upstream call (gateway/upstream.py) knows only this interface;
+counterpart. The upstream call (gateway/relay/upstream.py) knows only this interface;
 gateway/apis/exchange.py lists which translation each pair of client API and pool API takes.
 
 The base class is the identity, for a client and a pool of the same API: the body as the request's stages left it,

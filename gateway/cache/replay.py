@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from gateway.sse import DONE, typed_event
+from gateway.streaming.sse import DONE, typed_event
 
 CHAT, COMPLETIONS, RESPONSES, MESSAGES = "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"
 

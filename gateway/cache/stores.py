@@ -21,7 +21,7 @@ from redis.exceptions import RedisError
 
 from gateway.config import GatewayConfig
 from gateway.ratelimit.failover import CircuitBreaker
-from gateway.redis_client import redis_client
+from gateway.storage.redis_client import redis_client
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from pathlib import Path
 import httpx
 import yaml
 
-from gateway import child_processes
 from gateway.demo import browser, phoenix
-from gateway.up import DEFAULT_MODEL
+from gateway.ops import child_processes
+from gateway.ops.up import DEFAULT_MODEL
 
 ROOT = Path(__file__).resolve().parents[2]
 STOP_TIMEOUT = 20.0  # `portcullis up` stops its engines within its own 10 s

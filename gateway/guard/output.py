@@ -48,12 +48,12 @@ from gateway.apis.answers import AnswerFormat, Arguments, Holder, Text
 from gateway.apis.decoded_json import DecodedJson
 from gateway.apis.logprobs import Logprobs, spelled
 from gateway.apis.untrusted import Identifier, Place, Untrusted, place_of
-from gateway.growing_text import GrowingText
 from gateway.guard import pii
 from gateway.guard.folding import folded
 from gateway.guard.runtime import Guard, GuardBlocked, Verdict
 from gateway.guard.spec import GuardSpec
-from gateway.sse import event_parts, with_data
+from gateway.streaming.growing_text import GrowingText
+from gateway.streaming.sse import event_parts, with_data
 
 CONTEXT_CHARS = 512  # already-released text a scan re-reads before the new text
 # what a stream's client gets outside its events' JSON: their lines other than data (a comment, an id, a name that is

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gateway.apis.inventory import MessageProvenance, Provenance
 from gateway.guard import pii
-from gateway.yaml_bools import Switch
+from gateway.policy.yaml_bools import Switch
 
 Action = Literal["block", "flag", "redact", "monitor"]
 PiiAction = Switch[Literal["off", "monitor", "flag", "redact", "block"]]

@@ -18,7 +18,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.policy.model import Budget, RuleId
-from gateway.tenant_name import TenantName
+from gateway.tenancy.tenant_name import TenantName
 
 SECRET_PREFIX = "pcl-"
 _ID_END = len(SECRET_PREFIX) + 12  # the id: 12 characters after the prefix, then '-'

@@ -19,7 +19,7 @@ import secrets
 
 from gateway.keystore.changes import Changes
 from gateway.keystore.records import KeyRecord
-from gateway.redis_client import redis_client
+from gateway.storage.redis_client import redis_client
 
 RECORDS = "portcullis:keys"
 VERSION = "portcullis:keys:version"

@@ -19,9 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from gateway import sqlite_wal
 from gateway.keystore.changes import Changes
 from gateway.keystore.records import KeyRecord
+from gateway.storage import sqlite_wal
 
 BUSY_TIMEOUT_MS = 5000  # sqlite3.connect's timeout: the connection's busy_timeout
 _VERSION = "api_keys.version"  # the meta rows' names

@@ -12,7 +12,7 @@ from typing import Any
 
 from gateway.mcp.pins import tool_hash
 from gateway.mcp.spec import TOOL_NAME
-from gateway.sse import event_data
+from gateway.streaming.sse import event_data
 
 
 def add_subcommands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -16,7 +16,7 @@ from gateway.errors import GatewayError
 from gateway.mcp import messages
 from gateway.mcp.call import McpCall
 from gateway.mcp.service import McpService
-from gateway.telemetry import trace_ids
+from gateway.observability.telemetry import trace_ids
 from gateway.waf import audit
 
 METHODS = ("POST", "GET", "DELETE")

@@ -1,5 +1,5 @@
 """JSON-RPC 2.0 messages as MCP's streamable HTTP transport carries them: one message per POST body or SSE event,
-read within the operator's JSON bounds (gateway/json_bounds.py), and the gateway's refusals as JSON-RPC errors.
+read within the operator's JSON bounds (gateway/edge/json_bounds.py), and the gateway's refusals as JSON-RPC errors.
 
 A refusal keeps the HTTP status that says why (400, 401, 403, 404, 413, 429, ...) and carries a JSON-RPC error with
 the request's id, the gateway's error code in `data.code`, as the specification lets a server answer input it does
@@ -14,8 +14,8 @@ from typing import Any, Literal
 import orjson
 from starlette.responses import Response
 
-from gateway import json_bounds
 from gateway.config import LimitsConfig
+from gateway.edge import json_bounds
 from gateway.errors import GatewayError, invalid_request
 from gateway.header_values import rendered
 

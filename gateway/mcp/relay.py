@@ -39,7 +39,7 @@ from gateway.mcp.spec import McpSpec
 from gateway.mcp.stages import SESSION_HEADER, call_of
 from gateway.mcp.upstream import McpServer
 from gateway.policy.loader import PolicySet
-from gateway.sse import EventFramer, EventTooLarge, event_parts
+from gateway.streaming.sse import EventFramer, EventTooLarge, event_parts
 
 log = logging.getLogger(__name__)
 

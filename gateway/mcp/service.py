@@ -21,20 +21,20 @@ from starlette.responses import Response
 from gateway.apis.inventory import Provenance
 from gateway.config import GatewayConfig, is_loopback
 from gateway.context import RequestContext
+from gateway.edge.offload import Offload
+from gateway.edge.shape_gate import ShapeGate
 from gateway.mcp.pins import Catalog
 from gateway.mcp.relay import Relay
 from gateway.mcp.scan import Scanner
 from gateway.mcp.sessions import SessionBinder, process_secret
 from gateway.mcp.stages import McpAccess, McpParse, call_of
 from gateway.mcp.upstream import McpServer
-from gateway.offload import Offload
+from gateway.observability.telemetry import Metrics
 from gateway.pipeline import Pipeline, Stage
 from gateway.policy.loader import PolicySet
-from gateway.shape_gate import ShapeGate
 from gateway.stages.guard import GuardStage
 from gateway.stages.parse import ParseStage
 from gateway.stages.ratelimit import RateLimitStage
-from gateway.telemetry import Metrics
 
 log = logging.getLogger(__name__)
 # What MCP servers send that enters a model, by the provenance the guard reads it as (gateway/mcp/carriers.py).

@@ -3,7 +3,7 @@ the upstream's, prefixed with a MAC of it, the server's name and the caller (its
 names it). A session id presented with another key fails the MAC and is answered as an unknown session (404), as
 the specification has a server answer a session it does not know; so is one whose MAC was forged or cut.
 
-The MAC's secret is the process's, handed by a supervisor to its workers (gateway/workers.py) through
+The MAC's secret is the process's, handed by a supervisor to its workers (gateway/ops/workers.py) through
 `PORTCULLIS_MCP_SESSION_SECRET`; gateways behind one load balancer share sessions when the operator sets that
 variable to the same secret for each.
 """

@@ -13,14 +13,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway.context import Demand, RequestContext
+from gateway.edge.offload import Offload
+from gateway.edge.shape_gate import ShapeGate
 from gateway.errors import GatewayError, invalid_request
 from gateway.mcp import messages
 from gateway.mcp.call import McpCall
 from gateway.mcp.pins import Catalog
 from gateway.mcp.sessions import SessionBinder, caller_of
-from gateway.offload import Offload
 from gateway.policy.loader import PolicySet
-from gateway.shape_gate import ShapeGate
 from gateway.stages.parse import ParseStage, check_encoding
 from gateway.stages.ratelimit import RateLimitStage
 

@@ -1,6 +1,6 @@
-"""Hot reload of the policy directory (gateway/reload.py watches it and answers SIGHUP): the whole set is re-read
-and re-validated, then swapped in with one assignment. An invalid edit leaves the running policy in place; the error
-(file, line, rule id) is logged and shown by /admin/policy. A WAF that would block every request is such an error
+"""Hot reload of the policy directory (gateway/reload/watcher.py watches it and answers SIGHUP): the whole set is
+re-read and re-validated, then swapped in with one assignment. An invalid edit leaves the running policy in place; the
+error (file, line, rule id) is logged and shown by /admin/policy. A WAF that would block every request is such an error
 (gateway/waf/match_all.py); rules that merely match every request are logged as warnings."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from prometheus_client import Counter
 
 from gateway.policy.loader import PolicyError, PolicySet, load_policy_dir
-from gateway.reload import Reloader
+from gateway.reload.watcher import Reloader
 
 log = logging.getLogger(__name__)
 

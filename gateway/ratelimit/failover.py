@@ -8,10 +8,10 @@ import time
 from collections.abc import Callable
 
 from gateway.errors import GatewayError
+from gateway.observability.telemetry import Metrics
 from gateway.ratelimit.checks import Backend, BackendError, BudgetCheck, Check, Settlement, SlotCheck
 from gateway.ratelimit.gcra import Outcome
 from gateway.ratelimit.memory import MemoryBackend
-from gateway.telemetry import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,7 @@ from itertools import repeat
 
 from gateway.context import Demand, RequestContext
 from gateway.errors import GatewayError
+from gateway.observability.telemetry import Metrics, cached_labels
 from gateway.policy.model import PriceTable, RateLimitRule, TokenRate
 from gateway.ratelimit.checks import Backend, BudgetCheck, Check, RateCheck, Settlement, SlotCheck
 from gateway.ratelimit.failover import FailoverBackend
@@ -30,7 +31,6 @@ from gateway.spend import budgets
 from gateway.spend.budgets import AppliedBudget, SoftThresholds
 from gateway.spend.charge import Charge, charge, charged_tokens
 from gateway.spend.leases import BudgetLeases, Lease
-from gateway.telemetry import Metrics, cached_labels
 
 KEY_PREFIX = "portcullis:rl:"
 NOTHING_SERVED = Charge(0, 0, 0, 0, 0)  # what an attempt that failed before its upstream served anything is charged

@@ -28,7 +28,7 @@ from gateway.ratelimit.checks import BackendError, BudgetCheck, Check, RateCheck
 from gateway.ratelimit.coalesce import Coalescer
 from gateway.ratelimit.gcra import Outcome
 from gateway.ratelimit.outbox import SettlementOutbox
-from gateway.redis_client import connection_options
+from gateway.storage.redis_client import connection_options
 
 _SCRIPT = (Path(__file__).parent / "lua" / "batch.lua").read_text()
 _SHA = hashlib.sha1(_SCRIPT.encode()).hexdigest()

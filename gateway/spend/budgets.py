@@ -28,11 +28,11 @@ from datetime import UTC, datetime
 
 from gateway.context import Demand, RequestContext
 from gateway.errors import GatewayError
+from gateway.observability.telemetry import Metrics
 from gateway.policy.model import KEY_BUDGET_ID, Budget, PriceTable
 from gateway.ratelimit.checks import BudgetCheck, new_budget_check
 from gateway.ratelimit.gcra import Outcome
 from gateway.spend.store import NANOS, amount_text
-from gateway.telemetry import Metrics
 
 log = logging.getLogger("portcullis.budget")
 

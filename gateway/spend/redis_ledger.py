@@ -12,8 +12,8 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 
-from gateway.redis_client import redis_client
 from gateway.spend.store import HOUR, SpendKey, SpendTotals
+from gateway.storage.redis_client import redis_client
 
 KEY_PREFIX = "portcullis:spend:"
 RETENTION = 400 * 86400  # seconds an hour's row is kept: a year of monthly reports, and some

@@ -32,12 +32,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway import sqlite_wal
 from gateway.ratelimit.checks import BackendError, BudgetCheck, Check, Settlement
 from gateway.ratelimit.coalesce import Coalescer
 from gateway.ratelimit.gcra import Outcome
 from gateway.ratelimit.outbox import SettlementOutbox
 from gateway.spend import sqlite_ledger
+from gateway.storage import sqlite_wal
 
 if TYPE_CHECKING:
     from gateway.spend.budgets import AppliedBudget

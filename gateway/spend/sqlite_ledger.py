@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 
-from gateway import sqlite_wal
 from gateway.spend.store import SpendKey, SpendTotals
+from gateway.storage import sqlite_wal
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS spend (

@@ -5,7 +5,7 @@ available replica has that many free (scraped usage, corrected locally between s
 fair queue until capacity frees or its deadline passes.
 
 The pool is the one the request's attempt is authorised for (gateway/stages/authority.py): the model's own unless its
-fallbacks said otherwise (gateway/fallbacks.py). A request its pool failed is placed again, on the pool its next
+fallbacks said otherwise (gateway/relay/fallbacks.py). A request its pool failed is placed again, on the pool its next
 attempt is authorised for, by `move`.
 """
 
@@ -18,10 +18,10 @@ from opentelemetry.trace import Tracer
 from gateway.admission.fair_queue import FairQueue
 from gateway.apis.answers import token_count
 from gateway.context import Placement, RequestContext, StageOrderError
+from gateway.observability.telemetry import Metrics
 from gateway.routing.policies import blocks_needed
 from gateway.routing.pool import Pool
 from gateway.routing.replica import KvHold
-from gateway.telemetry import Metrics
 
 
 class AdmissionStage:

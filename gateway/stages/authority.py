@@ -17,8 +17,8 @@ before its upstream served anything, so its reservations cost nothing and its sl
 counted stay counted: its upstream was asked). What the last attempt holds is settled when the request ends, at the
 price of the model that served it.
 
-Which targets a request tries, and in what order, is gateway/fallbacks.py's to say: the stage starts the request at
-the first step that takes it, and `after` moves it on when its pool failed it. Retries on other replicas of one pool
+Which targets a request tries, and in what order, is gateway/relay/fallbacks.py's to say: the stage starts the request
+at the first step that takes it, and `after` moves it on when its pool failed it. Retries on other replicas of one pool
 call the same model on the same pool: they run under that attempt's authorisation.
 
 Each attempt's two costly parts show in the trace as spans of their own under the stage's (`tokenize` for the
@@ -33,13 +33,13 @@ from opentelemetry.trace import Tracer
 
 from gateway.context import Demand, RequestContext
 from gateway.errors import GatewayError
-from gateway.fallbacks import Fallbacks
+from gateway.relay.fallbacks import Fallbacks
+from gateway.relay.upstream import PoolFailed
 from gateway.routing.pool import Pool
 from gateway.stages.auth import model_not_allowed
 from gateway.stages.ratelimit import RateLimitStage
 from gateway.stages.tokenize import Tokenize
 from gateway.tenancy.models import TenantModels
-from gateway.upstream import PoolFailed
 
 
 class AuthorityStage:

@@ -29,10 +29,10 @@ from gateway.cache.semantic import SEMANTIC_ROUTES, Embedder, SemanticIndex, buc
 from gateway.cache.stores import AnswerStore
 from gateway.cache.wording import Wording
 from gateway.context import RequestContext
+from gateway.observability.telemetry import Metrics
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import SemanticCache
-from gateway.telemetry import Metrics
-from gateway.upstream import SSE_HEADERS, answer_headers, whole_answer
+from gateway.relay.upstream import SSE_HEADERS, answer_headers, whole_answer
 
 HEADER = "x-portcullis-cache"
 

@@ -26,13 +26,13 @@ from collections.abc import Callable
 
 from gateway.apis.inventory import Carried, Passage, passages, runs
 from gateway.context import RequestContext
+from gateway.edge.offload import Offload
 from gateway.errors import GatewayError
 from gateway.guard import pii
 from gateway.guard.inputs import Decode, request_texts, selected
 from gateway.guard.output import OutputGuard
 from gateway.guard.runtime import HEADER, Guard, GuardBlocked, Verdict, Windows
 from gateway.guard.spec import GuardSpec, InjectionPolicy
-from gateway.offload import Offload
 from gateway.policy.loader import PolicySet
 
 # (the passages the classifier scans, their windows)

@@ -4,7 +4,7 @@ stage relies on (each route's own, gateway/apis/).
 Everything after it trusts what it checked: a field the gateway (or the bundled engine) reads has the type OpenAI
 documents, and the model is a name every later use can carry as it is (gateway/apis/model_name.py), so bad input is
 a 400 here and never a 500 in a later stage, nor a request an upstream is paid for. Big bodies are decoded and
-checked on the offload executor (gateway/offload.py): decoding and walking a 4 MB body takes the event loop tens of
+checked on the offload executor (gateway/edge/offload.py): decoding and walking a 4 MB body takes the event loop tens of
 milliseconds.
 """
 
@@ -15,17 +15,17 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect
 
-from gateway import json_bounds
 from gateway.apis.inventory import Inventory
 from gateway.apis.model_name import check_model_name
 from gateway.apis.routes import BY_NAME
 from gateway.apis.shape import Api
 from gateway.config import LimitsConfig
 from gateway.context import RequestContext
+from gateway.edge import json_bounds
+from gateway.edge.offload import Offload
+from gateway.edge.shape_gate import ShapeGate
 from gateway.errors import GatewayError, invalid_request
 from gateway.json_path import dotted
-from gateway.offload import Offload
-from gateway.shape_gate import ShapeGate
 
 
 class ParseStage:

@@ -15,8 +15,8 @@ from typing import Any
 
 from gateway.config import ModelConfig
 from gateway.context import Demand, RequestContext
+from gateway.edge.offload import Offload
 from gateway.errors import GatewayError
-from gateway.offload import Offload
 from gateway.policy.loader import PolicySet
 from gateway.tokenization import EstimateCounter, PromptCount, PromptCounter, build_counter, tool_shapes
 

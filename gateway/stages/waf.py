@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gateway.context import RequestContext
+from gateway.edge.offload import Offload
 from gateway.errors import GatewayError
 from gateway.keystore.keyring import KeyRing
-from gateway.offload import Offload
+from gateway.observability.telemetry import Metrics, trace_ids
 from gateway.policy.loader import PolicySet
-from gateway.telemetry import Metrics, trace_ids
 from gateway.waf import audit
 from gateway.waf.parts import RequestView, header_text
 

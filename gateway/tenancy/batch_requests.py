@@ -33,8 +33,8 @@ from gateway.apis.routes import BY_NAME
 from gateway.apis.shape import Api
 from gateway.config import LimitsConfig
 from gateway.context import RequestContext
+from gateway.edge.offload import Offload
 from gateway.errors import GatewayError, invalid_request
-from gateway.offload import Offload
 from gateway.policy.loader import PolicySet
 from gateway.stages.guard import GuardStage
 from gateway.stages.parse import parse_body

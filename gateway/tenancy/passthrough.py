@@ -34,6 +34,7 @@ from starlette.responses import Response
 from gateway.apis.anthropic.errors import anthropic_error
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, invalid_request
+from gateway.relay.upstream import PassedAnswer, Upstream
 from gateway.routing.pool import Pool
 from gateway.stages.auth import model_not_allowed
 from gateway.tenancy.batch_requests import BatchRequestChecks, file_requests, inline_requests
@@ -53,7 +54,6 @@ from gateway.tenancy.models import TenantModels
 from gateway.tenancy.ownership import TenantObjects, anonymous
 from gateway.tenancy.references import Reference
 from gateway.tenancy.request_files import content_path, requests_references, unreadable
-from gateway.upstream import PassedAnswer, Upstream
 
 log = logging.getLogger(__name__)
 

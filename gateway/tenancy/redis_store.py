@@ -9,7 +9,7 @@ from typing import TypeVar
 import orjson
 from redis.exceptions import RedisError
 
-from gateway.redis_client import redis_client
+from gateway.storage.redis_client import redis_client
 from gateway.tenancy.records import Made, ObjectRecord, StoreUnavailable
 
 KEY_PREFIX = "portcullis:object:"

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from gateway import sqlite_wal
+from gateway.storage import sqlite_wal
 from gateway.tenancy.records import Made, ObjectRecord, StoreUnavailable
 
 _SCHEMA = """

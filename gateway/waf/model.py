@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from gateway.apis.routes import RouteName
+from gateway.policy.yaml_bools import Switch
 from gateway.waf import operators
 from gateway.waf.operators import Operator
 from gateway.waf.parts import PARAM_PARTS, PARTS
 from gateway.waf.transforms import TRANSFORMS
-from gateway.yaml_bools import Switch
 
 WafRuleId = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")]
 Severity = Literal["critical", "error", "warning", "notice"]

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from backend_engine.server import EngineServer, http_server
+from backend_engine.http.server import EngineServer, http_server
 
 MODEL = "SmolLM2-135M-Instruct"
 

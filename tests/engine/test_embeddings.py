@@ -11,10 +11,10 @@ import openai
 import pytest
 
 from backend_engine.batch import build_forward_batch
-from backend_engine.openai_protocol.embeddings import MAX_INPUTS, parse_embedding_request
-from backend_engine.openai_protocol.requests import RequestParser
+from backend_engine.http.openai_protocol.embeddings import MAX_INPUTS, parse_embedding_request
+from backend_engine.http.openai_protocol.requests import RequestParser
+from backend_engine.http.server import EngineServer
 from backend_engine.sequence import SamplingParams, Sequence
-from backend_engine.server import EngineServer
 
 from .served import MODEL, running_server, wait_idle
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from backend_engine.http.openai_protocol.responses_input import responses_messages
 from backend_engine.model.prompt import PromptError
-from backend_engine.openai_protocol.responses_input import responses_messages
 
 
 def test_string_input_is_one_user_message_after_the_instructions():

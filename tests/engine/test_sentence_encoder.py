@@ -15,7 +15,7 @@ import pytest
 from backend_engine.config import DEFAULT_EMBEDDING_MODEL_NAME, bundled_embedding_model_path
 from backend_engine.embedding.bert import BertModel
 from backend_engine.embedding.encoder import SentenceEncoder
-from backend_engine.server import EngineServer
+from backend_engine.http.server import EngineServer
 
 from .served import MODEL, running_server
 

@@ -19,8 +19,8 @@ import orjson
 import pytest
 
 from backend_engine.block_hash import hash_prompt_blocks
-from backend_engine.server import EngineServer
-from gateway.lingering_close import LingerBounds
+from backend_engine.http.server import EngineServer
+from gateway.edge.lingering_close import LingerBounds
 from tests.hostile.raw_http import send_all_then_read, send_until_cut
 
 from .conftest import reference
@@ -512,7 +512,7 @@ def _stream_past_the_limit(conn: socket.socket) -> None:
 
 @pytest.fixture
 def small_body_limit(monkeypatch):
-    monkeypatch.setattr("backend_engine.openai_protocol.requests.MAX_BODY_BYTES", 1 << 20)
+    monkeypatch.setattr("backend_engine.http.openai_protocol.requests.MAX_BODY_BYTES", 1 << 20)
 
 
 def test_a_body_streamed_past_the_limit_gets_the_whole_413_and_the_end_however_much_more_comes(

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from backend_engine.server import EngineServer
+from backend_engine.http.server import EngineServer
 
 from .served import MODEL, running_server, wait_idle
 

@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from backend_engine.async_engine import AsyncEngine
+from backend_engine.http.server import EngineServer
+from backend_engine.http.streaming import per_choice
 from backend_engine.sequence import SamplingParams
-from backend_engine.server import EngineServer
-from backend_engine.streaming import per_choice
 
 from .served import MODEL, running_server, wait_idle
 

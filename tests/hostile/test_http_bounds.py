@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from gateway.lingering_close import LingerBounds
+from gateway.edge.lingering_close import LingerBounds
 from tests.conftest import chat_body, pool
 from tests.hostile.raw_http import (
     connect,
@@ -306,7 +306,7 @@ def test_a_body_trickled_after_its_answer_does_not_hold_the_connection(gw):
     assert_healthy(gw)
 
 
-LINGER = LingerBounds()  # the gateway's own bounds on a lingering close (gateway/lingering_close.py)
+LINGER = LingerBounds()  # the gateway's own bounds on a lingering close (gateway/edge/lingering_close.py)
 MIB = 1 << 20
 
 

@@ -18,7 +18,7 @@ import openai
 import pytest
 import yaml
 
-from backend_engine.openai_protocol.responses_input import responses_messages
+from backend_engine.http.openai_protocol.responses_input import responses_messages
 from gateway.apis.anthropic.to_chat import messages_to_chat
 from gateway.tokenization import EngineCounter
 from tests.conftest import Process, pool

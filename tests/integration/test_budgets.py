@@ -28,6 +28,7 @@ from opentelemetry.trace import INVALID_SPAN
 
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
+from gateway.observability.telemetry import Metrics
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import Policy
 from gateway.ratelimit.checks import BudgetCheck, Settlement
@@ -38,7 +39,6 @@ from gateway.ratelimit.redis_backend import RedisBackend
 from gateway.routing.replica import Replica
 from gateway.spend.sqlite_budgets import SqliteBudgets
 from gateway.stages.ratelimit import RateLimitStage
-from gateway.telemetry import Metrics
 from tests.conftest import Launcher, Process, chat_body, pool
 
 KEY = "sk-budget-test"

@@ -17,7 +17,7 @@ from gateway.keystore.records import KeyRecord, digest_of, new_key_id, new_secre
 from gateway.keystore.redis_store import RedisKeyStore
 from gateway.keystore.sqlite_store import SqliteKeyStore
 from gateway.keystore.store import KeyStoreBackend
-from gateway.telemetry import Metrics
+from gateway.observability.telemetry import Metrics
 from tests.conftest import Partition, RedisServer
 
 OpenStore = Callable[[], KeyStoreBackend]

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from gateway.demo import browser, phoenix
-from gateway.up import DEFAULT_MODEL
+from gateway.ops.up import DEFAULT_MODEL
 from tests.conftest import ROOT, STATE_ENV, free_port
 
 # A row of the demo's table: label, status, the trace's page.

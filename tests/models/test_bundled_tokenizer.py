@@ -11,9 +11,9 @@ import pytest
 from gateway.bench.tokenize import load_tokenizer
 from gateway.bench.workload import WORDS, build_plan
 from gateway.config import LimitsConfig, ModelConfig
+from gateway.edge.offload import Offload
 from gateway.errors import GatewayError
 from gateway.guard.inputs import request_texts
-from gateway.offload import Offload
 from gateway.policy.loader import empty_policy_set
 from gateway.stages.tokenize import Tokenize
 from gateway.tokenization import EngineCounter

@@ -15,16 +15,16 @@ from openapi_spec_validator import validate
 from starlette.datastructures import QueryParams
 from starlette.routing import Route
 
-from gateway.admin import build_admin_app
-from gateway.admin_api.bodies import validated
-from gateway.admin_api.openapi import openapi_document
-from gateway.admin_api.spend import SpendQuery, parse_spend_query, spend_csv
+from gateway.admin.app import build_admin_app
+from gateway.admin.audit import AUDIT_LOGGER, Actor, AuditLog
+from gateway.admin.bodies import validated
+from gateway.admin.openapi import openapi_document
+from gateway.admin.spend import SpendQuery, parse_spend_query, spend_csv
 from gateway.app import Gateway
-from gateway.audit import AUDIT_LOGGER, Actor, AuditLog
 from gateway.config import ConfigError, load_config
 from gateway.errors import GatewayError
 from gateway.keystore.records import KeySettings
-from gateway.log_format import JsonLineFormatter
+from gateway.observability.log_format import JsonLineFormatter
 
 
 def seconds(text: str) -> int:

@@ -1,4 +1,5 @@
-"""Which Host header values name the admin listener (gateway/admin_guard.py), by the address a connection reached.
+"""Which Host header values name the admin listener (gateway/admin/request_guard.py), by the address a connection
+reached.
 
 The refusals a browser can provoke are held against a real gateway in tests/hostile/test_admin_plane.py; this holds
 the rule itself over the addresses a test cannot bind (a pod's address, IPv6, a wildcard bind) and
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.admin_guard import AdminGuard
+from gateway.admin.request_guard import AdminGuard
 from gateway.config import AdminConfig
 
 

@@ -12,8 +12,8 @@ from starlette.requests import Request
 from gateway.admission.fair_queue import FairQueue
 from gateway.config import LimitsConfig, ModelConfig
 from gateway.context import Demand, RequestContext
+from gateway.edge.offload import Offload
 from gateway.errors import GatewayError
-from gateway.offload import Offload
 from gateway.policy.loader import empty_policy_set
 from gateway.stages.tokenize import Tokenize
 from gateway.tokenization import EstimateCounter

@@ -499,7 +499,7 @@ def test_an_empty_stream_is_a_whole_message():
 
 
 def test_an_upstream_error_chunk_ends_the_stream_with_an_error_event():
-    """The bundled engine's mid-stream error (backend_engine/openai_protocol/responses.py) becomes Anthropic's."""
+    """The bundled engine's mid-stream error (backend_engine/http/openai_protocol/responses.py) becomes Anthropic's."""
     translator = ChatStreamToMessages("m")
     translator.feed(vllm_chunk({"content": "partial"}))
     [event] = translator.feed({"error": {"message": "boom", "type": "server_error", "param": None, "code": "500"}})

@@ -10,25 +10,25 @@ from pathlib import Path
 from opentelemetry import trace
 
 from gateway.config import AuthConfig, GatewayConfig, LimitsConfig, StoreConfig, TenantObjectsConfig
-from gateway.config_reload import needing_restart
+from gateway.edge.offload import Offload
 from gateway.fleet import FleetBuilder, Fleets
 from gateway.guard.runtime import Guard
 from gateway.keystore.keyring import KeyRing
 from gateway.keystore.sqlite_store import SqliteKeyStore
-from gateway.offload import Offload
+from gateway.observability.telemetry import Metrics
 from gateway.policy.loader import empty_policy_set
 from gateway.ratelimit.failover import CircuitBreaker, FailoverBackend
 from gateway.ratelimit.limiter import RateLimiter
 from gateway.ratelimit.memory import MemoryBackend
+from gateway.relay.upstream import Upstream
+from gateway.reload.config import needing_restart
 from gateway.routing.pool import Pool
 from gateway.stages.guard import GuardStage
 from gateway.stages.ratelimit import RateLimitStage
 from gateway.stages.waf import WafStage
-from gateway.telemetry import Metrics
 from gateway.tenancy.batch_requests import BatchRequestChecks
 from gateway.tenancy.ownership import TenantObjects
 from gateway.tenancy.sqlite_store import SqliteObjectStore
-from gateway.upstream import Upstream
 
 
 def config(**fields: object) -> GatewayConfig:

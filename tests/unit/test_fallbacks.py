@@ -1,4 +1,4 @@
-"""Fallback steps, cooldowns and the authority every step is taken on (gateway/fallbacks.py,
+"""Fallback steps, cooldowns and the authority every step is taken on (gateway/relay/fallbacks.py,
 gateway/stages/authority.py), with real pools, a real tokenize part, a real rate limiter in this process's memory and a
 clock the test moves."""
 
@@ -15,26 +15,26 @@ from starlette.requests import Request
 
 from gateway.config import FallbackConfig, FallbackTrigger, LimitsConfig, ModelConfig, PoolConfig, TenantObjectsConfig
 from gateway.context import RequestContext
+from gateway.edge.offload import Offload
 from gateway.errors import GatewayError
-from gateway.fallbacks import Fallbacks
 from gateway.keystore.records import KeyRecord
-from gateway.offload import Offload
+from gateway.observability.telemetry import Metrics
 from gateway.policy.loader import PolicySet, empty_policy_set
 from gateway.policy.model import Policy
 from gateway.ratelimit.failover import CircuitBreaker, FailoverBackend
 from gateway.ratelimit.limiter import RateLimiter
 from gateway.ratelimit.memory import MemoryBackend
+from gateway.relay.fallbacks import Fallbacks
+from gateway.relay.upstream import PoolFailed
 from gateway.routing.pool import Pool, Pools
 from gateway.routing.replica import Replica
 from gateway.spend.leases import Lease
 from gateway.stages.authority import AuthorityStage
 from gateway.stages.ratelimit import RateLimitStage
 from gateway.stages.tokenize import Tokenize
-from gateway.telemetry import Metrics
 from gateway.tenancy.models import TenantModels
 from gateway.tenancy.ownership import TenantObjects
 from gateway.tenancy.sqlite_store import SqliteObjectStore
-from gateway.upstream import PoolFailed
 
 POOLS = (("a", ["big"]), ("b", ["small"]), ("c", ["huge"]), ("d", []))
 POLICY_HEAD = {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "unit"}}

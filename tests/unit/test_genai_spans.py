@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gateway.apis.answers import AnswerFormat, MessagesFormat, ResponsesFormat
 from gateway.context import Usage
-from gateway.genai_spans import response_attributes
+from gateway.relay.genai_spans import response_attributes
 
 REFERENCE = Path(__file__).resolve().parent.parent / "api_reference"
 

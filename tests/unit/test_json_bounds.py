@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway import json_bounds
 from gateway.config import LimitsConfig
+from gateway.edge import json_bounds
 from gateway.errors import GatewayError
 
 LIMITS = LimitsConfig()

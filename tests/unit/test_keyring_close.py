@@ -10,7 +10,7 @@ from gateway.config import AuthConfig, StoreConfig
 from gateway.keystore.changes import Changes
 from gateway.keystore.keyring import KeyRing
 from gateway.keystore.records import KeyRecord
-from gateway.telemetry import Metrics
+from gateway.observability.telemetry import Metrics
 
 
 class CancelSwallowingStore:

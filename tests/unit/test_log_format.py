@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from gateway.log_format import TextLineFormatter
+from gateway.observability.log_format import TextLineFormatter
 
 
 def test_an_access_line_with_a_newline_in_its_path_stays_one_line() -> None:

@@ -7,7 +7,7 @@ import random
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from gateway.metric_tallies import Tallies
+from gateway.observability.metric_tallies import Tallies
 
 BUCKETS = (0.00001, 0.0001, 0.001, 0.01, 0.1, 1.0)
 

@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry
 
 from backend_engine.metrics import EngineMetrics
 from gateway.guard.runtime import Guard
+from gateway.observability.telemetry import Metrics
 from gateway.ratelimit.outbox import SettlementOutbox
-from gateway.telemetry import Metrics
 
 REFERENCE = Path(__file__).parents[2] / "docs" / "metrics.md"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import ConfigError, TelemetryConfig
-from gateway.otel_env import with_environment
+from gateway.observability.otel_env import with_environment
 
 
 def test_variables_fill_what_the_file_left_out() -> None:

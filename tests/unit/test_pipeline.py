@@ -13,11 +13,11 @@ from starlette.requests import Request
 from gateway.cache.semantic import Embedder
 from gateway.cache.stores import MemoryStore
 from gateway.context import RequestContext
+from gateway.observability.telemetry import Metrics
 from gateway.pipeline import Pipeline
 from gateway.policy.loader import PolicySet, load_policy_dir
 from gateway.routing.pool import Pools
 from gateway.stages.cache import CacheStage
-from gateway.telemetry import Metrics
 
 DOC = {"apiVersion": "portcullis.dev/v1", "metadata": {"name": "p"}}
 

@@ -8,8 +8,8 @@ from typing import get_args
 
 import pytest
 
-from gateway.client_ip import client_ip
 from gateway.context import RequestContext
+from gateway.edge.client_ip import client_ip
 from gateway.policy.model import KeyPart, RateLimitRule
 from gateway.ratelimit.gcra import Outcome
 from gateway.ratelimit.headers import go_duration, rate_limit_headers

@@ -21,7 +21,7 @@ from gateway.cache.wording import MAX_WORD_CHARS, MAX_WORDS, Wording
 from gateway.context import Usage
 from gateway.policy.loader import load_policy_dir
 from gateway.policy.model import CacheSpec
-from gateway.sse import read_event
+from gateway.streaming.sse import read_event
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0, "user": "u1"}
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.sse import EventFramer, EventTooLarge, MalformedEvent, event_data, read_event
+from gateway.streaming.sse import EventFramer, EventTooLarge, MalformedEvent, event_data, read_event
 
 # Every blank-line form the SSE specification allows: each line may end in CRLF, LF or CR, mixed within an event.
 EVENTS = [

@@ -7,7 +7,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
 
-from gateway.trace_sampling import ExportSampledOrFailed, RatioOrParent
+from gateway.observability.trace_sampling import ExportSampledOrFailed, RatioOrParent
 
 
 def _tracing(ratio: float) -> tuple[TracerProvider, InMemorySpanExporter, ExportSampledOrFailed]:

@@ -13,7 +13,7 @@ from gateway.apis.exchange import POOL_APIS, exchange_for
 from gateway.apis.routes import APIS
 from gateway.config import PoolConfig
 from gateway.errors import GatewayError
-from gateway.sse import DONE
+from gateway.streaming.sse import DONE
 
 CONFIGURABLE_POOL_APIS = get_args(PoolConfig.model_fields["api"].annotation)
 MESSAGES = next(api for api in APIS if api.name == "messages")

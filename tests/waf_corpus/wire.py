@@ -3,7 +3,7 @@
 go-ftw sends `METHOD URI VERSION`, the stage's headers and its data; unless the stage sets
 `autocomplete_headers: false` (or sends `encoded_request`, raw bytes) it adds what a client would: a form
 Content-Type for data without one, `Connection: close`, and a Content-Length for the data (0 for a POST, PUT or
-PATCH without any). The gateway's front door is uvicorn's httptools protocol (gateway/http_server.py): llhttp
+PATCH without any). The gateway's front door is uvicorn's httptools protocol (gateway/edge/http_server.py): llhttp
 parses the head, uvicorn parses the target with `httptools.parse_url`, and a request either fails there, answered
 400 before any middleware runs, or reaches the app with the method, target, headers and the body as llhttp framed
 it (Content-Length bytes, de-chunked, nothing when neither header is there). `served` replays that with the same

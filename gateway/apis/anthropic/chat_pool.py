@@ -16,7 +16,7 @@ from gateway.apis.anthropic.from_chat import ChatStreamToMessages, chat_to_messa
 from gateway.apis.anthropic.to_chat import asks_thinking, messages_to_chat
 from gateway.apis.translation import Translation, read_pool_answer
 from gateway.errors import invalid_request
-from gateway.sse import event_data
+from gateway.streaming.sse import event_data
 
 _POOL_ANSWER = "chat completion"
 _WITHOUT_REASONING = AnswerFormat(reasoning=False)

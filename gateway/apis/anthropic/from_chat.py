@@ -17,7 +17,7 @@ from gateway.apis.answers import token_count
 from gateway.apis.anthropic.errors import anthropic_error_type
 from gateway.apis.chat_calls import StreamedCalls
 from gateway.apis.streamed_json import StreamedJson
-from gateway.sse import typed_event
+from gateway.streaming.sse import typed_event
 
 # --- response: chat -> Message ---------------------------------------------------------------------------------
 

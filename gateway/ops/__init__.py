@@ -1,0 +1,1 @@
+"""Running the gateway: `portcullis up`, the multi-worker supervisor, child processes, and `portcullis config check`."""
