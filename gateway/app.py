@@ -73,7 +73,7 @@ from gateway.spend.store import NANOS, SpendStore
 from gateway.stages.auth import AuthStage
 from gateway.stages.cache import CacheStage
 from gateway.stages.guard import GuardStage
-from gateway.stages.parse import ParseStage, RawBodyStage
+from gateway.stages.parse import ParseStage, RawBodyStage, parse_body
 from gateway.stages.ratelimit import RateLimitStage
 from gateway.stages.route import RouteStage
 from gateway.stages.waf import WafStage
@@ -113,7 +113,7 @@ class Gateway:
         self.keys = KeyRing(config.auth, self.key_store, config.store, self.metrics.key_store_synced)
         self.auth = AuthStage(self.keys)
         self.offload = Offload(config.limits)  # big bodies' parse, WAF and tokenize run on its threads
-        self.shape_gate = ShapeGate(config.limits)  # bodies with very many values are judged out of process
+        self.shape_gate = ShapeGate(config.limits, parse_body)  # bodies with very many values are judged out of process
         self.redis = (
             RedisBackend(config.redis.url, config.redis.timeout, config.redis.max_pending_settlements)
             if config.redis.url

@@ -15,6 +15,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -24,6 +25,9 @@ from gateway.config import LimitsConfig
 from gateway.errors import GatewayError
 
 _Refusal = tuple[int, str, str, str | None, str | None]  # a GatewayError's fields: exceptions do not pickle whole
+# The parse stage's whole check of a body (gateway/stages/parse.py's parse_body), raising its GatewayError to refuse:
+# a module-level function, which a worker process imports by name.
+Parse = Callable[[str, bytes, LimitsConfig], object]
 
 
 def _exit_with_parent() -> None:
@@ -39,12 +43,10 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def judge(route: str, body: bytes, limits: LimitsConfig) -> _Refusal | None:
+def judge(parse: Parse, route: str, body: bytes, limits: LimitsConfig) -> _Refusal | None:
     """In the worker: the refusal the parse stage would give this body, or None when it would accept it."""
-    from gateway.stages.parse import parse_body
-
     try:
-        parse_body(route, body, limits)
+        parse(route, body, limits)
     except GatewayError as err:
         return err.status, err.message, err.type, err.code, err.param
     return None
@@ -56,8 +58,9 @@ def _commas(body: bytes) -> int:
 
 
 class ShapeGate:
-    def __init__(self, limits: LimitsConfig) -> None:
+    def __init__(self, limits: LimitsConfig, parse: Parse) -> None:
         self._limits = limits
+        self._parse = parse
         self._pool = self._new_pool()
 
     def _new_pool(self) -> ProcessPoolExecutor:
@@ -71,14 +74,14 @@ class ShapeGate:
     def warm(self) -> None:
         """Start the workers now (each imports the parse stage, about a second), not on the first big body."""
         for _ in range(self._limits.offload_workers):
-            self._pool.submit(judge, "chat", b"{}", self._limits)
+            self._pool.submit(judge, self._parse, "chat", b"{}", self._limits)
 
     async def check(self, route: str, body: bytes) -> None:
         """Raise the parse stage's refusal for a body with many values, judged out of process; small bodies pass."""
         if len(body) <= self._limits.gate_min_commas or _commas(body) <= self._limits.gate_min_commas:
             return
         try:
-            refusal = await asyncio.wrap_future(self._pool.submit(judge, route, body, self._limits))
+            refusal = await asyncio.wrap_future(self._pool.submit(judge, self._parse, route, body, self._limits))
         except BrokenProcessPool:  # a worker died (killed, out of memory): start afresh, let the client retry
             self._pool = self._new_pool()
             raise GatewayError(
