@@ -4,7 +4,6 @@ and more register their own subcommands."""
 from __future__ import annotations
 
 import argparse
-import atexit
 import os
 import sys
 from pathlib import Path
@@ -61,7 +60,7 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.reload.config import ConfigSource
 
     worker = args.worker_index
-    configure_logging(args.log_level, args.log_format, {} if worker is None else {"worker": worker})
+    log_writer.configure_logging(args.log_level, args.log_format, {} if worker is None else {"worker": worker})
     if worker is not None:
         workers.follow_supervisor(args.supervisor_pid)
 
@@ -99,17 +98,6 @@ def _serve(args: argparse.Namespace) -> int:
 def _cannot_start(exc: Exception) -> int:
     print(f"portcullis: {exc}", file=sys.stderr)
     return workers.START_FAILED
-
-
-def configure_logging(level: str, kind: str | None, process_fields: dict[str, object] | None = None) -> None:
-    """Everything to stderr as JSON lines (or text: `kind`, else $PORTCULLIS_LOG_FORMAT;
-    gateway/observability/log_format.py), the access log included, so one collector parses all of it.
-
-    Lines are formatted and written by a thread of their own (gateway/observability/log_writer.py): the event loop only
-    enqueues them (formatting and a write per access-log line on the loop cost ~150 µs a request in the proxy
-    benchmark). `process_fields` go on every line (a worker's index).
-    """
-    atexit.register(log_writer.install(level, log_format.chosen(kind), process_fields).stop)  # drains what is queued
 
 
 if __name__ == "__main__":

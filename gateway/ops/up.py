@@ -71,8 +71,8 @@ def add_subcommand(commands: argparse._SubParsersAction) -> None:
 
 def run_up(args: argparse.Namespace) -> int:
     from gateway.app import build_app
-    from gateway.cli import configure_logging
     from gateway.edge.http_server import serve
+    from gateway.observability.log_writer import configure_logging
     from gateway.ops.workers import START_FAILED, Supervisor
 
     configure_logging(args.log_level, args.log_format)
