@@ -1,8 +1,5 @@
-"""The Starlette app: routes, and the lifespan that owns pools, pipeline and telemetry.
-
-Proxy routes are plain ASGI endpoints so the request's SERVER span and access-log line wrap the whole response,
-including the last byte of a stream.
-"""
+"""The Starlette app: routes, and the lifespan that owns pools, pipeline and telemetry (the proxy routes' endpoints
+are gateway/endpoints.py's)."""
 
 from __future__ import annotations
 
@@ -11,46 +8,40 @@ import contextlib
 import gc
 import logging
 import sqlite3
-import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SpanExporter
-from opentelemetry.trace import Status, StatusCode
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp
 
 from gateway.admin.app import ByListener, build_admin_app
 from gateway.admin.token import admin_token as resolve_admin_token
-from gateway.apis.routes import APIS, BY_PATH, PASSTHROUGH, route_error
+from gateway.apis.routes import APIS, route_error
 from gateway.cache.semantic import Embedder
 from gateway.cache.stores import build_answer_store
 from gateway.config import ConfigError, GatewayConfig
 from gateway.context import RequestContext
-from gateway.edge.client_exit import ClientWatch
-from gateway.edge.client_ip import client_ip
 from gateway.edge.offload import Offload
 from gateway.edge.shape_gate import ShapeGate
-from gateway.errors import EXCEPTION_HANDLERS, GatewayError, internal_error
+from gateway.endpoints import PassthroughEndpoint, ProxyEndpoint
+from gateway.errors import EXCEPTION_HANDLERS, GatewayError
 from gateway.fleet import FleetBuilder, Fleets, OnFleet
 from gateway.guard.runtime import Guard
 from gateway.keystore.keyring import KeyRing, static_keys
 from gateway.keystore.store import build_key_store
+from gateway.mcp.endpoint import McpEndpoint
 from gateway.mcp.service import McpService
-from gateway.observability.log_writer import log_access
 from gateway.observability.telemetry import (
     Metrics,
     build_tracer_provider,
     configured_models,
-    incoming_trace,
     records_spans,
-    server_span,
-    trace_ids,
 )
 from gateway.pipeline import Pipeline
 from gateway.policy.loader import PolicySet, empty_policy_set, load_policy_dir
@@ -60,7 +51,7 @@ from gateway.ratelimit.failover import CircuitBreaker, FailoverBackend
 from gateway.ratelimit.limiter import RateLimiter
 from gateway.ratelimit.memory import MemoryBackend
 from gateway.ratelimit.redis_backend import RedisBackend
-from gateway.relay.upstream import PoolFailed, Upstream
+from gateway.relay.upstream import Upstream
 from gateway.reload.config import ConfigReloader, ConfigSource, config_version
 from gateway.reload.watcher import reload_on_hangup, stop_reloading_on_hangup
 from gateway.routing.pool import Pool
@@ -69,7 +60,7 @@ from gateway.spend.ledger import SpendLedger
 from gateway.spend.redis_ledger import RedisSpendStore
 from gateway.spend.sqlite_budgets import SqliteBudgets
 from gateway.spend.sqlite_ledger import SqliteSpendStore
-from gateway.spend.store import NANOS, SpendStore
+from gateway.spend.store import SpendStore
 from gateway.stages.auth import AuthStage
 from gateway.stages.cache import CacheStage
 from gateway.stages.guard import GuardStage
@@ -283,164 +274,6 @@ class Gateway:
         return all(any(r["up"] for r in replicas) for replicas in pools.values()), pools
 
 
-class ProxyEndpoint:
-    """POST on a model route (gateway/apis/routes.py): the pipeline, then the upstream call."""
-
-    def __init__(self, gateway: Gateway, route: str) -> None:
-        self.gateway = gateway
-        self.route = route
-        self._requests = gateway.metrics.tallies.counter(gateway.metrics.requests)  # by route and status
-        self._duration = gateway.metrics.tallies.histogram(gateway.metrics.request_duration)(route)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gw = self.gateway
-        watch = ClientWatch(scope)  # until the answer starts, a client that leaves cancels the work done for it
-        request = Request(scope, receive)
-        path = scope["path"]  # request.url would parse the Host header on every request
-        name = f"{request.method} {path}"
-        parent, links = incoming_trace(request.headers, gw.config.telemetry.trust_client_trace)
-        with server_span(
-            gw.tracer,
-            gw.tracing,
-            name,
-            parent,
-            links,
-            lambda: {
-                "http.request.method": request.method,
-                "url.path": path,
-                "client.address": request.client.host if request.client else "",
-            },
-        ) as span:
-            peer = request.client.host if request.client else ""
-            ctx = RequestContext(
-                request=request,
-                route=self.route,
-                span=span,
-                client_ip=client_ip(peer, request.headers.getlist("x-forwarded-for"), gw.config.trusted_proxies),
-                fleet=gw.fleets.current.enter(),
-            )
-            try:
-                await self._respond(ctx, watch, scope, receive, send)
-            finally:
-                # even when the client vanished, a stage failed or the server cancelled the request (a shutdown past
-                # its grace period, mid-stream): settled, then billed and logged, or the spend a restart reads budgets
-                # back from would miss it; none of it waits, so nothing can cut it short
-                gw.pipeline.settle(ctx)
-                ctx.on_fleet.leave()  # settled: the pools a config reload dropped may close once none holds them
-                span.set_attribute("http.response.status_code", ctx.status)
-                if ctx.status >= 500 or ctx.stream_error not in (None, "client_disconnected"):
-                    span.set_status(Status(StatusCode.ERROR, ctx.stream_error or str(ctx.status)))
-                self._account(ctx)
-
-    async def _respond(
-        self, ctx: RequestContext, watch: ClientWatch, scope: Scope, receive: Receive, send: Send
-    ) -> None:
-        try:
-            response = await watch.unless_client_leaves(self._answer(ctx))
-        except GatewayError as err:
-            ctx.status = err.status
-            response = ctx.api.error_response(err)
-            response.headers["x-request-id"] = ctx.request_id
-            ctx.span.set_attribute("error.type", err.code or err.type)
-        except ClientDisconnect:  # gone before its answer started: nobody to answer, nothing wrong with the gateway
-            ctx.status = 499  # nginx's "client closed request", for the access log and metrics
-            log.info("client disconnected before its answer started (request id %s)", ctx.request_id)
-            return
-        except Exception:
-            log.exception("unhandled error serving %s", ctx.request.scope["path"])
-            ctx.status = 500
-            response = ctx.api.error_response(internal_error())
-        try:
-            await response(scope, receive, watch.sending(send))
-        except ClientDisconnect:  # gone while its answer was going out: the stream records it
-            # (gateway/relay/upstream.py)
-            log.info("client gone while its answer was sent (request id %s)", ctx.request_id)
-        except Exception:  # a defect after the answer started: the request is still settled, billed and logged
-            log.exception("unhandled error answering %s", ctx.request.scope["path"])
-            ctx.stream_error = "internal_error"
-        finally:
-            body = getattr(response, "body_iterator", None)
-            if isinstance(body, AsyncGenerator):  # a stream left mid-way: settled now, not when it is collected
-                await body.aclose()
-
-    async def _answer(self, ctx: RequestContext) -> Response:
-        """The pipeline, then the upstream; a pool that fails the request before the client heard a byte hands it
-        to the model's next fallback its attempt is authorised for (gateway/relay/fallbacks.py), placed there as
-        admission and routing place any; where none is, the client gets that failure."""
-        gw = self.gateway
-        await gw.pipeline.run(ctx)
-        if ctx.answered is not None:  # the response cache's hit
-            return ctx.answered
-        while True:
-            try:
-                return await gw.upstream.forward(ctx)
-            except PoolFailed as failure:
-                await ctx.on_fleet.authority.after(ctx, failure)
-                await ctx.on_fleet.admission.move(ctx)
-                await gw.route(ctx)
-
-    def _account(self, ctx: RequestContext) -> None:
-        elapsed = time.perf_counter() - ctx.started
-        self._requests(self.route, str(ctx.status)).inc()
-        self._duration.observe(elapsed)
-        charged = self.gateway.billing.record(ctx)
-        if not self.gateway.config.telemetry.access_log:
-            return
-        trace_id, span_id = trace_ids(ctx.span)
-        log_access(
-            {
-                "ts": time.time(),
-                "request_id": ctx.request_id,
-                "trace_id": trace_id,
-                "span_id": span_id,
-                "method": ctx.request.method,
-                "path": ctx.request.scope["path"],
-                "status": ctx.status,
-                "duration_ms": round(elapsed * 1000, 3),
-                "tenant": ctx.tenant,
-                "model": ctx.model or None,  # the model that served: the one asked for, or its fallback's
-                "fallback_from": ctx.fallback_from,
-                "stream": ctx.stream,
-                "pool": ctx.placement.pool.name if ctx.placement else None,
-                "upstream": ctx.replica.url if ctx.replica else None,
-                "prompt_tokens": ctx.usage.prompt_tokens,
-                "completion_tokens": ctx.usage.completion_tokens,
-                "cached_tokens": ctx.usage.cached_tokens,
-                "cost": None if charged is None else charged.cost_nanos / NANOS,
-                # completion tokens charged beyond the reservation: an upstream that reported more than max_tokens x n
-                "over_reservation_tokens": charged.over_reservation if charged and charged.over_reservation else None,
-                "predicted_cached_tokens": ctx.predicted_cached_tokens,
-                "finish_reasons": ctx.usage.finish_reasons or None,
-                "stream_error": ctx.stream_error,
-                "cache": ctx.cache_result,
-                "client": ctx.request.client.host if ctx.request.client else None,
-            }
-        )
-
-
-class PassthroughEndpoint(ProxyEndpoint):
-    """Any other route under /v1/: passed through to the pool that opted in to it (gateway/apis/passthrough.py);
-    where none did, the 404 that names the routes served."""
-
-    def __init__(self, gateway: Gateway) -> None:
-        super().__init__(gateway, PASSTHROUGH.name)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope["path"]
-        if path in BY_PATH:
-            raise HTTPException(405)  # a model route, asked with another method than POST
-        if self.gateway.fleets.current.pools.for_passthrough(path) is None:
-            raise HTTPException(404)
-        await super().__call__(scope, receive, send)
-
-    async def _answer(self, ctx: RequestContext) -> Response:
-        fleet = ctx.on_fleet
-        pool = fleet.pools.for_passthrough(ctx.request.scope["path"])
-        assert pool is not None  # checked on arrival, on the fleet the request then took
-        await self.gateway.passthrough.run(ctx)
-        return await fleet.object_passthrough(ctx, pool)
-
-
 def _spend_store(config: GatewayConfig) -> SpendStore:
     """The spend ledger lives where the keys do (`store.backend`)."""
     if config.store.backend == "redis":
@@ -493,7 +326,6 @@ def build_app(
 ) -> ASGIApp:
     """The public app and, on its own listener, the admin plane (gateway/admin/app.py). With `reload`, the file the
     config came from is reloaded on changes and SIGHUP (gateway/reload/config.py)."""
-    from gateway.mcp.endpoint import McpEndpoint  # (a ProxyEndpoint: imported once this module has defined it)
 
     admin_token = resolve_admin_token(config.admin) if config.admin.enabled else ""  # before anything else can fail
     gateway = Gateway(config, span_exporter, reload)

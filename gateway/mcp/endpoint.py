@@ -1,23 +1,27 @@
-"""`/mcp/{server}`: the MCP route as the gateway's other routes are served (gateway/app.py's ProxyEndpoint: one
+"""`/mcp/{server}`: the MCP route as the gateway's other routes are served (gateway/endpoints.py's ProxyEndpoint: one
 SERVER span, settlement, billing and the access log on every exit), its refusals as JSON-RPC errors, and every
 tools/call in the audit log."""
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from opentelemetry.trace import Status, StatusCode
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from gateway.app import Gateway, ProxyEndpoint
 from gateway.context import RequestContext
+from gateway.endpoints import ProxyEndpoint
 from gateway.errors import GatewayError
 from gateway.mcp import messages
 from gateway.mcp.call import McpCall
 from gateway.mcp.service import McpService
 from gateway.observability.telemetry import trace_ids
 from gateway.waf import audit
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
 
 METHODS = ("POST", "GET", "DELETE")
 
