@@ -52,12 +52,13 @@ unit: $(VENV)/.test-installed
 eval: $(VENV)/.test-installed
 	$(call timed,eval,$(PYTEST) -q -n 2 --dist loadfile -m eval tests/evals)
 
-## lint: formatting, lint rules, types, and which engine modules the gateway may import
+## lint: formatting, lint rules, types, and the import rules: which layer imports which, no import cycle
 lint: $(VENV)/.lint-installed
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(PY) .ci/layout_check.py
 
 ## gpu-check: on a GPU machine, the GPU path's first run (bench/gpu_first_run.py; CONTRIBUTING.md, "A GPU machine"):
 ## the tests marked gpu, the engine on CUDA, the guard on ONNX Runtime's CUDA provider; figures into $OUT or GPU_ARGS' --out
