@@ -9,6 +9,7 @@ machine); Chromium is Debian's package (`make chromium`). A missing one is no re
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -24,7 +25,7 @@ import pytest
 
 from gateway.demo import browser, phoenix
 from gateway.ops.up import DEFAULT_MODEL
-from tests.conftest import ROOT, STATE_ENV, free_port
+from tests.conftest import ROOT, STATE_ENV
 
 # A row of the demo's table: label, status, the trace's page.
 ROW = re.compile(
@@ -36,6 +37,22 @@ ENGINE_SPANS = ["engine.request", "engine.prefill", "engine.decode"]
 # The first test's setup starts the whole stack (minutes on a busy machine) after Phoenix's install on a machine that
 # has never made it (`make test` makes it beforehand): more than the suite's 300 s per test.
 pytestmark = pytest.mark.timeout(900)
+
+
+def port_outside_ephemeral_range() -> int:
+    """A port free on every address, below the kernel's ephemeral range. The demo's servers bind theirs a minute or
+    more after it is chosen (Phoenix's gRPC port on [::]), while the processes starting meanwhile open many outgoing
+    connections: a port from the ephemeral range, as binding port 0 gives, can be taken by one of them first."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.sample(range(10_000, low), 200):
+        try:
+            for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "127.0.0.1")):
+                with socket.socket(family) as sock:
+                    sock.bind((address, port))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 @dataclass
@@ -52,7 +69,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     phoenix.install()  # a no-op once made; a failed install fails here with pip's own message
     workdir = tmp_path_factory.mktemp("demo")
     ports = {
-        flag: free_port()
+        flag: port_outside_ephemeral_range()
         for flag in ("--phoenix-port", "--phoenix-grpc-port", "--port", "--admin-port", "--engine-port")
     }
     output, screenshot = workdir / "demo.out", workdir / "trace.png"
