@@ -83,7 +83,8 @@ def augmented(rows: list[dict], args: argparse.Namespace, rng: random.Random) ->
 def synthesize_long(
     rows: list[dict], n: int, rng: random.Random, min_chars: int = 150, max_chars: int = 300
 ) -> list[dict]:
-    """Long inputs from train rows: benign filler (+ an injection at the end, sometimes the start or middle)."""
+    """Long inputs from train rows: benign filler, or benign filler with an injection anywhere in it: inside a
+    document an attack sits between benign sentences as often as at its end, and a window must judge it there."""
     benign = [r["text"] for r in rows if r["label"] == 0 and len(r["text"]) < 120]
     attacks = [r["text"] for r in rows if r["label"] == 1 and len(r["text"]) < 160]
     out = []
@@ -95,10 +96,7 @@ def synthesize_long(
         if i % 2 == 0:
             out.append({"text": " ".join(filler), "label": 0, "source": "synthetic"})
             continue
-        attack = rng.choice(attacks)
-        where = rng.random()
-        pos = len(filler) if where < 0.7 else (0 if where < 0.85 else rng.randint(0, len(filler)))
-        filler.insert(pos, attack)
+        filler.insert(rng.randint(0, len(filler)), rng.choice(attacks))
         out.append({"text": " ".join(filler), "label": 1, "source": "synthetic"})
     return out
 
@@ -125,6 +123,34 @@ def batches(encoded: list[tuple[list[int], int]], batch_size: int, rng: random.R
         out += [part[b : b + batch_size] for b in range(0, len(part), batch_size)]
     rng.shuffle(out)
     return out
+
+
+def encode(rows: list[dict], tok, max_len: int) -> list[tuple[list[int], int]]:
+    """Token ids and label of each row, cut to `max_len` tokens. A row that marks where its deciding sentence sits
+    (`span`: character offsets, as carrier rows do) keeps a window around that sentence rather than its start, so a
+    long document's injection is not cut off while its label says it is there; the offset of the sentence in the
+    window is a function of the row's group, so a benign document and its injected twin are cut alike."""
+    plain = tok.encode_batch([r["text"] for r in rows])
+    spanned = [i for i, r in enumerate(rows) if r.get("span") and len(plain[i].overflowing) > 0]
+    if spanned:
+        whole = tok.__class__.from_str(tok.to_str())
+        whole.no_truncation()
+        for i, enc in zip(spanned, whole.encode_batch([rows[i]["text"] for i in spanned])):
+            plain[i] = window_around(enc, rows[i]["span"], max_len, random.Random(rows[i].get("group", "")))
+    return [(e if isinstance(e, list) else e.ids, r["label"]) for e, r in zip(plain, rows)]
+
+
+def window_around(enc, span: tuple[int, int], max_len: int, rng: random.Random) -> list[int]:
+    """The ids of a `max_len`-token window of `enc` (special tokens kept at both ends) that holds the characters
+    `span` (or as much of it as fits, from its start), at a random place in the window."""
+    inner = enc.ids[1:-1]
+    offsets = enc.offsets[1:-1]
+    first = next((k for k, (_, end) in enumerate(offsets) if end > span[0]), len(inner) - 1)
+    last = max((k for k, (start, _) in enumerate(offsets) if start < span[1]), default=first)
+    room = max_len - 2
+    slack = max(0, room - (last - first + 1))
+    start = max(0, min(first - rng.randint(0, slack), len(inner) - room))
+    return [enc.ids[0], *inner[start : start + room], enc.ids[-1]]
 
 
 def collate(encoded, ids, torch):
@@ -199,7 +225,7 @@ def fine_tune(rows: list[dict], args: argparse.Namespace, say, after_epoch=None)
     tok = tokenizer(args.max_len)
     train = augmented(rows, args, rng)
     say(f"train {len(train)} rows ({sum(r['label'] for r in train)} malicious), seed {args.seed}")
-    enc_train = [(e.ids, r["label"]) for e, r in zip(tok.encode_batch([r["text"] for r in train]), train)]
+    enc_train = encode(train, tok, args.max_len)
     model = BertForSequenceClassification.from_pretrained(
         str(args.init or base_model_dir()),
         num_labels=2,
