@@ -23,6 +23,8 @@ import random
 import time
 from pathlib import Path
 
+from carriers import load_carriers
+
 from gateway.guard.evaluation import metrics  # the same metrics the model card and `guard eval` report
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "prompt_injection"
@@ -59,14 +61,24 @@ def load_split(split: str, data: Path = DATA) -> list[dict]:
 
 
 def load_written(split: str, data: Path = WRITTEN) -> list[dict]:
-    """This project's own rows of one split ("train" or "test"): hard negatives and multilingual attacks."""
-    rows = []
-    for path in sorted(data.glob("*.jsonl")):
-        for line in path.open():
-            r = json.loads(line)
-            if r["split"] == split:
-                rows.append({"text": r["text"], "label": int(r["label"]), "source": path.stem, "group": r["family"]})
-    return rows
+    """This project's own rows of one split ("train" or "test"): hard negatives, attacks in other languages, and the
+    indirect-injection carriers (source `carriers`, carriers.py). `lang` and `carrier` let crossval.py hold out a
+    language or a carrier kind whole."""
+    written = [(json.loads(line), path.stem) for path in sorted(data.glob("*.jsonl")) for line in path.open()]
+    written += [(r, "carriers") for r in load_carriers(data / "carriers")]
+    return [written_row(r, source) for r, source in written if r["split"] == split]
+
+
+def written_row(r: dict, source: str) -> dict:
+    return {
+        "text": r["text"],
+        "label": int(r["label"]),
+        "source": source,
+        "group": r["family"],
+        "lang": r["lang"],
+        "carrier": r.get("carrier"),
+        "span": r.get("span"),  # where a carrier row's slot sits: `encode` keeps it in the window
+    }
 
 
 def augmented(rows: list[dict], args: argparse.Namespace, rng: random.Random) -> list[dict]:
