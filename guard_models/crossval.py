@@ -14,7 +14,14 @@ folds can run as separate processes (`--fold 0 --fold 1 ...`). When every fold i
   the targets so that the spread over folds fits under them. This project's written rows (hard negatives and
   multilingual attacks) are reported at that threshold, not used to choose it: capping their false-positive rate
   too pushed the threshold to where every source lost a tenth of its recall;
-- the figures at that threshold for every fold, with their mean, standard deviation, minimum and maximum.
+- the figures at that threshold for every fold, with their mean, standard deviation, minimum and maximum;
+- the same figures for each language and each carrier kind of the written rows (recall, false-positive rate, F1
+  where a group has both labels; `out_of_fold_by_lang`, `out_of_fold_by_carrier`), to see where the model is weak.
+
+`--hold-out lang` (or `carrier`) cuts the folds so that each language (or carrier kind) of the written rows is held
+out whole, every file's rows of it together: the per-language figures then say how the recipe does on a language it
+never trained on, not on a new family of a language it knows. The default (`random`, the same as `family`) holds out
+whole families. The public sources keep their groups either way.
 
 Everything goes to <out>/crossval.json, which export.py ships into the model's config.json.
 
@@ -31,29 +38,46 @@ import argparse
 import json
 import random
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 from train import SOURCES, fine_tune, load_split, load_written, logger, parser, sigmoid, tokenizer, window_margins
 
-from gateway.guard.evaluation import choose_threshold, metrics
+from gateway.guard.evaluation import choose_threshold, defined, metrics
 
 CAPS = {"neuralchemy": 0.025, "s-labs": 0.008}  # the targets on unseen data: 3 % and 1 %
 FIGURES = ("f1", "precision", "recall", "fpr", "roc_auc")
+HOLD_OUTS = ("random", "family", "lang", "carrier")
+GROUP_FIGURES = ("recall", "fpr", "f1")  # per language and per carrier kind: what a group of one label still has
 
 
 def pooled() -> list[dict]:
     return load_split("train") + load_written("train")
 
 
-def assign_folds(rows: list[dict], k: int, seed: int = 0) -> list[int]:
-    """Fold of each row: every group goes whole to one fold, groups shuffled within each source."""
-    fold_of_group: dict[str, int] = {}
+def fold_unit(row: dict, hold_out: str) -> tuple[str, str]:
+    """(pool, unit) of a row: a unit goes whole to one fold, units are shuffled within their pool. The public sources
+    always keep their groups (neuralchemy's variants of a prompt, S-Labs' repeats of a text). This project's written
+    rows keep their families with `random` and `family` (the same assignment); with `lang` every written row of one
+    language, whichever file it comes from, is one unit; with `carrier` every carrier row of one kind is."""
+    if row["source"] not in SOURCES:
+        if hold_out == "lang":
+            return "written", "lang:" + row["lang"]
+        if hold_out == "carrier" and row["carrier"]:
+            return row["source"], "carrier:" + row["carrier"]
+    return row["source"], row["group"]
+
+
+def assign_folds(rows: list[dict], k: int, seed: int = 0, hold_out: str = "random") -> list[int]:
+    """Fold of each row: every unit (fold_unit) goes whole to one fold, units shuffled within each pool."""
+    units = [fold_unit(r, hold_out) for r in rows]
+    fold_of_unit: dict[str, int] = {}
     rng = random.Random(seed)
-    for source in sorted({r["source"] for r in rows}):
-        groups = list(dict.fromkeys(r["group"] for r in rows if r["source"] == source))
-        rng.shuffle(groups)
-        fold_of_group.update((g, i % k) for i, g in enumerate(groups))
-    return [fold_of_group[r["group"]] for r in rows]
+    for pool in sorted({pool for pool, _ in units}):
+        members = list(dict.fromkeys(unit for p, unit in units if p == pool))
+        rng.shuffle(members)
+        fold_of_unit.update((unit, i % k) for i, unit in enumerate(members))
+    return [fold_of_unit[unit] for _, unit in units]
 
 
 def run_fold(fold: int, rows: list[dict], folds: list[int], args: argparse.Namespace) -> None:
@@ -88,24 +112,47 @@ def platt(margins: list[float], labels: list[int]) -> tuple[float, float]:
     return float(fit.coef_[0][0]), float(fit.intercept_[0])
 
 
-def spread(per_fold: list[dict]) -> dict:
-    """Mean, standard deviation, minimum and maximum over folds of each figure that a group's labels define: all of
-    them for a group of both labels; the false-positive rate of benign rows alone, the recall of attacks alone."""
-    positives, n = per_fold[0]["positives"], per_fold[0]["n"]
-    names = FIGURES if 0 < positives < n else ("recall",) if positives else ("fpr",)
+def spread(per_fold: list[dict], names: tuple[str, ...] = FIGURES) -> dict:
+    """Mean, standard deviation, minimum and maximum over folds of each of `names` that a fold's labels define
+    (`gateway.guard.evaluation.defined`): the recall over the folds that hold attacks, the false-positive rate over
+    those that hold benign rows, the rest over those that hold both. A figure no fold defines is left out."""
     out = {}
     for name in names:
-        values = [m[name] for m in per_fold]
-        out[name] = {
-            "mean": round(statistics.fmean(values), 4),
-            "std": round(statistics.stdev(values), 4) if len(values) > 1 else 0.0,
-            "min": round(min(values), 4),
-            "max": round(max(values), 4),
-        }
+        values = [m[name] for m in per_fold if defined(name, m)]
+        if values:
+            out[name] = {
+                "mean": round(statistics.fmean(values), 4),
+                "std": round(statistics.stdev(values), 4) if len(values) > 1 else 0.0,
+                "min": round(min(values), 4),
+                "max": round(max(values), 4),
+            }
     return out
 
 
-def summarize(rows: list[dict], folds: list[int], results: list[dict], out: Path) -> dict:
+def out_of_fold(
+    rows: list[dict],
+    folds: list[int],
+    scores: dict[int, float],
+    threshold: float,
+    key: Callable[[dict], str | None],
+    names: tuple[str, ...] = FIGURES,
+) -> dict:
+    """For each value of key(row) among the scored rows (None: left out), the figures at `threshold` of all its rows
+    pooled, and their spread over the folds that hold such rows: with `--hold-out lang` a language's rows are all in
+    one fold, so its spread is that one fold's figures."""
+
+    def figures(indices: list[int]) -> dict:
+        return metrics([rows[i]["label"] for i in indices], [scores[i] for i in indices], threshold)
+
+    table = {}
+    for value in sorted({key(rows[i]) for i in scores} - {None}):
+        members = [i for i in sorted(scores) if key(rows[i]) == value]
+        per_fold = [figures([i for i in members if folds[i] == f]) for f in sorted({folds[i] for i in members})]
+        table[value] = {"pooled": figures(members), "spread": spread(per_fold, names)}
+    return table
+
+
+def summarize(rows: list[dict], folds: list[int], results: list[dict], out: Path, hold_out: str = "random") -> dict:
     held = {int(i): m for r in results for i, m in r["held_out"].items()}
     order = sorted(held)
     scale, bias = platt([held[i] for i in order], [rows[i]["label"] for i in order])
@@ -113,16 +160,12 @@ def summarize(rows: list[dict], folds: list[int], results: list[dict], out: Path
     def score(margin: float) -> float:
         return sigmoid(scale * margin + bias)
 
-    groups: dict[str, tuple[list[int], list[float]]] = {}
-    for i in order:
-        labels, scores = groups.setdefault(rows[i]["source"], ([], []))
-        labels.append(rows[i]["label"])
-        scores.append(score(held[i]))
-    threshold = choose_threshold({source: groups[source] for source in SOURCES}, CAPS)
-
-    def figures(indices: list[int], margins: dict[int, float] | list[float], table: list[dict]) -> dict:
-        return metrics([table[i]["label"] for i in indices], [score(margins[i]) for i in indices], threshold)
-
+    scores = {i: score(held[i]) for i in order}
+    public = {}
+    for source in SOURCES:
+        members = [i for i in order if rows[i]["source"] == source]
+        public[source] = ([rows[i]["label"] for i in members], [scores[i] for i in members])
+    threshold = choose_threshold(public, CAPS)
     validation = load_split("validation")
     report: dict = {
         "calibration": {"scale": round(scale, 5), "bias": round(bias, 5)},
@@ -130,20 +173,20 @@ def summarize(rows: list[dict], folds: list[int], results: list[dict], out: Path
         "caps": CAPS,
         "folds": len(results),
         "seeds": [r["seed"] for r in results],
+        "hold_out": hold_out,
         "rows": len(rows),
         "out_of_fold": {},
+        "out_of_fold_by_lang": {},
+        "out_of_fold_by_carrier": {},
         "validation": {},
     }
-    for group in sorted(groups):
-        per_fold = [
-            figures([i for i in order if folds[i] == r["fold"] and rows[i]["source"] == group], held, rows)
-            for r in results
-        ]
-        members = [i for i in order if rows[i]["source"] == group]
-        report["out_of_fold"][group] = {"pooled": figures(members, held, rows), "spread": spread(per_fold)}
+    report["out_of_fold"] = out_of_fold(rows, folds, scores, threshold, lambda r: r["source"])
+    for table, key in (("out_of_fold_by_lang", "lang"), ("out_of_fold_by_carrier", "carrier")):
+        report[table] = out_of_fold(rows, folds, scores, threshold, lambda r, key=key: r.get(key), GROUP_FIGURES)
     for source in SOURCES:
         members = [i for i, r in enumerate(validation) if r["source"] == source]
-        per_model = [figures(members, r["validation"], validation) for r in results]
+        labels = [validation[i]["label"] for i in members]
+        per_model = [metrics(labels, [score(r["validation"][i]) for i in members], threshold) for r in results]
         report["validation"][source] = {"spread": spread(per_model)}
     (out / "crossval.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
@@ -181,18 +224,37 @@ def blended(runs: list[str], k: int) -> list[dict]:
     return out
 
 
+def checked(results: list[dict], folds: list[int], hold_out: str) -> list[dict]:
+    """`results`, once each fold is known to have scored the rows this assignment puts in it: a fold scored with
+    another --hold-out, or before the data changed, would mix up every figure."""
+    for r in results:
+        if {int(i) for i in r["held_out"]} != {i for i, f in enumerate(folds) if f == r["fold"]}:
+            raise SystemExit(
+                f"fold {r['fold']} scored other rows than --hold-out {hold_out} puts in it: use another --out"
+            )
+    return results
+
+
 def main() -> None:
     ap = parser()
     ap.description = __doc__
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--fold", type=int, action="append", help="train only this fold (repeatable); default: all")
     ap.add_argument("--blend", nargs="+", metavar="DIR=WEIGHT", help="blend finished cross-validations instead")
+    ap.add_argument(
+        "--hold-out",
+        choices=HOLD_OUTS,
+        default="random",
+        help="what a fold holds out of this project's written rows: whole families (random, family: the same), "
+        "whole languages (lang) or whole carrier kinds (carrier); the public sources keep their groups",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = pooled()
-    folds = assign_folds(rows, args.folds)
+    folds = assign_folds(rows, args.folds, hold_out=args.hold_out)
     if args.blend:
-        report = summarize(rows, folds, blended(args.blend, args.folds), args.out)
+        results = checked(blended(args.blend, args.folds), folds, args.hold_out)
+        report = summarize(rows, folds, results, args.out, args.hold_out)
         report["blend"] = [{"crossval": folder, "weight": weight} for folder, weight in weighted(args.blend)]
         (args.out / "crossval.json").write_text(json.dumps(report, indent=2) + "\n")
         print(json.dumps(report, indent=2))
@@ -202,7 +264,8 @@ def main() -> None:
             run_fold(fold, rows, folds, args)
     done = [args.out / f"fold{f}.json" for f in range(args.folds)]
     if all(p.is_file() for p in done):
-        report = summarize(rows, folds, [json.loads(p.read_text()) for p in done], args.out)
+        results = checked([json.loads(p.read_text()) for p in done], folds, args.hold_out)
+        report = summarize(rows, folds, results, args.out, args.hold_out)
         print(json.dumps(report, indent=2))
 
 

@@ -31,6 +31,17 @@ def metrics(labels: list[int], scores: list[float], threshold: float = 0.5) -> d
     }
 
 
+def defined(figure: str, m: dict) -> bool:
+    """Whether `figure` of metrics `m` means something for the labels it counted: recall needs attacks, the
+    false-positive rate benign rows, the rest (F1, precision, ROC-AUC, ...) both; `metrics` reports 0 otherwise."""
+    attacks, benign = m["positives"], m["n"] - m["positives"]
+    if figure == "recall":
+        return attacks > 0
+    if figure == "fpr":
+        return benign > 0
+    return attacks > 0 and benign > 0
+
+
 def roc_auc(labels: list[int], scores: list[float]) -> float:
     """Mann-Whitney U with average ranks for ties; NaN when one class is absent."""
     order = sorted(range(len(scores)), key=lambda i: scores[i])
