@@ -3,6 +3,7 @@
     portcullis guard score < prompts.jsonl            # {"text": ...} per line -> {"score", "label"} per line
     portcullis guard score traffic.csv --text-column prompt
     portcullis guard eval labelled.jsonl        # + F1, precision, recall, FPR, ROC-AUC (label 1 = malicious)
+    portcullis guard eval labelled.jsonl --group-column lang --invariance --table   # per language; translations
 
 The model, threshold and windows are the policy's (`--policy`, default policies/), exactly as the gateway scans;
 `--model` and `--threshold` override them.
@@ -17,7 +18,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway.guard.evaluation import metrics
+from gateway.guard.evaluation import defined, metrics
+from gateway.guard.invariance import invariance
 
 if TYPE_CHECKING:  # the model (and onnxruntime) loads only when a subcommand runs
     from gateway.guard.ensemble import GuardEnsemble
@@ -34,7 +36,16 @@ def add_subcommands(commands: argparse._SubParsersAction) -> None:
     evaluate = verbs.add_parser("eval", help="score a labelled CSV/JSONL file and print metrics")
     evaluate.add_argument("file", type=Path)
     evaluate.add_argument("--label-column", default="label", help="1/true/malicious = malicious (default: label)")
-    evaluate.add_argument("--group-column", help="also report metrics per value of this column (e.g. source)")
+    evaluate.add_argument(
+        "--group-column",
+        help="also report metrics per value of this column (e.g. source, lang, carrier); rows without it are in none",
+    )
+    evaluate.add_argument(
+        "--invariance",
+        action="store_true",
+        help='also judge translation invariance: rows with "invariance": true, by "family", each with a "lang"',
+    )
+    evaluate.add_argument("--table", action="store_true", help="print text tables instead of JSON")
     evaluate.add_argument("--scores", type=Path, help="also write the per-row JSON lines here")
     _common(evaluate)
     evaluate.set_defaults(func=_eval)
@@ -150,6 +161,7 @@ def _eval(args: argparse.Namespace) -> int:
     rows = read_rows(args.file, args.text_column)
     if any(args.label_column not in row for row in rows):
         raise SystemExit(f"portcullis guard: {args.file}: every row needs a {args.label_column!r} column")
+    translations = _invariance_rows(rows, args.file) if args.invariance else []
     scores, threshold, model = _scored(args, rows)
     labels = [_truthy(row[args.label_column]) for row in rows]
     if args.scores:
@@ -172,13 +184,74 @@ def _eval(args: argparse.Namespace) -> int:
     if args.group_column:
         groups: dict[str, list[int]] = {}
         for i, row in enumerate(rows):
-            groups.setdefault(str(row.get(args.group_column)), []).append(i)
+            if row.get(args.group_column) not in (None, ""):
+                groups.setdefault(str(row[args.group_column]), []).append(i)
         report["groups"] = {
-            g: metrics([labels[i] for i in idx], [scores[i] for i in idx], threshold)
+            g: _defined_figures(metrics([labels[i] for i in idx], [scores[i] for i in idx], threshold))
             for g, idx in sorted(groups.items())
         }
-    print(json.dumps(report, indent=2))
+    if args.invariance:
+        report["invariance"] = invariance([rows[i] for i in translations], [scores[i] for i in translations], threshold)
+    print(_tables(report) if args.table else json.dumps(report, indent=2))
     return 0
+
+
+def _defined_figures(m: dict) -> dict:
+    """A group's metrics without the figures its labels leave meaningless (the FPR of attacks alone, ...), with its
+    count of benign rows beside that of attacks (`positives`)."""
+    figures = ("f1", "precision", "recall", "fpr", "accuracy", "roc_auc")
+    return {**{k: v for k, v in m.items() if k not in figures or defined(k, m)}, "benign": m["n"] - m["positives"]}
+
+
+def _invariance_rows(rows: list[dict], path: Path) -> list[int]:
+    """Indices of the rows marked `"invariance": true`; none, or one without a family or language, is an error: an
+    invariance check that silently judged nothing would pass."""
+    chosen = [i for i, row in enumerate(rows) if _truthy(row.get("invariance", False))]
+    if not chosen:
+        raise SystemExit(f'portcullis guard: {path}: --invariance, but no row has "invariance": true')
+    for i in chosen:
+        if not all(isinstance(rows[i].get(key), str) and rows[i][key] for key in ("family", "lang")):
+            raise SystemExit(f'portcullis guard: {path}: invariance row {i + 1} needs a "family" and a "lang"')
+    return chosen
+
+
+def _tables(report: dict) -> str:
+    """The report as aligned text: the overall figures, then a line per group and per invariance family."""
+    percent = "{:.1%}".format
+    lines = [
+        f"{report['model']} at threshold {report['threshold']}: {report['n']} rows, {report['positives']} attacks; "
+        f"F1 {report['f1']}, recall {report['recall']}, FPR {percent(report['fpr'])}, ROC-AUC {report['roc_auc']}"
+    ]
+    if "groups" in report:
+        table = [["group", "rows", "attacks", "benign", "recall", "FPR", "F1"]]
+        for group, m in report["groups"].items():
+            fpr = percent(m["fpr"]) if "fpr" in m else ""
+            table.append([group, m["n"], m["positives"], m["benign"], m.get("recall", ""), fpr, m.get("f1", "")])
+        lines += ["", *_aligned(table)]
+    if "invariance" in report:
+        table = [["family", "languages", "rows", "caught", "min", "median", "max", "logit sd", "logit range"]]
+        for family, f in report["invariance"]["families"].items():
+            score, logit = f["score"], f["logit"]
+            table.append(
+                [family, len(f["languages"]), f["rows"], percent(f["caught"]), score["min"], score["median"]]
+                + [score["max"], logit["sd"], logit["range"]]
+            )
+        band = report["invariance"]["band"]
+        lines += ["", *_aligned(table)]
+        lines.append(
+            f"band: {band['families']} families, {band['rows']} rows, {percent(band['caught'])} caught; every family "
+            f"caught in at least {percent(band['lowest_family_caught'])} of its rows, logit sd at most "
+            f"{band['widest_family_logit_sd']}"
+        )
+    return "\n".join(lines)
+
+
+def _aligned(table: list[list]) -> list[str]:
+    widths = [max(len(str(row[c])) for row in table) for c in range(len(table[0]))]
+    return [
+        "  ".join(str(cell).ljust(w) if c == 0 else str(cell).rjust(w) for c, (cell, w) in enumerate(zip(row, widths)))
+        for row in table
+    ]
 
 
 def shipped_spread(model: GuardEnsemble, threshold: float) -> dict | None:
