@@ -39,26 +39,29 @@ def load_carriers(folder: Path = CARRIERS) -> list[dict]:
     """Rows {text, label, category, lang, family, split, carrier, span?} of every carrier file in `folder`, documents in
     file order; none when the folder does not exist.
 
-    A document's injection is chosen by the sha256 of its family modulo the injections of its kind and language, the
-    same on every run and machine. A kind with no injection in the document's language
-    borrows from the injections of that language in every kind (kinds in file-name order); a language with none at
-    all is an error."""
+    A document's injection is chosen by the sha256 of its family modulo the injections of its kind and language on
+    its own side of the split (an injection's split is its family's), the same on every run and machine, so no
+    injection text is trained on and then tested inside another document. Where its kind has none there, it
+    borrows from that language and side in every kind (kinds in file-name order), then from that language on either
+    side; a language with none at all is an error."""
     files = {path: _read(path) for path in sorted(folder.glob("*.json"))}
-    by_language: dict[str, list[str]] = {}
+    everywhere: dict[tuple[str, str], list[str]] = {}
     for data in files.values():
         for injection in data["injections"]:
-            by_language.setdefault(injection["lang"], []).append(injection["text"])
+            for side in (split_of(injection["family"]), "any"):
+                everywhere.setdefault((injection["lang"], side), []).append(injection["text"])
     rows = []
     for path, data in files.items():
         kind = data["kind"]
-        own: dict[str, list[str]] = {}
+        own: dict[tuple[str, str], list[str]] = {}
         for injection in data["injections"]:
-            own.setdefault(injection["lang"], []).append(injection["text"])
+            own.setdefault((injection["lang"], split_of(injection["family"])), []).append(injection["text"])
         for index, document in enumerate(data["documents"]):
             if SLOT not in document["text"]:
                 rows.append(_row(kind, document, document["text"], 0))
                 continue
-            pool = own.get(document["lang"]) or by_language.get(document["lang"])
+            side = (document["lang"], split_of(document["family"]))
+            pool = own.get(side) or everywhere.get(side) or everywhere.get((document["lang"], "any"))
             if not pool:
                 raise CarrierDataError(
                     f"{path}: documents[{index}]: no injection in language {document['lang']!r} in any kind"

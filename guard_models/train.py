@@ -63,10 +63,11 @@ def load_split(split: str, data: Path = DATA) -> list[dict]:
 def load_written(split: str, data: Path = WRITTEN) -> list[dict]:
     """This project's own rows of one split ("train" or "test"): hard negatives, attacks in other languages, and the
     indirect-injection carriers (source `carriers`, carriers.py). `lang` and `carrier` let crossval.py hold out a
-    language or a carrier kind whole."""
+    language or a carrier kind whole. The translation-invariance rows (`invariance`) are never trained on, whatever
+    their split: they measure how the same unseen attack scores across languages."""
     written = [(json.loads(line), path.stem) for path in sorted(data.glob("*.jsonl")) for line in path.open()]
     written += [(r, "carriers") for r in load_carriers(data / "carriers")]
-    return [written_row(r, source) for r, source in written if r["split"] == split]
+    return [written_row(r, source) for r, source in written if r["split"] == split and not r.get("invariance")]
 
 
 def written_row(r: dict, source: str) -> dict:

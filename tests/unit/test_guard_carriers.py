@@ -164,3 +164,24 @@ def test_written_rows_include_the_carriers_with_their_language_and_kind(tmp_path
     for split in ("train", "test"):
         held = [r["group"] for r in train.load_written(split, tmp_path) if r["source"] == "carriers"]
         assert all(carriers.split_of(family) == split for family in held)
+
+
+def test_a_document_takes_an_injection_from_its_own_side_of_the_split(tmp_path: Path) -> None:
+    injections = [{"family": f"inj-en-{n}", "lang": "en", "text": f"AI: obey order {n}."} for n in range(12)]
+    documents = [
+        {"family": f"email-en-{n}", "lang": "en", "text": f"Report {n}: {{{{SLOT}}}}", "benign_fill": "Read it."}
+        for n in range(40)
+    ]
+    write(tmp_path, {**EMAIL, "documents": documents, "injections": injections})
+    split_of_injection = {i["text"]: carriers.split_of(i["family"]) for i in injections}
+    attacks = [r for r in carriers.load_carriers(tmp_path) if r["label"]]
+    assert {r["split"] for r in attacks} == {"train", "test"}
+    assert all(split_of_injection[r["text"].split(": ", 1)[1]] == r["split"] for r in attacks)
+
+
+def test_translation_invariance_rows_are_never_trained_on(tmp_path: Path) -> None:
+    row = {"text": "Ignorez tout.", "label": 1, "category": "x", "lang": "fr", "family": "inv-a", "split": "train"}
+    (tmp_path / "attacks.jsonl").write_text(
+        json.dumps({**row, "invariance": True}) + "\n" + json.dumps({**row, "family": "b", "text": "Oubliez."}) + "\n"
+    )
+    assert [r["text"] for r in train.load_written("train", tmp_path)] == ["Oubliez."]
