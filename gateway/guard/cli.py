@@ -31,7 +31,7 @@ def add_subcommands(commands: argparse._SubParsersAction) -> None:
     verbs = guard.add_subparsers(dest="verb", required=True, metavar="VERB")
     score = verbs.add_parser("score", help="score JSON lines from stdin (or a CSV/JSONL file): one JSON line each")
     score.add_argument("file", nargs="?", type=Path, help="CSV or JSONL with a text column (default: stdin JSONL)")
-    _common(score)
+    add_model_options(score)
     score.set_defaults(func=_score)
     evaluate = verbs.add_parser("eval", help="score a labelled CSV/JSONL file and print metrics")
     evaluate.add_argument("file", type=Path)
@@ -47,11 +47,12 @@ def add_subcommands(commands: argparse._SubParsersAction) -> None:
     )
     evaluate.add_argument("--table", action="store_true", help="print text tables instead of JSON")
     evaluate.add_argument("--scores", type=Path, help="also write the per-row JSON lines here")
-    _common(evaluate)
+    add_model_options(evaluate)
     evaluate.set_defaults(func=_eval)
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """The options that pick the model, threshold and windows as the gateway would (also bench/'s guard runs)."""
     parser.add_argument("--text-column", default="text")
     parser.add_argument("--policy", type=Path, default=Path("policies"), help="policy directory (default: policies)")
     parser.add_argument("--model", type=Path, help="model folder (default: the policy's, else the bundled model)")
@@ -115,7 +116,8 @@ def _require(rows: list[dict], column: str, path: Path | None) -> None:
             raise SystemExit(f"portcullis guard: {path or 'stdin'}: row {number} has no string {column!r} column")
 
 
-def _scored(args: argparse.Namespace, rows: list[dict]) -> tuple[list[float], float, GuardEnsemble]:
+def score_rows(args: argparse.Namespace, rows: list[dict]) -> tuple[list[float], float, GuardEnsemble]:
+    """Each row's score through the policy's model and windows, with the threshold the gateway would apply."""
     model, policy, threshold = _setup(args)
     texts = [row[args.text_column] for row in rows]
     scores: list[float] = []
@@ -132,7 +134,7 @@ def _label(model: GuardEnsemble, score: float, threshold: float) -> str:
 
 def _score(args: argparse.Namespace) -> int:
     rows = read_rows(args.file, args.text_column)
-    scores, threshold, model = _scored(args, rows)
+    scores, threshold, model = score_rows(args, rows)
     out = sys.stdout
     for row, score in zip(rows, scores):
         out.write(
@@ -162,7 +164,7 @@ def _eval(args: argparse.Namespace) -> int:
     if any(args.label_column not in row for row in rows):
         raise SystemExit(f"portcullis guard: {args.file}: every row needs a {args.label_column!r} column")
     translations = _invariance_rows(rows, args.file) if args.invariance else []
-    scores, threshold, model = _scored(args, rows)
+    scores, threshold, model = score_rows(args, rows)
     labels = [_truthy(row[args.label_column]) for row in rows]
     if args.scores:
         with args.scores.open("w") as f:
