@@ -8,11 +8,11 @@ BIPIA's test samples are built as BIPIA builds them (guard_models/public_data.py
 test contexts as the benign side. Each context is scored alone, as the gateway scans a retrieved document or a tool
 result; the model, windows and threshold are the policy's, scored by the code `portcullis guard score` runs
 (--policy, --model, --threshold as there). Printed: per task and per attack family, recall, the FPR on the clean
-contexts, F1 and ROC-AUC, and recall per insert position; for NotInject (every row benign), the share flagged, by
-number of trigger words and by category. Tasks whose context files are missing (WebQA and the summaries are built
-by BIPIA's scripts from NewsQA and XSum) are skipped with a line saying so. Building the middle position needs
-nltk (BIPIA's sentence splitter), which the project does not install: `pip install --target DIR nltk` and put DIR on
-PYTHONPATH.
+contexts, F1 and ROC-AUC, recall per insert position, and the recall on the test attacks alone (no carrier: how
+PIGuard's evaluation reads BIPIA); for NotInject (every row benign), the share flagged, by number of trigger words
+and by category. Tasks whose context files are missing (WebQA and the summaries are built by BIPIA's scripts from
+NewsQA and XSum) are skipped with a line saying so. Building the middle position needs nltk (BIPIA's sentence
+splitter), which the project does not install: `pip install --target DIR nltk` and put DIR on PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -49,6 +49,13 @@ def build_bipia(bipia: Path, limit: int, seed: int) -> list[Sample]:
             task, bipia_contexts(bipia, task, "test"), bipia_attacks(bipia, task, "test"), limit, seed
         )
     return samples
+
+
+def bipia_attacks_alone(bipia: Path) -> dict[str, list[str]]:
+    """Each test attack file's attacks without a carrier, as PIGuard's evaluation reads BIPIA (for comparison)."""
+    return {
+        kind: list(bipia_attacks(bipia, task, "test").values()) for task, kind in (("email", "text"), ("code", "code"))
+    }
 
 
 def bipia_report(samples: list[Sample], scores: list[float], threshold: float) -> dict:
@@ -110,17 +117,30 @@ def main(argv: list[str] | None = None) -> int:
     if not args.bipia and not args.notinject:
         parser.error("give --bipia, --notinject or both")
     samples = build_bipia(args.bipia, args.limit, args.seed) if args.bipia else []
+    alone = bipia_attacks_alone(args.bipia) if args.bipia else {}
     notinject = notinject_rows(args.notinject)
-    texts = [{"text": s.text} for s in samples] + [{"text": r.text} for r in notinject]
+    texts = [s.text for s in samples] + [a for attacks in alone.values() for a in attacks] + [r.text for r in notinject]
     args.text_column = "text"
-    scores, threshold, model = score_rows(args, texts)
+    scores, threshold, model = score_rows(args, [{"text": text} for text in texts])
     report: dict = {"model": str(model.path), "threshold": threshold, "limit": args.limit, "seed": args.seed}
     if samples:
         report["bipia"] = bipia_report(samples, scores[: len(samples)], threshold)
         for kind, rows in report["bipia"].items():
             print_table(f"BIPIA by {kind} (threshold {threshold})", rows)
+    done = len(samples)
+    if alone:
+        report["bipia_attacks_alone"] = {}
+        for kind, attacks in alone.items():
+            caught = sum(score >= threshold for score in scores[done : done + len(attacks)])
+            report["bipia_attacks_alone"][f"{kind} attacks"] = {
+                "n": len(attacks),
+                "caught": caught,
+                "recall": round(caught / len(attacks), 4),
+            }
+            done += len(attacks)
+        print_table(f"BIPIA's test attacks alone, no carrier (threshold {threshold})", report["bipia_attacks_alone"])
     if notinject:
-        report["notinject"] = notinject_report(notinject, scores[len(samples) :], threshold)
+        report["notinject"] = notinject_report(notinject, scores[done:], threshold)
         print_table(f"NotInject, flagged (threshold {threshold})", report["notinject"])
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
