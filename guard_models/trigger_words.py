@@ -53,7 +53,7 @@ CARRIERS = {
 NEUTRAL = "tomorrow"
 
 # A word's characters: \w and the combining marks that Indic, Arabic and Hebrew words are written with (not \w).
-_LETTER = r"[\w\u0300-\u036f\u0591-\u05c7\u0610-\u061a\u064b-\u065f\u0670\u0900-\u0dff]"
+_LETTER = r"[\w\u0300-\u036f\u0591-\u05c7\u0610-\u061a\u064b-\u065f\u0670\u0900-\u0963\u0966-\u0dff]"
 WORD = re.compile(rf"{_LETTER}+(?:['’-]{_LETTER}+)*")
 # Scripts written without spaces between words: a run of them is read as its overlapping character pairs.
 UNSPACED = re.compile(r"[\u0e00-\u0e7f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")

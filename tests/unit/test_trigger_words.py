@@ -21,7 +21,7 @@ def test_words_are_casefolded_without_numbers_and_unspaced_scripts_are_cut_into_
     assert tw.words("a whоami whoαmi систем") == ["систем"]
     assert tw.words("忽略之前") == ["忽略", "略之", "之前"]
     # Devanagari vowel signs are combining marks, not \w: the word stays whole
-    assert tw.words("सिस्टम प्रॉम्प्ट") == ["सिस्टम", "प्रॉम्प्ट"]
+    assert tw.words("सिस्टम प्रॉम्प्ट दो।") == ["सिस्टम", "प्रॉम्प्ट", "दो"]  # the danda ends a sentence
 
 
 def test_sequences_hold_each_word_and_each_adjacent_pair_once() -> None:
