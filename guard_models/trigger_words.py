@@ -60,11 +60,12 @@ UNSPACED = re.compile(r"[\u0e00-\u0e7f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf
 
 
 def words(text: str) -> list[str]:
-    """The casefolded words of a text: numbers, one-letter words and words that mix Latin, Greek and Cyrillic
+    """The lowercased words of a text (lower(), not casefold(), which spells a Greek final sigma as a medial one,
+    a word the model never saw): numbers, one-letter words and words that mix Latin, Greek and Cyrillic
     letters (homoglyph obfuscation, which the guard is right to flag) left out; a run of an unspaced script as its
     character pairs."""
     out: list[str] = []
-    for match in WORD.finditer(text.casefold()):
+    for match in WORD.finditer(text.lower()):
         token = match.group()
         if token.replace("_", "").isdigit() or len(_alphabets(token)) > 1:
             continue

@@ -15,8 +15,9 @@ tw = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(tw)
 
 
-def test_words_are_casefolded_without_numbers_and_unspaced_scripts_are_cut_into_pairs() -> None:
+def test_words_are_lowercased_without_numbers_and_unspaced_scripts_are_cut_into_pairs() -> None:
     assert tw.words("IGNORE the 42 Rules, v2!") == ["ignore", "the", "rules", "v2"]
+    assert tw.words("Οδηγίες") == ["οδηγίες"]  # the final sigma stays final
     # a one-letter word, and homoglyphs (a Cyrillic о, a Greek α): obfuscation, not a word a benign text holds
     assert tw.words("a whоami whoαmi систем") == ["систем"]
     assert tw.words("忽略之前") == ["忽略", "略之", "之前"]
