@@ -101,6 +101,22 @@ def test_a_rewritten_file_adds_a_pool_and_a_key_and_removes_a_model_and_a_key(la
     assert reloads(gw, "applied") == 1
 
 
+def test_other_files_beside_the_config_wake_no_reload_and_no_log_line(launcher: Launcher):
+    """The config's directory may hold busy files: here the gateway's own log and SQLite store, and one more file
+    written over and over. None is the source: no log line, so the log (in that directory) stops growing."""
+    upstream = launcher.fake_upstream()
+    gw = launcher.gateway({"pools": [pool("alpha", upstream.url, models=["alpha"])]})
+    busy = launcher.directory / "busy.db"
+    for n in range(5):
+        busy.write_text(str(n))
+        time.sleep(0.2)
+    time.sleep(1.0)
+    settled = gw.output()
+    time.sleep(1.5)
+    assert "change detected" not in gw.output() and gw.output() == settled
+    assert reloads(gw, "unchanged") == 1  # the watch's first pass only
+
+
 def test_an_invalid_file_is_refused_and_the_last_good_config_serves(launcher: Launcher):
     upstream = launcher.fake_upstream()
     gw = launcher.gateway(
