@@ -108,6 +108,9 @@ class RequestContext:
     # parse
     body: bytes = b""  # as received: what the WAF reads, and what sizes a body for the offload executor
     payload: dict[str, Any] = field(default_factory=dict)
+    # the payload as parse decoded it, encoded again: each key spelled `"key":` (gateway/edge/json_bounds.py); None
+    # where the route's parse gives none
+    encoded_payload: bytes | None = None
     payload_rewritten: bool = False  # a stage changed the payload: the upstream gets it re-encoded
     json_values: int = 0  # how many values the body holds: with its size, whether its work leaves the event loop
     model: str = ""

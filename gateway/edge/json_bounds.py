@@ -28,21 +28,35 @@ DECODER_MAX_DEPTH = 1024
 def decode(body: bytes, limits: LimitsConfig) -> Any:
     """The decoded body, or a 400: not JSON, nested beyond what the decoder itself takes, or an object with a key
     twice (fewer pairs decoded than keys sent)."""
+    return decode_encoded(body, limits)[0]
+
+
+def decode_encoded(body: bytes, limits: LimitsConfig) -> tuple[Any, bytes | None]:
+    """`decode`'s payload and that payload encoded again (None where it nests deeper than orjson encodes): compact,
+    every key it holds spelled `"key":` whatever escapes the body spelled it with, so a key is found in it by one
+    search of its bytes (gateway/stages/parse.py, gateway/tenancy/references.py), where the body's own bytes need a
+    second search for escapes."""
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         if "depth limit" in str(exc):
             raise _too_deep(limits.max_json_depth, None) from None
         raise invalid_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    if (type(payload) is dict or type(payload) is list) and _repeats_a_key(body, payload):
+    if type(payload) is not dict and type(payload) is not list:
+        return payload, None
+    try:
+        encoded: bytes | None = orjson.dumps(payload)
+    except orjson.JSONEncodeError:  # deeper than orjson's 254 levels
+        encoded = None
+    if _repeats_a_key(body, payload, encoded):
         raise invalid_request(
             "request body holds a JSON object with the same key twice: send each key once",
             code="duplicate_json_key",
         )
-    return payload
+    return payload, encoded
 
 
-def _repeats_a_key(body: bytes, payload: dict | list) -> bool:
+def _repeats_a_key(body: bytes, payload: dict | list, encoded: bytes | None) -> bool:
     """Whether the body sent some object's key twice (orjson kept one of the pairs).
 
     Where the body has no \\u escape, every ':' in the decoded strings was one in the body, so the payload encoded
@@ -50,11 +64,8 @@ def _repeats_a_key(body: bytes, payload: dict | list) -> bool:
     it): one pass in C, where counting the decoded pairs walks every container in Python. Otherwise, or where the
     payload is nested deeper than orjson encodes, the pairs are counted against the keys the body spells."""
     colons = body.count(b":")
-    if b"\\u" not in body:
-        try:
-            return orjson.dumps(payload).count(b":") != colons
-        except orjson.JSONEncodeError:  # deeper than orjson's 254 levels
-            pass
+    if encoded is not None and body.find(b"\\u") < 0:
+        return encoded.count(b":") != colons
     members = _members(payload)
     return colons != members and _keys_sent(body) != members
 

@@ -41,11 +41,12 @@ class ParseStage:
         check_encoding(ctx)
         body = await self.read_body(ctx)
         await self._gate.check(ctx.route, body)
-        payload, values, inventory = await self._offload.run(
+        payload, encoded, values, inventory = await self._offload.run(
             self._offload.is_big(len(body)), parse_body, ctx.route, body, self.limits
         )
         ctx.body = body
         ctx.payload = payload
+        ctx.encoded_payload = encoded
         ctx.json_values = values
         if inventory is not None:
             ctx.keep_content(inventory)
@@ -107,22 +108,24 @@ class RawBodyStage:
                 ctx.payload = payload
 
 
-def parse_body(route: str, body: bytes, limits: LimitsConfig) -> tuple[dict[str, Any], int, Inventory | None]:
-    """The payload, its count of values and, where the body may name a model besides its own, its content inventory
-    (taken once here, for every stage that reads content): limits first, so the schema checks walk a bounded
-    payload."""
+def parse_body(
+    route: str, body: bytes, limits: LimitsConfig
+) -> tuple[dict[str, Any], bytes | None, int, Inventory | None]:
+    """The payload, that payload encoded again (json_bounds.decode_encoded), its count of values and, where the body
+    may name a model besides its own, its content inventory (taken once here, for every stage that reads content):
+    limits first, so the schema checks walk a bounded payload."""
     api = BY_NAME[route]
-    payload = json_bounds.decode(body, limits)
+    payload, encoded = json_bounds.decode_encoded(body, limits)
     if not isinstance(payload, dict):
         raise invalid_request("request body must be a JSON object", code="invalid_json")
     _check_array_lengths(api, payload, limits)
     values = json_bounds.within_limits_unwalked(body, limits) or json_bounds.check_shape(payload, limits)
     api.check(payload)
     if not api.names_model:  # an MCP message: no model to route, limit, charge or name the answer by
-        return payload, values, None
+        return payload, encoded, values, None
     check_model_name(payload["model"])  # every model route's: what routes, keys limits and spend, and names the answer
-    if not may_name_another_model(body):
-        return payload, values, None
+    if not may_name_another_model(body, encoded):
+        return payload, encoded, values, None
     inventory = api.inventory(payload)
     if inventory.other_models:
         where = dotted(inventory.other_models[0])
@@ -132,14 +135,16 @@ def parse_body(route: str, body: bytes, limits: LimitsConfig) -> tuple[dict[str,
             param=where,
             code="unsupported_parameter",
         )
-    return payload, values, inventory
+    return payload, encoded, values, inventory
 
 
-def may_name_another_model(body: bytes) -> bool:
+def may_name_another_model(body: bytes, encoded: bytes | None) -> bool:
     """Whether a body could name a model for the provider to run besides its top-level one (every such field is a
-    `model` or `fallbacks` member, gateway/apis/inventory.py's ModelChoice): a key spelled so twice or once, or an
-    escape that could spell one. Most requests are then not walked here: the WAF and the guard take the inventory
-    when they are on."""
+    `model` or `fallbacks` member, gateway/apis/inventory.py's ModelChoice): a key spelled so twice or once, in the
+    payload `encoded` again (each key as it decoded), else in the body, where an escape could spell one. Most requests
+    are then not walked here: the WAF and the guard take the inventory when they are on."""
+    if encoded is not None:
+        return encoded.count(b'"model":') > 1 or encoded.find(b'"fallbacks":') >= 0
     return body.count(b'"model"') > 1 or b'"fallbacks"' in body or b"\\u" in body
 
 

@@ -162,7 +162,7 @@ def _parsed(where: str, api: Api, body: Any, limits: LimitsConfig) -> BatchReque
         raise _unreadable(where, f"has no JSON object of a {api.path} request to read")
     raw = orjson.dumps(body)
     try:
-        payload, values, inventory = parse_body(api.name, raw, limits)
+        payload, _, values, inventory = parse_body(api.name, raw, limits)
     except GatewayError as error:
         raise _naming(error, where) from None
     return BatchRequest(where, api, raw, payload, values, inventory)

@@ -33,7 +33,7 @@ class ObjectsStage:
     async def __call__(self, ctx: RequestContext) -> None:
         if anonymous(ctx) or ctx.tenant is None:
             return
-        if may_refer(ctx.body) and (wanted := references(ctx.payload)):
+        if may_refer(ctx.body, ctx.encoded_payload) and (wanted := references(ctx.payload)):
             await self._objects.require(ctx.tenant, wanted)
         if ctx.route == "responses":
             ctx.made_objects = MadeObjects(self._objects, ctx.tenant)

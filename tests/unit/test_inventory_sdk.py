@@ -39,9 +39,12 @@ from openai.types.responses import response_create_params
 from gateway.apis.inventory import Carried
 from gateway.apis.routes import BY_NAME
 from gateway.apis.shape import Api
+from gateway.config import LimitsConfig
+from gateway.errors import GatewayError
 from gateway.guard import pii
 from gateway.guard.inputs import request_texts
 from gateway.guard.spec import INJECTION_ROLES
+from gateway.stages.parse import parse_body
 from gateway.waf.parts import RequestView
 
 SECRET = "AKIAIOSFODNN7EXAMPLE"
@@ -254,6 +257,20 @@ def test_a_model_the_provider_would_run_besides_the_requests_own_is_listed_apart
     for the parse stage to refuse."""
     body = {"model": "claude-haiku", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], **payload}
     assert BY_NAME["messages"].inventory(body).other_models == [where]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        b'"fallb\\u0061cks": "default"',
+        b'"tools": [{"type": "advisor_20260301", "name": "advisor", "m\\u006fdel" : "claude-opus-4-1"}]',
+    ],
+)
+def test_a_model_besides_the_requests_own_is_refused_however_the_body_spells_its_key(extra: bytes) -> None:
+    body = b'{"model": "claude-haiku", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], ' + extra
+    with pytest.raises(GatewayError) as refused:
+        parse_body("messages", body + b"}", LimitsConfig())
+    assert refused.value.code == "unsupported_parameter"
 
 
 @pytest.mark.parametrize("route", ROUTES)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.config import PoolConfig
+from gateway.config import LimitsConfig, PoolConfig
+from gateway.edge.json_bounds import decode_encoded
 from gateway.tenancy.catalog import MODEL, STATELESS, ObjectRoute, classify, is_object_id, named_ids, uncovered
 from gateway.tenancy.models import records_models
 from gateway.tenancy.references import Reference, field_references, may_refer, model_reference, references
@@ -88,6 +89,21 @@ def test_a_body_naming_no_reference_is_not_walked() -> None:
     assert not may_refer(b'{"model": "m", "input": "hello"}')
     assert may_refer(b'{"previous_response_id": "resp_1"}')
     assert may_refer(b'{"\\u0066ile_id": "file-1"}')  # an escape could spell a name
+
+
+@pytest.mark.parametrize(
+    ("body", "refers"),
+    [
+        (b'{"model": "m", "input": [{"type": "input_file", "\\u0066ile_id": "file-1"}]}', True),
+        (b'{"model": "m", "conversation" : {"id": "conv_1"}}', True),  # a space before the colon
+        (b'{"model": "m", "input": [{"type": "item\\u005freference", "id": "msg_1"}]}', True),  # a name as a value
+        (b'{"model": "m", "input": "caf\\u00e9, the file"}', False),  # an escape alone
+    ],
+)
+def test_the_payload_encoded_again_finds_every_reference_however_the_body_spells_it(body: bytes, refers: bool) -> None:
+    payload, encoded = decode_encoded(body, LimitsConfig())
+    assert may_refer(body, encoded) is refers
+    assert bool(references(payload)) is refers
 
 
 def test_a_flat_fields_reference_is_found_by_the_member_it_stands_for() -> None:
