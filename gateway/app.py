@@ -175,8 +175,8 @@ class Gateway:
                 self.auth,
                 ObjectsStage(self.objects),
                 # every attempt, the first and each fallback, is authorised for the model and pool it calls
-                OnFleet("authority", lambda fleet: fleet.authority),
-                OnFleet("admission", lambda fleet: fleet.admission),
+                OnFleet("authority"),
+                OnFleet("admission"),
                 self.guard,
                 self.cache,  # after every input stage: a hit is judged, limited and billed as any request
                 self.route,

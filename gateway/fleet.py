@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from operator import attrgetter
+from typing import Literal
 
 from opentelemetry.trace import Tracer
 
@@ -188,14 +190,16 @@ async def _close_when_drained(fleet: Fleet, dropped: list[Pool], before: asyncio
 
 class OnFleet:
     """A stage of the fleet the request holds (authority, admission): the pipeline names it once, and each request
-    runs, and settles, its own fleet's."""
+    runs, and settles, its own fleet's. `name` is the fleet's attribute that holds the stage."""
 
-    def __init__(self, name: str, stage: Callable[[Fleet], AuthorityStage | AdmissionStage]) -> None:
-        self.name = name
-        self._stage = stage
+    def __init__(self, name: Literal["authority", "admission"]) -> None:
+        self.name: str = name
+        self._stage: Callable[[Fleet], AuthorityStage | AdmissionStage] = attrgetter(name)
 
-    async def __call__(self, ctx: RequestContext) -> None:
-        await self._stage(ctx.on_fleet)(ctx)
+    def __call__(self, ctx: RequestContext) -> Awaitable[None]:
+        """The fleet's stage run for the request: the pipeline awaits that stage's own coroutine, not one of ours
+        around it."""
+        return self._stage(ctx.on_fleet)(ctx)
 
     def settle(self, ctx: RequestContext) -> None:
         if ctx.fleet is not None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from opentelemetry.trace import Status, StatusCode, Tracer
@@ -38,7 +38,9 @@ log = logging.getLogger(__name__)
 class Stage(Protocol):
     name: str
 
-    async def __call__(self, ctx: RequestContext) -> None: ...
+    def __call__(self, ctx: RequestContext) -> Awaitable[None]:
+        """The stage's work for the request: a coroutine, its own or (a stage that hands the request on) another's."""
+        ...
 
 
 @runtime_checkable

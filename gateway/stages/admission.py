@@ -11,7 +11,7 @@ attempt is authorised for, by `move`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 
 from opentelemetry.trace import Tracer
 
@@ -41,8 +41,8 @@ class AdmissionStage:
                 queue = self.queues[pool.name] = FairQueue(pool.config.admission.max_queue)
                 pool.on_change.append(queue.dispatch)
 
-    async def __call__(self, ctx: RequestContext) -> None:
-        await self._place(ctx)
+    def __call__(self, ctx: RequestContext) -> Awaitable[None]:
+        return self._place(ctx)
 
     async def move(self, ctx: RequestContext) -> None:
         """Place a request again, on the pool its next attempt is authorised for after its pool failed it: what it

@@ -27,6 +27,7 @@ target model, `ratelimit` for its limits and budgets), so a trace still reads st
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from contextlib import AbstractContextManager
 
 from opentelemetry.trace import Tracer
@@ -54,9 +55,9 @@ class AuthorityStage:
         self._limits = limits
         self._fallbacks = fallbacks
 
-    async def __call__(self, ctx: RequestContext) -> None:
+    def __call__(self, ctx: RequestContext) -> Awaitable[None]:
         """The request's first attempt: at the first step of its model's fallbacks that takes it."""
-        await self._fallbacks.first(ctx, self.authorise)
+        return self._fallbacks.first(ctx, self.authorise)
 
     async def after(self, ctx: RequestContext, failure: PoolFailed) -> None:
         """The request's next attempt, once its pool failed it before the client heard a byte; raises `failure`
