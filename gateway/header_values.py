@@ -4,7 +4,8 @@ Headers the gateway writes carry text that came from elsewhere: the model that s
 a fallback's from the config), a replica's URL, names from policies, an upstream's Retry-After, a passthrough
 answer's own headers. Starlette encodes a header value as Latin-1 and uvicorn refuses one with a control character,
 so a single character outside both cost a 500 or a dropped connection, after the upstream had served the request and
-it was charged. Every header the gateway answers with is rendered here, so no text can do that.
+it was charged. Every header the gateway answers with is rendered here, so no text can do that; the request id, 32 hex
+digits the gateway makes itself (gateway/context.py), is the one value written as made.
 
 The rendering: a value that is already a valid field value of printable ASCII is written as it is (a passthrough
 answer's `content-disposition` keeps its own percent-encoded `filename*`); any other is written with each character

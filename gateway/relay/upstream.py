@@ -205,7 +205,7 @@ class Upstream:
         """The answer of an exchange the gateway answers itself, from what the request's stages know (a count)."""
         ctx.status = 200
         exchange.answers.record(ctx.usage, {})
-        headers = rendered({"x-request-id": ctx.request_id, "x-portcullis-model": ctx.model})
+        headers = {"x-request-id": ctx.request_id, **rendered({"x-portcullis-model": ctx.model})}
         return Response(body, headers=headers, media_type="application/json")
 
     async def _attempts(self, ctx: RequestContext, pool: Pool, exchange: Exchange, body: bytes) -> _Attempt:
@@ -557,11 +557,12 @@ async def _started(relay: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, 
 
 def answer_headers(ctx: RequestContext, replica: str | None = None) -> dict[str, str]:
     """The headers of a model route's answer: the request id, the model that served it, what the stages added
-    (`replica`: the replica's URL, where `telemetry.replica_header` asks for it), each rendered safe."""
-    headers = {"x-request-id": ctx.request_id, "x-portcullis-model": ctx.model, **ctx.response_headers}
+    (`replica`: the replica's URL, where `telemetry.replica_header` asks for it), each rendered safe but the request
+    id, 32 hex digits the gateway makes (gateway/context.py), a valid value as made."""
+    headers = {"x-portcullis-model": ctx.model, **ctx.response_headers}
     if replica is not None:
         headers["x-portcullis-replica"] = replica
-    return rendered(headers)
+    return {"x-request-id": ctx.request_id, **rendered(headers)}
 
 
 def whole_answer(
