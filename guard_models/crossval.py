@@ -251,8 +251,8 @@ def main() -> None:
     ap.add_argument(
         "--scored-only",
         action="store_true",
-        help="summarise (or blend) the folds scored so far instead of all k: a quicker operating point from fewer "
-        "out-of-fold rows, with no spread over folds when only one is scored; the report's `folds` says how many",
+        help="summarise (or blend) the folds scored so far instead of all k, training none but those --fold names: a "
+        "quicker operating point from fewer out-of-fold rows, no spread when one is scored; `folds` says how many",
     )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -271,7 +271,7 @@ def main() -> None:
         (args.out / "crossval.json").write_text(json.dumps(report, indent=2) + "\n")
         print(json.dumps(report, indent=2))
         return
-    for fold in args.fold if args.fold is not None else range(args.folds):
+    for fold in args.fold or ([] if args.scored_only else range(args.folds)):
         if not (args.out / f"fold{fold}.json").is_file():
             run_fold(fold, rows, folds, args)
     done = [args.out / f"fold{f}.json" for f in fold_numbers]
