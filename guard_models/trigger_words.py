@@ -13,7 +13,7 @@ around them (data/trigger_words.jsonl) can unlearn the bias in a retrain:
   Thai) give character pairs. Plus code-like shapes: hex strings, KEY:value, ALLCAPS words, version strings;
 - each candidate is scored alone and inside neutral benign carriers (a short and a longer English note, a line of
   code, a German note), with the model, windows and threshold the gateway scans with (`portcullis guard score`),
-  in batches: ~4,000 candidates, 20,000 texts, take about 1.5 min of CPU on two cores;
+  in batches: ~4,500 candidates, 22,000 texts, take 1.5–2 min of CPU on two cores;
 - a candidate's bias is how far it raises a carrier's logit over the same carrier around a neutral word, and how
   many carriers it pushes over the threshold. The report lists the `--top` candidates by those two.
 """
