@@ -32,6 +32,8 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
+from gateway.guard.cli import add_model_options, score_rows
+
 WRITTEN = Path(__file__).resolve().parent / "data"
 # The benign rows written from this tool's report: left out of the benign side, or a word would stop being a
 # candidate once rows about it are written, before any model has learned from them.
@@ -218,14 +220,10 @@ def attack_and_benign_texts(public: Path) -> tuple[list[tuple[str, str]], list[s
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, help="model folder (default: the policy's, else the bundled model)")
-    parser.add_argument("--policy", type=Path, default=Path("policies"), help="policy directory (default: policies)")
-    parser.add_argument("--threshold", type=float, help="default: the policy's, else the model card's")
-    parser.add_argument("--device", choices=["auto", "cuda", "cpu"], help="default: the policy's")
+    add_model_options(parser)
     parser.add_argument("--top", type=int, default=200, help="candidates listed (default 200)")
     parser.add_argument("--limit", type=int, default=3000, help="most frequent words and pairs scored (default 3000)")
     parser.add_argument("--per-lang", type=int, default=40, help="and the most frequent of each language (default 40)")
-    parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument(
         "--public",
         type=Path,
@@ -234,8 +232,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, help="write the JSON report here (default: stdout)")
     args = parser.parse_args(argv)
-
-    from gateway.guard.cli import _setup  # the model, windows and threshold exactly as `portcullis guard score`
 
     started = time.monotonic()
     attacks, benign = attack_and_benign_texts(args.public)
@@ -250,13 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     for shape in shapes(top_words):
         found.setdefault(shape, {"kind": "shape", "lang": "", "attack_rows": 0})
 
-    model, policy, threshold = _setup(args)
     texts = list(found) + [t.format(w=c) for c in found for t in CARRIERS.values()]
     texts += [t.format(w=NEUTRAL) for t in CARRIERS.values()]
-    scores: list[float] = []
-    for start in range(0, len(texts), 2048):
-        scores += model.score_texts(texts[start : start + 2048], policy.window, policy.overlap, args.batch_size)
-        print(f"scored {len(scores)}/{len(texts)}", file=sys.stderr)
+    # the model, windows and threshold exactly as `portcullis guard score` picks them
+    scores, threshold, model = score_rows(args, [{args.text_column: text} for text in texts])
     n, k = len(found), len(CARRIERS)
     baseline = dict(zip(CARRIERS, scores[-k:]))
     rows = [
