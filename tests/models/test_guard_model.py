@@ -185,8 +185,8 @@ def test_cli_eval_reports_metrics_per_group(tmp_path: Path) -> None:
     report = json.loads(done.stdout)
     assert report["n"] == 4 and report["f1"] == 1.0 and report["fpr"] == 0.0 and report["roc_auc"] == 1.0
     assert set(report["groups"]) == {"a", "b"}
-    shipped = report["crossval"]  # the bundled model's threshold came with its spread over folds and seeds
-    assert shipped["threshold"] == report["threshold"] and len(shipped["seeds"]) == shipped["folds"] >= 3
+    shipped = report["crossval"]  # the bundled model's threshold came with the held-out folds it was chosen on
+    assert shipped["threshold"] == report["threshold"] and len(shipped["seeds"]) == shipped["folds"] >= 1
     assert shipped["out_of_fold"]["s-labs"]["fpr"]["max"] >= shipped["out_of_fold"]["s-labs"]["fpr"]["min"]
     other = json.loads(run_cli("eval", str(path), "--text-column", "prompt", "--threshold", "0.5").stdout)
     assert "crossval" not in other  # figures at another threshold than the one they were measured at
