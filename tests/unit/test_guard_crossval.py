@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import random
 import sys
 from pathlib import Path
@@ -112,3 +113,13 @@ def test_folds_scored_under_another_assignment_are_refused() -> None:
     assert crossval.checked(results, folds, "random") == results
     with pytest.raises(SystemExit, match="--hold-out lang"):
         crossval.checked(results, crossval.assign_folds(rows, 5, hold_out="lang"), "lang")
+
+
+def test_a_blend_of_the_folds_scored_so_far_weighs_each_members_margins(tmp_path: Path) -> None:
+    for name, margins in (("minilm", [2.0, -1.0]), ("e5", [4.0, -3.0])):
+        (tmp_path / name).mkdir()
+        fold = {"fold": 0, "seed": 13, "held_out": {"7": margins[0], "9": margins[1]}, "validation": margins}
+        (tmp_path / name / "fold0.json").write_text(json.dumps(fold))
+    runs = [f"{tmp_path / 'minilm'}=0.25", f"{tmp_path / 'e5'}=0.75"]
+    (blend,) = crossval.blended(runs, [0])  # folds 1-4 not scored: only fold 0 is read
+    assert blend["held_out"] == {"7": 3.5, "9": -2.5} and blend["validation"] == [3.5, -2.5]
