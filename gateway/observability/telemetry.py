@@ -238,11 +238,23 @@ class Metrics:
     def watch_policy(self, version: Callable[[], str]) -> None:
         """Report, at each scrape, the version of the policy set this process enforces (with workers: the worker
         serving /metrics; each reloads on its own)."""
-        self._register_read_at_scrape(_PolicyInfo(version))
+        self._register_read_at_scrape(
+            _VersionInfo(
+                "portcullis_policy_info",
+                "The policy set enforced (its version: a hash of the policy files), always 1",
+                version,
+            )
+        )
 
     def watch_config(self, version: Callable[[], str]) -> None:
         """Report, at each scrape, the version of portcullis.yaml this process serves (a hash of it as validated)."""
-        self._register_read_at_scrape(_ConfigInfo(version))
+        self._register_read_at_scrape(
+            _VersionInfo(
+                "portcullis_config_info",
+                "The portcullis.yaml served (its version: a hash of the config as validated), always 1",
+                version,
+            )
+        )
 
     def watch_settlements(self, outbox: SettlementOutbox) -> None:
         """Report, at each scrape, the settlements kept for the rate-limit store and those it never got (with
@@ -274,30 +286,14 @@ class _BuildInfo:
         yield info
 
 
-class _PolicyInfo:
-    def __init__(self, version: Callable[[], str]) -> None:
-        self._version = version
+class _VersionInfo:
+    """An info gauge read at each scrape: `name{version=...} 1`, the version a callable gives now."""
+
+    def __init__(self, name: str, documentation: str, version: Callable[[], str]) -> None:
+        self._name, self._documentation, self._version = name, documentation, version
 
     def collect(self):
-        info = GaugeMetricFamily(
-            "portcullis_policy_info",
-            "The policy set enforced (its version: a hash of the policy files), always 1",
-            labels=["version"],
-        )
-        info.add_metric([self._version()], 1)
-        yield info
-
-
-class _ConfigInfo:
-    def __init__(self, version: Callable[[], str]) -> None:
-        self._version = version
-
-    def collect(self):
-        info = GaugeMetricFamily(
-            "portcullis_config_info",
-            "The portcullis.yaml served (its version: a hash of the config as validated), always 1",
-            labels=["version"],
-        )
+        info = GaugeMetricFamily(self._name, self._documentation, labels=["version"])
         info.add_metric([self._version()], 1)
         yield info
 
