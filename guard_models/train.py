@@ -143,14 +143,15 @@ def encode(rows: list[dict], tok, max_len: int) -> list[tuple[list[int], int]]:
     (`span`: character offsets, as carrier rows do) keeps a window around that sentence rather than its start, so a
     long document's injection is not cut off while its label says it is there; the offset of the sentence in the
     window is a function of the row's group, so a benign document and its injected twin are cut alike."""
-    plain = tok.encode_batch([r["text"] for r in rows])
-    spanned = [i for i, r in enumerate(rows) if r.get("span") and len(plain[i].overflowing) > 0]
+    cut = tok.encode_batch([r["text"] for r in rows])
+    ids = [e.ids for e in cut]
+    spanned = [i for i, r in enumerate(rows) if r.get("span") and cut[i].overflowing]
     if spanned:
-        whole = tok.__class__.from_str(tok.to_str())
+        whole = tok.__class__.from_str(tok.to_str())  # the same tokenizer, not truncating
         whole.no_truncation()
         for i, enc in zip(spanned, whole.encode_batch([rows[i]["text"] for i in spanned])):
-            plain[i] = window_around(enc, rows[i]["span"], max_len, random.Random(rows[i].get("group", "")))
-    return [(e if isinstance(e, list) else e.ids, r["label"]) for e, r in zip(plain, rows)]
+            ids[i] = window_around(enc, rows[i]["span"], max_len, random.Random(rows[i].get("group", "")))
+    return [(row_ids, r["label"]) for row_ids, r in zip(ids, rows)]
 
 
 def window_around(enc, span: tuple[int, int], max_len: int, rng: random.Random) -> list[int]:

@@ -33,6 +33,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from gateway.guard.cli import add_model_options, score_rows
+from gateway.guard.invariance import calibrated_logit as logit
 
 WRITTEN = Path(__file__).resolve().parent / "data"
 # The benign rows written from this tool's report: left out of the benign side, or a word would stop being a
@@ -155,11 +156,6 @@ def shapes(top_words: Iterable[str], seed: int = 0) -> list[str]:
     found += ["v1.2.3", "2.0.0-rc1", "v10.4", "1.0.0-beta.2", "3.11.4", "build 2024.06.1"]
     found += ["n16 probe 42", "ticket #4821", "A1B2", "x7", "ERR_403", "E1102", "PR-317", "dGVzdA==", "[x]", "#42"]
     return list(dict.fromkeys(found))
-
-
-def logit(p: float) -> float:
-    p = min(max(p, 1e-9), 1 - 1e-9)
-    return math.log(p / (1 - p))
 
 
 def bias(alone: float, carried: dict[str, float], baseline: dict[str, float], threshold: float) -> dict:
