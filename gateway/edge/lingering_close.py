@@ -29,7 +29,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,11 @@ class LingeringCloseProtocol(HttpToolsProtocol):
         self._partial_request = False
         super().on_message_complete()
 
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        if type(self.cycle) is RequestResponseCycle:  # the request's own cycle (not one a subclass refused with)
+            self.cycle.__class__ = _EarlyAnswerCycle
+
     def on_response_complete(self) -> None:
         """An answer went out before its request's body was read (a 413 for the declared length, a 404, a health
         check sent with a body): uvicorn read on only to drop the body, and each byte put off the keep-alive timeout,
@@ -85,6 +90,17 @@ class LingeringCloseProtocol(HttpToolsProtocol):
         read past the answer, requests queued behind it) is let go now, not when the socket closes."""
         self.cycle = None  # type: ignore[assignment]
         self.pipeline.clear()
+
+
+class _EarlyAnswerCycle(RequestResponseCycle):
+    """uvicorn's request cycle, whose answer says `connection: close` when its head goes out before the request's
+    body was read to its end: `on_response_complete` ends such a connection, and a client told so opens a new one
+    for its next request instead of sending it into a connection that is closing."""
+
+    async def send(self, message: Any) -> None:
+        if message["type"] == "http.response.start" and self.more_body:
+            self.keep_alive = False
+        await super().send(message)
 
 
 class _LingeringTransport(asyncio.Transport):
