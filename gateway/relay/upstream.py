@@ -484,6 +484,9 @@ class Upstream:
                     out = await ctx.output_guard.feed(out)
                 if translation is not None:
                     out = translation.feed(out)
+                if saw_done and malformed is None and fill is not None and ctx.stream_error is None:
+                    fill.stream_ended(ctx)  # whole, unblocked, no error event: stored before its end is sent
+                    fill = None
                 if out:
                     yield b"".join(out)
                 if malformed is not None:
@@ -495,8 +498,6 @@ class Upstream:
                     type="upstream_error",
                     code="upstream_stream_truncated",
                 )
-            if fill is not None and ctx.stream_error is None:  # whole, unblocked, no error event
-                fill.stream_ended(ctx)
         except (aiohttp.ClientError, TimeoutError, GatewayError, EventTooLarge, MalformedEvent) as exc:
             error = _as_gateway_error(exc)
             ctx.stream_error = error.code
