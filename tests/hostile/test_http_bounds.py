@@ -6,6 +6,8 @@ OpenAI-shaped error, quickly, with the connection closed and the gateway still s
 
 from __future__ import annotations
 
+import gzip
+import http.client
 import json
 import select
 import time
@@ -304,6 +306,40 @@ def test_a_body_trickled_after_its_answer_does_not_hold_the_connection(gw):
         assert ended is not None and ended < 2, f"{request[:20]!r}: no end of the answer's connection after it"
         assert closed is not None and closed < 9, f"{request[:20]!r}: a trickled body held the connection open"
     assert_healthy(gw)
+
+
+GZIPPED_CHAT = gzip.compress(json.dumps(chat_body()).encode())
+
+
+@pytest.mark.parametrize(
+    "start, body, status",
+    [
+        (b"GET /healthz HTTP/1.1\r\nhost: gw\r\ncontent-length: 64\r\n\r\n", b"x" * 64, 200),
+        (head(extra=b"content-encoding: gzip\r\ncontent-length: %d\r\n\r\n" % len(GZIPPED_CHAT)), GZIPPED_CHAT, 415),
+    ],
+    ids=["health-check-with-a-body", "415-compressed"],
+)
+def test_an_answer_sent_before_its_body_says_connection_close_and_one_sent_after_keeps_the_connection(
+    gw, start, body, status
+):
+    """An answer that goes out before its request's body has arrived ends the connection: without `connection:
+    close` in it, a keep-alive client sent its next request into a connection that was closing and got a reset."""
+    sock = connect(gw.url)
+    sock.sendall(start)  # the head alone: the answer comes before the body
+    early = parse_answer(read_all(sock, timeout=5))
+    sock.close()
+    assert early.status == status and early.headers["connection"] == "close"
+    sock = connect(gw.url)
+    sock.sendall(start + body)  # the whole request: answered after its end, the connection is kept
+    response = http.client.HTTPResponse(sock)
+    response.begin()
+    response.read()
+    assert response.status == status and response.headers.get("connection") != "close"
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")  # the next request on the same connection
+    again = http.client.HTTPResponse(sock)
+    again.begin()
+    assert again.status == 200 and json.loads(again.read()) == {"status": "ok"}
+    sock.close()
 
 
 LINGER = LingerBounds()  # the gateway's own bounds on a lingering close (gateway/edge/lingering_close.py)
