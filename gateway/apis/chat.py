@@ -40,7 +40,8 @@ def check_messages(messages: Any) -> None:
         param = f"messages[{i}]"
         if not isinstance(message, dict):
             raise invalid_request(f"'{param}' must be an object", param=param)
-        if message.get("role") not in _ROLES:
+        role = message.get("role")
+        if not isinstance(role, str) or role not in _ROLES:
             raise invalid_request(f"'{param}.role' must be one of {sorted(_ROLES)}", param=f"{param}.role")
         content = message.get("content")
         if isinstance(content, list):

@@ -99,7 +99,8 @@ def _item_kind(item: dict[str, Any]) -> str:
 def _check_item(item: dict[str, Any], where: str) -> None:
     kind = _item_kind(item)
     if kind == "message":
-        if item.get("role") not in _MESSAGE_ROLES:
+        role = item.get("role")
+        if not isinstance(role, str) or role not in _MESSAGE_ROLES:
             raise invalid_request(f"'{where}.role' must be one of {sorted(_MESSAGE_ROLES)}", param=f"{where}.role")
         _check_content(item.get("content"), f"{where}.content", required=True)
     elif kind == "function_call":

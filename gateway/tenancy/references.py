@@ -89,7 +89,8 @@ def _walk(node: Any, at: str) -> Iterator[Reference]:
     elif isinstance(node, dict):
         if node.get("type") == ITEM_REFERENCE and isinstance(node.get("id"), str):
             yield Reference("item", node["id"], _join(at, "id"))
-        tool_call = node.get("type") in _TOOL_CALLS
+        node_type = node.get("type")
+        tool_call = isinstance(node_type, str) and node_type in _TOOL_CALLS
         for key, value in node.items():
             where = _join(at, key)
             kind = REFERENCES.get(key)

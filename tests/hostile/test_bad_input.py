@@ -135,6 +135,13 @@ CASES = [
         400,
         "prompt",
     ),
+    (
+        "an unknown member shaped like a part, naming a file",
+        CHAT,
+        raw(b'"extra": {"type": ["text"], "file_id": "file-1"}'),
+        404,
+        "extra.file_id",
+    ),
     ("a trailing slash", CHAT + "/", body(), 404, None),
 ]
 
