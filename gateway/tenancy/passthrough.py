@@ -150,6 +150,7 @@ class ObjectPassthrough:
         upstream will make with the pool's key: each meets the WAF and the guard as if sent alone
         (gateway/tenancy/batch_requests.py), and a tenant's may build only on its own objects."""
         checks = self._batch_requests
+        _one_file_each(collection, ctx.payload, carried)
         if collection.inline_requests is not None:
             if ctx.body and not ctx.payload:  # JSON past the parse limits: its requests cannot be read
                 raise invalid_request(
@@ -266,6 +267,16 @@ class ObjectPassthrough:
             "has_more": more,
         }
         return Response(orjson.dumps(filtered), media_type="application/json", headers=answer.headers)
+
+
+def _one_file_each(collection: Collection, payload: Any, carried: list[Reference]) -> None:
+    """A member naming a file of requests names one file by its id, a string: named any other way (an object, a
+    list, a form field's nested name) the upstream might still read a file the gateway never read and checked."""
+    for member in collection.request_files:
+        value = payload.get(member) if isinstance(payload, dict) else None
+        nested = any(r.param != member and r.param.startswith(member) and r.param[len(member)] in ".[" for r in carried)
+        if nested or (value is not None and not isinstance(value, str)):
+            raise invalid_request(f"'{member}' must be the id of one file, a string", param=member)
 
 
 def _batch(route: Route, method: str) -> Collection | None:

@@ -148,6 +148,20 @@ def test_a_line_the_policy_would_redact_or_the_gateway_cannot_read_refuses_the_b
         refused(fake, caught.value, 400, "batch_request_unreadable", "input_file_id line 2")
 
 
+def test_a_batch_naming_its_input_file_other_than_by_its_id_is_refused(gw, fake) -> None:
+    """An upstream that takes `input_file_id` as an object or a list would run a file whose requests the gateway
+    never read: only one id, a string, is taken."""
+    client = openai_client(gw, "ann")
+    text = json.dumps(chat_line(1, INJECTION)) + "\n"
+    input_file = client.files.create(file=("batch.jsonl", text.encode()), purpose="batch").id
+    for named in ({"id": input_file}, [input_file], {"type": "file"}, 5):
+        body = {"input_file_id": named, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+        answer = httpx.post(f"{gw.url}/v1/batches", json=body, headers={"authorization": f"Bearer {KEYS['ann']}"})
+        error = answer.json()["error"]
+        assert (answer.status_code, error["param"]) == (400, "input_file_id"), (named, answer.text)
+        assert batches_sent(fake, answer.headers["x-request-id"]) == [], f"{named!r} reached the upstream"
+
+
 def test_a_clean_batch_reaches_the_upstream(gw, fake) -> None:
     made = batch(gw, "ann", "/v1/chat/completions", [chat_line(1, BENIGN), chat_line(2, "Name three rivers.")])
     assert made.parse().status == "validating"
