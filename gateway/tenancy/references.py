@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
+from gateway.errors import invalid_request
 from gateway.tenancy.catalog import MODEL
 
 # a member's name → the kind of object its value (an id, or a list of ids) names
@@ -77,9 +78,14 @@ def references(payload: Any) -> list[Reference]:
 
 
 def model_reference(payload: Any, at: str = "") -> list[Reference]:
-    """The model a decoded JSON body names at its top level, if it names one (`at`: where the body is)."""
+    """The model a decoded JSON body names at its top level, if it names one (`at`: where the body is). A model
+    named by anything but a string is refused: an upstream that took it would call a model no allow-list saw."""
     model = payload.get(MODEL) if isinstance(payload, dict) else None
-    return [Reference(MODEL, model, _join(at, MODEL))] if isinstance(model, str) else []
+    if model is None:
+        return []
+    if not isinstance(model, str):
+        raise invalid_request(f"'{_join(at, MODEL)}' must be a model's name, a string", param=_join(at, MODEL))
+    return [Reference(MODEL, model, _join(at, MODEL))]
 
 
 def _walk(node: Any, at: str) -> Iterator[Reference]:

@@ -53,6 +53,7 @@ def _references(content: bytes, member: str) -> list[Reference]:
                 param=f"{member} line {number}",
                 code="invalid_json",
             ) from None
-        model = model_reference(request.get("body") if isinstance(request, dict) else None, "body")
-        found += [r._replace(param=f"{member} line {number}: {r.param}") for r in [*model, *references(request)]]
+        where = f"{member} line {number}: "
+        found += model_reference(request.get("body") if isinstance(request, dict) else None, where + "body")
+        found += [r._replace(param=where + r.param) for r in references(request)]
     return found

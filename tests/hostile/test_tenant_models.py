@@ -220,6 +220,27 @@ def test_a_batch_or_a_job_may_not_call_a_model_the_key_is_not_allowed(gw, fake) 
     assert ivy.fine_tuning.jobs.create(model=GPT, training_file=lines).model == GPT
 
 
+def test_a_model_named_by_anything_but_a_string_is_refused_on_passthrough_and_in_a_batch(gw, fake) -> None:
+    """An upstream that took a list or an object for `model` would call a model no allow-list or ownership check
+    saw: a job's or a batch line's model that is not a string is a 400, and nothing reaches the upstream."""
+    training = upload(gw, "hal", '{"messages": []}\n')
+    for named in (["gpt-4o"], {"id": "gpt-4o"}, 5):
+        body = {"model": named, "training_file": training}
+        job = httpx.post(f"{gw.url}/v1/fine_tuning/jobs", json=body, headers={"authorization": f"Bearer {KEYS['hal']}"})
+        assert (job.status_code, job.json()["error"]["param"]) == (400, "model"), (named, job.text)
+        assert received(fake, job.headers["x-request-id"]) == []
+        line = {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {"model": named}}
+        lines = upload(gw, "hal", json.dumps(line) + "\n")
+        with pytest.raises(openai.BadRequestError) as batch:
+            client(gw, "hal").batches.create(
+                input_file_id=lines, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+        assert batch.value.body["param"] == "input_file_id line 1: body.model", named
+        assert not [
+            r for r in received(fake, batch.value.response.headers["x-request-id"]) if r["path"] == "/v1/batches"
+        ]
+
+
 # ---- the model list and a model's own routes -------------------------------------------------------------------
 
 
