@@ -37,6 +37,7 @@ _SEGMENT = re.compile(r"[A-Za-z0-9_-]{1,256}")  # an object id or a sub-route's 
 # a model's name in a path (`/v1/models/ft:gpt-4o-mini:org:suffix:id`): what providers name fine-tunes and their
 # checkpoints with; no leading dot (a dot segment), nothing a URL reads as more than a path segment
 _MODEL_SEGMENT = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9_.:-]{0,255}")
+_PATH_SEGMENT = re.compile(r"[A-Za-z0-9._~:@!$&'()*+,;=-]+")  # a route unknown to the catalog: any plain segment
 MODEL = "model"  # the kind of a model a tenant made
 
 
@@ -166,6 +167,19 @@ def classify(api: ApiName, path: str) -> Route | None:
                 return ObjectRoute(collection, action=first) if not rest else None
             return ObjectRoute(collection, object_id=first, rest=tuple(rest))
     return None
+
+
+def is_plain_path(path: str) -> bool:
+    """Whether `path` names one resource as it reads: absolute, each segment made of URL path characters (RFC 3986's
+    pchar, decoded, less '%') and neither '.' nor '..', none empty but a trailing slash's. The upstream URL is the
+    decoded path: a dot segment, a '?' or '#' decoded from %3F or %23, an empty segment or a space would make it
+    another route than the one a passthrough pattern admitted."""
+    first, *segments = path.split("/")
+    if first or not segments:
+        return False
+    if segments[-1] == "":
+        segments.pop()
+    return all(_PATH_SEGMENT.fullmatch(s) is not None and s not in (".", "..") for s in segments)
 
 
 def uncovered(api: ApiName, pattern: str) -> str | None:

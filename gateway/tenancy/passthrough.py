@@ -48,6 +48,7 @@ from gateway.tenancy.catalog import (
     Route,
     classify,
     is_object_id,
+    is_plain_path,
     named_ids,
 )
 from gateway.tenancy.models import TenantModels
@@ -82,7 +83,8 @@ class ObjectPassthrough:
     async def _serve(self, ctx: RequestContext, pool: Pool) -> Response:
         method, path = ctx.request.method, ctx.request.scope["path"]
         route = classify(pool.config.api, path)
-        if route is None and pool.has_own_key(ctx.tenant):  # the provider keeps this tenant's objects apart
+        # the provider keeps this tenant's objects apart; a route the pool passes through, not one its URL leads to
+        if route is None and pool.has_own_key(ctx.tenant) and is_plain_path(path):
             return await self._upstream.pass_through(ctx, pool)
         if route is None:
             raise _unknown(method, path)

@@ -509,3 +509,12 @@ def test_tenants_with_their_own_upstream_keys_keep_their_objects_at_the_provider
     assert file_id not in [f["id"] for f in in_pool_org["data"]], "ann's file is in the pool's organization"
     assert client(gw, "ann").files.retrieve(file_id).id == file_id
     refused(lambda: client(gw, "bob").files.retrieve(file_id), fake, "file_not_found")
+
+    # its own key reaches the routes the pool passes through, no other: a path the upstream URL would read as another
+    # route (dot segments, a '?' or '#' decoded from %3F or %23, a space) is a 404 and reaches nothing
+    for target in ("/v1/files/../batches", "/v1/evals/%2e%2e/organization/users", "/v1/evals/a%3Fb", "/v1/evals/a%23b"):
+        sock = connect(gw.url)
+        sock.sendall(f"GET {target} HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer {KEYS['ann']}\r\n\r\n".encode())
+        answer = read_answer(sock)
+        assert answer is not None and answer.status == 404, (target, answer)
+        assert received(fake, answer.headers["x-request-id"]) == [], f"{target} reached the upstream"
