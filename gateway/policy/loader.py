@@ -107,7 +107,16 @@ class PolicySet:
 
 
 def _merge(base: list[RateLimitRule], overlay: TenantPolicy) -> tuple[RateLimitRule, ...]:
-    return _by_id(base, overlay.spec.rate_limits, overlay.spec.disable)
+    return _by_id(base, [_counted_apart(rule) for rule in overlay.spec.rate_limits], overlay.spec.disable)
+
+
+def _counted_apart(rule: RateLimitRule) -> RateLimitRule:
+    """An overlay's rule counts its tenant's requests alone. A counter is named by its rule's id and key, so two
+    overlays' rules of one id keyed by `client_ip`, `model`, `route` or nothing (or an overlay's replacement of such a
+    base rule) shared one: another tenant's traffic from the same address used up this tenant's limit."""
+    if "tenant" in rule.key or "api_key" in rule.key:  # a key belongs to one tenant
+        return rule
+    return rule.model_copy(update={"key": ["tenant", *rule.key]})
 
 
 def _merge_budgets(base: list[BudgetRule], overlay: TenantPolicy) -> tuple[BudgetRule, ...]:

@@ -71,6 +71,8 @@ IN_MEMORY_RULES = {
     ],
 }
 IN_MEMORY_RULES["t2"] = IN_MEMORY_RULES["t1"]
+IN_MEMORY_RULES["t4"] = [{"id": "ip-rph", "key": ["client_ip"], "requests": {"limit": 2, "per": "1h"}}]
+IN_MEMORY_RULES["t5"] = [{"id": "ip-rph", "key": ["client_ip"], "requests": {"limit": 50, "per": "1h"}}]
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +101,17 @@ def test_requests_limit_in_memory_with_openai_and_ietf_headers(in_memory, upstre
     assert http.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=bearer("sk-t2")).status_code == 200
     assert upstream_requests(upstream) - before == 4
     assert metric(gw, "portcullis_ratelimit_decisions_total", limit="key-rph", result="limited") == 1
+
+
+def test_one_tenants_traffic_does_not_use_up_another_tenants_rule_of_the_same_id(in_memory):
+    """t4 and t5 each have an `ip-rph` rule keyed by the client's address, and both call from 127.0.0.1: t5's
+    requests used up t4's counter, so t4 was refused before it had sent anything."""
+    gw = in_memory
+    for _ in range(5):
+        assert http.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=bearer("sk-t5")).status_code == 200
+    t4 = [http.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=bearer("sk-t4")) for _ in range(3)]
+    assert [r.status_code for r in t4] == [200, 200, 429]
+    assert t4[2].json()["error"]["param"] == "ip-rph"
 
 
 def test_a_request_larger_than_a_whole_token_window_is_refused_as_too_large(in_memory, upstream):
