@@ -11,15 +11,16 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import sys
 
 import httpx
 import pytest
 import yaml
 
-from tests.conftest import ROOT, Launcher, pool
+from tests.conftest import Launcher, pool
 from tests.hostile.conftest import log_mark
 from tests.hostile.mutation import mutated
+from tests.hostile.test_guard_bypass import recommended_guard
+from tests.hostile.test_tenant_objects import UPSTREAM_KEY, fake_provider
 
 KEY = "sk-hostile-mutations"
 HEADERS = {"authorization": f"Bearer {KEY}", "x-api-key": KEY, "anthropic-version": "2023-06-01"}
@@ -81,8 +82,7 @@ STREAM_ENDS = (b"data: [DONE]", b"event: message_stop", b"event: response.comple
 
 @pytest.fixture(scope="module")
 def gw(module_launcher: Launcher, tmp_path_factory: pytest.TempPathFactory):
-    documents = yaml.safe_load_all((ROOT / "policies" / "examples" / "guard.yaml").read_text())
-    guard = next(d for d in documents if d["kind"] == "Policy")["spec"]["guard"]
+    guard = recommended_guard()
     guard["output"] = {"enabled": True, "secrets": "block", "pii": "redact", "hold_back": 48, "scan_every": 16}
     waf = {"packs": ["protocol", "scanners", "sqli", "xss", "lfi", "rce", "llm"]}
     policies = tmp_path_factory.mktemp("mutations") / "policies"
@@ -91,18 +91,7 @@ def gw(module_launcher: Launcher, tmp_path_factory: pytest.TempPathFactory):
     policy = {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "all"}, "spec": spec}
     (policies / "base.yaml").write_text(yaml.safe_dump(policy))
     upstream = module_launcher.fake_upstream()
-    providers = module_launcher.spawn(
-        lambda port: [
-            sys.executable,
-            str(ROOT / "tests" / "fake_providers.py"),
-            "--port",
-            str(port),
-            "--api-key",
-            "up",
-        ],
-        "fake-providers",
-        ready_path="/_received",
-    )
+    providers = fake_provider(module_launcher)
     return module_launcher.gateway(
         {
             "pools": [
@@ -114,7 +103,7 @@ def gw(module_launcher: Launcher, tmp_path_factory: pytest.TempPathFactory):
             "models": [{"name": "test-model", "tokenizer": "tiktoken:cl100k_base"}],
             "auth": {"keys": [{"tenant": "t", "sha256": hashlib.sha256(KEY.encode()).hexdigest()}]},
         },
-        env={"PROVIDER_KEY": "up"},
+        env={"PROVIDER_KEY": UPSTREAM_KEY},
     )
 
 
