@@ -10,6 +10,7 @@ and shaped by `openai_protocol`; errors use OpenAI's JSON shape.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 import uuid
@@ -271,10 +272,27 @@ def build_app(
     return EngineServer(engine, served_model_name, encoder).app()
 
 
+class _QuietProbes(logging.Filter):
+    """Leaves out uvicorn's access lines for health checks and metric scrapes: a gateway scrapes every replica each
+    second, and those lines buried the requests' own in `portcullis up`'s output."""
+
+    PATHS = frozenset({"/health", "/metrics"})
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (isinstance(args, tuple) and len(args) > 2 and args[2] in self.PATHS)
+
+
+_QUIET_PROBES = _QuietProbes()
+
+
 def http_server(app: Starlette, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> uvicorn.Server:
     """The app under uvicorn, as `portcullis engine serve` runs it (and the tests that serve it): uvicorn's httptools
     protocol whose close lingers while the client may still be sending (gateway/edge/lingering_close.py), so a 408 or
     413 answered before the body's end reaches the client instead of a reset."""
+    access = logging.getLogger("uvicorn.access")
+    if _QUIET_PROBES not in access.filters:
+        access.addFilter(_QUIET_PROBES)
     config = uvicorn.Config(
         app,
         host=host,
