@@ -199,6 +199,18 @@ def test_tenant_cache_isolation_keeps_prefixes_apart_and_routing_still_predicts_
     assert gateway.access_log(again.headers["x-request-id"])["predicted_cached_tokens"] == cached
 
 
+def test_an_engines_log_has_its_requests_access_lines_and_not_its_probes(stack):
+    """A gateway scrapes each replica every second: those access lines, and health checks', buried the requests'."""
+    engine = next(e for e in stack.engines if e.proc.poll() is None)  # a later test kills one
+    for path in ("/metrics", "/health", "/v1/models"):
+        assert httpx.get(engine.url + path, timeout=10).status_code == 200
+    deadline = time.monotonic() + 10
+    while "GET /v1/models HTTP/1.1" not in engine.output():
+        assert time.monotonic() < deadline, "no access line for a request"
+        time.sleep(0.1)
+    assert "GET /metrics" not in engine.output() and "GET /health" not in engine.output()
+
+
 def test_killing_the_replica_that_holds_a_prefix_reroutes_cleanly(stack):
     gateway = stack.gateway(**KV_EVENTS)
     history = [{"role": "system", "content": SYSTEM + " (failover)"}, {"role": "user", "content": "Rule 1?"}]
@@ -219,15 +231,3 @@ def _bundled() -> str:
     from backend_engine.config import default_model_path
 
     return default_model_path()
-
-
-def test_an_engines_log_has_its_requests_access_lines_and_not_its_probes(stack):
-    """A gateway scrapes each replica every second: those access lines, and health checks', buried the requests'."""
-    engine = stack.engines[0]
-    for path in ("/metrics", "/health", "/v1/models"):
-        assert httpx.get(engine.url + path, timeout=10).status_code == 200
-    deadline = time.monotonic() + 10
-    while "GET /v1/models HTTP/1.1" not in engine.output():
-        assert time.monotonic() < deadline, "no access line for a request"
-        time.sleep(0.1)
-    assert "GET /metrics" not in engine.output() and "GET /health" not in engine.output()
