@@ -36,22 +36,23 @@ class Chat(Api):
 def check_messages(messages: Any) -> None:
     if not isinstance(messages, list) or not messages:
         raise invalid_request("'messages' must be a non-empty array", param="messages")
-    for i, message in enumerate(messages):
-        param = f"messages[{i}]"
+    for i, message in enumerate(messages):  # each message's path is written only where it is named
         if not isinstance(message, dict):
-            raise invalid_request(f"'{param}' must be an object", param=param)
+            raise invalid_request(f"'messages[{i}]' must be an object", param=f"messages[{i}]")
         role = message.get("role")
         if not isinstance(role, str) or role not in _ROLES:
-            raise invalid_request(f"'{param}.role' must be one of {sorted(_ROLES)}", param=f"{param}.role")
+            raise invalid_request(f"'messages[{i}].role' must be one of {sorted(_ROLES)}", param=f"messages[{i}].role")
         content = message.get("content")
         if isinstance(content, list):
-            _check_parts(content, f"{param}.content")
+            _check_parts(content, f"messages[{i}].content")
         elif content is not None and not isinstance(content, str):
-            raise invalid_request(f"'{param}.content' must be a string or an array of parts", param=f"{param}.content")
+            param = f"messages[{i}].content"
+            raise invalid_request(f"'{param}' must be a string or an array of parts", param=param)
         for key in ("name", "tool_call_id"):
             if message.get(key) is not None and not isinstance(message[key], str):
-                raise invalid_request(f"'{param}.{key}' must be a string", param=f"{param}.{key}")
-        _check_tool_calls(message.get("tool_calls"), f"{param}.tool_calls")
+                raise invalid_request(f"'messages[{i}].{key}' must be a string", param=f"messages[{i}].{key}")
+        if (calls := message.get("tool_calls")) is not None:
+            _check_tool_calls(calls, f"messages[{i}].tool_calls")
 
 
 def _check_parts(parts: list[Any], param: str) -> None:

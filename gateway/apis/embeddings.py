@@ -10,11 +10,16 @@ from typing import Any
 
 from gateway.apis.completions import check_prompt
 from gateway.apis.openai_carriers import EMBEDDINGS
-from gateway.apis.openai_fields import USER, check_fields, check_model, is_int
+from gateway.apis.openai_fields import USER, FieldChecks, check_fields, check_model, is_int
 from gateway.apis.shape import Api, CountForm
 from gateway.errors import invalid_request
 
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
+_FIELDS = FieldChecks(
+    USER,
+    ("dimensions", lambda v: is_int(v) and v >= 1, "a positive integer"),
+    ("encoding_format", lambda v: v in ("float", "base64"), "'float' or 'base64'"),
+)
 
 
 class Embeddings(Api):
@@ -27,14 +32,7 @@ class Embeddings(Api):
 
     def check(self, payload: dict[str, Any]) -> None:
         check_model(payload)
-        check_fields(
-            payload,
-            (
-                USER,
-                ("dimensions", lambda v: is_int(v) and v >= 1, "a positive integer"),
-                ("encoding_format", lambda v: v in ("float", "base64"), "'float' or 'base64'"),
-            ),
-        )
+        check_fields(payload, _FIELDS)
         if payload.get("stream"):
             raise invalid_request("embeddings do not stream", param="stream")
         check_prompt(payload.get("input"), "input")

@@ -17,6 +17,18 @@ TOOL_KEYS = ("tools", "functions")  # `functions` is the deprecated form of `too
 FieldCheck = tuple[str, Callable[[Any], bool], str]
 
 
+class FieldChecks:
+    """A shape's typed optional fields. A request names a few of them, so a payload is checked by its own keys (one
+    lookup each), not by every field the shape knows; a bad one is named as the ordered walk would name it, the
+    first in this order."""
+
+    __slots__ = ("ordered", "by_key")
+
+    def __init__(self, *checks: FieldCheck) -> None:
+        self.ordered = checks
+        self.by_key = {key: valid for key, valid, _ in checks}
+
+
 def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -40,7 +52,7 @@ USER: FieldCheck = ("user", lambda v: isinstance(v, str), "a string")
 TOOL_CHOICE: FieldCheck = ("tool_choice", lambda v: isinstance(v, (str, dict)), "a string or an object")
 
 # Chat and completions: the fields the gateway, or the engine behind it, reads.
-GENERATION_FIELDS: tuple[FieldCheck, ...] = (
+GENERATION_FIELDS = FieldChecks(
     STREAM,
     ("max_tokens", lambda v: is_int(v) and v >= 1, "a positive integer"),
     ("max_completion_tokens", lambda v: is_int(v) and v >= 1, "a positive integer"),
@@ -71,17 +83,23 @@ def check_model(payload: dict[str, Any]) -> None:
         raise invalid_request("'model' is required and must be a non-empty string", param="model")
 
 
-def check_fields(payload: dict[str, Any], fields: tuple[FieldCheck, ...]) -> None:
-    for key, valid, what in fields:
-        value = payload.get(key)
-        if value is not None and not valid(value):
-            raise invalid_request(f"'{key}' must be {what}", param=key)
+def check_fields(payload: dict[str, Any], fields: FieldChecks) -> None:
+    by_key = fields.by_key
+    for key, value in payload.items():
+        valid = by_key.get(key)
+        if valid is not None and value is not None and not valid(value):
+            for key, valid, what in fields.ordered:  # the first bad one in the shape's order
+                value = payload.get(key)
+                if value is not None and not valid(value):
+                    raise invalid_request(f"'{key}' must be {what}", param=key)
 
 
 def check_tools(key: str, tools: Any) -> None:
     """`tools`: [{"type": "function", "function": {"name", ...}}] (chat), [{"type": "function", "name", ...}]
     (Responses); the deprecated `functions`: [{"name", ...}]. Other tool types (hosted tools) are the upstream's to
     judge."""
+    if tools is None:  # most requests: no walk started
+        return
     for param, tool in objects(tools, key):
         if key == "tools":
             if not isinstance(tool.get("type"), str):

@@ -16,6 +16,7 @@ from gateway.apis.openai_fields import (
     TOOL_CHOICE,
     TOP_P,
     USER,
+    FieldChecks,
     check_fields,
     check_model,
     check_tools,
@@ -28,7 +29,7 @@ from gateway.streaming.sse import typed_event
 
 _MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal"})
-_FIELDS = (
+_FIELDS = FieldChecks(
     STREAM,
     TEMPERATURE,
     TOP_P,

@@ -17,6 +17,7 @@ from starlette.requests import ClientDisconnect
 
 from gateway.apis.inventory import Inventory
 from gateway.apis.model_name import check_model_name
+from gateway.apis.openai_fields import TOOL_KEYS
 from gateway.apis.routes import BY_NAME
 from gateway.apis.shape import Api
 from gateway.config import LimitsConfig
@@ -167,11 +168,11 @@ def _too_large(limit: int) -> GatewayError:
 
 def _check_array_lengths(api: Api, payload: dict[str, Any], limits: LimitsConfig) -> None:
     """The arrays with limits of their own, checked before the walk so the error names them, not a total."""
-    for key, limit, setting in (
-        *((key, limits.max_messages, "limits.max_messages") for key in api.array_fields),
-        ("tools", limits.max_tools, "limits.max_tools"),
-        ("functions", limits.max_tools, "limits.max_tools"),
-    ):
+    for key in api.array_fields:
         value = payload.get(key)
-        if isinstance(value, list) and len(value) > limit:
-            raise json_bounds.array_too_long(key, len(value), limit, setting)
+        if isinstance(value, list) and len(value) > limits.max_messages:
+            raise json_bounds.array_too_long(key, len(value), limits.max_messages, "limits.max_messages")
+    for key in TOOL_KEYS:
+        value = payload.get(key)
+        if isinstance(value, list) and len(value) > limits.max_tools:
+            raise json_bounds.array_too_long(key, len(value), limits.max_tools, "limits.max_tools")
