@@ -53,7 +53,7 @@ from gateway.config import FallbackTrigger
 from gateway.context import RequestContext
 from gateway.edge.offload import Offload
 from gateway.errors import GatewayError, internal_error
-from gateway.header_values import rendered
+from gateway.header_values import header_value, rendered
 from gateway.observability.telemetry import Metrics
 from gateway.relay.genai_spans import TIME_TO_FIRST_CHUNK, response_attributes
 from gateway.routing.pool import Pool
@@ -205,7 +205,7 @@ class Upstream:
         """The answer of an exchange the gateway answers itself, from what the request's stages know (a count)."""
         ctx.status = 200
         exchange.answers.record(ctx.usage, {})
-        headers = {"x-request-id": ctx.request_id, **rendered({"x-portcullis-model": ctx.model})}
+        headers = {"x-request-id": ctx.request_id, "x-portcullis-model": header_value(ctx.model)}
         return Response(body, headers=headers, media_type="application/json")
 
     async def _attempts(self, ctx: RequestContext, pool: Pool, exchange: Exchange, body: bytes) -> _Attempt:
@@ -560,10 +560,12 @@ def answer_headers(ctx: RequestContext, replica: str | None = None) -> dict[str,
     """The headers of a model route's answer: the request id, the model that served it, what the stages added
     (`replica`: the replica's URL, where `telemetry.replica_header` asks for it), each rendered safe but the request
     id, 32 hex digits the gateway makes (gateway/context.py), a valid value as made."""
-    headers = {"x-portcullis-model": ctx.model, **ctx.response_headers}
+    headers = {"x-request-id": ctx.request_id, "x-portcullis-model": header_value(ctx.model)}
+    if ctx.response_headers:
+        headers.update(rendered(ctx.response_headers))
     if replica is not None:
-        headers["x-portcullis-replica"] = replica
-    return {"x-request-id": ctx.request_id, **rendered(headers)}
+        headers["x-portcullis-replica"] = header_value(replica)
+    return headers
 
 
 def whole_answer(
