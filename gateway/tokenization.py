@@ -139,10 +139,10 @@ class EstimateCounter:
     def count(self, form: CountForm, prompt: Any) -> PromptCount:
         if form == "chat":
             messages = prompt or []
-            chars = sum(
-                len(m.get("content") if isinstance(m.get("content"), str) else str(m.get("content") or ""))
-                for m in messages
-            )
+            chars = 0
+            for m in messages:  # a loop, not sum() over a generator: this runs for every request
+                content = m.get("content")
+                chars += len(content if isinstance(content, str) else str(content or ""))
             return PromptCount(math.ceil(chars / 4) + 4 * len(messages), None)
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
             return PromptCount(len(prompt), None)

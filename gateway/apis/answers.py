@@ -529,7 +529,11 @@ def _carries_output(choice: object) -> bool:
     if choice.get("text"):
         return True
     part = choice.get("delta") or choice.get("message")
-    return isinstance(part, dict) and any(value for key, value in part.items() if key != "role")
+    if isinstance(part, dict):
+        for key, value in part.items():  # a loop, not any() over a generator: this runs for every answer
+            if value and key != "role":
+                return True
+    return False
 
 
 def _answer_started(delta: Any) -> bool:

@@ -193,7 +193,9 @@ class BoundedProtocol(LingeringCloseProtocol):
         self._in_head = False
         self._cancel_head_timer()
         # summed once here, not per header: data_received already stopped a head from growing past both limits
-        header_bytes = sum(len(name) + len(value) + _HEADER_FRAMING for name, value in self.headers)
+        header_bytes = 0
+        for name, value in self.headers:  # a loop, not sum() over a generator: this runs for every request
+            header_bytes += len(name) + len(value) + _HEADER_FRAMING
         if self._url_bytes > self.limits.max_url_bytes:
             self._refuse_url()
         elif header_bytes > self.limits.max_header_bytes:

@@ -189,8 +189,13 @@ class Pools:
         self.pools = pools
 
     def for_model(self, model: str) -> Pool | None:
-        explicit = next((p for p in self.pools if model in p.config.models), None)
-        return explicit or next((p for p in self.pools if not p.config.models), None)
+        catch_all = None
+        for pool in self.pools:  # loops, not next() over generators: this runs for every request
+            if model in pool.config.models:
+                return pool
+            if catch_all is None and not pool.config.models:
+                catch_all = pool
+        return catch_all
 
     def for_passthrough(self, path: str) -> Pool | None:
         """The first pool that opted in to passing this route through."""

@@ -86,7 +86,10 @@ class Tokenize:
         """The messages (or prompt) and the function definitions, which the model reads as part of the prompt."""
         counter = self._counter(model)
         count = counter.count(*ctx.api.counted(ctx.payload))
-        tools = counter.tool_tokens(tool_shapes(ctx.payload))
+        shapes = tool_shapes(ctx.payload)
+        if not shapes:  # most requests: no tools to count
+            return count
+        tools = counter.tool_tokens(shapes)
         return PromptCount(count.tokens + tools, count.token_ids) if tools else count
 
     async def demand(self, ctx: RequestContext, model: str) -> Demand:
