@@ -63,6 +63,12 @@ class GuardStage:
         if spec.enabled and spec.injection.enabled:
             self.guard.load(spec.runtime)
 
+    def applies(self, policies: PolicySet) -> bool:
+        """Whether any tenant's guard reads requests or refuses unknown content: where none does, the pipeline leaves
+        this stage out (gateway/pipeline.py's `Conditional`). A tenant without an overlay has the base's guard."""
+        specs = [policies.guard_for(None), *(policies.guard_for(tenant) for tenant in policies.overlays)]
+        return any(spec.enabled or spec.unknown_content == "refuse" for spec in specs)
+
     async def __call__(self, ctx: RequestContext) -> None:
         policies = self._policies()
         spec = policies.guard_for(ctx.tenant)

@@ -1,5 +1,5 @@
-"""The pipeline's request phase in process: a stage that the policy set in force leaves with nothing to do is left
-out, and comes back with a policy set that gives it work."""
+"""The pipeline's request phase in process: a stage that the policy set in force leaves with nothing to do (the
+response cache, the guard) is left out, and comes back with a policy set that gives it work."""
 
 from __future__ import annotations
 
@@ -12,12 +12,16 @@ from starlette.requests import Request
 
 from gateway.cache.semantic import Embedder
 from gateway.cache.stores import MemoryStore
+from gateway.config import LimitsConfig
 from gateway.context import RequestContext
+from gateway.edge.offload import Offload
+from gateway.guard.runtime import Guard
 from gateway.observability.telemetry import Metrics
 from gateway.pipeline import Pipeline
 from gateway.policy.loader import PolicySet, load_policy_dir
 from gateway.routing.pool import Pools
 from gateway.stages.cache import CacheStage
+from gateway.stages.guard import GuardStage
 
 DOC = {"apiVersion": "portcullis.dev/v1", "metadata": {"name": "p"}}
 
@@ -80,3 +84,33 @@ def test_the_cache_stage_runs_only_under_a_policy_set_that_turns_the_cache_on(tm
     in_force[0] = off
     run()
     assert (first.runs, cache.runs) == (4, 2)
+
+
+class SeenGuard(GuardStage):
+    """The guard stage, noting each request it is run for (and doing nothing with it)."""
+
+    runs = 0
+
+    async def __call__(self, ctx: RequestContext) -> None:
+        self.runs += 1
+
+
+def test_the_guard_stage_runs_only_under_a_policy_set_where_some_guard_reads_or_refuses(tmp_path: Path) -> None:
+    off = policies(tmp_path / "off", {})
+    on_for_one = policies(tmp_path / "one", {}, {"guard": {"enabled": True}})
+    refusing_in_base = policies(tmp_path / "refuse", {"guard": {"unknown_content": "refuse"}})
+    in_force = [off]
+    metrics = Metrics()
+    limits = LimitsConfig()
+    guard = SeenGuard(lambda: in_force[0], Guard(metrics.registry), Offload(limits), lambda model, ids: None)
+    pipeline = Pipeline([guard], trace.get_tracer("test"), metrics, lambda: in_force[0])
+
+    def run() -> None:
+        asyncio.run(pipeline.run(request()))
+
+    run()
+    assert guard.runs == 0
+    for given_work in (on_for_one, refusing_in_base):  # the guard on for one tenant, the base refusing unknown content
+        in_force[0] = given_work
+        run()
+    assert guard.runs == 2
