@@ -108,7 +108,10 @@ class LeastOutstanding(RoutingPolicy):
         self._rotate = Rotation()  # rotation spreads ties
 
     def rank(self, replicas: list[Replica], request: RouteRequest) -> Ranked:
-        return Ranked(sorted(self._rotate(replicas), key=lambda r: r.outstanding), {})
+        rotated = self._rotate(replicas)  # a list of its own, sorted in place where there is an order to find
+        if len(rotated) > 1:
+            rotated.sort(key=lambda r: r.outstanding)
+        return Ranked(rotated, {})
 
 
 class LeastLoad(RoutingPolicy):

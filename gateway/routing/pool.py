@@ -166,7 +166,8 @@ class Pool:
     def rank(self, request: RouteRequest) -> Ranked:
         """Replicas in the order to try them; ejected ones last (still tried if nothing else is left)."""
         ranked = self.policy.rank(self.replicas, request)
-        ranked.replicas.sort(key=lambda r: not r.available())
+        if len(ranked.replicas) > 1:  # one replica is in order already: no key asked of it
+            ranked.replicas.sort(key=lambda r: not r.available())
         return ranked
 
     def record(self, replica: Replica, ok: bool) -> None:
