@@ -117,18 +117,24 @@ def _per_choice(ctx: RequestContext, prompt: int, window: int | None, default: i
     Naming none, it gets the policy's default, cut to what the window leaves, to be written into the body the
     upstream sees. A shape that generates nothing (embeddings) reserves nothing, but its prompt must fit the window.
     """
-    api = ctx.api
-    # in the order upstreams honour them (parse checked they are positive integers)
-    named: dict[str, int] = {f: ctx.payload[f] for f in api.output_fields if ctx.payload.get(f) is not None}
-    if not named:
+    api, payload = ctx.api, ctx.payload
+    honoured_field = largest_field = ""
+    honoured = largest = 0
+    for field in api.output_fields:  # in the order upstreams honour them (parse checked they are positive integers)
+        value = payload.get(field)
+        if value is None:
+            continue
+        if not honoured_field:
+            honoured_field, honoured = field, value
+        if not largest_field or value > largest:  # the first of the largest
+            largest_field, largest = field, value
+    if not honoured_field:
         if window and (prompt >= window if api.generates else prompt > window):  # generating needs room for one
             raise _too_long(window, prompt, 0)
         if api.fill_field is None:
             return 0, None
         filled = min(default, window - prompt) if window else default
         return filled, filled
-    honoured_field, honoured = next(iter(named.items()))
-    largest_field, largest = max(named.items(), key=lambda item: item[1])
     if window and prompt + honoured > window:
         raise _too_long(window, prompt, honoured)
     if window and prompt + largest > window:
