@@ -76,9 +76,10 @@ class WafSet:
     def for_tenant(self, tenant: str | None) -> CompiledWaf:
         return self.tenants.get(tenant, self.base) if tenant else self.base
 
-    @property
+    @functools.cached_property
     def enabled_anywhere(self) -> bool:
-        """False when no tenant has a rule to run: the stage then skips even the caller lookup."""
+        """False when no tenant has a rule to run: the stage then skips even the caller lookup (asked of every
+        request, answered once per set)."""
         return self.base.enabled or any(waf.enabled for waf in self.tenants.values())
 
 
