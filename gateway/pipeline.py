@@ -12,7 +12,8 @@ Between the two, the upstream relay runs the answer through the output guard the
 
 A stage joins the request by being added to the list gateway/app.py builds; no stage knows another. A stage that a
 policy set can leave with nothing to do for any request (`Conditional`: the response cache where no policy turns it
-on) is left out of the pipeline while that set is in force, decided once per set, not per request.
+on, the guard where no tenant's reads requests or refuses unknown content) is left out of the pipeline while that set
+is in force, decided once per set, not per request.
 """
 
 from __future__ import annotations
