@@ -238,7 +238,9 @@ class GuardRuntime(_Strict):
 
 
 class GuardSpec(_Strict):
-    enabled: bool = Field(default=False, description="off: the stage costs one attribute lookup per request")
+    enabled: bool = Field(
+        default=False, description="off: the guard reads nothing; off for every tenant, the stage is left out"
+    )
     unknown_tokenizer: Literal["refuse", "pass"] = Field(
         default="refuse",
         description=(
