@@ -239,7 +239,9 @@ class GuardRuntime(_Strict):
 
 class GuardSpec(_Strict):
     enabled: bool = Field(
-        default=False, description="off: the guard reads nothing; off for every tenant, the stage is left out"
+        default=False,
+        description="off: nothing is scanned (unknown_content: refuse still holds); where no tenant's guard scans or "
+        "refuses, the stage is left out of the pipeline",
     )
     unknown_tokenizer: Literal["refuse", "pass"] = Field(
         default="refuse",
