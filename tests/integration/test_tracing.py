@@ -361,7 +361,8 @@ def test_a_cache_hit_says_so_on_its_span_and_asks_no_upstream(upstream, gateway,
     directory = tmp_path / "policies"
     directory.mkdir()
     policy = {"apiVersion": "portcullis.dev/v1", "kind": "Policy", "metadata": {"name": "t"}}
-    (directory / "base.yaml").write_text(json.dumps({**policy, "spec": {"cache": {"enabled": True}}}))
+    guard = {"enabled": True, "injection": {"enabled": False}}  # PII only: a hit passes the input guard too
+    (directory / "base.yaml").write_text(json.dumps({**policy, "spec": {"cache": {"enabled": True}, "guard": guard}}))
     key = "sk-traced-cache"
     gw = gateway(
         {
