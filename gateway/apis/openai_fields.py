@@ -85,13 +85,16 @@ def check_model(payload: dict[str, Any]) -> None:
 
 def check_fields(payload: dict[str, Any], fields: FieldChecks) -> None:
     by_key = fields.by_key
-    for key, value in payload.items():
+    for key, value in payload.items():  # the payload's own keys find whether any field is bad
         valid = by_key.get(key)
         if valid is not None and value is not None and not valid(value):
-            for key, valid, what in fields.ordered:  # the first bad one in the shape's order
-                value = payload.get(key)
-                if value is not None and not valid(value):
-                    raise invalid_request(f"'{key}' must be {what}", param=key)
+            break
+    else:
+        return
+    for name, check, what in fields.ordered:  # the error names the first bad one in the shape's order
+        given = payload.get(name)
+        if given is not None and not check(given):
+            raise invalid_request(f"'{name}' must be {what}", param=name)
 
 
 def check_tools(key: str, tools: Any) -> None:

@@ -11,6 +11,8 @@ import json
 import random
 from typing import Any
 
+import httpx
+
 # names a request or answer of some supported API holds somewhere: a mutation adds one where it does not belong
 FIELD_NAMES = (
     "model messages content role name tools tool_choice functions function_call response_format stream "
@@ -77,3 +79,32 @@ def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> Any:
     elif isinstance(node, list):
         for i, value in enumerate(node):
             yield from _paths(value, (*prefix, i))
+
+
+ANTHROPIC_ROUTES = ("/v1/messages", "/v1/messages/count_tokens")
+# a stream's last event: its API's end, or an error event (both APIs' error events say "error")
+STREAM_ENDS = (b"data: [DONE]", b"event: message_stop", b"event: response.completed", b"error")
+
+
+def answer_problem(route: str, response: httpx.Response) -> str | None:
+    """What is wrong with a gateway's answer on `route` to a mutated request or upstream answer, or None: a 5xx, an
+    error not in the route's own shape, or a stream that ends without its end or an error event."""
+    if response.status_code >= 500:
+        return f"status {response.status_code}"
+    if response.status_code >= 400:
+        try:
+            error = response.json()
+        except ValueError:
+            return "an error that is not JSON"
+        if route in ANTHROPIC_ROUTES:
+            shaped = error.get("type") == "error" and isinstance(error.get("error", {}).get("type"), str)
+        else:
+            shaped = isinstance(error.get("error"), dict) and isinstance(error["error"].get("message"), str)
+        return None if shaped else "an error not in the route's shape"
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        events = [e for e in response.content.split(b"\n\n") if e.strip()]
+        if not events or not any(end in events[-1] for end in STREAM_ENDS):
+            return "a stream without its end or an error event"
+        if b"internal_error" in response.content:
+            return "an internal error event"
+    return None

@@ -18,8 +18,8 @@ import yaml
 
 from tests.conftest import Launcher, pool
 from tests.hostile.conftest import log_mark, start_hostile_upstream
-from tests.hostile.mutation import mutated
-from tests.hostile.test_mutated_requests import HEADERS, KEY, _problem
+from tests.hostile.mutation import answer_problem, mutated
+from tests.hostile.test_mutated_requests import HEADERS, KEY
 
 ANSWERS_PER_CASE = 120
 
@@ -246,7 +246,7 @@ def test_mutated_answers_reach_the_client_in_the_routes_shape_and_no_traceback(g
             else:
                 body["hostile"] = hostile
             response = client.post(gw.url + route, json=body, headers=HEADERS)
-            problem = _problem(route, response) if response.status_code != 502 else None
+            problem = answer_problem(route, response) if response.status_code != 502 else None
             if response.status_code == 502 and "upstream" not in response.text:
                 problem = "a 502 that does not name the upstream"
             if problem:

@@ -18,14 +18,13 @@ import yaml
 
 from tests.conftest import Launcher, pool
 from tests.hostile.conftest import log_mark
-from tests.hostile.mutation import mutated
+from tests.hostile.mutation import answer_problem, mutated
 from tests.hostile.test_guard_bypass import recommended_guard
 from tests.hostile.test_tenant_objects import UPSTREAM_KEY, fake_provider
 
 KEY = "sk-hostile-mutations"
 HEADERS = {"authorization": f"Bearer {KEY}", "x-api-key": KEY, "anthropic-version": "2023-06-01"}
 BODIES_PER_ROUTE = 150
-ANTHROPIC_ROUTES = ("/v1/messages", "/v1/messages/count_tokens")
 
 CHAT = {
     "messages": [
@@ -76,8 +75,6 @@ CASES = [
     ("/v1/messages/count_tokens", "claude-x", {"messages": [{"role": "user", "content": "hi"}]}),
     ("/v1/messages/count_tokens", "test-model", {"messages": [{"role": "user", "content": "hi"}]}),
 ]
-# a stream's last event: its API's end, or an error event (both APIs' error events say "error")
-STREAM_ENDS = (b"data: [DONE]", b"event: message_stop", b"event: response.completed", b"error")
 
 
 @pytest.fixture(scope="module")
@@ -118,31 +115,8 @@ def test_mutated_bodies_get_the_routes_own_answers_and_no_traceback(gw, route, m
             if isinstance(body, dict) and rng.random() < 0.3 and not route.endswith(("count_tokens", "embeddings")):
                 body["stream"] = True
             response = client.post(gw.url + route, content=json.dumps(body), headers=HEADERS)
-            problem = _problem(route, response)
+            problem = answer_problem(route, response)
             if problem:
                 failures.append(f"{problem}: {json.dumps(body)[:400]} -> {response.text[:200]}")
     assert not failures, f"{len(failures)} of {BODIES_PER_ROUTE}:\n" + "\n".join(failures[:5])
     assert "Traceback" not in gw.output()[mark:]
-
-
-def _problem(route: str, response: httpx.Response) -> str | None:
-    """What is wrong with an answer to a mutated body, or None."""
-    if response.status_code >= 500:
-        return f"status {response.status_code}"
-    if response.status_code >= 400:
-        try:
-            error = response.json()
-        except ValueError:
-            return "an error that is not JSON"
-        if route in ANTHROPIC_ROUTES:
-            shaped = error.get("type") == "error" and isinstance(error.get("error", {}).get("type"), str)
-        else:
-            shaped = isinstance(error.get("error"), dict) and isinstance(error["error"].get("message"), str)
-        return None if shaped else "an error not in the route's shape"
-    if response.headers.get("content-type", "").startswith("text/event-stream"):
-        events = [e for e in response.content.split(b"\n\n") if e.strip()]
-        if not events or not any(end in events[-1] for end in STREAM_ENDS):
-            return "a stream without its end or an error event"
-        if b"internal_error" in response.content:
-            return "an internal error event"
-    return None
