@@ -134,7 +134,8 @@ class GuardEnsemble:
             for t, encoding in enumerate(encodings[first]):
                 if first_pass_above is not None and len(encoding.ids) > first_pass_above:
                     ranges = self.members[first].window_ranges(len(encoding.ids), window, stride)
-                    spans[t] = [(encoding.offsets[start][0], encoding.offsets[end - 1][1]) for start, end in ranges]
+                    offsets = encoding.offsets  # a new list of every token's offsets at each read: read once
+                    spans[t] = [(offsets[start][0], offsets[end - 1][1]) for start, end in ranges]
         items: list[Window] = []
         deferred: dict[int, list[tuple[int, tuple[int, int]]]] = {}
         for m, member in enumerate(self.members):

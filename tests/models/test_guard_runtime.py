@@ -98,6 +98,19 @@ def test_megabytes_of_text_are_refused_without_tokenizing_them_whole(guard: Guar
     assert refused.value.status == 413
 
 
+def test_a_document_at_the_token_limit_is_cut_into_first_pass_windows_in_linear_time(guard: Guard) -> None:
+    """Cutting ~120,000 tokens into first-pass windows with their character spans is a fraction of a second: reading
+    the tokenizer's offsets once per window instead of once per text made it quadratic (30 s and more here)."""
+    from tests.long_documents import document
+
+    text = document(95_000, seed=3)
+    started = time.perf_counter()
+    windows = guard.windows([text], InjectionPolicy())
+    elapsed = time.perf_counter() - started
+    assert len(windows.cut.deferred[0]) > 1000
+    assert elapsed < 5, f"{elapsed:.1f} s to cut the windows"
+
+
 def test_a_scan_keeps_the_classifier_it_began_with_across_a_reload() -> None:
     """Windows made by the ensemble and scored after a reload to a single model are scored by the ensemble (no
     mix-up, no error), and the replaced batchers are closed once their work is done."""
