@@ -12,9 +12,11 @@ of the English model's.
 
 `recall`: attacks of the validation splits (S-Labs, neuralchemy) and of guard_models/data's test part, each put at a
 random place in a benign document of --words words, and benign validation rows and hard negatives put the same way
-into other documents; each document scored with every member reading every window, and with the first pass (the
-first-pass member's windows, then the other members on the spans of its highest-scoring ones): attacks caught and
-benign documents flagged at the ensemble's threshold, both ways.
+into other documents; each document scanned as the gateway scans it with every member reading every window, and
+with the first pass (the screen's or first-pass member's windows, then the other members on the spans it leans
+malicious on and of its highest-scoring ones): attacks caught and benign documents flagged at the ensemble's
+threshold both ways, and the windows the members read per document in the first-pass scan. `--model` names another
+guard folder (an ensemble with a screen, say).
 """
 
 from __future__ import annotations
@@ -26,11 +28,7 @@ import random
 import time
 from pathlib import Path
 
-import numpy as np
-
-from gateway.guard.ensemble import Cut, GuardEnsemble
 from gateway.guard.runtime import Guard
-from gateway.guard.scan import SECOND_PASS_MARGIN, SECOND_PASS_TOP
 from gateway.guard.spec import GuardRuntime, InjectionPolicy
 from tests.long_documents import document
 
@@ -89,7 +87,7 @@ async def timed_scan(guard: Guard, text: str, tokens: int, policy: InjectionPoli
 
 async def cost(args: argparse.Namespace) -> dict:
     guard = Guard()
-    guard.load(GuardRuntime(device=args.device, max_wait_us=500))
+    guard.load(GuardRuntime(device=args.device, model=args.model, max_wait_us=500))
     text = document(words_for(guard, args.tokens), seed=1)
     assert guard.model is not None
     tokens = [len(m.tokenizer.encode(text, add_special_tokens=False).ids) for m in guard.model.members]
@@ -128,41 +126,9 @@ def rows(rng: random.Random, attacks: int, benign: int) -> tuple[list[str], list
     return rng.sample(bad, min(attacks, len(bad))), rng.sample(good, min(benign, len(good)))
 
 
-def both_ways(model: GuardEnsemble, cut: Cut, threshold: float) -> tuple[bool, bool]:
-    """(every member reading every window finds it, the first pass finds it) for a one-text cut."""
-    first = cut.first_pass
-    margins: dict[tuple[int, tuple[int, ...]], float] = {}
-
-    def score(windows: list[tuple[int, int, list[int]]]) -> None:
-        for m, member in enumerate(model.members):
-            todo = [ids for _, wm, ids in windows if wm == m and (m, tuple(ids)) not in margins]
-            for start in range(0, len(todo), 8):
-                chunk = todo[start : start + 8]
-                for ids, margin in zip(chunk, member.margins(chunk)):
-                    margins[(m, tuple(ids))] = float(margin)
-
-    full = model.windows(cut.texts, cut.window, cut.stride).items
-    score(full)
-    best = np.array([max(margins[(m, tuple(ids))] for _, wm, ids in full if wm == m) for m in range(2)])
-    every = float(model.calibrated(best)) >= threshold
-    ranked = sorted(cut.deferred[0], key=lambda w: -margins[(first, tuple(cut.items[w[0]][2]))])
-    spans = [
-        span
-        for rank, (k, span) in enumerate(ranked)
-        if rank < SECOND_PASS_TOP or margins[(first, tuple(cut.items[k][2]))] > SECOND_PASS_MARGIN
-    ]
-    second = [w for span in spans for w in model.second_pass(cut, 0, span)]
-    score(second)
-    cascade = best.copy()
-    for m in range(len(model.members)):
-        if m != first:
-            cascade[m] = max(margins[(m, tuple(ids))] for _, wm, ids in second if wm == m)
-    return every, float(model.calibrated(cascade)) >= threshold
-
-
-def recall(args: argparse.Namespace) -> dict:
+async def recall(args: argparse.Namespace) -> dict:
     guard = Guard()
-    guard.load(GuardRuntime(device=args.device))
+    guard.load(GuardRuntime(device=args.device, model=args.model, max_wait_us=0))
     model = guard.model
     assert model is not None
     policy = InjectionPolicy()
@@ -170,23 +136,39 @@ def recall(args: argparse.Namespace) -> dict:
     rng = random.Random(13)
     attacks, benign = rows(rng, args.attacks, args.benign)
     out: dict = {"threshold": threshold, "words": args.words}
+
+    async def scanned(text: str, policy: InjectionPolicy) -> tuple[bool, int]:
+        """(flagged, windows the members read) of one scan as the gateway runs it."""
+        windows = guard.windows([text], policy)
+        before = [b.stats.windows for b in windows.classifier.batchers]
+        score = (await guard.text_scores(windows))[0]
+        read = [b.stats.windows - n for b, n in zip(windows.classifier.batchers, before)]
+        return score >= threshold, sum(read[: len(model.members)])
+
     for name, texts in (("attacks", attacks), ("benign", benign)):
-        found = [0, 0]
+        found, members_read = [0, 0], 0
         for k, row in enumerate(texts):
             body = document(args.words, seed=1000 + k)
             at = rng.randrange(len(body))
             at = body.rfind(". ", 0, at) + 2 if body.rfind(". ", 0, at) > 0 else 0
             text = body[:at] + row.strip() + " " + body[at:]
-            cut = model.windows([text], policy.window, policy.overlap, None, policy.first_pass_above)
-            if not cut.deferred:
+            if not guard.windows([text], policy).cut.deferred:
                 raise SystemExit(f"a document of {args.words} words is not long enough for the first pass")
-            every, cascade = both_ways(model, cut, threshold)
+            every, _ = await scanned(text, InjectionPolicy(first_pass_above=None))
+            cascade, read = await scanned(text, policy)
             found[0] += every
             found[1] += cascade
+            members_read += read
             if every != cascade:
                 print(f"{name} {k}: every member {every}, first pass {cascade}: {row[:100]!r}", flush=True)
-        out[name] = {"n": len(texts), "every_member": found[0], "first_pass": found[1]}
+        out[name] = {
+            "n": len(texts),
+            "every_member": found[0],
+            "first_pass": found[1],
+            "members_windows_per_document": round(members_read / max(1, len(texts)), 1),
+        }
         print(name, out[name], flush=True)
+    await guard.aclose()
     return out
 
 
@@ -194,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["cost", "recall"])
     parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--model", help="a guard model or ensemble folder (default: the bundled guard)")
     parser.add_argument("--tokens", type=int, default=32000)
     parser.add_argument("--no-per-window", action="store_true", help="cost: skip the batch-size sweep")
     parser.add_argument("--attacks", type=int, default=300)
@@ -201,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--words", type=int, default=3600)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
-    out = asyncio.run(cost(args)) if args.what == "cost" else recall(args)
+    out = asyncio.run(cost(args) if args.what == "cost" else recall(args))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out))

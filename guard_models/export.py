@@ -15,7 +15,10 @@ when the table was frozen in training, since it came from such blocks (import_mu
 
 An ensemble folder (gateway/guard/ensemble.py) is written with `--members minilm-pi=0.5 e5-pi=0.5` instead of
 `--checkpoint`: its config.json lists the member folders (beside --out) and carries the calibration and threshold
-of `crossval.py --blend`'s report.
+of `crossval.py --blend`'s report. `--screen e5-screen-pi=-1.5` adds the screening model that reads long texts first
+and the margin above which its windows go to the members (`bench/long_scan_bench.py recall` measures a choice).
+A screen is exported like a member (`--checkpoint`) without `--crossval`: nothing reads its calibration or
+threshold, and its validation.json reports it at 0.5 uncalibrated.
 """
 
 from __future__ import annotations
@@ -153,25 +156,34 @@ def ship(out: Path, crossval: Path) -> None:
     shutil.copy(crossval, out / "crossval.json")
 
 
-def write_ensemble(out: Path, members: list[str], name: str, crossval: Path) -> None:
+def sibling(out: Path, option: str, pair: str) -> tuple[str, float]:
+    """FOLDER=NUMBER of a command-line option, FOLDER a model folder beside `out`."""
+    folder, _, number = pair.partition("=")
+    if not (out.parent / folder / "config.json").is_file():
+        raise SystemExit(f"{option}: {out.parent / folder} is not a model folder")
+    try:
+        return f"../{folder}", float(number)
+    except ValueError:
+        raise SystemExit(f"{option}: {pair!r} is not FOLDER=NUMBER") from None
+
+
+def write_ensemble(out: Path, members: list[str], name: str, crossval: Path, screen: str | None) -> None:
     """An ensemble folder's config.json: member folders (siblings of `out`) and their weights, which must be the
-    weights of the blend that crossval.json was made for."""
+    weights of the blend that crossval.json was made for, and the screening model with its margin."""
     listed = []
     for member in members:
-        folder, _, weight = member.partition("=")
-        if not (out.parent / folder / "config.json").is_file():
-            raise SystemExit(f"--members: {out.parent / folder} is not a model folder")
-        try:
-            listed.append({"model": f"../{folder}", "weight": float(weight)})
-        except ValueError:
-            raise SystemExit(f"--members: {member!r} is not FOLDER=WEIGHT") from None
+        folder, weight = sibling(out, "--members", member)
+        listed.append({"model": folder, "weight": weight})
     blend = [b["weight"] for b in json.loads(crossval.read_text()).get("blend", [])]
     if blend != [m["weight"] for m in listed]:
         raise SystemExit(
             f"--members: weights {[m['weight'] for m in listed]}, but {crossval} is for a blend of {blend}"
         )
     out.mkdir(parents=True, exist_ok=True)
-    config = {"portcullis": {"name": name, "members": listed}}
+    config: dict = {"portcullis": {"name": name, "members": listed}}
+    if screen:
+        folder, margin = sibling(out, "--screen", screen)
+        config["portcullis"]["screen"] = {"model": folder, "margin": margin}
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -204,7 +216,8 @@ def main() -> None:
     what = ap.add_mutually_exclusive_group(required=True)
     what.add_argument("--checkpoint", type=Path)
     what.add_argument("--members", nargs="+", metavar="FOLDER=WEIGHT", help="write an ensemble folder instead")
-    ap.add_argument("--crossval", type=Path, required=True, help="crossval.py's crossval.json")
+    ap.add_argument("--screen", metavar="FOLDER=MARGIN", help="with --members: the screening model of long texts")
+    ap.add_argument("--crossval", type=Path, help="crossval.py's crossval.json (not for a screen)")
     ap.add_argument("--out", type=Path, default=ROOT / "guard_models" / "minilm-pi")
     ap.add_argument("--work", type=Path, default=ROOT / ".bench" / "guard-train" / "export")
     ap.add_argument("--fp16", action="store_true", help="also write model_fp16.onnx (GPU) under --work")
@@ -214,10 +227,13 @@ def main() -> None:
     args = ap.parse_args()
     name = args.name or f"portcullis-guard-{args.out.name}"
     if args.members:
-        write_ensemble(args.out, args.members, name, args.crossval)
+        if not args.crossval:
+            ap.error("--members needs --crossval: the blend's calibration and threshold")
+        write_ensemble(args.out, args.members, name, args.crossval, args.screen)
     else:
         export(args.checkpoint, args.out, args.work, args.fp16, args.max_length, args.q4_word_embeddings, name)
-    ship(args.out, args.crossval)
+    if args.crossval:
+        ship(args.out, args.crossval)
     print(json.dumps(validate(args.out), indent=2))
 
 

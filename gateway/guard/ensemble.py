@@ -10,6 +10,11 @@ window margin, and one Platt calibration maps that onto a probability, fitted th
 An ensemble folder holds only `config.json`, whose `portcullis.members` lists member folders (relative to it) with
 their weights, beside the ensemble's own `calibration` and `threshold`. Any other folder is a single model, scored
 exactly as `GuardModel` scores it.
+
+`portcullis.screen` may name a screening model, `{"model": folder, "margin": number}`: a shallow classifier that
+reads a long text first in place of a member (see `Cut`), at a fraction of a member's cost a window, and that the
+blend never counts. The members read the spans of its windows whose margin is above `margin` (a screen is tuned to
+miss nothing there: a lower margin reads more) and of its highest-scoring ones.
 """
 
 from __future__ import annotations
@@ -48,22 +53,24 @@ class TooManyTokens(Exception):
 
 @dataclass(frozen=True)
 class Cut:
-    """A scan's windows over `texts`. A long text is read by the first-pass member alone first (`deferred`: each
-    such text's first-pass windows, as item index and character span): the other members read only the spans of
-    the windows it leans malicious on or scores highest (gateway/guard/scan.py), so a document costs about one
-    member's reading, not all of theirs."""
+    """A scan's windows over `texts`. A long text is read by the first-pass model alone first (`deferred`: each
+    such text's first-pass windows, as item index and character span): the first pass is the screening model where
+    the ensemble has one, else one member. The members that have not read the text read only the spans of the
+    windows the first pass leans malicious on or scores highest (gateway/guard/scan.py), so a document costs about
+    one screen's (or member's) reading, not all of the members'."""
 
     texts: list[str]
     items: list[Window]
     deferred: dict[int, list[tuple[int, tuple[int, int]]]]
-    first_pass: int  # the member index, -1 when no text is deferred
+    first_pass: int  # the scanner index (`GuardEnsemble.scanners`), -1 when no text is deferred
     window: int | None
     stride: int
 
 
 @dataclass
 class GuardEnsemble:
-    """Members, their weights, and the calibration and threshold of the blend."""
+    """Members, their weights, and the calibration and threshold of the blend; the screening model of long texts
+    and the margin above which its windows are read by the members, where the folder names one."""
 
     folder: Path
     members: list[GuardModel]
@@ -71,6 +78,17 @@ class GuardEnsemble:
     calibration: tuple[float, float]
     threshold: float | None
     name: str
+    screen: GuardModel | None = None
+    screen_margin: float = 0.0
+
+    @property
+    def scanners(self) -> list[GuardModel]:
+        """Every model a scan may read with, by the index its windows carry: the members, then the screen."""
+        return self.members + ([self.screen] if self.screen else [])
+
+    def second_pass_margin(self, scanner: int) -> float:
+        """The first-pass margin above which a window's span is read by the members at once."""
+        return self.screen_margin if scanner == len(self.members) else 0.0
 
     @property
     def max_length(self) -> int:
@@ -99,8 +117,10 @@ class GuardEnsemble:
 
     @property
     def first_pass(self) -> int:
-        """The member that reads a long text first: the one with the widest vocabulary, which reads the most
-        languages (the multilingual model of the bundled pair)."""
+        """The scanner that reads a long text first: the screen where there is one, else the member with the widest
+        vocabulary, which reads the most languages (the multilingual model of the bundled pair)."""
+        if self.screen is not None:
+            return len(self.members)
         return max(range(len(self.members)), key=lambda m: self.members[m].tokenizer.get_vocab_size())
 
     def windows(
@@ -112,10 +132,11 @@ class GuardEnsemble:
         first_pass_above: int | None = None,
     ) -> Cut:
         """Every member's windows of every text, except that a text of more than `first_pass_above` of the
-        first-pass member's tokens is read by that member alone first (see `Cut`). TooManyTokens when the texts
-        hold more than `max_tokens` of a member's tokens."""
+        first-pass scanner's tokens is read by that scanner alone first (see `Cut`); a screen reads no other text.
+        TooManyTokens when the texts hold more than `max_tokens` of a scanner's tokens."""
+        scanners = self.scanners
         encodings = []
-        for member in self.members:
+        for member in scanners:
             if max_tokens is not None:
                 prefix = max_tokens * PREFIX_CHARS_PER_TOKEN
                 heads = [text[:prefix] for text in texts if len(text) > prefix]
@@ -128,27 +149,30 @@ class GuardEnsemble:
             if max_tokens is not None and needed > max_tokens:
                 raise TooManyTokens(needed)
             encodings.append(encoded)
-        first = self.first_pass if len(self.members) > 1 and first_pass_above is not None else -1
+        first = self.first_pass if len(scanners) > 1 and first_pass_above is not None else -1
         spans: dict[int, list[tuple[int, int]]] = {}  # a long text's first-pass windows, as character spans
         if first >= 0:
             for t, encoding in enumerate(encodings[first]):
                 if first_pass_above is not None and len(encoding.ids) > first_pass_above:
-                    ranges = self.members[first].window_ranges(len(encoding.ids), window, stride)
+                    ranges = scanners[first].window_ranges(len(encoding.ids), window, stride)
                     offsets = encoding.offsets  # a new list of every token's offsets at each read: read once
                     spans[t] = [(offsets[start][0], offsets[end - 1][1]) for start, end in ranges]
         items: list[Window] = []
         deferred: dict[int, list[tuple[int, tuple[int, int]]]] = {}
-        for m, member in enumerate(self.members):
+        for m, member in enumerate(scanners):
             for t, encoding in enumerate(encodings[m]):
                 if t in spans:
                     if m != first:
                         continue
                     deferred[t] = [(len(items) + k, span) for k, span in enumerate(spans[t])]
+                elif member is self.screen:
+                    continue
                 items.extend((t, m, ids) for ids in member.cut_windows(encoding.ids, window, stride))
         return Cut(texts, items, deferred, first, window, stride)
 
     def second_pass(self, cut: Cut, t: int, span: tuple[int, int]) -> list[Window]:
-        """The other members' windows over one first-pass window's characters of text `t`."""
+        """The windows of the members other than the first pass over one first-pass window's characters of text
+        `t`."""
         piece = cut.texts[t][span[0] : span[1]]
         return [
             (t, m, ids)
@@ -160,18 +184,24 @@ class GuardEnsemble:
     def blend(self, texts: int, windows: Sequence[Window], margins: Sequence[float]) -> np.ndarray:
         """Each text's calibrated score from its windows' margins. Every member must have scanned every text: a text
         some member did not read is an error, never a pass."""
-        best = np.full((texts, len(self.members)), -np.inf)
+        best = np.full((texts, len(self.scanners)), -np.inf)
         for (t, m, _), margin in zip(windows, margins):
             best[t, m] = np.fmax(best[t, m], margin)
-        if not np.isfinite(best).all():
+        if not self.read_by_every_member(best):
             raise ValueError("a text without a window or a score from every member of the guard")
         return self.calibrated(best)
 
+    def read_by_every_member(self, best: np.ndarray) -> bool:
+        """Whether every member has a margin for every text (the last axis: each scanner's largest margin)."""
+        return bool(np.isfinite(best[..., : len(self.members)]).all())
+
     def calibrated(self, best: np.ndarray) -> np.ndarray:
-        """The calibrated blend of each member's largest margin (the last axis); -inf for a member that has not read
-        the text yet counts as its least possible margin, so the score is a lower bound that only grows."""
+        """The calibrated blend of each member's largest margin (the last axis, by scanner: a screen's is not
+        counted); -inf for a member that has not read the text yet counts as its least possible margin, so the
+        score is a lower bound that only grows."""
         scale, bias = self.calibration
-        return 1.0 / (1.0 + np.exp(-(scale * (best @ np.asarray(self.weights)) + bias)))
+        blended = best[..., : len(self.members)] @ np.asarray(self.weights)
+        return 1.0 / (1.0 + np.exp(-(scale * blended + bias)))
 
     def score_texts(
         self, texts: list[str], window: int | None = None, stride: int = 32, batch_size: int = 32
@@ -186,7 +216,7 @@ class GuardEnsemble:
             for k in chunk:
                 by_member.setdefault(windows[k][1], []).append(k)
             for m, ks in by_member.items():
-                for k, margin in zip(ks, self.members[m].margins([windows[k][2] for k in ks])):
+                for k, margin in zip(ks, self.scanners[m].margins([windows[k][2] for k in ks])):
                     margins[k] = float(margin)
         return [float(s) for s in self.blend(len(texts), windows, margins)]
 
@@ -220,10 +250,12 @@ def load_guard(
     # (on 2 cores, 1 thread each cut the bundled pair's p50 at 128 tokens from 14.3 to 11.9 ms)
     threads = threads or max(1, usable_cores() // len(paths))
     members = [load_model(path, device=device, precision=precision, threads=threads) for path in paths]
+    screen, screen_margin = _screen(extra.get("screen"), folder, config_path, device, precision, threads)
     if "calibration" not in extra or "threshold" not in extra:
         log.warning("guard ensemble %s: no calibration or threshold in config.json; scores are uncalibrated", folder)
-    if len({member.providers[0] for member in members}) > 1:
-        log.warning("guard ensemble %s: members run on %s", folder, [member.providers[0] for member in members])
+    scanners = members + ([screen] if screen else [])
+    if len({model.providers[0] for model in scanners}) > 1:
+        log.warning("guard ensemble %s: models run on %s", folder, [model.providers[0] for model in scanners])
     threshold = extra.get("threshold")
     return GuardEnsemble(
         folder,
@@ -232,4 +264,23 @@ def load_guard(
         calibration_of(extra, folder),
         float(threshold) if threshold is not None else None,
         str(extra.get("name") or folder.name),
+        screen,
+        screen_margin,
     )
+
+
+def _screen(
+    listed: object, folder: Path, config_path: Path, device: str, precision: str, threads: int
+) -> tuple[GuardModel | None, float]:
+    """The screening model `portcullis.screen` names and its margin; (None, 0) where it names none."""
+    if listed is None:
+        return None, 0.0
+    try:
+        assert isinstance(listed, dict)
+        path = (folder / str(listed["model"])).resolve()
+        margin = float(listed.get("margin", 0.0))
+    except (AssertionError, KeyError, TypeError, ValueError):
+        raise GuardModelError(f"{config_path}: portcullis.screen must be {{model: folder, margin: number}}") from None
+    if not np.isfinite(margin):
+        raise GuardModelError(f"{config_path}: portcullis.screen.margin must be a finite number")
+    return load_model(path, device=device, precision=precision, threads=threads), margin

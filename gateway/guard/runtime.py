@@ -231,7 +231,7 @@ class Guard:
             model = load_guard(
                 settings.model, device=settings.device, precision=settings.precision, threads=settings.threads
             )
-            for member in model.members:  # first run allocates; not a request's cost
+            for member in model.scanners:  # first run allocates; not a request's cost
                 member.margins([member.encode_windows("warm up")[0]])
             long_batch = settings.long_batch or (settings.max_batch if model.device == "cuda" else LONG_BATCH_CPU)
             batchers = [
@@ -244,7 +244,7 @@ class Guard:
                     long_calls=1 if model.device == "cuda" else max(1, usable_cores() // member.threads),
                     on_batch=self._observe_batch,
                 )
-                for member in model.members
+                for member in model.scanners
             ]
             if self._classifier is not None:
                 self._retired.append(self._classifier)

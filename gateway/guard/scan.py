@@ -5,10 +5,10 @@ that another request needs:
 - a window a member reads twice (a repeated passage, a quoted boilerplate) is scored once;
 - a member's windows beyond one batch go to its batcher's long-scan lane, which takes turns with short requests'
   batches instead of queueing them behind the whole document (gateway/guard/batcher.py);
-- a long text is read by one member of an ensemble first, and the others read only the spans of the windows it
-  leans malicious on (as soon as it has scored each) and of its few highest-scoring ones (gateway/guard/ensemble.py,
-  `Cut`): the blend still takes each member's largest margin, and a document costs about one member's reading
-  instead of all of theirs;
+- a long text is read first by the ensemble's screening model (a shallow classifier) or by one member, and the
+  members read only the spans of the windows it leans malicious on (as soon as it has scored each) and of its few
+  highest-scoring ones (gateway/guard/ensemble.py, `Cut`): the blend still takes each member's largest margin, and
+  a document costs about one screen's (or member's) reading instead of all the members';
 - each window's share of its classifier call's CPU seconds is charged to the scan, and a scan past its budget is
   stopped and refused: the budget bounds what one request can take of the classifier;
 - where the caller says at which score a text's finding refuses the request, the scan stops at the first text that
@@ -32,10 +32,9 @@ if TYPE_CHECKING:  # the model modules load with the first policy that enables t
     from gateway.guard.batcher import MicroBatcher
     from gateway.guard.ensemble import Cut, GuardEnsemble, Window
 
-# The first-pass windows of a long text whose spans the other members read: its highest-scoring few, and every one
-# the first-pass member leans malicious on (a margin above 0)
+# The first-pass windows of a long text whose spans the members read: its highest-scoring few, and every one the
+# first pass leans malicious on (a margin above `GuardEnsemble.second_pass_margin`)
 SECOND_PASS_TOP = 4
-SECOND_PASS_MARGIN = 0.0
 
 _Key = tuple[int, tuple[int, ...]]  # (member, token ids): one window as a member reads it
 
@@ -67,7 +66,7 @@ class _Progress:
         self.model = model
         self.batchers = batchers
         self.cut = cut
-        self.best = np.full((len(cut.texts), len(model.members)), -np.inf)
+        self.best = np.full((len(cut.texts), len(model.scanners)), -np.inf)
         self.margins: dict[_Key, float] = {}
         self.pending: dict[_Key, list[int]] = {}  # submitted, not scored yet: the texts that hold each
         self.futures: list[asyncio.Future[tuple[float, float]]] = []
@@ -116,7 +115,8 @@ class _Progress:
             self.futures += submitted
 
     def read_again(self, t: int, span: tuple[int, int]) -> None:
-        """The other members' windows over one first-pass window's span of text `t`, once."""
+        """The windows of the members other than the first pass over one first-pass window's span of text `t`,
+        once."""
         if (t, span) not in self.second_read:
             self.second_read.add((t, span))
             self.submit(self.model.second_pass(self.cut, t, span))
@@ -133,8 +133,8 @@ class _Progress:
         self.spent += seconds
         self.left -= 1
         self._take(margin, key[0], self.pending.pop(key))
-        if margin > SECOND_PASS_MARGIN:  # a first-pass member leaning malicious: the others read its span now
-            for t, span in self.first_spans.get(key, ()):
+        if key in self.first_spans and margin > self.model.second_pass_margin(key[0]):
+            for t, span in self.first_spans[key]:  # the first pass leans malicious: the members read its span now
                 self.read_again(t, span)
         if self.budget is not None and self.spent > self.budget and self.left > 0:
             self.over_budget = True
@@ -190,7 +190,7 @@ async def scan(
         raise progress.error
     if progress.over_budget:
         raise ScanOverBudget(budget or 0.0, len(progress.margins))
-    if not progress.blocked and not np.isfinite(progress.best).all():
+    if not progress.blocked and not model.read_by_every_member(progress.best):
         raise ValueError("a text without a window or a score from every member of the guard")
     unread = {t for texts in progress.pending.values() for t in texts}
     unread |= set() if second_pass_done else set(cut.deferred)

@@ -1,10 +1,12 @@
 """A scan's bounds, with stand-in classifiers: a repeated window scored once, the budget stopping a scan, a blocking
-finding ending it early, findings that serve the request scanned whole, and a long text read first by one member."""
+finding ending it early, findings that serve the request scanned whole, and a long text read first by one member or
+by a screening model."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 
 from gateway.guard.batcher import MicroBatcher
 from gateway.guard.ensemble import Cut, GuardEnsemble, Window
+from gateway.guard.model import GuardModel
 from gateway.guard.scan import SECOND_PASS_TOP, ScanOverBudget, scan
 
 
@@ -31,25 +34,28 @@ class Member:
         return np.array([ids[0] / 100 - 5 for ids in batch])
 
 
-class Blend:
-    """What a scan needs of an ensemble: the equal-weight blend, and the second pass (the second member reads a
-    first-pass window's span as the same window)."""
+class Blend(GuardEnsemble):
+    """The ensemble's own blend, screen and second-pass rules over stand-in models: equal weights, no calibration;
+    the members read a first-pass window's span as the same window."""
 
-    members = [object(), object()]
-
-    def calibrated(self, best: np.ndarray) -> np.ndarray:
-        return 1.0 / (1.0 + np.exp(-(best @ np.array([0.5, 0.5]))))
+    def __init__(self, screen: bool = False, screen_margin: float = 0.0) -> None:
+        super().__init__(Path("."), [object(), object()], [0.5, 0.5], (1.0, 0.0), None, "blend")  # type: ignore[list-item]
+        self.screen = cast(GuardModel, object()) if screen else None
+        self.screen_margin = screen_margin
 
     def second_pass(self, cut: Cut, t: int, span: tuple[int, int]) -> list[Window]:
-        return [(t, 1, cut.items[k][2]) for k, first in cut.deferred[t] if first == span]
+        ids = [cut.items[k][2] for k, first in cut.deferred[t] if first == span]
+        return [(t, m, window) for m in range(len(self.members)) if m != cut.first_pass for window in ids]
 
 
-def scanned(members: list[Member], cut: Cut, **bounds: Any) -> tuple[list[float], list[MicroBatcher]]:
+def scanned(
+    members: list[Member], cut: Cut, blend: Blend | None = None, **bounds: Any
+) -> tuple[list[float], list[MicroBatcher]]:
     batchers = [MicroBatcher(member, max_batch=4, max_wait_us=0, long_batch=2) for member in members]
 
     async def main() -> list[float]:
         try:
-            scores, _ = await scan(cast(GuardEnsemble, Blend()), batchers, cut, **bounds)
+            scores, _ = await scan(blend or Blend(), batchers, cut, **bounds)
             return scores
         finally:
             for batcher in batchers:
@@ -58,8 +64,8 @@ def scanned(members: list[Member], cut: Cut, **bounds: Any) -> tuple[list[float]
     return asyncio.run(main()), batchers
 
 
-def cut_of(items: list[Window], texts: int = 1, deferred: dict | None = None) -> Cut:
-    return Cut(["x"] * texts, items, deferred or {}, 0 if deferred else -1, None, 32)
+def cut_of(items: list[Window], texts: int = 1, deferred: dict | None = None, first_pass: int = 0) -> Cut:
+    return Cut(["x"] * texts, items, deferred or {}, first_pass if deferred else -1, None, 32)
 
 
 def test_a_repeated_window_is_scored_once() -> None:
@@ -116,3 +122,26 @@ def test_a_blocking_finding_in_a_long_text_ends_the_first_pass_early() -> None:
     scores, _ = scanned(members, cut_of(first, deferred=deferred), blocks=[0.9])
     assert scores[0] >= 0.9
     assert len(members[0].read) < 30 and members[1].read == [[900, 2]]
+
+
+def test_a_screen_reads_a_long_text_first_and_every_member_reads_its_suspects_and_top_windows() -> None:
+    """The screen (scanner 2) reads 20 windows, the 13th an attack: both members read only the spans of its top
+    few, the attack's among them, and the blend is theirs alone (the screen's margin is not counted)."""
+    first: list[Window] = [(0, 2, [900 if k == 12 else 100 + k, k]) for k in range(20)]
+    deferred = {0: [(k, (10 * k, 10 * k + 12)) for k in range(20)]}
+    members = [Member(), Member(), Member()]
+    scores, _ = scanned(members, cut_of(first, deferred=deferred, first_pass=2), Blend(screen=True))
+    assert [len(member.read) for member in members] == [SECOND_PASS_TOP, SECOND_PASS_TOP, 20]
+    assert [900, 12] in members[0].read and [900, 12] in members[1].read
+    assert scores[0] == pytest.approx(1 / (1 + np.exp(-4.0)))  # each member's largest margin: 900 / 100 - 5
+
+
+def test_a_screens_margin_sets_which_spans_the_members_read() -> None:
+    """Every screened window leans malicious above a margin of -4.5 (its margins run -4.0 to -3.81), none above 0:
+    the members read every span, or only the top few."""
+    first: list[Window] = [(0, 2, [100 + k, k]) for k in range(20)]
+    deferred = {0: [(k, (10 * k, 10 * k + 12)) for k in range(20)]}
+    for margin, read in ((-4.5, 20), (0.0, SECOND_PASS_TOP)):
+        members = [Member(), Member(), Member()]
+        scanned(members, cut_of(first, deferred=deferred, first_pass=2), Blend(screen=True, screen_margin=margin))
+        assert [len(member.read) for member in members] == [read, read, 20]
