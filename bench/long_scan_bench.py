@@ -47,7 +47,7 @@ def words_for(guard: Guard, tokens: int) -> int:
 def per_window(guard: Guard, text: str) -> dict:
     assert guard.model is not None
     out = {}
-    for member in guard.model.members:
+    for member in guard.model.scanners:
         windows = member.encode_windows(text)
         member.margins(windows[:8])
         row = {}

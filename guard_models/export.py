@@ -15,8 +15,9 @@ when the table was frozen in training, since it came from such blocks (import_mu
 
 An ensemble folder (gateway/guard/ensemble.py) is written with `--members minilm-pi=0.5 e5-pi=0.5` instead of
 `--checkpoint`: its config.json lists the member folders (beside --out) and carries the calibration and threshold
-of `crossval.py --blend`'s report. `--screen e5-screen-pi=-1.5` adds the screening model that reads long texts first
-and the margin above which its windows go to the members (`bench/long_scan_bench.py recall` measures a choice).
+of `crossval.py --blend`'s report. `--screen e5-screen-pi=-3 --screen-top 8` adds the screening model that reads
+long texts first, the margin above which its windows go to the members and how many of its highest-scoring ones
+always do (`bench/long_scan_bench.py recall` measures a choice).
 A screen is exported like a member (`--checkpoint`) without `--crossval`: nothing reads its calibration or
 threshold, and its validation.json reports it at 0.5 uncalibrated.
 """
@@ -167,7 +168,9 @@ def sibling(out: Path, option: str, pair: str) -> tuple[str, float]:
         raise SystemExit(f"{option}: {pair!r} is not FOLDER=NUMBER") from None
 
 
-def write_ensemble(out: Path, members: list[str], name: str, crossval: Path, screen: str | None) -> None:
+def write_ensemble(
+    out: Path, members: list[str], name: str, crossval: Path, screen: str | None, screen_top: int
+) -> None:
     """An ensemble folder's config.json: member folders (siblings of `out`) and their weights, which must be the
     weights of the blend that crossval.json was made for, and the screening model with its margin."""
     listed = []
@@ -183,7 +186,7 @@ def write_ensemble(out: Path, members: list[str], name: str, crossval: Path, scr
     config: dict = {"portcullis": {"name": name, "members": listed}}
     if screen:
         folder, margin = sibling(out, "--screen", screen)
-        config["portcullis"]["screen"] = {"model": folder, "margin": margin}
+        config["portcullis"]["screen"] = {"model": folder, "margin": margin, "top": screen_top}
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -217,6 +220,7 @@ def main() -> None:
     what.add_argument("--checkpoint", type=Path)
     what.add_argument("--members", nargs="+", metavar="FOLDER=WEIGHT", help="write an ensemble folder instead")
     ap.add_argument("--screen", metavar="FOLDER=MARGIN", help="with --members: the screening model of long texts")
+    ap.add_argument("--screen-top", type=int, default=8, help="the screen's windows the members always read")
     ap.add_argument("--crossval", type=Path, help="crossval.py's crossval.json (not for a screen)")
     ap.add_argument("--out", type=Path, default=ROOT / "guard_models" / "minilm-pi")
     ap.add_argument("--work", type=Path, default=ROOT / ".bench" / "guard-train" / "export")
@@ -229,7 +233,7 @@ def main() -> None:
     if args.members:
         if not args.crossval:
             ap.error("--members needs --crossval: the blend's calibration and threshold")
-        write_ensemble(args.out, args.members, name, args.crossval, args.screen)
+        write_ensemble(args.out, args.members, name, args.crossval, args.screen, args.screen_top)
     else:
         export(args.checkpoint, args.out, args.work, args.fp16, args.max_length, args.q4_word_embeddings, name)
     if args.crossval:

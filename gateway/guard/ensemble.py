@@ -11,10 +11,10 @@ An ensemble folder holds only `config.json`, whose `portcullis.members` lists me
 their weights, beside the ensemble's own `calibration` and `threshold`. Any other folder is a single model, scored
 exactly as `GuardModel` scores it.
 
-`portcullis.screen` may name a screening model, `{"model": folder, "margin": number}`: a shallow classifier that
-reads a long text first in place of a member (see `Cut`), at a fraction of a member's cost a window, and that the
-blend never counts. The members read the spans of its windows whose margin is above `margin` (a screen is tuned to
-miss nothing there: a lower margin reads more) and of its highest-scoring ones.
+`portcullis.screen` may name a screening model, `{"model": folder, "margin": number, "top": count}`: a shallow
+classifier that reads a long text first in place of a member (see `Cut`), at a fraction of a member's cost a window,
+and that the blend never counts. The members read the spans of its `top` highest-scoring windows and of every one
+whose margin is above `margin`: a weaker reader than a member, a screen is given a deeper `top` to miss nothing.
 """
 
 from __future__ import annotations
@@ -33,10 +33,16 @@ from gateway.guard.model import DEFAULT_MODEL_DIR, GuardModel, GuardModelError, 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from tokenizers import Tokenizer
+
 log = logging.getLogger(__name__)
 
 # (text index, member index, token ids): one window of one text, in one member's tokens
 Window = tuple[int, int, list[int]]
+
+# The first-pass windows of a long text whose spans the members read where a member reads it first: its
+# highest-scoring few and every one it leans malicious on (a margin above 0); a screen names its own
+MEMBER_FIRST_PASS = (4, 0.0)
 
 # A text is first counted on its first max_tokens * PREFIX_CHARS_PER_TOKEN characters: text at least that dense
 # (prose takes ~4 characters a token) is refused without tokenizing a body of megabytes in full.
@@ -79,16 +85,17 @@ class GuardEnsemble:
     threshold: float | None
     name: str
     screen: GuardModel | None = None
-    screen_margin: float = 0.0
+    screen_reads: tuple[int, float] = MEMBER_FIRST_PASS  # the screen's (top, margin)
 
     @property
     def scanners(self) -> list[GuardModel]:
         """Every model a scan may read with, by the index its windows carry: the members, then the screen."""
         return self.members + ([self.screen] if self.screen else [])
 
-    def second_pass_margin(self, scanner: int) -> float:
-        """The first-pass margin above which a window's span is read by the members at once."""
-        return self.screen_margin if scanner == len(self.members) else 0.0
+    @property
+    def second_pass_rule(self) -> tuple[int, float]:
+        """Which first-pass windows' spans the members read: (its `top` highest-scoring, every one above `margin`)."""
+        return self.screen_reads if self.screen is not None else MEMBER_FIRST_PASS
 
     @property
     def max_length(self) -> int:
@@ -249,8 +256,11 @@ def load_guard(
     # the members run at once: unless told otherwise, each takes its share of the cores instead of all of them
     # (on 2 cores, 1 thread each cut the bundled pair's p50 at 128 tokens from 14.3 to 11.9 ms)
     threads = threads or max(1, usable_cores() // len(paths))
-    members = [load_model(path, device=device, precision=precision, threads=threads) for path in paths]
-    screen, screen_margin = _screen(extra.get("screen"), folder, config_path, device, precision, threads)
+    tokenizers: dict[Path, Tokenizer] = {}  # a screen cut from a member shares its tokenizer's file, and its memory
+    members = [
+        load_model(path, device=device, precision=precision, threads=threads, tokenizers=tokenizers) for path in paths
+    ]
+    screen, screen_reads = _screen(extra.get("screen"), folder, config_path, device, precision, threads, tokenizers)
     if "calibration" not in extra or "threshold" not in extra:
         log.warning("guard ensemble %s: no calibration or threshold in config.json; scores are uncalibrated", folder)
     scanners = members + ([screen] if screen else [])
@@ -265,22 +275,32 @@ def load_guard(
         float(threshold) if threshold is not None else None,
         str(extra.get("name") or folder.name),
         screen,
-        screen_margin,
+        screen_reads,
     )
 
 
 def _screen(
-    listed: object, folder: Path, config_path: Path, device: str, precision: str, threads: int
-) -> tuple[GuardModel | None, float]:
-    """The screening model `portcullis.screen` names and its margin; (None, 0) where it names none."""
+    listed: object,
+    folder: Path,
+    config_path: Path,
+    device: str,
+    precision: str,
+    threads: int,
+    tokenizers: dict[Path, Tokenizer],
+) -> tuple[GuardModel | None, tuple[int, float]]:
+    """The screening model `portcullis.screen` names and which of its windows the members read (top, margin)."""
     if listed is None:
-        return None, 0.0
+        return None, MEMBER_FIRST_PASS
     try:
         assert isinstance(listed, dict)
         path = (folder / str(listed["model"])).resolve()
-        margin = float(listed.get("margin", 0.0))
+        top, margin = listed.get("top", MEMBER_FIRST_PASS[0]), float(listed.get("margin", MEMBER_FIRST_PASS[1]))
+        assert isinstance(top, int) and not isinstance(top, bool)
     except (AssertionError, KeyError, TypeError, ValueError):
-        raise GuardModelError(f"{config_path}: portcullis.screen must be {{model: folder, margin: number}}") from None
-    if not np.isfinite(margin):
-        raise GuardModelError(f"{config_path}: portcullis.screen.margin must be a finite number")
-    return load_model(path, device=device, precision=precision, threads=threads), margin
+        raise GuardModelError(
+            f"{config_path}: portcullis.screen must be {{model: folder, margin: number, top: count}}"
+        ) from None
+    if not np.isfinite(margin) or top < 1:
+        raise GuardModelError(f"{config_path}: portcullis.screen needs a finite margin and a top of at least 1")
+    screen = load_model(path, device=device, precision=precision, threads=threads, tokenizers=tokenizers)
+    return screen, (top, margin)

@@ -204,9 +204,17 @@ def malicious_margin(logits: np.ndarray, malicious: list[int]) -> np.ndarray:
     return np.logaddexp.reduce(logits[:, malicious], axis=1) - np.logaddexp.reduce(logits[:, benign], axis=1)
 
 
-def load_model(folder: str | Path, *, device: str = "auto", precision: str = "auto", threads: int = 0) -> GuardModel:
+def load_model(
+    folder: str | Path,
+    *,
+    device: str = "auto",
+    precision: str = "auto",
+    threads: int = 0,
+    tokenizers: dict[Path, Tokenizer] | None = None,
+) -> GuardModel:
     """Load one model folder (`load_guard` loads ensembles too). device: auto | cuda | cpu; threads: ONNX intra-op
-    threads (0: ONNX's default)."""
+    threads (0: ONNX's default). `tokenizers`: the ones loaded already, by their file's real path, to share (a
+    250k-piece vocabulary takes ~280 MB) between models of one ensemble whose tokenizer.json is the same file."""
     import onnxruntime as ort
     from tokenizers import Tokenizer
 
@@ -259,9 +267,13 @@ def load_model(folder: str | Path, *, device: str = "auto", precision: str = "au
     if use_cuda and active[0] != "CUDAExecutionProvider":
         log.warning("guard: CUDA provider did not start; running on %s", active[0])
 
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tokenizer.no_padding()
-    tokenizer.no_truncation()
+    tokenizer_file = (folder / "tokenizer.json").resolve()
+    tokenizers = {} if tokenizers is None else tokenizers
+    if tokenizer_file not in tokenizers:
+        tokenizers[tokenizer_file] = Tokenizer.from_file(str(tokenizer_file))
+        tokenizers[tokenizer_file].no_padding()
+        tokenizers[tokenizer_file].no_truncation()
+    tokenizer = tokenizers[tokenizer_file]
     max_length = int(extra.get("max_length") or config.get("max_position_embeddings") or 512)
     tok_config = folder / "tokenizer_config.json"
     if tok_config.is_file():

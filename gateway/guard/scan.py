@@ -32,10 +32,6 @@ if TYPE_CHECKING:  # the model modules load with the first policy that enables t
     from gateway.guard.batcher import MicroBatcher
     from gateway.guard.ensemble import Cut, GuardEnsemble, Window
 
-# The first-pass windows of a long text whose spans the members read: its highest-scoring few, and every one the
-# first pass leans malicious on (a margin above `GuardEnsemble.second_pass_margin`)
-SECOND_PASS_TOP = 4
-
 _Key = tuple[int, tuple[int, ...]]  # (member, token ids): one window as a member reads it
 
 
@@ -133,7 +129,7 @@ class _Progress:
         self.spent += seconds
         self.left -= 1
         self._take(margin, key[0], self.pending.pop(key))
-        if key in self.first_spans and margin > self.model.second_pass_margin(key[0]):
+        if key in self.first_spans and margin > self.model.second_pass_rule[1]:
             for t, span in self.first_spans[key]:  # the first pass leans malicious: the members read its span now
                 self.read_again(t, span)
         if self.budget is not None and self.spent > self.budget and self.left > 0:
@@ -157,7 +153,8 @@ class _Progress:
         def margin(window: tuple[int, tuple[int, int]]) -> float:
             return self.margins[(key, tuple(self.cut.items[window[0]][2]))]
 
-        return [span for _, span in sorted(self.cut.deferred[t], key=margin, reverse=True)[:SECOND_PASS_TOP]]
+        top = self.model.second_pass_rule[0]
+        return [span for _, span in sorted(self.cut.deferred[t], key=margin, reverse=True)[:top]]
 
 
 async def scan(

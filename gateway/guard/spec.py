@@ -111,10 +111,11 @@ class InjectionPolicy(_Strict):
         Field(
             ge=1,
             description=(
-                "tokens above which a text is read first by one model of an ensemble alone (the one with the widest "
-                "vocabulary), the others reading only the spans of its highest-scoring windows: about half the cost "
-                "of a long document, at the recall measured in guard_models/README.md; null: every model reads "
-                "every window"
+                "tokens above which a text is read first by the ensemble's screen (a shallow model) alone, or by "
+                "the member with the widest vocabulary where the ensemble names no screen, the members reading only "
+                "the spans of its highest-scoring windows and of those it leans malicious on: about a quarter of the "
+                "cost of a long document with the bundled screen, at the recall measured in guard_models/README.md; "
+                "null: every member reads every window"
             ),
         ),
     ] = 4096

@@ -34,6 +34,16 @@ def test_the_bundled_guard_blends_two_models_with_its_own_card(guard) -> None:
     assert guard.labels[guard.malicious[0]] == "INJECTION" and guard.providers == ["CPUExecutionProvider"]
 
 
+def test_the_bundled_screen_reads_long_texts_with_the_multilingual_members_tokenizer_in_memory_once(guard) -> None:
+    """The screen's tokenizer.json is e5-pi's file: one object (~280 MB) serves both; the screen is shallower."""
+    e5 = next(m for m in guard.members if m.folder.name == "e5-pi")
+    assert guard.screen is not None and guard.screen.folder.name == "e5-screen-pi"
+    assert guard.screen.tokenizer is e5.tokenizer
+    assert guard.scanners == [*guard.members, guard.screen] and guard.first_pass == len(guard.members)
+    layers = [json.loads((m.folder / "config.json").read_text())["num_hidden_layers"] for m in (guard.screen, e5)]
+    assert layers[0] < layers[1]
+
+
 def test_a_text_scores_the_weighted_sum_of_each_models_largest_window_margin(guard) -> None:
     """Recomputed from each member alone: its windows of the text, their margins, the largest; then the weights and
     the ensemble's calibration."""
@@ -88,6 +98,28 @@ def test_a_broken_ensemble_folder_is_named(tmp_path: Path, members: object, mess
     folder.mkdir()
     (tmp_path / "minilm-pi").symlink_to(MODELS_DIR / "minilm-pi")
     (folder / "config.json").write_text(json.dumps({"portcullis": {"members": members}}))
+    with pytest.raises(GuardModelError, match=message):
+        load_guard(folder, device="cpu")
+
+
+@pytest.mark.parametrize(
+    "screen, message",
+    [
+        ("../minilm-pi", "screen must be"),
+        ({"margin": 0}, "screen must be"),
+        ({"model": "../minilm-pi", "margin": "low"}, "screen must be"),
+        ({"model": "../minilm-pi", "margin": float("nan")}, "a finite margin"),
+        ({"model": "../minilm-pi", "top": 0}, "a top of at least 1"),
+        ({"model": "../minilm-pi", "top": 2.5}, "screen must be"),
+        ({"model": "../nowhere"}, "tokenizer.json is missing"),
+    ],
+)
+def test_a_broken_screen_is_named(tmp_path: Path, screen: object, message: str) -> None:
+    folder = tmp_path / "ensemble"
+    folder.mkdir()
+    (tmp_path / "minilm-pi").symlink_to(MODELS_DIR / "minilm-pi")
+    members = [{"model": "../minilm-pi", "weight": 1}]
+    (folder / "config.json").write_text(json.dumps({"portcullis": {"members": members, "screen": screen}}))
     with pytest.raises(GuardModelError, match=message):
         load_guard(folder, device="cpu")
 

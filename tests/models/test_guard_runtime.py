@@ -169,10 +169,10 @@ def test_a_text_that_comes_back_is_not_read_again_by_the_tenant_that_sent_it(gua
     assert untenanted[1] == pytest.approx(again[1], abs=1e-6)
 
 
-def test_a_long_text_is_read_first_by_the_multilingual_model(guard: Guard) -> None:
-    """Above first_pass_above tokens, only e5-pi's windows are cut up front, each with the characters it covers (in
-    order, from the text's start to its end); the English model reads the spans the multilingual one suspects, and
-    the injection in the middle of the document is found either way."""
+def test_a_long_text_is_read_first_by_the_screen(guard: Guard) -> None:
+    """Above first_pass_above tokens, only the screen's windows are cut up front, each with the characters it covers
+    (in order, from the text's start to its end), and the screen reads no short text; both members read the spans
+    the screen suspects, and the injection in the middle of the document is found either way."""
     from tests.long_documents import document
 
     assert guard.model is not None
@@ -181,9 +181,10 @@ def test_a_long_text_is_read_first_by_the_multilingual_model(guard: Guard) -> No
     policy = InjectionPolicy(first_pass_above=500)
     windows = guard.windows([BENIGN, attack], policy)
     first = guard.model.first_pass
-    assert guard.model.members[first].name.endswith("e5-pi")
+    assert guard.model.scanners[first].name == "portcullis-guard-e5-screen-pi"
     assert list(windows.cut.deferred) == [1]
     assert {m for t, m, _ in windows.items if t == 1} == {first}
+    assert {m for t, m, _ in windows.items if t == 0} == {0, 1}, "a short text is read by the members alone"
     spans = [span for _, span in windows.cut.deferred[1]]
     assert spans[0][0] == 0 and spans[-1][1] >= len(attack.rstrip())
     assert all(a[0] < b[0] < a[1] for a, b in zip(spans, spans[1:])), "overlapping spans, in order"

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 
 from gateway.guard.batcher import MicroBatcher
-from gateway.guard.ensemble import Cut, GuardEnsemble, Window
+from gateway.guard.ensemble import MEMBER_FIRST_PASS, Cut, GuardEnsemble, Window
 from gateway.guard.model import GuardModel
-from gateway.guard.scan import SECOND_PASS_TOP, ScanOverBudget, scan
+from gateway.guard.scan import ScanOverBudget, scan
+
+TOP = MEMBER_FIRST_PASS[0]  # the first-pass windows whose spans the other members read, by rank
 
 
 class Member:
@@ -38,10 +40,10 @@ class Blend(GuardEnsemble):
     """The ensemble's own blend, screen and second-pass rules over stand-in models: equal weights, no calibration;
     the members read a first-pass window's span as the same window."""
 
-    def __init__(self, screen: bool = False, screen_margin: float = 0.0) -> None:
+    def __init__(self, screen: bool = False, screen_reads: tuple[int, float] = MEMBER_FIRST_PASS) -> None:
         super().__init__(Path("."), [object(), object()], [0.5, 0.5], (1.0, 0.0), None, "blend")  # type: ignore[list-item]
         self.screen = cast(GuardModel, object()) if screen else None
-        self.screen_margin = screen_margin
+        self.screen_reads = screen_reads
 
     def second_pass(self, cut: Cut, t: int, span: tuple[int, int]) -> list[Window]:
         ids = [cut.items[k][2] for k, first in cut.deferred[t] if first == span]
@@ -108,7 +110,7 @@ def test_a_long_text_is_read_by_the_first_pass_member_and_the_others_read_its_su
     deferred = {0: [(k, (10 * k, 10 * k + 12)) for k in range(20)]}
     members = [Member(), Member()]
     scores, _ = scanned(members, cut_of(first, deferred=deferred))
-    assert len(members[0].read) == 20 and len(members[1].read) == SECOND_PASS_TOP
+    assert len(members[0].read) == 20 and len(members[1].read) == TOP
     assert [900, 12] in members[1].read, "the attack's span is read by the second member"
     assert scores[0] > 0.9
 
@@ -131,17 +133,17 @@ def test_a_screen_reads_a_long_text_first_and_every_member_reads_its_suspects_an
     deferred = {0: [(k, (10 * k, 10 * k + 12)) for k in range(20)]}
     members = [Member(), Member(), Member()]
     scores, _ = scanned(members, cut_of(first, deferred=deferred, first_pass=2), Blend(screen=True))
-    assert [len(member.read) for member in members] == [SECOND_PASS_TOP, SECOND_PASS_TOP, 20]
+    assert [len(member.read) for member in members] == [TOP, TOP, 20]
     assert [900, 12] in members[0].read and [900, 12] in members[1].read
     assert scores[0] == pytest.approx(1 / (1 + np.exp(-4.0)))  # each member's largest margin: 900 / 100 - 5
 
 
-def test_a_screens_margin_sets_which_spans_the_members_read() -> None:
+def test_a_screens_top_and_margin_set_which_spans_the_members_read() -> None:
     """Every screened window leans malicious above a margin of -4.5 (its margins run -4.0 to -3.81), none above 0:
-    the members read every span, or only the top few."""
+    the members read every span, or the screen's top few (member first passes' or its own)."""
     first: list[Window] = [(0, 2, [100 + k, k]) for k in range(20)]
     deferred = {0: [(k, (10 * k, 10 * k + 12)) for k in range(20)]}
-    for margin, read in ((-4.5, 20), (0.0, SECOND_PASS_TOP)):
+    for reads, read in (((TOP, -4.5), 20), ((TOP, 0.0), TOP), ((9, 0.0), 9)):
         members = [Member(), Member(), Member()]
-        scanned(members, cut_of(first, deferred=deferred, first_pass=2), Blend(screen=True, screen_margin=margin))
+        scanned(members, cut_of(first, deferred=deferred, first_pass=2), Blend(screen=True, screen_reads=reads))
         assert [len(member.read) for member in members] == [read, read, 20]
