@@ -15,7 +15,7 @@ when the table was frozen in training, since it came from such blocks (import_mu
 
 An ensemble folder (gateway/guard/ensemble.py) is written with `--members minilm-pi=0.5 e5-pi=0.5` instead of
 `--checkpoint`: its config.json lists the member folders (beside --out) and carries the calibration and threshold
-of `crossval.py --blend`'s report. `--screen e5-screen-pi=-3 --screen-top 8` adds the screening model that reads
+of `crossval.py --blend`'s report. `--screen e5-screen-pi=0 --screen-top 8` adds the screening model that reads
 long texts first, the margin above which its windows go to the members and how many of its highest-scoring ones
 always do (`bench/long_scan_bench.py recall` measures a choice).
 A screen is exported like a member (`--checkpoint`) without `--crossval`: nothing reads its calibration or
