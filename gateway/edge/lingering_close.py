@@ -31,6 +31,8 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from gateway.edge.one_write import OneWriteCycle
+
 
 @dataclass(frozen=True)
 class LingerBounds:
@@ -92,10 +94,11 @@ class LingeringCloseProtocol(HttpToolsProtocol):
         self.pipeline.clear()
 
 
-class _EarlyAnswerCycle(RequestResponseCycle):
-    """uvicorn's request cycle, whose answer says `connection: close` when its head goes out before the request's
-    body was read to its end: `on_response_complete` ends such a connection, and a client told so opens a new one
-    for its next request instead of sending it into a connection that is closing."""
+class _EarlyAnswerCycle(OneWriteCycle):
+    """uvicorn's request cycle (a fixed-length answer in one write: gateway/edge/one_write.py), whose answer says
+    `connection: close` when its head goes out before the request's body was read to its end: `on_response_complete`
+    ends such a connection, and a client told so opens a new one for its next request instead of sending it into a
+    connection that is closing."""
 
     async def send(self, message: Any) -> None:
         if message["type"] == "http.response.start" and self.more_body:

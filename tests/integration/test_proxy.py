@@ -108,6 +108,29 @@ def test_stream_chunks_arrive_as_the_upstream_sends_them(one_upstream):
     assert all(gap > 0.15 for gap in gaps), gaps  # chunk spacing is preserved, not batched
 
 
+def written(gw) -> int:
+    """The write system calls a gateway's process (every thread of it) has made so far."""
+    for line in open(f"/proc/{gw.proc.pid}/io"):
+        if line.startswith("syscw:"):
+            return int(line.split()[1])
+    raise AssertionError("no syscw in /proc/PID/io")
+
+
+def test_a_proxied_answer_costs_one_write_each_way(gateway, upstream):
+    """One send toward the upstream, and one toward the client: a fixed-length answer's head leaves with its body,
+    not in a send of its own (each send is a pass through the kernel's TCP stack). Counted over requests on one
+    connection, the access log off (its writer adds writes of its own)."""
+    gw = gateway({"pools": [pool("main", upstream.url)], "telemetry": {"access_log": False}})
+    requests = 60
+    with httpx.Client() as client:
+        assert client.post(gw.url + "/v1/chat/completions", json=chat_body()).status_code == 200  # connections made
+        before = written(gw)
+        for _ in range(requests):
+            assert client.post(gw.url + "/v1/chat/completions", json=chat_body()).status_code == 200
+        per_request = (written(gw) - before) / requests
+    assert per_request < 2.5, per_request  # three with the head in a send of its own
+
+
 def test_gateway_asks_for_usage_but_strips_it_when_the_client_did_not(one_upstream):
     gw, upstream = one_upstream
     prompt_tokens = 'portcullis_tokens_total{kind="prompt",model="test-model",pool="main"}'
