@@ -15,6 +15,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SpanExporter
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -29,7 +30,7 @@ from gateway.config import ConfigError, GatewayConfig
 from gateway.context import RequestContext
 from gateway.edge.offload import Offload
 from gateway.edge.shape_gate import ShapeGate
-from gateway.endpoints import PassthroughEndpoint, ProxyEndpoint
+from gateway.endpoints import ModelRoutes, PassthroughEndpoint, ProxyEndpoint
 from gateway.errors import EXCEPTION_HANDLERS, GatewayError
 from gateway.fleet import FleetBuilder, Fleets, OnFleet
 from gateway.guard.runtime import Guard
@@ -386,8 +387,9 @@ def build_app(
             await reloader.stop()
         await gateway.aclose()
 
+    models = {api.path: ProxyEndpoint(gateway, api.name) for api in APIS}
     routes = [
-        *(Route(api.path, ProxyEndpoint(gateway, api.name), methods=["POST"]) for api in APIS),
+        *(Route(path, endpoint, methods=["POST"]) for path, endpoint in models.items()),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
@@ -398,7 +400,12 @@ def build_app(
         **EXCEPTION_HANDLERS,
         HTTPException: route_error,  # 404s under /v1/ name the routes served
     }
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers=handlers,
+        middleware=[Middleware(ModelRoutes, endpoints=models)],  # their POSTs skip the router
+    )
     app.router.redirect_slashes = False  # its redirect's Location is built from the client's own Host header
     if not config.admin.enabled:
         return ByListener(app, None, None)

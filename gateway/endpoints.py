@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from typing import TYPE_CHECKING
 
 from opentelemetry.trace import Status, StatusCode
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.apis.routes import BY_PATH, PASSTHROUGH
 from gateway.context import RequestContext
@@ -167,6 +167,27 @@ class ProxyEndpoint:
                 "client": ctx.request.client.host if ctx.request.client else None,
             }
         )
+
+
+class ModelRoutes:
+    """The model routes (POST on an API's path), served ahead of Starlette's routing: a middleware, so within
+    Starlette's answer to a defect (a 500 in the OpenAI shape) but past its exception middleware, its request objects
+    and its router's path matching, none of which these endpoints use (each answers its own errors) and which cost a
+    proxied request about two dozen calls. Anything else (another method or path) goes on to the router, which has
+    the same endpoints for these paths."""
+
+    def __init__(self, app: ASGIApp, endpoints: Mapping[str, ProxyEndpoint]) -> None:
+        self.app = app
+        self.endpoints = endpoints  # by path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # the router matches the path within root_path (none where `portcullis serve` runs): left to it
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            endpoint = self.endpoints.get(scope["path"])
+            if endpoint is not None:
+                await endpoint(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class PassthroughEndpoint(ProxyEndpoint):
