@@ -138,7 +138,9 @@ class Gateway:
         # what tenants make upstream (files, stored responses, fine-tuned models) is recorded where the keys are, and
         # theirs alone
         self.objects = TenantObjects(build_object_store(config), config.tenant_objects)
-        self.upstream = Upstream(self.tracer, self.metrics, self.offload, config.telemetry.replica_header)
+        self.upstream = Upstream(
+            self.tracer, self.metrics, self.offload, config.telemetry.replica_header, recording=self.tracing
+        )
         # pools, models and fallbacks, with the stages that decide on them: replaced whole by a config reload
         self.fleet_builder = FleetBuilder(
             lambda: self.policies,

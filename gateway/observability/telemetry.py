@@ -20,12 +20,24 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import propagate, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
+from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
-from opentelemetry.trace import Link, Span, SpanKind, Tracer, format_span_id, format_trace_id
+from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
+    Link,
+    Span,
+    SpanKind,
+    Tracer,
+    format_span_id,
+    format_trace_id,
+    set_span_in_context,
+)
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -395,6 +407,38 @@ def server_span(
             name, context=parent, links=links, kind=SpanKind.SERVER, attributes=attributes()
         )
     return contextlib.nullcontext(tracer.start_span(name, context=parent, kind=SpanKind.SERVER))
+
+
+TraceHeaders = Callable[[dict[str, str], Span], None]
+
+
+def trace_headers(recording: bool) -> TraceHeaders:
+    """How an upstream call's headers carry its span's trace: through the global propagators (OTEL_PROPAGATORS).
+    Where no span can record and those are the default ones (W3C trace context and baggage), `traceparent` (and
+    `tracestate`, where the trace has one) is written directly, as they write it: with no span current, a request's
+    context holds no baggage, and the propagators' calls cost more than the header. Decided once, at start."""
+    if recording or not _default_propagators(propagate.get_global_textmap()):
+        return _propagated
+    return _trace_context
+
+
+def _default_propagators(textmap: object) -> bool:
+    propagators = getattr(textmap, "_propagators", None)
+    kinds = [type(p) for p in propagators] if isinstance(textmap, CompositePropagator) and propagators else []
+    return kinds == [TraceContextTextMapPropagator, W3CBaggagePropagator]
+
+
+def _propagated(headers: dict[str, str], span: Span) -> None:
+    propagate.inject(headers, context=set_span_in_context(span))
+
+
+def _trace_context(headers: dict[str, str], span: Span) -> None:
+    context = span.get_span_context()
+    if context == INVALID_SPAN_CONTEXT:
+        return
+    headers["traceparent"] = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    if context.trace_state:
+        headers["tracestate"] = context.trace_state.to_header()
 
 
 def trace_ids(span: Span) -> tuple[str, str]:

@@ -43,8 +43,7 @@ from typing import Any
 
 import aiohttp
 import orjson
-from opentelemetry import propagate
-from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
+from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode, Tracer
 from starlette.responses import Response, StreamingResponse
 
 from gateway.apis.answers import AnswerFormat, token_count
@@ -54,7 +53,7 @@ from gateway.context import RequestContext
 from gateway.edge.offload import Offload
 from gateway.errors import GatewayError, internal_error
 from gateway.header_values import header_value, rendered
-from gateway.observability.telemetry import Metrics
+from gateway.observability.telemetry import Metrics, TraceHeaders, trace_headers
 from gateway.relay.genai_spans import TIME_TO_FIRST_CHUNK, response_attributes
 from gateway.routing.pool import Pool
 from gateway.routing.replica import Replica
@@ -143,8 +142,12 @@ class _Deadline:
 
 
 class Upstream:
-    def __init__(self, tracer: Tracer, metrics: Metrics, offload: Offload, replica_header: bool = False) -> None:
+    def __init__(
+        self, tracer: Tracer, metrics: Metrics, offload: Offload, replica_header: bool = False, recording: bool = True
+    ) -> None:
+        """`recording`: whether any span can record (telemetry.py's `records_spans`)."""
         self._tracer = tracer
+        self._trace_headers = trace_headers(recording)
         self._metrics = metrics
         self._ttft = metrics.tallies.histogram(metrics.upstream_ttft)  # by pool
         self._duration = metrics.tallies.histogram(metrics.upstream_duration)  # by pool
@@ -280,7 +283,7 @@ class Upstream:
         headers = {
             "content-type": "application/json",
             "accept": "text/event-stream" if ctx.stream else "application/json",
-            **_pool_headers(pool, ctx, attempt.span),
+            **_pool_headers(pool, ctx, attempt.span, self._trace_headers),
         }
         url = attempt.replica.url + exchange.path
         try:
@@ -358,7 +361,7 @@ class Upstream:
             for k, v in ctx.request.headers.items()
             if k in _PASSED_HEADERS and not (body is not None and k == "content-type")  # not the body it describes
         }
-        headers.update(_pool_headers(pool, ctx, attempt.span))
+        headers.update(_pool_headers(pool, ctx, attempt.span, self._trace_headers))
         if query is None:
             query = (scope.get("query_string") or b"").decode("latin-1")
         url = replica.url + (path or scope["path"]) + ("?" + query if query else "")
@@ -597,16 +600,16 @@ def _ask_for_usage(ctx: RequestContext, pool: Pool) -> bool:
     return True
 
 
-def _pool_headers(pool: Pool, ctx: RequestContext, span: Span) -> dict[str, str]:
+def _pool_headers(pool: Pool, ctx: RequestContext, span: Span, trace: TraceHeaders) -> dict[str, str]:
     """What every request to a pool carries: the pool's credentials for the tenant (its own key, else the pool's) in
-    its API's way, the request id, the trace."""
+    its API's way, the request id, the trace (`span`'s, written by `trace`)."""
     api_key = pool.api_key_for(ctx.tenant)
     headers = {
         "accept-encoding": "identity",
         "x-request-id": ctx.request_id,
         **POOL_APIS[pool.config.api].headers(pool.config, api_key, ctx.request.headers),
     }
-    propagate.inject(headers, context=set_span_in_context(span))
+    trace(headers, span)
     return headers
 
 
