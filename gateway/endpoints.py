@@ -47,22 +47,17 @@ class ProxyEndpoint:
         gw = self.gateway
         watch = ClientWatch(scope)  # until the answer starts, a client that leaves cancels the work done for it
         request = Request(scope, receive)
-        path = scope["path"]  # request.url would parse the Host header on every request
-        name = f"{request.method} {path}"
+        # read from the scope: request.url would parse the Host header, request.client build an Address, each time
+        method, path, peer = scope["method"], scope["path"], _peer(scope) or ""
         parent, links = incoming_trace(request.headers, gw.config.telemetry.trust_client_trace)
         with server_span(
             gw.tracer,
             gw.tracing,
-            name,
+            f"{method} {path}",
             parent,
             links,
-            lambda: {
-                "http.request.method": request.method,
-                "url.path": path,
-                "client.address": request.client.host if request.client else "",
-            },
+            lambda: {"http.request.method": method, "url.path": path, "client.address": peer},
         ) as span:
-            peer = request.client.host if request.client else ""
             ctx = RequestContext(
                 request=request,
                 route=self.route,
@@ -144,7 +139,7 @@ class ProxyEndpoint:
                 "request_id": ctx.request_id,
                 "trace_id": trace_id,
                 "span_id": span_id,
-                "method": ctx.request.method,
+                "method": ctx.request.scope["method"],
                 "path": ctx.request.scope["path"],
                 "status": ctx.status,
                 "duration_ms": round(elapsed * 1000, 3),
@@ -164,9 +159,15 @@ class ProxyEndpoint:
                 "finish_reasons": ctx.usage.finish_reasons or None,
                 "stream_error": ctx.stream_error,
                 "cache": ctx.cache_result,
-                "client": ctx.request.client.host if ctx.request.client else None,
+                "client": _peer(ctx.request.scope),
             }
         )
+
+
+def _peer(scope: Scope) -> str | None:
+    """The socket peer's address (None on a Unix socket)."""
+    client = scope.get("client")
+    return client[0] if client else None
 
 
 class ModelRoutes:
