@@ -53,6 +53,7 @@ class ProxyEndpoint:
         with server_span(
             gw.tracer,
             gw.tracing,
+            gw.tracer_provider.id_generator,
             f"{method} {path}",
             parent,
             links,

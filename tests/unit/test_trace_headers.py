@@ -1,4 +1,5 @@
-"""The trace an upstream call carries: written directly where no span records, exactly as the propagators write it."""
+"""A request's trace where no span records: its span made as the SDK's tracer makes it, and the trace an upstream call
+carries written directly, exactly as the propagators write it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import INVALID_SPAN, SpanKind, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from gateway.observability.telemetry import trace_headers
+from gateway.observability.telemetry import trace_headers, unsampled_span
 
 CALLER = {
     "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
@@ -53,3 +54,22 @@ def test_other_propagators_write_their_own(monkeypatch: pytest.MonkeyPatch) -> N
     written: dict[str, str] = {}
     trace_headers(recording=False)(written, span)
     assert written == {"x-marked": "1"}
+
+
+@pytest.mark.parametrize(
+    "parent",
+    [{}, CALLER, {**CALLER, "traceparent": CALLER["traceparent"][:-2] + "02"}, {"traceparent": "00-0-0-01"}],
+    ids=["root", "trusted caller with tracestate", "caller with a random trace id", "invalid traceparent"],
+)
+def test_an_unsampled_span_is_the_one_the_sdk_starts(parent: dict[str, str]) -> None:
+    """The same trace, flags and trace state as the SDK's tracer under the always-off sampler; a new span id."""
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    context = propagate.extract(parent)
+    ours = unsampled_span(provider.id_generator, context).get_span_context()
+    sdks = provider.get_tracer("test").start_span("x", context=context, kind=SpanKind.SERVER).get_span_context()
+    assert ours.is_valid and not ours.is_remote and ours.span_id != sdks.span_id
+    assert (ours.trace_flags, ours.trace_state, ours.is_remote) == (sdks.trace_flags, sdks.trace_state, sdks.is_remote)
+    if "00-0af7" in parent.get("traceparent", ""):
+        assert ours.trace_id == sdks.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+    else:  # a trace of its own, new for each span
+        assert ours.trace_id != sdks.trace_id
