@@ -75,8 +75,8 @@ class Cut:
 
 @dataclass
 class GuardEnsemble:
-    """Members, their weights, and the calibration and threshold of the blend; the screening model of long texts
-    and the margin above which its windows are read by the members, where the folder names one."""
+    """Members, their weights, and the calibration and threshold of the blend; the screening model of long texts,
+    where the folder names one; which first-pass windows' spans the members read."""
 
     folder: Path
     members: list[GuardModel]
@@ -85,17 +85,13 @@ class GuardEnsemble:
     threshold: float | None
     name: str
     screen: GuardModel | None = None
-    screen_reads: tuple[int, float] = MEMBER_FIRST_PASS  # the screen's (top, margin)
+    # the first pass's `top` highest-scoring windows and every one above `margin`: a member's, or the screen's own
+    second_pass_rule: tuple[int, float] = MEMBER_FIRST_PASS
 
     @property
     def scanners(self) -> list[GuardModel]:
         """Every model a scan may read with, by the index its windows carry: the members, then the screen."""
         return self.members + ([self.screen] if self.screen else [])
-
-    @property
-    def second_pass_rule(self) -> tuple[int, float]:
-        """Which first-pass windows' spans the members read: (its `top` highest-scoring, every one above `margin`)."""
-        return self.screen_reads if self.screen is not None else MEMBER_FIRST_PASS
 
     @property
     def max_length(self) -> int:
@@ -143,7 +139,11 @@ class GuardEnsemble:
         TooManyTokens when the texts hold more than `max_tokens` of a scanner's tokens."""
         scanners = self.scanners
         encodings = []
+        by_tokenizer: dict[int, list] = {}  # a screen cut from a member shares its tokenizer: encoded once
         for member in scanners:
+            if id(member.tokenizer) in by_tokenizer:
+                encodings.append(by_tokenizer[id(member.tokenizer)])
+                continue
             if max_tokens is not None:
                 prefix = max_tokens * PREFIX_CHARS_PER_TOKEN
                 heads = [text[:prefix] for text in texts if len(text) > prefix]
@@ -156,6 +156,7 @@ class GuardEnsemble:
             if max_tokens is not None and needed > max_tokens:
                 raise TooManyTokens(needed)
             encodings.append(encoded)
+            by_tokenizer[id(member.tokenizer)] = encoded
         first = self.first_pass if len(scanners) > 1 and first_pass_above is not None else -1
         spans: dict[int, list[tuple[int, int]]] = {}  # a long text's first-pass windows, as character spans
         if first >= 0:
@@ -260,7 +261,7 @@ def load_guard(
     members = [
         load_model(path, device=device, precision=precision, threads=threads, tokenizers=tokenizers) for path in paths
     ]
-    screen, screen_reads = _screen(extra.get("screen"), folder, config_path, device, precision, threads, tokenizers)
+    screen, second_pass_rule = _screen(extra.get("screen"), folder, config_path, device, precision, threads, tokenizers)
     if "calibration" not in extra or "threshold" not in extra:
         log.warning("guard ensemble %s: no calibration or threshold in config.json; scores are uncalibrated", folder)
     scanners = members + ([screen] if screen else [])
@@ -275,7 +276,7 @@ def load_guard(
         float(threshold) if threshold is not None else None,
         str(extra.get("name") or folder.name),
         screen,
-        screen_reads,
+        second_pass_rule,
     )
 
 
@@ -291,15 +292,19 @@ def _screen(
     """The screening model `portcullis.screen` names and which of its windows the members read (top, margin)."""
     if listed is None:
         return None, MEMBER_FIRST_PASS
+    malformed = GuardModelError(
+        f"{config_path}: portcullis.screen must be {{model: folder, margin: number, top: count}}"
+    )
+    if not isinstance(listed, dict) or "model" not in listed:
+        raise malformed
+    top = listed.get("top", MEMBER_FIRST_PASS[0])
     try:
-        assert isinstance(listed, dict)
-        path = (folder / str(listed["model"])).resolve()
-        top, margin = listed.get("top", MEMBER_FIRST_PASS[0]), float(listed.get("margin", MEMBER_FIRST_PASS[1]))
-        assert isinstance(top, int) and not isinstance(top, bool)
-    except (AssertionError, KeyError, TypeError, ValueError):
-        raise GuardModelError(
-            f"{config_path}: portcullis.screen must be {{model: folder, margin: number, top: count}}"
-        ) from None
+        margin = float(listed.get("margin", MEMBER_FIRST_PASS[1]))
+    except (TypeError, ValueError):
+        raise malformed from None
+    if not isinstance(top, int) or isinstance(top, bool):
+        raise malformed
+    path = (folder / str(listed["model"])).resolve()
     if not np.isfinite(margin) or top < 1:
         raise GuardModelError(f"{config_path}: portcullis.screen needs a finite margin and a top of at least 1")
     screen = load_model(path, device=device, precision=precision, threads=threads, tokenizers=tokenizers)

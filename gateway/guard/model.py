@@ -268,12 +268,13 @@ def load_model(
         log.warning("guard: CUDA provider did not start; running on %s", active[0])
 
     tokenizer_file = (folder / "tokenizer.json").resolve()
-    tokenizers = {} if tokenizers is None else tokenizers
-    if tokenizer_file not in tokenizers:
-        tokenizers[tokenizer_file] = Tokenizer.from_file(str(tokenizer_file))
-        tokenizers[tokenizer_file].no_padding()
-        tokenizers[tokenizer_file].no_truncation()
-    tokenizer = tokenizers[tokenizer_file]
+    tokenizer = (tokenizers or {}).get(tokenizer_file)
+    if tokenizer is None:
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        if tokenizers is not None:
+            tokenizers[tokenizer_file] = tokenizer
     max_length = int(extra.get("max_length") or config.get("max_position_embeddings") or 512)
     tok_config = folder / "tokenizer_config.json"
     if tok_config.is_file():

@@ -40,10 +40,10 @@ class Blend(GuardEnsemble):
     """The ensemble's own blend, screen and second-pass rules over stand-in models: equal weights, no calibration;
     the members read a first-pass window's span as the same window."""
 
-    def __init__(self, screen: bool = False, screen_reads: tuple[int, float] = MEMBER_FIRST_PASS) -> None:
+    def __init__(self, screen: bool = False, second_pass_rule: tuple[int, float] = MEMBER_FIRST_PASS) -> None:
         super().__init__(Path("."), [object(), object()], [0.5, 0.5], (1.0, 0.0), None, "blend")  # type: ignore[list-item]
         self.screen = cast(GuardModel, object()) if screen else None
-        self.screen_reads = screen_reads
+        self.second_pass_rule = second_pass_rule
 
     def second_pass(self, cut: Cut, t: int, span: tuple[int, int]) -> list[Window]:
         ids = [cut.items[k][2] for k, first in cut.deferred[t] if first == span]
@@ -145,5 +145,5 @@ def test_a_screens_top_and_margin_set_which_spans_the_members_read() -> None:
     deferred = {0: [(k, (10 * k, 10 * k + 12)) for k in range(20)]}
     for reads, read in (((TOP, -4.5), 20), ((TOP, 0.0), TOP), ((9, 0.0), 9)):
         members = [Member(), Member(), Member()]
-        scanned(members, cut_of(first, deferred=deferred, first_pass=2), Blend(screen=True, screen_reads=reads))
+        scanned(members, cut_of(first, deferred=deferred, first_pass=2), Blend(screen=True, second_pass_rule=reads))
         assert [len(member.read) for member in members] == [read, read, 20]

@@ -41,25 +41,23 @@ def request() -> RequestContext:
     return RequestContext(request=Request(scope), route="chat", span=trace.INVALID_SPAN)
 
 
-class Seen:
-    """A stage that notes each request it is run for."""
-
-    name = "seen"
-
-    def __init__(self) -> None:
-        self.runs = 0
-
-    async def __call__(self, ctx: RequestContext) -> None:
-        self.runs += 1
-
-
-class SeenCache(CacheStage):
-    """The response cache stage, noting each request it is run for (and doing nothing with it)."""
+class Counting:
+    """Notes each request the stage is run for, and does nothing with it."""
 
     runs = 0
 
     async def __call__(self, ctx: RequestContext) -> None:
         self.runs += 1
+
+
+class Seen(Counting):
+    """A stage that notes each request it is run for."""
+
+    name = "seen"
+
+
+class SeenCache(Counting, CacheStage):
+    """The response cache stage, noting each request it is run for (and doing nothing with it)."""
 
 
 def test_the_cache_stage_runs_only_under_a_policy_set_that_turns_the_cache_on(tmp_path: Path) -> None:
@@ -86,13 +84,8 @@ def test_the_cache_stage_runs_only_under_a_policy_set_that_turns_the_cache_on(tm
     assert (first.runs, cache.runs) == (4, 2)
 
 
-class SeenGuard(GuardStage):
+class SeenGuard(Counting, GuardStage):
     """The guard stage, noting each request it is run for (and doing nothing with it)."""
-
-    runs = 0
-
-    async def __call__(self, ctx: RequestContext) -> None:
-        self.runs += 1
 
 
 def test_the_guard_stage_runs_only_under_a_policy_set_where_some_guard_reads_or_refuses(tmp_path: Path) -> None:
