@@ -41,6 +41,7 @@ def _parts(eng: LLMEngine) -> list[tuple[Any, str, str]]:
         (eng.scheduler, "schedule", "scheduler"),
         (engine_module, "build_forward_batch", "batch building"),
         (m, "forward", "forward"),
+        (m, "_int8_decode_step", "int8: the step as one graph, K and V stored"),
         (m, "_decode_plan", "decode plan (block tables, mask)"),
         (m, "_store_kv", "KV store (numpy)"),
         (m, "_decode_attention", "decode attention"),

@@ -15,7 +15,8 @@ for a layout the blocks do not cover, becomes a plain MatMul). A layer's output 
 inputs): it turns Q and K within the Q|K|V rows, so numpy only copies K and V into the cache. In numpy RoPE was
 nine calls a layer, 5.5 of the 8.7 us a single decode token spent a layer outside attention. SiLU is spelled
 g / (1 + exp(-g)) as in numpy: Sigmoid * Mul would be fused into onnxruntime's QuickGelu, whose approximation moved
-the logprobs measurably further from the float32 reference.
+the logprobs measurably further from the float32 reference. The node builders below also make the one-graph decode
+step (`int8_decode_step.py`), every name under a prefix of its layer.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 Matrix = BlockQuantized | np.ndarray  # blocks [out, in], or dense float32 pre-transposed [in, out]
 
 
-def _product(w: Matrix, x: str, y: str) -> tuple[list[Any], list[Any]]:
+def product(w: Matrix, x: str, y: str) -> tuple[list[Any], list[Any]]:
     from onnx import helper
 
     if isinstance(w, BlockQuantized):
@@ -41,7 +42,7 @@ def _product(w: Matrix, x: str, y: str) -> tuple[list[Any], list[Any]]:
     return [helper.make_node("MatMul", [x, f"{y}_w"], [y])], [constant(f"{y}_w", w)]
 
 
-def _width(w: Matrix) -> int:
+def out_width(w: Matrix) -> int:
     """Output columns of `x @ w`."""
     return w.shape[0] if isinstance(w, BlockQuantized) else w.shape[1]
 
@@ -51,7 +52,7 @@ def _depth(w: Matrix) -> int:
     return w.shape[1] if isinstance(w, BlockQuantized) else w.shape[0]
 
 
-def _rope_inputs() -> list[Any]:
+def rope_inputs() -> list[Any]:
     """The RoPE inputs of every graph: positions [T, 1] and the model's cos / sin tables [positions, head_dim / 2]."""
     from onnx import TensorProto, helper
 
@@ -60,6 +61,11 @@ def _rope_inputs() -> list[Any]:
         helper.make_tensor_value_info("cos", TensorProto.FLOAT, ["P", "half"]),
         helper.make_tensor_value_info("sin", TensorProto.FLOAT, ["P", "half"]),
     ]
+
+
+def rope_layout(num_heads: int, num_kv_heads: int, head_dim: int) -> tuple[int, int, int]:
+    """`_rope_nodes`' shape arguments for Q|K|V rows: the heads RoPE turns, the rows' width, V's width."""
+    return num_heads + num_kv_heads, (num_heads + 2 * num_kv_heads) * head_dim, num_kv_heads * head_dim
 
 
 def _rope_nodes(raw: str, out: str, qk_heads: int, width: int, kv_width: int) -> tuple[list[Any], list[Any]]:
@@ -94,15 +100,14 @@ def _rope_nodes(raw: str, out: str, qk_heads: int, width: int, kv_width: int) ->
 
 class Int8LayerStack:
     """`first(h, rope)` -> layer 0's Q|K|V; `after_attention(i, h, attn, rope)` -> (new residual, layer i + 1's
-    Q|K|V or None after the last layer). Q and K come out rotated; `rope` feeds `_rope_inputs`. The layers'
+    Q|K|V or None after the last layer). Q and K come out rotated; `rope` feeds `rope_inputs`. The layers'
     matrices are `Matrix`es."""
 
     def __init__(self, layers: list[LayerWeights], eps: float, num_heads: int, num_kv_heads: int):
         self.nbytes = sum(int(a.nbytes) for lw in layers for a in vars(lw).values())
         hidden = layers[0].attn_norm.shape[0]
-        width = _width(layers[0].wqkv)
-        head_dim = width // (num_heads + 2 * num_kv_heads)
-        self._rope = (num_heads + num_kv_heads, width, num_kv_heads * head_dim)
+        head_dim = out_width(layers[0].wqkv) // (num_heads + 2 * num_kv_heads)
+        self._rope = rope_layout(num_heads, num_kv_heads, head_dim)
         self._first = session(self._norm_qkv_graph(layers[0].attn_norm, layers[0].wqkv, eps, hidden))
         self._after = [
             session(self._layer_graph(layer, layers[i + 1] if i + 1 < len(layers) else None, eps, hidden))
@@ -119,62 +124,86 @@ class Int8LayerStack:
         return out[0], (out[1] if len(out) > 1 else None)
 
     def _norm_qkv_graph(self, norm: np.ndarray, wqkv: Matrix, eps: float, hidden: int) -> bytes:
-        from onnx import helper
-
-        nodes = [helper.make_node("SimplifiedLayerNormalization", ["h", "norm"], ["x"], axis=-1, epsilon=eps)]
-        mm_nodes, inits = _product(wqkv, "x", "qkv_raw")
-        rope_nodes, rope_inits = _rope_nodes("qkv_raw", "qkv", *self._rope)
-        return float_graph(
-            nodes + mm_nodes + rope_nodes,
-            [constant("norm", norm), *inits, *rope_inits],
-            {"h": hidden},
-            {"qkv": _width(wqkv)},
-            _rope_inputs(),
-        )
+        nodes, inits = norm_qkv_nodes(norm, wqkv, eps, self._rope, "h", "qkv")
+        return float_graph(nodes, inits, {"h": hidden}, {"qkv": out_width(wqkv)}, rope_inputs())
 
     def _layer_graph(self, lw: LayerWeights, nxt: LayerWeights | None, eps: float, hidden: int) -> bytes:
-        from onnx import TensorProto, helper
+        from onnx import helper
 
-        inter = _width(lw.w_gate_up) // 2
-        nodes: list[Any] = []
-        inits = [
-            constant("ffn_norm", lw.ffn_norm),
-            constant("split", np.array([inter, inter]), TensorProto.INT64),
-            constant("one", np.ones(1, np.float32)),
-        ]
-
-        def add(product: tuple[list[Any], list[Any]]) -> None:
-            nodes.extend(product[0])
-            inits.extend(product[1])
-
-        def skip_norm(residual: str, delta: str, norm: str, x: str, total: str) -> Any:
-            return helper.make_node(
-                "SkipSimplifiedLayerNormalization",
-                [residual, delta, norm],
-                [x, "", "", total],
-                domain="com.microsoft",
-                epsilon=eps,
-            )
-
-        add(_product(lw.wo, "attn", "o"))
-        nodes.append(skip_norm("h", "o", "ffn_norm", "x", "h_mid"))
-        add(_product(lw.w_gate_up, "x", "gu"))
-        nodes += [
-            helper.make_node("Split", ["gu", "split"], ["g", "u"], axis=-1),
-            helper.make_node("Neg", ["g"], ["g_neg"]),
-            helper.make_node("Exp", ["g_neg"], ["g_exp"]),
-            helper.make_node("Add", ["g_exp", "one"], ["g_den"]),
-            helper.make_node("Div", ["g", "g_den"], ["g_silu"]),
-            helper.make_node("Mul", ["g_silu", "u"], ["act"]),
-        ]
-        add(_product(lw.w_down, "act", "d"))
+        nodes, inits = residual_nodes(lw, eps, "h", "attn", "")
         outputs = {"h_out": hidden}
         if nxt is None:
             nodes.append(helper.make_node("Add", ["h_mid", "d"], ["h_out"]))
         else:
+            nodes.append(skip_norm("h_mid", "d", "next_norm", "x_next", "h_out", eps))
             inits.append(constant("next_norm", nxt.attn_norm))
-            nodes.append(skip_norm("h_mid", "d", "next_norm", "x_next", "h_out"))
-            add(_product(nxt.wqkv, "x_next", "qkv_raw"))
-            add(_rope_nodes("qkv_raw", "qkv", *self._rope))
-            outputs["qkv"] = _width(nxt.wqkv)
-        return float_graph(nodes, inits, {"h": hidden, "attn": _depth(lw.wo)}, outputs, _rope_inputs())
+            more, more_inits = qkv_nodes(nxt.wqkv, self._rope, "x_next", "qkv")
+            nodes += more
+            inits += more_inits
+            outputs["qkv"] = out_width(nxt.wqkv)
+        return float_graph(nodes, inits, {"h": hidden, "attn": _depth(lw.wo)}, outputs, rope_inputs())
+
+
+def skip_norm(residual: str, delta: str, norm: str, x: str, total: str, eps: float) -> Any:
+    """`total` = residual + delta, and `x` = RMSNorm(total) * norm (`total` may be "" when only `x` is wanted)."""
+    from onnx import helper
+
+    return helper.make_node(
+        "SkipSimplifiedLayerNormalization",
+        [residual, delta, norm],
+        [x, "", "", total],
+        domain="com.microsoft",
+        epsilon=eps,
+    )
+
+
+def qkv_nodes(wqkv: Matrix, rope: tuple[int, int, int], x: str, qkv: str) -> tuple[list[Any], list[Any]]:
+    """`qkv` = x @ Wqkv with Q and K turned by RoPE; every name added starts with `qkv`."""
+    nodes, inits = product(wqkv, x, f"{qkv}_raw")
+    rope_nodes, rope_inits = _rope_nodes(f"{qkv}_raw", qkv, *rope)
+    return nodes + rope_nodes, inits + rope_inits
+
+
+def norm_qkv_nodes(
+    norm: np.ndarray, wqkv: Matrix, eps: float, rope: tuple[int, int, int], h: str, qkv: str
+) -> tuple[list[Any], list[Any]]:
+    """Layer 0's `qkv` from the embeddings `h`: RMSNorm, then `qkv_nodes`; every name added starts with `qkv`."""
+    from onnx import helper
+
+    nodes = [helper.make_node("SimplifiedLayerNormalization", [h, f"{qkv}_norm"], [f"{qkv}_x"], axis=-1, epsilon=eps)]
+    more, inits = qkv_nodes(wqkv, rope, f"{qkv}_x", qkv)
+    return nodes + more, [constant(f"{qkv}_norm", norm), *inits]
+
+
+def residual_nodes(lw: LayerWeights, eps: float, h: str, attn: str, p: str) -> tuple[list[Any], list[Any]]:
+    """A layer after attention, up to the two terms of its new residual: `{p}h_mid` = h + attn @ Wo and `{p}d`, the
+    MLP's output on RMSNorm(h_mid); every name added starts with `p`. What follows (the sum alone, or with the next
+    norm) is the caller's."""
+    from onnx import TensorProto, helper
+
+    make = helper.make_node
+    inter = out_width(lw.w_gate_up) // 2
+    nodes: list[Any] = []
+    inits = [
+        constant(f"{p}ffn_norm", lw.ffn_norm),
+        constant(f"{p}split", np.array([inter, inter]), TensorProto.INT64),
+        constant(f"{p}one", np.ones(1, np.float32)),
+    ]
+
+    def add(product: tuple[list[Any], list[Any]]) -> None:
+        nodes.extend(product[0])
+        inits.extend(product[1])
+
+    add(product(lw.wo, attn, f"{p}o"))
+    nodes.append(skip_norm(h, f"{p}o", f"{p}ffn_norm", f"{p}x", f"{p}h_mid", eps))
+    add(product(lw.w_gate_up, f"{p}x", f"{p}gu"))
+    nodes += [
+        make("Split", [f"{p}gu", f"{p}split"], [f"{p}g", f"{p}u"], axis=-1),
+        make("Neg", [f"{p}g"], [f"{p}g_neg"]),
+        make("Exp", [f"{p}g_neg"], [f"{p}g_exp"]),
+        make("Add", [f"{p}g_exp", f"{p}one"], [f"{p}g_den"]),
+        make("Div", [f"{p}g", f"{p}g_den"], [f"{p}g_silu"]),
+        make("Mul", [f"{p}g_silu", f"{p}u"], [f"{p}act"]),
+    ]
+    add(product(lw.w_down, f"{p}act", f"{p}d"))
+    return nodes, inits

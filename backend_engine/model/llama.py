@@ -6,7 +6,8 @@ Attention reads the paged KV cache: decode tokens are attended in one batched ga
 their block tables; each prefill chunk is attended with its own causal mask.
 
 Weights are stored pre-transposed ([in, out], contiguous) so every projection is `x @ W`,
-and Q|K|V and gate|up are fused so a layer costs four matmuls.
+and Q|K|V and gate|up are fused so a layer costs four matmuls. Under `--compute int8` a step of
+decode rows alone is one onnxruntime graph instead (`int8_decode_step.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 
 from backend_engine.backend import ArrayBackend
 from backend_engine.model.decode_attention import DecodeAttention
+from backend_engine.model.int8_decode_step import Int8DecodeStep
 from backend_engine.model.int8_layers import Int8LayerStack
 from backend_engine.model.int8_matmul import Int8Matmul
 from backend_engine.model.quant_blocks import BlockQuantized
@@ -56,6 +58,7 @@ class LlamaWeights:
     final_norm: Any  # [H]
     lm_head: Any  # [H, V], or an `Int8Matmul`
     int8_layers: Int8LayerStack | None = None  # `--compute int8`: every layer's matrices and norms (then layers=[])
+    int8_decode: Int8DecodeStep | None = None  # `--compute int8`: a step of decode rows alone, as one graph
 
 
 @dataclass
@@ -122,13 +125,15 @@ def hf_tensors_to_weights(cfg: LlamaConfig, t: dict[str, Any], be: ArrayBackend)
         )
     embed = t.pop("model.embed_tokens.weight")
     head = _matrix([t.pop("lm_head.weight", embed)], be)
+    final_norm = be.asarray(t.pop("model.norm.weight"), np.float32)
     stack = Int8LayerStack(layers, cfg.rms_eps, cfg.num_heads, cfg.num_kv_heads) if int8 else None
     return LlamaWeights(
         embed=be.asarray(_dense(embed), np.float32),
         layers=[] if stack else layers,  # the graphs hold the blocks: keeping them too would double the memory
-        final_norm=be.asarray(t.pop("model.norm.weight"), np.float32),
+        final_norm=final_norm,
         lm_head=Int8Matmul(head) if isinstance(head, BlockQuantized) else head,
         int8_layers=stack,
+        int8_decode=Int8DecodeStep(cfg, layers, final_norm, head) if int8 else None,
     )
 
 
@@ -170,7 +175,7 @@ class LlamaModel:
         )
 
     def weight_bytes(self) -> int:
-        n = 0 if self.w.int8_layers is None else self.w.int8_layers.nbytes
+        n = sum(g.nbytes for g in (self.w.int8_layers, self.w.int8_decode) if g is not None)
         for lw in self.w.layers:
             n += sum(int(a.nbytes) for a in vars(lw).values())
         return n + int(self.w.embed.nbytes + self.w.final_norm.nbytes + self.w.lm_head.nbytes)
@@ -220,6 +225,8 @@ class LlamaModel:
 
     def forward(self, batch: ForwardBatch, kv_cache: list[Any]) -> Any:
         """Run all layers over the flat batch; returns float32 logits [len(logits_indices), V]."""
+        if self.w.int8_decode is not None and not batch.prefills:
+            return self._int8_decode_step(batch, kv_cache)
         h = self._layers(batch, kv_cache)
         rows = h[self.be.asarray(batch.logits_indices.astype(np.int64))]
         return self._mm(self._rms(rows, self.w.final_norm), self.w.lm_head).astype(self.xp.float32, copy=False)
@@ -268,6 +275,22 @@ class LlamaModel:
             else:
                 h, qkv = stack.after_attention(li, h, attn, rope)
         return h
+
+    def _int8_decode_step(self, batch: ForwardBatch, kv_cache: list[Any]) -> Any:
+        """A step of decode rows alone through `Int8DecodeStep`, then their new K and V into the cache."""
+        assert self.w.int8_decode is not None
+        c, D = self.cfg, batch.num_decodes
+        tables = batch.decode_block_tables.astype(np.int64)
+        cached = np.arange(tables.shape[1] * kv_cache[0].shape[3])[None, :] < batch.decode_context_lens[:, None] - 1
+        rope = {"positions": batch.positions.astype(np.int64).reshape(D, 1), "cos": self.cos, "sin": self.sin}
+        h = self.w.embed[batch.input_ids]
+        logits, kv = self.w.int8_decode.run(h, rope, tables, np.where(cached, 0, np.float32(-1e30)), kv_cache)
+        slots = batch.slot_mapping.astype(np.int64)
+        for li, cache in enumerate(kv_cache):
+            rows = kv[:, li].reshape(D, 2, c.num_kv_heads, c.head_dim).transpose(1, 2, 0, 3)
+            cache.reshape(2, c.num_kv_heads, -1, c.head_dim)[:, :, slots] = rows
+        rows = batch.logits_indices
+        return logits if np.array_equal(rows, np.arange(D)) else logits[rows]
 
     def _rope_qk(self, qkv: Any, cos: Any, sin: Any) -> Any:
         """Q|K|V rows [T, (nh + 2 nkv) hd] with Q and K turned by their positions, in place (the int8 graphs do

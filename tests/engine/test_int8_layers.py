@@ -112,3 +112,70 @@ def test_a_step_longer_than_the_position_table_runs_like_float32(cpu_backend):
     assert int8.shape == float32.shape == (2, 49152)
     assert (int8.argmax(-1) == float32.argmax(-1)).all()
     assert relative(int8, float32) < 0.1
+
+
+def test_a_decode_step_in_one_graph_computes_what_the_layer_graphs_do(blocks_and_model, monkeypatch):
+    """A step of decode rows alone runs as one graph (int8_decode_step.py), which attends to each row's cached
+    tokens and to its own new K and V before they are stored. Two prompts of different lengths are prefilled into a
+    cache whose unwritten slots hold large garbage (a slot read that should be masked moves every logit), then one
+    decode step of both runs each way from the same cache: the same next tokens, logits and stored K and V within
+    int8 rounding, which 30 layers amplify (~2-4 % of the largest logit, as a 1e-6 change of the embeddings does)."""
+    _, model = blocks_and_model
+    assert model.w.int8_decode is not None
+    lengths, bs = (37, 20), 16
+    tables = [np.array([5, 2, 7]), np.array([0, 3])]  # out of order, as a reused cache hands blocks out
+    cache = model.allocate_kv_cache(8, bs)
+    for layer in cache:
+        layer.fill(1e3)
+    prompts = [np.random.default_rng(n).integers(1000, 20000, n) for n in lengths]
+    positions = np.concatenate([np.arange(n) for n in lengths])
+    model.forward(
+        ForwardBatch(
+            input_ids=np.concatenate(prompts),
+            positions=positions,
+            slot_mapping=np.concatenate(
+                [t[np.arange(n) // bs] * bs + np.arange(n) % bs for t, n in zip(tables, lengths)]
+            ),
+            num_decodes=0,
+            decode_block_tables=np.zeros((0, 1), np.int64),
+            decode_context_lens=np.zeros(0, np.int64),
+            prefills=[
+                PrefillSpan(0, lengths[0], lengths[0], tables[0]),
+                PrefillSpan(lengths[0], lengths[1], lengths[1], tables[1]),
+            ],
+            logits_indices=np.array([lengths[0] - 1, sum(lengths) - 1]),
+        ),
+        cache,
+    )
+    width = max(len(t) for t in tables)
+    step = ForwardBatch(
+        input_ids=np.array([4097, 12000]),
+        positions=np.array(lengths),
+        slot_mapping=np.array([t[n // bs] * bs + n % bs for t, n in zip(tables, lengths)]),
+        num_decodes=2,
+        decode_block_tables=np.stack([np.pad(t, (0, width - len(t))) for t in tables]),
+        decode_context_lens=np.array(lengths) + 1,
+        logits_indices=np.arange(2),
+    )
+    one_graph_cache = [layer.copy() for layer in cache]
+    got = model.forward(step, one_graph_cache)
+    monkeypatch.setattr(model.w, "int8_decode", None)
+    want = model.forward(step, cache)
+
+    assert got.shape == want.shape == (2, 49152)
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    assert relative(got, want) < 0.1
+    slots = step.slot_mapping
+    for li in (0, model.cfg.num_layers - 1):
+        stored = [
+            c[li].reshape(2, model.cfg.num_kv_heads, -1, model.cfg.head_dim)[:, :, slots]
+            for c in (one_graph_cache, cache)
+        ]
+        assert relative(stored[0], stored[1]) < (1e-5 if li == 0 else 0.1)  # layer 0's K and V precede any attention
+    untouched = np.ones(8 * bs, bool)
+    untouched[slots] = False
+    for mine, theirs in zip(one_graph_cache, cache):
+        np.testing.assert_array_equal(
+            mine.reshape(2, -1, 8 * bs, model.cfg.head_dim)[:, :, untouched],
+            theirs.reshape(2, -1, 8 * bs, model.cfg.head_dim)[:, :, untouched],
+        )
