@@ -9,7 +9,9 @@ model's shapes (2 cores, one layer): one sequence of 128 tokens 22.7 us in numpy
 Small steps run on the caller's thread alone: a sleeping or spinning second thread costs more than it saves below
 `POOLED_GATHERED_TOKENS` (sequences x their padded length; one sequence of 64 tokens 12.6 us on one thread, 15.9 us
 on two; from ~512 up two threads win, 1,024 tokens 83 us against 69 us). Results match numpy's to float32 rounding
-(~2e-7), not bit for bit, which is why the float32 path, held to the reference fixtures, keeps numpy's.
+(~2e-7), not bit for bit, which is why the float32 path, held to the reference fixtures, keeps numpy's. A step of
+decode rows alone runs these nodes inside its one graph instead (`attention_nodes`, `int8_decode_step.py`); this graph
+serves the steps that mix them with prompt chunks.
 """
 
 from __future__ import annotations
