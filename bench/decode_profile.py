@@ -41,7 +41,6 @@ def _parts(eng: LLMEngine) -> list[tuple[Any, str, str]]:
         (eng.scheduler, "schedule", "scheduler"),
         (engine_module, "build_forward_batch", "batch building"),
         (m, "forward", "forward"),
-        (m, "_int8_decode_step", "int8: the step as one graph, K and V stored"),
         (m, "_decode_plan", "decode plan (block tables, mask)"),
         (m, "_store_kv", "KV store (numpy)"),
         (m, "_decode_attention", "decode attention"),
@@ -50,6 +49,8 @@ def _parts(eng: LLMEngine) -> list[tuple[Any, str, str]]:
         (eng, "_append_token", "sampling, stop checks, detokenizing"),
         (eng, "step", "step"),
     ]
+    if getattr(m.w, "int8_decode", None) is not None:  # a decode-only step; its K and V stores are `_store_kv`'s
+        parts.append((m.w.int8_decode, "run", "int8: the decode step's one graph"))
     stack = m.w.int8_layers
     if stack is not None:
         parts += [

@@ -261,7 +261,7 @@ class LlamaModel:
                 lw = self.w.layers[li]
                 qkv = self._rope_qk(self._mm(self._rms(h, lw.attn_norm), lw.wqkv), cos, sin)
             cache = kv_cache[li]
-            self._store_kv(qkv, cache, slots)
+            self._store_kv(qkv[:, nh * hd :], cache, slots)
             q = qkv[:, : nh * hd]
             attn = xp.empty((T, nh * hd), dtype=xp.float32)
             if dec is not None:
@@ -279,16 +279,15 @@ class LlamaModel:
     def _int8_decode_step(self, batch: ForwardBatch, kv_cache: list[Any]) -> Any:
         """A step of decode rows alone through `Int8DecodeStep`, then their new K and V into the cache."""
         assert self.w.int8_decode is not None
-        c, D = self.cfg, batch.num_decodes
+        D = batch.num_decodes
         tables = batch.decode_block_tables.astype(np.int64)
         cached = np.arange(tables.shape[1] * kv_cache[0].shape[3])[None, :] < batch.decode_context_lens[:, None] - 1
+        bias = np.where(cached, np.float32(0), np.float32(-1e30))  # the new token's slot is not written yet
         rope = {"positions": batch.positions.astype(np.int64).reshape(D, 1), "cos": self.cos, "sin": self.sin}
-        h = self.w.embed[batch.input_ids]
-        logits, kv = self.w.int8_decode.run(h, rope, tables, np.where(cached, 0, np.float32(-1e30)), kv_cache)
+        logits, kv = self.w.int8_decode.run(self.w.embed[batch.input_ids], rope, tables, bias, kv_cache)
         slots = batch.slot_mapping.astype(np.int64)
         for li, cache in enumerate(kv_cache):
-            rows = kv[:, li].reshape(D, 2, c.num_kv_heads, c.head_dim).transpose(1, 2, 0, 3)
-            cache.reshape(2, c.num_kv_heads, -1, c.head_dim)[:, :, slots] = rows
+            self._store_kv(kv[:, li], cache, slots)
         rows = batch.logits_indices
         return logits if np.array_equal(rows, np.arange(D)) else logits[rows]
 
@@ -300,11 +299,12 @@ class LlamaModel:
         qkv[:, :qk] = self._rope(qkv[:, :qk].reshape(T, -1, c.head_dim), cos, sin).reshape(T, qk)
         return qkv
 
-    def _store_kv(self, qkv: Any, cache: Any, slots: Any) -> None:
-        """Copy the rows' K and V into their slots of one layer's cache, both halves in one indexed write."""
+    def _store_kv(self, rows: Any, cache: Any, slots: Any) -> None:
+        """Copy the rows' K and V ([T, 2 * nkv * hd], each row's K then V) into their slots of one layer's cache,
+        both halves in one indexed write."""
         c = self.cfg
         nkv, hd = c.num_kv_heads, c.head_dim
-        kv = qkv[:, c.num_heads * hd :].reshape(-1, 2, nkv, hd).transpose(1, 2, 0, 3)  # [2, nkv, T, hd]
+        kv = rows.reshape(-1, 2, nkv, hd).transpose(1, 2, 0, 3)  # [2, nkv, T, hd]
         cache.reshape(2, nkv, -1, hd)[:, :, slots] = kv.astype(cache.dtype, copy=False)
 
     def _mlp(self, h: Any, attn: Any, lw: LayerWeights) -> None:
