@@ -1,13 +1,19 @@
-"""Where one stream's decode token goes, in process: wall time of each part of `LLMEngine.step`, per token.
+"""Where a decode step goes, in process: wall time of each part of `LLMEngine.step`, per step.
 
     .venv/bin/python -m bench.decode_profile --compute int8 --threads 2 --steps 200
+    .venv/bin/python -m bench.decode_profile --rows 32 --steps 60                # a batched step
     .venv/bin/python -m bench.decode_profile --instructions --steps 40      # callgrind; needs valgrind
 
-One greedy stream (EOS ignored) decodes `--steps` tokens after its prefill; each part is timed by wrapping the
-method that does it, so a part's time includes its own Python and onnxruntime crossings. `other forward` is what
+`--rows` greedy streams (EOS ignored; default one) decode `--steps` tokens each after their prefills, every step
+decode rows alone; each part is timed by wrapping the method that does it, so a part's time includes its own
+Python and onnxruntime crossings. `other forward` is what
 `LlamaModel.forward` spends outside the timed parts (the embedding lookup, slicing, the step's small arrays);
 `other step` is `LLMEngine.step` outside the forward pass, the scheduler and the sampling (metrics, KV events).
 Wall time moves with other work on the cores: compare two checkouts in alternating runs, not across hours.
+
+`--by-op` (int8) splits the decode step's one graph by operator type instead, from onnxruntime's own profile of
+the same steps. The profiler adds a few microseconds to each of the graph's ~1,700 nodes: at 32 rows that is a
+fifth of a step, at one row more than half (a 9 ms step profiles as 22), so read it at many rows.
 
 `--instructions` counts instead what the same decode steps execute, on one thread under callgrind, split by library
 (load-independent, but valgrind offers no AVX-512: onnxruntime runs its AVX2 kernels there).
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import os
 import re
@@ -28,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 import backend_engine.engine as engine_module
+import backend_engine.model.int8_decode_step as decode_step_module
 from backend_engine.config import EngineConfig
 from backend_engine.engine import LLMEngine
 from backend_engine.sequence import SamplingParams
@@ -71,28 +79,39 @@ def _timed(fn: Callable[..., Any], part: str, acc: dict[str, float]) -> Callable
     return timed
 
 
-def _one_stream(compute: str, threads: int, steps: int) -> LLMEngine:
-    """A warm engine with one greedy stream past its prefill, `steps` tokens left to decode."""
+def _streams(compute: str, threads: int, steps: int, rows: int = 1) -> LLMEngine:
+    """A warm engine with `rows` greedy streams past their prefills (prompts differing in their last token), each
+    with `steps` tokens left to decode."""
     eng = LLMEngine(
-        EngineConfig(compute=compute, threads=threads, kv_cache_bytes=1 << 28, max_num_seqs=8, model=model_path())
+        EngineConfig(
+            compute=compute,
+            threads=threads,
+            kv_cache_bytes=1 << 28,
+            max_num_seqs=max(8, rows),
+            model=model_path(),
+        )
     )
     eng.generate([SHORT], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))  # warm-up
-    eng.add_request("profile", SHORT, SamplingParams(max_tokens=steps + 1, temperature=0, ignore_eos=True))
-    eng.step()  # the prefill and the first token
+    for i in range(rows):
+        prompt = SHORT if rows == 1 else [*SHORT, 100 + i]
+        eng.add_request(f"profile-{i}", prompt, SamplingParams(max_tokens=steps + 1, temperature=0, ignore_eos=True))
+    while any(seq.num_output_tokens == 0 for seq in eng.scheduler.running) or eng.scheduler.waiting:
+        eng.step()  # the prefills and the first tokens
     return eng
 
 
-def profile(compute: str, threads: int, steps: int) -> dict[str, Any]:
-    eng = _one_stream(compute, threads, steps)
-    seq = eng.scheduler.running[0]
+def profile(compute: str, threads: int, steps: int, rows: int = 1) -> dict[str, Any]:
+    eng = _streams(compute, threads, steps, rows)
+    seqs = list(eng.scheduler.running)
+    timed = min(seq.params.max_tokens - seq.num_output_tokens for seq in seqs)  # steps with every row decoding
     acc: dict[str, float] = {}
     for obj, name, part in _parts(eng):
         setattr(obj, name, _timed(getattr(obj, name), part, acc))
     cpu0, t0 = time.process_time(), time.perf_counter()
-    while not seq.is_finished:
+    for _ in range(timed):
         eng.step()
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    ms = {part: 1000 * s / steps for part, s in acc.items()}
+    ms = {part: 1000 * s / timed for part, s in acc.items()}
     step, forward = ms.pop("step"), ms.pop("forward")
     in_step = ("scheduler", "batch building", "sampling, stop checks, detokenizing")
     ms["other step"] = step - forward - sum(ms[p] for p in in_step)
@@ -100,16 +119,51 @@ def profile(compute: str, threads: int, steps: int) -> dict[str, Any]:
     return {
         "compute": compute,
         "threads": threads,
-        "tok_s": steps / wall,
-        "wall_ms_per_token": 1000 * wall / steps,
-        "cpu_ms_per_token": 1000 * cpu / steps,
-        "parts_ms_per_token": dict(sorted(ms.items(), key=lambda kv: -kv[1])),
+        "rows": rows,
+        "tok_s": rows * timed / wall,
+        "wall_ms_per_step": 1000 * wall / timed,
+        "cpu_ms_per_step": 1000 * cpu / timed,
+        "parts_ms_per_step": dict(sorted(ms.items(), key=lambda kv: -kv[1])),
+    }
+
+
+def by_op(threads: int, steps: int, rows: int) -> dict[str, Any]:
+    """The decode step's graph split by operator type: kernel milliseconds a step, share, nodes a step."""
+    prefix = os.path.join(tempfile.mkdtemp(prefix="decode-profile-"), "ort")
+    original = decode_step_module.session
+    decode_step_module.session = functools.partial(original, profile_prefix=prefix)
+    try:
+        eng = _streams("int8", threads, steps, rows)
+    finally:
+        decode_step_module.session = original
+    timed = min(seq.params.max_tokens - seq.num_output_tokens for seq in eng.scheduler.running)
+    for _ in range(timed):
+        eng.step()
+    with open(eng.model.w.int8_decode._session.end_profiling()) as f:
+        events = json.load(f)
+    runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])[-timed:]
+    start = runs[0]["ts"]  # the warm-up's and the prefills' decode steps ran before
+    kernel_us: collections.Counter[str] = collections.Counter()
+    nodes: collections.Counter[str] = collections.Counter()
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= start:
+            kernel_us[e["args"]["op_name"]] += e["dur"]
+            nodes[e["args"]["op_name"]] += 1
+    total = sum(kernel_us.values())
+    return {
+        "rows": rows,
+        "steps": timed,
+        "step_ms_profiled": sum(e["dur"] for e in runs) / timed / 1000,
+        "by_op": {
+            op: {"ms_per_step": us / timed / 1000, "share": us / total, "nodes_per_step": nodes[op] // timed}
+            for op, us in kernel_us.most_common()
+        },
     }
 
 
 def _callgrind_child(compute: str, steps: int) -> None:
     """Under callgrind: ready, wait while the parent turns counting on, decode, done, wait for the dump."""
-    eng = _one_stream(compute, 1, steps)
+    eng = _streams(compute, 1, steps)
     print("ready", flush=True)
     sys.stdin.readline()
     for _ in range(steps):
@@ -175,8 +229,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--compute", choices=("int8", "float32"), default="int8")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=200, help="decode tokens timed (default 200)")
+    ap.add_argument("--steps", type=int, default=200, help="decode steps timed (default 200)")
+    ap.add_argument("--rows", type=int, default=1, help="streams decoding together (default 1)")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    ap.add_argument("--by-op", action="store_true", help="int8: the step's graph by operator type (onnxruntime)")
     ap.add_argument("--instructions", action="store_true", help="count instructions under callgrind (one thread)")
     ap.add_argument("--callgrind-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -186,15 +242,25 @@ def main() -> None:
     if args.instructions:
         print(json.dumps(instructions(args.compute, args.steps), indent=1))
         return
-    res = profile(args.compute, args.threads, args.steps)
+    if args.by_op:
+        ops = by_op(args.threads, args.steps, args.rows)
+        if args.json:
+            print(json.dumps(ops))
+            return
+        head = f"int8, threads={args.threads}, rows={args.rows}: the step's graph by operator, {ops['steps']} steps"
+        print(f"{head}, {ops['step_ms_profiled']:.2f} ms a step profiled")
+        for op, v in ops["by_op"].items():
+            print(f"  {v['ms_per_step']:7.3f} ms  {100 * v['share']:5.1f} %  {op} ({v['nodes_per_step']} a step)")
+        return
+    res = profile(args.compute, args.threads, args.steps, args.rows)
     if args.json:
         print(json.dumps(res))
         return
-    wall, cpu = res["wall_ms_per_token"], res["cpu_ms_per_token"]
-    head = f"{res['compute']}, threads={res['threads']}: {res['tok_s']:.1f} tok/s"
-    print(f"{head}, {wall:.2f} ms ({cpu:.2f} ms CPU) a token")
-    for part, ms in res["parts_ms_per_token"].items():
-        print(f"  {ms:7.3f} ms  {100 * ms / res['wall_ms_per_token']:5.1f} %  {part}")
+    wall, cpu = res["wall_ms_per_step"], res["cpu_ms_per_step"]
+    head = f"{res['compute']}, threads={res['threads']}, rows={res['rows']}: {res['tok_s']:.1f} tok/s"
+    print(f"{head}, {wall:.2f} ms ({cpu:.2f} ms CPU) a step")
+    for part, ms in res["parts_ms_per_step"].items():
+        print(f"  {ms:7.3f} ms  {100 * ms / res['wall_ms_per_step']:5.1f} %  {part}")
 
 
 if __name__ == "__main__":

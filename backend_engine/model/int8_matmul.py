@@ -53,12 +53,16 @@ def _shared_arena() -> None:
     ort.create_and_register_allocator(info, None)
 
 
-def session(model: bytes, threads: int | None = None) -> Any:
-    """A CPU session over `model` on `threads` threads (default: `configure_threads`'s)."""
+def session(model: bytes, threads: int | None = None, profile_prefix: str | None = None) -> Any:
+    """A CPU session over `model` on `threads` threads (default: `configure_threads`'s); with `profile_prefix`,
+    onnxruntime records every node's time into a JSON file so named (`bench/decode_profile.py --by-op`)."""
     import onnxruntime as ort
 
     _shared_arena()
     options = ort.SessionOptions()
+    if profile_prefix:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
     options.add_session_config_entry("session.use_env_allocators", "1")
     options.intra_op_num_threads = threads or _threads  # 1: the caller's thread only, no pool
     # Spin while the graph runs (a decode layer is eight short kernels, and waking a sleeping worker for each cost
