@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,10 +24,14 @@ SHARED = ROOT.parent / "shared"
 STATE_ENV = "XDG_STATE_HOME"  # where a gateway without admin.token_env keeps its generated admin token
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_port(avoid: Container[int] = ()) -> int:
+    """A loopback port free now and not in `avoid`: the kernel may hand out again a port it has just given."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in avoid:
+            return port
 
 
 @dataclass
@@ -142,11 +146,11 @@ class Launcher:
         self.directory = directory
         self.started: list[Process] = []
 
-    def spawn(self, cmd: Callable[[int], list[str]], name: str, **options) -> Process:
-        """`cmd(port)` on a free port, retried on another if that port was taken meanwhile (parallel test workers
-        draw from the same ports)."""
+    def spawn(self, cmd: Callable[[int], list[str]], name: str, avoid: Container[int] = (), **options) -> Process:
+        """`cmd(port)` on a free port not in `avoid`, retried on another if that port was taken meanwhile (parallel
+        test workers draw from the same ports)."""
         for attempt in range(3):
-            port = free_port()
+            port = free_port(avoid)
             try:
                 process = spawn(cmd(port), port, self.directory / f"{name}-{port}.log", **options)
             except RuntimeError as e:
@@ -183,7 +187,7 @@ class Launcher:
             path.write_text(yaml.safe_dump(full))
             return [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)]
 
-        process = self.spawn(cmd, "gateway", env=env)
+        process = self.spawn(cmd, "gateway", avoid={admin_port}, env=env)
         process.admin_url = f"http://127.0.0.1:{admin_port}"
         process.admin_token = admin_token_of(config.get("admin", {}), env)
         return process
