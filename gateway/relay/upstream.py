@@ -128,9 +128,25 @@ class _Deadline:
     def __init__(self, pool: Pool, started: float) -> None:
         self.total = pool.config.timeouts.total
         self.at = asyncio.get_running_loop().time() + self.total - (time.perf_counter() - started)
+        self.cut = False  # `cut_at` closed the answer
 
     def left(self) -> float:
         return self.at - asyncio.get_running_loop().time()
+
+    def cut_at(self, response: aiohttp.ClientResponse) -> asyncio.TimerHandle:
+        """Close the upstream's answer when the deadline passes, wherever its relay is: a slow reader holds the relay
+        in its writes, where no read's timer runs, until the kernel finds room in its socket (half of what it holds:
+        seconds at hundreds of KB/s, minutes at a few). The relay cancels the handle when it ends."""
+
+        def cut() -> None:
+            self.cut = True
+            response.close()
+
+        return asyncio.get_running_loop().call_at(self.at, cut)
+
+    def error_for(self, exc: Exception) -> GatewayError:
+        """What ended a relayed answer: the deadline once it cut the answer (the read it broke says otherwise)."""
+        return self.exceeded() if self.cut else _as_gateway_error(exc)
 
     def exceeded(self) -> GatewayError:
         return GatewayError(
@@ -387,6 +403,7 @@ class Upstream:
         silence, since its format is not the gateway's to end with an error event."""
         config, response = attempt.pool.config, attempt.answered
         sent, complete = 0, False
+        cutter = deadline.cut_at(response)
         try:
             yield b""  # the step `_started` takes
             while chunk := await _next_bytes(response.content, config.timeouts.stream_idle, deadline):
@@ -394,11 +411,15 @@ class Upstream:
                 if sent > config.max_response_bytes:
                     raise _too_large(config.max_response_bytes)
                 yield chunk
+            if deadline.cut:  # the end the closed answer reads as
+                raise deadline.exceeded()
             complete = True
         except (aiohttp.ClientError, TimeoutError, GatewayError) as exc:
-            ctx.stream_error = _as_gateway_error(exc).code
-            log.warning("passthrough answer from %s cut: %s", attempt.replica.url, _as_gateway_error(exc).message)
+            error = deadline.error_for(exc)
+            ctx.stream_error = error.code
+            log.warning("passthrough answer from %s cut: %s", attempt.replica.url, error.message)
         finally:
+            cutter.cancel()
             if complete:
                 response.release()
             else:
@@ -449,6 +470,7 @@ class Upstream:
         saw_done = False
         idle: float | None = None  # the wait for the first chunk is `timeouts.read`'s (a long prefill)
         settled = False
+        cutter = deadline.cut_at(response)
 
         def settle() -> None:
             """Let the upstream go and close the attempt's books, once: before an error event is written (a slow
@@ -460,6 +482,7 @@ class Upstream:
                     response.release()  # complete: the connection goes back to the pool
                 else:
                     response.close()  # broken or abandoned: drop the connection, so the upstream stops
+                cutter.cancel()
                 self._finish(ctx, attempt)
 
         try:
@@ -502,7 +525,7 @@ class Upstream:
                     code="upstream_stream_truncated",
                 )
         except (aiohttp.ClientError, TimeoutError, GatewayError, EventTooLarge, MalformedEvent) as exc:
-            error = _as_gateway_error(exc)
+            error = deadline.error_for(exc)
             ctx.stream_error = error.code
             log.warning("upstream %s stream ended early: %s", attempt.replica.url, error.message)
             attempt.span.set_status(Status(StatusCode.ERROR, error.message))
@@ -663,7 +686,7 @@ async def _next_bytes(content: aiohttp.StreamReader, idle: float | None, deadlin
     """The next bytes of an answer (b"" at its end), within `idle` seconds and the request's deadline (checked before
     the read too: a slow client keeps the upstream's bytes waiting, so the read itself may never have to wait)."""
     left = deadline.left() if deadline else None
-    if left is not None and left <= 0 and deadline is not None:
+    if deadline is not None and (deadline.cut or (left is not None and left <= 0)):
         raise deadline.exceeded()
     if idle is None and left is None:
         return await content.readany()
