@@ -100,10 +100,14 @@ def _streams(compute: str, threads: int, steps: int, rows: int = 1) -> LLMEngine
     return eng
 
 
+def _steps_left(eng: LLMEngine) -> int:
+    """Steps in which every stream still decodes (a stream prefilled early may have decoded already)."""
+    return min(seq.params.max_tokens - seq.num_output_tokens for seq in eng.scheduler.running)
+
+
 def profile(compute: str, threads: int, steps: int, rows: int = 1) -> dict[str, Any]:
     eng = _streams(compute, threads, steps, rows)
-    seqs = list(eng.scheduler.running)
-    timed = min(seq.params.max_tokens - seq.num_output_tokens for seq in seqs)  # steps with every row decoding
+    timed = _steps_left(eng)
     acc: dict[str, float] = {}
     for obj, name, part in _parts(eng):
         setattr(obj, name, _timed(getattr(obj, name), part, acc))
@@ -136,7 +140,7 @@ def by_op(threads: int, steps: int, rows: int) -> dict[str, Any]:
         eng = _streams("int8", threads, steps, rows)
     finally:
         decode_step_module.session = original
-    timed = min(seq.params.max_tokens - seq.num_output_tokens for seq in eng.scheduler.running)
+    timed = _steps_left(eng)
     for _ in range(timed):
         eng.step()
     with open(eng.model.w.int8_decode._session.end_profiling()) as f:

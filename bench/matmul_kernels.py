@@ -60,7 +60,8 @@ def _u8s8(w: np.ndarray) -> Any:
 
 
 def _microseconds(runs: dict[str, Any], x: np.ndarray, rounds: int = 5) -> dict[str, float]:
-    """Each kernel's median time over `rounds` of ~0.1 s, the kernels alternating (this VM's speed drifts)."""
+    """Each kernel's median time over `rounds` of 4,000 rows' worth of calls (at least 10), the kernels alternating
+    within each round (this VM's speed drifts)."""
     for run in runs.values():
         for _ in range(5):
             run(x)
