@@ -1,30 +1,30 @@
-"""The engine's int8 weight product against onnxruntime's u8s8 GEMM, on one layer's matrices of the bundled model.
+"""The engine's two int8 weight products, side by side on one layer's matrices of the bundled model.
 
     .venv/bin/python -m bench.matmul_kernels --threads 2 --rows 1 32 256
 
 For each of layer 0's four matrices (Q|K|V, O, gate|up, down) and each row count M: the microseconds of `x @ W.T`
-as `--compute int8` runs it (`int8_matmul.Int8Matmul`: MatMulNBits over the Q4_1 blocks, int8 activations per
-block of 32, plus the offsets' product), and as `DynamicQuantizeMatMul` (MLAS's u8s8 GEMM, the VNNI kernel
-onnxruntime quantizes whole models with) over the same matrix requantized to int8 per output row, activations
-quantized per tensor. Each comes with its output's relative error against float32 on the same input (standard
-normal rows: the model's own embeddings would flatter MatMulNBits, whose per-block int8 grid holds Q8_0 rows
-exactly).
+as MatMulNBits over the Q4_1 blocks (`int8_matmul.Int8Matmul`: int8 activations per block of 32, plus the offsets'
+product), and as the smoothed int8 rows for MLAS's u8s8 GEMM (`int8_rows.py`: the matrix requantized per column,
+each row of x quantized on its own), smoothed by the test rows' own channel ranges. Each comes with its output's
+relative error against float32 on the same input (standard normal rows: the model's own embeddings would flatter
+MatMulNBits, whose per-block int8 grid holds Q8_0 rows exactly).
 
-Why: at one row both read their weights at about the same speed, but a batched step spends most of its time in
-MatMulNBits (`decode_profile.py --rows 32`); this measures what a GEMM kernel built for batches would give, and
-what its coarser quantization would cost (a row's result would also depend on its batch mates).
+Why: where the engine serves a matrix from (`int8_rows.row_kernel_available`) is a trade of speed at batched
+sizes against precision; this measures both on this CPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from backend_engine.model.gguf import load_gguf
-from backend_engine.model.int8_matmul import Int8Matmul, configure_threads, constant, float_graph, session
+from backend_engine.model.int8_matmul import Int8Matmul, configure_threads, float_graph, session
+from backend_engine.model.int8_rows import row_product_nodes, smoothed
 from backend_engine.model.quant_blocks import BlockQuantized
 from bench.engine_bench import model_path
 
@@ -47,16 +47,12 @@ def _layer0() -> dict[str, BlockQuantized]:
     }
 
 
-def _u8s8(w: np.ndarray) -> Any:
-    """`x @ w.T` through DynamicQuantizeMatMul, w [out, in] requantized to int8 with one scale per output row."""
-    from onnx import TensorProto, helper
-
-    scale = np.maximum(np.abs(w).max(axis=1), 1e-12) / 127
-    codes = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
-    rows, cols = w.shape
-    nodes = [helper.make_node("DynamicQuantizeMatMul", ["x", "w", "w_scale"], ["y"], domain="com.microsoft")]
-    inits = [constant("w", codes.T, TensorProto.INT8), constant("w_scale", scale.astype(np.float32))]
-    return session(float_graph(nodes, inits, {"x": cols}, {"y": rows}))
+def _rows(blocks: BlockQuantized, activation_max: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """`x @ W.T` as the engine's smoothed int8 rows."""
+    w = smoothed(blocks, activation_max)
+    out, depth = w.shape
+    run = session(float_graph(*row_product_nodes(w, "x", "y"), {"x": depth}, {"y": out})).run
+    return lambda x: run(None, {"x": x})[0]
 
 
 def _microseconds(runs: dict[str, Any], x: np.ndarray, rounds: int = 5) -> dict[str, float]:
@@ -83,15 +79,11 @@ def compare(threads: int, row_counts: list[int]) -> list[dict[str, Any]]:
     results = []
     for name, blocks in mats.items():
         w = blocks.dequantize()
-        nbits, u8s8 = Int8Matmul(blocks), _u8s8(w)
-
-        def run_u8s8(x: np.ndarray, s: Any = u8s8) -> np.ndarray:
-            return s.run(None, {"x": x})[0]
-
+        ranges = np.abs(rng.standard_normal((256, w.shape[1]))).max(axis=0)
+        runs = {"MatMulNBits": Int8Matmul(blocks), "u8s8 rows": _rows(blocks, ranges)}
         for m in row_counts:
             x = rng.standard_normal((m, w.shape[1])).astype(np.float32)
             exact = x @ w.T
-            runs = {"MatMulNBits": nbits, "u8s8 GEMM": run_u8s8}
             us = _microseconds(runs, x)
             row: dict[str, Any] = {"matrix": name, "shape": list(w.shape), "rows": m}
             for kernel, run in runs.items():
@@ -106,10 +98,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 32, 256])
     args = ap.parse_args()
-    print("| matrix [out, in] | rows | MatMulNBits µs (error) | u8s8 GEMM µs (error) | speed-up |")
+    print("| matrix [out, in] | rows | MatMulNBits µs (error) | u8s8 rows µs (error) | speed-up |")
     print("|---|---:|---:|---:|---:|")
     for r in compare(args.threads, args.rows):
-        a, b = r["MatMulNBits"], r["u8s8 GEMM"]
+        a, b = r["MatMulNBits"], r["u8s8 rows"]
         print(
             f"| {r['matrix']} {r['shape']} | {r['rows']} | {a['us']:.1f} ({a['relative_error']:.2e}) "
             f"| {b['us']:.1f} ({b['relative_error']:.2e}) | {a['us'] / b['us']:.2f}x |"

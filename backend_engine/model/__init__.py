@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backend_engine.backend import ArrayBackend
+from backend_engine.model.calibration import CALIBRATION_CHAT
 from backend_engine.model.chat_template import ChatTemplate
+from backend_engine.model.int8_rows import row_kernel_available
 from backend_engine.model.llama import LlamaConfig, LlamaModel, hf_tensors_to_weights
 from backend_engine.model.prompt import PromptRenderer
 from backend_engine.model.tokenizer import Tokenizer
@@ -62,7 +64,8 @@ def _renderer_of(p: Path, mtime_ns: int, size: int) -> PromptRenderer:
 def load_model(path: str, backend: ArrayBackend, compute: str = "float32") -> LoadedModel:
     """`path` is a .gguf file or a folder with config.json, model.safetensors and tokenizer.json.
 
-    `compute="int8"` keeps a GGUF's Q4_0/Q4_1/Q8_0 matrices quantized (CPU only; see `int8_matmul.py`)."""
+    `compute="int8"` keeps a GGUF's Q4_0/Q4_1/Q8_0 matrices quantized (CPU only; see `int8_matmul.py`), and where
+    the CPU has VNNI, smooths most of them for the u8s8 GEMM by a calibration chat's activations (`int8_rows.py`)."""
     t0 = time.perf_counter()
     p = _checked(path)
     if compute not in ("float32", "int8"):
@@ -79,6 +82,9 @@ def load_model(path: str, backend: ArrayBackend, compute: str = "float32") -> Lo
 
         cfg, tensors, meta = load_gguf(str(p), keep_blocks=compute == "int8")
         tok = Tokenizer.from_gguf_metadata(meta)
-    weights = hf_tensors_to_weights(cfg, tensors, backend)
+    calibration = None
+    if compute == "int8" and row_kernel_available():
+        calibration = PromptRenderer(tok, _template(tok)).chat_ids(CALIBRATION_CHAT, add_generation_prompt=False)
+    weights = hf_tensors_to_weights(cfg, tensors, backend, calibration)
     model = LlamaModel(cfg, weights, backend)
     return LoadedModel(model, tok, _template(tok), cfg, str(p), time.perf_counter() - t0)

@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from backend_engine.model.int8_matmul import constant, float_graph, matmul_nodes, session
+from backend_engine.model.int8_rows import RowQuantized, row_product_nodes
 from backend_engine.model.quant_blocks import BlockQuantized
 
 if TYPE_CHECKING:
     from backend_engine.model.llama import LayerWeights
 
-Matrix = BlockQuantized | np.ndarray  # blocks [out, in], or dense float32 pre-transposed [in, out]
+Matrix = BlockQuantized | RowQuantized | np.ndarray  # blocks or rows [out, in], or dense float32 [in, out]
 
 
 def product(w: Matrix, x: str, y: str) -> tuple[list[Any], list[Any]]:
@@ -39,17 +40,19 @@ def product(w: Matrix, x: str, y: str) -> tuple[list[Any], list[Any]]:
 
     if isinstance(w, BlockQuantized):
         return matmul_nodes(w, x, y)
+    if isinstance(w, RowQuantized):
+        return row_product_nodes(w, x, y)
     return [helper.make_node("MatMul", [x, f"{y}_w"], [y])], [constant(f"{y}_w", w)]
 
 
 def out_width(w: Matrix) -> int:
     """Output columns of `x @ w`."""
-    return w.shape[0] if isinstance(w, BlockQuantized) else w.shape[1]
+    return w.shape[1] if isinstance(w, np.ndarray) else w.shape[0]
 
 
 def _depth(w: Matrix) -> int:
     """Input columns of `x @ w`."""
-    return w.shape[1] if isinstance(w, BlockQuantized) else w.shape[0]
+    return w.shape[0] if isinstance(w, np.ndarray) else w.shape[1]
 
 
 def rope_inputs() -> list[Any]:

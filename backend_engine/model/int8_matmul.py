@@ -7,7 +7,8 @@ differ from float32 by ~0.5 % relative, so this is the opt-in `--compute int8`, 
 the reference one. Activations are quantized per row, so a row's result never depends on the rest of the batch.
 
 MatMulNBits computes scale * (code - zero) per block; Q4_1's per-block offset (see `quant_blocks.py`) is added
-by a second, 32x smaller product in the same graph: the row sums of x over each block times the offsets.
+by a second, 32x smaller product in the same graph: the row sums of x over each block times the offsets. Where the
+CPU has VNNI, the engine serves most matrices as smoothed int8 rows instead (`int8_rows.py`), faster in batches.
 """
 
 from __future__ import annotations

@@ -106,9 +106,13 @@ def _matrix(parts: list[Any], be: ArrayBackend) -> Any:
     return be.asarray(np.concatenate([_dense(p) for p in parts], axis=0).T, be.weight_dtype)
 
 
-def hf_tensors_to_weights(cfg: LlamaConfig, t: dict[str, Any], be: ArrayBackend) -> LlamaWeights:
+def hf_tensors_to_weights(
+    cfg: LlamaConfig, t: dict[str, Any], be: ArrayBackend, calibration_ids: list[int] | None = None
+) -> LlamaWeights:
     """Build fused, pre-transposed weights from Hugging Face-named tensors ([out, in]): float32 arrays, or, when
-    the tensors kept their quantized blocks (`--compute int8`), onnxruntime graphs that multiply them as blocks."""
+    the tensors kept their quantized blocks (`--compute int8`), onnxruntime graphs that multiply them as blocks.
+    With `calibration_ids` the blocks of Q|K|V, O and gate|up are smoothed and requantized per column for the
+    u8s8 GEMM instead (`int8_rows.py`), by the activations the model produces on those tokens."""
     int8 = any(isinstance(v, BlockQuantized) for v in t.values())
     layers = []
     for i in range(cfg.num_layers):
@@ -125,10 +129,15 @@ def hf_tensors_to_weights(cfg: LlamaConfig, t: dict[str, Any], be: ArrayBackend)
         )
     embed = t.pop("model.embed_tokens.weight")
     head = _matrix([t.pop("lm_head.weight", embed)], be)
+    embed = be.asarray(_dense(embed), np.float32)
     final_norm = be.asarray(t.pop("model.norm.weight"), np.float32)
+    if int8 and calibration_ids:
+        from backend_engine.model.calibration import smooth_layers  # it runs this module's forward pass
+
+        layers = smooth_layers(cfg, layers, embed, final_norm, calibration_ids, be)
     stack = Int8LayerStack(layers, cfg.rms_eps, cfg.num_heads, cfg.num_kv_heads) if int8 else None
     return LlamaWeights(
-        embed=be.asarray(_dense(embed), np.float32),
+        embed=embed,
         layers=[] if stack else layers,  # the graphs hold the blocks: keeping them too would double the memory
         final_norm=final_norm,
         lm_head=Int8Matmul(head) if isinstance(head, BlockQuantized) else head,

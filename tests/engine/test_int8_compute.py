@@ -9,6 +9,7 @@ import gguf
 import numpy as np
 import pytest
 
+import backend_engine.model
 from backend_engine.config import EngineConfig, default_model_path
 from backend_engine.engine import LLMEngine
 from backend_engine.model import load_model
@@ -48,34 +49,52 @@ def test_int8_matmul_stays_within_int8_rounding_of_float32(bundled_tensors, name
     assert 1e-5 < error < 2e-2  # int8 activations: close, and not secretly a float32 product
 
 
-@pytest.fixture(scope="module")
-def int8_engine(cpu_backend):
+def _int8_engine(cpu_backend):
     loaded = load_model(default_model_path(), cpu_backend, compute="int8")
     return LLMEngine(
         EngineConfig(device="cpu", compute="int8", kv_cache_bytes=64 << 20), loaded=loaded, backend=cpu_backend
     )
 
 
+@pytest.fixture(scope="module")
+def int8_engine(cpu_backend):
+    """The int8 engine as this CPU gets it: most matrices as smoothed int8 rows where it has VNNI, else blocks."""
+    return _int8_engine(cpu_backend)
+
+
+@pytest.fixture(scope="module")
+def int8_blocks_engine(cpu_backend):
+    """The int8 engine with every matrix in its blocks, as a CPU without VNNI gets it, on any CPU."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(backend_engine.model, "row_kernel_available", lambda: False)
+        return _int8_engine(cpu_backend)
+
+
 def test_int8_weights_stay_quantized_in_memory(int8_engine, loaded):
-    # the matrices as 4- and 8-bit blocks with their scales against float32 (the float32 embedding rows for lookup
-    # are in both): twice over, once in the layer graphs and the LM head of prompt steps, once in the decode step's
+    # the matrices as 4- and 8-bit blocks with their scales (or, where the CPU has VNNI, most of them as int8 rows)
+    # against float32 (the float32 embedding rows for lookup are in both): twice over, once in the layer graphs and
+    # the LM head of prompt steps, once in the decode step's
     int8, float32 = int8_engine.model, loaded.model
     matrices = float32.weight_bytes() - float32.w.embed.nbytes
-    assert int8.w.int8_decode is not None and int8.w.int8_decode.nbytes < 0.25 * matrices
-    assert int8.weight_bytes() - int8.w.embed.nbytes < 0.45 * matrices
+    assert int8.w.int8_decode is not None and int8.w.int8_decode.nbytes < 0.27 * matrices
+    assert int8.weight_bytes() - int8.w.embed.nbytes < 0.52 * matrices
 
 
-def test_int8_engine_tracks_float32_on_every_kernel_path(int8_engine, engine):
+@pytest.mark.parametrize("path", ["this CPU's", "blocks"])
+def test_int8_engine_tracks_float32_on_every_kernel_path(request, path, engine):
     """onnxruntime picks its int8 kernel by CPU, and a near-tie's greedy choice moves with it (llama.cpp, on the same
     weights, answers the system-prompt case "L'Étoile, …" where float32 says "The capital of France is Paris.").
     So int8 is held to float32 where both read the same text, within bounds chosen from the figures measured on
-    onnxruntime's AVX2 and AVX-512 VNNI paths (docs/benchmarks.md, int8 drift): about twice the worse path's."""
-    drift = int8_drift.measure(int8_engine, engine)
-    assert drift.max_logprob_error < 2.0, drift  # measured on AVX-512 VNNI: 0.69; on AVX2: 0.99
-    assert drift.p95_logprob_error < 0.8, drift  # 0.40; 0.37
-    assert drift.top1_agreement >= 0.93, drift  # 0.970; 0.974
+    onnxruntime's AVX2 and AVX-512 VNNI paths (docs/benchmarks.md, int8 drift): about twice the worse path's. The
+    blocks are measured on every CPU, the smoothed rows (`int8_rows.py`) on those with VNNI."""
+    int8 = request.getfixturevalue("int8_engine" if path == "this CPU's" else "int8_blocks_engine")
+    drift = int8_drift.measure(int8, engine)
+    # measured in blocks on AVX-512 VNNI: 0.69; on AVX2: 0.99; as smoothed rows on AVX-512 VNNI: 0.84
+    assert drift.max_logprob_error < 2.0, drift
+    assert drift.p95_logprob_error < 0.8, drift  # 0.40; 0.37; 0.52
+    assert drift.top1_agreement >= 0.93, drift  # 0.970; 0.974; 0.974
     # Where float32 is sure of its next token, int8 never picks another: its answers stay float32's.
-    assert drift.largest_lead_overturned < 1.0, drift  # 0.22; 0.26
+    assert drift.largest_lead_overturned < 1.0, drift  # 0.22; 0.26; 0.38
     # ...and it is no float32 engine in disguise: int8 rounding shows.
     assert drift.max_logprob_error > 1e-3, drift
 

@@ -1,0 +1,134 @@
+"""The activation ranges `int8_rows.smoothed` needs: the largest |x| each input channel of a layer's Q|K|V, O and
+gate|up matrices sees while the model reads a fixed calibration text, measured by the float32 forward pass.
+
+Why a text of the engine's own: the ranges are a property of the model (a few channels carry outliers whatever the
+input), so a short, varied text finds them; SmoothQuant calibrates on a few hundred samples for the same reason.
+The pass runs at load, one layer's weights dequantized at a time (a layer of the bundled model is 14 MB in float32,
+all thirty would be 420 MB), and takes well under a second for the bundled model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from backend_engine.model.int8_rows import smoothed
+from backend_engine.model.quant_blocks import BlockQuantized
+
+if TYPE_CHECKING:
+    from backend_engine.backend import ArrayBackend
+    from backend_engine.model.llama import LayerWeights, LlamaConfig
+
+SMOOTHED = ("wqkv", "wo", "w_gate_up")  # LayerWeights' matrices the row kernel takes; w_down keeps its blocks
+
+# Chat turns of several kinds (prose, code, data, other scripts), rendered with the model's own template.
+CALIBRATION_CHAT = [
+    {"role": "system", "content": "You are a concise assistant for a platform team. Answer in plain words."},
+    {
+        "role": "user",
+        "content": "Our nightly job failed at 03:12 UTC with exit code 137 after 41 minutes. The container had a "
+        "512 MiB limit and the log ends with `Killed`. What happened, and what should we change first?",
+    },
+    {
+        "role": "assistant",
+        "content": "Exit code 137 means the process received SIGKILL, here almost certainly from the kernel's "
+        "out-of-memory killer when the container reached its 512 MiB limit. Raise the limit to 1 GiB, or stream "
+        "the input instead of loading it whole:\n\n```python\nwith open(path) as f:\n    for line in f:\n"
+        "        handle(json.loads(line))\n```",
+    },
+    {
+        "role": "user",
+        "content": "Résume en français, puis en allemand: « La réunion est déplacée à jeudi 14 h, salle B. » "
+        "Und danach: wie viele Tage hat der Februar 2028? | id | qty | price |\n| 7 | 3 | 19.90 |",
+    },
+]
+
+
+class _NamedWeight(np.ndarray):
+    """A dequantized matrix that knows which layer and matrix it is, so the recording pass can file what it saw."""
+
+    key: tuple[int, str]
+
+
+class _DequantizedLayers(Sequence["LayerWeights"]):
+    """The layers as the float32 path wants them, each dequantized when the forward pass reaches it."""
+
+    def __init__(self, layers: list[LayerWeights]) -> None:
+        self._layers = layers
+
+    def __len__(self) -> int:
+        return len(self._layers)
+
+    def __getitem__(self, i: Any) -> Any:
+        from backend_engine.model.llama import LayerWeights
+
+        lw = self._layers[i]
+        dense: dict[str, Any] = {}
+        for f in fields(LayerWeights):
+            value = getattr(lw, f.name)
+            if isinstance(value, BlockQuantized):
+                named = cast(_NamedWeight, np.ascontiguousarray(value.dequantize().T).view(_NamedWeight))
+                named.key = (i, f.name)
+                value = named
+            dense[f.name] = value
+        return LayerWeights(**dense)
+
+    def __iter__(self) -> Iterator[LayerWeights]:
+        return (self[i] for i in range(len(self)))
+
+
+def activation_ranges(
+    cfg: LlamaConfig, layers: list[LayerWeights], embed: np.ndarray, final_norm: np.ndarray, ids: list[int], be: Any
+) -> dict[tuple[int, str], np.ndarray]:
+    """{(layer, matrix name): the largest |x| per input channel} over the forward pass of `ids`."""
+    from backend_engine.model.llama import ForwardBatch, LlamaModel, LlamaWeights, PrefillSpan
+
+    seen: dict[tuple[int, str], np.ndarray] = {}
+
+    class Recording(LlamaModel):
+        def _mm(self, x: Any, w: Any) -> Any:
+            if isinstance(w, _NamedWeight):
+                largest = np.abs(x).max(axis=0)
+                seen[w.key] = np.maximum(seen[w.key], largest) if w.key in seen else largest
+            return super()._mm(x, np.asarray(w))
+
+    weights = LlamaWeights(embed=embed, layers=_DequantizedLayers(layers), final_norm=final_norm, lm_head=None)  # type: ignore[arg-type]
+    model = Recording(cfg, weights, be)
+    n, block = len(ids), 16
+    blocks = -(-n // block)
+    batch = ForwardBatch(
+        input_ids=np.asarray(ids, np.int64),
+        positions=np.arange(n),
+        slot_mapping=np.arange(n),
+        num_decodes=0,
+        decode_block_tables=np.zeros((0, 1), np.int64),
+        decode_context_lens=np.zeros(0, np.int64),
+        prefills=[PrefillSpan(0, n, n, np.arange(blocks))],
+    )
+    model.final_hidden_states(batch, model.allocate_kv_cache(blocks, block))
+    return seen
+
+
+def smooth_layers(
+    cfg: LlamaConfig,
+    layers: list[LayerWeights],
+    embed: np.ndarray,
+    final_norm: np.ndarray,
+    ids: list[int],
+    be: ArrayBackend,
+) -> list[LayerWeights]:
+    """The layers with their `SMOOTHED` matrices as `int8_rows.RowQuantized`, smoothed by the ranges `ids` produce."""
+    from backend_engine.model.llama import LayerWeights
+
+    ranges = activation_ranges(cfg, layers, embed, final_norm, ids, be)
+    out = []
+    for i, lw in enumerate(layers):
+        parts: dict[str, Any] = {f.name: getattr(lw, f.name) for f in fields(LayerWeights)}
+        for name in SMOOTHED:
+            if isinstance(parts[name], BlockQuantized):
+                parts[name] = smoothed(parts[name], ranges[(i, name)])
+        out.append(LayerWeights(**parts))
+    return out

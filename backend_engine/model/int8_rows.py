@@ -1,0 +1,100 @@
+"""`x @ W` as onnxruntime's u8s8 integer GEMM: W requantized to int8 per output column, each row of x quantized to
+int8 on its own, after SmoothQuant's per-channel smoothing (Xiao et al., 2023).
+
+Why: MatMulNBits (`int8_matmul.py`) unpacks its 4-bit blocks and rescales every block of 32 inside the kernel,
+which at batched sizes leaves MLAS's integer GEMM 1.8-2.7x faster on the same matrices (32 rows, VNNI; 8 rows
+1.4-1.8x; one row about even; `bench/matmul_kernels.py`). The price is precision: one scale per row of x instead
+of one per block of 32 lets a few large activation channels (outliers that every row of a layer shares) take the
+int8 grid from the rest. Smoothing moves that range into the weights, exactly: x @ W = (x / s) @ (s * W), with
+s_j = max|x_j|^a / max|W_j|^(1 - a) per input channel j, from activations the model itself produced on a
+calibration text (`calibration.py`). The MLP's down projection stays in blocks: its input, SiLU(gate) * up, has
+outliers no smoothing tamed (tests/engine/int8_drift.py's top-1 agreement 0.93 with it smoothed, 0.97 without).
+
+Only where MLAS multiplies u8 by s8 with VNNI (or AMX) instructions: on AVX2 and AVX-512 without VNNI its kernel
+adds pairs of u8 x s8 products in 16 bits, which full-range weights overflow, and weights cut to 7 bits
+(onnxruntime's reduce_range) lose more precision than the drift bounds allow. There the blocks serve every matrix.
+A row's result depends on that row alone, as with the blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from backend_engine.model.int8_matmul import constant
+from backend_engine.model.quant_blocks import BlockQuantized
+
+ALPHA = 0.7  # the share of an activation channel's range moved into the weights (SmoothQuant's migration strength)
+_Q = 127  # symmetric int8: codes in [-127, 127]
+
+
+@dataclass
+class RowQuantized:
+    """A matrix for `x @ W` as (x * inv_smooth) @ (codes * scale): int8 codes [in, out], a float32 scale per output
+    column, and the reciprocal of the smoothing per input channel."""
+
+    codes: np.ndarray  # int8 [in, out]
+    scale: np.ndarray  # float32 [out]
+    inv_smooth: np.ndarray  # float32 [in]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """[out, in], as a `BlockQuantized`'s."""
+        return self.codes.shape[1], self.codes.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.codes.nbytes + self.scale.nbytes + self.inv_smooth.nbytes)
+
+
+def smoothed(w: BlockQuantized, activation_max: np.ndarray, alpha: float = ALPHA) -> RowQuantized:
+    """`w` ([out, in] blocks) smoothed by the largest |x| seen in each input channel, then requantized per column."""
+    dense = w.dequantize().T.astype(np.float64)  # [in, out]
+    weight_max = np.maximum(np.abs(dense).max(axis=1), 1e-8)
+    smooth = np.maximum(activation_max.astype(np.float64), 1e-5) ** alpha / weight_max ** (1 - alpha)
+    dense *= smooth[:, None]
+    scale = np.maximum(np.abs(dense).max(axis=0), 1e-12) / _Q
+    codes = np.clip(np.rint(dense / scale), -_Q, _Q).astype(np.int8)
+    return RowQuantized(codes, scale.astype(np.float32), (1 / smooth).astype(np.float32))
+
+
+def row_kernel_available() -> bool:
+    """Whether this CPU gives MLAS's u8s8 GEMM a VNNI (or AMX) kernel, which sums u8 x s8 products in 32 bits (the
+    module's docstring). Read from cpuid as numpy's dispatcher found it, so an emulated CPU answers for itself."""
+    import importlib
+
+    found = getattr(importlib.import_module("numpy._core._multiarray_umath"), "__cpu_features__", {})
+    return bool(found.get("AVX512VNNI") or found.get("AVXVNNI"))
+
+
+def row_product_nodes(w: RowQuantized, x: str, y: str) -> tuple[list[Any], list[Any]]:
+    """ONNX nodes and initializers computing `y = x @ W` for a float32 input named `x` [T, in]; every name they add
+    starts with `y`. Each row of x * inv_smooth is quantized with its own step, max|row| / 127, around 128 (u8)."""
+    from onnx import TensorProto, helper
+
+    make = helper.make_node
+    inits = [
+        constant(f"{y}_codes", w.codes, TensorProto.INT8),
+        constant(f"{y}_scale", w.scale),
+        constant(f"{y}_inv_smooth", w.inv_smooth),
+        constant(f"{y}_per_code", np.array(1 / _Q, np.float32)),
+        constant(f"{y}_tiny", np.array(1e-30, np.float32)),  # an all-zero row quantizes to zeros, not NaN
+        constant(f"{y}_unit", np.array(1, np.float32)),
+        constant(f"{y}_zero", np.array(128, np.uint8), TensorProto.UINT8),
+    ]
+    nodes = [
+        make("Mul", [x, f"{y}_inv_smooth"], [f"{y}_xs"]),
+        make("Abs", [f"{y}_xs"], [f"{y}_abs"]),
+        make("ReduceMax", [f"{y}_abs"], [f"{y}_max"], axes=[1], keepdims=1),
+        make("Mul", [f"{y}_max", f"{y}_per_code"], [f"{y}_step0"]),
+        make("Max", [f"{y}_step0", f"{y}_tiny"], [f"{y}_step"]),
+        make("Div", [f"{y}_xs", f"{y}_step"], [f"{y}_xn"]),
+        make("QuantizeLinear", [f"{y}_xn", f"{y}_unit", f"{y}_zero"], [f"{y}_xq"]),
+        make("MatMulInteger", [f"{y}_xq", f"{y}_codes", f"{y}_zero"], [f"{y}_acc"]),
+        make("Cast", [f"{y}_acc"], [f"{y}_accf"], to=TensorProto.FLOAT),
+        make("Mul", [f"{y}_accf", f"{y}_step"], [f"{y}_rows"]),
+        make("Mul", [f"{y}_rows", f"{y}_scale"], [y]),
+    ]
+    return nodes, inits
