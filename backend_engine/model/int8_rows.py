@@ -1,19 +1,20 @@
 """`x @ W` as onnxruntime's u8s8 integer GEMM: W requantized to int8 per output column, each row of x quantized to
 int8 on its own, after SmoothQuant's per-channel smoothing (Xiao et al., 2023).
 
-Why: MatMulNBits (`int8_matmul.py`) unpacks its 4-bit blocks and rescales every block of 32 inside the kernel,
-which at batched sizes leaves MLAS's integer GEMM 1.8-2.7x faster on the same matrices (32 rows, VNNI; 8 rows
-1.4-1.8x; one row about even; `bench/matmul_kernels.py`). The price is precision: one scale per row of x instead
-of one per block of 32 lets a few large activation channels (outliers that every row of a layer shares) take the
-int8 grid from the rest. Smoothing moves that range into the weights, exactly: x @ W = (x / s) @ (s * W), with
-s_j = max|x_j|^a / max|W_j|^(1 - a) per input channel j, from activations the model itself produced on a
-calibration text (`calibration.py`). The MLP's down projection stays in blocks: its input, SiLU(gate) * up, has
-outliers no smoothing tamed (tests/engine/int8_drift.py's top-1 agreement 0.93 with it smoothed, 0.97 without).
+Why: MatMulNBits (`int8_matmul.py`) unpacks its 4-bit blocks and rescales every block of 32 inside its kernel; on
+the same matrices MLAS's integer GEMM is 2.1-2.8x faster at 32 rows, 1.4-1.8x at 8 and 1.1-1.2x at one (two
+threads, AVX-512 VNNI; `bench/matmul_kernels.py`). The price is precision: one scale per row of x instead of one
+per block of 32 lets a few large activation channels (outliers every row of a layer shares) take the int8 grid
+from the rest. Smoothing moves that range into the weights, exactly: x @ W = (x / s) @ (s * W), with
+s_j = max|x_j|^a / max|W_j|^(1 - a) per input channel j, from the activations the model itself produced on a
+calibration chat (`calibration.py`). The MLP's down projection keeps its blocks: its input, SiLU(gate) * up, has
+outliers smoothing did not tame (tests/engine/int8_drift.py's p95 log-probability error 0.84 with it smoothed
+against a bound of 0.8, 0.47 without, in a prototype).
 
-Only where MLAS multiplies u8 by s8 with VNNI (or AMX) instructions: on AVX2 and AVX-512 without VNNI its kernel
-adds pairs of u8 x s8 products in 16 bits, which full-range weights overflow, and weights cut to 7 bits
-(onnxruntime's reduce_range) lose more precision than the drift bounds allow. There the blocks serve every matrix.
-A row's result depends on that row alone, as with the blocks.
+The engine uses these only where MLAS multiplies u8 by s8 with VNNI (or AMX) instructions: on AVX2 and AVX-512
+without VNNI that kernel adds pairs of u8 x s8 products in 16 bits, which full-range weights overflow, and weights
+cut to 7 bits (onnxruntime's reduce_range) moved the drift to its bounds (p95 0.72-0.83). There every matrix keeps
+its blocks. Like the blocks, a row's result depends on that row alone.
 """
 
 from __future__ import annotations
@@ -71,12 +72,20 @@ def row_kernel_available() -> bool:
 
 def row_product_nodes(w: RowQuantized, x: str, y: str) -> tuple[list[Any], list[Any]]:
     """ONNX nodes and initializers computing `y = x @ W` for a float32 input named `x` [T, in]; every name they add
-    starts with `y`. Each row of x * inv_smooth is quantized with its own step, max|row| / 127, around 128 (u8)."""
+    starts with `y`. Each row of x * inv_smooth is quantized with its own step, max|row| / 127, around 128 (u8).
+    Without VNNI the weights go in as u8 around 128 too: the same integer products, through MLAS's u8 x u8 kernel,
+    which does not overflow (slower than u8 x s8 with VNNI, so the engine keeps its blocks there)."""
     from onnx import TensorProto, helper
 
     make = helper.make_node
+    if row_kernel_available():
+        weights = [constant(f"{y}_codes", w.codes, TensorProto.INT8)]
+        product = [f"{y}_xq", f"{y}_codes", f"{y}_zero"]
+    else:  # u8 x u8, which MLAS widens to 16 bits before multiplying: exact on any CPU, slower
+        weights = [constant(f"{y}_codes", (w.codes.astype(np.int16) + 128).astype(np.uint8), TensorProto.UINT8)]
+        product = [f"{y}_xq", f"{y}_codes", f"{y}_zero", f"{y}_zero"]
     inits = [
-        constant(f"{y}_codes", w.codes, TensorProto.INT8),
+        *weights,
         constant(f"{y}_scale", w.scale),
         constant(f"{y}_inv_smooth", w.inv_smooth),
         constant(f"{y}_per_code", np.array(1 / _Q, np.float32)),
@@ -92,7 +101,7 @@ def row_product_nodes(w: RowQuantized, x: str, y: str) -> tuple[list[Any], list[
         make("Max", [f"{y}_step0", f"{y}_tiny"], [f"{y}_step"]),
         make("Div", [f"{y}_xs", f"{y}_step"], [f"{y}_xn"]),
         make("QuantizeLinear", [f"{y}_xn", f"{y}_unit", f"{y}_zero"], [f"{y}_xq"]),
-        make("MatMulInteger", [f"{y}_xq", f"{y}_codes", f"{y}_zero"], [f"{y}_acc"]),
+        make("MatMulInteger", product, [f"{y}_acc"]),
         make("Cast", [f"{y}_acc"], [f"{y}_accf"], to=TensorProto.FLOAT),
         make("Mul", [f"{y}_accf", f"{y}_step"], [f"{y}_rows"]),
         make("Mul", [f"{y}_rows", f"{y}_scale"], [y]),

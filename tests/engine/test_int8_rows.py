@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from backend_engine.config import default_model_path
+from backend_engine.model import int8_rows
 from backend_engine.model.calibration import CALIBRATION_CHAT, SMOOTHED, activation_ranges
 from backend_engine.model.gguf import load_gguf
 from backend_engine.model.int8_matmul import float_graph, session
@@ -58,6 +59,22 @@ def test_smoothing_keeps_outlier_channels_from_taking_the_int8_grid(gate_up):
     smooth, unsmoothed = error(smoothed(gate_up, largest)), error(plain)
     assert smooth < 0.02, (smooth, unsmoothed)  # within int8 rounding of float32 (0.015; the blocks: 0.013)
     assert smooth < unsmoothed / 2, (smooth, unsmoothed)  # (0.045)
+
+
+@pytest.mark.parametrize("kernel", ["this CPU's", "u8 x u8"])
+def test_the_product_is_the_integer_product_of_each_rounded_row(gate_up, kernel, monkeypatch):
+    # u8 x s8 where the CPU has VNNI, else u8 x u8 (any CPU): both must be the exact integer product, which a
+    # kernel that sums pairs of u8 x s8 products in 16 bits would not be
+    if kernel == "u8 x u8":
+        monkeypatch.setattr(int8_rows, "row_kernel_available", lambda: False)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((8, gate_up.shape[1])).astype(np.float32)
+    w = smoothed(gate_up, np.abs(x).max(axis=0))
+    xs = x * w.inv_smooth
+    step = np.abs(xs).max(axis=1, keepdims=True) * np.float32(1 / 127)  # as the graph computes it
+    codes = np.rint(xs / step).astype(np.int64)
+    want = (codes @ w.codes.astype(np.int64)) * step * w.scale
+    np.testing.assert_allclose(_product(w)(x), want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
 
 
 def test_a_rows_result_depends_on_that_row_alone(gate_up):
