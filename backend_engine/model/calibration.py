@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from backend_engine.model.int8_rows import smoothed
+from backend_engine.model.int8_rows import RowQuantized, fold_into_norm, smoothed
 from backend_engine.model.quant_blocks import BlockQuantized
 
 if TYPE_CHECKING:
@@ -130,5 +130,9 @@ def smooth_layers(
         for name in SMOOTHED:
             if isinstance(parts[name], BlockQuantized):
                 parts[name] = smoothed(parts[name], ranges[(i, name)])
+        # Q|K|V and gate|up read their RMSNorm's output alone: their 1/s goes into its weight
+        for norm, name in (("attn_norm", "wqkv"), ("ffn_norm", "w_gate_up")):
+            if isinstance(parts[name], RowQuantized):
+                parts[norm], parts[name] = fold_into_norm(parts[norm], parts[name])
         out.append(LayerWeights(**parts))
     return out

@@ -38,7 +38,7 @@ class RowQuantized:
 
     codes: np.ndarray  # int8 [in, out]
     scale: np.ndarray  # float32 [out]
-    inv_smooth: np.ndarray  # float32 [in]
+    inv_smooth: np.ndarray | None  # float32 [in]; None once folded into the RMSNorm before (`fold_into_norm`)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -47,7 +47,13 @@ class RowQuantized:
 
     @property
     def nbytes(self) -> int:
-        return int(self.codes.nbytes + self.scale.nbytes + self.inv_smooth.nbytes)
+        return int(self.codes.nbytes + self.scale.nbytes + (0 if self.inv_smooth is None else self.inv_smooth.nbytes))
+
+
+def fold_into_norm(norm: np.ndarray, w: RowQuantized) -> tuple[np.ndarray, RowQuantized]:
+    """The RMSNorm weight that feeds `w` alone, times `w`'s 1/s, and `w` without it: one node less a matrix."""
+    assert w.inv_smooth is not None, "already folded"
+    return (norm * w.inv_smooth).astype(np.float32), RowQuantized(w.codes, w.scale, None)
 
 
 def smoothed(w: BlockQuantized, activation_max: np.ndarray, alpha: float = ALPHA) -> RowQuantized:
@@ -72,7 +78,8 @@ def row_kernel_available() -> bool:
 
 def row_product_nodes(w: RowQuantized, x: str, y: str) -> tuple[list[Any], list[Any]]:
     """ONNX nodes and initializers computing `y = x @ W` for a float32 input named `x` [T, in]; every name they add
-    starts with `y`. Each row of x * inv_smooth is quantized with its own step, max|row| / 127, around 128 (u8).
+    starts with `y`. Each row of x (times inv_smooth, unless folded) is quantized with its own step, max|row| / 127,
+    around 128 (u8).
     Without VNNI the weights go in as u8 around 128 too: the same integer products, through MLAS's u8 x u8 kernel,
     which does not overflow (slower than u8 x s8 with VNNI, so the engine keeps its blocks there)."""
     from onnx import TensorProto, helper
@@ -80,30 +87,31 @@ def row_product_nodes(w: RowQuantized, x: str, y: str) -> tuple[list[Any], list[
     make = helper.make_node
     if row_kernel_available():
         weights = [constant(f"{y}_codes", w.codes, TensorProto.INT8)]
-        product = [f"{y}_xq", f"{y}_codes", f"{y}_zero"]
+        product = [f"{y}_xq", f"{y}_codes", f"{y}_step", f"{y}_scale", f"{y}_zero"]
     else:  # u8 x u8, which MLAS widens to 16 bits before multiplying: exact on any CPU, slower
         weights = [constant(f"{y}_codes", (w.codes.astype(np.int16) + 128).astype(np.uint8), TensorProto.UINT8)]
-        product = [f"{y}_xq", f"{y}_codes", f"{y}_zero", f"{y}_zero"]
+        product = [f"{y}_xq", f"{y}_codes", f"{y}_step", f"{y}_scale", f"{y}_zero", f"{y}_zero"]
     inits = [
         *weights,
         constant(f"{y}_scale", w.scale),
-        constant(f"{y}_inv_smooth", w.inv_smooth),
         constant(f"{y}_per_code", np.array(1 / _Q, np.float32)),
         constant(f"{y}_tiny", np.array(1e-30, np.float32)),  # an all-zero row quantizes to zeros, not NaN
         constant(f"{y}_unit", np.array(1, np.float32)),
         constant(f"{y}_zero", np.array(128, np.uint8), TensorProto.UINT8),
     ]
-    nodes = [
-        make("Mul", [x, f"{y}_inv_smooth"], [f"{y}_xs"]),
-        make("Abs", [f"{y}_xs"], [f"{y}_abs"]),
+    nodes = []
+    if w.inv_smooth is not None:
+        inits.append(constant(f"{y}_inv_smooth", w.inv_smooth))
+        nodes.append(make("Mul", [x, f"{y}_inv_smooth"], [f"{y}_xs"]))
+        x = f"{y}_xs"
+    nodes += [
+        make("Abs", [x], [f"{y}_abs"]),
         make("ReduceMax", [f"{y}_abs"], [f"{y}_max"], axes=[1], keepdims=1),
         make("Mul", [f"{y}_max", f"{y}_per_code"], [f"{y}_step0"]),
-        make("Max", [f"{y}_step0", f"{y}_tiny"], [f"{y}_step"]),
-        make("Div", [f"{y}_xs", f"{y}_step"], [f"{y}_xn"]),
+        make("Max", [f"{y}_step0", f"{y}_tiny"], [f"{y}_step"]),  # [T, 1]
+        make("Div", [x, f"{y}_step"], [f"{y}_xn"]),
         make("QuantizeLinear", [f"{y}_xn", f"{y}_unit", f"{y}_zero"], [f"{y}_xq"]),
-        make("MatMulInteger", product, [f"{y}_acc"]),
-        make("Cast", [f"{y}_acc"], [f"{y}_accf"], to=TensorProto.FLOAT),
-        make("Mul", [f"{y}_accf", f"{y}_step"], [f"{y}_rows"]),
-        make("Mul", [f"{y}_rows", f"{y}_scale"], [y]),
+        # (xq - 128) @ (codes - zero), times each row's step and each column's scale
+        make("MatMulIntegerToFloat", product, [y], domain="com.microsoft"),
     ]
     return nodes, inits

@@ -89,12 +89,12 @@ def test_int8_engine_tracks_float32_on_every_kernel_path(request, path, engine):
     blocks are measured on every CPU, the smoothed rows (`int8_rows.py`) on those with VNNI."""
     int8 = request.getfixturevalue("int8_engine" if path == "this CPU's" else "int8_blocks_engine")
     drift = int8_drift.measure(int8, engine)
-    # measured in blocks on AVX-512 VNNI: 0.69; on AVX2: 0.99; as smoothed rows on AVX-512 VNNI: 0.84
+    # measured in blocks on AVX-512 VNNI: 0.69; on AVX2: 0.99; as smoothed rows on AVX-512 VNNI: 1.10
     assert drift.max_logprob_error < 2.0, drift
-    assert drift.p95_logprob_error < 0.8, drift  # 0.40; 0.37; 0.52
-    assert drift.top1_agreement >= 0.93, drift  # 0.970; 0.974; 0.974
+    assert drift.p95_logprob_error < 0.8, drift  # 0.40; 0.37; 0.47
+    assert drift.top1_agreement >= 0.93, drift  # 0.970; 0.974; 0.961
     # Where float32 is sure of its next token, int8 never picks another: its answers stay float32's.
-    assert drift.largest_lead_overturned < 1.0, drift  # 0.22; 0.26; 0.38
+    assert drift.largest_lead_overturned < 1.0, drift  # 0.22; 0.26; 0.15
     # ...and it is no float32 engine in disguise: int8 rounding shows.
     assert drift.max_logprob_error > 1e-3, drift
 
