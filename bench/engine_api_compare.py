@@ -6,10 +6,11 @@ continuous batching) on the same GGUF, measured the way users meet them — stre
         --compute int8 --threads 2 [--engine portcullis= --engine stall-off="--max-decode-stall 0"] [--json out.json]
 
 llama-server is built from the llama.cpp sources the llama-cpp-python sdist vendors (docs/benchmarks.md, "Engine
-through its API"). Cells: 1 stream (128 tokens), 8 / 32 / 64 concurrent streams (64 tokens each), and a
-shared-prefix workload (tenants' long system prompts, multi-turn conversations). Greedy decoding, EOS ignored so
-both produce every token asked for. Every server stays up for the whole run; an idle one costs no CPU. `--engine`
-(repeatable) names engine configurations to measure side by side, each with its extra `engine serve` arguments.
+through its API"). Cells: 1 stream (128 tokens), 8 / 32 / 64 concurrent streams (64 tokens each), one cold
+~1,000-token prompt at a time (its TTFT), and a shared-prefix workload (tenants' long system prompts, multi-turn
+conversations). Greedy decoding, EOS ignored so both produce every token asked for. Every server stays up for the
+whole run; an idle one costs no CPU. `--engine` (repeatable) names engine configurations to measure side by side,
+each with its extra `engine serve` arguments.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ CELLS = [
     ("8 streams", ["--concurrency", "8", "--num-requests", "32", "--output-len", "64", "--input-len", "32"]),
     ("32 streams", ["--concurrency", "32", "--num-requests", "64", "--output-len", "64", "--input-len", "32"]),
     ("64 streams", ["--concurrency", "64", "--num-requests", "128", "--output-len", "64", "--input-len", "32"]),
+    # TTFT of a ~1,000-token prompt (960 of the user's tokens and the chat template's), each prompt new to both
+    ("1,000-token prompt", ["--concurrency", "1", "--num-requests", "3", "--output-len", "2", "--input-len", "960"]),
     (
         "shared prefix, 16 streams",
         [
