@@ -6,12 +6,13 @@ import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from backend_engine.backend import ArrayBackend
-from backend_engine.model.calibration import CALIBRATION_CHAT
+from backend_engine.model.calibration import CALIBRATION_CHAT, smooth_layers
 from backend_engine.model.chat_template import ChatTemplate
 from backend_engine.model.int8_rows import row_kernel_available
-from backend_engine.model.llama import LlamaConfig, LlamaModel, hf_tensors_to_weights
+from backend_engine.model.llama import LayerRewrite, LayerWeights, LlamaConfig, LlamaModel, hf_tensors_to_weights
 from backend_engine.model.prompt import PromptRenderer
 from backend_engine.model.tokenizer import Tokenizer
 
@@ -82,9 +83,13 @@ def load_model(path: str, backend: ArrayBackend, compute: str = "float32") -> Lo
 
         cfg, tensors, meta = load_gguf(str(p), keep_blocks=compute == "int8")
         tok = Tokenizer.from_gguf_metadata(meta)
-    calibration = None
+    rewrite: LayerRewrite | None = None
     if compute == "int8" and row_kernel_available():
-        calibration = PromptRenderer(tok, _template(tok)).chat_ids(CALIBRATION_CHAT, add_generation_prompt=False)
-    weights = hf_tensors_to_weights(cfg, tensors, backend, calibration)
+        ids = PromptRenderer(tok, _template(tok)).chat_ids(CALIBRATION_CHAT, add_generation_prompt=False)
+
+        def rewrite(layers: list[LayerWeights], embed: Any, final_norm: Any) -> list[LayerWeights]:
+            return smooth_layers(cfg, layers, embed, final_norm, ids, backend)
+
+    weights = hf_tensors_to_weights(cfg, tensors, backend, rewrite)
     model = LlamaModel(cfg, weights, backend)
     return LoadedModel(model, tok, _template(tok), cfg, str(p), time.perf_counter() - t0)

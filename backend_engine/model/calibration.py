@@ -81,7 +81,12 @@ class _DequantizedLayers(Sequence["LayerWeights"]):
 
 
 def activation_ranges(
-    cfg: LlamaConfig, layers: list[LayerWeights], embed: np.ndarray, final_norm: np.ndarray, ids: list[int], be: Any
+    cfg: LlamaConfig,
+    layers: list[LayerWeights],
+    embed: np.ndarray,
+    final_norm: np.ndarray,
+    ids: list[int],
+    be: ArrayBackend,
 ) -> dict[tuple[int, str], np.ndarray]:
     """{(layer, matrix name): the largest |x| per input channel} over the forward pass of `ids`."""
     from backend_engine.model.llama import ForwardBatch, LlamaModel, LlamaWeights, PrefillSpan

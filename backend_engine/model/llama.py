@@ -12,6 +12,7 @@ decode rows alone is one onnxruntime graph instead (`int8_decode_step.py`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,13 +107,15 @@ def _matrix(parts: list[Any], be: ArrayBackend) -> Any:
     return be.asarray(np.concatenate([_dense(p) for p in parts], axis=0).T, be.weight_dtype)
 
 
+LayerRewrite = Callable[[list[LayerWeights], Any, Any], list[LayerWeights]]  # (layers, embed, final_norm) -> layers
+
+
 def hf_tensors_to_weights(
-    cfg: LlamaConfig, t: dict[str, Any], be: ArrayBackend, calibration_ids: list[int] | None = None
+    cfg: LlamaConfig, t: dict[str, Any], be: ArrayBackend, rewrite_int8_layers: LayerRewrite | None = None
 ) -> LlamaWeights:
     """Build fused, pre-transposed weights from Hugging Face-named tensors ([out, in]): float32 arrays, or, when
-    the tensors kept their quantized blocks (`--compute int8`), onnxruntime graphs that multiply them as blocks.
-    With `calibration_ids` the blocks of Q|K|V, O and gate|up are smoothed and requantized per column for the
-    u8s8 GEMM instead (`int8_rows.py`), by the activations the model produces on those tokens."""
+    the tensors kept their quantized blocks (`--compute int8`), onnxruntime graphs that multiply them as blocks,
+    after `rewrite_int8_layers` (`calibration.smooth_layers`: most of them as smoothed int8 rows) if given."""
     int8 = any(isinstance(v, BlockQuantized) for v in t.values())
     layers = []
     for i in range(cfg.num_layers):
@@ -131,10 +134,8 @@ def hf_tensors_to_weights(
     head = _matrix([t.pop("lm_head.weight", embed)], be)
     embed = be.asarray(_dense(embed), np.float32)
     final_norm = be.asarray(t.pop("model.norm.weight"), np.float32)
-    if int8 and calibration_ids:
-        from backend_engine.model.calibration import smooth_layers  # it runs this module's forward pass
-
-        layers = smooth_layers(cfg, layers, embed, final_norm, calibration_ids, be)
+    if int8 and rewrite_int8_layers is not None:
+        layers = rewrite_int8_layers(layers, embed, final_norm)
     stack = Int8LayerStack(layers, cfg.rms_eps, cfg.num_heads, cfg.num_kv_heads) if int8 else None
     return LlamaWeights(
         embed=embed,
