@@ -62,6 +62,22 @@ def _renderer_of(p: Path, mtime_ns: int, size: int) -> PromptRenderer:
     return PromptRenderer(tok, _template(tok))
 
 
+def _return_freed_heap() -> None:
+    """Hand the pages the load's temporaries freed back to the operating system. glibc keeps freed heap memory for
+    reuse, and loading int8 weights frees a lot of it (dequantized layers, requantized copies, serialized graphs):
+    170 MiB of the bundled model's resident memory with smoothed rows. A no-op without glibc."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+    except OSError:
+        pass
+
+
 def load_model(path: str, backend: ArrayBackend, compute: str = "float32") -> LoadedModel:
     """`path` is a .gguf file or a folder with config.json, model.safetensors and tokenizer.json.
 
@@ -91,5 +107,6 @@ def load_model(path: str, backend: ArrayBackend, compute: str = "float32") -> Lo
             return smooth_layers(cfg, layers, embed, final_norm, ids, backend)
 
     weights = hf_tensors_to_weights(cfg, tensors, backend, rewrite)
+    _return_freed_heap()
     model = LlamaModel(cfg, weights, backend)
     return LoadedModel(model, tok, _template(tok), cfg, str(p), time.perf_counter() - t0)
