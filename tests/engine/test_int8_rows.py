@@ -119,3 +119,11 @@ def test_calibration_ranges_are_the_inputs_each_matrix_sees(bundled, cpu_backend
     # ...and the ranges differ by layer and matrix: they were read from each one's own input
     assert not np.allclose(ranges[(0, "w_gate_up")], ranges[(0, "wqkv")])
     assert not np.allclose(ranges[(1, "wqkv")], ranges[(0, "wqkv")])
+
+
+def test_the_row_kernel_is_chosen_where_the_cpu_reports_vnni():
+    # read apart from numpy's dispatcher: the kernel's flags as the Linux kernel lists this CPU's (an x86 machine)
+    with open("/proc/cpuinfo") as cpuinfo:
+        flags = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), [])
+    assert flags, "no CPU flags in /proc/cpuinfo"
+    assert int8_rows.row_kernel_available() == ("avx512_vnni" in flags)
