@@ -117,18 +117,10 @@ def activation_ranges(
     return seen
 
 
-def smooth_layers(
-    cfg: LlamaConfig,
-    layers: list[LayerWeights],
-    embed: np.ndarray,
-    final_norm: np.ndarray,
-    ids: list[int],
-    be: ArrayBackend,
-) -> list[LayerWeights]:
-    """The layers with their `SMOOTHED` matrices as `int8_rows.RowQuantized`, smoothed by the ranges `ids` produce."""
+def smooth_layers(layers: list[LayerWeights], ranges: dict[tuple[int, str], np.ndarray]) -> list[LayerWeights]:
+    """The layers with their `SMOOTHED` matrices as `int8_rows.RowQuantized`, smoothed by `activation_ranges`."""
     from backend_engine.model.llama import LayerWeights
 
-    ranges = activation_ranges(cfg, layers, embed, final_norm, ids, be)
     out = []
     for i, lw in enumerate(layers):
         parts: dict[str, Any] = {f.name: getattr(lw, f.name) for f in fields(LayerWeights)}
