@@ -9,7 +9,7 @@ all thirty would be 420 MB), and takes well under a second for the bundled model
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, cast
 
@@ -70,14 +70,12 @@ class _DequantizedLayers(Sequence["LayerWeights"]):
         for f in fields(LayerWeights):
             value = getattr(lw, f.name)
             if isinstance(value, BlockQuantized):
-                named = cast(_NamedWeight, np.ascontiguousarray(value.dequantize().T).view(_NamedWeight))
-                named.key = (i, f.name)
-                value = named
+                value = np.ascontiguousarray(value.dequantize().T)
+                if f.name in SMOOTHED:  # the matrices whose inputs the pass records
+                    value = cast(_NamedWeight, value.view(_NamedWeight))
+                    value.key = (i, f.name)
             dense[f.name] = value
         return LayerWeights(**dense)
-
-    def __iter__(self) -> Iterator[LayerWeights]:
-        return (self[i] for i in range(len(self)))
 
 
 def activation_ranges(
