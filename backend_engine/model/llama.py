@@ -23,6 +23,7 @@ from backend_engine.model.decode_attention import DecodeAttention
 from backend_engine.model.int8_decode_step import Int8DecodeStep
 from backend_engine.model.int8_layers import Int8LayerStack
 from backend_engine.model.int8_matmul import Int8Matmul
+from backend_engine.model.prefill_attention import PrefillAttention
 from backend_engine.model.quant_blocks import BlockQuantized
 
 
@@ -70,6 +71,52 @@ class PrefillSpan:
     num_tokens: int  # rows in this chunk
     context_len: int  # tokens in the KV cache after this chunk (cached + computed + new)
     block_table: np.ndarray
+
+
+@dataclass
+class PrefillGroup:
+    """Prompt chunks whose causal attention one batched product computes, each padded to the group's longest.
+
+    Why: a chunk's attention costs a dozen calls a layer whatever its length, and a step of many new short prompts
+    paid them per prompt; int8's onnxruntime graph (`prefill_attention.py`) takes a whole group in one. The masks
+    are built once a step, shared by every layer (they were built per chunk and layer)."""
+
+    queries: Any  # [S * n] int64: each padded query's row in the flat batch (a padding row repeats a real one)
+    block_tables: Any  # [S, blocks] int64, a shorter chunk's padded with block 0 (masked)
+    bias: Any  # [S, 1, 1, n, blocks * block_size] float32: 0 where a query may look, -1e30 past it or the chunk
+    kept: Any  # [rows] int64: the padded outputs that are real rows, in `rows`' order
+    rows: Any  # [rows] int64: their rows in the flat batch
+    length: int  # L: the group's longest context
+
+    @classmethod
+    def of(cls, spans: list[PrefillSpan], bs: int, asarray: Callable[[np.ndarray], Any]) -> PrefillGroup:
+        """The group of `spans` (a `group_spans` group) over a cache of `bs`-token blocks, its arrays on the
+        backend's device."""
+        n = max(sp.num_tokens for sp in spans)
+        length = max(sp.context_len for sp in spans)
+        blocks = -(-length // bs)
+        queries = np.empty((len(spans), n), np.int64)
+        tables = np.zeros((len(spans), blocks), np.int64)
+        bias = np.full((len(spans), n, blocks * bs), np.float32(-1e30))
+        kept, rows = [], []
+        for i, sp in enumerate(spans):
+            real = np.arange(sp.num_tokens)
+            queries[i] = sp.start + np.minimum(np.arange(n), sp.num_tokens - 1)
+            used = -(-sp.context_len // bs)
+            tables[i, :used] = sp.block_table[:used]
+            first = sp.context_len - sp.num_tokens  # the chunk's first position
+            sees = np.arange(blocks * bs)[None, :] <= first + np.minimum(np.arange(n), sp.num_tokens - 1)[:, None]
+            bias[i][sees] = 0  # a padding query sees what the chunk's last does
+            kept.append(i * n + real)
+            rows.append(sp.start + real)
+        return cls(
+            asarray(queries.reshape(-1)),
+            asarray(tables),
+            asarray(bias[:, None, None]),
+            asarray(np.concatenate(kept)),
+            asarray(np.concatenate(rows)),
+            length,
+        )
 
 
 @dataclass
@@ -165,6 +212,22 @@ def _rope_inv_freq(cfg: LlamaConfig) -> np.ndarray:
     return inv
 
 
+def group_spans(spans: list[PrefillSpan], waste: float = 1.5) -> list[list[PrefillSpan]]:
+    """The step's prompt chunks in groups for `PrefillGroup`, longest context first: a chunk joins the group being
+    built while the group's padded scores stay within `waste` times its chunks' own (a 400-token chunk does not pad
+    eight 14-token ones to its length)."""
+    groups: list[list[PrefillSpan]] = []
+    for sp in sorted(spans, key=lambda sp: -sp.context_len):
+        if groups:
+            group = [*groups[-1], sp]
+            padded = len(group) * max(x.num_tokens for x in group) * group[0].context_len
+            if padded <= waste * sum(x.num_tokens * x.context_len for x in group):
+                groups[-1] = group
+                continue
+        groups.append([sp])
+    return groups
+
+
 class LlamaModel:
     """Weights + RoPE tables; `forward` fills the KV cache and returns logits for chosen rows."""
 
@@ -182,6 +245,9 @@ class LlamaModel:
         # `--compute int8`: decode attention as an onnxruntime graph (decode_attention.py)
         self._attention_graph = (
             DecodeAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) if weights.int8_layers is not None else None
+        )
+        self._prefill_graph = (
+            PrefillAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) if weights.int8_layers is not None else None
         )
 
     def weight_bytes(self) -> int:
@@ -257,6 +323,7 @@ class LlamaModel:
         D = batch.num_decodes
         self._block_size = kv_cache[0].shape[3]
         dec = self._decode_plan(batch) if D else None
+        groups = [PrefillGroup.of(spans, self._block_size, be.asarray) for spans in group_spans(batch.prefills)]
 
         h = self.w.embed[ids]  # [T, H] float32
         stack = self.w.int8_layers
@@ -276,10 +343,8 @@ class LlamaModel:
             attn = xp.empty((T, nh * hd), dtype=xp.float32)
             if dec is not None:
                 attn[:D] = self._decode_attention(q[:D], cache, dec)
-            for sp in batch.prefills:
-                attn[sp.start : sp.start + sp.num_tokens] = self._prefill_attention(
-                    q[sp.start : sp.start + sp.num_tokens], cache, sp
-                )
+            for group in groups:
+                attn[group.rows] = self._prefill_attention(q, cache, group)
             if stack is None:
                 self._mlp(h, attn, lw)
             else:
@@ -361,28 +426,25 @@ class LlamaModel:
         o = (p.astype(kv.dtype, copy=False) @ kv[1]).astype(xp.float32, copy=False)  # [nkv, D, g, hd]
         return o.transpose(1, 0, 2, 3).reshape(D, nkv * g * hd)
 
-    def _prefill_attention(self, q: Any, cache: Any, sp: PrefillSpan) -> Any:
-        """Causal attention of one chunk's queries over its cached + new keys."""
-        xp, c, be = self.xp, self.cfg, self.be
-        n = q.shape[0]
+    def _prefill_attention(self, q: Any, cache: Any, group: PrefillGroup) -> Any:
+        """Causal attention of a group's chunks over their cached + new keys: the rows of `group.rows`."""
+        if self._prefill_graph is not None:
+            return self._prefill_graph.attend(q, cache, group)
+        xp, c = self.xp, self.cfg
         nkv, g, hd = c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim
-        bs = cache.shape[3]
-        nblk = -(-sp.context_len // bs)
-        kv = xp.take(cache, be.asarray(sp.block_table[:nblk].astype(np.int64)), axis=2)
-        kv = kv.reshape(2, nkv, nblk * bs, hd)[:, :, : sp.context_len]
-        L = sp.context_len
-        qh = q.reshape(n, nkv, g, hd).transpose(1, 2, 0, 3)  # [nkv, g, n, hd]
+        S, blocks = group.block_tables.shape
+        L = group.length
+        kv = xp.take(cache, group.block_tables, axis=2)  # [2, nkv, S, blocks, bs, hd]
+        kv = kv.reshape(2, nkv, S, -1, hd)[:, :, :, :L].transpose(0, 2, 1, 3, 4)[:, :, :, None]  # [2, S, nkv, 1, L, hd]
+        qh = q[group.queries].reshape(S, -1, nkv, g, hd).transpose(0, 2, 3, 1, 4)  # [S, nkv, g, n, hd]
         if qh.dtype != kv.dtype:
             qh = qh.astype(kv.dtype)
         # in place from here on: at 512 x 1,000 the scores are 18 MB a layer, and copies cost more than math
-        s = (qh @ kv[0][:, None].transpose(0, 1, 3, 2)).astype(xp.float32, copy=False)  # [nkv, g, n, L]
+        s = (qh @ kv[0].swapaxes(-1, -2)).astype(xp.float32, copy=False)  # [S, nkv, g, n, L]
         s *= self.scale
-        p0 = L - n
-        causal = np.arange(L)[None, :] > (p0 + np.arange(n))[:, None]  # [n, L]
-        if causal.any():
-            s += be.asarray(np.where(causal, np.float32(-1e30), np.float32(0)))
+        s += group.bias[..., :L]
         s -= s.max(axis=-1, keepdims=True)
         p = xp.exp(s, out=s)
         p /= p.sum(axis=-1, keepdims=True)
-        o = (p.astype(kv.dtype, copy=False) @ kv[1][:, None]).astype(xp.float32, copy=False)  # [nkv, g, n, hd]
-        return o.transpose(2, 0, 1, 3).reshape(n, nkv * g * hd)
+        o = (p.astype(kv.dtype, copy=False) @ kv[1]).astype(xp.float32, copy=False)  # [S, nkv, g, n, hd]
+        return o.transpose(0, 3, 1, 2, 4).reshape(-1, nkv * g * hd)[group.kept]
