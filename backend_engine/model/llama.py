@@ -212,12 +212,28 @@ def _rope_inv_freq(cfg: LlamaConfig) -> np.ndarray:
     return inv
 
 
-def group_spans(spans: list[PrefillSpan], waste: float = 1.5) -> list[list[PrefillSpan]]:
-    """The step's prompt chunks in groups for `PrefillGroup`, longest context first: a chunk joins the group being
-    built while the group's padded scores stay within `waste` times its chunks' own (a 400-token chunk does not pad
-    eight 14-token ones to its length)."""
+QUERY_RUN = 128  # the most queries of one chunk that attend as one: a longer chunk is cut into runs of this many
+
+
+def query_runs(span: PrefillSpan, run: int = QUERY_RUN) -> list[PrefillSpan]:
+    """`span` as runs of at most `run` queries, each over the keys up to its own last query: causal attention over a
+    long chunk computes about half its scores this way instead of every query against every key (a 960-token prompt:
+    0.35-0.38 against 0.52-0.54 s of attention, two threads)."""
+    first = span.context_len - span.num_tokens
+    return [
+        PrefillSpan(
+            span.start + a, min(run, span.num_tokens - a), first + min(a + run, span.num_tokens), span.block_table
+        )
+        for a in range(0, span.num_tokens, run)
+    ]
+
+
+def group_spans(spans: list[PrefillSpan], waste: float = 1.2) -> list[list[PrefillSpan]]:
+    """The step's prompt chunks, cut into `query_runs`, in groups for `PrefillGroup`, longest context first: a run
+    joins the group being built while the group's padded scores stay within `waste` times its runs' own (a 400-token
+    run does not pad eight 14-token ones to its length)."""
     groups: list[list[PrefillSpan]] = []
-    for sp in sorted(spans, key=lambda sp: -sp.context_len):
+    for sp in sorted((r for span in spans for r in query_runs(span)), key=lambda sp: -sp.context_len):
         if groups:
             group = [*groups[-1], sp]
             padded = len(group) * max(x.num_tokens for x in group) * group[0].context_len

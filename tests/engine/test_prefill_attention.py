@@ -5,7 +5,7 @@ of order in a cache whose unwritten slots hold large garbage (a slot read that s
 import numpy as np
 import pytest
 
-from backend_engine.model.llama import PrefillGroup, PrefillSpan, group_spans
+from backend_engine.model.llama import QUERY_RUN, PrefillGroup, PrefillSpan, group_spans, query_runs
 from backend_engine.model.prefill_attention import PrefillAttention
 
 BLOCK = 16
@@ -29,9 +29,10 @@ def reference(q: np.ndarray, cache: np.ndarray, span: PrefillSpan, heads: int) -
 
 
 def chunks(rng: np.random.Generator, blocks: int) -> tuple[list[PrefillSpan], np.ndarray]:
-    """(new tokens, cached before them): one long prompt, short ones of several lengths, two after a cached prefix,
-    one of a single block exactly; each chunk's slots written with data, the rest of the cache left as garbage."""
-    shapes = [(300, 0), (7, 0), (33, 0), (16, 0), (40, 25), (2, 61), (19, 0), (64, 0)]
+    """(new tokens, cached before them): one long prompt (attending in runs), short ones of several lengths and three
+    of one, two after a cached prefix, one of a single block exactly; each chunk's slots written with data, the rest
+    of the cache left as garbage."""
+    shapes = [(300, 0), (7, 0), (33, 0), (16, 0), (40, 25), (2, 61), (19, 0), (19, 0), (19, 0), (64, 0)]
     order = rng.permutation(blocks)
     spans, start, used = [], 0, 0
     written = np.zeros(blocks * BLOCK, bool)
@@ -55,8 +56,9 @@ def test_grouped_attention_matches_attention_written_out(loaded, heads, kv_heads
     cache[:, :, ~written] = 1e3
     cache = cache.reshape(2, kv_heads, blocks, BLOCK, hd)
     q = rng.standard_normal((sum(sp.num_tokens for sp in spans), heads * hd)).astype(np.float32)
+    sizes = [len(g) for g in group_spans(spans)]
+    assert min(sizes) == 1 and max(sizes) > 1, "the chunks should make groups of one and of several"
     groups = [PrefillGroup.of(g, BLOCK, np.asarray) for g in group_spans(spans)]
-    assert 1 < len(groups) < len(spans), "the chunks should make groups of one and of several"
 
     graph = PrefillAttention(heads, kv_heads, hd)
     numpy_model = loaded.model  # the float32 model: numpy's path, for the bundled model's heads
@@ -76,7 +78,17 @@ def test_grouped_attention_matches_attention_written_out(loaded, heads, kv_heads
 def test_groups_keep_padding_bounded():
     """A long chunk does not pad short ones to its length; chunks of one size share one group."""
     table = np.arange(40)
-    spans = [PrefillSpan(0, 400, 400, table), *(PrefillSpan(400 + 14 * i, 14, 14, table) for i in range(8))]
+    spans = [PrefillSpan(0, 120, 120, table), *(PrefillSpan(120 + 14 * i, 14, 14, table) for i in range(8))]
     groups = group_spans(spans)
     assert [len(g) for g in groups] == [1, 8]
-    assert groups[0][0].num_tokens == 400
+    assert groups[0][0].num_tokens == 120
+
+
+def test_a_long_chunk_attends_in_runs_each_over_the_keys_it_may_see():
+    """300 new tokens after 40 cached: runs of at most QUERY_RUN queries, each ending its keys at its last query."""
+    runs = query_runs(PrefillSpan(10, 300, 340, np.arange(22)))
+    assert [(r.start, r.num_tokens, r.context_len) for r in runs] == [
+        (10, QUERY_RUN, 40 + QUERY_RUN),
+        (10 + QUERY_RUN, QUERY_RUN, 40 + 2 * QUERY_RUN),
+        (10 + 2 * QUERY_RUN, 300 - 2 * QUERY_RUN, 340),
+    ]
