@@ -68,7 +68,9 @@ def _parts(eng: LLMEngine) -> list[tuple[Any, str, str]]:
     return [p for p in parts if hasattr(p[0], p[1])]
 
 
-def _timed(fn: Callable[..., Any], part: str, acc: dict[str, float]) -> Callable[..., Any]:
+def time_calls(fn: Callable[..., Any], part: str, acc: dict[str, float]) -> Callable[..., Any]:
+    """`fn`, adding the wall time of each call to `acc[part]`."""
+
     def timed(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         try:
@@ -110,7 +112,7 @@ def profile(compute: str, threads: int, steps: int, rows: int = 1) -> dict[str, 
     timed = _steps_left(eng)
     acc: dict[str, float] = {}
     for obj, name, part in _parts(eng):
-        setattr(obj, name, _timed(getattr(obj, name), part, acc))
+        setattr(obj, name, time_calls(getattr(obj, name), part, acc))
     cpu0, t0 = time.process_time(), time.perf_counter()
     for _ in range(timed):
         eng.step()
