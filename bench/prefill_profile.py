@@ -29,15 +29,9 @@ WARM_UP = 2
 
 def profile(compute: str, threads: int, prompts: int, length: int, repeats: int) -> dict[str, float]:
     """Milliseconds a prompt step takes in all and in each timed part, medians over `repeats` steps."""
+    budget = {"max_num_seqs": max(8, prompts), "max_num_batched_tokens": max(512, prompts * length)}  # one step
     eng = LLMEngine(
-        EngineConfig(
-            compute=compute,
-            threads=threads,
-            kv_cache_bytes=1 << 29,
-            max_num_seqs=max(8, prompts),
-            max_num_batched_tokens=max(512, prompts * length),
-            model=model_path(),
-        )
+        EngineConfig(compute=compute, threads=threads, kv_cache_bytes=1 << 29, model=model_path(), **budget)
     )
     m = eng.model
     parts = [(m, "_prefill_attention", "prompt attention"), (m, "forward", "forward")]
