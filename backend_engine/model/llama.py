@@ -101,12 +101,12 @@ class PrefillGroup:
         kept, rows = [], []
         for i, sp in enumerate(spans):
             real = np.arange(sp.num_tokens)
-            queries[i] = sp.start + np.minimum(np.arange(n), sp.num_tokens - 1)
+            own = np.minimum(np.arange(n), sp.num_tokens - 1)  # a padding query repeats the chunk's last
+            queries[i] = sp.start + own
             used = -(-sp.context_len // bs)
             tables[i, :used] = sp.block_table[:used]
             first = sp.context_len - sp.num_tokens  # the chunk's first position
-            sees = np.arange(blocks * bs)[None, :] <= first + np.minimum(np.arange(n), sp.num_tokens - 1)[:, None]
-            bias[i][sees] = 0  # a padding query sees what the chunk's last does
+            bias[i][np.arange(blocks * bs)[None, :] <= first + own[:, None]] = 0
             kept.append(i * n + real)
             rows.append(sp.start + real)
         return cls(
