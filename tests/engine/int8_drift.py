@@ -3,7 +3,9 @@
 onnxruntime picks its int8 kernel by CPU (AVX2, AVX-512, AVX-512 VNNI, AMX), and while each computes the same
 integer products, float sums in another order move a near-tie's greedy choice, after which two answers share
 nothing. So the int8 engine is compared with float32 where both read the same text: at every position of the
-float32 reference's greedy answers, the next-token log-probabilities of both engines. The bounds the tests assert
+float32 reference's greedy answers, the next-token log-probabilities of both engines, int8's read once by prompt
+steps and once by decode steps (its two graphs: a decode step of decode rows alone is one graph of its own). The
+bounds the tests assert
 (test_int8_compute.py) were chosen from this module's figures on two kernel paths, AVX-512 VNNI and AVX2
 (docs/benchmarks.md, "int8 drift"), and this is the way to measure another path without its CPU:
 
@@ -21,7 +23,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from backend_engine.engine import LLMEngine
+from backend_engine.model.llama import ForwardBatch, PrefillSpan
 from backend_engine.sequence import SamplingParams
 
 from .conftest import reference
@@ -51,10 +56,62 @@ def next_token_logprobs(engine: LLMEngine, prompts: list[list[int]]) -> list[dic
     return [found[f"drift-{i}"] for i in range(len(prompts))]
 
 
-def measure(int8: LLMEngine, float32: LLMEngine) -> Drift:
+def reference_prompts() -> list[list[int]]:
+    """Every position of the float32 reference's greedy answers, as the tokens before it (teacher-forced)."""
+    return [c["prompt_ids"] + c["greedy_ids"][:k] for c in reference()["cases"] for k in range(len(c["greedy_ids"]))]
+
+
+def decoded_logprobs(engine: LLMEngine) -> list[dict[int, float]]:
+    """`reference_prompts`' positions as decoding reaches them: each case's prompt in one prompt step, then its
+    reference answer fed back a token a step, every case a row of the same decode step. Prompt steps and decode
+    steps run different graphs under int8 (a decode step of decode rows alone is `int8_decode_step.py`'s one
+    graph), and every generated token after an answer's first comes from the decode path."""
     cases = reference()["cases"]
-    prompts = [c["prompt_ids"] + c["greedy_ids"][:k] for c in cases for k in range(len(c["greedy_ids"]))]
-    want, got = next_token_logprobs(float32, prompts), next_token_logprobs(int8, prompts)
+    model, bs = engine.model, 16
+    prompts = [np.asarray(c["prompt_ids"], np.int64) for c in cases]
+    per_case = max(-(-(len(p) + len(c["greedy_ids"])) // bs) for p, c in zip(prompts, cases))
+    tables = [np.arange(i * per_case, (i + 1) * per_case) for i in range(len(cases))]
+    cache = model.allocate_kv_cache(per_case * len(cases), bs)
+
+    def slots(table: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        return table[positions // bs] * bs + positions % bs
+
+    starts = np.cumsum([0] + [len(p) for p in prompts])
+    prompt_step = ForwardBatch(
+        input_ids=np.concatenate(prompts),
+        positions=np.concatenate([np.arange(len(p)) for p in prompts]),
+        slot_mapping=np.concatenate([slots(t, np.arange(len(p))) for t, p in zip(tables, prompts)]),
+        num_decodes=0,
+        decode_block_tables=np.zeros((0, 1), np.int64),
+        decode_context_lens=np.zeros(0, np.int64),
+        prefills=[PrefillSpan(int(s), len(p), len(p), t) for s, p, t in zip(starts, prompts, tables)],
+        logits_indices=starts[1:] - 1,
+    )
+    logits = {(i, 0): row for i, row in enumerate(np.asarray(model.forward(prompt_step, cache)))}
+    for k in range(1, max(len(c["greedy_ids"]) for c in cases)):
+        rows = [i for i, c in enumerate(cases) if k < len(c["greedy_ids"])]
+        positions = np.array([len(prompts[i]) + k - 1 for i in rows])
+        decode_step = ForwardBatch(
+            input_ids=np.array([cases[i]["greedy_ids"][k - 1] for i in rows]),
+            positions=positions,
+            slot_mapping=np.concatenate([slots(tables[i], positions[j : j + 1]) for j, i in enumerate(rows)]),
+            num_decodes=len(rows),
+            decode_block_tables=np.stack([tables[i] for i in rows]),
+            decode_context_lens=positions + 1,
+            logits_indices=np.arange(len(rows)),
+        )
+        logits.update({(i, k): row for i, row in zip(rows, np.asarray(model.forward(decode_step, cache)))})
+    listed = []
+    for i, c in enumerate(cases):
+        for k in range(len(c["greedy_ids"])):
+            row = logits[(i, k)].astype(np.float64)
+            logp = row - row.max() - np.log(np.exp(row - row.max()).sum())
+            listed.append({int(t): float(logp[t]) for t in np.argsort(logp)[::-1][:LISTED]})
+    return listed
+
+
+def compare(want: list[dict[int, float]], got: list[dict[int, float]]) -> Drift:
+    """How far `got` (int8's listed log-probabilities) strays from `want` (float32's), position by position."""
     errors, agree, overturned = [], 0, 0.0
     for f, q in zip(want, got):
         ranked = sorted(f, key=f.__getitem__, reverse=True)
@@ -66,12 +123,20 @@ def measure(int8: LLMEngine, float32: LLMEngine) -> Drift:
             overturned = max(overturned, f[ranked[0]] - f[ranked[1]])
     errors.sort()
     return Drift(
-        positions=len(prompts),
-        top1_agreement=agree / len(prompts),
+        positions=len(want),
+        top1_agreement=agree / len(want),
         largest_lead_overturned=overturned,
         max_logprob_error=errors[-1],
         p95_logprob_error=errors[int(0.95 * (len(errors) - 1))],
     )
+
+
+def measure(int8: LLMEngine, float32: LLMEngine, decode: bool = False) -> Drift:
+    """int8's drift from float32 along the reference answers: int8 read by prompt steps, or with `decode` by
+    decode steps (`decoded_logprobs`); float32 by prompt steps either way."""
+    prompts = reference_prompts()
+    got = decoded_logprobs(int8) if decode else next_token_logprobs(int8, prompts)
+    return compare(next_token_logprobs(float32, prompts), got)
 
 
 def main() -> None:
@@ -89,9 +154,11 @@ def main() -> None:
         config = EngineConfig(device="cpu", compute=compute, kv_cache_bytes=64 << 20)
         engines[compute] = LLMEngine(config, loaded=loaded, backend=backend)
     drift = measure(engines["int8"], engines["float32"])
+    decoded = measure(engines["int8"], engines["float32"], decode=True)
     int8 = engines["int8"]
     seqs = int8.generate([c["prompt_ids"] for c in reference()["cases"]], SamplingParams(max_tokens=32, temperature=0))
     report = {"onnxruntime": onnxruntime.__version__, "cpu": _cpu_flags(), **asdict(drift)}
+    report["decode_steps"] = asdict(decoded)
     report["int8_greedy_answers"] = [int8.tokenizer.decode(s.output_token_ids) for s in seqs]
     print(json.dumps(report, indent=1, ensure_ascii=False))
 

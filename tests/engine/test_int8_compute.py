@@ -80,21 +80,33 @@ def test_int8_weights_stay_quantized_in_memory(int8_engine, loaded):
     assert int8.weight_bytes() - int8.w.embed.nbytes < 0.52 * matrices
 
 
+@pytest.fixture(scope="module")
+def float32_logprobs(engine):
+    return int8_drift.next_token_logprobs(engine, int8_drift.reference_prompts())
+
+
+@pytest.mark.parametrize("steps", ["prompt", "decode"])
 @pytest.mark.parametrize("path", ["this CPU's", "blocks"])
-def test_int8_engine_tracks_float32_on_every_kernel_path(request, path, engine):
+def test_int8_engine_tracks_float32_on_every_kernel_path(request, path, steps, float32_logprobs):
     """onnxruntime picks its int8 kernel by CPU, and a near-tie's greedy choice moves with it (llama.cpp, on the same
     weights, answers the system-prompt case "L'Étoile, …" where float32 says "The capital of France is Paris.").
     So int8 is held to float32 where both read the same text, within bounds chosen from the figures measured on
     onnxruntime's AVX2 and AVX-512 VNNI paths (docs/benchmarks.md, int8 drift): about twice the worse path's. The
-    blocks are measured on every CPU, the smoothed rows (`int8_rows.py`) on those with VNNI."""
+    blocks are measured on every CPU, the smoothed rows (`int8_rows.py`) on those with VNNI; each as prompt steps
+    read the text and as decode steps do (a step of decode rows alone is a graph of its own)."""
     int8 = request.getfixturevalue("int8_engine" if path == "this CPU's" else "int8_blocks_engine")
-    drift = int8_drift.measure(int8, engine)
-    # measured in blocks on AVX-512 VNNI: 0.69; on AVX2: 0.99; as smoothed rows on AVX-512 VNNI: 1.10
+    if steps == "decode":
+        got = int8_drift.decoded_logprobs(int8)
+    else:
+        got = int8_drift.next_token_logprobs(int8, int8_drift.reference_prompts())
+    drift = int8_drift.compare(float32_logprobs, got)
+    # measured by prompt steps in blocks on AVX-512 VNNI: 0.69; on AVX2: 0.99; as smoothed rows on AVX-512 VNNI: 1.10;
+    # by decode steps in blocks on AVX-512 VNNI: 0.58; as smoothed rows: 0.85
     assert drift.max_logprob_error < 2.0, drift
-    assert drift.p95_logprob_error < 0.8, drift  # 0.40; 0.37; 0.47
-    assert drift.top1_agreement >= 0.93, drift  # 0.970; 0.974; 0.961
+    assert drift.p95_logprob_error < 0.8, drift  # 0.40; 0.37; 0.47; 0.41; 0.47
+    assert drift.top1_agreement >= 0.93, drift  # 0.970; 0.974; 0.961; 0.961; 0.974
     # Where float32 is sure of its next token, int8 never picks another: its answers stay float32's.
-    assert drift.largest_lead_overturned < 1.0, drift  # 0.22; 0.26; 0.15
+    assert drift.largest_lead_overturned < 1.0, drift  # 0.22; 0.26; 0.15; 0.21; 0.12
     # ...and it is no float32 engine in disguise: int8 rounding shows.
     assert drift.max_logprob_error > 1e-3, drift
 
