@@ -121,11 +121,18 @@ def server(otlp, tmp_path_factory):
             proc.wait()
 
 
-def _metric(base: str, name: str, **labels) -> float:
-    for line in httpx.get(base + "/metrics").text.splitlines():
+def _metrics(base: str) -> str:
+    return httpx.get(base + "/metrics").text
+
+
+def _metric(base: str, name: str, default: float | None = None, **labels) -> float:
+    """The sample of `name` with `labels`; `default` where none is exported yet (else that fails the test)."""
+    for line in _metrics(base).splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
             if all(f'{k}="{v}"' in line for k, v in labels.items()):
                 return float(line.rsplit(" ", 1)[1])
+    if default is not None:
+        return default
     raise AssertionError(f"metric {name} {labels} not exported")
 
 
@@ -714,7 +721,13 @@ def test_client_disconnect_aborts(server):
 
 
 def test_metrics_have_vllm_names_and_memory_budget(server):
-    text = httpx.get(server + "/metrics").text
+    """Its own traffic first (a 202-token prompt twice: 192 tokens, twelve full blocks, hit the second time), so the
+    latency histograms have samples and the hit counter a known rise, whatever ran before."""
+    hits = _metric(server, "vllm:prefix_cache_hits_total", default=0.0)
+    body = {"model": MODEL, "prompt": list(range(5000, 5202)), "max_tokens": 2, "temperature": 0}
+    for _ in range(2):
+        httpx.post(server + "/v1/completions", json=body, timeout=60).raise_for_status()
+    text = _metrics(server)
     for name in [
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
@@ -728,7 +741,7 @@ def test_metrics_have_vllm_names_and_memory_budget(server):
         "vllm:e2e_request_latency_seconds_bucket",
     ]:
         assert name in text, name
-    assert _metric(server, "vllm:prefix_cache_hits_total") >= 192
+    assert _metric(server, "vllm:prefix_cache_hits_total") - hits >= 192
     for comp in ("weights", "runtime_overhead", "kv_cache"):
         assert _metric(server, "portcullis_engine_memory_bytes", component=comp) > 0
     assert _metric(server, "portcullis_engine_kv_cache_tokens") > 1000
