@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
 from backend_engine.engine import LLMEngine
 from backend_engine.model.llama import ForwardBatch, PrefillSpan
+from backend_engine.sampling import token_logprob
 from backend_engine.sequence import SamplingParams
 
 from .conftest import reference
@@ -73,7 +75,7 @@ def decoded_logprobs(engine: LLMEngine) -> list[dict[int, float]]:
     tables = [np.arange(i * per_case, (i + 1) * per_case) for i in range(len(cases))]
     cache = model.allocate_kv_cache(per_case * len(cases), bs)
 
-    def slots(table: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    def slots(table: np.ndarray, positions: Any) -> Any:
         return table[positions // bs] * bs + positions % bs
 
     starts = np.cumsum([0] + [len(p) for p in prompts])
@@ -94,20 +96,19 @@ def decoded_logprobs(engine: LLMEngine) -> list[dict[int, float]]:
         decode_step = ForwardBatch(
             input_ids=np.array([cases[i]["greedy_ids"][k - 1] for i in rows]),
             positions=positions,
-            slot_mapping=np.concatenate([slots(tables[i], positions[j : j + 1]) for j, i in enumerate(rows)]),
+            slot_mapping=np.array([slots(tables[i], n) for i, n in zip(rows, positions)]),
             num_decodes=len(rows),
             decode_block_tables=np.stack([tables[i] for i in rows]),
             decode_context_lens=positions + 1,
             logits_indices=np.arange(len(rows)),
         )
         logits.update({(i, k): row for i, row in zip(rows, np.asarray(model.forward(decode_step, cache)))})
-    listed = []
-    for i, c in enumerate(cases):
-        for k in range(len(c["greedy_ids"])):
-            row = logits[(i, k)].astype(np.float64)
-            logp = row - row.max() - np.log(np.exp(row - row.max()).sum())
-            listed.append({int(t): float(logp[t]) for t in np.argsort(logp)[::-1][:LISTED]})
-    return listed
+    # what the engine itself lists for `logprobs=LISTED`, so both readings rank and round alike
+    return [
+        dict(token_logprob(logits[(i, k)], token, LISTED).top)
+        for i, c in enumerate(cases)
+        for k, token in enumerate(c["greedy_ids"])
+    ]
 
 
 def compare(want: list[dict[int, float]], got: list[dict[int, float]]) -> Drift:
@@ -131,14 +132,6 @@ def compare(want: list[dict[int, float]], got: list[dict[int, float]]) -> Drift:
     )
 
 
-def measure(int8: LLMEngine, float32: LLMEngine, decode: bool = False) -> Drift:
-    """int8's drift from float32 along the reference answers: int8 read by prompt steps, or with `decode` by
-    decode steps (`decoded_logprobs`); float32 by prompt steps either way."""
-    prompts = reference_prompts()
-    got = decoded_logprobs(int8) if decode else next_token_logprobs(int8, prompts)
-    return compare(next_token_logprobs(float32, prompts), got)
-
-
 def main() -> None:
     import onnxruntime
 
@@ -153,9 +146,10 @@ def main() -> None:
         loaded = load_model(default_model_path(), backend, compute=compute)
         config = EngineConfig(device="cpu", compute=compute, kv_cache_bytes=64 << 20)
         engines[compute] = LLMEngine(config, loaded=loaded, backend=backend)
-    drift = measure(engines["int8"], engines["float32"])
-    decoded = measure(engines["int8"], engines["float32"], decode=True)
-    int8 = engines["int8"]
+    int8, prompts = engines["int8"], reference_prompts()
+    want = next_token_logprobs(engines["float32"], prompts)
+    drift = compare(want, next_token_logprobs(int8, prompts))
+    decoded = compare(want, decoded_logprobs(int8))
     seqs = int8.generate([c["prompt_ids"] for c in reference()["cases"]], SamplingParams(max_tokens=32, temperature=0))
     report = {"onnxruntime": onnxruntime.__version__, "cpu": _cpu_flags(), **asdict(drift)}
     report["decode_steps"] = asdict(decoded)
