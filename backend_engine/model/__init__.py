@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from backend_engine.backend import ArrayBackend
-from backend_engine.model.calibration import CALIBRATION_CHAT, activation_ranges, smooth_layers
+from backend_engine.model.calibration import CALIBRATION_CHAT, activation_ranges, smooth_layers, smoothed_head
 from backend_engine.model.chat_template import ChatTemplate
 from backend_engine.model.int8_rows import row_kernel_available
 from backend_engine.model.llama import LayerRewrite, LayerWeights, LlamaConfig, LlamaModel, hf_tensors_to_weights
@@ -103,8 +103,11 @@ def load_model(path: str, backend: ArrayBackend, compute: str = "float32") -> Lo
     if compute == "int8" and row_kernel_available():
         ids = PromptRenderer(tok, _template(tok)).chat_ids(CALIBRATION_CHAT, add_generation_prompt=False)
 
-        def rewrite(layers: list[LayerWeights], embed: Any, final_norm: Any) -> list[LayerWeights]:
-            return smooth_layers(layers, activation_ranges(cfg, layers, embed, final_norm, ids, backend))
+        def rewrite(
+            layers: list[LayerWeights], head: Any, embed: Any, final_norm: Any
+        ) -> tuple[list[LayerWeights], Any]:
+            ranges = activation_ranges(cfg, layers, embed, final_norm, ids, backend)
+            return smooth_layers(layers, ranges), smoothed_head(head, ranges)
 
     weights = hf_tensors_to_weights(cfg, tensors, backend, rewrite)
     _return_freed_heap()

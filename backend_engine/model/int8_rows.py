@@ -34,11 +34,15 @@ _Q = 127  # symmetric int8: codes in [-127, 127]
 @dataclass
 class RowQuantized:
     """A matrix for `x @ W` as (x * inv_smooth) @ (codes * scale): int8 codes [in, out], a float32 scale per output
-    column, and the reciprocal of the smoothing per input channel."""
+    column, and the reciprocal of the smoothing per input channel; plus, where `float_channels` is set, those input
+    channels' rows of W in float32, multiplied apart (their codes and inv_smooth are 0, so they neither add to the
+    integer product nor widen a row's int8 step)."""
 
     codes: np.ndarray  # int8 [in, out]
     scale: np.ndarray  # float32 [out]
     inv_smooth: np.ndarray | None  # float32 [in]; None once folded into the RMSNorm before (`fold_into_norm`)
+    float_channels: np.ndarray | None = None  # int64 [c]
+    float_weights: np.ndarray | None = None  # float32 [c, out]
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -47,24 +51,37 @@ class RowQuantized:
 
     @property
     def nbytes(self) -> int:
-        return int(self.codes.nbytes + self.scale.nbytes + (0 if self.inv_smooth is None else self.inv_smooth.nbytes))
+        extra = (self.inv_smooth, self.float_channels, self.float_weights)
+        return int(self.codes.nbytes + self.scale.nbytes + sum(0 if a is None else a.nbytes for a in extra))
 
 
 def fold_into_norm(norm: np.ndarray, w: RowQuantized) -> tuple[np.ndarray, RowQuantized]:
     """The RMSNorm weight that feeds `w` alone, times `w`'s 1/s, and `w` without it: one node less a matrix."""
     assert w.inv_smooth is not None, "already folded"
+    assert w.float_channels is None, "its float channels read x before the smoothing"
     return (norm * w.inv_smooth).astype(np.float32), RowQuantized(w.codes, w.scale, None)
 
 
-def smoothed(w: BlockQuantized, activation_max: np.ndarray, alpha: float = ALPHA) -> RowQuantized:
-    """`w` ([out, in] blocks) smoothed by the largest |x| seen in each input channel, then requantized per column."""
+def smoothed(
+    w: BlockQuantized, activation_max: np.ndarray, alpha: float = ALPHA, float_channels: int = 0
+) -> RowQuantized:
+    """`w` ([out, in] blocks) smoothed by the largest |x| seen in each input channel, then requantized per column;
+    the `float_channels` input channels of the widest activations are kept apart in float32."""
     dense = w.dequantize().T.astype(np.float64)  # [in, out]
+    kept = np.sort(np.argsort(activation_max)[len(activation_max) - float_channels :]) if float_channels else None
+    kept_weights = None
+    if kept is not None:
+        kept_weights = dense[kept].astype(np.float32)
+        dense[kept] = 0
     weight_max = np.maximum(np.abs(dense).max(axis=1), 1e-8)
     smooth = np.maximum(activation_max.astype(np.float64), 1e-5) ** alpha / weight_max ** (1 - alpha)
     dense *= smooth[:, None]
     scale = np.maximum(np.abs(dense).max(axis=0), 1e-12) / _Q
     codes = np.clip(np.rint(dense / scale), -_Q, _Q).astype(np.int8)
-    return RowQuantized(codes, scale.astype(np.float32), (1 / smooth).astype(np.float32))
+    inv_smooth = (1 / smooth).astype(np.float32)
+    if kept is not None:
+        inv_smooth[kept] = 0
+    return RowQuantized(codes, scale.astype(np.float32), inv_smooth, kept, kept_weights)
 
 
 def row_kernel_available() -> bool:
@@ -99,7 +116,20 @@ def row_product_nodes(w: RowQuantized, x: str, y: str) -> tuple[list[Any], list[
         constant(f"{y}_unit", np.array(1, np.float32)),
         constant(f"{y}_zero", np.array(128, np.uint8), TensorProto.UINT8),
     ]
-    nodes = []
+    nodes: list[Any] = []
+    float_nodes: list[Any] = []
+    out = y
+    if w.float_channels is not None and w.float_weights is not None:
+        out = f"{y}_int"
+        inits += [
+            constant(f"{y}_float_channels", w.float_channels, TensorProto.INT64),
+            constant(f"{y}_float_weights", w.float_weights),
+        ]
+        float_nodes = [
+            make("Gather", [x, f"{y}_float_channels"], [f"{y}_xf"], axis=1),
+            make("MatMul", [f"{y}_xf", f"{y}_float_weights"], [f"{y}_float"]),
+            make("Add", [out, f"{y}_float"], [y]),
+        ]
     if w.inv_smooth is not None:
         inits.append(constant(f"{y}_inv_smooth", w.inv_smooth))
         nodes.append(make("Mul", [x, f"{y}_inv_smooth"], [f"{y}_xs"]))
@@ -112,6 +142,7 @@ def row_product_nodes(w: RowQuantized, x: str, y: str) -> tuple[list[Any], list[
         make("Div", [x, f"{y}_step"], [f"{y}_xn"]),
         make("QuantizeLinear", [f"{y}_xn", f"{y}_unit", f"{y}_zero"], [f"{y}_xq"]),
         # (xq - 128) @ (codes - zero), times each row's step and each column's scale
-        make("MatMulIntegerToFloat", product, [y], domain="com.microsoft"),
+        make("MatMulIntegerToFloat", product, [out], domain="com.microsoft"),
+        *float_nodes,
     ]
     return nodes, inits

@@ -14,7 +14,10 @@ from backend_engine.config import EngineConfig, default_model_path
 from backend_engine.engine import LLMEngine
 from backend_engine.model import load_model
 from backend_engine.model.gguf import open_gguf
+from backend_engine.model.int8_decode_step import BATCHED_HEAD_ROWS
 from backend_engine.model.int8_matmul import Int8Matmul
+from backend_engine.model.int8_rows import row_kernel_available
+from backend_engine.model.llama import ForwardBatch, PrefillSpan
 from backend_engine.model.quant_blocks import from_gguf
 
 from . import int8_drift
@@ -73,11 +76,57 @@ def int8_blocks_engine(cpu_backend):
 def test_int8_weights_stay_quantized_in_memory(int8_engine, loaded):
     # the matrices as 4- and 8-bit blocks with their scales (or, where the CPU has VNNI, most of them as int8 rows)
     # against float32 (the float32 embedding rows for lookup are in both): twice over, once in the layer graphs and
-    # the LM head of prompt steps, once in the decode step's
+    # the LM head of prompt steps, once in the decode step's (with VNNI, there with the head a second time, as rows
+    # for batched steps: 0.30 of float32's matrices against 0.25 without)
     int8, float32 = int8_engine.model, loaded.model
     matrices = float32.weight_bytes() - float32.w.embed.nbytes
-    assert int8.w.int8_decode is not None and int8.w.int8_decode.nbytes < 0.27 * matrices
-    assert int8.weight_bytes() - int8.w.embed.nbytes < 0.52 * matrices
+    assert int8.w.int8_decode is not None and int8.w.int8_decode.nbytes < 0.32 * matrices
+    assert int8.weight_bytes() - int8.w.embed.nbytes < 0.57 * matrices
+
+
+def _decode_logits(model, prompt: np.ndarray, copies: int) -> np.ndarray:
+    """The logits of one decode step after `prompt`, the same row `copies` times in the step."""
+    bs, table = 16, np.arange(-(-(len(prompt) + 1) // 16))
+    cache = model.allocate_kv_cache(len(table), bs)
+    n = len(prompt)
+    prefill = ForwardBatch(
+        input_ids=prompt,
+        positions=np.arange(n),
+        slot_mapping=np.arange(n),
+        num_decodes=0,
+        decode_block_tables=np.zeros((0, 1), np.int64),
+        decode_context_lens=np.zeros(0, np.int64),
+        prefills=[PrefillSpan(0, n, n, table)],
+        logits_indices=np.array([n - 1]),
+    )
+    token = int(np.asarray(model.forward(prefill, cache)).argmax())
+    step = ForwardBatch(
+        input_ids=np.full(copies, token),
+        positions=np.full(copies, n),
+        slot_mapping=np.full(copies, n),
+        num_decodes=copies,
+        decode_block_tables=np.stack([table] * copies),
+        decode_context_lens=np.full(copies, n + 1),
+        logits_indices=np.arange(copies),
+    )
+    return np.asarray(model.forward(step, cache))
+
+
+def test_batched_decode_steps_multiply_by_the_rows_head(int8_engine):
+    """Where the CPU has VNNI a decode step of `BATCHED_HEAD_ROWS` rows or more multiplies by the LM head as
+    smoothed int8 rows and a smaller one by its blocks (int8_decode_step.py): the same row's logits then differ
+    by int8 rounding alone, and every copy of a row gets the same logits."""
+    model = int8_engine.model
+    prompt = np.asarray(int8_engine.tokenizer.encode("The three largest cities of Canada are"), np.int64)
+    alone = _decode_logits(model, prompt, 1)[0]
+    batched = _decode_logits(model, prompt, BATCHED_HEAD_ROWS)
+    np.testing.assert_array_equal(batched, np.broadcast_to(batched[0], batched.shape))
+    assert batched[0].argmax() == alone.argmax()
+    error = float(np.abs(batched[0] - alone).max() / np.abs(alone).max())
+    if row_kernel_available():
+        assert 1e-4 < error < 0.05, error  # two heads (0.022)
+    else:
+        assert error == 0  # blocks alone
 
 
 @pytest.fixture(scope="module")
@@ -101,12 +150,12 @@ def test_int8_engine_tracks_float32_on_every_kernel_path(request, path, steps, f
         got = int8_drift.next_token_logprobs(int8, int8_drift.reference_prompts())
     drift = int8_drift.compare(float32_logprobs, got)
     # measured by prompt steps in blocks on AVX-512 VNNI: 0.69; on AVX2: 0.99; as smoothed rows on AVX-512 VNNI: 1.10;
-    # by decode steps in blocks on AVX-512 VNNI: 0.58; as smoothed rows: 0.85
+    # by decode steps in blocks on AVX-512 VNNI: 0.58; as smoothed rows with the LM head as rows: 0.74
     assert drift.max_logprob_error < 2.0, drift
-    assert drift.p95_logprob_error < 0.8, drift  # 0.40; 0.37; 0.47; 0.41; 0.47
-    assert drift.top1_agreement >= 0.93, drift  # 0.970; 0.974; 0.961; 0.961; 0.974
+    assert drift.p95_logprob_error < 0.8, drift  # 0.40; 0.37; 0.47; 0.41; 0.48
+    assert drift.top1_agreement >= 0.93, drift  # 0.970; 0.974; 0.961; 0.961; 0.978
     # Where float32 is sure of its next token, int8 never picks another: its answers stay float32's.
-    assert drift.largest_lead_overturned < 1.0, drift  # 0.22; 0.26; 0.15; 0.21; 0.12
+    assert drift.largest_lead_overturned < 1.0, drift  # 0.22; 0.26; 0.15; 0.21; 0.15
     # ...and it is no float32 engine in disguise: int8 rounding shows.
     assert drift.max_logprob_error > 1e-3, drift
 

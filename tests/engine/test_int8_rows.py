@@ -61,6 +61,27 @@ def test_smoothing_keeps_outlier_channels_from_taking_the_int8_grid(gate_up):
     assert smooth < unsmoothed / 2, (smooth, unsmoothed)  # (0.045)
 
 
+def test_float_channels_are_multiplied_apart_and_leave_the_int8_step_alone(gate_up):
+    # Two channels a thousand times wider than the rest: as int8 they would take the grid from every other
+    # channel even smoothed; kept in float32, the row's step is set by the others
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((8, gate_up.shape[1])).astype(np.float32)
+    x[:, [11, 400]] *= 1000
+    want = x @ gate_up.dequantize().T
+    largest = np.abs(x).max(axis=0)
+
+    def error(w: RowQuantized) -> float:
+        return float(np.linalg.norm(_product(w)(x) - want) / np.linalg.norm(want))
+
+    kept = smoothed(gate_up, largest, float_channels=2)
+    assert kept.float_channels is not None and kept.float_channels.tolist() == [11, 400]
+    assert kept.inv_smooth is not None and np.all(kept.inv_smooth[[11, 400]] == 0)
+    assert not kept.codes[[11, 400]].any()
+    apart, together = error(kept), error(smoothed(gate_up, largest))
+    assert apart < 0.02, (apart, together)  # int8 rounding of the other channels
+    assert apart < together / 2, (apart, together)
+
+
 @pytest.mark.parametrize("kernel", ["this CPU's", "u8 x u8"])
 def test_the_product_is_the_integer_product_of_each_rounded_row(gate_up, kernel, monkeypatch):
     # u8 x s8 where the CPU has VNNI, else u8 x u8 (any CPU): both must be the exact integer product, which a
