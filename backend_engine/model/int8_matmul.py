@@ -6,8 +6,9 @@ products do about twice the work per cycle and read 4-8x fewer weight bytes. The
 differ from float32 by ~0.5 % relative, so this is the opt-in `--compute int8`, and the float32 path stays
 the reference one. Activations are quantized per row, so a row's result never depends on the rest of the batch.
 
-MatMulNBits computes scale * (code - zero) per block; Q4_1's per-block offset (see `quant_blocks.py`) is added
-by a second, 32x smaller product in the same graph: the row sums of x over each block times the offsets. Where the
+MatMulNBits computes scale * (code - zero) per block (ggml's 32 values, or wider once requantized); Q4_1's
+per-block offset (see `quant_blocks.py`) is added by a second, 32x smaller product in the same graph: the row sums
+of x over each block times the offsets. Where the
 CPU has VNNI, the engine serves most matrices as smoothed int8 rows instead (`int8_rows.py`), faster in batches.
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from backend_engine.model.quant_blocks import BLOCK, BlockQuantized
+from backend_engine.model.quant_blocks import BlockQuantized
 
 _ACCURACY_INT8 = 4  # MatMulNBits accuracy_level: int8 activations, int32 accumulation
 
@@ -79,8 +80,8 @@ def matmul_nodes(w: BlockQuantized, x: str, y: str) -> tuple[list[Any], list[Any
     from onnx import TensorProto, helper
 
     rows, cols = w.shape
-    nb = cols // BLOCK
-    codes = w.codes.reshape(rows, nb, BLOCK)
+    nb = cols // w.block
+    codes = w.codes.reshape(rows, nb, w.block)
     if w.bits == 4:
         codes = codes[..., 0::2] | (codes[..., 1::2] << 4)  # MatMulNBits packs element 2i low, 2i + 1 high
     q = y if w.offset is None else f"{y}_q"
@@ -94,14 +95,14 @@ def matmul_nodes(w: BlockQuantized, x: str, y: str) -> tuple[list[Any], list[Any
             K=cols,
             N=rows,
             bits=w.bits,
-            block_size=BLOCK,
+            block_size=w.block,
             accuracy_level=_ACCURACY_INT8,
         )
     ]
     if w.offset is not None:
         inits += [
             constant(f"{y}_offset", w.offset.T),  # [blocks, out]
-            constant(f"{y}_blocked", np.array([0, nb, BLOCK], np.int64), TensorProto.INT64),
+            constant(f"{y}_blocked", np.array([0, nb, w.block], np.int64), TensorProto.INT64),
             constant(f"{y}_last", np.array([2], np.int64), TensorProto.INT64),
         ]
         nodes += [

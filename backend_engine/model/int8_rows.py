@@ -7,9 +7,9 @@ threads, AVX-512 VNNI; `bench/matmul_kernels.py`). The price is precision: one s
 per block of 32 lets a few large activation channels (outliers every row of a layer shares) take the int8 grid
 from the rest. Smoothing moves that range into the weights, exactly: x @ W = (x / s) @ (s * W), with
 s_j = max|x_j|^a / max|W_j|^(1 - a) per input channel j, from the activations the model itself produced on a
-calibration chat (`calibration.py`). The MLP's down projection keeps its blocks: its input, SiLU(gate) * up, has
-outliers smoothing did not tame (tests/engine/int8_drift.py's p95 log-probability error 0.84 with it smoothed
-against a bound of 0.8, 0.47 without, in a prototype).
+calibration chat (`calibration.py`). The MLP's down projection keeps blocks (8-bit, of 128 values): its input,
+SiLU(gate) * up, has outliers smoothing did not tame (tests/engine/int8_drift.py's p95 log-probability error 0.84
+with it smoothed against a bound of 0.8, 0.47 in ggml's blocks, in a prototype).
 
 The engine uses these only where MLAS multiplies u8 by s8 with VNNI (or AMX) instructions: on AVX2 and AVX-512
 without VNNI that kernel adds pairs of u8 x s8 products in 16 bits, which full-range weights overflow, and weights

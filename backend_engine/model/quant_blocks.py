@@ -24,12 +24,13 @@ SUPPORTED = ("Q4_0", "Q4_1", "Q8_0")
 
 @dataclass
 class BlockQuantized:
-    """A matrix [out, in] in blocks of 32 along `in`."""
+    """A matrix [out, in] in blocks of `block` values along `in` (ggml's 32, or wider once `requantized`)."""
 
     bits: int  # 4 or 8
     codes: np.ndarray  # uint8 [out, in], each < 2**bits
-    scale: np.ndarray  # float32 [out, in / 32]
-    offset: np.ndarray | None  # float32 [out, in / 32], or None when every offset is 0
+    scale: np.ndarray  # float32 [out, in / block]
+    offset: np.ndarray | None  # float32 [out, in / block], or None when every offset is 0
+    block: int = BLOCK
 
     @property
     def zero(self) -> int:
@@ -48,29 +49,27 @@ class BlockQuantized:
 
     def dequantize(self) -> np.ndarray:
         rows, cols = self.shape
-        blocks = self.codes.reshape(rows, cols // BLOCK, BLOCK).astype(np.float32) - self.zero
+        blocks = self.codes.reshape(rows, cols // self.block, self.block).astype(np.float32) - self.zero
         w = blocks * self.scale[..., None]
         if self.offset is not None:
             w += self.offset[..., None]
         return w.reshape(rows, cols)
 
     def take_rows(self, order: np.ndarray) -> BlockQuantized:
-        return BlockQuantized(
-            self.bits, self.codes[order], self.scale[order], None if self.offset is None else self.offset[order]
-        )
+        offset = None if self.offset is None else self.offset[order]
+        return BlockQuantized(self.bits, self.codes[order], self.scale[order], offset, self.block)
 
     @staticmethod
     def stack_rows(parts: list[BlockQuantized]) -> BlockQuantized | None:
-        """One matrix from several with the same input size and bits (Q|K|V, gate|up); None if they differ."""
-        if len({p.bits for p in parts}) != 1 or len({p.shape[1] for p in parts}) != 1:
+        """One matrix from several with the same input size, bits and blocks (Q|K|V, gate|up); None if they differ."""
+        if len({(p.bits, p.block, p.shape[1]) for p in parts}) != 1:
             return None
         if all(p.offset is None for p in parts):
             offset = None
         else:
             offset = np.concatenate([p.offset if p.offset is not None else np.zeros_like(p.scale) for p in parts])
-        return BlockQuantized(
-            parts[0].bits, np.concatenate([p.codes for p in parts]), np.concatenate([p.scale for p in parts]), offset
-        )
+        codes, scale = np.concatenate([p.codes for p in parts]), np.concatenate([p.scale for p in parts])
+        return BlockQuantized(parts[0].bits, codes, scale, offset, parts[0].block)
 
 
 def from_gguf(raw: np.ndarray, kind: str, rows: int, cols: int) -> BlockQuantized:
@@ -91,3 +90,14 @@ def from_gguf(raw: np.ndarray, kind: str, rows: int, cols: int) -> BlockQuantize
         m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
         offset = m + 8 * d
     return BlockQuantized(4, codes.reshape(rows, cols), d, offset)
+
+
+def requantized(w: BlockQuantized, block: int) -> BlockQuantized:
+    """`w` as 8-bit codes in blocks of `block` along `in`, symmetric around 128, with no offset: a Q4_1 matrix's
+    offsets fold into the codes, and the kernel quantizes its input in blocks of `block` too (`int8_matmul.py`)."""
+    dense = w.dequantize().astype(np.float64)
+    rows, cols = dense.shape
+    blocks = dense.reshape(rows, cols // block, block)
+    scale = np.maximum(np.abs(blocks).max(axis=-1), 1e-12) / 127
+    codes = np.clip(np.rint(blocks / scale[..., None]), -127, 127) + 128
+    return BlockQuantized(8, codes.astype(np.uint8).reshape(rows, cols), scale.astype(np.float32), None, block)
