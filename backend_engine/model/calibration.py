@@ -136,7 +136,7 @@ def smoothed_head(head: Any, ranges: dict[tuple[int, str], np.ndarray]) -> RowQu
 
 def smooth_layers(layers: list[LayerWeights], ranges: dict[tuple[int, str], np.ndarray]) -> list[LayerWeights]:
     """The layers with their `SMOOTHED` matrices as `int8_rows.RowQuantized`, smoothed by `activation_ranges`, and
-    w_down in 8-bit blocks of `DOWN_BLOCK`."""
+    w_down in 8-bit blocks of `DOWN_BLOCK` (where its width is a multiple of it; else in ggml's blocks)."""
     from backend_engine.model.llama import LayerWeights
 
     out = []
@@ -145,7 +145,7 @@ def smooth_layers(layers: list[LayerWeights], ranges: dict[tuple[int, str], np.n
         for name in SMOOTHED:
             if isinstance(parts[name], BlockQuantized):
                 parts[name] = smoothed(parts[name], ranges[(i, name)])
-        if isinstance(parts["w_down"], BlockQuantized):
+        if isinstance(parts["w_down"], BlockQuantized) and parts["w_down"].shape[1] % DOWN_BLOCK == 0:
             parts["w_down"] = requantized(parts["w_down"], DOWN_BLOCK)
         # Q|K|V and gate|up read their RMSNorm's output alone: their 1/s goes into its weight
         for norm, name in (("attn_norm", "wqkv"), ("ffn_norm", "w_gate_up")):

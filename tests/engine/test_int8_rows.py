@@ -6,7 +6,7 @@ import pytest
 
 from backend_engine.config import default_model_path
 from backend_engine.model import int8_rows
-from backend_engine.model.calibration import CALIBRATION_CHAT, SMOOTHED, activation_ranges
+from backend_engine.model.calibration import CALIBRATION_CHAT, DOWN_BLOCK, SMOOTHED, activation_ranges, smooth_layers
 from backend_engine.model.gguf import load_gguf
 from backend_engine.model.int8_matmul import float_graph, session
 from backend_engine.model.int8_rows import RowQuantized, row_product_nodes, smoothed
@@ -148,3 +148,18 @@ def test_the_row_kernel_is_chosen_where_the_cpu_reports_vnni():
         flags = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), [])
     assert flags, "no CPU flags in /proc/cpuinfo"
     assert int8_rows.row_kernel_available() == ("avx512_vnni" in flags)
+
+
+@pytest.mark.parametrize("width,block", [(2 * DOWN_BLOCK, DOWN_BLOCK), (DOWN_BLOCK + 32, 32)])
+def test_the_down_projection_is_requantized_only_where_its_blocks_fit(width, block):
+    # a model whose MLP width is no multiple of DOWN_BLOCK keeps ggml's blocks (and still loads)
+    rng = np.random.default_rng(4)
+    blocks = width // 32
+    down = BlockQuantized(4, rng.integers(0, 16, (8, width)).astype(np.uint8), rng.random((8, blocks), np.float32),
+                          rng.random((8, blocks), np.float32))  # fmt: skip
+    dense = np.zeros((8, 8), np.float32)  # no blocks: left as they are
+    layer = LayerWeights(attn_norm=np.ones(8, np.float32), wqkv=dense, wo=dense, ffn_norm=np.ones(8, np.float32),
+                         w_gate_up=dense, w_down=down)  # fmt: skip
+    (got,) = smooth_layers([layer], {})
+    assert isinstance(got.w_down, BlockQuantized) and got.w_down.block == block
+    np.testing.assert_allclose(got.w_down.dequantize(), down.dequantize(), atol=np.abs(down.dequantize()).max() / 200)
