@@ -9,8 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from backend_engine.backend import ArrayBackend
-from backend_engine.model.calibration import CALIBRATION_CHAT, activation_ranges, smooth_layers, smoothed_head
+from backend_engine.model.calibration import (
+    CALIBRATION_CHAT,
+    activation_ranges,
+    few_row_layers,
+    smooth_layers,
+    smoothed_head,
+)
 from backend_engine.model.chat_template import ChatTemplate
+from backend_engine.model.int8_decode_step import StepWeights
 from backend_engine.model.int8_rows import row_kernel_available
 from backend_engine.model.llama import LayerRewrite, LayerWeights, LlamaConfig, LlamaModel, hf_tensors_to_weights
 from backend_engine.model.prompt import PromptRenderer
@@ -105,9 +112,10 @@ def load_model(path: str, backend: ArrayBackend, compute: str = "float32") -> Lo
 
         def rewrite(
             layers: list[LayerWeights], head: Any, embed: Any, final_norm: Any
-        ) -> tuple[list[LayerWeights], Any]:
+        ) -> tuple[list[LayerWeights], StepWeights, StepWeights]:
             ranges = activation_ranges(cfg, layers, embed, final_norm, ids, backend)
-            return smooth_layers(layers, ranges), smoothed_head(head, ranges)
+            rows = smooth_layers(layers, ranges)
+            return rows, StepWeights(few_row_layers(layers), head), StepWeights(rows, smoothed_head(head, ranges))
 
     weights = hf_tensors_to_weights(cfg, tensors, backend, rewrite)
     _return_freed_heap()

@@ -12,14 +12,16 @@ each layer attends to the cached tokens (`bias` masks the slots past them) and t
 graph, and returns those rows (`kv`) for the caller to store. Prompt chunks keep the per-layer path, whose
 attention is causal over the chunk.
 
-Given a second LM head (`batched_head`: smoothed int8 rows, `calibration.smoothed_head`), a step of
-`BATCHED_HEAD_ROWS` rows or more multiplies by it instead of the blocks (an ONNX `If`, each branch with its own
-weights): MLAS's integer GEMM takes the 49,152 x 576 head at 32 rows in about half the time of the blocks' kernel,
-while at one row, where a step reads every byte once, the blocks' 8 bits plus scales read least.
+Where the CPU has VNNI the step holds its weights twice, branches of an ONNX `If` on the number of rows: a step of
+`BATCHED_ROWS` rows or more multiplies smoothed int8 rows, LM head included, through MLAS's integer GEMM
+(`int8_rows.py`: about twice as fast as the blocks' kernel at 32 rows), a smaller one 8-bit blocks whose input the
+kernel quantizes itself (`calibration.few_row_layers`: at one row, where a step reads every byte once, 0.92x the
+time of the rows; at 4 rows 0.97x, at 6 1.04x). The second set costs ~110 MB.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,7 +40,21 @@ from backend_engine.model.int8_layers import (
 )
 from backend_engine.model.int8_matmul import constant, session
 
-BATCHED_HEAD_ROWS = 4  # the fewest rows a step multiplies by `batched_head`
+BATCHED_ROWS = 5  # the fewest rows a step multiplies by its batched weights, where it has them
+
+
+@dataclass
+class StepWeights:
+    """The matrices one branch of the step multiplies: the layers' (norms included, which smoothing changes) and
+    the LM head's."""
+
+    layers: list[LayerWeights]
+    lm_head: Matrix
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for lw in self.layers for a in vars(lw).values()) + int(self.lm_head.nbytes)
+
 
 if TYPE_CHECKING:
     from backend_engine.model.llama import LayerWeights, LlamaConfig
@@ -50,18 +66,10 @@ class Int8DecodeStep:
     [D, nb] (int64) and additive bias [D, nb * block_size] over each row's cached tokens; `caches` one array a
     layer, [2, kv_heads, blocks, block_size, head_dim]. kv holds each layer's new K then V row, K turned by RoPE."""
 
-    def __init__(
-        self,
-        cfg: LlamaConfig,
-        layers: list[LayerWeights],
-        final_norm: np.ndarray,
-        lm_head: Matrix,
-        batched_head: Matrix | None = None,
-    ):
-        self.layers = len(layers)
-        heads = int(lm_head.nbytes) + (0 if batched_head is None else int(batched_head.nbytes))
-        self.nbytes = sum(int(a.nbytes) for lw in layers for a in vars(lw).values()) + heads
-        self._session = session(_step_graph(cfg, layers, final_norm, lm_head, batched_head))
+    def __init__(self, cfg: LlamaConfig, final_norm: np.ndarray, few: StepWeights, batched: StepWeights | None = None):
+        self.layers = len(few.layers)
+        self.nbytes = few.nbytes + (0 if batched is None else batched.nbytes)
+        self._session = session(_step_graph(cfg, final_norm, few, batched))
 
     def run(
         self,
@@ -78,18 +86,71 @@ class Int8DecodeStep:
         return logits, kv.reshape(len(h), self.layers, -1)
 
 
-def _step_graph(
-    cfg: LlamaConfig, layers: list[LayerWeights], final_norm: np.ndarray, lm_head: Matrix, batched_head: Matrix | None
-) -> bytes:
+def _step_graph(cfg: LlamaConfig, final_norm: np.ndarray, few: StepWeights, batched: StepWeights | None) -> bytes:
+    from onnx import TensorProto, helper
+
+    nkv, hd = cfg.num_kv_heads, cfg.head_dim
+    f = TensorProto.FLOAT
+    layers = few.layers
+    outputs = [
+        helper.make_tensor_value_info("logits", f, ["D", out_width(few.lm_head)]),
+        helper.make_tensor_value_info("kv", f, ["D", len(layers) * 2 * nkv * hd]),
+    ]
+    if batched is None:
+        nodes, inits = _step_nodes(cfg, final_norm, few, "")
+    else:
+        make = helper.make_node
+
+        def branch(weights: StepWeights, tag: str) -> Any:
+            body, body_inits = _step_nodes(cfg, final_norm, weights, tag)
+            ends = [helper.make_tensor_value_info(f"{tag}{o.name}", f, None) for o in outputs]
+            return helper.make_graph(body, tag.rstrip("/"), [], ends, body_inits)
+
+        nodes = [
+            make("Shape", ["h"], ["rows_shape"], end=1),
+            make("Squeeze", ["rows_shape"], ["rows"]),
+            make("GreaterOrEqual", ["rows", "batched_rows"], ["batched"]),
+            make(
+                "If",
+                ["batched"],
+                ["logits", "kv"],
+                then_branch=branch(batched, "batched/"),
+                else_branch=branch(few, "few/"),
+            ),
+        ]
+        inits = [constant("batched_rows", np.array(BATCHED_ROWS), TensorProto.INT64)]
+
+    cache_shape: list[str | int] = [nkv, "blocks", "block_size", hd]
+    inputs = [
+        helper.make_tensor_value_info("h", f, ["D", layers[0].attn_norm.shape[0]]),
+        *rope_inputs(),
+        helper.make_tensor_value_info("block_tables", TensorProto.INT64, ["D", "nb"]),
+        helper.make_tensor_value_info("bias", f, ["D", "L"]),
+    ]
+    for li in range(len(layers)):
+        inputs += [helper.make_tensor_value_info(f"{kind}{li}", f, cache_shape) for kind in "kv"]
+    graph = helper.make_graph(nodes, "int8_decode_step", inputs, outputs, inits)
+    model = helper.make_model(
+        graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
+    return model.SerializeToString()
+
+
+def _step_nodes(
+    cfg: LlamaConfig, final_norm: np.ndarray, weights: StepWeights, tag: str
+) -> tuple[list[Any], list[Any]]:
+    """The step's nodes over `weights`, from the graph's inputs to `{tag}logits` and `{tag}kv`; every name they add
+    starts with `tag`."""
     from onnx import TensorProto, helper
 
     nh, nkv, hd, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_eps
+    layers = weights.layers
     rope = rope_layout(nh, nkv, hd)
-    nodes, inits = norm_qkv_nodes(layers[0].attn_norm, layers[0].wqkv, eps, rope, "h", "l0/qkv")
+    nodes, inits = norm_qkv_nodes(layers[0].attn_norm, layers[0].wqkv, eps, rope, "h", f"{tag}l0/qkv")
     kv_rows: list[str] = []
     residual = "h"
     for li, lw in enumerate(layers):
-        p = f"l{li}/"
+        p = f"{tag}l{li}/"
         inits.append(constant(f"{p}qkv_parts", np.array([nh * hd, nkv * hd, nkv * hd]), TensorProto.INT64))
         nodes.append(
             helper.make_node("Split", [f"{p}qkv", f"{p}qkv_parts"], [f"{p}q", f"{p}k_row", f"{p}v_row"], axis=-1)
@@ -105,7 +166,7 @@ def _step_graph(
         nodes += more
         inits += more_inits
         if li + 1 < len(layers):
-            nxt = f"l{li + 1}/"
+            nxt = f"{tag}l{li + 1}/"
             inits.append(constant(f"{nxt}attn_norm", layers[li + 1].attn_norm))
             nodes.append(skip_norm(f"{p}h_mid", f"{p}d", f"{nxt}attn_norm", f"{nxt}x_attn", f"{p}h_out", eps))
             more, more_inits = qkv_nodes(layers[li + 1].wqkv, rope, f"{nxt}x_attn", f"{nxt}qkv")
@@ -113,54 +174,8 @@ def _step_graph(
             inits += more_inits
             residual = f"{p}h_out"
         else:
-            inits.append(constant("final_norm", final_norm))
-            nodes.append(skip_norm(f"{p}h_mid", f"{p}d", "final_norm", "x_final", "", eps))
-    more, more_inits = product(lm_head, "x_final", "logits") if batched_head is None else _heads(lm_head, batched_head)
-    nodes += [*more, helper.make_node("Concat", kv_rows, ["kv"], axis=1)]
-    inits += more_inits
-
-    f = TensorProto.FLOAT
-    cache_shape: list[str | int] = [nkv, "blocks", "block_size", hd]
-    inputs = [
-        helper.make_tensor_value_info("h", f, ["D", layers[0].attn_norm.shape[0]]),
-        *rope_inputs(),
-        helper.make_tensor_value_info("block_tables", TensorProto.INT64, ["D", "nb"]),
-        helper.make_tensor_value_info("bias", f, ["D", "L"]),
-    ]
-    for li in range(len(layers)):
-        inputs += [helper.make_tensor_value_info(f"{kind}{li}", f, cache_shape) for kind in "kv"]
-    outputs = [
-        helper.make_tensor_value_info("logits", f, ["D", out_width(lm_head)]),
-        helper.make_tensor_value_info("kv", f, ["D", len(layers) * 2 * nkv * hd]),
-    ]
-    graph = helper.make_graph(nodes, "int8_decode_step", inputs, outputs, inits)
-    model = helper.make_model(
-        graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
-    )
-    return model.SerializeToString()
-
-
-def _heads(lm_head: Matrix, batched_head: Matrix) -> tuple[list[Any], list[Any]]:
-    """`logits` = x_final @ `batched_head` for a step of `BATCHED_HEAD_ROWS` rows or more, else @ `lm_head`. Each
-    branch holds its own initializers, so onnxruntime prepacks both heads once."""
-    from onnx import TensorProto, helper
-
-    def branch(head: Matrix, name: str) -> Any:
-        nodes, inits = product(head, "x_final", f"logits_{name}")
-        value = helper.make_tensor_value_info(f"logits_{name}", TensorProto.FLOAT, ["D", out_width(head)])
-        return helper.make_graph(nodes, name, [], [value], inits)
-
-    make = helper.make_node
-    nodes = [
-        make("Shape", ["x_final"], ["rows_shape"], end=1),
-        make("Squeeze", ["rows_shape"], ["rows"]),
-        make("GreaterOrEqual", ["rows", "batched_head_rows"], ["batched"]),
-        make(
-            "If",
-            ["batched"],
-            ["logits"],
-            then_branch=branch(batched_head, "rows"),
-            else_branch=branch(lm_head, "blocks"),
-        ),
-    ]
-    return nodes, [constant("batched_head_rows", np.array(BATCHED_HEAD_ROWS), TensorProto.INT64)]
+            inits.append(constant(f"{tag}final_norm", final_norm))
+            nodes.append(skip_norm(f"{p}h_mid", f"{p}d", f"{tag}final_norm", f"{tag}x_final", "", eps))
+    more, more_inits = product(weights.lm_head, f"{tag}x_final", f"{tag}logits")
+    nodes += [*more, helper.make_node("Concat", kv_rows, [f"{tag}kv"], axis=1)]
+    return nodes, inits + more_inits

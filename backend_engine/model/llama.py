@@ -20,7 +20,7 @@ import numpy as np
 
 from backend_engine.backend import ArrayBackend
 from backend_engine.model.decode_attention import DecodeAttention
-from backend_engine.model.int8_decode_step import Int8DecodeStep
+from backend_engine.model.int8_decode_step import Int8DecodeStep, StepWeights
 from backend_engine.model.int8_layers import Int8LayerStack
 from backend_engine.model.int8_matmul import Int8Matmul
 from backend_engine.model.prefill_attention import PrefillAttention
@@ -154,8 +154,9 @@ def _matrix(parts: list[Any], be: ArrayBackend) -> Any:
     return be.asarray(np.concatenate([_dense(p) for p in parts], axis=0).T, be.weight_dtype)
 
 
-# (layers, LM head, embed, final_norm) -> (layers, the LM head for batched decode steps or None)
-LayerRewrite = Callable[[list[LayerWeights], Any, Any, Any], tuple[list[LayerWeights], Any]]
+# (layers, LM head, embed, final_norm) -> (the layer graphs' layers, the decode step's weights for steps of few rows,
+# and for batched steps)
+LayerRewrite = Callable[[list[LayerWeights], Any, Any, Any], tuple[list[LayerWeights], StepWeights, StepWeights]]
 
 
 def hf_tensors_to_weights(
@@ -163,8 +164,8 @@ def hf_tensors_to_weights(
 ) -> LlamaWeights:
     """Build fused, pre-transposed weights from Hugging Face-named tensors ([out, in]): float32 arrays, or, when
     the tensors kept their quantized blocks (`--compute int8`), onnxruntime graphs that multiply them as blocks,
-    after `rewrite_int8_layers` (most of them as smoothed int8 rows, and a second LM head for batched decode steps:
-    `calibration.py`) if given."""
+    after `rewrite_int8_layers` (most of them as smoothed int8 rows for the layer graphs and batched decode steps, and
+    as 8-bit blocks for decode steps of few rows: `calibration.py`) if given."""
     int8 = any(isinstance(v, BlockQuantized) for v in t.values())
     layers = []
     for i in range(cfg.num_layers):
@@ -183,9 +184,9 @@ def hf_tensors_to_weights(
     head = _matrix([t.pop("lm_head.weight", embed)], be)
     embed = be.asarray(_dense(embed), np.float32)
     final_norm = be.asarray(t.pop("model.norm.weight"), np.float32)
-    batched_head = None
+    few, batched = StepWeights(layers, head), None
     if int8 and rewrite_int8_layers is not None:
-        layers, batched_head = rewrite_int8_layers(layers, head, embed, final_norm)
+        layers, few, batched = rewrite_int8_layers(layers, head, embed, final_norm)
     stack = Int8LayerStack(layers, cfg.rms_eps, cfg.num_heads, cfg.num_kv_heads) if int8 else None
     return LlamaWeights(
         embed=embed,
@@ -193,7 +194,7 @@ def hf_tensors_to_weights(
         final_norm=final_norm,
         lm_head=Int8Matmul(head) if isinstance(head, BlockQuantized) else head,
         int8_layers=stack,
-        int8_decode=Int8DecodeStep(cfg, layers, final_norm, head, batched_head) if int8 else None,
+        int8_decode=Int8DecodeStep(cfg, final_norm, few, batched) if int8 else None,
     )
 
 

@@ -63,12 +63,18 @@ def reference_prompts() -> list[list[int]]:
     return [c["prompt_ids"] + c["greedy_ids"][:k] for c in reference()["cases"] for k in range(len(c["greedy_ids"]))]
 
 
-def decoded_logprobs(engine: LLMEngine) -> list[dict[int, float]]:
+def decoded_logprobs(engine: LLMEngine, together: bool = True) -> list[dict[int, float]]:
     """`reference_prompts`' positions as decoding reaches them: each case's prompt in one prompt step, then its
-    reference answer fed back a token a step, every case a row of the same decode step. Prompt steps and decode
-    steps run different graphs under int8 (a decode step of decode rows alone is `int8_decode_step.py`'s one
-    graph), and every generated token after an answer's first comes from the decode path."""
-    cases = reference()["cases"]
+    reference answer fed back a token a step, every case a row of the same decode step (or, not `together`, each
+    case in steps of its own: one row a step). Prompt steps and decode steps run different graphs under int8 (a
+    decode step of decode rows alone is `int8_decode_step.py`'s one graph, whose weights depend on its rows), and
+    every generated token after an answer's first comes from the decode path."""
+    if not together:
+        return [listed for case in reference()["cases"] for listed in _decoded(engine, [case])]
+    return _decoded(engine, reference()["cases"])
+
+
+def _decoded(engine: LLMEngine, cases: list[dict]) -> list[dict[int, float]]:
     model, bs = engine.model, 16
     prompts = [np.asarray(c["prompt_ids"], np.int64) for c in cases]
     per_case = max(-(-(len(p) + len(c["greedy_ids"])) // bs) for p, c in zip(prompts, cases))
@@ -150,9 +156,11 @@ def main() -> None:
     want = next_token_logprobs(engines["float32"], prompts)
     drift = compare(want, next_token_logprobs(int8, prompts))
     decoded = compare(want, decoded_logprobs(int8))
+    one_row = compare(want, decoded_logprobs(int8, together=False))
     seqs = int8.generate([c["prompt_ids"] for c in reference()["cases"]], SamplingParams(max_tokens=32, temperature=0))
     report = {"onnxruntime": onnxruntime.__version__, "cpu": _cpu_flags(), **asdict(drift)}
     report["decode_steps"] = asdict(decoded)
+    report["decode_steps_one_row"] = asdict(one_row)
     report["int8_greedy_answers"] = [int8.tokenizer.decode(s.output_token_ids) for s in seqs]
     print(json.dumps(report, indent=1, ensure_ascii=False))
 

@@ -14,7 +14,7 @@ from backend_engine.config import EngineConfig, default_model_path
 from backend_engine.engine import LLMEngine
 from backend_engine.model import load_model
 from backend_engine.model.gguf import open_gguf
-from backend_engine.model.int8_decode_step import BATCHED_HEAD_ROWS
+from backend_engine.model.int8_decode_step import BATCHED_ROWS
 from backend_engine.model.int8_matmul import Int8Matmul
 from backend_engine.model.int8_rows import row_kernel_available
 from backend_engine.model.llama import ForwardBatch, PrefillSpan
@@ -93,12 +93,12 @@ def int8_blocks_engine(cpu_backend):
 def test_int8_weights_stay_quantized_in_memory(int8_engine, loaded):
     # the matrices as 4- and 8-bit blocks with their scales (or, where the CPU has VNNI, most of them as int8 rows)
     # against float32 (the float32 embedding rows for lookup are in both): twice over, once in the layer graphs and
-    # the LM head of prompt steps, once in the decode step's (with VNNI, there with the head a second time, as rows
-    # for batched steps, and the down projections in 8-bit blocks: 0.32 of float32's matrices against 0.25 without)
+    # the LM head of prompt steps, once in the decode step's (with VNNI, there twice: as int8 rows for batched steps
+    # and as 8-bit blocks for steps of few rows, 0.53 of float32's matrices against 0.25 in ggml's blocks alone)
     int8, float32 = int8_engine.model, loaded.model
     matrices = float32.weight_bytes() - float32.w.embed.nbytes
-    assert int8.w.int8_decode is not None and int8.w.int8_decode.nbytes < 0.33 * matrices
-    assert int8.weight_bytes() - int8.w.embed.nbytes < 0.6 * matrices
+    assert int8.w.int8_decode is not None and int8.w.int8_decode.nbytes < 0.55 * matrices
+    assert int8.weight_bytes() - int8.w.embed.nbytes < 0.81 * matrices
 
 
 def _decode_logits(model, prompt: np.ndarray, copies: int) -> np.ndarray:
@@ -129,21 +129,25 @@ def _decode_logits(model, prompt: np.ndarray, copies: int) -> np.ndarray:
     return np.asarray(model.forward(step, cache))
 
 
-def test_batched_decode_steps_multiply_by_the_rows_head(int8_engine):
-    """Where the CPU has VNNI a decode step of `BATCHED_HEAD_ROWS` rows or more multiplies by the LM head as
-    smoothed int8 rows and a smaller one by its blocks (int8_decode_step.py): the same row's logits then differ
-    by int8 rounding alone, and every copy of a row gets the same logits."""
-    model = int8_engine.model
-    prompt = np.asarray(int8_engine.tokenizer.encode("The three largest cities of Canada are"), np.int64)
+@pytest.mark.parametrize("path", ["this CPU's", "blocks"])
+def test_few_row_and_batched_decode_steps_read_their_own_weights(request, path):
+    """Where the CPU has VNNI, a decode step of `BATCHED_ROWS` rows or more multiplies smoothed int8 rows and a
+    smaller one 8-bit blocks (int8_decode_step.py): the same row's logits then differ by int8 rounding alone. A step
+    within one set of weights gives a row the same logits whatever the step's size, and copies of a row alike."""
+    engine = request.getfixturevalue("int8_engine" if path == "this CPU's" else "int8_blocks_engine")
+    model = engine.model
+    prompt = np.asarray(engine.tokenizer.encode("The three largest cities of Canada are"), np.int64)
     alone = _decode_logits(model, prompt, 1)[0]
-    batched = _decode_logits(model, prompt, BATCHED_HEAD_ROWS)
-    np.testing.assert_array_equal(batched, np.broadcast_to(batched[0], batched.shape))
-    assert batched[0].argmax() == alone.argmax()
-    error = float(np.abs(batched[0] - alone).max() / np.abs(alone).max())
-    if row_kernel_available():
-        assert 1e-4 < error < 0.05, error  # two heads (0.022)
-    else:
-        assert error == 0  # blocks alone
+    scale = np.abs(alone).max()
+    for copies in (BATCHED_ROWS - 1, BATCHED_ROWS):
+        step = _decode_logits(model, prompt, copies)
+        np.testing.assert_allclose(step, np.broadcast_to(step[0], step.shape), rtol=0, atol=1e-5 * scale)
+        assert step[0].argmax() == alone.argmax()
+        error = float(np.abs(step[0] - alone).max() / scale)
+        if copies >= BATCHED_ROWS and path == "this CPU's" and row_kernel_available():
+            assert 1e-3 < error < 0.15, error  # two sets of weights (0.066)
+        else:
+            assert error < 1e-3, error  # the same weights (0 here)
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +155,7 @@ def float32_logprobs(engine):
     return int8_drift.next_token_logprobs(engine, int8_drift.reference_prompts())
 
 
-@pytest.mark.parametrize("steps", ["prompt", "decode"])
+@pytest.mark.parametrize("steps", ["prompt", "decode", "decode, one row"])
 @pytest.mark.parametrize("path", ["this CPU's", "blocks"])
 def test_int8_engine_tracks_float32_on_every_kernel_path(request, path, steps, float32_logprobs):
     """onnxruntime picks its int8 kernel by CPU, and a near-tie's greedy choice moves with it (llama.cpp, on the same
@@ -159,20 +163,22 @@ def test_int8_engine_tracks_float32_on_every_kernel_path(request, path, steps, f
     So int8 is held to float32 where both read the same text, within bounds chosen from the figures measured on
     onnxruntime's AVX2 and AVX-512 VNNI paths (docs/benchmarks.md, int8 drift): about twice the worse path's. The
     blocks are measured on every CPU, the smoothed rows (`int8_rows.py`) on those with VNNI; each as prompt steps
-    read the text and as decode steps do (a step of decode rows alone is a graph of its own)."""
+    read the text and as decode steps do (a step of decode rows alone is a graph of its own, whose weights depend on
+    its rows: all the reference cases in one step, and one row a step)."""
     int8 = request.getfixturevalue("int8_engine" if path == "this CPU's" else "int8_blocks_engine")
-    if steps == "decode":
-        got = int8_drift.decoded_logprobs(int8)
+    if steps.startswith("decode"):
+        got = int8_drift.decoded_logprobs(int8, together=steps == "decode")
     else:
         got = int8_drift.next_token_logprobs(int8, int8_drift.reference_prompts())
     drift = int8_drift.compare(float32_logprobs, got)
     # measured by prompt steps in blocks on AVX-512 VNNI: 0.69; on AVX2: 0.99; as smoothed rows (w_down in 8-bit
-    # blocks) on AVX-512 VNNI: 1.28; by decode steps in blocks there: 0.58; as rows, with the LM head as rows: 0.80
+    # blocks) on AVX-512 VNNI: 1.28; by decode steps in blocks there: 0.58; as rows, with the LM head as rows: 0.80;
+    # one row a step, in 8-bit blocks: 0.77
     assert drift.max_logprob_error < 2.0, drift
-    assert drift.p95_logprob_error < 0.8, drift  # 0.40; 0.37; 0.59; 0.41; 0.57
-    assert drift.top1_agreement >= 0.93, drift  # 0.970; 0.974; 0.974; 0.961; 0.974
+    assert drift.p95_logprob_error < 0.8, drift  # 0.40; 0.37; 0.59; 0.41; 0.57; 0.53
+    assert drift.top1_agreement >= 0.93, drift  # 0.970; 0.974; 0.974; 0.961; 0.974; 0.970
     # Where float32 is sure of its next token, int8 never picks another: its answers stay float32's.
-    assert drift.largest_lead_overturned < 1.0, drift  # 0.22; 0.26; 0.12; 0.21; 0.18
+    assert drift.largest_lead_overturned < 1.0, drift  # 0.22; 0.26; 0.12; 0.21; 0.18; 0.26
     # ...and it is no float32 engine in disguise: int8 rounding shows.
     assert drift.max_logprob_error > 1e-3, drift
 
