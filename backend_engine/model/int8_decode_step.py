@@ -12,11 +12,12 @@ each layer attends to the cached tokens (`bias` masks the slots past them) and t
 graph, and returns those rows (`kv`) for the caller to store. Prompt chunks keep the per-layer path, whose
 attention is causal over the chunk.
 
-Where the CPU has VNNI the step holds its weights twice, branches of an ONNX `If` on the number of rows: a step of
-`BATCHED_ROWS` rows or more multiplies smoothed int8 rows, LM head included, through MLAS's integer GEMM
-(`int8_rows.py`: about twice as fast as the blocks' kernel at 32 rows), a smaller one 8-bit blocks whose input the
-kernel quantizes itself (`calibration.few_row_layers`: at one row, where a step reads every byte once, 0.92x the
-time of the rows; at 4 rows 0.97x, at 6 1.04x). The second set costs ~110 MB.
+Where the CPU has VNNI the step has two graphs, chosen by the number of rows: a step of `BATCHED_ROWS` rows or
+more multiplies smoothed int8 rows, LM head included, through MLAS's integer GEMM (`int8_rows.py`: about twice as
+fast as the blocks' kernel at 32 rows), a smaller one 8-bit blocks whose input the kernel quantizes itself
+(`calibration.few_row_layers`: at one row, where a step reads every byte once, 0.92x the time of the rows; at 4 rows
+0.97x, at 6 1.04x). Two sessions, not one graph with an ONNX `If`: onnxruntime kept the weights of an `If`'s
+branches beside their prepacked copies (+540 MiB resident for the bundled model).
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ class Int8DecodeStep:
     def __init__(self, cfg: LlamaConfig, final_norm: np.ndarray, few: StepWeights, batched: StepWeights | None = None):
         self.layers = len(few.layers)
         self.nbytes = few.nbytes + (0 if batched is None else batched.nbytes)
-        self._session = session(_step_graph(cfg, final_norm, few, batched))
+        self._few = session(_step_graph(cfg, final_norm, few))
+        self._batched = None if batched is None else session(_step_graph(cfg, final_norm, batched))
 
     def run(
         self,
@@ -82,44 +84,22 @@ class Int8DecodeStep:
         feeds = {"h": h, "block_tables": block_tables, "bias": bias, **rope}
         for li, cache in enumerate(caches):
             feeds[f"k{li}"], feeds[f"v{li}"] = cache[0], cache[1]
-        logits, kv = self._session.run(None, feeds)
+        graph = self._batched if self._batched is not None and len(h) >= BATCHED_ROWS else self._few
+        logits, kv = graph.run(None, feeds)
         return logits, kv.reshape(len(h), self.layers, -1)
 
 
-def _step_graph(cfg: LlamaConfig, final_norm: np.ndarray, few: StepWeights, batched: StepWeights | None) -> bytes:
+def _step_graph(cfg: LlamaConfig, final_norm: np.ndarray, weights: StepWeights) -> bytes:
     from onnx import TensorProto, helper
 
     nkv, hd = cfg.num_kv_heads, cfg.head_dim
     f = TensorProto.FLOAT
-    layers = few.layers
+    layers = weights.layers
     outputs = [
-        helper.make_tensor_value_info("logits", f, ["D", out_width(few.lm_head)]),
+        helper.make_tensor_value_info("logits", f, ["D", out_width(weights.lm_head)]),
         helper.make_tensor_value_info("kv", f, ["D", len(layers) * 2 * nkv * hd]),
     ]
-    if batched is None:
-        nodes, inits = _step_nodes(cfg, final_norm, few, "")
-    else:
-        make = helper.make_node
-
-        def branch(weights: StepWeights, tag: str) -> Any:
-            body, body_inits = _step_nodes(cfg, final_norm, weights, tag)
-            ends = [helper.make_tensor_value_info(f"{tag}{o.name}", f, None) for o in outputs]
-            return helper.make_graph(body, tag.rstrip("/"), [], ends, body_inits)
-
-        nodes = [
-            make("Shape", ["h"], ["rows_shape"], end=1),
-            make("Squeeze", ["rows_shape"], ["rows"]),
-            make("GreaterOrEqual", ["rows", "batched_rows"], ["batched"]),
-            make(
-                "If",
-                ["batched"],
-                ["logits", "kv"],
-                then_branch=branch(batched, "batched/"),
-                else_branch=branch(few, "few/"),
-            ),
-        ]
-        inits = [constant("batched_rows", np.array(BATCHED_ROWS), TensorProto.INT64)]
-
+    nodes, inits = _step_nodes(cfg, final_norm, weights)
     cache_shape: list[str | int] = [nkv, "blocks", "block_size", hd]
     inputs = [
         helper.make_tensor_value_info("h", f, ["D", layers[0].attn_norm.shape[0]]),
@@ -136,21 +116,18 @@ def _step_graph(cfg: LlamaConfig, final_norm: np.ndarray, few: StepWeights, batc
     return model.SerializeToString()
 
 
-def _step_nodes(
-    cfg: LlamaConfig, final_norm: np.ndarray, weights: StepWeights, tag: str
-) -> tuple[list[Any], list[Any]]:
-    """The step's nodes over `weights`, from the graph's inputs to `{tag}logits` and `{tag}kv`; every name they add
-    starts with `tag`."""
+def _step_nodes(cfg: LlamaConfig, final_norm: np.ndarray, weights: StepWeights) -> tuple[list[Any], list[Any]]:
+    """The step's nodes over `weights`, from the graph's inputs to `logits` and `kv`."""
     from onnx import TensorProto, helper
 
     nh, nkv, hd, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_eps
     layers = weights.layers
     rope = rope_layout(nh, nkv, hd)
-    nodes, inits = norm_qkv_nodes(layers[0].attn_norm, layers[0].wqkv, eps, rope, "h", f"{tag}l0/qkv")
+    nodes, inits = norm_qkv_nodes(layers[0].attn_norm, layers[0].wqkv, eps, rope, "h", "l0/qkv")
     kv_rows: list[str] = []
     residual = "h"
     for li, lw in enumerate(layers):
-        p = f"{tag}l{li}/"
+        p = f"l{li}/"
         inits.append(constant(f"{p}qkv_parts", np.array([nh * hd, nkv * hd, nkv * hd]), TensorProto.INT64))
         nodes.append(
             helper.make_node("Split", [f"{p}qkv", f"{p}qkv_parts"], [f"{p}q", f"{p}k_row", f"{p}v_row"], axis=-1)
@@ -166,7 +143,7 @@ def _step_nodes(
         nodes += more
         inits += more_inits
         if li + 1 < len(layers):
-            nxt = f"{tag}l{li + 1}/"
+            nxt = f"l{li + 1}/"
             inits.append(constant(f"{nxt}attn_norm", layers[li + 1].attn_norm))
             nodes.append(skip_norm(f"{p}h_mid", f"{p}d", f"{nxt}attn_norm", f"{nxt}x_attn", f"{p}h_out", eps))
             more, more_inits = qkv_nodes(layers[li + 1].wqkv, rope, f"{nxt}x_attn", f"{nxt}qkv")
@@ -174,8 +151,8 @@ def _step_nodes(
             inits += more_inits
             residual = f"{p}h_out"
         else:
-            inits.append(constant(f"{tag}final_norm", final_norm))
-            nodes.append(skip_norm(f"{p}h_mid", f"{p}d", f"{tag}final_norm", f"{tag}x_final", "", eps))
-    more, more_inits = product(weights.lm_head, f"{tag}x_final", f"{tag}logits")
-    nodes += [*more, helper.make_node("Concat", kv_rows, [f"{tag}kv"], axis=1)]
+            inits.append(constant("final_norm", final_norm))
+            nodes.append(skip_norm(f"{p}h_mid", f"{p}d", "final_norm", "x_final", "", eps))
+    more, more_inits = product(weights.lm_head, "x_final", "logits")
+    nodes += [*more, helper.make_node("Concat", kv_rows, ["kv"], axis=1)]
     return nodes, inits + more_inits
