@@ -5,7 +5,8 @@ forward pass.
 Why a text of the engine's own: the ranges are a property of the model (a few channels carry outliers whatever the
 input), so a short, varied text finds them; SmoothQuant calibrates on a few hundred samples for the same reason.
 The pass runs at load, one layer's weights dequantized at a time (a layer of the bundled model is 14 MB in float32,
-all thirty would be 420 MB), and takes well under a second for the bundled model.
+all thirty would be 420 MB), and takes well under a second for the bundled model. `smooth_layers`, `smoothed_head`
+and `few_row_layers` then turn the GGUF's blocks into the layouts the VNNI path multiplies.
 """
 
 from __future__ import annotations

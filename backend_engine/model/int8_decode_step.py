@@ -46,7 +46,7 @@ BATCHED_ROWS = 5  # the fewest rows a step multiplies by its batched weights, wh
 
 @dataclass
 class StepWeights:
-    """The matrices one branch of the step multiplies: the layers' (norms included, which smoothing changes) and
+    """The matrices one of the step's graphs multiplies: the layers' (norms included, which smoothing changes) and
     the LM head's."""
 
     layers: list[LayerWeights]

@@ -8,8 +8,8 @@ the reference one. Activations are quantized per row, so a row's result never de
 
 MatMulNBits computes scale * (code - zero) per block (ggml's 32 values, or wider once requantized); Q4_1's
 per-block offset (see `quant_blocks.py`) is added by a second, 32x smaller product in the same graph: the row sums
-of x over each block times the offsets. Where the
-CPU has VNNI, the engine serves most matrices as smoothed int8 rows instead (`int8_rows.py`), faster in batches.
+of x over each block times the offsets. Where the CPU has VNNI, the engine serves most matrices as smoothed int8
+rows instead (`int8_rows.py`), faster in batches, and 8-bit blocks without offsets elsewhere (`calibration.py`).
 """
 
 from __future__ import annotations
