@@ -3,8 +3,9 @@
 onnxruntime picks its int8 kernel by CPU (AVX2, AVX-512, AVX-512 VNNI, AMX), and while each computes the same
 integer products, float sums in another order move a near-tie's greedy choice, after which two answers share
 nothing. So the int8 engine is compared with float32 where both read the same text: at every position of the
-float32 reference's greedy answers, the next-token log-probabilities of both engines, int8's read once by prompt
-steps and once by decode steps (its two graphs: a decode step of decode rows alone is one graph of its own). The
+float32 reference's greedy answers, the next-token log-probabilities of both engines, int8's read by prompt steps
+and by decode steps, all cases in one step and one row a step (a decode step of decode rows alone runs graphs of its
+own, whose weights depend on its rows). The
 bounds the tests assert
 (test_int8_compute.py) were chosen from this module's figures on two kernel paths, AVX-512 VNNI and AVX2
 (docs/benchmarks.md, "int8 drift"), and this is the way to measure another path without its CPU:
