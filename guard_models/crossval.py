@@ -30,6 +30,10 @@ recipes or base encoders) with those weights, then calibrates and chooses the th
 for an ensemble folder (gateway/guard/ensemble.py):
 
     crossval.py --out .bench/guard-train/cv-blend --blend .bench/guard-train/cv=0.5 .bench/guard-train/cv-e5=0.5
+
+`DIR=WEIGHT@MODEL` weighs that member on each row by the share of the row its vocabulary reads as words (MODEL: a
+folder with the member's tokenizer.json), as an ensemble member listed with `weighed_by_reading` is weighed
+(gateway/guard/reading.py).
 """
 
 from __future__ import annotations
@@ -41,9 +45,11 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 from train import SOURCES, fine_tune, load_split, load_written, logger, parser, sigmoid, tokenizer, window_margins
 
 from gateway.guard.evaluation import choose_threshold, defined, metrics
+from gateway.guard.reading import VocabularyReading, blend_weights
 
 CAPS = {"neuralchemy": 0.025, "s-labs": 0.008}  # the targets on unseen data: 3 % and 1 %
 FIGURES = ("f1", "precision", "recall", "fpr", "roc_auc")
@@ -192,32 +198,62 @@ def summarize(rows: list[dict], folds: list[int], results: list[dict], out: Path
     return report
 
 
-def weighted(runs: list[str]) -> list[tuple[str, float]]:
-    """(folder, weight) of each `DIR=WEIGHT`."""
-    return [(folder, float(weight)) for folder, _, weight in (run.partition("=") for run in runs)]
+def weighted(runs: list[str]) -> list[tuple[str, float, str | None]]:
+    """(folder, weight, the model folder whose vocabulary's reading weighs it, or None) of each `DIR=WEIGHT[@MODEL]`."""
+    out = []
+    for run in runs:
+        folder, _, rest = run.partition("=")
+        weight, _, model = rest.partition("@")
+        out.append((folder, float(weight), model or None))
+    return out
 
 
-def blended(runs: list[str], fold_numbers: list[int]) -> list[dict]:
-    """Fold results whose margins are the weighted sums of those of the cross-validations named `DIR=WEIGHT`."""
+def reading_shares(runs: list[str], texts: list[str]) -> np.ndarray:
+    """Each text's share read by each run's member (texts × runs): 1 for a member not weighed by its reading."""
+    from tokenizers import Tokenizer
+
+    shares = np.ones((len(texts), len(runs)))
+    for m, (_, _, model) in enumerate(weighted(runs)):
+        if model:
+            tokenizer = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
+            tokenizer.no_padding()
+            tokenizer.no_truncation()
+            reading = VocabularyReading(tokenizer)
+            encoded = tokenizer.encode_batch(texts, add_special_tokens=False)
+            shares[:, m] = [reading.share(e.ids) for e in encoded]
+    return shares
+
+
+def blended(runs: list[str], fold_numbers: list[int], texts: list[str], validation: list[str]) -> list[dict]:
+    """Fold results whose margins are the weighted sums of those of the cross-validations named `DIR=WEIGHT[@MODEL]`,
+    each text with its own weights where a member is weighed by its reading (`texts`: the pooled rows' texts, which
+    the held-out indices point into; `validation`: the validation rows' texts, in the folds' order)."""
     parts = [
-        ({f: json.loads((Path(folder) / f"fold{f}.json").read_text()) for f in fold_numbers}, weight)
-        for folder, weight in weighted(runs)
+        {f: json.loads((Path(folder) / f"fold{f}.json").read_text()) for f in fold_numbers}
+        for folder, *_ in weighted(runs)
     ]
+    weights = [weight for _, weight, _ in weighted(runs)]
+    text_weights = blend_weights(weights, reading_shares(runs, texts))
+    validation_weights = blend_weights(weights, reading_shares(runs, validation))
     out = []
     for f in fold_numbers:
-        first = parts[0][0][f]
+        first = parts[0][f]
         if any(
-            r[f]["held_out"].keys() != first["held_out"].keys() or len(r[f]["validation"]) != len(first["validation"])
-            for r, _ in parts
+            r[f]["held_out"].keys() != first["held_out"].keys() or len(r[f]["validation"]) != len(validation)
+            for r in parts
         ):
             raise SystemExit(f"--blend: fold {f} scored other rows in some of {runs}")
         out.append(
             {
                 "fold": f,
                 "seed": first["seed"],
-                "held_out": {i: sum(w * r[f]["held_out"][i] for r, w in parts) for i in first["held_out"]},
+                "held_out": {
+                    i: float(sum(text_weights[int(i), m] * r[f]["held_out"][i] for m, r in enumerate(parts)))
+                    for i in first["held_out"]
+                },
                 "validation": [
-                    sum(w * r[f]["validation"][j] for r, w in parts) for j in range(len(first["validation"]))
+                    float(sum(validation_weights[j, m] * r[f]["validation"][j] for m, r in enumerate(parts)))
+                    for j in range(len(validation))
                 ],
             }
         )
@@ -258,16 +294,20 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = pooled()
     folds = assign_folds(rows, args.folds, hold_out=args.hold_out)
-    sources = [Path(folder) for folder, _ in weighted(args.blend)] if args.blend else [args.out]
+    sources = [Path(folder) for folder, *_ in weighted(args.blend)] if args.blend else [args.out]
     fold_numbers = [
         f
         for f in range(args.folds)
         if not args.scored_only or all((source / f"fold{f}.json").is_file() for source in sources)
     ]
     if args.blend:
-        results = checked(blended(args.blend, fold_numbers), folds, args.hold_out)
+        texts, validation = [r["text"] for r in rows], [r["text"] for r in load_split("validation")]
+        results = checked(blended(args.blend, fold_numbers, texts, validation), folds, args.hold_out)
         report = summarize(rows, folds, results, args.out, args.hold_out)
-        report["blend"] = [{"crossval": folder, "weight": weight} for folder, weight in weighted(args.blend)]
+        report["blend"] = [
+            {"crossval": folder, "weight": weight, **({"weighed_by_reading": model} if model else {})}
+            for folder, weight, model in weighted(args.blend)
+        ]
         (args.out / "crossval.json").write_text(json.dumps(report, indent=2) + "\n")
         print(json.dumps(report, indent=2))
         return

@@ -15,9 +15,10 @@ when the table was frozen in training, since it came from such blocks (import_mu
 
 An ensemble folder (gateway/guard/ensemble.py) is written with `--members minilm-pi=0.5 e5-pi=0.5` instead of
 `--checkpoint`: its config.json lists the member folders (beside --out) and carries the calibration and threshold
-of `crossval.py --blend`'s report. `--screen e5-screen-pi=0 --screen-top 8` adds the screening model that reads
-long texts first, the margin above which its windows go to the members and how many of its highest-scoring ones
-always do (`bench/long_scan_bench.py recall` measures a choice).
+of `crossval.py --blend`'s report, and lists with `weighed_by_reading` each member that blend weighed by its
+vocabulary's reading of each text (`DIR=WEIGHT@MODEL`). `--screen e5-screen-pi=0 --screen-top 8` adds the screening
+model that reads long texts first, the margin above which its windows go to the members and how many of its
+highest-scoring ones always do (`bench/long_scan_bench.py recall` measures a choice).
 A screen is exported like a member (`--checkpoint`) without `--crossval`: nothing reads its calibration or
 threshold, and its validation.json reports it at 0.5 uncalibrated.
 """
@@ -172,16 +173,21 @@ def write_ensemble(
     out: Path, members: list[str], name: str, crossval: Path, screen: str | None, screen_top: int
 ) -> None:
     """An ensemble folder's config.json: member folders (siblings of `out`) and their weights, which must be the
-    weights of the blend that crossval.json was made for, and the screening model with its margin."""
+    weights of the blend that crossval.json was made for, each member weighed by its reading where that blend's was,
+    and the screening model with its margin."""
     listed = []
     for member in members:
         folder, weight = sibling(out, "--members", member)
         listed.append({"model": folder, "weight": weight})
-    blend = [b["weight"] for b in json.loads(crossval.read_text()).get("blend", [])]
-    if blend != [m["weight"] for m in listed]:
+    blend = json.loads(crossval.read_text()).get("blend", [])
+    if [b["weight"] for b in blend] != [m["weight"] for m in listed]:
         raise SystemExit(
-            f"--members: weights {[m['weight'] for m in listed]}, but {crossval} is for a blend of {blend}"
+            f"--members: weights {[m['weight'] for m in listed]}, but {crossval} is for a blend of "
+            f"{[b['weight'] for b in blend]}"
         )
+    for entry, made in zip(listed, blend):
+        if made.get("weighed_by_reading"):
+            entry["weighed_by_reading"] = True
     out.mkdir(parents=True, exist_ok=True)
     config: dict = {"portcullis": {"name": name, "members": listed}}
     if screen:

@@ -8,8 +8,10 @@ way, so windows do not line up across members: a text's blended margin is the we
 window margin, and one Platt calibration maps that onto a probability, fitted the same way as a single model's.
 
 An ensemble folder holds only `config.json`, whose `portcullis.members` lists member folders (relative to it) with
-their weights, beside the ensemble's own `calibration` and `threshold`. Any other folder is a single model, scored
-exactly as `GuardModel` scores it.
+their weights, beside the ensemble's own `calibration` and `threshold`. A member listed with `"weighed_by_reading":
+true` counts on each text for the share of it that its vocabulary reads as words (gateway/guard/reading.py): an
+English-vocabulary member has no say on Tamil or Russian, which it reads letter by letter, and the weight it leaves
+goes to the others. Any other folder is a single model, scored exactly as `GuardModel` scores it.
 
 `portcullis.screen` may name a screening model, `{"model": folder, "margin": number, "top": count}`: a shallow
 classifier that reads a long text first in place of a member (see `Cut`), at a fraction of a member's cost a window,
@@ -29,6 +31,7 @@ import numpy as np
 
 from gateway.config import usable_cores
 from gateway.guard.model import DEFAULT_MODEL_DIR, GuardModel, GuardModelError, calibration_of, load_model
+from gateway.guard.reading import VocabularyReading, blend_weights
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -71,6 +74,7 @@ class Cut:
     first_pass: int  # the scanner index (`GuardEnsemble.scanners`), -1 when no text is deferred
     window: int | None
     stride: int
+    weights: np.ndarray  # each text's member weights in the blend (texts × members)
 
 
 @dataclass
@@ -87,6 +91,8 @@ class GuardEnsemble:
     screen: GuardModel | None = None
     # the first pass's `top` highest-scoring windows and every one above `margin`: a member's, or the screen's own
     second_pass_rule: tuple[int, float] = MEMBER_FIRST_PASS
+    # by member: how its vocabulary reads a text, where its weight follows that (None: the configured weight)
+    readings: list[VocabularyReading | None] | None = None
 
     @property
     def scanners(self) -> list[GuardModel]:
@@ -176,7 +182,15 @@ class GuardEnsemble:
                 elif member is self.screen:
                     continue
                 items.extend((t, m, ids) for ids in member.cut_windows(encoding.ids, window, stride))
-        return Cut(texts, items, deferred, first, window, stride)
+        return Cut(texts, items, deferred, first, window, stride, self.text_weights(encodings))
+
+    def text_weights(self, encodings: list[list]) -> np.ndarray:
+        """Each text's member weights (texts × members), from each member's encodings of the texts."""
+        shares = np.ones((len(encodings[0]) if encodings else 0, len(self.members)))
+        for m, reading in enumerate(self.readings or []):
+            if reading is not None:
+                shares[:, m] = [reading.share(encoding.ids) for encoding in encodings[m]]
+        return blend_weights(self.weights, shares)
 
     def second_pass(self, cut: Cut, t: int, span: tuple[int, int]) -> list[Window]:
         """The windows of the members other than the first pass over one first-pass window's characters of text
@@ -189,33 +203,39 @@ class GuardEnsemble:
             for ids in member.encode_windows(piece, cut.window, cut.stride)
         ]
 
-    def blend(self, texts: int, windows: Sequence[Window], margins: Sequence[float]) -> np.ndarray:
-        """Each text's calibrated score from its windows' margins. Every member must have scanned every text: a text
-        some member did not read is an error, never a pass."""
-        best = np.full((texts, len(self.scanners)), -np.inf)
-        for (t, m, _), margin in zip(windows, margins):
+    def blend(self, cut: Cut, margins: Sequence[float]) -> np.ndarray:
+        """Each text's calibrated score from the margins of its windows (`cut.items`). Every member must have scanned
+        every text: a text some member did not read is an error, never a pass."""
+        best = np.full((len(cut.texts), len(self.scanners)), -np.inf)
+        for (t, m, _), margin in zip(cut.items, margins):
             best[t, m] = np.fmax(best[t, m], margin)
         if not self.read_by_every_member(best):
             raise ValueError("a text without a window or a score from every member of the guard")
-        return self.calibrated(best)
+        return self.calibrated(best, cut.weights)
 
     def read_by_every_member(self, best: np.ndarray) -> bool:
         """Whether every member has a margin for every text (the last axis: each scanner's largest margin)."""
         return bool(np.isfinite(best[..., : len(self.members)]).all())
 
-    def calibrated(self, best: np.ndarray) -> np.ndarray:
+    def calibrated(self, best: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """The calibrated blend of each member's largest margin (the last axis, by scanner: a screen's is not
-        counted); -inf for a member that has not read the text yet counts as its least possible margin, so the
-        score is a lower bound that only grows."""
+        counted) with the text's member weights (`Cut.weights`); -inf for a member that has not read the text yet
+        counts as its least possible margin, so the score is a lower bound that only grows. A member of weight 0 on a
+        text counts for nothing there, read or not."""
         scale, bias = self.calibration
-        blended = best[..., : len(self.members)] @ np.asarray(self.weights)
+        margins = best[..., : len(self.members)]
+        blended = np.multiply(
+            margins, weights, out=np.zeros(np.broadcast_shapes(margins.shape, weights.shape)), where=weights > 0
+        )
+        blended = blended.sum(axis=-1)
         return 1.0 / (1.0 + np.exp(-(scale * blended + bias)))
 
     def score_texts(
         self, texts: list[str], window: int | None = None, stride: int = 32, batch_size: int = 32
     ) -> list[float]:
         """Each text's score without the batcher (CLI, evaluation): the same windows and blend as the gateway."""
-        windows = self.windows(texts, window, stride).items
+        cut = self.windows(texts, window, stride)
+        windows = cut.items
         margins = [0.0] * len(windows)
         order = sorted(range(len(windows)), key=lambda k: (windows[k][1], len(windows[k][2])))
         for start in range(0, len(order), batch_size):
@@ -226,7 +246,7 @@ class GuardEnsemble:
             for m, ks in by_member.items():
                 for k, margin in zip(ks, self.scanners[m].margins([windows[k][2] for k in ks])):
                     margins[k] = float(margin)
-        return [float(s) for s in self.blend(len(texts), windows, margins)]
+        return [float(s) for s in self.blend(cut, margins)]
 
 
 def load_guard(
@@ -248,10 +268,13 @@ def load_guard(
     try:
         paths = [(folder / str(member["model"])).resolve() for member in listed]
         weights = [float(member["weight"]) for member in listed]
+        by_reading = [member.get("weighed_by_reading", False) for member in listed]
     except (TypeError, KeyError, ValueError):
         raise GuardModelError(
             f"{config_path}: portcullis.members must be a list of {{model: folder, weight: number}}"
         ) from None
+    if any(not isinstance(flag, bool) for flag in by_reading):
+        raise GuardModelError(f"{config_path}: a member's weighed_by_reading must be true or false")
     if not paths or any(not w > 0 for w in weights):
         raise GuardModelError(f"{config_path}: portcullis.members needs at least one member, each of positive weight")
     # the members run at once: unless told otherwise, each takes its share of the cores instead of all of them
@@ -268,6 +291,7 @@ def load_guard(
     if len({model.providers[0] for model in scanners}) > 1:
         log.warning("guard ensemble %s: models run on %s", folder, [model.providers[0] for model in scanners])
     threshold = extra.get("threshold")
+    readings = [VocabularyReading(m.tokenizer) if flag else None for m, flag in zip(members, by_reading)]
     return GuardEnsemble(
         folder,
         members,
@@ -277,6 +301,7 @@ def load_guard(
         str(extra.get("name") or folder.name),
         screen,
         second_pass_rule,
+        readings,
     )
 
 

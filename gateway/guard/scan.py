@@ -143,7 +143,7 @@ class _Progress:
                 continue
             self.best[t, member] = margin
             block_at = self.blocks[t] if self.blocks else None
-            if block_at is not None and float(self.model.calibrated(self.best[t])) >= block_at:
+            if block_at is not None and float(self.model.calibrated(self.best[t], self.cut.weights[t])) >= block_at:
                 self.blocked = True
 
     def top_spans(self, t: int) -> list[tuple[int, int]]:
@@ -191,5 +191,5 @@ async def scan(
         raise ValueError("a text without a window or a score from every member of the guard")
     unread = {t for texts in progress.pending.values() for t in texts}
     unread |= set() if second_pass_done else set(cut.deferred)
-    scores = [float(s) for s in model.calibrated(progress.best)]
+    scores = [float(s) for s in model.calibrated(progress.best, cut.weights)]
     return scores, [t not in unread for t in range(len(cut.texts))]

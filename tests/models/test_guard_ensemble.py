@@ -45,12 +45,12 @@ def test_the_bundled_screen_reads_long_texts_with_the_multilingual_members_token
 
 
 def test_a_text_scores_the_weighted_sum_of_each_models_largest_window_margin(guard) -> None:
-    """Recomputed from each member alone: its windows of the text, their margins, the largest; then the weights and
-    the ensemble's calibration."""
+    """Recomputed from each member alone: its windows of the text, their margins, the largest; then the text's
+    weights (the configured ones, as far as each member's vocabulary reads the text) and the ensemble's calibration."""
     scale, bias = guard.calibration
     for text, got in zip(TEXTS, guard.score_texts(TEXTS)):
         blended = 0.0
-        for member, weight in zip(guard.members, guard.weights):
+        for member, weight in zip(guard.members, guard.windows([text]).weights[0]):
             windows = member.encode_windows(text, stride=32)
             blended += weight * max(float(m) for m in member.margins(windows))
         assert got == pytest.approx(1 / (1 + math.exp(-(scale * blended + bias))), abs=0.02), text[:40]
@@ -91,6 +91,7 @@ def test_a_texts_score_does_not_depend_on_its_batch_mates() -> None:
         ([], "at least one member"),
         ([{"model": "../minilm-pi", "weight": 0}], "positive weight"),
         ([{"model": "../nowhere", "weight": 1}], "tokenizer.json is missing"),
+        ([{"model": "../minilm-pi", "weight": 1, "weighed_by_reading": "yes"}], "must be true or false"),
     ],
 )
 def test_a_broken_ensemble_folder_is_named(tmp_path: Path, members: object, message: str) -> None:
@@ -142,6 +143,28 @@ def test_the_weights_are_each_members_own(tmp_path: Path) -> None:
             blended = sum(w * m for w, m in zip(guard.weights, margins))
             assert got == pytest.approx(1 / (1 + math.exp(-blended)), abs=0.02), text[:40]
     assert max(abs(a - b) for a, b in zip(scores["a"], scores["b"])) > 0.1
+
+
+def test_a_member_weighed_by_reading_has_no_say_on_a_script_its_vocabulary_cannot_read(tmp_path: Path) -> None:
+    """The English member reads Russian letter by letter (and is unsure of this benign question where the
+    multilingual member is sure): on it the multilingual member's margin is the blend, while on English text both
+    count about as configured. Uncalibrated, so a score's logit is the blended margin."""
+    members = [
+        {"model": str(MODELS_DIR / "minilm-pi"), "weight": 0.5, "weighed_by_reading": True},
+        {"model": str(MODELS_DIR / "e5-pi"), "weight": 0.5},
+    ]
+    (tmp_path / "config.json").write_text(json.dumps({"portcullis": {"members": members}}))
+    guard = load_guard(tmp_path, device="cpu")
+    russian = TEXTS[3]
+    english, other = (math.log(p / (1 - p)) for p in guard.score_texts([INJECTION, russian]))
+
+    def largest(member, text: str) -> float:
+        return max(float(m) for m in member.margins(member.encode_windows(text)))
+
+    minilm, e5 = guard.members
+    assert english == pytest.approx(0.5 * largest(minilm, INJECTION) + 0.5 * largest(e5, INJECTION), abs=0.1)
+    assert other == pytest.approx(largest(e5, russian), abs=0.01)
+    assert abs(largest(minilm, russian) - largest(e5, russian)) > 2  # so an equal blend would score it otherwise
 
 
 @pytest.mark.gpu

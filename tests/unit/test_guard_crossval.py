@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.guard.model import MODELS_DIR
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "guard_models"))  # the scripts import each other so
 crossval = importlib.import_module("crossval")
 
@@ -121,5 +123,21 @@ def test_a_blend_of_the_folds_scored_so_far_weighs_each_members_margins(tmp_path
         fold = {"fold": 0, "seed": 13, "held_out": {"7": margins[0], "9": margins[1]}, "validation": margins}
         (tmp_path / name / "fold0.json").write_text(json.dumps(fold))
     runs = [f"{tmp_path / 'minilm'}=0.25", f"{tmp_path / 'e5'}=0.75"]
-    (blend,) = crossval.blended(runs, [0])  # folds 1-4 not scored: only fold 0 is read
+    texts = [f"text {n}" for n in range(10)]
+    (blend,) = crossval.blended(runs, [0], texts, texts[:2])  # folds 1-4 not scored: only fold 0 is read
     assert blend["held_out"] == {"7": 3.5, "9": -2.5} and blend["validation"] == [3.5, -2.5]
+
+
+def test_a_member_weighed_by_its_reading_has_no_say_on_a_script_it_reads_letter_by_letter(tmp_path: Path) -> None:
+    """`DIR=WEIGHT@MODEL`: as the gateway's ensemble weighs a member listed with weighed_by_reading."""
+    for name, margins in (("minilm", [2.0, -1.0]), ("e5", [4.0, -3.0])):
+        (tmp_path / name).mkdir()
+        fold = {"fold": 0, "seed": 13, "held_out": {"0": margins[0], "1": margins[1]}, "validation": margins}
+        (tmp_path / name / "fold0.json").write_text(json.dumps(fold))
+    english = "Please summarise the attached quarterly report for the board."
+    russian = "Пожалуйста, кратко изложи приложенный квартальный отчёт для совета."
+    runs = [f"{tmp_path / 'minilm'}=0.5@{MODELS_DIR / 'minilm-pi'}", f"{tmp_path / 'e5'}=0.5"]
+    (blend,) = crossval.blended(runs, [0], [russian, english], [english, russian])
+    assert blend["held_out"]["0"] == pytest.approx(4.0, abs=0.1)  # Russian: about the multilingual member's alone
+    assert blend["held_out"]["1"] == pytest.approx(-2.0, abs=0.1)  # English: both, about as configured
+    assert blend["validation"] == pytest.approx([3.0, -3.0], abs=0.1)

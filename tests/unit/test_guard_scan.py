@@ -66,8 +66,26 @@ def scanned(
     return asyncio.run(main()), batchers
 
 
-def cut_of(items: list[Window], texts: int = 1, deferred: dict | None = None, first_pass: int = 0) -> Cut:
-    return Cut(["x"] * texts, items, deferred or {}, first_pass if deferred else -1, None, 32)
+def cut_of(
+    items: list[Window],
+    texts: int = 1,
+    deferred: dict | None = None,
+    first_pass: int = 0,
+    weights: np.ndarray | None = None,
+) -> Cut:
+    weights = np.full((texts, 2), 0.5) if weights is None else weights
+    return Cut(["x"] * texts, items, deferred or {}, first_pass if deferred else -1, None, 32, weights)
+
+
+def test_each_text_is_blended_with_its_own_weights() -> None:
+    """A text one member cannot read (weight 0 there) scores the other's margin alone, here and where a finding
+    refuses at a score: the same windows, blended per text."""
+    items: list[Window] = [(t, m, [ids]) for t in range(2) for m, ids in ((0, 100), (1, 900))]
+    weights = np.array([[0.5, 0.5], [0.0, 1.0]])
+    scores, _ = scanned([Member(), Member()], cut_of(items, texts=2, weights=weights))
+    assert scores == pytest.approx([1 / (1 + np.exp(-0.0)), 1 / (1 + np.exp(-4.0))])
+    blocked, _ = scanned([Member(), Member()], cut_of(items[2:], texts=2, weights=weights), blocks=[None, 0.9])
+    assert blocked[1] == pytest.approx(1 / (1 + np.exp(-4.0)))
 
 
 def test_a_repeated_window_is_scored_once() -> None:
