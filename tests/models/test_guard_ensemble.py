@@ -32,6 +32,8 @@ def test_the_bundled_guard_blends_two_models_with_its_own_card(guard) -> None:
     assert {m.folder.name for m in guard.members} == {"minilm-pi", "e5-pi"}
     assert 0 < guard.threshold < 1 and guard.calibration != guard.members[0].calibration
     assert guard.labels[guard.malicious[0]] == "INJECTION" and guard.providers == ["CPUExecutionProvider"]
+    # the English member is weighed by how much of each text its vocabulary reads; the multilingual one is not
+    assert [reading is not None for reading in guard.readings or []] == [True, False]
 
 
 def test_the_bundled_screen_reads_long_texts_with_the_multilingual_members_tokenizer_in_memory_once(guard) -> None:
