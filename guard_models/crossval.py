@@ -44,12 +44,17 @@ import random
 import statistics
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from train import SOURCES, fine_tune, load_split, load_written, logger, parser, sigmoid, tokenizer, window_margins
 
 from gateway.guard.evaluation import choose_threshold, defined, metrics
+from gateway.guard.model import read_tokenizer
 from gateway.guard.reading import VocabularyReading, blend_weights
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 CAPS = {"neuralchemy": 0.025, "s-labs": 0.008}  # the targets on unseen data: 3 % and 1 %
 FIGURES = ("f1", "precision", "recall", "fpr", "roc_auc")
@@ -208,19 +213,22 @@ def weighted(runs: list[str]) -> list[tuple[str, float, str | None]]:
     return out
 
 
-def reading_shares(runs: list[str], texts: list[str]) -> np.ndarray:
-    """Each text's share read by each run's member (texts × runs): 1 for a member not weighed by its reading."""
-    from tokenizers import Tokenizer
+def readers(runs: list[tuple[str, float, str | None]]) -> list[tuple[Tokenizer, VocabularyReading] | None]:
+    """For each run weighed by its reading, its member's tokenizer and how that vocabulary reads; None for the rest."""
+    out: list[tuple[Tokenizer, VocabularyReading] | None] = []
+    for _, _, model in runs:
+        tokenizer = read_tokenizer(Path(model) / "tokenizer.json") if model else None
+        out.append((tokenizer, VocabularyReading(tokenizer)) if tokenizer else None)
+    return out
 
-    shares = np.ones((len(texts), len(runs)))
-    for m, (_, _, model) in enumerate(weighted(runs)):
-        if model:
-            tokenizer = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
-            tokenizer.no_padding()
-            tokenizer.no_truncation()
-            reading = VocabularyReading(tokenizer)
-            encoded = tokenizer.encode_batch(texts, add_special_tokens=False)
-            shares[:, m] = [reading.share(e.ids) for e in encoded]
+
+def reading_shares(members: list[tuple[Tokenizer, VocabularyReading] | None], texts: list[str]) -> np.ndarray:
+    """Each text's share read by each member (texts × members): 1 for a member not weighed by its reading."""
+    shares = np.ones((len(texts), len(members)))
+    for m, member in enumerate(members):
+        if member is not None:
+            tokenizer, reading = member
+            shares[:, m] = [reading.share(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
     return shares
 
 
@@ -228,13 +236,14 @@ def blended(runs: list[str], fold_numbers: list[int], texts: list[str], validati
     """Fold results whose margins are the weighted sums of those of the cross-validations named `DIR=WEIGHT[@MODEL]`,
     each text with its own weights where a member is weighed by its reading (`texts`: the pooled rows' texts, which
     the held-out indices point into; `validation`: the validation rows' texts, in the folds' order)."""
+    listed = weighted(runs)
     parts = [
-        {f: json.loads((Path(folder) / f"fold{f}.json").read_text()) for f in fold_numbers}
-        for folder, *_ in weighted(runs)
+        {f: json.loads((Path(folder) / f"fold{f}.json").read_text()) for f in fold_numbers} for folder, *_ in listed
     ]
-    weights = [weight for _, weight, _ in weighted(runs)]
-    text_weights = blend_weights(weights, reading_shares(runs, texts))
-    validation_weights = blend_weights(weights, reading_shares(runs, validation))
+    weights = [weight for _, weight, _ in listed]
+    members = readers(listed)
+    text_weights = blend_weights(weights, reading_shares(members, texts))
+    validation_weights = blend_weights(weights, reading_shares(members, validation))
     out = []
     for f in fold_numbers:
         first = parts[0][f]

@@ -159,6 +159,17 @@ def cut(tokens: int, body: int, stride: int) -> list[tuple[int, int]]:
         start += step
 
 
+def read_tokenizer(path: Path) -> Tokenizer:
+    """A tokenizer.json as the guard encodes texts with it: whole, without padding or truncation (windows are cut
+    from the one encoding)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
+
+
 def special_tokens(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
     """The ids the tokenizer's template puts before and after one text ([CLS] ... [SEP], <s> ... </s>)."""
     core = tokenizer.encode("a", add_special_tokens=False).ids
@@ -216,7 +227,6 @@ def load_model(
     threads (0: ONNX's default). `tokenizers`: the ones loaded already, by their file's real path, to share (a
     250k-piece vocabulary takes ~280 MB) between models of one ensemble whose tokenizer.json is the same file."""
     import onnxruntime as ort
-    from tokenizers import Tokenizer
 
     folder = Path(folder)
     for name in ("tokenizer.json", "config.json"):
@@ -270,9 +280,7 @@ def load_model(
     tokenizer_file = (folder / "tokenizer.json").resolve()
     tokenizer = (tokenizers or {}).get(tokenizer_file)
     if tokenizer is None:
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        tokenizer.no_padding()
-        tokenizer.no_truncation()
+        tokenizer = read_tokenizer(tokenizer_file)
         if tokenizers is not None:
             tokenizers[tokenizer_file] = tokenizer
     max_length = int(extra.get("max_length") or config.get("max_position_embeddings") or 512)

@@ -5,10 +5,9 @@ integer products, float sums in another order move a near-tie's greedy choice, a
 nothing. So the int8 engine is compared with float32 where both read the same text: at every position of the
 float32 reference's greedy answers, the next-token log-probabilities of both engines, int8's read by prompt steps
 and by decode steps, all cases in one step and one row a step (a decode step of decode rows alone runs graphs of its
-own, whose weights depend on its rows). The
-bounds the tests assert
-(test_int8_compute.py) were chosen from this module's figures on two kernel paths, AVX-512 VNNI and AVX2
-(docs/benchmarks.md, "int8 drift"), and this is the way to measure another path without its CPU:
+own, whose weights depend on its rows). The bounds the tests assert (test_int8_compute.py) were chosen from this
+module's figures on two kernel paths, AVX-512 VNNI and AVX2 (docs/benchmarks.md, "int8 drift"), and this is the way
+to measure another path without its CPU:
 
     .venv/bin/python -m tests.engine.int8_drift           # this CPU's kernel path
     NPY_DISABLE_CPU_FEATURES=X86_V3 qemu-x86_64 -cpu Haswell .venv/bin/python -m tests.engine.int8_drift

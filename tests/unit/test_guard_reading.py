@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from gateway.guard.model import MODELS_DIR
+from gateway.guard.model import MODELS_DIR, read_tokenizer
 from gateway.guard.reading import VocabularyReading, blend_weights
 
 LATIN = [
@@ -25,9 +25,7 @@ OTHER_SCRIPTS = [
 
 
 def reader(member: str) -> tuple[Tokenizer, VocabularyReading]:
-    tokenizer = Tokenizer.from_file(str(MODELS_DIR / member / "tokenizer.json"))
-    tokenizer.no_padding()
-    tokenizer.no_truncation()
+    tokenizer = read_tokenizer(MODELS_DIR / member / "tokenizer.json")
     return tokenizer, VocabularyReading(tokenizer)
 
 
